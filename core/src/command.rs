@@ -1,0 +1,310 @@
+//! The operator's switch command and its resolution against the rank table.
+
+use crate::ids::{DeviceId, GlobalRank, JobId, NodeName, OperationId};
+use crate::rank_table::RankTable;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// One `(node, device) -> use_backup` entry of a command.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Target {
+    pub node: NodeName,
+    pub device: DeviceId,
+    pub use_backup: bool,
+}
+
+/// A request to move some devices onto their backup NIC (`use_backup = true`) or back.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SwitchCommand {
+    pub job: JobId,
+    /// Client-chosen id; the manager generates one when absent.
+    pub id: Option<OperationId>,
+    pub targets: Vec<Target>,
+}
+
+/// A target resolved to its global rank.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankTarget {
+    pub node: NodeName,
+    pub device: DeviceId,
+    pub rank: GlobalRank,
+    pub use_backup: bool,
+}
+
+/// Which way a command moves traffic.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    ToBackup,
+    ToPrimary,
+    Mixed,
+}
+
+impl Direction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::ToBackup => "to_backup",
+            Direction::ToPrimary => "to_primary",
+            Direction::Mixed => "mixed",
+        }
+    }
+}
+
+impl fmt::Display for Direction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A command whose targets all exist, each rank once, in the operator's order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SwitchPlan {
+    pub targets: Vec<RankTarget>,
+}
+
+impl SwitchPlan {
+    pub fn direction(&self) -> Direction {
+        let backup = self.targets.iter().filter(|t| t.use_backup).count();
+        match backup {
+            0 => Direction::ToPrimary,
+            n if n == self.targets.len() => Direction::ToBackup,
+            _ => Direction::Mixed,
+        }
+    }
+
+    /// `(rank, use_backup)` pairs in the operator's order: the planner's input.
+    pub fn rank_flags(&self) -> Vec<(GlobalRank, bool)> {
+        self.targets.iter().map(|t| (t.rank, t.use_backup)).collect()
+    }
+}
+
+/// A command that cannot run as given. Nothing was changed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum ValidationError {
+    #[error("the command has no targets: name at least one node and device")]
+    NoTargets,
+    #[error("node {node:?} is not part of the job (known nodes: {known})")]
+    UnknownNode { node: NodeName, known: String },
+    #[error("device {device} does not exist on node {node:?} (it has devices {devices})")]
+    UnknownDevice {
+        node: NodeName,
+        device: DeviceId,
+        devices: String,
+    },
+    #[error("device {value:?} of node {node:?} is not a device number")]
+    BadDevice { node: NodeName, value: String },
+    #[error("node {node:?} lists {devs} devices but {ops} operations: give one op per dev")]
+    LengthMismatch {
+        node: NodeName,
+        devs: usize,
+        ops: usize,
+    },
+    #[error("device {node}:{device} (rank {rank}) is listed twice, once to backup and once to primary")]
+    ConflictingTarget {
+        node: NodeName,
+        device: DeviceId,
+        rank: GlobalRank,
+    },
+}
+
+impl SwitchCommand {
+    /// Builds a command from ClusterD's `SwitchNics` form: per node, device strings and their
+    /// ops (`true` = backup). Nodes are taken in name order.
+    pub fn from_nic_ops(
+        job: JobId,
+        id: Option<OperationId>,
+        nic_ops: &BTreeMap<String, (Vec<String>, Vec<bool>)>,
+    ) -> Result<Self, ValidationError> {
+        let mut targets = Vec::new();
+        for (node, (devs, ops)) in nic_ops {
+            let node = NodeName(node.clone());
+            if devs.len() != ops.len() {
+                return Err(ValidationError::LengthMismatch {
+                    node,
+                    devs: devs.len(),
+                    ops: ops.len(),
+                });
+            }
+            for (dev, op) in devs.iter().zip(ops) {
+                let device = dev
+                    .trim()
+                    .parse::<u32>()
+                    .map(DeviceId)
+                    .map_err(|_| ValidationError::BadDevice {
+                        node: node.clone(),
+                        value: dev.clone(),
+                    })?;
+                targets.push(Target {
+                    node: node.clone(),
+                    device,
+                    use_backup: *op,
+                });
+            }
+        }
+        Ok(SwitchCommand { job, id, targets })
+    }
+
+    /// Resolves every target to its rank. A rank listed twice with the same op is kept once;
+    /// with different ops it is refused.
+    pub fn resolve(&self, table: &RankTable) -> Result<SwitchPlan, ValidationError> {
+        if self.targets.is_empty() {
+            return Err(ValidationError::NoTargets);
+        }
+        let mut seen: BTreeMap<GlobalRank, bool> = BTreeMap::new();
+        let mut targets = Vec::with_capacity(self.targets.len());
+        for t in &self.targets {
+            if !table.has_node(&t.node) {
+                return Err(ValidationError::UnknownNode {
+                    node: t.node.clone(),
+                    known: summarize(table.nodes().iter().map(|n| n.0.clone())),
+                });
+            }
+            let rank = table.rank_of(&t.node, t.device).ok_or_else(|| {
+                ValidationError::UnknownDevice {
+                    node: t.node.clone(),
+                    device: t.device,
+                    devices: summarize(table.devices_of(&t.node).map(|(d, _)| d.0.to_string())),
+                }
+            })?;
+            match seen.insert(rank, t.use_backup) {
+                Some(prev) if prev != t.use_backup => {
+                    return Err(ValidationError::ConflictingTarget {
+                        node: t.node.clone(),
+                        device: t.device,
+                        rank,
+                    })
+                }
+                Some(_) => continue,
+                None => targets.push(RankTarget {
+                    node: t.node.clone(),
+                    device: t.device,
+                    rank,
+                    use_backup: t.use_backup,
+                }),
+            }
+        }
+        Ok(SwitchPlan { targets })
+    }
+}
+
+/// A short human list: `a, b, c` or `a, b, ... (40 in all)`.
+fn summarize(items: impl Iterator<Item = String>) -> String {
+    let all: Vec<String> = items.collect();
+    if all.len() <= 8 {
+        all.join(", ")
+    } else {
+        format!(
+            "{}, ..., {} ({} in all)",
+            all[..4].join(", "),
+            all[all.len() - 1],
+            all.len()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cmd(targets: &[(&str, u32, bool)]) -> SwitchCommand {
+        SwitchCommand {
+            job: "j".into(),
+            id: None,
+            targets: targets
+                .iter()
+                .map(|(n, d, b)| Target {
+                    node: (*n).into(),
+                    device: DeviceId(*d),
+                    use_backup: *b,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn resolves_in_order_and_names_direction() {
+        let t = RankTable::uniform(2, 4);
+        let p = cmd(&[("node-1", 2, true), ("node-0", 0, true)])
+            .resolve(&t)
+            .unwrap();
+        assert_eq!(
+            p.rank_flags(),
+            vec![(GlobalRank(6), true), (GlobalRank(0), true)]
+        );
+        assert_eq!(p.direction(), Direction::ToBackup);
+        let p = cmd(&[("node-1", 2, true), ("node-0", 0, false)])
+            .resolve(&t)
+            .unwrap();
+        assert_eq!(p.direction(), Direction::Mixed);
+        let p = cmd(&[("node-1", 2, false)]).resolve(&t).unwrap();
+        assert_eq!(p.direction(), Direction::ToPrimary);
+    }
+
+    #[test]
+    fn every_bad_input_is_named() {
+        let t = RankTable::uniform(2, 4);
+        assert_eq!(cmd(&[]).resolve(&t), Err(ValidationError::NoTargets));
+        let e = cmd(&[("node-9", 0, true)]).resolve(&t).unwrap_err();
+        assert!(matches!(&e, ValidationError::UnknownNode { node, .. } if node.0 == "node-9"));
+        assert!(e.to_string().contains("node-9"), "{e}");
+        let e = cmd(&[("node-1", 4, true)]).resolve(&t).unwrap_err();
+        assert!(matches!(
+            e,
+            ValidationError::UnknownDevice {
+                device: DeviceId(4),
+                ..
+            }
+        ));
+        assert!(e.to_string().contains("0, 1, 2, 3"), "{e}");
+        let e = cmd(&[("node-1", 1, true), ("node-1", 1, false)])
+            .resolve(&t)
+            .unwrap_err();
+        assert_eq!(
+            e,
+            ValidationError::ConflictingTarget {
+                node: "node-1".into(),
+                device: DeviceId(1),
+                rank: GlobalRank(5)
+            }
+        );
+        // The same op twice is harmless and kept once.
+        let p = cmd(&[("node-1", 1, true), ("node-1", 1, true)])
+            .resolve(&t)
+            .unwrap();
+        assert_eq!(p.targets.len(), 1);
+    }
+
+    #[test]
+    fn clusterd_form_checks_lengths_and_device_numbers() {
+        let mut ops = BTreeMap::new();
+        ops.insert(
+            "node-0".to_string(),
+            (vec!["0".to_string(), "8".to_string()], vec![true]),
+        );
+        assert_eq!(
+            SwitchCommand::from_nic_ops("j".into(), None, &ops),
+            Err(ValidationError::LengthMismatch {
+                node: "node-0".into(),
+                devs: 2,
+                ops: 1
+            })
+        );
+        ops.insert(
+            "node-0".to_string(),
+            (vec!["zero".to_string()], vec![true]),
+        );
+        assert!(matches!(
+            SwitchCommand::from_nic_ops("j".into(), None, &ops),
+            Err(ValidationError::BadDevice { .. })
+        ));
+        ops.insert(
+            "node-0".to_string(),
+            (vec!["0".to_string(), " 8".to_string()], vec![true, false]),
+        );
+        let c = SwitchCommand::from_nic_ops("j".into(), None, &ops).unwrap();
+        assert_eq!(c.targets.len(), 2);
+        assert_eq!(c.targets[1].device, DeviceId(8));
+        assert!(!c.targets[1].use_backup);
+    }
+}

@@ -1,0 +1,38 @@
+//! # taskd-core
+//!
+//! The pure heart of taskd: everything the control plane decides, with nothing it does.
+//!
+//! - [`ids`]: the names of things (job, node, device, global and group rank, operation id).
+//! - [`rank_table`]: which `(node, device)` runs which global rank.
+//! - [`command`]: the operator's switch command and its validation into typed errors.
+//! - [`planner`]: how one rank turns a switch into HCCL calls, identically on every rank.
+//! - [`hal`]: the two capabilities a device layer must offer (per rank, per node).
+//! - [`protocol`]: the messages manager, proxies and workers exchange.
+//! - [`operation`]: the operation state machine (events in, actions and deadlines out).
+//! - [`ledger`]: the manager's book of a job: registrations, NIC table, in-flight and past
+//!   operations, and the admission rules in front of the state machine.
+//! - [`env`]: parsing of the MindCluster / HCCL environment flags.
+//!
+//! No I/O, no runtime, no clock: time enters as [`std::time::Duration`] values handed in by the
+//! caller, so every interleaving can be replayed in a unit or property test.
+
+pub mod command;
+pub mod env;
+pub mod hal;
+pub mod ids;
+pub mod ledger;
+pub mod operation;
+pub mod planner;
+pub mod protocol;
+pub mod rank_table;
+
+pub use command::{Direction, RankTarget, SwitchCommand, SwitchPlan, ValidationError};
+pub use hal::{
+    GroupInfo, HalError, HcclCode, LinkHealth, NicSide, NodeHal, RankHal, StepBoundary,
+    SwitchCapabilities,
+};
+pub use ids::{DeviceId, GlobalRank, GroupRank, JobId, NodeName, OperationId};
+pub use ledger::{JobLedger, JobState, SubmitError};
+pub use operation::{Action, Event, Operation, OperationReport, Outcome, PhaseDeadlines};
+pub use planner::{plan_calls, GroupCall};
+pub use rank_table::RankTable;

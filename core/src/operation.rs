@@ -1,0 +1,668 @@
+//! The operation state machine: one switch, from the first pause request to the final result.
+//!
+//! Pure: [`Operation::start`] and [`Operation::handle`] take events and the current time and
+//! return [`Action`]s (directives to broadcast, deadlines to arm, the final report). The
+//! runtime delivers replies and fires deadlines; the machine decides everything else.
+//!
+//! ```text
+//!  Sample ──all sampled──▶ Pause ──all paused(T)──▶ Switch ──all applied, digests agree──▶ Resume ─▶ done
+//!    │                       │                        │ any failure / deadline / lost           ▲
+//!    └── failure ────────────┴──▶ Resume (nothing     ▼                                          │
+//!        (link down: rejected)     was changed)     Rollback ──all applied──────────────────────┘
+//!                                                     │ failure / deadline
+//!                                                     ▼
+//!                                            done, job stays paused
+//! ```
+
+use crate::command::{Direction, RankTarget, SwitchPlan};
+use crate::hal::NicSide;
+use crate::ids::{GlobalRank, NodeName, OperationId};
+use crate::protocol::{AppliedCall, Directive, DirectiveKind, NodeReply, Phase, RankError, ReplyBody};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::Duration;
+
+/// How long each phase may take before the operation fails.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PhaseDeadlines {
+    /// Each of the two pause parts (sample, pause): covers up to two training steps.
+    pub pause: Duration,
+    pub switch: Duration,
+    pub rollback: Duration,
+    pub resume: Duration,
+}
+
+impl Default for PhaseDeadlines {
+    /// Minutes, sized for real steps of seconds to a minute and HCCL calls that renegotiate
+    /// links; far below the reference system's two hours.
+    fn default() -> Self {
+        PhaseDeadlines {
+            pause: Duration::from_secs(300),
+            switch: Duration::from_secs(300),
+            rollback: Duration::from_secs(300),
+            resume: Duration::from_secs(60),
+        }
+    }
+}
+
+impl PhaseDeadlines {
+    fn for_phase(&self, p: Phase) -> Duration {
+        match p {
+            Phase::Sample | Phase::Pause => self.pause,
+            Phase::Switch => self.switch,
+            Phase::Rollback => self.rollback,
+            Phase::Resume => self.resume,
+        }
+    }
+}
+
+/// Input to the machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Replies from one node.
+    Replies(NodeReply),
+    /// A deadline armed by [`Action::ArmDeadline`] fired.
+    Deadline { token: u64 },
+    /// A worker is gone (connection closed, heartbeats missed).
+    WorkerLost { rank: GlobalRank, reason: String },
+}
+
+/// Output of the machine, to be carried out in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Send to every node (and through it, every worker).
+    Broadcast(Directive),
+    /// Fire [`Event::Deadline`] with this token at `at` (replaces any earlier deadline).
+    ArmDeadline { token: u64, phase: Phase, at: Duration },
+    /// The one final result. Nothing follows it.
+    Finish(Box<OperationReport>),
+}
+
+/// How an operation ended.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Succeeded,
+    Failed,
+    /// Refused before anything changed (validation, or a target NIC's link is down).
+    Rejected,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed => "failed",
+            Outcome::Rejected => "rejected",
+        }
+    }
+}
+
+/// The state of the training job after an operation.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Training runs; every group agrees on its NIC configuration.
+    Running,
+    /// Training is held at the step gate because groups may disagree on their NICs:
+    /// resuming would hang or corrupt training. An operator must intervene.
+    Paused,
+    /// A process is gone; the job needs process-level recovery.
+    NeedsRecovery,
+}
+
+impl JobState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Running => "running",
+            JobState::Paused => "paused",
+            JobState::NeedsRecovery => "needs_recovery",
+        }
+    }
+}
+
+/// Why an operation failed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum OperationError {
+    #[error("rank {rank} failed in {phase}: {error}")]
+    RankFailed {
+        rank: GlobalRank,
+        phase: Phase,
+        error: RankError,
+    },
+    #[error("{phase} phase passed its deadline of {deadline:?}; no answer from ranks {missing}")]
+    Timeout {
+        phase: Phase,
+        deadline: Duration,
+        missing: String,
+    },
+    #[error("rank {rank} was lost during {phase}: {reason}")]
+    WorkerLost {
+        rank: GlobalRank,
+        phase: Phase,
+        reason: String,
+    },
+    #[error("the {side} NIC link of {node}:{device} (rank {rank}) is down; switching onto it would fail")]
+    LinkDown {
+        node: NodeName,
+        device: crate::ids::DeviceId,
+        rank: GlobalRank,
+        side: NicSide,
+    },
+    #[error("group {group} disagrees after {phase}: {detail}")]
+    GroupDisagrees {
+        group: String,
+        phase: Phase,
+        detail: String,
+    },
+    #[error("rank {rank} paused after step {got}, expected {expected}")]
+    WrongPauseStep {
+        rank: GlobalRank,
+        got: u64,
+        expected: u64,
+    },
+}
+
+/// Time spent in each phase; `None` where the phase did not run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PhaseDurations {
+    /// Sample and pause together: from the request until every rank held.
+    pub pause: Option<Duration>,
+    pub switch: Option<Duration>,
+    pub rollback: Option<Duration>,
+    pub resume: Option<Duration>,
+    pub total: Duration,
+}
+
+/// The final result of one operation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperationReport {
+    pub id: OperationId,
+    pub direction: Direction,
+    pub targets: Vec<RankTarget>,
+    pub outcome: Outcome,
+    /// The first failure; later ones are in `rank_errors`.
+    pub error: Option<OperationError>,
+    /// Why the rollback failed, when it did (the job then stays paused).
+    pub rollback_error: Option<OperationError>,
+    /// Every rank's own error, in the order they arrived.
+    pub rank_errors: Vec<(GlobalRank, Phase, RankError)>,
+    /// Whether a rollback restored the previous NIC state on every group.
+    pub rolled_back: bool,
+    /// Whether the targets' new NIC state is in effect (the NIC table must follow it).
+    pub applied: bool,
+    /// The step every rank stopped after, if they all paused.
+    pub pause_step: Option<u64>,
+    pub phases: PhaseDurations,
+    /// Longest time any rank's training was held at the gate, as the ranks reported it.
+    pub stall: Option<Duration>,
+    /// Ranks lost during the operation.
+    pub lost_ranks: Vec<GlobalRank>,
+    pub job_state: JobState,
+}
+
+/// One operation in flight.
+#[derive(Clone, Debug)]
+pub struct Operation {
+    id: OperationId,
+    plan: SwitchPlan,
+    previous: Vec<(GlobalRank, bool)>,
+    deadlines: PhaseDeadlines,
+    all_ranks: BTreeSet<GlobalRank>,
+    phase: Phase,
+    pending: BTreeSet<GlobalRank>,
+    lost: BTreeMap<GlobalRank, String>,
+    max_step: u64,
+    pause_step: Option<u64>,
+    started: Duration,
+    phase_started: Duration,
+    durations: PhaseDurations,
+    error: Option<OperationError>,
+    rollback_error: Option<OperationError>,
+    rank_errors: Vec<(GlobalRank, Phase, RankError)>,
+    /// Per group: digest -> reporting ranks, for the phase being applied.
+    digests: BTreeMap<String, (u32, BTreeMap<u64, Vec<GlobalRank>>)>,
+    /// A rank whose calls were not in the planner's order.
+    out_of_order: Option<(GlobalRank, String)>,
+    switch_sent: bool,
+    applied: bool,
+    rolled_back: bool,
+    stall: Option<Duration>,
+    token: u64,
+    finished: bool,
+}
+
+impl Operation {
+    /// Starts an operation over `ranks` (every rank of the job). `previous` is the targets'
+    /// current state, `(rank, use_backup)`, used for rollback.
+    pub fn start(
+        id: OperationId,
+        plan: SwitchPlan,
+        previous: Vec<(GlobalRank, bool)>,
+        ranks: impl IntoIterator<Item = GlobalRank>,
+        deadlines: PhaseDeadlines,
+        now: Duration,
+    ) -> (Operation, Vec<Action>) {
+        let all_ranks: BTreeSet<GlobalRank> = ranks.into_iter().collect();
+        let mut op = Operation {
+            id,
+            plan,
+            previous,
+            deadlines,
+            pending: all_ranks.clone(),
+            all_ranks,
+            phase: Phase::Sample,
+            lost: BTreeMap::new(),
+            max_step: 0,
+            pause_step: None,
+            started: now,
+            phase_started: now,
+            durations: PhaseDurations::default(),
+            error: None,
+            rollback_error: None,
+            rank_errors: Vec::new(),
+            digests: BTreeMap::new(),
+            out_of_order: None,
+            switch_sent: false,
+            applied: false,
+            rolled_back: false,
+            stall: None,
+            token: 0,
+            finished: false,
+        };
+        let kind = DirectiveKind::Sample {
+            targets: op.plan.targets.clone(),
+        };
+        let actions = op.enter(Phase::Sample, kind, now);
+        (op, actions)
+    }
+
+    pub fn id(&self) -> OperationId {
+        self.id
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    pub fn plan(&self) -> &SwitchPlan {
+        &self.plan
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Ranks the current phase still waits for.
+    pub fn pending(&self) -> &BTreeSet<GlobalRank> {
+        &self.pending
+    }
+
+    /// Feeds one event; returns what to do. After [`Action::Finish`] every event is ignored.
+    pub fn handle(&mut self, event: Event, now: Duration) -> Vec<Action> {
+        if self.finished {
+            return Vec::new();
+        }
+        match event {
+            Event::Replies(nr) => self.on_replies(nr),
+            Event::Deadline { token } => {
+                if token != self.token {
+                    return Vec::new();
+                }
+                let missing = list_ranks(&self.pending);
+                self.fail(OperationError::Timeout {
+                    phase: self.phase,
+                    deadline: self.deadlines.for_phase(self.phase),
+                    missing,
+                });
+                return self.after_failure(now);
+            }
+            Event::WorkerLost { rank, reason } => {
+                if !self.all_ranks.contains(&rank) || self.lost.contains_key(&rank) {
+                    return Vec::new();
+                }
+                self.pending.remove(&rank);
+                self.lost.insert(rank, reason.clone());
+                self.fail(OperationError::WorkerLost {
+                    rank,
+                    phase: self.phase,
+                    reason,
+                });
+            }
+        }
+        self.advance(now)
+    }
+
+    fn on_replies(&mut self, nr: NodeReply) {
+        if nr.op != self.id {
+            return;
+        }
+        if nr.phase == Phase::Sample && self.phase == Phase::Sample {
+            self.check_health(&nr);
+        }
+        for r in nr.replies {
+            if r.op != self.id {
+                continue;
+            }
+            if let ReplyBody::Failed(e) = &r.body {
+                // Late failures (a switch that fails while the rollback is queued) are kept
+                // for the report even though they no longer steer the operation.
+                self.rank_errors.push((r.rank, r.phase, e.clone()));
+            }
+            if r.phase != self.phase || !self.pending.remove(&r.rank) {
+                continue;
+            }
+            match r.body {
+                ReplyBody::Sampled { in_step } => self.max_step = self.max_step.max(in_step),
+                ReplyBody::Paused { step } => {
+                    let expected = self.pause_step.unwrap_or(self.max_step);
+                    if step != expected {
+                        self.fail(OperationError::WrongPauseStep {
+                            rank: r.rank,
+                            got: step,
+                            expected,
+                        });
+                    }
+                }
+                ReplyBody::Applied { calls } => self.record_calls(r.rank, &calls),
+                ReplyBody::Resumed { stalled } => {
+                    self.stall = Some(self.stall.map_or(stalled, |s| s.max(stalled)))
+                }
+                ReplyBody::Failed(error) => self.fail(OperationError::RankFailed {
+                    rank: r.rank,
+                    phase: r.phase,
+                    error,
+                }),
+            }
+        }
+    }
+
+    fn check_health(&mut self, nr: &NodeReply) {
+        let down: Vec<OperationError> = nr
+            .health
+            .iter()
+            .flat_map(|h| {
+                self.plan
+                    .targets
+                    .iter()
+                    .filter(move |t| t.node == nr.node && t.device == h.device)
+                    .map(|t| (t, NicSide::from_use_backup(t.use_backup)))
+                    .filter(move |(_, side)| !h.is_up(*side))
+                    .map(|(t, side)| OperationError::LinkDown {
+                        node: t.node.clone(),
+                        device: t.device,
+                        rank: t.rank,
+                        side,
+                    })
+            })
+            .collect();
+        for e in down {
+            self.fail(e);
+        }
+    }
+
+    fn record_calls(&mut self, rank: GlobalRank, calls: &[AppliedCall]) {
+        for w in calls.windows(2) {
+            if w[0].group >= w[1].group && self.out_of_order.is_none() {
+                self.out_of_order = Some((rank, w[1].group.clone()));
+            }
+        }
+        for c in calls {
+            let entry = self
+                .digests
+                .entry(c.group.clone())
+                .or_insert_with(|| (c.group_size, BTreeMap::new()));
+            entry.0 = entry.0.max(c.group_size);
+            entry.1.entry(c.digest).or_default().push(rank);
+        }
+    }
+
+    /// Every group called agrees: one digest, reported by every member.
+    fn check_agreement(&self) -> Result<(), OperationError> {
+        if let Some((rank, group)) = &self.out_of_order {
+            return Err(OperationError::GroupDisagrees {
+                group: group.clone(),
+                phase: self.phase,
+                detail: format!("rank {rank} called it out of the planned order"),
+            });
+        }
+        for (group, (size, by_digest)) in &self.digests {
+            if by_digest.len() > 1 {
+                let detail = by_digest
+                    .iter()
+                    .map(|(d, ranks)| format!("{d:016x} from ranks {}", list_ranks(ranks)))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                return Err(OperationError::GroupDisagrees {
+                    group: group.clone(),
+                    phase: self.phase,
+                    detail: format!("members made different calls: {detail}"),
+                });
+            }
+            let reporters: usize = by_digest.values().map(Vec::len).sum();
+            if reporters != *size as usize {
+                return Err(OperationError::GroupDisagrees {
+                    group: group.clone(),
+                    phase: self.phase,
+                    detail: format!("{reporters} of {size} members reported the call"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Records a failure. In the rollback it is the rollback's own; otherwise the first one
+    /// is the operation's cause and later ones only add to `rank_errors`.
+    fn fail(&mut self, e: OperationError) {
+        let slot = if self.phase == Phase::Rollback {
+            &mut self.rollback_error
+        } else {
+            &mut self.error
+        };
+        if slot.is_none() {
+            *slot = Some(e);
+        }
+    }
+
+    fn advance(&mut self, now: Duration) -> Vec<Action> {
+        if self.failure_unhandled() {
+            return self.after_failure(now);
+        }
+        if !self.pending.is_empty() {
+            return Vec::new();
+        }
+        match self.phase {
+            Phase::Sample => {
+                let t = self.max_step;
+                self.pause_step = Some(t);
+                self.enter(Phase::Pause, DirectiveKind::PauseAt { step: t }, now)
+            }
+            Phase::Pause => {
+                self.durations.pause = Some(now - self.started);
+                self.switch_sent = true;
+                let targets = self.plan.rank_flags();
+                self.enter(Phase::Switch, DirectiveKind::Switch { targets }, now)
+            }
+            Phase::Switch => {
+                self.durations.switch = Some(now - self.phase_started);
+                match self.check_agreement() {
+                    Ok(()) => {
+                        self.applied = true;
+                        self.enter(Phase::Resume, DirectiveKind::Resume, now)
+                    }
+                    Err(e) => {
+                        self.fail(e);
+                        self.after_failure(now)
+                    }
+                }
+            }
+            Phase::Rollback => {
+                self.durations.rollback = Some(now - self.phase_started);
+                match self.check_agreement() {
+                    Ok(()) => {
+                        self.rolled_back = true;
+                        self.enter(Phase::Resume, DirectiveKind::Resume, now)
+                    }
+                    Err(e) => {
+                        self.fail(e);
+                        self.finish(now)
+                    }
+                }
+            }
+            Phase::Resume => {
+                self.durations.resume = Some(now - self.phase_started);
+                self.finish(now)
+            }
+        }
+    }
+
+    /// Whether a failure was recorded that the current phase is not already the answer to.
+    /// A failure during the resume only goes into the report: the gates open either way.
+    fn failure_unhandled(&self) -> bool {
+        match self.phase {
+            Phase::Sample | Phase::Pause | Phase::Switch => self.error.is_some(),
+            Phase::Rollback => self.rollback_error.is_some(),
+            Phase::Resume => false,
+        }
+    }
+
+    fn after_failure(&mut self, now: Duration) -> Vec<Action> {
+        match self.phase {
+            // Nothing was changed yet: open the gates.
+            Phase::Sample | Phase::Pause => {
+                if self.phase == Phase::Pause {
+                    self.durations.pause = Some(now - self.started);
+                }
+                self.enter(Phase::Resume, DirectiveKind::Resume, now)
+            }
+            Phase::Switch => {
+                self.durations.switch = Some(now - self.phase_started);
+                let targets = self.previous.clone();
+                self.enter(Phase::Rollback, DirectiveKind::Rollback { targets }, now)
+            }
+            // A rollback that fails leaves groups that may disagree: stay paused.
+            Phase::Rollback => {
+                self.durations.rollback = Some(now - self.phase_started);
+                self.finish(now)
+            }
+            // The gates may not all be open: the job is not known to run.
+            Phase::Resume => {
+                self.durations.resume = Some(now - self.phase_started);
+                self.finish(now)
+            }
+        }
+    }
+
+    fn enter(&mut self, phase: Phase, kind: DirectiveKind, now: Duration) -> Vec<Action> {
+        self.phase = phase;
+        self.phase_started = now;
+        self.pending = self
+            .all_ranks
+            .iter()
+            .filter(|r| !self.lost.contains_key(r))
+            .copied()
+            .collect();
+        self.digests.clear();
+        self.out_of_order = None;
+        self.token += 1;
+        let directive = Directive { op: self.id, kind };
+        let mut actions = vec![Action::Broadcast(directive)];
+        if self.pending.is_empty() {
+            // Every rank is gone: nobody can answer.
+            actions.extend(self.finish(now));
+            return actions;
+        }
+        actions.push(Action::ArmDeadline {
+            token: self.token,
+            phase,
+            at: now + self.deadlines.for_phase(phase),
+        });
+        actions
+    }
+
+    fn finish(&mut self, now: Duration) -> Vec<Action> {
+        self.finished = true;
+        self.durations.total = now - self.started;
+        let resumed = self.phase == Phase::Resume && self.pending.is_empty();
+        let outcome = match &self.error {
+            None if resumed => Outcome::Succeeded,
+            Some(OperationError::LinkDown { .. }) if !self.switch_sent => Outcome::Rejected,
+            _ => Outcome::Failed,
+        };
+        let error = match (&self.error, resumed) {
+            (Some(e), _) => Some(e.clone()),
+            (None, false) => Some(OperationError::Timeout {
+                phase: Phase::Resume,
+                deadline: self.deadlines.resume,
+                missing: list_ranks(&self.pending),
+            }),
+            (None, true) => None,
+        };
+        let job_state = if !self.lost.is_empty() {
+            JobState::NeedsRecovery
+        } else if !resumed {
+            if self.phase == Phase::Resume {
+                JobState::NeedsRecovery
+            } else {
+                JobState::Paused
+            }
+        } else {
+            JobState::Running
+        };
+        let report = OperationReport {
+            id: self.id,
+            direction: self.plan.direction(),
+            targets: self.plan.targets.clone(),
+            outcome,
+            error,
+            rollback_error: self.rollback_error.clone(),
+            rank_errors: std::mem::take(&mut self.rank_errors),
+            rolled_back: self.rolled_back,
+            applied: self.applied && !self.rolled_back,
+            // Only when every rank held there: the switch is sent after the last `paused`.
+            pause_step: self.pause_step.filter(|_| self.switch_sent),
+            phases: self.durations.clone(),
+            stall: self.stall,
+            lost_ranks: self.lost.keys().copied().collect(),
+            job_state,
+        };
+        vec![Action::Finish(Box::new(report))]
+    }
+
+}
+
+/// `1, 2, 3` or `1, 2, 3, ... (+97)`.
+fn list_ranks<'a>(ranks: impl IntoIterator<Item = &'a GlobalRank>) -> String {
+    let all: Vec<String> = ranks.into_iter().map(|r| r.0.to_string()).collect();
+    if all.len() <= 16 {
+        all.join(", ")
+    } else {
+        format!("{}, ... (+{})", all[..16].join(", "), all.len() - 16)
+    }
+}
+
+impl fmt::Display for OperationReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "operation {} ({}, {} targets): {}",
+            self.id,
+            self.direction,
+            self.targets.len(),
+            self.outcome.as_str()
+        )?;
+        if let Some(e) = &self.error {
+            write!(f, ": {e}")?;
+        }
+        if self.outcome == Outcome::Failed {
+            write!(
+                f,
+                " (rolled back: {}, job {})",
+                self.rolled_back,
+                self.job_state.as_str()
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,166 @@
+//! Messages between manager, proxies and workers. One set for every transport.
+//!
+//! Downstream, the manager sends one [`Directive`] per node; the proxy hands it to each of its
+//! workers. Upstream, each worker answers with a [`RankReply`]; the proxy fans them in and sends
+//! the manager one [`NodeReply`] per node (early, with what it has, when a rank fails).
+
+use crate::command::RankTarget;
+use crate::hal::{HalError, LinkHealth, SwitchCapabilities};
+use crate::ids::{GlobalRank, JobId, NodeName, OperationId};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::time::Duration;
+
+/// The steps of an operation, in the order they normally run.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Pause, part A: every rank reports the step it is in.
+    Sample,
+    /// Pause, part B: every rank finishes step `T` and holds at that boundary.
+    Pause,
+    /// Every rank applies the NIC change to its groups.
+    Switch,
+    /// Every rank re-applies the previous NIC state of the targets.
+    Rollback,
+    /// Every rank opens its step gate.
+    Resume,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Sample => "sample",
+            Phase::Pause => "pause",
+            Phase::Switch => "switch",
+            Phase::Rollback => "rollback",
+            Phase::Resume => "resume",
+        }
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What the manager asks of every rank of the job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Directive {
+    pub op: OperationId,
+    pub kind: DirectiveKind,
+}
+
+impl Directive {
+    pub fn phase(&self) -> Phase {
+        match self.kind {
+            DirectiveKind::Sample { .. } => Phase::Sample,
+            DirectiveKind::PauseAt { .. } => Phase::Pause,
+            DirectiveKind::Switch { .. } => Phase::Switch,
+            DirectiveKind::Rollback { .. } => Phase::Rollback,
+            DirectiveKind::Resume => Phase::Resume,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DirectiveKind {
+    /// Report the step you are in and hold, at the latest, after finishing it, until told
+    /// the pause step. The proxy adds the link health of the targets on its node.
+    Sample { targets: Vec<RankTarget> },
+    /// Finish step `step` (no further) and hold at that boundary.
+    PauseAt { step: u64 },
+    /// Plan and apply `(rank, use_backup)` on every group you share with a target.
+    Switch { targets: Vec<(GlobalRank, bool)> },
+    /// Same as `Switch`, with the previous NIC state of the targets.
+    Rollback { targets: Vec<(GlobalRank, bool)> },
+    /// Open the step gate.
+    Resume,
+}
+
+/// One NIC-set call a rank made, as it reports it for cross-rank agreement checks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppliedCall {
+    pub group: String,
+    pub group_size: u32,
+    /// [`crate::planner::GroupCall::digest`] of the call.
+    pub digest: u64,
+}
+
+/// A rank's answer to one directive.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankReply {
+    pub rank: GlobalRank,
+    pub op: OperationId,
+    pub phase: Phase,
+    pub body: ReplyBody,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReplyBody {
+    /// Phase A: the step this rank is in (it holds after finishing it unless told otherwise).
+    Sampled { in_step: u64 },
+    /// Phase B: held after finishing `step`.
+    Paused { step: u64 },
+    /// Switch or rollback done: the calls made, in order.
+    Applied { calls: Vec<AppliedCall> },
+    /// The gate is open; training was held for `stalled`.
+    Resumed { stalled: Duration },
+    /// The directive failed on this rank.
+    Failed(RankError),
+}
+
+/// Why a directive failed on a rank.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankError {
+    /// The group whose call failed, if a HAL call failed.
+    pub group: Option<String>,
+    pub hal: Option<HalError>,
+    pub message: String,
+}
+
+impl fmt::Display for RankError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.group, &self.hal) {
+            (Some(g), Some(h)) => write!(f, "group {g}: {h}"),
+            (None, Some(h)) => write!(f, "{h}"),
+            _ => f.write_str(&self.message),
+        }
+    }
+}
+
+/// Replies of some ranks of one node to one directive, plus, for [`Phase::Sample`], the link
+/// health of the node's targeted devices as the node's HAL reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeReply {
+    pub node: NodeName,
+    pub op: OperationId,
+    pub phase: Phase,
+    pub replies: Vec<RankReply>,
+    pub health: Vec<LinkHealth>,
+}
+
+/// A worker introducing itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerHello {
+    pub job: JobId,
+    pub node: NodeName,
+    pub rank: GlobalRank,
+    pub capabilities: SwitchCapabilities,
+}
+
+/// What flows from a proxy to the manager.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ProxyToManager {
+    WorkerUp(WorkerHello),
+    WorkerLost { rank: GlobalRank, reason: String },
+    Reply(NodeReply),
+}
+
+/// What flows from a worker to its proxy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WorkerToProxy {
+    Hello(WorkerHello),
+    Reply(RankReply),
+}

@@ -1,1 +1,27 @@
+//! # taskd-actors
+//!
+//! The three roles of a taskd job as actix actors, and the transports between them.
+//!
+//! - [`Manager`] (one per job): admits commands, runs the operation state machine of
+//!   `taskd-core`, broadcasts directives, keeps the NIC table and the results.
+//! - [`Proxy`] (one per node): relays directives to the node's workers and fans their replies
+//!   in, so the manager deals with nodes, not ranks; reads the node's link health.
+//! - [`Worker`] (one per training process): owns the rank's HAL (on a thread of its own, calls
+//!   strictly sequential) and the [`StepGate`] the training loop calls at every step boundary.
+//!
+//! Actors talk only through [`transport::Link`]s, so the same actors run in one process
+//! ([`LocalJob`], the simulator's and tests' default) or across machines.
 
+pub mod gate;
+pub mod local;
+pub mod manager;
+pub mod proxy;
+pub mod telemetry;
+pub mod transport;
+pub mod worker;
+
+pub use gate::StepGate;
+pub use local::{LocalJob, LocalJobConfig, LocalJobError, RankParts};
+pub use manager::{Manager, ManagerStatus};
+pub use proxy::Proxy;
+pub use worker::Worker;

@@ -1,0 +1,238 @@
+//! A whole job in one process: the manager, one proxy per node and one worker per rank as
+//! actors on one actix system (on a thread of its own), wired with the in-process transport.
+//! The simulator and most tests run this; the calls here block the caller, so a test or a
+//! launcher can drive a job from plain code.
+
+use crate::gate::StepGate;
+use crate::manager::{
+    AwaitRegistered, AwaitResult, GetStatus, Manager, ManagerStatus, ProxyConnected, Submission,
+    Submit,
+};
+use crate::proxy::{Proxy, WorkerConnected, WorkerDisconnected};
+use crate::transport::actor_link;
+use crate::worker::{StopWorker, Worker, WorkerConfig};
+use actix::prelude::*;
+use std::sync::Arc;
+use std::time::Duration;
+use taskd_core::operation::OperationReport;
+use taskd_core::{
+    GlobalRank, JobId, NodeHal, OperationId, PhaseDeadlines, RankHal, RankTable, SubmitError,
+    SwitchCommand,
+};
+
+/// What a local job is made of.
+pub struct LocalJobConfig {
+    pub job: JobId,
+    pub table: RankTable,
+    pub deadlines: PhaseDeadlines,
+}
+
+/// One rank's HAL and whether its process enables `TSP:1`.
+pub struct RankParts {
+    pub hal: Box<dyn RankHal>,
+    pub tsp: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LocalJobError {
+    #[error("{what}: expected {expected}, got {got}")]
+    Mismatch {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
+    #[error("the actor system stopped unexpectedly")]
+    SystemGone,
+    #[error("the command was refused: {0}")]
+    Refused(#[from] SubmitError),
+    #[error("operation {0} is unknown to the manager")]
+    UnknownOperation(OperationId),
+    #[error("timed out after {0:?} waiting for {1}")]
+    Timeout(Duration, &'static str),
+}
+
+/// A running in-process job.
+pub struct LocalJob {
+    manager: Addr<Manager>,
+    workers: Vec<Addr<Worker>>,
+    gates: Vec<Arc<StepGate>>,
+    system: System,
+    thread: Option<std::thread::JoinHandle<()>>,
+    client: tokio::runtime::Runtime,
+}
+
+impl LocalJob {
+    /// Starts the actors. `nodes[i]` is the HAL of the table's i-th node, `ranks[r]` the
+    /// parts of global rank `r`.
+    pub fn start(
+        cfg: LocalJobConfig,
+        nodes: Vec<Box<dyn NodeHal>>,
+        ranks: Vec<RankParts>,
+    ) -> Result<LocalJob, LocalJobError> {
+        let table = cfg.table.clone();
+        if nodes.len() != table.nodes().len() {
+            return Err(LocalJobError::Mismatch {
+                what: "node HALs",
+                expected: table.nodes().len(),
+                got: nodes.len(),
+            });
+        }
+        if ranks.len() != table.world_size() {
+            return Err(LocalJobError::Mismatch {
+                what: "rank HALs",
+                expected: table.world_size(),
+                got: ranks.len(),
+            });
+        }
+        let gates: Vec<Arc<StepGate>> = (0..ranks.len())
+            .map(|_| Arc::new(StepGate::new()))
+            .collect();
+        let worker_gates = gates.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("taskd-actors".into())
+            .spawn(move || {
+                let sys = System::new();
+                sys.block_on(async move {
+                    let manager = Manager::new(cfg.job.clone(), table.clone(), cfg.deadlines).start();
+                    let mut proxies = Vec::new();
+                    for (node, hal) in table.nodes().iter().zip(nodes) {
+                        let proxy =
+                            Proxy::new(cfg.job.clone(), node.clone(), hal, actor_link(&manager))
+                                .start();
+                        manager.do_send(ProxyConnected {
+                            node: node.clone(),
+                            link: actor_link(&proxy),
+                        });
+                        proxies.push(proxy);
+                    }
+                    let mut workers = Vec::new();
+                    for (r, parts) in ranks.into_iter().enumerate() {
+                        let slot = table.slot(GlobalRank(r as u32)).expect("rank in table");
+                        let node_idx = table
+                            .nodes()
+                            .iter()
+                            .position(|n| *n == slot.node)
+                            .expect("node in table");
+                        let proxy = proxies[node_idx].clone();
+                        let farewell_proxy = proxy.clone();
+                        let worker = Worker::new(
+                            WorkerConfig {
+                                job: cfg.job.clone(),
+                                node: slot.node.clone(),
+                                rank: slot.rank,
+                                tsp: parts.tsp,
+                            },
+                            parts.hal,
+                            worker_gates[r].clone(),
+                            actor_link(&proxy),
+                        )
+                        .with_farewell(Box::new(move |rank| {
+                            farewell_proxy.do_send(WorkerDisconnected {
+                                rank,
+                                reason: "worker process exited (connection closed)".into(),
+                            })
+                        }));
+                        let addr = worker.start();
+                        proxy.do_send(WorkerConnected {
+                            rank: slot.rank,
+                            link: actor_link(&addr),
+                        });
+                        workers.push(addr);
+                    }
+                    let _ = tx.send((System::current(), manager, workers));
+                });
+                sys.run().ok();
+            })
+            .expect("spawning the actor thread");
+        let (system, manager, workers) = rx.recv().map_err(|_| LocalJobError::SystemGone)?;
+        let client = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("a current-thread runtime");
+        Ok(LocalJob {
+            manager,
+            workers,
+            gates,
+            system,
+            thread: Some(thread),
+            client,
+        })
+    }
+
+    /// The step gate of `rank`, for its training loop.
+    pub fn gate(&self, rank: GlobalRank) -> Arc<StepGate> {
+        self.gates[rank.0 as usize].clone()
+    }
+
+    pub fn manager(&self) -> &Addr<Manager> {
+        &self.manager
+    }
+
+    /// Blocks until every worker registered, or `timeout`.
+    pub fn wait_registered(&self, timeout: Duration) -> Result<(), LocalJobError> {
+        let fut = self.manager.send(AwaitRegistered);
+        self.client
+            .block_on(async { tokio::time::timeout(timeout, fut).await })
+            .map_err(|_| LocalJobError::Timeout(timeout, "every worker to register"))?
+            .map_err(|_| LocalJobError::SystemGone)
+    }
+
+    /// Admits a command; returns at once.
+    pub fn submit(&self, cmd: SwitchCommand) -> Result<Submission, LocalJobError> {
+        let res = self
+            .client
+            .block_on(self.manager.send(Submit(cmd)))
+            .map_err(|_| LocalJobError::SystemGone)?;
+        Ok(res?)
+    }
+
+    /// Blocks until the operation's final result.
+    pub fn wait(&self, id: OperationId) -> Result<OperationReport, LocalJobError> {
+        self.client
+            .block_on(self.manager.send(AwaitResult(id)))
+            .map_err(|_| LocalJobError::SystemGone)?
+            .ok_or(LocalJobError::UnknownOperation(id))
+    }
+
+    /// Submits and waits.
+    pub fn run(&self, cmd: SwitchCommand) -> Result<OperationReport, LocalJobError> {
+        let sub = self.submit(cmd)?;
+        match sub {
+            Submission::Known(r) => Ok(*r),
+            other => self.wait(other.id()),
+        }
+    }
+
+    pub fn status(&self, recent: usize) -> Result<ManagerStatus, LocalJobError> {
+        self.client
+            .block_on(self.manager.send(GetStatus { recent }))
+            .map_err(|_| LocalJobError::SystemGone)
+    }
+
+    /// Stops one worker as if its process died: its proxy sees the connection close.
+    pub fn kill_worker(&self, rank: GlobalRank) {
+        self.workers[rank.0 as usize].do_send(StopWorker);
+    }
+
+    /// Opens every gate for good and stops the actors.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        for g in &self.gates {
+            g.shutdown();
+        }
+        self.system.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for LocalJob {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,380 @@
+//! The manager: one per job. It admits commands through the [`JobLedger`], runs the operation
+//! state machine, carries out its actions (broadcasts, deadlines, the final report) and
+//! delivers each result to whoever waits for it.
+
+use crate::telemetry;
+use crate::transport::{Deliver, Link};
+use actix::prelude::*;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+use taskd_core::ledger::Submitted;
+use taskd_core::operation::{Action, Event, OperationReport, Outcome};
+use taskd_core::protocol::{Directive, Phase, ProxyToManager};
+use taskd_core::{
+    GlobalRank, JobId, JobLedger, JobState, NodeName, OperationId, PhaseDeadlines, RankTable,
+    SubmitError, SwitchCommand,
+};
+use tokio::sync::oneshot;
+use tracing::Span;
+
+pub struct Manager {
+    ledger: JobLedger,
+    epoch: Instant,
+    nodes: BTreeMap<NodeName, Link<Directive>>,
+    deadline: Option<SpawnHandle>,
+    waiters: HashMap<OperationId, Vec<oneshot::Sender<OperationReport>>>,
+    registered_waiters: Vec<oneshot::Sender<()>>,
+    op_span: Option<Span>,
+    phase_span: Option<Span>,
+}
+
+impl Manager {
+    pub fn new(job: JobId, table: RankTable, deadlines: PhaseDeadlines) -> Self {
+        let expected = table.world_size();
+        metrics::gauge!(telemetry::WORKERS_EXPECTED).set(expected as f64);
+        metrics::gauge!(telemetry::WORKERS_REGISTERED).set(0.0);
+        metrics::gauge!(telemetry::OPERATION_IN_FLIGHT).set(0.0);
+        metrics::gauge!(telemetry::RANKS_ON_BACKUP).set(0.0);
+        Manager {
+            ledger: JobLedger::new(job, table, deadlines),
+            epoch: Instant::now(),
+            nodes: BTreeMap::new(),
+            deadline: None,
+            waiters: HashMap::new(),
+            registered_waiters: Vec::new(),
+            op_span: None,
+            phase_span: None,
+        }
+    }
+
+    fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    fn run(&mut self, actions: Vec<Action>, ctx: &mut Context<Self>) {
+        for a in actions {
+            match a {
+                Action::Broadcast(d) => self.broadcast(d, ctx),
+                Action::ArmDeadline { token, phase, at } => {
+                    if let Some(h) = self.deadline.take() {
+                        ctx.cancel_future(h);
+                    }
+                    let after = at.saturating_sub(self.now());
+                    tracing::debug!(%phase, ?after, "deadline armed");
+                    self.deadline = Some(ctx.run_later(after, move |act, ctx| {
+                        act.deadline = None;
+                        let now = act.now();
+                        let actions = act.ledger.handle(Event::Deadline { token }, now);
+                        act.run(actions, ctx);
+                    }));
+                }
+                Action::Finish(report) => self.finish(*report, ctx),
+            }
+        }
+    }
+
+    fn broadcast(&mut self, d: Directive, ctx: &mut Context<Self>) {
+        let phase = d.phase();
+        if let Some(op) = &self.op_span {
+            let span = tracing::info_span!(parent: op, "phase", phase = phase.as_str());
+            span.in_scope(|| tracing::info!(%phase, "phase started"));
+            self.phase_span = Some(span);
+        }
+        let mut gone = Vec::new();
+        for (node, link) in &self.nodes {
+            telemetry::message("out", phase.as_str());
+            if link.send(d.clone()).is_err() {
+                gone.push(node.clone());
+            }
+        }
+        for node in gone {
+            self.node_gone(&node, "connection to the proxy closed", ctx);
+        }
+    }
+
+    fn node_gone(&mut self, node: &NodeName, reason: &str, ctx: &mut Context<Self>) {
+        self.nodes.remove(node);
+        let ranks = self.ledger.table().ranks_of(node);
+        for rank in ranks {
+            if self.ledger.is_registered(rank) {
+                let now = self.now();
+                let actions =
+                    self.ledger
+                        .worker_lost(rank, format!("proxy of {node}: {reason}"), now);
+                self.run(actions, ctx);
+            }
+        }
+        self.update_gauges();
+    }
+
+    fn finish(&mut self, report: OperationReport, ctx: &mut Context<Self>) {
+        if let Some(h) = self.deadline.take() {
+            ctx.cancel_future(h);
+        }
+        self.phase_span = None;
+        let span = self.op_span.take().unwrap_or_else(Span::none);
+        span.in_scope(|| match report.outcome {
+            Outcome::Succeeded => tracing::info!(%report, "operation finished"),
+            Outcome::Rejected => tracing::warn!(%report, "operation rejected"),
+            Outcome::Failed if report.job_state == JobState::Running => {
+                tracing::warn!(%report, "operation failed")
+            }
+            Outcome::Failed => tracing::error!(
+                %report,
+                job_state = report.job_state.as_str(),
+                "operation failed and the job is NOT running: groups may disagree on their NICs; operator action required"
+            ),
+        });
+        let direction = report.direction.as_str();
+        metrics::counter!(telemetry::OPERATIONS_TOTAL, "result" => report.outcome.as_str(), "direction" => direction)
+            .increment(1);
+        let phases = [
+            ("pause", report.phases.pause),
+            ("switch", report.phases.switch),
+            ("resume", report.phases.resume),
+            ("rollback", report.phases.rollback),
+            ("total", Some(report.phases.total)),
+        ];
+        for (phase, d) in phases {
+            if let Some(d) = d {
+                metrics::histogram!(telemetry::PHASE_DURATION, "phase" => phase)
+                    .record(d.as_secs_f64());
+            }
+        }
+        if let Some(stall) = report.stall {
+            metrics::histogram!(telemetry::TRAINING_STALL).record(stall.as_secs_f64());
+        }
+        self.update_gauges();
+        for w in self.waiters.remove(&report.id).unwrap_or_default() {
+            let _ = w.send(report.clone());
+        }
+    }
+
+    fn update_gauges(&self) {
+        metrics::gauge!(telemetry::WORKERS_REGISTERED).set(self.ledger.registered() as f64);
+        metrics::gauge!(telemetry::OPERATION_IN_FLIGHT)
+            .set(if self.ledger.in_flight().is_some() { 1.0 } else { 0.0 });
+        metrics::gauge!(telemetry::RANKS_ON_BACKUP)
+            .set(self.ledger.ranks_on_backup().count() as f64);
+    }
+}
+
+impl Actor for Manager {
+    type Context = Context<Self>;
+}
+
+/// A proxy's connection is up; directives for its node go through `link`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ProxyConnected {
+    pub node: NodeName,
+    pub link: Link<Directive>,
+}
+
+/// A proxy's connection closed: every rank of the node is lost.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ProxyDisconnected {
+    pub node: NodeName,
+    pub reason: String,
+}
+
+impl Handler<ProxyConnected> for Manager {
+    type Result = ();
+    fn handle(&mut self, m: ProxyConnected, _: &mut Self::Context) {
+        self.nodes.insert(m.node, m.link);
+    }
+}
+
+impl Handler<ProxyDisconnected> for Manager {
+    type Result = ();
+    fn handle(&mut self, m: ProxyDisconnected, ctx: &mut Self::Context) {
+        self.node_gone(&m.node, &m.reason, ctx);
+    }
+}
+
+impl Handler<Deliver<ProxyToManager>> for Manager {
+    type Result = ();
+
+    fn handle(&mut self, Deliver(m): Deliver<ProxyToManager>, ctx: &mut Self::Context) {
+        let now = self.now();
+        match m {
+            ProxyToManager::WorkerUp(hello) => {
+                telemetry::message("in", "worker_up");
+                let rank = hello.rank;
+                match self.ledger.register(hello) {
+                    Ok(()) => {
+                        tracing::debug!(rank = rank.0, "worker registered");
+                        if self.ledger.registered() == self.ledger.expected() {
+                            tracing::info!(workers = self.ledger.registered(), "every worker registered");
+                            for w in self.registered_waiters.drain(..) {
+                                let _ = w.send(());
+                            }
+                        }
+                    }
+                    Err(e) => tracing::error!(error = %e, "registration refused"),
+                }
+                self.update_gauges();
+            }
+            ProxyToManager::WorkerLost { rank, reason } => {
+                telemetry::message("in", "worker_lost");
+                let actions = self.ledger.worker_lost(rank, reason, now);
+                self.update_gauges();
+                self.run(actions, ctx);
+            }
+            ProxyToManager::Reply(nr) => {
+                telemetry::message("in", "node_reply");
+                let span = self.phase_span.clone().unwrap_or_else(Span::none);
+                let actions = span.in_scope(|| self.ledger.handle(Event::Replies(nr), now));
+                self.run(actions, ctx);
+            }
+        }
+    }
+}
+
+/// Admit a command. On success the operation runs; wait for it with [`AwaitResult`].
+#[derive(Message)]
+#[rtype(result = "Result<Submission, SubmitError>")]
+pub struct Submit(pub SwitchCommand);
+
+/// What a submission led to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Submission {
+    /// A new operation is running.
+    Started(OperationId),
+    /// The id ran before: its result (never run twice).
+    Known(Box<OperationReport>),
+    /// The id is the operation in flight.
+    InFlight(OperationId),
+}
+
+impl Submission {
+    pub fn id(&self) -> OperationId {
+        match self {
+            Submission::Started(id) | Submission::InFlight(id) => *id,
+            Submission::Known(r) => r.id,
+        }
+    }
+}
+
+impl Handler<Submit> for Manager {
+    type Result = Result<Submission, SubmitError>;
+
+    fn handle(&mut self, Submit(cmd): Submit, ctx: &mut Self::Context) -> Self::Result {
+        let id = cmd.id.unwrap_or_else(|| OperationId(uuid::Uuid::new_v4()));
+        let now = self.now();
+        let span = tracing::info_span!(
+            "operation",
+            uuid = %id,
+            job = %cmd.job,
+            targets = cmd.targets.len(),
+            direction = tracing::field::Empty,
+        );
+        let res = span.in_scope(|| self.ledger.submit(&cmd, id, now));
+        match res {
+            Ok(Submitted::Started { id, actions }) => {
+                let direction = self
+                    .ledger
+                    .in_flight()
+                    .map(|op| op.plan().direction().as_str())
+                    .unwrap_or("mixed");
+                span.record("direction", direction);
+                span.in_scope(|| tracing::info!(direction, "operation started"));
+                self.op_span = Some(span);
+                self.update_gauges();
+                self.run(actions, ctx);
+                Ok(Submission::Started(id))
+            }
+            Ok(Submitted::Known(r)) => Ok(Submission::Known(r)),
+            Ok(Submitted::InFlight(id)) => Ok(Submission::InFlight(id)),
+            Err(e) => {
+                span.in_scope(|| tracing::warn!(error = %e, "command refused"));
+                metrics::counter!(telemetry::OPERATIONS_TOTAL, "result" => "rejected", "direction" => "none")
+                    .increment(1);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Wait for the final result of an operation. `None` if the id is unknown.
+#[derive(Message)]
+#[rtype(result = "Option<OperationReport>")]
+pub struct AwaitResult(pub OperationId);
+
+impl Handler<AwaitResult> for Manager {
+    type Result = ResponseFuture<Option<OperationReport>>;
+
+    fn handle(&mut self, AwaitResult(id): AwaitResult, _: &mut Self::Context) -> Self::Result {
+        if let Some(r) = self.ledger.result_of(id) {
+            let r = r.clone();
+            return Box::pin(async move { Some(r) });
+        }
+        if self.ledger.in_flight().is_some_and(|op| op.id() == id) {
+            let (tx, rx) = oneshot::channel();
+            self.waiters.entry(id).or_default().push(tx);
+            return Box::pin(async move { rx.await.ok() });
+        }
+        Box::pin(async { None })
+    }
+}
+
+/// Resolves once every expected worker has registered.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AwaitRegistered;
+
+impl Handler<AwaitRegistered> for Manager {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _: AwaitRegistered, _: &mut Self::Context) -> Self::Result {
+        if self.ledger.registered() == self.ledger.expected() {
+            return Box::pin(async {});
+        }
+        let (tx, rx) = oneshot::channel();
+        self.registered_waiters.push(tx);
+        Box::pin(async move {
+            let _ = rx.await;
+        })
+    }
+}
+
+/// A snapshot of the job as the manager sees it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ManagerStatus {
+    pub job: JobId,
+    pub state: JobState,
+    pub workers_registered: usize,
+    pub workers_expected: usize,
+    pub nodes_connected: usize,
+    pub ranks_on_backup: Vec<GlobalRank>,
+    pub in_flight: Option<(OperationId, Phase)>,
+    /// The most recent results, newest last.
+    pub recent: Vec<OperationReport>,
+}
+
+/// Ask for a [`ManagerStatus`] with up to `recent` past results.
+#[derive(Message)]
+#[rtype(result = "ManagerStatus")]
+pub struct GetStatus {
+    pub recent: usize,
+}
+
+impl Handler<GetStatus> for Manager {
+    type Result = MessageResult<GetStatus>;
+
+    fn handle(&mut self, m: GetStatus, _: &mut Self::Context) -> Self::Result {
+        let l = &self.ledger;
+        let history: Vec<_> = l.history().rev().take(m.recent).cloned().collect();
+        MessageResult(ManagerStatus {
+            job: l.job().clone(),
+            state: l.state(),
+            workers_registered: l.registered(),
+            workers_expected: l.expected(),
+            nodes_connected: self.nodes.len(),
+            ranks_on_backup: l.ranks_on_backup().collect(),
+            in_flight: l.in_flight().map(|op| (op.id(), op.phase())),
+            recent: history.into_iter().rev().collect(),
+        })
+    }
+}

@@ -1,0 +1,236 @@
+//! The proxy: one per node. It relays each directive to the node's workers and fans their
+//! replies in, so the manager handles one reply per node instead of one per rank. During the
+//! sample phase it adds the link health of the node's targeted devices, read from the node HAL.
+
+use crate::telemetry;
+use crate::transport::{Deliver, Link};
+use actix::prelude::*;
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use taskd_core::protocol::{
+    Directive, DirectiveKind, NodeReply, Phase, ProxyToManager, RankReply, ReplyBody,
+    WorkerToProxy,
+};
+use taskd_core::{GlobalRank, JobId, LinkHealth, NodeHal, NodeName, OperationId};
+
+/// Replies being gathered for one directive.
+struct FanIn {
+    op: OperationId,
+    phase: Phase,
+    waiting: BTreeSet<GlobalRank>,
+    replies: Vec<RankReply>,
+    /// `None` while the node HAL is still being read.
+    health: Option<Vec<LinkHealth>>,
+}
+
+pub struct Proxy {
+    job: JobId,
+    node: NodeName,
+    upstream: Link<ProxyToManager>,
+    workers: BTreeMap<GlobalRank, Link<Directive>>,
+    node_hal: Arc<Mutex<Box<dyn NodeHal>>>,
+    fan_in: Option<FanIn>,
+}
+
+impl Proxy {
+    pub fn new(
+        job: JobId,
+        node: NodeName,
+        node_hal: Box<dyn NodeHal>,
+        upstream: Link<ProxyToManager>,
+    ) -> Self {
+        Proxy {
+            job,
+            node,
+            upstream,
+            workers: BTreeMap::new(),
+            node_hal: Arc::new(Mutex::new(node_hal)),
+            fan_in: None,
+        }
+    }
+
+    fn up(&self, msg: ProxyToManager) {
+        if let Err(e) = self.upstream.send(msg) {
+            tracing::warn!(node = %self.node, error = %e, "manager unreachable");
+        }
+    }
+
+    /// Sends what has been gathered: everything once complete, or early when a rank failed
+    /// (the manager starts the rollback without waiting for the slowest rank).
+    fn flush(&mut self, force: bool) {
+        let Some(f) = self.fan_in.as_mut() else {
+            return;
+        };
+        let complete = f.waiting.is_empty() && f.health.is_some();
+        if !(complete || force) || (f.replies.is_empty() && !complete) {
+            return;
+        }
+        let reply = NodeReply {
+            node: self.node.clone(),
+            op: f.op,
+            phase: f.phase,
+            replies: std::mem::take(&mut f.replies),
+            health: f.health.clone().unwrap_or_default(),
+        };
+        if complete {
+            self.fan_in = None;
+        }
+        telemetry::message("out", "node_reply");
+        self.up(ProxyToManager::Reply(reply));
+    }
+
+    fn lose_worker(&mut self, rank: GlobalRank, reason: String) {
+        if self.workers.remove(&rank).is_none() {
+            return;
+        }
+        tracing::warn!(node = %self.node, rank = rank.0, %reason, "worker lost");
+        self.up(ProxyToManager::WorkerLost { rank, reason });
+        if let Some(f) = self.fan_in.as_mut() {
+            f.waiting.remove(&rank);
+        }
+        self.flush(false);
+    }
+}
+
+impl Actor for Proxy {
+    type Context = Context<Self>;
+}
+
+/// A worker's connection is up; directives for it go through `link`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct WorkerConnected {
+    pub rank: GlobalRank,
+    pub link: Link<Directive>,
+}
+
+/// A worker's connection closed.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct WorkerDisconnected {
+    pub rank: GlobalRank,
+    pub reason: String,
+}
+
+impl Handler<WorkerConnected> for Proxy {
+    type Result = ();
+    fn handle(&mut self, m: WorkerConnected, _: &mut Self::Context) {
+        self.workers.insert(m.rank, m.link);
+    }
+}
+
+impl Handler<WorkerDisconnected> for Proxy {
+    type Result = ();
+    fn handle(&mut self, m: WorkerDisconnected, _: &mut Self::Context) {
+        self.lose_worker(m.rank, m.reason);
+    }
+}
+
+impl Handler<Deliver<Directive>> for Proxy {
+    type Result = ();
+
+    fn handle(&mut self, Deliver(d): Deliver<Directive>, ctx: &mut Self::Context) {
+        telemetry::message("in", d.phase().as_str());
+        // A new directive supersedes the previous one: send what it still holds.
+        self.flush(true);
+        let mut fan_in = FanIn {
+            op: d.op,
+            phase: d.phase(),
+            waiting: self.workers.keys().copied().collect(),
+            replies: Vec::new(),
+            health: Some(Vec::new()),
+        };
+        if let DirectiveKind::Sample { targets } = &d.kind {
+            let devices: BTreeSet<_> = targets
+                .iter()
+                .filter(|t| t.node == self.node)
+                .map(|t| t.device)
+                .collect();
+            if !devices.is_empty() {
+                fan_in.health = None;
+                let hal = self.node_hal.clone();
+                let node = self.node.clone();
+                let op = d.op;
+                let read = tokio::task::spawn_blocking(move || {
+                    let mut hal = hal.lock();
+                    devices
+                        .into_iter()
+                        .filter_map(|dev| match hal.link_health(dev) {
+                            Ok(h) => Some(h),
+                            Err(e) => {
+                                // Unknown health does not block the switch: HCCL decides.
+                                tracing::warn!(%node, device = dev.0, error = %e, "link health unknown");
+                                None
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                });
+                ctx.spawn(actix::fut::wrap_future::<_, Self>(read).map(move |res, act, _| {
+                    if let Some(f) = act.fan_in.as_mut().filter(|f| f.op == op) {
+                        f.health = Some(res.unwrap_or_default());
+                    }
+                    act.flush(false);
+                }));
+            }
+        }
+        self.fan_in = Some(fan_in);
+        let mut gone = Vec::new();
+        for (rank, link) in &self.workers {
+            if link.send(d.clone()).is_err() {
+                gone.push(*rank);
+            }
+        }
+        for rank in gone {
+            self.lose_worker(rank, "connection closed".into());
+        }
+        self.flush(false);
+    }
+}
+
+impl Handler<Deliver<WorkerToProxy>> for Proxy {
+    type Result = ();
+
+    fn handle(&mut self, Deliver(m): Deliver<WorkerToProxy>, _: &mut Self::Context) {
+        match m {
+            WorkerToProxy::Hello(hello) => {
+                telemetry::message("in", "hello");
+                if hello.job != self.job || hello.node != self.node {
+                    tracing::error!(
+                        node = %self.node, rank = hello.rank.0, job = %hello.job,
+                        "worker of another job or node refused"
+                    );
+                    self.workers.remove(&hello.rank);
+                    return;
+                }
+                self.up(ProxyToManager::WorkerUp(hello));
+            }
+            WorkerToProxy::Reply(r) => {
+                telemetry::message("in", "reply");
+                let failed = matches!(r.body, ReplyBody::Failed(_));
+                let expected = match self.fan_in.as_mut() {
+                    Some(f) if f.op == r.op && f.phase == r.phase => {
+                        f.waiting.remove(&r.rank).then_some(f)
+                    }
+                    _ => None,
+                };
+                match expected {
+                    Some(f) => {
+                        f.replies.push(r);
+                        self.flush(failed);
+                    }
+                    None => {
+                        // Late (a switch finishing after the rollback was sent): pass it on.
+                        self.up(ProxyToManager::Reply(NodeReply {
+                            node: self.node.clone(),
+                            op: r.op,
+                            phase: r.phase,
+                            replies: vec![r],
+                            health: Vec::new(),
+                        }));
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! The worker: one per training process. It owns the rank's HAL and step gate and answers
+//! the manager's directives (through its proxy).
+//!
+//! HAL calls are blocking C calls that HCCL wants strictly sequential per rank, from a thread
+//! whose device context is set; they run on a thread of the worker's own, one job at a time,
+//! never on the actor's thread.
+
+use crate::gate::{GateEvent, StepGate};
+use crate::telemetry;
+use crate::transport::{Deliver, Link};
+use actix::prelude::*;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Instant;
+use taskd_core::protocol::{
+    AppliedCall, Directive, DirectiveKind, Phase, RankError, RankReply, ReplyBody, WorkerHello,
+    WorkerToProxy,
+};
+use taskd_core::{plan_calls, GlobalRank, JobId, NodeName, OperationId, RankHal, SwitchCapabilities};
+use tokio::sync::oneshot;
+
+/// Who a worker is.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    pub job: JobId,
+    pub node: NodeName,
+    pub rank: GlobalRank,
+    /// `MS_ENABLE_TFT` of this process enables `TSP:1`.
+    pub tsp: bool,
+}
+
+enum HalJob {
+    Capabilities(oneshot::Sender<SwitchCapabilities>),
+    Apply {
+        targets: Vec<(GlobalRank, bool)>,
+        reply: oneshot::Sender<Result<Vec<AppliedCall>, RankError>>,
+    },
+}
+
+/// Called once when the worker stops: the in-process transport's "connection closed".
+pub type Farewell = Box<dyn FnOnce(GlobalRank) + Send>;
+
+pub struct Worker {
+    cfg: WorkerConfig,
+    gate: Arc<StepGate>,
+    upstream: Link<WorkerToProxy>,
+    hal: mpsc::Sender<HalJob>,
+    hal_thread: Option<std::thread::JoinHandle<()>>,
+    farewell: Option<Farewell>,
+}
+
+impl Worker {
+    /// A worker for `cfg.rank` driving `hal`, replying through `upstream`. `gate` is the one
+    /// the training loop calls.
+    pub fn new(
+        cfg: WorkerConfig,
+        hal: Box<dyn RankHal>,
+        gate: Arc<StepGate>,
+        upstream: Link<WorkerToProxy>,
+    ) -> Self {
+        let (tx, rx) = mpsc::channel();
+        let rank = cfg.rank;
+        let hal_thread = std::thread::Builder::new()
+            .name(format!("taskd-hal-{}", rank.0))
+            .spawn(move || hal_loop(rank, hal, rx))
+            .expect("spawning the HAL thread");
+        Worker {
+            cfg,
+            gate,
+            upstream,
+            hal: tx,
+            hal_thread: Some(hal_thread),
+            farewell: None,
+        }
+    }
+
+    /// Registers what runs when the worker stops (see [`Farewell`]).
+    pub fn with_farewell(mut self, f: Farewell) -> Self {
+        self.farewell = Some(f);
+        self
+    }
+
+    fn reply(&self, op: OperationId, phase: Phase, body: ReplyBody) {
+        telemetry::message("out", "reply");
+        let r = RankReply {
+            rank: self.cfg.rank,
+            op,
+            phase,
+            body,
+        };
+        if let Err(e) = self.upstream.send(WorkerToProxy::Reply(r)) {
+            tracing::warn!(rank = self.cfg.rank.0, error = %e, "reply lost: proxy unreachable");
+        }
+    }
+
+    fn fail(&self, op: OperationId, phase: Phase, message: String) {
+        self.reply(
+            op,
+            phase,
+            ReplyBody::Failed(RankError {
+                group: None,
+                hal: None,
+                message,
+            }),
+        );
+    }
+}
+
+impl Actor for Worker {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let addr = ctx.address();
+        self.gate.set_notify(move |ev| addr.do_send(GateNotice(ev)));
+        let (tx, rx) = oneshot::channel();
+        if self.hal.send(HalJob::Capabilities(tx)).is_err() {
+            tracing::error!(rank = self.cfg.rank.0, "HAL thread is gone");
+            ctx.stop();
+            return;
+        }
+        ctx.spawn(actix::fut::wrap_future::<_, Self>(rx).map(|caps, act, ctx| {
+            let Ok(mut caps) = caps else {
+                ctx.stop();
+                return;
+            };
+            caps.tsp = act.cfg.tsp;
+            let hello = WorkerHello {
+                job: act.cfg.job.clone(),
+                node: act.cfg.node.clone(),
+                rank: act.cfg.rank,
+                capabilities: caps,
+            };
+            if act.upstream.send(WorkerToProxy::Hello(hello)).is_err() {
+                ctx.stop();
+            }
+        }));
+    }
+
+    fn stopped(&mut self, _ctx: &mut Self::Context) {
+        self.gate.shutdown();
+        if let Some(f) = self.farewell.take() {
+            f(self.cfg.rank);
+        }
+        // Closing the channel ends the HAL thread after its current call.
+        let (tx, _) = mpsc::channel();
+        drop(std::mem::replace(&mut self.hal, tx));
+        drop(self.hal_thread.take());
+    }
+}
+
+impl Handler<Deliver<Directive>> for Worker {
+    type Result = ();
+
+    fn handle(&mut self, Deliver(d): Deliver<Directive>, ctx: &mut Self::Context) {
+        telemetry::message("in", d.phase().as_str());
+        let op = d.op;
+        let phase = d.phase();
+        match d.kind {
+            DirectiveKind::Sample { .. } => {
+                if let Err(e) = self.gate.sample(op) {
+                    self.fail(op, phase, e.to_string());
+                }
+            }
+            DirectiveKind::PauseAt { step } => {
+                if let Err(e) = self.gate.pause_at(op, step) {
+                    self.fail(op, phase, e.to_string());
+                }
+            }
+            DirectiveKind::Switch { targets } | DirectiveKind::Rollback { targets } => {
+                if self.gate.held_step().is_none() {
+                    self.fail(
+                        op,
+                        phase,
+                        "refusing to touch HCCL groups: training is not held at the step gate"
+                            .into(),
+                    );
+                    return;
+                }
+                let (tx, rx) = oneshot::channel();
+                if self.hal.send(HalJob::Apply { targets, reply: tx }).is_err() {
+                    self.fail(op, phase, "the HAL thread is gone".into());
+                    return;
+                }
+                ctx.spawn(actix::fut::wrap_future::<_, Self>(rx).map(move |res, act, _| {
+                    let body = match res {
+                        Ok(Ok(calls)) => ReplyBody::Applied { calls },
+                        Ok(Err(e)) => ReplyBody::Failed(e),
+                        Err(_) => ReplyBody::Failed(RankError {
+                            group: None,
+                            hal: None,
+                            message: "the HAL thread stopped during the call".into(),
+                        }),
+                    };
+                    act.reply(op, phase, body);
+                }));
+            }
+            DirectiveKind::Resume => {
+                let stalled = self.gate.resume();
+                self.reply(op, phase, ReplyBody::Resumed { stalled });
+            }
+        }
+    }
+}
+
+/// A gate event, delivered from the training thread.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct GateNotice(GateEvent);
+
+impl Handler<GateNotice> for Worker {
+    type Result = ();
+
+    fn handle(&mut self, GateNotice(ev): GateNotice, _ctx: &mut Self::Context) {
+        match ev {
+            GateEvent::Sampled { op, in_step } => {
+                self.reply(op, Phase::Sample, ReplyBody::Sampled { in_step })
+            }
+            GateEvent::Held { op, step } => self.reply(op, Phase::Pause, ReplyBody::Paused { step }),
+            GateEvent::Overran { op, step, bound } => self.fail(
+                op,
+                Phase::Pause,
+                format!("training ran past the pause step: finished {step}, bound {bound}"),
+            ),
+        }
+    }
+}
+
+/// Stops the worker, as if its process had died.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopWorker;
+
+impl Handler<StopWorker> for Worker {
+    type Result = ();
+
+    fn handle(&mut self, _: StopWorker, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
+}
+
+fn hal_loop(rank: GlobalRank, mut hal: Box<dyn RankHal>, jobs: mpsc::Receiver<HalJob>) {
+    for job in jobs {
+        match job {
+            HalJob::Capabilities(reply) => {
+                let _ = reply.send(hal.capabilities());
+            }
+            HalJob::Apply { targets, reply } => {
+                let _ = reply.send(apply(rank, hal.as_mut(), &targets));
+            }
+        }
+    }
+}
+
+/// Plans and makes every call for this rank. A failed group does not stop the remaining
+/// ones: peers of those groups are already waiting in the collective call, and a rank that
+/// skipped them would leave them hanging. The first failure is reported.
+fn apply(
+    rank: GlobalRank,
+    hal: &mut dyn RankHal,
+    targets: &[(GlobalRank, bool)],
+) -> Result<Vec<AppliedCall>, RankError> {
+    let started = Instant::now();
+    let groups = hal.groups();
+    telemetry::hal_call("groups", groups.is_ok(), started.elapsed());
+    let groups = groups.map_err(|e| RankError {
+        group: None,
+        message: e.to_string(),
+        hal: Some(e),
+    })?;
+    let sizes: std::collections::HashMap<&str, u32> = groups
+        .iter()
+        .map(|g| (g.name.as_str(), g.members.len() as u32))
+        .collect();
+    let mut applied = Vec::new();
+    let mut first_error = None;
+    for call in plan_calls(&groups, targets) {
+        let t = Instant::now();
+        let res = hal.set_working_nic(&call.group, &call.ranks, &call.use_backup);
+        telemetry::hal_call("set_working_nic", res.is_ok(), t.elapsed());
+        match res {
+            Ok(()) => applied.push(AppliedCall {
+                group: call.group.clone(),
+                group_size: sizes.get(call.group.as_str()).copied().unwrap_or(0),
+                digest: call.digest(),
+            }),
+            Err(e) => {
+                tracing::warn!(rank = rank.0, group = %call.group, error = %e, "NIC set failed");
+                first_error.get_or_insert(RankError {
+                    group: Some(call.group.clone()),
+                    message: e.to_string(),
+                    hal: Some(e),
+                });
+            }
+        }
+    }
+    match first_error {
+        None => Ok(applied),
+        Some(e) => Err(e),
+    }
+}

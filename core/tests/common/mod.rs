@@ -1,0 +1,445 @@
+//! Shared helpers for the integration tests of the operation machine and the ledger: a
+//! realistic job layout (world + tp + dp groups), the replies a real worker would send, and a
+//! harness that drives one [`Operation`] and logs every action it takes.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+use taskd_core::command::Target;
+use taskd_core::operation::PhaseDurations;
+use taskd_core::protocol::{
+    AppliedCall, Directive, DirectiveKind, NodeReply, Phase, RankError, RankReply, ReplyBody,
+};
+use taskd_core::{
+    plan_calls, Action, DeviceId, Event, GlobalRank, GroupInfo, HalError, HcclCode, JobId,
+    NodeName, Operation, OperationId, OperationReport, PhaseDeadlines, RankTable, SwitchCommand,
+    SwitchPlan,
+};
+
+pub fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+pub fn millis(ms: u64) -> Duration {
+    Duration::from_millis(ms)
+}
+
+pub fn op_id(n: u128) -> OperationId {
+    OperationId(uuid::Uuid::from_u128(n))
+}
+
+pub fn job() -> JobId {
+    JobId("job-a".into())
+}
+
+/// Deadlines that differ per phase, so a test can tell which one was armed.
+pub const DEADLINES: PhaseDeadlines = PhaseDeadlines {
+    pause: Duration::from_secs(30),
+    switch: Duration::from_secs(20),
+    rollback: Duration::from_secs(25),
+    resume: Duration::from_secs(10),
+};
+
+/// `nodes x per_node` ranks, `rank = node * per_node + device`, with the groups of a
+/// tensor-parallel-inside-a-node, data-parallel-across-nodes job:
+/// `world` (every rank), `tp_{node}` (the ranks of one node), `dp_{device}` (the ranks with one
+/// device index on every node).
+#[derive(Clone, Debug)]
+pub struct Layout {
+    pub nodes: u32,
+    pub per_node: u32,
+    pub table: RankTable,
+}
+
+impl Layout {
+    pub fn new(nodes: u32, per_node: u32) -> Self {
+        Layout {
+            nodes,
+            per_node,
+            table: RankTable::uniform(nodes, per_node),
+        }
+    }
+
+    pub fn world(&self) -> u32 {
+        self.nodes * self.per_node
+    }
+
+    pub fn ranks(&self) -> Vec<GlobalRank> {
+        (0..self.world()).map(GlobalRank).collect()
+    }
+
+    pub fn node_of(&self, r: GlobalRank) -> NodeName {
+        self.table.slot(r).expect("rank in the table").node.clone()
+    }
+
+    pub fn device_of(&self, r: GlobalRank) -> DeviceId {
+        self.table.slot(r).expect("rank in the table").device
+    }
+
+    pub fn node_name(&self, n: u32) -> NodeName {
+        NodeName(format!("node-{n}"))
+    }
+
+    /// Every group of the job.
+    pub fn all_groups(&self) -> Vec<GroupInfo> {
+        let g = |name: String, members: Vec<u32>| GroupInfo {
+            name,
+            members: members.into_iter().map(GlobalRank).collect(),
+        };
+        let mut v = vec![g("world".into(), (0..self.world()).collect())];
+        for n in 0..self.nodes {
+            v.push(g(
+                format!("tp_{n}"),
+                (n * self.per_node..(n + 1) * self.per_node).collect(),
+            ));
+        }
+        for d in 0..self.per_node {
+            v.push(g(
+                format!("dp_{d}"),
+                (0..self.nodes).map(|n| n * self.per_node + d).collect(),
+            ));
+        }
+        v
+    }
+
+    /// The groups one process belongs to, in the (unsorted) order its framework lists them.
+    pub fn groups_of(&self, r: GlobalRank) -> Vec<GroupInfo> {
+        self.all_groups()
+            .into_iter()
+            .filter(|g| g.members.contains(&r))
+            .collect()
+    }
+
+    pub fn group_size(&self, name: &str) -> usize {
+        self.all_groups()
+            .into_iter()
+            .find(|g| g.name == name)
+            .map(|g| g.members.len())
+            .expect("known group")
+    }
+
+    /// What a correct worker of rank `r` reports after applying `targets`.
+    pub fn calls(&self, r: GlobalRank, targets: &[(GlobalRank, bool)]) -> Vec<AppliedCall> {
+        let groups = self.groups_of(r);
+        plan_calls(&groups, targets)
+            .into_iter()
+            .map(|c| AppliedCall {
+                group_size: groups
+                    .iter()
+                    .find(|g| g.name == c.group)
+                    .map(|g| g.members.len() as u32)
+                    .expect("planned group is one of the rank's"),
+                digest: c.digest(),
+                group: c.group,
+            })
+            .collect()
+    }
+
+    /// The operator's command for `(rank, use_backup)` pairs, in that order.
+    pub fn command(&self, targets: &[(u32, bool)]) -> SwitchCommand {
+        SwitchCommand {
+            job: job(),
+            id: None,
+            targets: targets
+                .iter()
+                .map(|(r, b)| Target {
+                    node: self.node_of(GlobalRank(*r)),
+                    device: self.device_of(GlobalRank(*r)),
+                    use_backup: *b,
+                })
+                .collect(),
+        }
+    }
+
+    pub fn plan(&self, targets: &[(u32, bool)]) -> SwitchPlan {
+        self.command(targets)
+            .resolve(&self.table)
+            .expect("valid targets")
+    }
+}
+
+pub fn flags(v: &[(u32, bool)]) -> Vec<(GlobalRank, bool)> {
+    v.iter().map(|(r, b)| (GlobalRank(*r), *b)).collect()
+}
+
+pub fn ranks(v: &[u32]) -> Vec<GlobalRank> {
+    v.iter().copied().map(GlobalRank).collect()
+}
+
+pub fn hal_failure(group: &str, code: HcclCode) -> RankError {
+    RankError {
+        group: Some(group.to_owned()),
+        hal: Some(HalError::new(
+            "HcclCommWorkingDevNicSet",
+            code,
+            format!("set working nic on {group}"),
+        )),
+        message: format!("HcclCommWorkingDevNicSet on {group} failed"),
+    }
+}
+
+pub fn rank_reply(op: OperationId, rank: u32, phase: Phase, body: ReplyBody) -> RankReply {
+    RankReply {
+        rank: GlobalRank(rank),
+        op,
+        phase,
+        body,
+    }
+}
+
+pub fn broadcasts(actions: &[Action]) -> Vec<&Directive> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Broadcast(d) => Some(d),
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn broadcast_phases(actions: &[Action]) -> Vec<Phase> {
+    broadcasts(actions).into_iter().map(|d| d.phase()).collect()
+}
+
+pub fn finishes(actions: &[Action]) -> Vec<&OperationReport> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Finish(r) => Some(&**r),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `[Broadcast(kind), ArmDeadline(token, phase, at)]`: what entering a phase looks like.
+pub fn entered(
+    op: OperationId,
+    kind: DirectiveKind,
+    token: u64,
+    at: Duration,
+) -> Vec<Action> {
+    let d = Directive { op, kind };
+    let phase = d.phase();
+    vec![
+        Action::Broadcast(d),
+        Action::ArmDeadline { token, phase, at },
+    ]
+}
+
+pub fn durations(
+    pause: Option<u64>,
+    switch: Option<u64>,
+    rollback: Option<u64>,
+    resume: Option<u64>,
+    total: u64,
+) -> PhaseDurations {
+    PhaseDurations {
+        pause: pause.map(secs),
+        switch: switch.map(secs),
+        rollback: rollback.map(secs),
+        resume: resume.map(secs),
+        total: secs(total),
+    }
+}
+
+/// One [`Operation`] under test, with every action it produced so far.
+pub struct Harness {
+    pub layout: Layout,
+    pub id: OperationId,
+    pub op: Operation,
+    pub plan: SwitchPlan,
+    pub targets: Vec<(GlobalRank, bool)>,
+    pub previous: Vec<(GlobalRank, bool)>,
+    pub log: Vec<Action>,
+}
+
+impl Harness {
+    /// Starts an operation over every rank of `layout`; returns the start actions too.
+    pub fn start(
+        layout: Layout,
+        targets: &[(u32, bool)],
+        previous: &[(u32, bool)],
+        now: Duration,
+    ) -> (Harness, Vec<Action>) {
+        let plan = layout.plan(targets);
+        let id = op_id(0xA11CE);
+        let (op, actions) = Operation::start(
+            id,
+            plan.clone(),
+            flags(previous),
+            layout.ranks(),
+            DEADLINES,
+            now,
+        );
+        let h = Harness {
+            targets: plan.rank_flags(),
+            previous: flags(previous),
+            layout,
+            id,
+            op,
+            plan,
+            log: actions.clone(),
+        };
+        (h, actions)
+    }
+
+    pub fn send(&mut self, ev: Event, now: Duration) -> Vec<Action> {
+        let actions = self.op.handle(ev, now);
+        self.log.extend(actions.iter().cloned());
+        actions
+    }
+
+    pub fn node_reply(
+        &self,
+        node: NodeName,
+        phase: Phase,
+        replies: Vec<RankReply>,
+    ) -> NodeReply {
+        NodeReply {
+            node,
+            op: self.id,
+            phase,
+            replies,
+            health: Vec::new(),
+        }
+    }
+
+    /// One rank's reply, alone in its node's message.
+    pub fn one(&mut self, now: Duration, rank: u32, phase: Phase, body: ReplyBody) -> Vec<Action> {
+        let nr = self.node_reply(
+            self.layout.node_of(GlobalRank(rank)),
+            phase,
+            vec![rank_reply(self.id, rank, phase, body)],
+        );
+        self.send(Event::Replies(nr), now)
+    }
+
+    /// Replies of `ranks`, one message per node (nodes in name order); all actions, in order.
+    pub fn each(
+        &mut self,
+        now: Duration,
+        phase: Phase,
+        ranks: &[u32],
+        body: impl Fn(GlobalRank) -> ReplyBody,
+    ) -> Vec<Action> {
+        let mut by_node: BTreeMap<NodeName, Vec<RankReply>> = BTreeMap::new();
+        for r in ranks {
+            let g = GlobalRank(*r);
+            by_node
+                .entry(self.layout.node_of(g))
+                .or_default()
+                .push(rank_reply(self.id, *r, phase, body(g)));
+        }
+        let mut out = Vec::new();
+        for (node, replies) in by_node {
+            let nr = self.node_reply(node, phase, replies);
+            out.extend(self.send(Event::Replies(nr), now));
+        }
+        out
+    }
+
+    pub fn all_ranks(&self) -> Vec<u32> {
+        (0..self.layout.world()).collect()
+    }
+
+    pub fn all_but(&self, skip: &[u32]) -> Vec<u32> {
+        self.all_ranks()
+            .into_iter()
+            .filter(|r| !skip.contains(r))
+            .collect()
+    }
+
+    pub fn sampled(&mut self, now: Duration, ranks: &[u32], step: impl Fn(u32) -> u64) -> Vec<Action> {
+        self.each(now, Phase::Sample, ranks, |r| ReplyBody::Sampled {
+            in_step: step(r.0),
+        })
+    }
+
+    pub fn paused(&mut self, now: Duration, ranks: &[u32], step: u64) -> Vec<Action> {
+        self.each(now, Phase::Pause, ranks, |_| ReplyBody::Paused { step })
+    }
+
+    /// Correct `Applied` replies for the switch (to the targets) or rollback (to `previous`).
+    pub fn applied(&mut self, now: Duration, phase: Phase, ranks: &[u32]) -> Vec<Action> {
+        let flags = self.flags_for(phase);
+        let layout = self.layout.clone();
+        self.each(now, phase, ranks, |r| ReplyBody::Applied {
+            calls: layout.calls(r, &flags),
+        })
+    }
+
+    pub fn resumed(&mut self, now: Duration, ranks: &[u32]) -> Vec<Action> {
+        self.each(now, Phase::Resume, ranks, |r| ReplyBody::Resumed {
+            stalled: millis(100 * u64::from(r.0)),
+        })
+    }
+
+    pub fn flags_for(&self, phase: Phase) -> Vec<(GlobalRank, bool)> {
+        match phase {
+            Phase::Switch => self.targets.clone(),
+            Phase::Rollback => self.previous.clone(),
+            p => panic!("no NIC flags in the {p} phase"),
+        }
+    }
+
+    pub fn calls(&self, rank: u32, phase: Phase) -> Vec<AppliedCall> {
+        self.layout.calls(GlobalRank(rank), &self.flags_for(phase))
+    }
+
+    /// The token of the deadline armed last.
+    pub fn token(&self) -> u64 {
+        self.log
+            .iter()
+            .rev()
+            .find_map(|a| match a {
+                Action::ArmDeadline { token, .. } => Some(*token),
+                _ => None,
+            })
+            .expect("a deadline was armed")
+    }
+
+    /// Fires the deadline armed last.
+    pub fn fire(&mut self, now: Duration) -> Vec<Action> {
+        let token = self.token();
+        self.send(Event::Deadline { token }, now)
+    }
+
+    pub fn lose(&mut self, now: Duration, rank: u32) -> Vec<Action> {
+        self.send(
+            Event::WorkerLost {
+                rank: GlobalRank(rank),
+                reason: format!("connection of rank {rank} closed"),
+            },
+            now,
+        )
+    }
+
+    pub fn phases(&self) -> Vec<Phase> {
+        broadcast_phases(&self.log)
+    }
+
+    pub fn pending(&self) -> Vec<u32> {
+        self.op.pending().iter().map(|r| r.0).collect()
+    }
+
+    /// The one final report; asserts it is the last action of the log and the only one.
+    pub fn report(&self) -> OperationReport {
+        let f = finishes(&self.log);
+        assert_eq!(f.len(), 1, "exactly one Finish in {:#?}", self.log);
+        assert!(
+            matches!(self.log.last(), Some(Action::Finish(_))),
+            "Finish is the last action"
+        );
+        assert!(self.op.is_finished());
+        f[0].clone()
+    }
+
+    /// Drives a clean run through Sample (all at `step`) and Pause; returns at the switch.
+    pub fn to_switch(&mut self, start: u64, step: u64) {
+        let all = self.all_ranks();
+        self.sampled(secs(start + 1), &all, |_| step);
+        self.paused(secs(start + 2), &all, step);
+        assert_eq!(self.op.phase(), Phase::Switch);
+    }
+}

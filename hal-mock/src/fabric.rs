@@ -1,0 +1,704 @@
+//! The simulated hardware: nodes, NPU dies, their NIC ports, HCCL groups and each member's
+//! view of its group's NIC configuration, plus the consistency check every test ends with.
+//!
+//! All state sits behind one mutex with one condition variable. Every change bumps a
+//! generation counter and wakes every waiter; waiters re-check their own condition, so there
+//! is no polling and no lost wake-up.
+
+use crate::fault::{NicSetFault, NicSetRecord};
+use crate::node_hal::MockNodeHal;
+use crate::rank_hal::MockRankHal;
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use taskd_core::{DeviceId, GlobalRank, GroupInfo, GroupRank, HcclCode, NodeName};
+
+/// Name of the world group, as HCCL names it.
+pub const WORLD_GROUP: &str = "hccl_world_group";
+
+/// At most this many violation messages are kept; the rest are only counted, so a training
+/// loop that keeps running on a broken group cannot exhaust memory.
+const MAX_VIOLATIONS: usize = 1000;
+
+/// Shape and HCCL settings of a simulated job.
+///
+/// Why a plain struct with public fields: tests tweak one knob (a 50 ms HCCL timeout, no
+/// RDMA) on top of [`FabricConfig::new`]'s defaults with struct-update syntax.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FabricConfig {
+    /// Number of nodes (servers); node `i` is named `node-{i}`.
+    pub nodes: u32,
+    /// NPU dies per node, one rank each: rank = node_index * devices_per_node + device.
+    pub devices_per_node: u32,
+    /// Tensor-parallel group size. Must divide `devices_per_node`, so tensor-parallel groups
+    /// never span nodes (as in real deployments). Default `min(8, devices_per_node)`.
+    pub tp_size: u32,
+    /// Whether the topology has RDMA links. Without them HCCL's NIC set is a silent no-op.
+    /// Default `true`.
+    pub rdma: bool,
+    /// How long a rank waits in a rendezvous (NIC set, collective) for its peers before it
+    /// gives up with `HCCL_E_TIMEOUT`. Default 120 s, like `HCCL_CONNECT_TIMEOUT`.
+    pub hccl_timeout: Duration,
+}
+
+impl FabricConfig {
+    /// A fabric of `nodes` x `devices_per_node` with the defaults documented on each field.
+    pub fn new(nodes: u32, devices_per_node: u32) -> Self {
+        FabricConfig {
+            nodes,
+            devices_per_node,
+            tp_size: devices_per_node.clamp(1, 8),
+            rdma: true,
+            hccl_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// Whether every HCCL group agrees on its NIC configuration, and where it does not.
+///
+/// Why: resuming training with members that disagree hangs or corrupts it, so this is the
+/// invariant every test (and every simulated operation) ends by checking.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConsistencyReport {
+    /// How many groups were examined.
+    pub groups_checked: usize,
+    /// Every disagreement found: inside a group, or between groups about one rank.
+    pub disagreements: Vec<GroupDisagreement>,
+}
+
+impl ConsistencyReport {
+    /// `true` when nothing disagrees.
+    pub fn is_consistent(&self) -> bool {
+        self.disagreements.is_empty()
+    }
+}
+
+impl fmt::Display for ConsistencyReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_consistent() {
+            return write!(f, "all {} groups consistent", self.groups_checked);
+        }
+        write!(
+            f,
+            "{} disagreement(s) in {} groups:",
+            self.disagreements.len(),
+            self.groups_checked
+        )?;
+        for d in &self.disagreements {
+            write!(f, "\n  {}: {}", d.group, d.detail)?;
+        }
+        Ok(())
+    }
+}
+
+/// One disagreement: which group (or groups, comma-separated, for a disagreement between
+/// groups about one rank) and what differs, naming the members.
+///
+/// Why: a failed test must say which rank holds which view, not only "inconsistent".
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupDisagreement {
+    /// The group name, or `a,b,...` when groups disagree with each other.
+    pub group: String,
+    /// Human-readable: which group ranks are seen differently and by whom.
+    pub detail: String,
+}
+
+/// What the simulated processes are doing right now, for tests that must wait until a rank
+/// is blocked somewhere (instead of sleeping and hoping).
+///
+/// Why: deadlocks and concurrency rules can only be tested deterministically if the test can
+/// observe "rank 3 is now waiting in the rendezvous of group X".
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Activity {
+    /// Bumped on every state change of the fabric.
+    pub generation: u64,
+    /// Ranks inside a NIC-set call (at any stage, including an injected hang).
+    pub in_nic_set: Vec<GlobalRank>,
+    /// `(group, rank)` of members that joined a NIC-set rendezvous and wait for peers.
+    pub waiting_in_nic_set: Vec<(String, GlobalRank)>,
+    /// `(group, rank)` of members inside a collective (all-reduce) on that group.
+    pub waiting_in_collective: Vec<(String, GlobalRank)>,
+}
+
+/// The simulated cluster: topology, NIC ports, HCCL groups, processes, faults and the rule
+/// book of what went wrong. Share it as `Arc<Fabric>`; hand [`MockRankHal`]s to workers and
+/// [`MockNodeHal`]s to proxies, drive faults from the test.
+///
+/// Why one object: every rendezvous, link and fault interacts, and one lock makes every
+/// interleaving a test provokes well defined.
+pub struct Fabric {
+    pub(crate) cfg: FabricConfig,
+    pub(crate) state: Mutex<State>,
+    pub(crate) cv: Condvar,
+}
+
+/// Per-member state of one NIC-set rendezvous.
+#[derive(Clone, Debug)]
+pub(crate) struct NicArrival {
+    pub ranks: Vec<GroupRank>,
+    pub use_backup: Vec<bool>,
+    /// Set when an injected fault makes this member fail at completion.
+    pub fault: Option<HcclCode>,
+}
+
+/// What a member gets back from a completed NIC-set round.
+#[derive(Clone, Debug)]
+pub(crate) struct NicResult {
+    pub code: HcclCode,
+    pub detail: String,
+    pub applied: bool,
+}
+
+/// One all-reduce round of a group, keyed by sequence number.
+#[derive(Clone, Debug)]
+pub(crate) struct CollectiveRound {
+    pub values: Vec<Option<f64>>,
+    pub outcome: Option<Result<f64, (HcclCode, String)>>,
+    pub consumed: Vec<bool>,
+}
+
+impl CollectiveRound {
+    pub fn new(n: usize) -> Self {
+        CollectiveRound {
+            values: vec![None; n],
+            outcome: None,
+            consumed: vec![false; n],
+        }
+    }
+}
+
+/// HCCL state of one communicator (group), per member.
+#[derive(Clone, Debug)]
+pub(crate) struct GroupState {
+    pub name: String,
+    pub members: Vec<GlobalRank>,
+    /// `views[m][gr]`: whether member `m` believes group rank `gr` uses its backup NIC.
+    pub views: Vec<Vec<bool>>,
+    /// Whether member `m`'s communicator ran at least one collective.
+    pub ran_op: Vec<bool>,
+    /// The open NIC-set round: one slot per member.
+    pub nic_round: Vec<Option<NicArrival>>,
+    pub nic_round_id: u64,
+    /// Results of completed rounds, waiting to be picked up: `(round id, result)`.
+    pub nic_results: Vec<Option<(u64, NicResult)>>,
+    /// Next all-reduce sequence number of each member.
+    pub ar_next_seq: Vec<u64>,
+    pub ar_rounds: BTreeMap<u64, CollectiveRound>,
+    /// Member is inside an all-reduce on this group.
+    pub ar_in_flight: Vec<bool>,
+}
+
+impl GroupState {
+    fn new(name: String, members: Vec<GlobalRank>) -> Self {
+        let n = members.len();
+        GroupState {
+            name,
+            members,
+            views: vec![vec![false; n]; n],
+            ran_op: vec![false; n],
+            nic_round: vec![None; n],
+            nic_round_id: 0,
+            nic_results: vec![None; n],
+            ar_next_seq: vec![0; n],
+            ar_rounds: BTreeMap::new(),
+            ar_in_flight: vec![false; n],
+        }
+    }
+
+    pub fn member_index(&self, rank: GlobalRank) -> Option<usize> {
+        self.members.iter().position(|m| *m == rank)
+    }
+
+    pub fn info(&self) -> GroupInfo {
+        GroupInfo {
+            name: self.name.clone(),
+            members: self.members.clone(),
+        }
+    }
+}
+
+/// Everything mutable, behind [`Fabric::state`].
+pub(crate) struct State {
+    /// Physical NIC port of each device, indexed like global ranks.
+    pub ports_up: Vec<bool>,
+    pub l2_retry: Vec<bool>,
+    pub dead: Vec<bool>,
+    /// The group a rank's NIC-set call in progress names (`Some` while inside the call).
+    pub nic_call: Vec<Option<String>>,
+    pub faults: Vec<VecDeque<NicSetFault>>,
+    pub groups: Vec<GroupState>,
+    pub by_name: HashMap<String, usize>,
+    /// Indices into `groups` of each rank's groups, in the fixed global order.
+    pub rank_groups: Vec<Vec<usize>>,
+    pub shut_down: bool,
+    pub generation: u64,
+    pub log: Vec<NicSetRecord>,
+    pub violations: Vec<String>,
+    pub violations_dropped: u64,
+    pub inconsistent_collectives: u64,
+}
+
+impl State {
+    pub fn violation(&mut self, msg: String) {
+        tracing::warn!(violation = %msg, "HCCL rule violated in the simulation");
+        if self.violations.len() < MAX_VIOLATIONS {
+            self.violations.push(msg);
+        } else {
+            self.violations_dropped += 1;
+        }
+    }
+
+    pub fn any_member_dead(&self, gi: usize) -> Option<GlobalRank> {
+        self.groups[gi]
+            .members
+            .iter()
+            .copied()
+            .find(|m| self.dead[m.0 as usize])
+    }
+}
+
+/// The groups of a job, in the fixed global order: world, `tp_*`, `dp_*`.
+fn build_groups(cfg: &FabricConfig) -> Vec<GroupState> {
+    let world = cfg.nodes * cfg.devices_per_node;
+    let tp = cfg.tp_size;
+    let mut groups = vec![GroupState::new(
+        WORLD_GROUP.to_owned(),
+        (0..world).map(GlobalRank).collect(),
+    )];
+    for i in 0..world / tp {
+        groups.push(GroupState::new(
+            format!("tp_{i}"),
+            (i * tp..(i + 1) * tp).map(GlobalRank).collect(),
+        ));
+    }
+    for j in 0..tp {
+        groups.push(GroupState::new(
+            format!("dp_{j}"),
+            (0..world / tp).map(|c| GlobalRank(c * tp + j)).collect(),
+        ));
+    }
+    groups
+}
+
+/// `now + d`, or `None` (wait forever) when that overflows.
+pub(crate) fn deadline_after(d: Duration) -> Option<Instant> {
+    Instant::now().checked_add(d)
+}
+
+impl Fabric {
+    /// Builds the fabric: every port up, L2 retry on for every rank, every member's view
+    /// "all primary", no group has run a collective yet.
+    ///
+    /// # Panics
+    /// If `nodes` or `devices_per_node` is 0, or `tp_size` is 0 or does not divide
+    /// `devices_per_node`: a simulation of an impossible job is a bug in the test.
+    pub fn new(cfg: FabricConfig) -> Arc<Fabric> {
+        assert!(cfg.nodes > 0, "a fabric needs at least one node");
+        assert!(cfg.devices_per_node > 0, "a node needs at least one device");
+        assert!(
+            cfg.tp_size > 0 && cfg.devices_per_node % cfg.tp_size == 0,
+            "tp_size {} must divide devices_per_node {}",
+            cfg.tp_size,
+            cfg.devices_per_node
+        );
+        let world = (cfg.nodes * cfg.devices_per_node) as usize;
+        let groups = build_groups(&cfg);
+        let by_name = groups
+            .iter()
+            .enumerate()
+            .map(|(i, g)| (g.name.clone(), i))
+            .collect();
+        let mut rank_groups = vec![Vec::new(); world];
+        for (gi, g) in groups.iter().enumerate() {
+            for m in &g.members {
+                rank_groups[m.0 as usize].push(gi);
+            }
+        }
+        Arc::new(Fabric {
+            cfg,
+            state: Mutex::new(State {
+                ports_up: vec![true; world],
+                l2_retry: vec![true; world],
+                dead: vec![false; world],
+                nic_call: vec![None; world],
+                faults: vec![VecDeque::new(); world],
+                groups,
+                by_name,
+                rank_groups,
+                shut_down: false,
+                generation: 0,
+                log: Vec::new(),
+                violations: Vec::new(),
+                violations_dropped: 0,
+                inconsistent_collectives: 0,
+            }),
+            cv: Condvar::new(),
+        })
+    }
+
+    /// The configuration the fabric was built with.
+    pub fn config(&self) -> &FabricConfig {
+        &self.cfg
+    }
+
+    /// Number of ranks (nodes x devices per node).
+    pub fn world_size(&self) -> u32 {
+        self.cfg.nodes * self.cfg.devices_per_node
+    }
+
+    /// The name of node `node_index` (`node-{i}`), as [`taskd_core::RankTable::uniform`]
+    /// names it, so a rank table and a fabric of the same shape line up.
+    pub fn node_name(&self, node_index: u32) -> NodeName {
+        NodeName(format!("node-{node_index}"))
+    }
+
+    /// Where rank `rank` runs: `(node index, device)`, or `None` outside the fabric.
+    pub fn location(&self, rank: GlobalRank) -> Option<(u32, DeviceId)> {
+        (rank.0 < self.world_size()).then(|| {
+            (
+                rank.0 / self.cfg.devices_per_node,
+                DeviceId(rank.0 % self.cfg.devices_per_node),
+            )
+        })
+    }
+
+    /// The rank on the other die of the same NPU (`device ^ 1`), whose NIC is this rank's
+    /// backup NIC; `None` for the last device of an odd-sized node.
+    pub fn partner(&self, rank: GlobalRank) -> Option<GlobalRank> {
+        let (node, dev) = self.location(rank)?;
+        let p = dev.0 ^ 1;
+        (p < self.cfg.devices_per_node).then(|| GlobalRank(node * self.cfg.devices_per_node + p))
+    }
+
+    /// The handle a worker uses for `rank`. Any rank is accepted; calls for a rank outside
+    /// the fabric fail with `HCCL_E_NOT_FOUND`.
+    pub fn rank_hal(self: &Arc<Self>, rank: GlobalRank) -> MockRankHal {
+        MockRankHal::new(Arc::clone(self), rank)
+    }
+
+    /// The handle a proxy uses for node `node_index`. Any index is accepted; calls for a
+    /// node outside the fabric fail with `HCCL_E_NOT_FOUND`.
+    pub fn node_hal(self: &Arc<Self>, node_index: u32) -> MockNodeHal {
+        MockNodeHal::new(Arc::clone(self), node_index)
+    }
+
+    /// The groups `rank` belongs to, in the fixed global order (world, tp, dp), members in
+    /// group-rank order. Empty for a rank outside the fabric.
+    pub fn groups_of(&self, rank: GlobalRank) -> Vec<GroupInfo> {
+        let st = self.state.lock();
+        st.rank_groups
+            .get(rank.0 as usize)
+            .map(|gs| gs.iter().map(|gi| st.groups[*gi].info()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Every group of the job, in the fixed global order.
+    pub fn all_groups(&self) -> Vec<GroupInfo> {
+        self.state.lock().groups.iter().map(GroupState::info).collect()
+    }
+
+    /// Brings the physical NIC port of `(node_index, device)` up or down. That port is the
+    /// device's primary NIC and its partner die's backup NIC.
+    ///
+    /// # Panics
+    /// If the device does not exist.
+    pub fn set_link(&self, node_index: u32, device: DeviceId, up: bool) {
+        assert!(
+            node_index < self.cfg.nodes && device.0 < self.cfg.devices_per_node,
+            "no device {device} on node {node_index}"
+        );
+        let port = (node_index * self.cfg.devices_per_node + device.0) as usize;
+        let mut st = self.state.lock();
+        tracing::info!(node = node_index, device = device.0, up, "sim: link state");
+        st.ports_up[port] = up;
+        self.bump(&mut st);
+    }
+
+    /// Whether the physical port of `(node_index, device)` is up (`false` if it does not
+    /// exist).
+    pub fn link_up(&self, node_index: u32, device: DeviceId) -> bool {
+        if node_index >= self.cfg.nodes || device.0 >= self.cfg.devices_per_node {
+            return false;
+        }
+        self.state.lock().ports_up[(node_index * self.cfg.devices_per_node + device.0) as usize]
+    }
+
+    /// Sets `HCCL_OP_RETRY_ENABLE` L2 for one process (default on). With it off, the rank's
+    /// NIC-set calls return success and change nothing, as HCCL does.
+    pub fn set_l2_retry(&self, rank: GlobalRank, enabled: bool) {
+        let mut st = self.state.lock();
+        if let Some(f) = st.l2_retry.get_mut(rank.0 as usize) {
+            *f = enabled;
+        }
+        self.bump(&mut st);
+    }
+
+    /// Queues a fault for `rank`'s next NIC-set call (each fault is used by one call).
+    pub fn inject_nic_set_fault(&self, rank: GlobalRank, fault: NicSetFault) {
+        let mut st = self.state.lock();
+        if let Some(q) = st.faults.get_mut(rank.0 as usize) {
+            tracing::info!(rank = rank.0, ?fault, "sim: fault injected");
+            q.push_back(fault);
+        }
+    }
+
+    /// The process of `rank` dies: its pending and future calls fail with
+    /// `HCCL_E_NOT_FOUND` (its communicators are gone), and peers that wait for it, or call
+    /// into a group it belongs to, get `HCCL_E_REMOTE`. Its views no longer count in
+    /// [`Fabric::check_consistency`].
+    pub fn kill_rank(&self, rank: GlobalRank) {
+        let mut st = self.state.lock();
+        if let Some(d) = st.dead.get_mut(rank.0 as usize) {
+            tracing::info!(rank = rank.0, "sim: process killed");
+            *d = true;
+        }
+        self.bump(&mut st);
+    }
+
+    /// Whether `rank` was killed.
+    pub fn is_dead(&self, rank: GlobalRank) -> bool {
+        self.state
+            .lock()
+            .dead
+            .get(rank.0 as usize)
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// Ends the simulation: every waiter (NIC set, collective, injected hang) returns
+    /// `HCCL_E_UNAVAIL` promptly, and so does every later call.
+    pub fn shutdown(&self) {
+        let mut st = self.state.lock();
+        st.shut_down = true;
+        self.bump(&mut st);
+    }
+
+    /// Whether [`Fabric::shutdown`] was called.
+    pub fn is_shut_down(&self) -> bool {
+        self.state.lock().shut_down
+    }
+
+    /// Member `rank`'s view of `group`'s NIC configuration (`use_backup` per group rank), or
+    /// `None` if it is not a member.
+    pub fn view(&self, group: &str, rank: GlobalRank) -> Option<Vec<bool>> {
+        let st = self.state.lock();
+        let g = &st.groups[*st.by_name.get(group)?];
+        Some(g.views[g.member_index(rank)?].clone())
+    }
+
+    /// Checks that every group's live members hold identical views, and that all groups of a
+    /// rank agree about that rank's NIC.
+    pub fn check_consistency(&self) -> ConsistencyReport {
+        let st = self.state.lock();
+        let mut disagreements = Vec::new();
+        // What each internally consistent group says about each of its members.
+        let mut says: Vec<Vec<(usize, bool)>> = vec![Vec::new(); st.dead.len()];
+        for (gi, g) in st.groups.iter().enumerate() {
+            let live: Vec<usize> = (0..g.members.len())
+                .filter(|m| !st.dead[g.members[*m].0 as usize])
+                .collect();
+            let mut details = Vec::new();
+            for gr in 0..g.members.len() {
+                let (backup, primary): (Vec<usize>, Vec<usize>) =
+                    live.iter().partition(|m| g.views[**m][gr]);
+                if !backup.is_empty() && !primary.is_empty() {
+                    let names = |ms: &[usize]| {
+                        ms.iter()
+                            .map(|m| g.members[*m].0.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    };
+                    details.push(format!(
+                        "group rank {gr} (rank {}): backup per ranks [{}], primary per ranks [{}]",
+                        g.members[gr],
+                        names(&backup),
+                        names(&primary)
+                    ));
+                } else if let Some(first) = live.first() {
+                    says[g.members[gr].0 as usize].push((gi, g.views[*first][gr]));
+                }
+            }
+            if !details.is_empty() {
+                disagreements.push(GroupDisagreement {
+                    group: g.name.clone(),
+                    detail: details.join("; "),
+                });
+            }
+        }
+        for (rank, s) in says.iter().enumerate() {
+            if s.iter().any(|x| x.1) && s.iter().any(|x| !x.1) {
+                let side = |b: bool| if b { "backup" } else { "primary" };
+                disagreements.push(GroupDisagreement {
+                    group: s
+                        .iter()
+                        .map(|(gi, _)| st.groups[*gi].name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    detail: format!(
+                        "rank {rank}: {}",
+                        s.iter()
+                            .map(|(gi, b)| format!("{} says {}", st.groups[*gi].name, side(*b)))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                });
+            }
+        }
+        ConsistencyReport {
+            groups_checked: st.groups.len(),
+            disagreements,
+        }
+    }
+
+    /// Ranks that every live member of every one of their groups sees on the backup NIC,
+    /// sorted. This is what the manager's NIC table must match after an operation.
+    pub fn ranks_on_backup(&self) -> Vec<GlobalRank> {
+        let st = self.state.lock();
+        (0..st.dead.len())
+            .filter(|r| {
+                let mut seen = false;
+                for gi in &st.rank_groups[*r] {
+                    let g = &st.groups[*gi];
+                    let gr = g
+                        .member_index(GlobalRank(*r as u32))
+                        .expect("rank_groups lists only groups the rank belongs to");
+                    for (m, member) in g.members.iter().enumerate() {
+                        if st.dead[member.0 as usize] {
+                            continue;
+                        }
+                        if !g.views[m][gr] {
+                            return false;
+                        }
+                        seen = true;
+                    }
+                }
+                seen
+            })
+            .map(|r| GlobalRank(r as u32))
+            .collect()
+    }
+
+    /// Every NIC-set call so far, in the order the calls returned.
+    pub fn nic_set_log(&self) -> Vec<NicSetRecord> {
+        self.state.lock().log.clone()
+    }
+
+    /// Every HCCL rule violation seen (concurrent calls on one rank, mismatched arguments,
+    /// NIC set on a group that never ran a collective or while one is in flight on it,
+    /// different group order across ranks, a collective on a group whose members disagree).
+    /// A test that passes must usually end with this empty.
+    pub fn violations(&self) -> Vec<String> {
+        let st = self.state.lock();
+        let mut v = st.violations.clone();
+        if st.violations_dropped > 0 {
+            v.push(format!(
+                "... and {} more violations not kept",
+                st.violations_dropped
+            ));
+        }
+        v
+    }
+
+    /// How many collectives ran while the group's members disagreed about its NICs (each
+    /// failed with `HCCL_E_INTERNAL`; on real hardware they hang or corrupt data).
+    pub fn collectives_on_inconsistent_groups(&self) -> u64 {
+        self.state.lock().inconsistent_collectives
+    }
+
+    /// A snapshot of who is waiting where.
+    pub fn activity(&self) -> Activity {
+        let st = self.state.lock();
+        Self::activity_of(&st)
+    }
+
+    /// Waits until `pred` holds for the current [`Activity`] (re-checked on every state
+    /// change, no polling), or `timeout` passes. Returns whether `pred` held.
+    pub fn wait_activity(&self, timeout: Duration, mut pred: impl FnMut(&Activity) -> bool) -> bool {
+        let deadline = deadline_after(timeout);
+        let mut st = self.state.lock();
+        loop {
+            if pred(&Self::activity_of(&st)) {
+                return true;
+            }
+            if !self.wait(&mut st, deadline) {
+                return pred(&Self::activity_of(&st));
+            }
+        }
+    }
+
+    fn activity_of(st: &State) -> Activity {
+        let mut a = Activity {
+            generation: st.generation,
+            in_nic_set: st
+                .nic_call
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.is_some())
+                .map(|(r, _)| GlobalRank(r as u32))
+                .collect(),
+            ..Activity::default()
+        };
+        for g in &st.groups {
+            for (m, member) in g.members.iter().enumerate() {
+                if g.nic_round[m].is_some() {
+                    a.waiting_in_nic_set.push((g.name.clone(), *member));
+                }
+                if g.ar_in_flight[m] {
+                    a.waiting_in_collective.push((g.name.clone(), *member));
+                }
+            }
+        }
+        a
+    }
+
+    /// Records a state change and wakes every waiter.
+    pub(crate) fn bump(&self, st: &mut State) {
+        st.generation += 1;
+        self.cv.notify_all();
+    }
+
+    /// Waits for the next state change or the deadline. Returns `false` once the deadline
+    /// has passed.
+    pub(crate) fn wait(&self, st: &mut MutexGuard<'_, State>, deadline: Option<Instant>) -> bool {
+        match deadline {
+            None => {
+                self.cv.wait(st);
+                true
+            }
+            Some(d) => {
+                if Instant::now() >= d {
+                    return false;
+                }
+                self.cv.wait_until(st, d);
+                true
+            }
+        }
+    }
+
+    /// The physical port rank `rank` sends on when it uses its backup NIC (`use_backup`) or
+    /// its primary: `port(device ^ 1)` or `port(device)`. `None`: no such NIC (odd node).
+    /// Because partners swap, two partners both on backup use each other's ports.
+    pub(crate) fn working_port(&self, rank: GlobalRank, use_backup: bool) -> Option<usize> {
+        if use_backup {
+            self.partner(rank).map(|p| p.0 as usize)
+        } else {
+            Some(rank.0 as usize)
+        }
+    }
+
+    /// `node-1/dev-2` for messages.
+    pub(crate) fn port_name(&self, port: usize) -> String {
+        let d = self.cfg.devices_per_node as usize;
+        format!("node-{}/dev-{}", port / d, port % d)
+    }
+}
+
+impl fmt::Debug for Fabric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fabric")
+            .field("cfg", &self.cfg)
+            .finish_non_exhaustive()
+    }
+}

@@ -7,7 +7,11 @@ use taskd::sim::{run_scenario, SimConfig, SimError};
 use taskd_core::{DeviceId, GlobalRank, NodeName};
 
 #[derive(Parser)]
-#[command(name = "taskd", version, about = "NIC failover and switchback for running Ascend training jobs")]
+#[command(
+    name = "taskd",
+    version,
+    about = "NIC failover and switchback for running Ascend training jobs"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -122,14 +126,13 @@ fn sim(a: SimArgs) -> ExitCode {
     };
     match run_scenario(&cfg) {
         Ok(report) => {
-            if a.json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report).expect("the report serializes")
-                );
+            let text = if a.json {
+                serde_json::to_string_pretty(&report).expect("the report serializes") + "\n"
             } else {
-                print!("{}", report.to_text());
-            }
+                report.to_text()
+            };
+            // A closed stdout (`| head`) is the reader's choice, not a failure of the run.
+            let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes());
             if report.invariants.ok {
                 ExitCode::SUCCESS
             } else {

@@ -155,8 +155,8 @@ impl ScenarioReport {
         one_result_per_operation: bool,
         training_progressed: bool,
     ) -> Self {
-        let nic_table_matches_fabric = !end.groups_consistent
-            || end.ranks_on_backup == end.manager_on_backup;
+        let nic_table_matches_fabric =
+            !end.groups_consistent || end.ranks_on_backup == end.manager_on_backup;
         let ok = end.groups_consistent
             && end.collectives_on_inconsistent_groups == 0
             && one_result_per_operation

@@ -12,8 +12,8 @@ use taskd_actors::{LocalJob, LocalJobConfig, LocalJobError, RankParts};
 use taskd_core::command::Target;
 use taskd_core::operation::{JobState, OperationReport};
 use taskd_core::{
-    DeviceId, GlobalRank, HcclCode, JobId, NodeHal, NodeName, PhaseDeadlines, RankHal,
-    RankTable, StepBoundary, SwitchCommand, ValidationError,
+    DeviceId, GlobalRank, HcclCode, JobId, NodeHal, NodeName, PhaseDeadlines, RankHal, RankTable,
+    StepBoundary, SwitchCommand, ValidationError,
 };
 use taskd_hal_mock::{Fabric, FabricConfig, NicSetFault, SimTraining, TrainingOptions};
 
@@ -35,6 +35,8 @@ pub struct SimConfig {
     pub hang: Option<(GlobalRank, Duration)>,
     /// Ranks whose HCCL runs without L2 retry (`HCCL_OP_RETRY_ENABLE` lacks `L2:1`).
     pub l2_retry_off: Vec<GlobalRank>,
+    /// Ranks whose process lacks `TSP:1` in `MS_ENABLE_TFT`.
+    pub tsp_off: Vec<GlobalRank>,
     pub deadlines: PhaseDeadlines,
     /// Simulated compute time of one training step.
     pub step_time: Duration,
@@ -52,6 +54,7 @@ impl Default for SimConfig {
             fail_rank: None,
             hang: None,
             l2_retry_off: Vec::new(),
+            tsp_off: Vec::new(),
             deadlines: PhaseDeadlines {
                 pause: Duration::from_secs(30),
                 switch: Duration::from_secs(30),
@@ -105,7 +108,7 @@ impl Simulation {
         let ranks: Vec<RankParts> = (0..table.world_size() as u32)
             .map(|r| RankParts {
                 hal: Box::new(fabric.rank_hal(GlobalRank(r))) as Box<dyn RankHal>,
-                tsp: true,
+                tsp: !cfg.tsp_off.contains(&GlobalRank(r)),
             })
             .collect();
         let job = LocalJob::start(
@@ -167,7 +170,11 @@ impl Simulation {
     }
 
     /// A command for `targets` in this job.
-    pub fn command(&self, targets: &[(NodeName, Vec<DeviceId>)], use_backup: bool) -> SwitchCommand {
+    pub fn command(
+        &self,
+        targets: &[(NodeName, Vec<DeviceId>)],
+        use_backup: bool,
+    ) -> SwitchCommand {
         SwitchCommand {
             job: self.job_id.clone(),
             id: None,
@@ -189,11 +196,11 @@ impl Simulation {
     pub fn finish(mut self) -> FinalState {
         let job = self.job.take().expect("finish once");
         let training = self.training.take().expect("finish once");
-        let state = job.status(0).map(|s| s.state).unwrap_or(JobState::NeedsRecovery);
-        let table_on_backup = job
+        let state = job
             .status(0)
-            .map(|s| s.ranks_on_backup)
-            .unwrap_or_default();
+            .map(|s| s.state)
+            .unwrap_or(JobState::NeedsRecovery);
+        let table_on_backup = job.status(0).map(|s| s.ranks_on_backup).unwrap_or_default();
         let steps_completed = if state == JobState::Running {
             // Every rank stops after the same step, so nobody is left inside a collective.
             let last = training.max_steps() + 1;
@@ -224,7 +231,6 @@ impl Simulation {
             job_state: state,
         }
     }
-
 }
 
 /// The state of a simulated job after it stopped.
@@ -309,10 +315,20 @@ pub fn run_scenario(cfg: &SimConfig) -> Result<ScenarioReport, SimError> {
     let exactly_one_each = sim.job().status(usize::MAX)?.recent.len()
         == operations.iter().filter(|o| o.result != "rejected").count();
     let end = sim.finish();
-    Ok(ScenarioReport::new(cfg, &table, operations, end, exactly_one_each, steps_ok))
+    Ok(ScenarioReport::new(
+        cfg,
+        &table,
+        operations,
+        end,
+        exactly_one_each,
+        steps_ok,
+    ))
 }
 
 /// Convenience for tests: the final result of one operation on a running simulation.
-pub fn run_operation(sim: &Simulation, cmd: SwitchCommand) -> Result<OperationReport, LocalJobError> {
+pub fn run_operation(
+    sim: &Simulation,
+    cmd: SwitchCommand,
+) -> Result<OperationReport, LocalJobError> {
     sim.job().run(cmd)
 }

@@ -27,6 +27,8 @@ pub enum GateEvent {
     Sampled { op: OperationId, in_step: u64 },
     /// Phase B: the rank holds after finishing `step`.
     Held { op: OperationId, step: u64 },
+    /// The rank holds at the bound its sample set; not a pause (the pause step may be later).
+    HeldProvisionally { op: OperationId, step: u64 },
     /// The training loop passed the pause step: the protocol was broken.
     Overran {
         op: OperationId,
@@ -55,8 +57,9 @@ enum Mode {
     Idle,
     /// Report the step at the next boundary.
     Sampling,
-    /// Hold after finishing this step.
-    HoldAfter(u64),
+    /// Hold after finishing this step: provisionally (the bound a sample sets, which the
+    /// pause step may raise) or as the manager's pause step.
+    HoldAfter { step: u64, pause_step: bool },
     /// The worker is stopping: never hold again.
     Shutdown,
 }
@@ -132,26 +135,33 @@ impl StepGate {
         match g.mode {
             Mode::Idle | Mode::Shutdown => return,
             Mode::Sampling => {
-                g.mode = Mode::HoldAfter(step + 1);
+                g.mode = Mode::HoldAfter {
+                    step: step + 1,
+                    pause_step: false,
+                };
                 self.emit(GateEvent::Sampled {
                     op,
                     in_step: step + 1,
                 });
                 return;
             }
-            Mode::HoldAfter(bound) if step < bound => return,
-            Mode::HoldAfter(bound) if step > bound => {
+            Mode::HoldAfter { step: bound, .. } if step < bound => return,
+            Mode::HoldAfter { step: bound, .. } if step > bound => {
                 // Cannot happen with the two-phase protocol; hold anyway so the group calls
                 // never run under a moving loop, and say so.
                 self.emit(GateEvent::Overran { op, step, bound });
             }
-            Mode::HoldAfter(_) => self.emit(GateEvent::Held { op, step }),
+            // Only the manager's pause step is reported: a provisional hold is not a pause.
+            Mode::HoldAfter {
+                pause_step: true, ..
+            } => self.emit(GateEvent::Held { op, step }),
+            Mode::HoldAfter { .. } => self.emit(GateEvent::HeldProvisionally { op, step }),
         }
         g.held = Some((step, Instant::now()));
         loop {
             self.released.wait(&mut g);
             match g.mode {
-                Mode::HoldAfter(bound) if bound <= step => continue,
+                Mode::HoldAfter { step: bound, .. } if bound <= step => continue,
                 _ => break,
             }
         }
@@ -195,7 +205,10 @@ impl StepGate {
             }
         }
         g.op = Some(op);
-        g.mode = Mode::HoldAfter(step);
+        g.mode = Mode::HoldAfter {
+            step,
+            pause_step: true,
+        };
         self.armed.store(true, Ordering::Release);
         match g.held {
             Some((held, _)) if held == step => {
@@ -300,13 +313,7 @@ mod tests {
                 7
             })
         };
-        assert_eq!(
-            rx.recv().unwrap(),
-            GateEvent::Held {
-                op: op(1),
-                step: 6
-            }
-        );
+        assert_eq!(rx.recv().unwrap(), GateEvent::Held { op: op(1), step: 6 });
         assert_eq!(g.held_step(), Some(6));
         assert!(!trainer.is_finished());
         g.resume();
@@ -330,9 +337,16 @@ mod tests {
             rx.recv().unwrap(),
             GateEvent::Sampled { in_step: 4, .. }
         ));
-        assert!(matches!(rx.recv().unwrap(), GateEvent::Held { step: 4, .. }));
+        // The provisional hold after step 4 is silent: it is not the pause step.
+        assert!(matches!(
+            rx.recv().unwrap(),
+            GateEvent::HeldProvisionally { step: 4, .. }
+        ));
         g.pause_at(op(2), 5).unwrap();
-        assert!(matches!(rx.recv().unwrap(), GateEvent::Held { step: 5, .. }));
+        assert!(matches!(
+            rx.recv().unwrap(),
+            GateEvent::Held { step: 5, .. }
+        ));
         let stalled = g.resume();
         trainer.join().unwrap();
         assert!(stalled > Duration::ZERO);
@@ -350,9 +364,15 @@ mod tests {
             })
         };
         assert!(matches!(rx.recv().unwrap(), GateEvent::Sampled { .. }));
-        assert!(matches!(rx.recv().unwrap(), GateEvent::Held { step: 2, .. }));
+        assert!(matches!(
+            rx.recv().unwrap(),
+            GateEvent::HeldProvisionally { step: 2, .. }
+        ));
         g.pause_at(op(3), 2).unwrap();
-        assert!(matches!(rx.recv().unwrap(), GateEvent::Held { step: 2, .. }));
+        assert!(matches!(
+            rx.recv().unwrap(),
+            GateEvent::Held { step: 2, .. }
+        ));
         assert_eq!(
             g.pause_at(op(3), 1),
             Err(GateError::PastPauseStep { asked: 1, held: 2 })
@@ -378,7 +398,10 @@ mod tests {
             })
         };
         assert!(matches!(rx.recv().unwrap(), GateEvent::Sampled { .. }));
-        assert!(matches!(rx.recv().unwrap(), GateEvent::Held { .. }));
+        assert!(matches!(
+            rx.recv().unwrap(),
+            GateEvent::HeldProvisionally { step: 2, .. }
+        ));
         g.shutdown();
         trainer.join().unwrap();
         assert_eq!(g.sample(op(6)), Err(GateError::Shutdown));

@@ -94,7 +94,8 @@ impl LocalJob {
             .spawn(move || {
                 let sys = System::new();
                 sys.block_on(async move {
-                    let manager = Manager::new(cfg.job.clone(), table.clone(), cfg.deadlines).start();
+                    let manager =
+                        Manager::new(cfg.job.clone(), table.clone(), cfg.deadlines).start();
                     let mut proxies = Vec::new();
                     for (node, hal) in table.nodes().iter().zip(nodes) {
                         let proxy =
@@ -171,7 +172,16 @@ impl LocalJob {
 
     /// Blocks until every worker registered, or `timeout`.
     pub fn wait_registered(&self, timeout: Duration) -> Result<(), LocalJobError> {
-        let fut = self.manager.send(AwaitRegistered);
+        self.wait_registered_count(None, timeout)
+    }
+
+    /// Blocks until exactly `count` workers are registered (`None`: all), or `timeout`.
+    pub fn wait_registered_count(
+        &self,
+        count: Option<usize>,
+        timeout: Duration,
+    ) -> Result<(), LocalJobError> {
+        let fut = self.manager.send(AwaitRegistered(count));
         self.client
             .block_on(async { tokio::time::timeout(timeout, fut).await })
             .map_err(|_| LocalJobError::Timeout(timeout, "every worker to register"))?

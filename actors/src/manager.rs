@@ -23,7 +23,8 @@ pub struct Manager {
     nodes: BTreeMap<NodeName, Link<Directive>>,
     deadline: Option<SpawnHandle>,
     waiters: HashMap<OperationId, Vec<oneshot::Sender<OperationReport>>>,
-    registered_waiters: Vec<oneshot::Sender<()>>,
+    /// Waiters for a registered-worker count.
+    registered_waiters: Vec<(usize, oneshot::Sender<()>)>,
     op_span: Option<Span>,
     phase_span: Option<Span>,
 }
@@ -150,10 +151,21 @@ impl Manager {
         }
     }
 
-    fn update_gauges(&self) {
+    fn update_gauges(&mut self) {
+        let n = self.ledger.registered();
+        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.registered_waiters)
+            .into_iter()
+            .partition(|(want, _)| *want == n);
+        self.registered_waiters = waiting;
+        for (_, tx) in ready {
+            let _ = tx.send(());
+        }
         metrics::gauge!(telemetry::WORKERS_REGISTERED).set(self.ledger.registered() as f64);
-        metrics::gauge!(telemetry::OPERATION_IN_FLIGHT)
-            .set(if self.ledger.in_flight().is_some() { 1.0 } else { 0.0 });
+        metrics::gauge!(telemetry::OPERATION_IN_FLIGHT).set(if self.ledger.in_flight().is_some() {
+            1.0
+        } else {
+            0.0
+        });
         metrics::gauge!(telemetry::RANKS_ON_BACKUP)
             .set(self.ledger.ranks_on_backup().count() as f64);
     }
@@ -206,10 +218,10 @@ impl Handler<Deliver<ProxyToManager>> for Manager {
                     Ok(()) => {
                         tracing::debug!(rank = rank.0, "worker registered");
                         if self.ledger.registered() == self.ledger.expected() {
-                            tracing::info!(workers = self.ledger.registered(), "every worker registered");
-                            for w in self.registered_waiters.drain(..) {
-                                let _ = w.send(());
-                            }
+                            tracing::info!(
+                                workers = self.ledger.registered(),
+                                "every worker registered"
+                            );
                         }
                     }
                     Err(e) => tracing::error!(error = %e, "registration refused"),
@@ -319,20 +331,21 @@ impl Handler<AwaitResult> for Manager {
     }
 }
 
-/// Resolves once every expected worker has registered.
+/// Resolves once exactly this many workers are registered (`None`: every expected worker).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct AwaitRegistered;
+pub struct AwaitRegistered(pub Option<usize>);
 
 impl Handler<AwaitRegistered> for Manager {
     type Result = ResponseFuture<()>;
 
-    fn handle(&mut self, _: AwaitRegistered, _: &mut Self::Context) -> Self::Result {
-        if self.ledger.registered() == self.ledger.expected() {
+    fn handle(&mut self, m: AwaitRegistered, _: &mut Self::Context) -> Self::Result {
+        let want = m.0.unwrap_or(self.ledger.expected());
+        if self.ledger.registered() == want {
             return Box::pin(async {});
         }
         let (tx, rx) = oneshot::channel();
-        self.registered_waiters.push(tx);
+        self.registered_waiters.push((want, tx));
         Box::pin(async move {
             let _ = rx.await;
         })

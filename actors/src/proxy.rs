@@ -9,8 +9,7 @@ use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use taskd_core::protocol::{
-    Directive, DirectiveKind, NodeReply, Phase, ProxyToManager, RankReply, ReplyBody,
-    WorkerToProxy,
+    Directive, DirectiveKind, NodeReply, Phase, ProxyToManager, RankReply, ReplyBody, WorkerToProxy,
 };
 use taskd_core::{GlobalRank, JobId, LinkHealth, NodeHal, NodeName, OperationId};
 
@@ -166,12 +165,14 @@ impl Handler<Deliver<Directive>> for Proxy {
                         })
                         .collect::<Vec<_>>()
                 });
-                ctx.spawn(actix::fut::wrap_future::<_, Self>(read).map(move |res, act, _| {
-                    if let Some(f) = act.fan_in.as_mut().filter(|f| f.op == op) {
-                        f.health = Some(res.unwrap_or_default());
-                    }
-                    act.flush(false);
-                }));
+                ctx.spawn(
+                    actix::fut::wrap_future::<_, Self>(read).map(move |res, act, _| {
+                        if let Some(f) = act.fan_in.as_mut().filter(|f| f.op == op) {
+                            f.health = Some(res.unwrap_or_default());
+                        }
+                        act.flush(false);
+                    }),
+                );
             }
         }
         self.fan_in = Some(fan_in);

@@ -16,7 +16,9 @@ use taskd_core::protocol::{
     AppliedCall, Directive, DirectiveKind, Phase, RankError, RankReply, ReplyBody, WorkerHello,
     WorkerToProxy,
 };
-use taskd_core::{plan_calls, GlobalRank, JobId, NodeName, OperationId, RankHal, SwitchCapabilities};
+use taskd_core::{
+    plan_calls, GlobalRank, JobId, NodeName, OperationId, RankHal, SwitchCapabilities,
+};
 use tokio::sync::oneshot;
 
 /// Who a worker is.
@@ -118,22 +120,24 @@ impl Actor for Worker {
             ctx.stop();
             return;
         }
-        ctx.spawn(actix::fut::wrap_future::<_, Self>(rx).map(|caps, act, ctx| {
-            let Ok(mut caps) = caps else {
-                ctx.stop();
-                return;
-            };
-            caps.tsp = act.cfg.tsp;
-            let hello = WorkerHello {
-                job: act.cfg.job.clone(),
-                node: act.cfg.node.clone(),
-                rank: act.cfg.rank,
-                capabilities: caps,
-            };
-            if act.upstream.send(WorkerToProxy::Hello(hello)).is_err() {
-                ctx.stop();
-            }
-        }));
+        ctx.spawn(
+            actix::fut::wrap_future::<_, Self>(rx).map(|caps, act, ctx| {
+                let Ok(mut caps) = caps else {
+                    ctx.stop();
+                    return;
+                };
+                caps.tsp = act.cfg.tsp;
+                let hello = WorkerHello {
+                    job: act.cfg.job.clone(),
+                    node: act.cfg.node.clone(),
+                    rank: act.cfg.rank,
+                    capabilities: caps,
+                };
+                if act.upstream.send(WorkerToProxy::Hello(hello)).is_err() {
+                    ctx.stop();
+                }
+            }),
+        );
     }
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
@@ -181,18 +185,20 @@ impl Handler<Deliver<Directive>> for Worker {
                     self.fail(op, phase, "the HAL thread is gone".into());
                     return;
                 }
-                ctx.spawn(actix::fut::wrap_future::<_, Self>(rx).map(move |res, act, _| {
-                    let body = match res {
-                        Ok(Ok(calls)) => ReplyBody::Applied { calls },
-                        Ok(Err(e)) => ReplyBody::Failed(e),
-                        Err(_) => ReplyBody::Failed(RankError {
-                            group: None,
-                            hal: None,
-                            message: "the HAL thread stopped during the call".into(),
-                        }),
-                    };
-                    act.reply(op, phase, body);
-                }));
+                ctx.spawn(
+                    actix::fut::wrap_future::<_, Self>(rx).map(move |res, act, _| {
+                        let body = match res {
+                            Ok(Ok(calls)) => ReplyBody::Applied { calls },
+                            Ok(Err(e)) => ReplyBody::Failed(e),
+                            Err(_) => ReplyBody::Failed(RankError {
+                                group: None,
+                                hal: None,
+                                message: "the HAL thread stopped during the call".into(),
+                            }),
+                        };
+                        act.reply(op, phase, body);
+                    }),
+                );
             }
             DirectiveKind::Resume => {
                 let stalled = self.gate.resume();
@@ -215,7 +221,12 @@ impl Handler<GateNotice> for Worker {
             GateEvent::Sampled { op, in_step } => {
                 self.reply(op, Phase::Sample, ReplyBody::Sampled { in_step })
             }
-            GateEvent::Held { op, step } => self.reply(op, Phase::Pause, ReplyBody::Paused { step }),
+            GateEvent::Held { op, step } => {
+                self.reply(op, Phase::Pause, ReplyBody::Paused { step })
+            }
+            GateEvent::HeldProvisionally { op, step } => {
+                tracing::trace!(rank = self.cfg.rank.0, %op, step, "holding until the pause step is known")
+            }
             GateEvent::Overran { op, step, bound } => self.fail(
                 op,
                 Phase::Pause,

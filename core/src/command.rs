@@ -75,7 +75,10 @@ impl SwitchPlan {
 
     /// `(rank, use_backup)` pairs in the operator's order: the planner's input.
     pub fn rank_flags(&self) -> Vec<(GlobalRank, bool)> {
-        self.targets.iter().map(|t| (t.rank, t.use_backup)).collect()
+        self.targets
+            .iter()
+            .map(|t| (t.rank, t.use_backup))
+            .collect()
     }
 }
 
@@ -100,7 +103,9 @@ pub enum ValidationError {
         devs: usize,
         ops: usize,
     },
-    #[error("device {node}:{device} (rank {rank}) is listed twice, once to backup and once to primary")]
+    #[error(
+        "device {node}:{device} (rank {rank}) is listed twice, once to backup and once to primary"
+    )]
     ConflictingTarget {
         node: NodeName,
         device: DeviceId,
@@ -127,14 +132,12 @@ impl SwitchCommand {
                 });
             }
             for (dev, op) in devs.iter().zip(ops) {
-                let device = dev
-                    .trim()
-                    .parse::<u32>()
-                    .map(DeviceId)
-                    .map_err(|_| ValidationError::BadDevice {
+                let device = dev.trim().parse::<u32>().map(DeviceId).map_err(|_| {
+                    ValidationError::BadDevice {
                         node: node.clone(),
                         value: dev.clone(),
-                    })?;
+                    }
+                })?;
                 targets.push(Target {
                     node: node.clone(),
                     device,
@@ -160,13 +163,14 @@ impl SwitchCommand {
                     known: summarize(table.nodes().iter().map(|n| n.0.clone())),
                 });
             }
-            let rank = table.rank_of(&t.node, t.device).ok_or_else(|| {
-                ValidationError::UnknownDevice {
-                    node: t.node.clone(),
-                    device: t.device,
-                    devices: summarize(table.devices_of(&t.node).map(|(d, _)| d.0.to_string())),
-                }
-            })?;
+            let rank =
+                table
+                    .rank_of(&t.node, t.device)
+                    .ok_or_else(|| ValidationError::UnknownDevice {
+                        node: t.node.clone(),
+                        device: t.device,
+                        devices: summarize(table.devices_of(&t.node).map(|(d, _)| d.0.to_string())),
+                    })?;
             match seen.insert(rank, t.use_backup) {
                 Some(prev) if prev != t.use_backup => {
                     return Err(ValidationError::ConflictingTarget {
@@ -290,10 +294,7 @@ mod tests {
                 ops: 1
             })
         );
-        ops.insert(
-            "node-0".to_string(),
-            (vec!["zero".to_string()], vec![true]),
-        );
+        ops.insert("node-0".to_string(), (vec!["zero".to_string()], vec![true]));
         assert!(matches!(
             SwitchCommand::from_nic_ops("j".into(), None, &ops),
             Err(ValidationError::BadDevice { .. })

@@ -37,7 +37,14 @@ macro_rules! display_inner {
         }
     )*};
 }
-display_inner!(JobId, NodeName, DeviceId, GlobalRank, GroupRank, OperationId);
+display_inner!(
+    JobId,
+    NodeName,
+    DeviceId,
+    GlobalRank,
+    GroupRank,
+    OperationId
+);
 
 impl From<&str> for JobId {
     fn from(s: &str) -> Self {

@@ -33,7 +33,9 @@ pub enum SubmitError {
     Invalid(#[from] ValidationError),
     #[error("ranks {ranks} cannot switch NICs: {missing}; fix the environment of those processes and restart them")]
     CapabilityMissing { ranks: String, missing: String },
-    #[error("the job is {state:?} after a failed operation; it needs an operator before any new switch")]
+    #[error(
+        "the job is {state:?} after a failed operation; it needs an operator before any new switch"
+    )]
     NotRunning { state: JobState },
 }
 
@@ -215,11 +217,22 @@ impl JobLedger {
             .filter(|w| !w.capabilities.can_switch())
             .map(|w| (w.rank, w.capabilities))
             .collect();
-        if let Some((_, first)) = unable.first() {
+        if !unable.is_empty() {
             let ranks: Vec<GlobalRank> = unable.iter().map(|(r, _)| *r).collect();
+            // FIX(tests): name what is missing on any of the ranks, not only on the first one
+            // (rank 2 without TSP and rank 5 without RDMA used to read "ranks 2, 5: MS_ENABLE_TFT
+            // without TSP:1", sending the operator to the wrong flag for rank 5).
+            let common =
+                unable
+                    .iter()
+                    .fold(SwitchCapabilities::ALL, |acc, (_, c)| SwitchCapabilities {
+                        tsp: acc.tsp && c.tsp,
+                        l2_retry: acc.l2_retry && c.l2_retry,
+                        rdma: acc.rdma && c.rdma,
+                    });
             return Err(SubmitError::CapabilityMissing {
                 ranks: short_list(&ranks),
-                missing: first.missing().join(", "),
+                missing: common.missing().join(", "),
             });
         }
         let previous = plan

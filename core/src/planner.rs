@@ -91,7 +91,11 @@ mod tests {
 
     #[test]
     fn translates_to_group_ranks_in_target_order_and_sorts_groups() {
-        let groups = vec![g("world", &[0, 1, 2, 3]), g("dp_1", &[1, 3]), g("dp_0", &[0, 2])];
+        let groups = vec![
+            g("world", &[0, 1, 2, 3]),
+            g("dp_1", &[1, 3]),
+            g("dp_0", &[0, 2]),
+        ];
         let calls = plan_calls(&groups, &[(GlobalRank(3), true), (GlobalRank(1), false)]);
         assert_eq!(
             calls,

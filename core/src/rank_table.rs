@@ -86,9 +86,7 @@ impl RankTable {
 
     /// The common layout: nodes `node-0..node-{n-1}`, devices `0..d`, `rank = node * d + device`.
     pub fn uniform(nodes: u32, devices_per_node: u32) -> Self {
-        let names: Vec<NodeName> = (0..nodes)
-            .map(|i| NodeName(format!("node-{i}")))
-            .collect();
+        let names: Vec<NodeName> = (0..nodes).map(|i| NodeName(format!("node-{i}"))).collect();
         Self::uniform_named(&names, devices_per_node)
     }
 

@@ -1,1 +1,94 @@
+//! # taskd-hal-ascend
+//!
+//! The device layer of taskd for real Ascend NPUs: [`AscendRankHal`] implements
+//! [`taskd_core::RankHal`] over HCCL communicators, [`AscendNodeHal`] implements
+//! [`taskd_core::NodeHal`] over DCMI. The vendor libraries are loaded at run time, so building
+//! this crate needs no CANN, driver or NPU.
+//!
+//! **Verification status: this crate has been run only against stub libraries** that the
+//! tests compile from `tests/stub/*.c` (same symbols, recording every call). It has not run
+//! against real `libhccl.so`, `libascendcl.so` or `libdcmi.so`, nor on an Atlas A3 node. The
+//! prototypes, enum values and error codes are transcribed from the vendor documentation
+//! cited on each item; a first run on hardware should be treated as the real test.
+//!
+//! ## Layers
+//!
+//! Like cudarc, three layers per library:
+//!
+//! - [`sys`]: the raw function tables ([`sys::hccl::HcclLib`], [`sys::acl::AclLib`],
+//!   [`sys::dcmi::DcmiLib`]), loaded with `libloading`. The only module with `unsafe` code;
+//!   every block says why it is sound. Handles ([`sys::hccl::CommHandle`],
+//!   [`sys::acl::StreamHandle`], [`sys::acl::DevicePtr`]) can only come from a successful C
+//!   call or an `unsafe` constructor, and are consumed by the call that releases them.
+//! - [`result`]: one function per C call returning `Result`: [`taskd_core::HalError`] for
+//!   HCCL (`op` = the C function name, `code` = `HcclCode::from_raw`), [`result::AclError`]
+//!   and [`result::DcmiError`] keeping their numeric codes.
+//! - [`safe`]: RAII types: [`Comm`] (`HcclCommDestroy` on drop when owned), [`RootInfo`]
+//!   (the 4108-byte blob), [`Stream`] (`aclrtDestroyStream` on drop), [`DeviceBuffer`]
+//!   (`aclrtFree` on drop).
+//!
+//! On top: [`AscendRankHal`] and [`AscendNodeHal`].
+//!
+//! ## Where the libraries are looked for
+//!
+//! For each library, in order (details in [`search`]):
+//!
+//! | | HCCL | ACL | DCMI |
+//! |---|---|---|---|
+//! | 1. explicit path, if set (then the only candidate) | `$TASKD_HCCL_LIBRARY` | `$TASKD_ACL_LIBRARY` | `$TASKD_DCMI_LIBRARY` |
+//! | 2. | `$ASCEND_HOME_PATH/lib64/libhccl.so` | `…/libascendcl.so` | `…/libdcmi.so` |
+//! | 3. | `$ASCEND_TOOLKIT_HOME/lib64/libhccl.so` | `…/libascendcl.so` | `…/libdcmi.so` |
+//! | 4. loader default path | `libhccl.so` | `libascendcl.so` | `libdcmi.so` |
+//! | 5. vendor locations | | | `/usr/local/dcmi/libdcmi.so`, `/usr/local/Ascend/driver/lib64/driver/libdcmi.so` |
+//!
+//! A library that cannot be loaded is a [`LoadError::NotFound`] listing every candidate with
+//! the loader's message; a missing function is a [`LoadError::MissingSymbol`] naming the
+//! symbol and the file. The search takes an environment lookup function
+//! ([`search::process_env`] in production) so it is testable without touching the process
+//! environment.
+//!
+//! ## On a real A3 node
+//!
+//! - `source /usr/local/Ascend/ascend-toolkit/set_env.sh` (sets `ASCEND_HOME_PATH`, so HCCL
+//!   and ACL are found), and the driver's library directories on `LD_LIBRARY_PATH` as the
+//!   driver install guide says (or rely on the DCMI vendor locations above).
+//! - `HCCL_OP_RETRY_ENABLE="L0:0, L1:1, L2:1"`: without `L2:1`, `HcclCommWorkingDevNicSet`
+//!   answers success and switches nothing; [`AscendRankHal`] reports `l2_retry: false` then.
+//! - `TASKD_HCCL_RDMA=0` only if the job has no RoCE links (HCCL cannot be asked; the HAL
+//!   assumes RDMA otherwise, see [`rank::TASKD_HCCL_RDMA`]).
+//! - A detect IP per NIC (`hccn_tool -i <id> -netdetect -s address <gateway>`), which is what
+//!   DCMI's network health probes; without one no link reads as up.
+//! - Optionally `TASKD_HCCL_LIBRARY=/path/to/libhccl.so` to pin the file. It **must** be the
+//!   same file the framework (torch_npu, MindSpore) loaded: the loader then shares one HCCL
+//!   instance, and the framework's communicator handles are valid here. A different copy
+//!   would be a second HCCL that knows none of them.
+//!
+//! The launcher builds the rank HAL from the framework's communicators:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use taskd_core::{GlobalRank, GroupInfo};
+//! use taskd_hal_ascend::{search, sys, AscendRankHal, Comm};
+//!
+//! # fn raw_comm_from_framework() -> *mut std::ffi::c_void { std::ptr::null_mut() }
+//! let hccl = Arc::new(sys::hccl::HcclLib::open(&search::process_env)?);
+//! // SAFETY: the framework created this communicator through the same libhccl.so and keeps
+//! // it alive for the whole job.
+//! let handle = unsafe { sys::hccl::CommHandle::from_raw(raw_comm_from_framework()) }
+//!     .expect("non-null");
+//! let world = GroupInfo { name: String::new(), members: (0..16).map(GlobalRank).collect() };
+//! let hal = AscendRankHal::new(vec![(Comm::borrow(&hccl, handle), world)], &search::process_env);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
+pub mod node;
+pub mod rank;
+pub mod result;
+pub mod safe;
+pub mod search;
+pub mod sys;
+
+pub use node::AscendNodeHal;
+pub use rank::AscendRankHal;
+pub use safe::{Comm, DeviceBuffer, RootInfo, Stream};
+pub use search::LoadError;

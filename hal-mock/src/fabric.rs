@@ -181,6 +181,8 @@ pub(crate) struct GroupState {
     /// The open NIC-set round: one slot per member.
     pub nic_round: Vec<Option<NicArrival>>,
     pub nic_round_id: u64,
+    /// Member joined the open round and gave up on it (timeout, lost peer, shutdown).
+    pub nic_left: Vec<bool>,
     /// Results of completed rounds, waiting to be picked up: `(round id, result)`.
     pub nic_results: Vec<Option<(u64, NicResult)>>,
     /// Next all-reduce sequence number of each member.
@@ -200,6 +202,7 @@ impl GroupState {
             ran_op: vec![false; n],
             nic_round: vec![None; n],
             nic_round_id: 0,
+            nic_left: vec![false; n],
             nic_results: vec![None; n],
             ar_next_seq: vec![0; n],
             ar_rounds: BTreeMap::new(),
@@ -396,7 +399,12 @@ impl Fabric {
 
     /// Every group of the job, in the fixed global order.
     pub fn all_groups(&self) -> Vec<GroupInfo> {
-        self.state.lock().groups.iter().map(GroupState::info).collect()
+        self.state
+            .lock()
+            .groups
+            .iter()
+            .map(GroupState::info)
+            .collect()
     }
 
     /// Brings the physical NIC port of `(node_index, device)` up or down. That port is the
@@ -433,6 +441,16 @@ impl Fabric {
             *f = enabled;
         }
         self.bump(&mut st);
+    }
+
+    /// Whether `rank`'s HCCL has L2 retry on (`false` for a rank outside the fabric).
+    pub fn l2_retry(&self, rank: GlobalRank) -> bool {
+        self.state
+            .lock()
+            .l2_retry
+            .get(rank.0 as usize)
+            .copied()
+            .unwrap_or(false)
     }
 
     /// Queues a fault for `rank`'s next NIC-set call (each fault is used by one call).
@@ -615,7 +633,11 @@ impl Fabric {
 
     /// Waits until `pred` holds for the current [`Activity`] (re-checked on every state
     /// change, no polling), or `timeout` passes. Returns whether `pred` held.
-    pub fn wait_activity(&self, timeout: Duration, mut pred: impl FnMut(&Activity) -> bool) -> bool {
+    pub fn wait_activity(
+        &self,
+        timeout: Duration,
+        mut pred: impl FnMut(&Activity) -> bool,
+    ) -> bool {
         let deadline = deadline_after(timeout);
         let mut st = self.state.lock();
         loop {
@@ -700,5 +722,101 @@ impl fmt::Debug for Fabric {
         f.debug_struct("Fabric")
             .field("cfg", &self.cfg)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::*;
+    use taskd_core::{NodeHal, RankHal};
+
+    #[test]
+    fn topology_lays_out_ranks_partners_and_groups() {
+        assert_eq!(FabricConfig::new(2, 16).tp_size, 8);
+        assert_eq!(FabricConfig::new(1, 3).tp_size, 3);
+        let f = fabric(2, 4, 2);
+        assert_eq!(f.world_size(), 8);
+        assert_eq!(f.location(r(5)), Some((1, DeviceId(1))));
+        assert_eq!(f.location(r(8)), None);
+        assert_eq!(f.partner(r(5)), Some(r(4)));
+        assert_eq!(f.partner(r(4)), Some(r(5)));
+        let names: Vec<String> = f.groups_of(r(5)).into_iter().map(|g| g.name).collect();
+        assert_eq!(names, [WORLD_GROUP, "tp_2", "dp_1"]);
+        let g = f.groups_of(r(5));
+        assert_eq!(g[1].members, [r(4), r(5)]);
+        assert_eq!(g[2].members, [r(1), r(3), r(5), r(7)]);
+        assert_eq!(g[2].group_rank_of(r(5)), Some(GroupRank(2)));
+        assert_eq!(f.all_groups().len(), 1 + 4 + 2);
+        assert_eq!(f.node_name(1), NodeName("node-1".into()));
+        assert!(f.groups_of(r(99)).is_empty());
+        // A fresh fabric is trivially consistent, everyone on primary.
+        assert!(f.check_consistency().is_consistent());
+        assert!(f.ranks_on_backup().is_empty());
+    }
+
+    #[test]
+    #[should_panic(expected = "must divide")]
+    fn tp_size_must_divide_the_node() {
+        Fabric::new(FabricConfig {
+            tp_size: 3,
+            ..FabricConfig::new(1, 4)
+        });
+    }
+
+    #[test]
+    fn the_last_die_of_an_odd_node_has_no_backup() {
+        let f = fabric(1, 3, 3);
+        assert_eq!(f.partner(r(2)), None);
+        let h = f.node_hal(0).link_health(DeviceId(2)).unwrap();
+        assert!(h.primary_up && !h.backup_up);
+        warm_up(&f);
+        for calls in switch_all(&f, &[(2, true)]) {
+            for (group, res) in calls {
+                let e = res.unwrap_err();
+                assert_eq!(e.code, HcclCode::RoceConnect, "{group}");
+                assert!(e.detail.contains("rank 2 has no backup NIC"), "{e}");
+            }
+        }
+        assert!(f.check_consistency().is_consistent());
+    }
+
+    #[test]
+    fn groups_disagreeing_about_one_rank_are_reported() {
+        let f = fabric(1, 2, 2);
+        warm_up(&f);
+        // Only the world group is switched; tp_0 and dp_0 still say rank 0 is on primary.
+        let res = on_ranks(&f, &[0, 1], |mut hal| {
+            hal.set_working_nic(WORLD_GROUP, &[GroupRank(0)], &[true])
+        });
+        assert!(res.iter().all(Result::is_ok));
+        let report = f.check_consistency();
+        assert_eq!(report.disagreements.len(), 1, "{report}");
+        assert_eq!(report.disagreements[0].group, "hccl_world_group,tp_0,dp_0");
+        assert_eq!(
+            report.disagreements[0].detail,
+            "rank 0: hccl_world_group says backup, tp_0 says primary, dp_0 says primary"
+        );
+        assert!(report
+            .to_string()
+            .starts_with("1 disagreement(s) in 4 groups"));
+        assert!(f.ranks_on_backup().is_empty());
+    }
+
+    #[test]
+    fn a_dead_members_view_no_longer_counts() {
+        let f = fabric(1, 2, 2);
+        warm_up(&f);
+        // Rank 1 fails its world call; then it dies: the survivors agree.
+        f.inject_nic_set_fault(r(1), NicSetFault::Fail(HcclCode::Network));
+        switch_all(&f, &[(0, true)]);
+        assert!(!f.check_consistency().is_consistent());
+        f.kill_rank(r(1));
+        assert!(f.is_dead(r(1)));
+        let report = f.check_consistency();
+        assert!(report.is_consistent(), "{report}");
+        assert_eq!(f.ranks_on_backup(), [r(0)]);
+        let mut hal = f.rank_hal(r(1));
+        assert!(!hal.capabilities().l2_retry);
     }
 }

@@ -21,7 +21,12 @@ pub enum NicSetFault {
     /// [`Fabric::shutdown`](crate::Fabric::shutdown) or the rank being killed), then joins
     /// the rendezvous as a failed member (like [`NicSetFault::Fail`]) and returns `code`.
     /// Peers wait for it meanwhile and time out if `duration` exceeds the HCCL timeout.
-    Hang { duration: Duration, code: HcclCode },
+    Hang {
+        /// How long the call hangs before joining the rendezvous.
+        duration: Duration,
+        /// What the call finally returns.
+        code: HcclCode,
+    },
     /// The call takes `Duration` longer, then behaves normally: for deadline tests.
     Slow(Duration),
 }

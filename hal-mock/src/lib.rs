@@ -1,1 +1,54 @@
+//! # taskd-hal-mock
+//!
+//! A simulated Ascend fabric for testing the taskd control plane without hardware: nodes of
+//! NPU dies, one NIC port per die, HCCL communication groups with each member's view of the
+//! group's NIC configuration, and a simulated training loop. It is a simulator, not a stub:
+//! the same control-plane code runs against it as against real HCCL, and it enforces HCCL's
+//! rules for `HcclCommWorkingDevNicSet` so that a wrong protocol fails here the way it would
+//! fail (or hang) on a real cluster.
+//!
+//! - [`Fabric`]: topology, links, groups, processes, fault injection, and
+//!   [`Fabric::check_consistency`], the invariant every test ends with.
+//! - [`MockRankHal`] / [`MockNodeHal`]: the [`taskd_core::RankHal`] and
+//!   [`taskd_core::NodeHal`] a worker and a proxy own.
+//! - [`SimTraining`]: one thread per rank running blocking all-reduces and calling the step
+//!   hook, so pausing, deadlocks and lost steps are observable.
+//!
+//! ## The simulated hardware
+//!
+//! Rank `r` runs on node `r / D`, device `r % D` (node names `node-{i}`, as
+//! [`taskd_core::RankTable::uniform`] lays them out). Each device owns one physical NIC port:
+//! its primary NIC. Its backup NIC is its partner die's (`device ^ 1`) port; the last device
+//! of an odd-sized node has none. A rank on its backup NIC sends on its partner's port, so two
+//! partners both on backup swap ports. Groups: the world group `hccl_world_group`,
+//! tensor-parallel `tp_{i}` (consecutive chunks of `tp_size` ranks) and data-parallel `dp_{j}`
+//! (ranks with index `j` in their chunk), members in ascending global rank.
+//!
+//! ## The HCCL rules enforced
+//!
+//! See [`hccl`] for the rendezvous semantics and the return code of each broken rule. Rule
+//! violations a correct control plane never commits are also recorded in
+//! [`Fabric::violations`].
 
+#![warn(missing_docs)]
+
+pub mod fabric;
+pub mod fault;
+pub mod hccl;
+pub mod node_hal;
+pub mod rank_hal;
+pub mod training;
+
+#[cfg(test)]
+mod test_support;
+
+pub use fabric::{
+    Activity, ConsistencyReport, Fabric, FabricConfig, GroupDisagreement, WORLD_GROUP,
+};
+pub use fault::{NicSetFault, NicSetRecord};
+pub use hccl::{ALL_REDUCE_OP, NIC_SET_OP};
+pub use node_hal::MockNodeHal;
+pub use rank_hal::MockRankHal;
+pub use training::{
+    no_pause_hooks, NoPause, RankExit, SimTraining, TrainingOptions, TrainingSummary,
+};

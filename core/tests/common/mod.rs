@@ -213,12 +213,7 @@ pub fn finishes(actions: &[Action]) -> Vec<&OperationReport> {
 }
 
 /// `[Broadcast(kind), ArmDeadline(token, phase, at)]`: what entering a phase looks like.
-pub fn entered(
-    op: OperationId,
-    kind: DirectiveKind,
-    token: u64,
-    at: Duration,
-) -> Vec<Action> {
+pub fn entered(op: OperationId, kind: DirectiveKind, token: u64, at: Duration) -> Vec<Action> {
     let d = Directive { op, kind };
     let phase = d.phase();
     vec![
@@ -290,12 +285,7 @@ impl Harness {
         actions
     }
 
-    pub fn node_reply(
-        &self,
-        node: NodeName,
-        phase: Phase,
-        replies: Vec<RankReply>,
-    ) -> NodeReply {
+    pub fn node_reply(&self, node: NodeName, phase: Phase, replies: Vec<RankReply>) -> NodeReply {
         NodeReply {
             node,
             op: self.id,
@@ -350,7 +340,12 @@ impl Harness {
             .collect()
     }
 
-    pub fn sampled(&mut self, now: Duration, ranks: &[u32], step: impl Fn(u32) -> u64) -> Vec<Action> {
+    pub fn sampled(
+        &mut self,
+        now: Duration,
+        ranks: &[u32],
+        step: impl Fn(u32) -> u64,
+    ) -> Vec<Action> {
         self.each(now, Phase::Sample, ranks, |r| ReplyBody::Sampled {
             in_step: step(r.0),
         })
@@ -436,7 +431,7 @@ impl Harness {
     }
 
     /// Drives a clean run through Sample (all at `step`) and Pause; returns at the switch.
-    pub fn to_switch(&mut self, start: u64, step: u64) {
+    pub fn run_to_switch(&mut self, start: u64, step: u64) {
         let all = self.all_ranks();
         self.sampled(secs(start + 1), &all, |_| step);
         self.paused(secs(start + 2), &all, step);

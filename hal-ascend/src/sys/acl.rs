@@ -186,7 +186,10 @@ impl AclLib {
     ///
     /// If `dst` is longer than the allocation (the result layer checks first).
     pub fn memcpy_device_to_host(&self, dst: &mut [u8], src: &DevicePtr) -> AclResult {
-        assert!(dst.len() <= src.size(), "destination no longer than the allocation");
+        assert!(
+            dst.len() <= src.size(),
+            "destination no longer than the allocation"
+        );
         // SAFETY: `dst` is valid for `dst.len()` bytes of writes, borrowed exclusively; `src`
         // is a live allocation holding at least that many bytes.
         unsafe {

@@ -1,11 +1,30 @@
 //! `libdcmi.so`: the device management calls that map a logical NPU to its (card, device) and
 //! read RoCE link health.
 //!
-//! Prototypes and values follow Huawei's DCMI API reference (hiascend.com, "DCMI API
-//! Reference", 设备管理接口 pages for `dcmi_get_card_list`, `dcmi_get_device_num_in_card`,
-//! `dcmi_get_card_id_device_id_from_logicid` and `dcmi_get_device_network_health`) and the
-//! driver's `dcmi_interface_api.h`. `card_id` values are the ids `dcmi_get_card_list` returns
-//! (not necessarily 0..n); `device_id` is the chip index inside a card.
+//! Sources followed (Huawei's DCMI API reference on hiascend.com, 设备管理接口 section, and the
+//! driver header `dcmi_interface_api.h`):
+//!
+//! - `int dcmi_init(void)`, header.
+//! - `int dcmi_get_card_list(int *card_num, int *card_list, int list_len)`: card count (at most
+//!   64) and card ids; the reference (e.g. Atlas 200I A2 24.1.0 `re/api/api_008.html`) marks
+//!   `dcmi_get_card_num_list` deprecated in its favour.
+//! - `int dcmi_get_device_num_in_card(int card_id, int *device_num)`, header.
+//! - `int dcmi_get_card_id_device_id_from_logicid(int *card_id, int *device_id, unsigned int
+//!   device_logic_id)` (`re/api/api_102.html`).
+//! - `int dcmi_get_device_network_health(int card_id, int device_id, enum
+//!   dcmi_rdfx_detect_result *result)` (`re/api/api_074.html`; HDK A2DCMI `dcmi_088.html`):
+//!   "查询RoCE网卡的IP地址的连通状态", the connectivity of the RoCE NIC's IP, with `result` one of
+//!   `DCMI_RDFX_DETECT_OK` 0, `SOCK_FAIL` 1, `RECV_TIMEOUT` 2, `UNREACH` 3, `TIME_EXCEEDED` 4,
+//!   `FAULT` 5, `INIT` 6, `THREAD_ERR` 7, `IP_SET` 8, `MAX` 0xFF.
+//!
+//! `card_id` values are the ids `dcmi_get_card_list` returns (not necessarily 0..n);
+//! `device_id` is the chip index inside a card ("通过dcmi_get_device_id_in_card接口获取"). Every
+//! call returns 0 (`DCMI_OK`) or a negative `DCMI_ERR_CODE_*`.
+//!
+//! Not confirmed: the pages above are the Atlas 200I A2 and A2 HDK editions (the 200I A2 page
+//! even marks the network-health call unsupported on that product). The Atlas A3 (Ascend
+//! 910_93) DCMI reference exists but was not checked for these two calls; Huawei's own
+//! npu-exporter binds `dcmi_get_device_network_health` for its 910 collectors.
 
 use super::Loaded;
 use crate::search::{EnvLookup, LoadError, DCMI};
@@ -96,7 +115,8 @@ impl DcmiLib {
     pub fn get_card_id_device_id_from_logicid(&self, logic_id: u32) -> (DcmiResult, i32, i32) {
         let (mut card, mut device) = (0i32, 0i32);
         // SAFETY: both are valid out slots.
-        let code = unsafe { (self.card_id_device_id_from_logicid)(&mut card, &mut device, logic_id) };
+        let code =
+            unsafe { (self.card_id_device_id_from_logicid)(&mut card, &mut device, logic_id) };
         (code, card, device)
     }
 

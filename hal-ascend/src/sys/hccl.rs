@@ -176,13 +176,22 @@ impl HcclLib {
         ranks: &mut [u32],
         use_backup: &mut [bool],
     ) -> HcclResult {
-        assert_eq!(ranks.len(), use_backup.len(), "one use_backup flag per rank");
+        assert_eq!(
+            ranks.len(),
+            use_backup.len(),
+            "one use_backup flag per rank"
+        );
         let n = u32::try_from(ranks.len()).expect("nRanks fits in uint32_t");
         // SAFETY: `comm` is live (CommHandle invariant); both pointers are valid for `n`
         // elements. HCCL declares them non-const, so they are exclusive borrows: even a write
         // would stay inside our buffers.
         unsafe {
-            (self.working_dev_nic_set)(comm.as_raw(), ranks.as_mut_ptr(), use_backup.as_mut_ptr(), n)
+            (self.working_dev_nic_set)(
+                comm.as_raw(),
+                ranks.as_mut_ptr(),
+                use_backup.as_mut_ptr(),
+                n,
+            )
         }
     }
 

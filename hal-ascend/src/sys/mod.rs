@@ -13,6 +13,13 @@ pub mod dcmi;
 pub mod hccl;
 
 use crate::search::{candidates, Attempt, Candidate, EnvLookup, LibrarySpec, LoadError, Origin};
+
+/// Which file the search for `spec` would load, without binding any function: loads the first
+/// candidate that loads, reports its path, and unloads it again. Meant for preflight checks
+/// ("which libhccl.so would this worker use?").
+pub fn probe(spec: &LibrarySpec, env: EnvLookup<'_>) -> Result<PathBuf, LoadError> {
+    Loaded::search(spec, env).map(|l| l.path)
+}
 use libloading::Library;
 use std::path::{Path, PathBuf};
 
@@ -74,13 +81,11 @@ impl Loaded {
         // SAFETY: the caller guarantees `T` is the symbol's true type; `dlsym` itself only
         // reads the library's symbol table.
         let found = unsafe { self.lib.get::<T>(symbol.as_bytes()) };
-        found
-            .map(|s| *s)
-            .map_err(|e| LoadError::MissingSymbol {
-                symbol,
-                path: self.path.clone(),
-                message: e.to_string(),
-            })
+        found.map(|s| *s).map_err(|e| LoadError::MissingSymbol {
+            symbol,
+            path: self.path.clone(),
+            message: e.to_string(),
+        })
     }
 }
 

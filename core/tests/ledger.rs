@@ -1,0 +1,797 @@
+//! Scripted tests of the job ledger: admission (every [`SubmitError`]), registration, the NIC
+//! table, repeated ids, and the job state after failed operations.
+//!
+//! The job is `job-a`, 2 nodes x 4 devices (ranks 0..8) unless a test says otherwise.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use taskd_core::ledger::{RegisterError, Submitted, HISTORY_LEN};
+use taskd_core::protocol::{Directive, DirectiveKind, NodeReply, Phase, ReplyBody, WorkerHello};
+use taskd_core::{
+    Action, DeviceId, Event, GlobalRank, HcclCode, JobId, JobLedger, JobState, NodeName,
+    OperationId, OperationReport, Outcome, SubmitError, SwitchCapabilities, SwitchCommand,
+    ValidationError,
+};
+
+fn hello(layout: &Layout, rank: u32, capabilities: SwitchCapabilities) -> WorkerHello {
+    WorkerHello {
+        job: job(),
+        node: layout.node_of(GlobalRank(rank)),
+        rank: GlobalRank(rank),
+        capabilities,
+    }
+}
+
+/// A ledger with every worker of `layout` registered and able to switch.
+fn ledger(layout: &Layout) -> JobLedger {
+    let mut l = JobLedger::new(job(), layout.table.clone(), DEADLINES);
+    for r in 0..layout.world() {
+        l.register(hello(layout, r, SwitchCapabilities::ALL))
+            .expect("valid registration");
+    }
+    assert_eq!(l.registered(), layout.world() as usize);
+    l
+}
+
+/// Everything a refused command must leave as it was.
+#[derive(Debug, PartialEq)]
+struct Snapshot {
+    on_backup: Vec<GlobalRank>,
+    in_flight: Option<OperationId>,
+    phase: Option<Phase>,
+    history: Vec<OperationReport>,
+    state: JobState,
+    registered: usize,
+}
+
+fn snapshot(l: &JobLedger) -> Snapshot {
+    Snapshot {
+        on_backup: l.ranks_on_backup().collect(),
+        in_flight: l.in_flight().map(|o| o.id()),
+        phase: l.phase(),
+        history: l.history().cloned().collect(),
+        state: l.state(),
+        registered: l.registered(),
+    }
+}
+
+/// How a rank answers one directive in [`drive`].
+#[derive(Clone, Debug)]
+enum Answer {
+    Correct,
+    Silent,
+    Body(ReplyBody),
+}
+
+/// Carries out the actions of an operation against `layout`'s workers: every broadcast is
+/// answered per rank as `answer` says (correct replies by default), per node, until the
+/// operation finishes; when nobody has anything left to say the armed deadline fires.
+/// Returns the final report and every directive broadcast.
+fn drive(
+    l: &mut JobLedger,
+    layout: &Layout,
+    first: Vec<Action>,
+    now: &mut Duration,
+    answer: impl Fn(Phase, u32) -> Answer,
+) -> (OperationReport, Vec<Directive>) {
+    let mut sent = Vec::new();
+    let mut todo = first;
+    let mut token = None;
+    for _ in 0..32 {
+        for a in &todo {
+            match a {
+                Action::Finish(r) => {
+                    assert!(matches!(todo.last(), Some(Action::Finish(_))));
+                    assert!(l.in_flight().is_none(), "the ledger settled the finish");
+                    return ((**r).clone(), sent);
+                }
+                Action::ArmDeadline { token: t, .. } => token = Some(*t),
+                Action::Broadcast(d) => sent.push(d.clone()),
+            }
+        }
+        let d = sent.last().expect("a directive was sent").clone();
+        let phase = d.phase();
+        let mut by_node: BTreeMap<NodeName, Vec<_>> = BTreeMap::new();
+        for r in 0..layout.world() {
+            let body = match answer(phase, r) {
+                Answer::Silent => continue,
+                Answer::Body(b) => b,
+                Answer::Correct => match &d.kind {
+                    DirectiveKind::Sample { .. } => ReplyBody::Sampled { in_step: 10 },
+                    DirectiveKind::PauseAt { step } => ReplyBody::Paused { step: *step },
+                    DirectiveKind::Switch { targets } | DirectiveKind::Rollback { targets } => {
+                        ReplyBody::Applied {
+                            calls: layout.calls(GlobalRank(r), targets),
+                        }
+                    }
+                    DirectiveKind::Resume => ReplyBody::Resumed { stalled: secs(1) },
+                },
+            };
+            by_node
+                .entry(layout.node_of(GlobalRank(r)))
+                .or_default()
+                .push(rank_reply(d.op, r, phase, body));
+        }
+        *now += secs(1);
+        let mut next = Vec::new();
+        for (node, replies) in by_node {
+            let nr = NodeReply {
+                node,
+                op: d.op,
+                phase,
+                replies,
+                health: vec![],
+            };
+            next = l.handle(Event::Replies(nr), *now);
+            if !next.is_empty() {
+                break;
+            }
+        }
+        if next.is_empty() {
+            *now += secs(60);
+            next = l.handle(
+                Event::Deadline {
+                    token: token.expect("armed"),
+                },
+                *now,
+            );
+        }
+        todo = next;
+    }
+    panic!("the operation did not finish; sent {sent:#?}");
+}
+
+fn start(l: &mut JobLedger, cmd: &SwitchCommand, id: OperationId, now: Duration) -> Vec<Action> {
+    match l.submit(cmd, id, now) {
+        Ok(Submitted::Started { id: got, actions }) => {
+            assert_eq!(got, id);
+            assert_eq!(l.in_flight().map(|o| o.id()), Some(id));
+            actions
+        }
+        other => panic!("expected a start, got {other:?}"),
+    }
+}
+
+fn run(
+    l: &mut JobLedger,
+    layout: &Layout,
+    targets: &[(u32, bool)],
+    id: OperationId,
+    now: &mut Duration,
+    answer: impl Fn(Phase, u32) -> Answer,
+) -> (OperationReport, Vec<Directive>) {
+    let first = start(l, &layout.command(targets), id, *now);
+    drive(l, layout, first, now, answer)
+}
+
+fn fail_switch_on(rank: u32) -> impl Fn(Phase, u32) -> Answer {
+    move |p, r| {
+        if p == Phase::Switch && r == rank {
+            Answer::Body(ReplyBody::Failed(hal_failure(
+                "world",
+                HcclCode::RoceConnect,
+            )))
+        } else {
+            Answer::Correct
+        }
+    }
+}
+
+fn backup_of(l: &JobLedger) -> Vec<u32> {
+    l.ranks_on_backup().map(|r| r.0).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The NIC table
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn a_good_switch_updates_the_nic_table_and_a_switch_back_restores_it() {
+    let layout = Layout::new(2, 4);
+    let mut l = ledger(&layout);
+    let mut now = secs(100);
+    assert_eq!(backup_of(&l), Vec::<u32>::new());
+
+    let first = start(
+        &mut l,
+        &layout.command(&[(1, true), (6, true)]),
+        op_id(1),
+        now,
+    );
+    assert_eq!(l.phase(), Some(Phase::Sample));
+    assert_eq!(
+        first,
+        entered(
+            op_id(1),
+            DirectiveKind::Sample {
+                targets: layout.plan(&[(1, true), (6, true)]).targets
+            },
+            1,
+            secs(130)
+        )
+    );
+    let (r, sent) = drive(&mut l, &layout, first, &mut now, |_, _| Answer::Correct);
+    assert_eq!(r.outcome, Outcome::Succeeded);
+    assert_eq!(r.pause_step, Some(10));
+    assert_eq!(
+        sent.iter().map(Directive::phase).collect::<Vec<_>>(),
+        vec![Phase::Sample, Phase::Pause, Phase::Switch, Phase::Resume]
+    );
+    assert_eq!(backup_of(&l), vec![1, 6]);
+    assert!(l.uses_backup(GlobalRank(6)));
+    assert!(!l.uses_backup(GlobalRank(2)));
+    assert_eq!(l.state(), JobState::Running);
+    assert_eq!(l.result_of(op_id(1)), Some(&r));
+    assert_eq!(l.phase(), None);
+
+    // Switch rank 6 back; rank 2's HCCL call fails: the rollback puts 6 back on its backup,
+    // the value it had, and the table does not move.
+    let (r, sent) = run(
+        &mut l,
+        &layout,
+        &[(6, false)],
+        op_id(2),
+        &mut now,
+        fail_switch_on(2),
+    );
+    assert_eq!(r.outcome, Outcome::Failed);
+    assert!(r.rolled_back && !r.applied);
+    assert_eq!(
+        sent[3].kind,
+        DirectiveKind::Rollback {
+            targets: vec![(GlobalRank(6), true)]
+        }
+    );
+    assert_eq!(backup_of(&l), vec![1, 6]);
+    assert_eq!(l.state(), JobState::Running);
+
+    // Again, cleanly.
+    let (r, sent) = run(
+        &mut l,
+        &layout,
+        &[(6, false)],
+        op_id(3),
+        &mut now,
+        |_, _| Answer::Correct,
+    );
+    assert_eq!(r.outcome, Outcome::Succeeded);
+    assert_eq!(
+        sent[2].kind,
+        DirectiveKind::Switch {
+            targets: vec![(GlobalRank(6), false)]
+        }
+    );
+    assert_eq!(backup_of(&l), vec![1]);
+    assert_eq!(
+        l.history().map(|r| r.id).collect::<Vec<_>>(),
+        vec![op_id(1), op_id(2), op_id(3)]
+    );
+}
+
+#[test]
+fn a_rejected_or_paused_operation_leaves_the_nic_table_alone() {
+    let layout = Layout::new(2, 4);
+    let mut l = ledger(&layout);
+    let mut now = secs(0);
+
+    // Link down: node-0 reports rank 1's backup link down.
+    let first = start(&mut l, &layout.command(&[(1, true)]), op_id(1), now);
+    let nr = NodeReply {
+        node: "node-0".into(),
+        op: op_id(1),
+        phase: Phase::Sample,
+        replies: vec![],
+        health: vec![taskd_core::LinkHealth {
+            device: DeviceId(1),
+            primary_up: true,
+            backup_up: false,
+        }],
+    };
+    assert!(!first.is_empty());
+    let a = l.handle(Event::Replies(nr), now);
+    let (r, _) = drive(&mut l, &layout, a, &mut now, |_, _| Answer::Correct);
+    assert_eq!(r.outcome, Outcome::Rejected);
+    assert_eq!(backup_of(&l), Vec::<u32>::new());
+    assert_eq!(l.state(), JobState::Running);
+
+    // Switch failure, then a rollback failure: the job is held.
+    let (r, _) = run(
+        &mut l,
+        &layout,
+        &[(1, true)],
+        op_id(2),
+        &mut now,
+        |p, r| match (p, r) {
+            (Phase::Switch, 3) | (Phase::Rollback, 0) => {
+                Answer::Body(ReplyBody::Failed(hal_failure("world", HcclCode::Internal)))
+            }
+            _ => Answer::Correct,
+        },
+    );
+    assert_eq!(r.outcome, Outcome::Failed);
+    assert!(!r.rolled_back);
+    assert_eq!(r.job_state, JobState::Paused);
+    assert_eq!(l.state(), JobState::Paused);
+    assert_eq!(backup_of(&l), Vec::<u32>::new());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Admission: every SubmitError, with nothing changed
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn unknown_job_is_refused_and_changes_nothing() {
+    let layout = Layout::new(2, 4);
+    let mut l = ledger(&layout);
+    let before = snapshot(&l);
+    let mut cmd = layout.command(&[(1, true)]);
+    cmd.job = JobId("job-b".into());
+    assert_eq!(
+        l.submit(&cmd, op_id(1), secs(0)),
+        Err(SubmitError::UnknownJob {
+            job: JobId("job-b".into()),
+            known: job()
+        })
+    );
+    assert_eq!(snapshot(&l), before);
+    // The id was not used up.
+    start(&mut l, &layout.command(&[(1, true)]), op_id(1), secs(0));
+}
+
+#[test]
+fn missing_workers_are_named() {
+    let layout = Layout::new(2, 4);
+    let mut l = JobLedger::new(job(), layout.table.clone(), DEADLINES);
+    for r in [0, 1, 2, 3, 4, 6, 7] {
+        l.register(hello(&layout, r, SwitchCapabilities::ALL))
+            .unwrap();
+    }
+    let before = snapshot(&l);
+    let e = l.submit(&layout.command(&[(1, true)]), op_id(1), secs(0));
+    assert_eq!(
+        e,
+        Err(SubmitError::WorkersMissing {
+            registered: 7,
+            expected: 8,
+            missing: "5".into()
+        })
+    );
+    assert_eq!(snapshot(&l), before);
+    assert!(e.unwrap_err().to_string().contains("missing ranks: 5"));
+
+    // Nobody registered on a 2 x 16 job: the list is cut short.
+    let big = Layout::new(2, 16);
+    let mut l = JobLedger::new(job(), big.table.clone(), DEADLINES);
+    assert_eq!(
+        l.submit(&big.command(&[(1, true)]), op_id(1), secs(0)),
+        Err(SubmitError::WorkersMissing {
+            registered: 0,
+            expected: 32,
+            missing: "0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, ... (32 in all)".into()
+        })
+    );
+
+    // A worker lost between operations must register again before the next one.
+    let mut l = ledger(&layout);
+    assert_eq!(
+        l.worker_lost(GlobalRank(4), "closed".into(), secs(1)),
+        vec![]
+    );
+    assert!(!l.is_registered(GlobalRank(4)));
+    assert_eq!(l.state(), JobState::Running);
+    assert!(matches!(
+        l.submit(&layout.command(&[(1, true)]), op_id(2), secs(2)),
+        Err(SubmitError::WorkersMissing { registered: 7, ref missing, .. }) if missing == "4"
+    ));
+    l.register(hello(&layout, 4, SwitchCapabilities::ALL))
+        .unwrap();
+    start(&mut l, &layout.command(&[(1, true)]), op_id(2), secs(3));
+}
+
+#[test]
+fn a_second_command_while_one_runs_is_busy_with_the_id_in_flight() {
+    let layout = Layout::new(2, 4);
+    let mut l = ledger(&layout);
+    let mut now = secs(0);
+    let first = start(&mut l, &layout.command(&[(1, true)]), op_id(1), now);
+    let before = snapshot(&l);
+    assert_eq!(
+        l.submit(&layout.command(&[(2, true)]), op_id(2), secs(1)),
+        Err(SubmitError::Busy {
+            in_flight: op_id(1)
+        })
+    );
+    // The same id again is the operation in flight, not a second one.
+    assert_eq!(
+        l.submit(&layout.command(&[(1, true)]), op_id(1), secs(1)),
+        Ok(Submitted::InFlight(op_id(1)))
+    );
+    assert_eq!(snapshot(&l), before);
+    let (r, _) = drive(&mut l, &layout, first, &mut now, |_, _| Answer::Correct);
+    assert_eq!(r.id, op_id(1));
+    assert_eq!(l.history().count(), 1);
+    // Once it is done, the refused id can run.
+    start(&mut l, &layout.command(&[(2, true)]), op_id(2), now);
+}
+
+#[test]
+fn every_validation_error_is_refused_as_invalid() {
+    let layout = Layout::new(2, 4);
+    let mut l = ledger(&layout);
+    let before = snapshot(&l);
+    let target = |node: &str, device: u32, use_backup: bool| taskd_core::command::Target {
+        node: node.into(),
+        device: DeviceId(device),
+        use_backup,
+    };
+    let cmd = |targets| SwitchCommand {
+        job: job(),
+        id: None,
+        targets,
+    };
+    let cases = vec![
+        (cmd(vec![]), ValidationError::NoTargets),
+        (
+            cmd(vec![target("node-0", 0, true), target("node-9", 0, true)]),
+            ValidationError::UnknownNode {
+                node: "node-9".into(),
+                known: "node-0, node-1".into(),
+            },
+        ),
+        (
+            cmd(vec![target("node-1", 4, true)]),
+            ValidationError::UnknownDevice {
+                node: "node-1".into(),
+                device: DeviceId(4),
+                devices: "0, 1, 2, 3".into(),
+            },
+        ),
+        (
+            cmd(vec![target("node-1", 1, true), target("node-1", 1, false)]),
+            ValidationError::ConflictingTarget {
+                node: "node-1".into(),
+                device: DeviceId(1),
+                rank: GlobalRank(5),
+            },
+        ),
+    ];
+    for (c, want) in cases {
+        let got = l.submit(&c, op_id(1), secs(0));
+        assert_eq!(got, Err(SubmitError::Invalid(want.clone())));
+        // The error reads as the validation error itself.
+        assert_eq!(got.unwrap_err().to_string(), want.to_string());
+        assert_eq!(snapshot(&l), before);
+    }
+
+    // The ClusterD form's own errors (unequal lists, a device that is not a number) happen
+    // while building the command; they convert into the same Invalid refusal.
+    let mut ops = BTreeMap::new();
+    ops.insert(
+        "node-0".to_string(),
+        (vec!["0".to_string(), "1".to_string()], vec![true]),
+    );
+    let e = SwitchCommand::from_nic_ops(job(), None, &ops).unwrap_err();
+    assert_eq!(
+        SubmitError::from(e),
+        SubmitError::Invalid(ValidationError::LengthMismatch {
+            node: "node-0".into(),
+            devs: 2,
+            ops: 1
+        })
+    );
+    ops.insert("node-0".to_string(), (vec!["one".to_string()], vec![true]));
+    let e = SwitchCommand::from_nic_ops(job(), None, &ops).unwrap_err();
+    assert_eq!(
+        SubmitError::from(e),
+        SubmitError::Invalid(ValidationError::BadDevice {
+            node: "node-0".into(),
+            value: "one".into()
+        })
+    );
+
+    // A duplicate with the same op is harmless: kept once.
+    let first = start(
+        &mut l,
+        &cmd(vec![target("node-1", 1, true), target("node-1", 1, true)]),
+        op_id(1),
+        secs(0),
+    );
+    match &first[0] {
+        Action::Broadcast(Directive {
+            kind: DirectiveKind::Sample { targets },
+            ..
+        }) => assert_eq!(targets.len(), 1),
+        a => panic!("{a:?}"),
+    }
+}
+
+#[test]
+fn a_rank_that_cannot_switch_refuses_the_command() {
+    let layout = Layout::new(2, 4);
+    let all = SwitchCapabilities::ALL;
+    let cases = [
+        (
+            SwitchCapabilities { tsp: false, ..all },
+            "MS_ENABLE_TFT without TSP:1",
+        ),
+        (
+            SwitchCapabilities {
+                l2_retry: false,
+                ..all
+            },
+            "HCCL_OP_RETRY_ENABLE without L2:1",
+        ),
+        (SwitchCapabilities { rdma: false, ..all }, "no RDMA links"),
+    ];
+    for (caps, missing) in cases {
+        // An untargeted rank counts too: every rank calls HCCL.
+        for rank in [0, 5, 7] {
+            let mut l = ledger(&layout);
+            l.register(hello(&layout, rank, caps)).unwrap();
+            assert_eq!(l.registered(), 8, "a reconnect replaces, it does not add");
+            let before = snapshot(&l);
+            assert_eq!(
+                l.submit(&layout.command(&[(1, true)]), op_id(1), secs(0)),
+                Err(SubmitError::CapabilityMissing {
+                    ranks: rank.to_string(),
+                    missing: missing.into()
+                })
+            );
+            assert_eq!(snapshot(&l), before);
+            // Fixed and restarted: it runs.
+            l.register(hello(&layout, rank, all)).unwrap();
+            start(&mut l, &layout.command(&[(1, true)]), op_id(1), secs(0));
+        }
+    }
+
+    // Two ranks with different gaps: both ranks and both gaps are named.
+    let mut l = ledger(&layout);
+    l.register(hello(&layout, 2, SwitchCapabilities { tsp: false, ..all }))
+        .unwrap();
+    l.register(hello(&layout, 5, SwitchCapabilities { rdma: false, ..all }))
+        .unwrap();
+    assert_eq!(
+        l.submit(&layout.command(&[(1, true)]), op_id(1), secs(0)),
+        Err(SubmitError::CapabilityMissing {
+            ranks: "2, 5".into(),
+            missing: "MS_ENABLE_TFT without TSP:1, no RDMA links".into()
+        })
+    );
+}
+
+#[test]
+fn after_a_failed_rollback_the_job_is_not_running_until_acknowledged() {
+    let layout = Layout::new(2, 4);
+    let mut l = ledger(&layout);
+    let mut now = secs(0);
+    let (r, sent) = run(
+        &mut l,
+        &layout,
+        &[(6, true)],
+        op_id(1),
+        &mut now,
+        |p, r| match (p, r) {
+            (Phase::Switch, 6) => Answer::Body(ReplyBody::Failed(hal_failure(
+                "tp_1",
+                HcclCode::RoceConnect,
+            ))),
+            (Phase::Rollback, 7) => Answer::Silent,
+            _ => Answer::Correct,
+        },
+    );
+    assert_eq!(r.outcome, Outcome::Failed);
+    assert!(!r.rolled_back);
+    assert!(!sent.iter().any(|d| d.kind == DirectiveKind::Resume));
+    assert_eq!(l.state(), JobState::Paused);
+
+    let before = snapshot(&l);
+    assert_eq!(
+        l.submit(&layout.command(&[(6, true)]), op_id(2), now),
+        Err(SubmitError::NotRunning {
+            state: JobState::Paused
+        })
+    );
+    assert_eq!(snapshot(&l), before);
+    // The failed operation's id still answers with its result.
+    assert!(matches!(
+        l.submit(&layout.command(&[(6, true)]), op_id(1), now),
+        Ok(Submitted::Known(k)) if *k == r
+    ));
+
+    l.acknowledge_recovery();
+    assert_eq!(l.state(), JobState::Running);
+    start(&mut l, &layout.command(&[(6, true)]), op_id(2), now);
+}
+
+#[test]
+fn a_worker_lost_mid_operation_leaves_the_job_needing_recovery() {
+    let layout = Layout::new(2, 4);
+    let mut l = ledger(&layout);
+    let now = secs(10);
+    let first = start(&mut l, &layout.command(&[(1, true)]), op_id(1), now);
+    assert_eq!(first.len(), 2);
+    let a = l.worker_lost(GlobalRank(3), "heartbeats missed".into(), secs(11));
+    assert_eq!(broadcast_phases(&a), vec![Phase::Resume]);
+    assert!(!l.is_registered(GlobalRank(3)));
+    let mut now = secs(11);
+    let (r, _) = drive(&mut l, &layout, a, &mut now, |_, r| {
+        if r == 3 {
+            Answer::Silent
+        } else {
+            Answer::Correct
+        }
+    });
+    assert_eq!(r.outcome, Outcome::Failed);
+    assert_eq!(r.lost_ranks, vec![GlobalRank(3)]);
+    assert_eq!(l.state(), JobState::NeedsRecovery);
+    assert_eq!(
+        l.submit(&layout.command(&[(1, true)]), op_id(2), now),
+        Err(SubmitError::NotRunning {
+            state: JobState::NeedsRecovery
+        })
+    );
+    l.acknowledge_recovery();
+    assert!(matches!(
+        l.submit(&layout.command(&[(1, true)]), op_id(2), now),
+        Err(SubmitError::WorkersMissing { .. })
+    ));
+    l.register(hello(&layout, 3, SwitchCapabilities::ALL))
+        .unwrap();
+    start(&mut l, &layout.command(&[(1, true)]), op_id(2), now);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Repeated ids
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn a_repeated_id_returns_the_known_result_and_never_runs_twice() {
+    let layout = Layout::new(2, 4);
+    let mut l = ledger(&layout);
+    let mut now = secs(0);
+    let (ok, _) = run(&mut l, &layout, &[(1, true)], op_id(1), &mut now, |_, _| {
+        Answer::Correct
+    });
+    let (failed, _) = run(
+        &mut l,
+        &layout,
+        &[(2, true)],
+        op_id(2),
+        &mut now,
+        fail_switch_on(0),
+    );
+    assert_eq!(ok.outcome, Outcome::Succeeded);
+    assert_eq!(failed.outcome, Outcome::Failed);
+    let before = snapshot(&l);
+
+    // The same ids, even with other targets: the stored results, nothing started.
+    assert_eq!(
+        l.submit(&layout.command(&[(1, true)]), op_id(1), now),
+        Ok(Submitted::Known(Box::new(ok.clone())))
+    );
+    assert_eq!(
+        l.submit(&layout.command(&[(5, false), (6, true)]), op_id(2), now),
+        Ok(Submitted::Known(Box::new(failed.clone())))
+    );
+    assert_eq!(snapshot(&l), before);
+    assert_eq!(backup_of(&l), vec![1]);
+
+    // Also while another operation runs (not `busy`: the answer is known).
+    start(&mut l, &layout.command(&[(3, true)]), op_id(3), now);
+    assert_eq!(
+        l.submit(&layout.command(&[(1, true)]), op_id(1), now),
+        Ok(Submitted::Known(Box::new(ok)))
+    );
+    assert_eq!(l.in_flight().map(|o| o.id()), Some(op_id(3)));
+}
+
+#[test]
+fn the_history_keeps_the_last_results() {
+    let layout = Layout::new(1, 1);
+    let mut l = ledger(&layout);
+    let mut now = secs(0);
+    for i in 0..=HISTORY_LEN as u128 {
+        let flag = i % 2 == 0;
+        let (r, _) = run(&mut l, &layout, &[(0, flag)], op_id(i), &mut now, |_, _| {
+            Answer::Correct
+        });
+        assert_eq!(r.outcome, Outcome::Succeeded);
+    }
+    assert_eq!(l.history().count(), HISTORY_LEN);
+    assert_eq!(
+        l.result_of(op_id(0)),
+        None,
+        "the oldest result is forgotten"
+    );
+    assert!(l.result_of(op_id(1)).is_some());
+    assert_eq!(l.history().next().map(|r| r.id), Some(op_id(1)));
+    assert_eq!(
+        l.history().next_back().map(|r| r.id),
+        Some(op_id(HISTORY_LEN as u128))
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Registration
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn registration_errors_are_named_and_register_nothing() {
+    let layout = Layout::new(2, 4);
+    let mut l = JobLedger::new(job(), layout.table.clone(), DEADLINES);
+    l.register(hello(&layout, 0, SwitchCapabilities::ALL))
+        .unwrap();
+
+    let mut h = hello(&layout, 1, SwitchCapabilities::ALL);
+    h.job = JobId("job-b".into());
+    assert_eq!(
+        l.register(h),
+        Err(RegisterError::WrongJob {
+            expected: job(),
+            got: JobId("job-b".into())
+        })
+    );
+
+    let h = WorkerHello {
+        job: job(),
+        node: "node-1".into(),
+        rank: GlobalRank(8),
+        capabilities: SwitchCapabilities::ALL,
+    };
+    assert_eq!(
+        l.register(h),
+        Err(RegisterError::UnknownRank {
+            rank: GlobalRank(8),
+            world: 8
+        })
+    );
+
+    let mut h = hello(&layout, 5, SwitchCapabilities::ALL);
+    h.node = "node-0".into();
+    let e = l.register(h).unwrap_err();
+    assert_eq!(
+        e,
+        RegisterError::WrongNode {
+            rank: GlobalRank(5),
+            expected: "node-1".into(),
+            got: "node-0".into()
+        }
+    );
+    assert!(e.to_string().contains("node-1"), "{e}");
+
+    assert_eq!(l.registered(), 1);
+    assert!(l.is_registered(GlobalRank(0)));
+    for r in [1, 5, 8] {
+        assert!(!l.is_registered(GlobalRank(r)));
+    }
+    // A reconnect of rank 0 replaces it.
+    l.register(hello(&layout, 0, SwitchCapabilities::ALL))
+        .unwrap();
+    assert_eq!(l.registered(), 1);
+    assert_eq!(l.expected(), 8);
+}
+
+#[test]
+fn events_without_an_operation_are_ignored() {
+    let layout = Layout::new(2, 4);
+    let mut l = ledger(&layout);
+    assert_eq!(l.handle(Event::Deadline { token: 1 }, secs(0)), vec![]);
+    let nr = NodeReply {
+        node: "node-0".into(),
+        op: op_id(1),
+        phase: Phase::Sample,
+        replies: vec![rank_reply(
+            op_id(1),
+            0,
+            Phase::Sample,
+            ReplyBody::Sampled { in_step: 1 },
+        )],
+        health: vec![],
+    };
+    assert_eq!(l.handle(Event::Replies(nr), secs(0)), vec![]);
+    assert_eq!(l.state(), JobState::Running);
+    assert_eq!(l.history().count(), 0);
+}

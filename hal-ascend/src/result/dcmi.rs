@@ -1,0 +1,229 @@
+//! DCMI calls returning `Result<_, DcmiError>`.
+//!
+//! Codes and the `dcmi_rdfx_detect_result` values are those of the DCMI API reference
+//! (hiascend.com, `dcmi_get_device_network_health` page) and `dcmi_interface_api.h`.
+
+use crate::sys::dcmi::{DcmiLib, DcmiResult, MAX_CARD_NUM};
+use std::fmt;
+use taskd_core::{HalError, HcclCode};
+
+/// The DCMI error codes of `dcmi_interface_api.h` (`DCMI_ERROR_CODE_BASE` = -8000).
+const DCMI_ERROR_NAMES: [(i32, &str); 20] = [
+    (-8001, "DCMI_ERR_CODE_INVALID_PARAMETER"),
+    (-8002, "DCMI_ERR_CODE_OPER_NOT_PERMITTED"),
+    (-8003, "DCMI_ERR_CODE_MEM_OPERATE_FAIL"),
+    (-8004, "DCMI_ERR_CODE_SECURE_FUN_FAIL"),
+    (-8005, "DCMI_ERR_CODE_INNER_ERR"),
+    (-8006, "DCMI_ERR_CODE_TIME_OUT"),
+    (-8007, "DCMI_ERR_CODE_INVALID_DEVICE_ID"),
+    (-8008, "DCMI_ERR_CODE_DEVICE_NOT_EXIST"),
+    (-8009, "DCMI_ERR_CODE_IOCTL_FAIL"),
+    (-8010, "DCMI_ERR_CODE_SEND_MSG_FAIL"),
+    (-8011, "DCMI_ERR_CODE_RECV_MSG_FAIL"),
+    (-8012, "DCMI_ERR_CODE_NOT_REDAY"),
+    (-8013, "DCMI_ERR_CODE_NOT_SUPPORT_IN_CONTAINER"),
+    (-8014, "DCMI_ERR_CODE_FILE_OPERATE_FAIL"),
+    (-8015, "DCMI_ERR_CODE_RESET_FAIL"),
+    (-8016, "DCMI_ERR_CODE_ABORT_OPERATE"),
+    (-8017, "DCMI_ERR_CODE_IS_UPGRADING"),
+    (-8020, "DCMI_ERR_CODE_RESOURCE_OCCUPIED"),
+    (-8022, "DCMI_ERR_CODE_PARTITION_NOT_RIGHT"),
+    (-8255, "DCMI_ERR_CODE_NOT_SUPPORT"),
+];
+
+/// The header's name for a DCMI status, or `DCMI_ERR_CODE_UNKNOWN`.
+pub fn dcmi_error_name(code: i32) -> &'static str {
+    match code {
+        0 => "DCMI_OK",
+        c => DCMI_ERROR_NAMES
+            .iter()
+            .find(|(k, _)| *k == c)
+            .map(|(_, n)| *n)
+            .unwrap_or("DCMI_ERR_CODE_UNKNOWN"),
+    }
+}
+
+/// A failed DCMI call: the C function's name, its arguments, and the code it returned.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{op}({args}) failed with {} ({code})", dcmi_error_name(*.code))]
+pub struct DcmiError {
+    pub op: &'static str,
+    pub args: String,
+    pub code: i32,
+}
+
+impl From<DcmiError> for HalError {
+    fn from(e: DcmiError) -> Self {
+        let detail = format!("{}({}): {}", e.op, e.args, dcmi_error_name(e.code));
+        HalError::new(e.op, HcclCode::Other(e.code), detail)
+    }
+}
+
+fn check(
+    op: &'static str,
+    code: DcmiResult,
+    args: impl FnOnce() -> String,
+) -> Result<(), DcmiError> {
+    if code == 0 {
+        Ok(())
+    } else {
+        Err(DcmiError {
+            op,
+            args: args(),
+            code,
+        })
+    }
+}
+
+/// `enum dcmi_rdfx_detect_result`: the state of the RoCE NIC's connectivity probe.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum NetworkHealth {
+    /// 0 `DCMI_RDFX_DETECT_OK`: network healthy.
+    Ok,
+    /// 1 `DCMI_RDFX_DETECT_SOCK_FAIL`: socket creation failed.
+    SockFail,
+    /// 2 `DCMI_RDFX_DETECT_RECV_TIMEOUT`: receive timed out.
+    RecvTimeout,
+    /// 3 `DCMI_RDFX_DETECT_UNREACH`: detect IP unreachable.
+    Unreach,
+    /// 4 `DCMI_RDFX_DETECT_TIME_EXCEEDED`: sending the probe timed out.
+    TimeExceeded,
+    /// 5 `DCMI_RDFX_DETECT_FAULT`: sending the probe failed.
+    Fault,
+    /// 6 `DCMI_RDFX_DETECT_INIT`: probe task initialising.
+    Init,
+    /// 7 `DCMI_RDFX_DETECT_THREAD_ERR`: probe task could not be created.
+    ThreadErr,
+    /// 8 `DCMI_RDFX_DETECT_IP_SET`: detect IP being set.
+    IpSet,
+    /// Any other value, e.g. 0xFF `DCMI_RDFX_DETECT_MAX`.
+    Other(i32),
+}
+
+impl NetworkHealth {
+    const KNOWN: [NetworkHealth; 9] = [
+        NetworkHealth::Ok,
+        NetworkHealth::SockFail,
+        NetworkHealth::RecvTimeout,
+        NetworkHealth::Unreach,
+        NetworkHealth::TimeExceeded,
+        NetworkHealth::Fault,
+        NetworkHealth::Init,
+        NetworkHealth::ThreadErr,
+        NetworkHealth::IpSet,
+    ];
+
+    pub fn from_raw(v: i32) -> Self {
+        usize::try_from(v)
+            .ok()
+            .and_then(|i| Self::KNOWN.get(i).copied())
+            .unwrap_or(NetworkHealth::Other(v))
+    }
+
+    pub fn raw(self) -> i32 {
+        match self {
+            NetworkHealth::Other(v) => v,
+            known => Self::KNOWN.iter().position(|k| *k == known).unwrap_or(0) as i32,
+        }
+    }
+
+    /// Only `DCMI_RDFX_DETECT_OK` counts as up. A probe still initialising or being
+    /// configured has not shown the link works, and a switch must not move traffic onto it.
+    pub fn is_up(self) -> bool {
+        self == NetworkHealth::Ok
+    }
+}
+
+impl fmt::Display for NetworkHealth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self:?} ({})", self.raw())
+    }
+}
+
+/// `dcmi_init`: must precede every other DCMI call.
+pub fn init(lib: &DcmiLib) -> Result<(), DcmiError> {
+    check("dcmi_init", lib.init(), String::new)
+}
+
+/// `dcmi_get_card_list`: the ids of the node's cards (at most `MAX_CARD_NUM`).
+pub fn get_card_list(lib: &DcmiLib) -> Result<Vec<i32>, DcmiError> {
+    let mut list = [0i32; MAX_CARD_NUM];
+    let (code, num) = lib.get_card_list(&mut list);
+    check("dcmi_get_card_list", code, || {
+        format!("list_len={MAX_CARD_NUM}")
+    })?;
+    let n = usize::try_from(num).unwrap_or(0).min(MAX_CARD_NUM);
+    Ok(list[..n].to_vec())
+}
+
+/// `dcmi_get_device_num_in_card`: the number of chips on `card_id`.
+pub fn get_device_num_in_card(lib: &DcmiLib, card_id: i32) -> Result<i32, DcmiError> {
+    let (code, n) = lib.get_device_num_in_card(card_id);
+    check("dcmi_get_device_num_in_card", code, || {
+        format!("card_id={card_id}")
+    })
+    .map(|()| n)
+}
+
+/// `dcmi_get_card_id_device_id_from_logicid`: `(card_id, device_id)` of a logical NPU id.
+pub fn get_card_id_device_id_from_logicid(
+    lib: &DcmiLib,
+    logic_id: u32,
+) -> Result<(i32, i32), DcmiError> {
+    let (code, card, device) = lib.get_card_id_device_id_from_logicid(logic_id);
+    check("dcmi_get_card_id_device_id_from_logicid", code, || {
+        format!("device_logic_id={logic_id}")
+    })
+    .map(|()| (card, device))
+}
+
+/// `dcmi_get_device_network_health`: the RoCE NIC's connectivity probe on one chip.
+pub fn get_device_network_health(
+    lib: &DcmiLib,
+    card_id: i32,
+    device_id: i32,
+) -> Result<NetworkHealth, DcmiError> {
+    let (code, v) = lib.get_device_network_health(card_id, device_id);
+    check("dcmi_get_device_network_health", code, || {
+        format!("card_id={card_id}, device_id={device_id}")
+    })
+    .map(|()| NetworkHealth::from_raw(v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detect_results_round_trip_and_only_ok_is_up() {
+        for v in 0..=8 {
+            let h = NetworkHealth::from_raw(v);
+            assert_eq!(h.raw(), v);
+            assert!(!matches!(h, NetworkHealth::Other(_)));
+            assert_eq!(h.is_up(), v == 0);
+        }
+        assert_eq!(NetworkHealth::from_raw(3), NetworkHealth::Unreach);
+        assert_eq!(NetworkHealth::from_raw(0xFF), NetworkHealth::Other(0xFF));
+        assert_eq!(NetworkHealth::from_raw(-1), NetworkHealth::Other(-1));
+        assert!(!NetworkHealth::Other(0xFF).is_up());
+    }
+
+    #[test]
+    fn dcmi_errors_keep_their_code_and_name() {
+        let e = DcmiError {
+            op: "dcmi_get_device_network_health",
+            args: "card_id=1, device_id=0".into(),
+            code: -8005,
+        };
+        assert_eq!(
+            e.to_string(),
+            "dcmi_get_device_network_health(card_id=1, device_id=0) failed with \
+             DCMI_ERR_CODE_INNER_ERR (-8005)"
+        );
+        let h: HalError = e.into();
+        assert_eq!(h.op, "dcmi_get_device_network_health");
+        assert_eq!(h.code, HcclCode::Other(-8005));
+        assert_eq!(dcmi_error_name(-8255), "DCMI_ERR_CODE_NOT_SUPPORT");
+        assert_eq!(dcmi_error_name(-1), "DCMI_ERR_CODE_UNKNOWN");
+    }
+}

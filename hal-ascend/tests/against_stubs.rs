@@ -1,0 +1,971 @@
+//! taskd-hal-ascend against stub vendor libraries compiled from `tests/stub/*.c`.
+//!
+//! Every test loads its own copy of each stub, so call logs never mix; libraries are found
+//! through explicit paths or an environment map, never through the process environment.
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+use support::{env, fresh, fresh_dir, install, Stub, StubControl};
+use taskd_core::{
+    plan_calls, DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HcclCode, NodeHal, RankHal,
+    SwitchCapabilities,
+};
+use taskd_hal_ascend::result::{self, AclError};
+use taskd_hal_ascend::search::{self, LibrarySpec, LoadError, Origin};
+use taskd_hal_ascend::sys::acl::{AclLib, MemMallocPolicy};
+use taskd_hal_ascend::sys::dcmi::DcmiLib;
+use taskd_hal_ascend::sys::hccl::{CommHandle, HcclDataType, HcclLib, HcclReduceOp};
+use taskd_hal_ascend::{AscendNodeHal, AscendRankHal, Comm, DeviceBuffer, RootInfo, Stream};
+
+fn hccl(test: &str) -> (Arc<HcclLib>, StubControl) {
+    let path = fresh(Stub::Hccl, test);
+    let lib = Arc::new(HcclLib::open_path(&path).expect("load hccl stub"));
+    (lib, StubControl::attach(&path))
+}
+
+fn acl(test: &str) -> (Arc<AclLib>, StubControl) {
+    let path = fresh(Stub::Acl, test);
+    let lib = Arc::new(AclLib::open_path(&path).expect("load acl stub"));
+    (lib, StubControl::attach(&path))
+}
+
+/// A framework-made communicator, borrowed.
+fn framework_comm(
+    lib: &Arc<HcclLib>,
+    stub: &StubControl,
+    name: &str,
+    size: u32,
+    rank: u32,
+) -> Comm {
+    // SAFETY: the stub just created it through the same loaded library, and never frees it.
+    let h = unsafe { CommHandle::from_raw(stub.new_comm(name, size, rank)) }.expect("non-null");
+    Comm::borrow(lib, h)
+}
+
+fn ranks(v: &[u32]) -> Vec<GlobalRank> {
+    v.iter().copied().map(GlobalRank).collect()
+}
+
+mod loading {
+    use super::*;
+
+    type Opener =
+        fn(&dyn Fn(&str) -> Option<std::ffi::OsString>) -> Result<std::path::PathBuf, LoadError>;
+
+    /// Each library's own `open`, reporting which file it loaded.
+    fn openers() -> [(Stub, &'static str, Opener); 3] {
+        [
+            (Stub::Hccl, "TASKD_HCCL_LIBRARY", |e| {
+                HcclLib::open(e).map(|l| l.path().to_owned())
+            }),
+            (Stub::Acl, "TASKD_ACL_LIBRARY", |e| {
+                AclLib::open(e).map(|l| l.path().to_owned())
+            }),
+            (Stub::Dcmi, "TASKD_DCMI_LIBRARY", |e| {
+                DcmiLib::open(e).map(|l| l.path().to_owned())
+            }),
+        ]
+    }
+
+    #[test]
+    fn ascend_home_path_wins_over_toolkit_home() {
+        for (stub, _, open) in openers() {
+            let root = fresh_dir("home_first");
+            let home = install(stub, &root.join("home/lib64"));
+            install(stub, &root.join("toolkit/lib64"));
+            let e = env(&[
+                ("ASCEND_HOME_PATH", &root.join("home")),
+                ("ASCEND_TOOLKIT_HOME", &root.join("toolkit")),
+            ]);
+            assert_eq!(open(&e).unwrap(), home, "{stub:?}");
+        }
+    }
+
+    #[test]
+    fn toolkit_home_is_next_when_home_lacks_the_file() {
+        for (stub, _, open) in openers() {
+            let root = fresh_dir("toolkit_next");
+            std::fs::create_dir_all(root.join("home/lib64")).unwrap();
+            let toolkit = install(stub, &root.join("toolkit/lib64"));
+            let e = env(&[
+                ("ASCEND_HOME_PATH", &root.join("home")),
+                ("ASCEND_TOOLKIT_HOME", &root.join("toolkit")),
+            ]);
+            assert_eq!(open(&e).unwrap(), toolkit, "{stub:?}");
+        }
+    }
+
+    #[test]
+    fn each_override_wins_over_the_search() {
+        for (stub, var, open) in openers() {
+            let root = fresh_dir("override");
+            install(stub, &root.join("home/lib64"));
+            let explicit = install(stub, &root.join("pinned"));
+            let e = env(&[("ASCEND_HOME_PATH", &root.join("home")), (var, &explicit)]);
+            assert_eq!(open(&e).unwrap(), explicit, "{stub:?}");
+        }
+    }
+
+    #[test]
+    fn an_override_that_does_not_load_is_not_silently_replaced() {
+        for (stub, var, open) in openers() {
+            let root = fresh_dir("bad_override");
+            install(stub, &root.join("home/lib64"));
+            let missing = root.join("typo/libnothing.so");
+            let e = env(&[("ASCEND_HOME_PATH", &root.join("home")), (var, &missing)]);
+            match open(&e).unwrap_err() {
+                LoadError::NotFound { attempts, .. } => {
+                    assert_eq!(attempts.len(), 1, "{stub:?}");
+                    assert_eq!(attempts[0].candidate.path, missing);
+                    assert_eq!(attempts[0].candidate.origin, Origin::Override(var));
+                    assert!(
+                        attempts[0].error.contains("No such file"),
+                        "{}",
+                        attempts[0].error
+                    );
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_missing_library_lists_every_candidate_with_the_loader_message() {
+        let spec = LibrarySpec {
+            file_name: "libtaskd_absent_for_test.so",
+            override_var: "TASKD_ABSENT_LIBRARY",
+            well_known: &["/nonexistent/taskd/libtaskd_absent_for_test.so"],
+        };
+        let root = fresh_dir("absent");
+        let e = env(&[
+            ("ASCEND_HOME_PATH", &root.join("home")),
+            ("ASCEND_TOOLKIT_HOME", &root.join("toolkit")),
+        ]);
+        let err = taskd_hal_ascend::sys::probe(&spec, &e).unwrap_err();
+        let LoadError::NotFound {
+            file_name,
+            attempts,
+        } = &err
+        else {
+            panic!("{err:?}")
+        };
+        assert_eq!(*file_name, "libtaskd_absent_for_test.so");
+        let tried: Vec<_> = attempts
+            .iter()
+            .map(|a| (a.candidate.path.clone(), a.candidate.origin.clone()))
+            .collect();
+        assert_eq!(
+            tried,
+            vec![
+                (
+                    root.join("home/lib64/libtaskd_absent_for_test.so"),
+                    Origin::AscendHomePath
+                ),
+                (
+                    root.join("toolkit/lib64/libtaskd_absent_for_test.so"),
+                    Origin::AscendToolkitHome
+                ),
+                ("libtaskd_absent_for_test.so".into(), Origin::LoaderDefault),
+                (
+                    "/nonexistent/taskd/libtaskd_absent_for_test.so".into(),
+                    Origin::WellKnown
+                ),
+            ]
+        );
+        let text = err.to_string();
+        for a in attempts {
+            assert!(!a.error.is_empty());
+            assert!(
+                text.contains(&a.candidate.path.display().to_string()),
+                "{text}"
+            );
+            assert!(text.contains(&a.error), "{text}");
+        }
+    }
+
+    #[test]
+    fn probe_reports_the_file_the_search_would_use() {
+        let root = fresh_dir("probe");
+        let toolkit = install(Stub::Hccl, &root.join("toolkit/lib64"));
+        let e = env(&[("ASCEND_TOOLKIT_HOME", &root.join("toolkit"))]);
+        assert_eq!(
+            taskd_hal_ascend::sys::probe(&search::HCCL, &e).unwrap(),
+            toolkit
+        );
+    }
+
+    #[test]
+    fn a_missing_symbol_names_the_symbol_and_the_file() {
+        let path = fresh(Stub::HcclWithoutResume, "no_resume");
+        let err = HcclLib::open_path(&path).err().expect("must fail");
+        let LoadError::MissingSymbol {
+            symbol,
+            path: file,
+            message,
+        } = &err
+        else {
+            panic!("{err:?}")
+        };
+        assert_eq!(*symbol, "HcclCommResume");
+        assert_eq!(file, &path);
+        assert!(message.contains("HcclCommResume"), "{message}");
+        let text = err.to_string();
+        assert!(
+            text.contains("`HcclCommResume`") && text.contains(&path.display().to_string()),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_wrong_library_is_a_missing_symbol_not_a_crash() {
+        let path = fresh(Stub::Acl, "wrong_kind");
+        match HcclLib::open_path(&path).err().expect("must fail") {
+            LoadError::MissingSymbol { symbol, .. } => {
+                assert_eq!(symbol, "HcclCommWorkingDevNicSet")
+            }
+            other => panic!("{other:?}"),
+        }
+        match DcmiLib::open_path(&path).err().expect("must fail") {
+            LoadError::MissingSymbol { symbol, .. } => assert_eq!(symbol, "dcmi_init"),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+mod hccl {
+    use super::*;
+
+    #[test]
+    fn nic_set_passes_ranks_flags_and_count_unchanged() {
+        let (lib, stub) = hccl("nic_set_args");
+        let comm = framework_comm(&lib, &stub, "world", 8, 0);
+        comm.set_working_nic(&[7, 0, 3, 4_000_000_000], &[true, false, true, false])
+            .unwrap();
+        comm.set_working_nic(&[], &[]).unwrap();
+        assert_eq!(
+            stub.calls("HcclCommWorkingDevNicSet"),
+            vec![
+                "HcclCommWorkingDevNicSet comm=#1 nRanks=4 ranks=[7,0,3,4000000000] useBackup=[1,0,1,0]",
+                "HcclCommWorkingDevNicSet comm=#1 nRanks=0 ranks=[] useBackup=[]",
+            ]
+        );
+    }
+
+    #[test]
+    fn nic_set_with_mismatched_lengths_is_refused_before_hccl() {
+        let (lib, stub) = hccl("nic_set_mismatch");
+        let comm = framework_comm(&lib, &stub, "world", 8, 0);
+        let err = comm.set_working_nic(&[1, 2], &[true]).unwrap_err();
+        assert_eq!(
+            (err.op.as_str(), err.code),
+            ("HcclCommWorkingDevNicSet", HcclCode::Para)
+        );
+        assert!(err.detail.contains("not called"), "{err}");
+        assert!(stub.calls("HcclCommWorkingDevNicSet").is_empty());
+    }
+
+    /// Every wrapper, told to return each code 0..=24 and some unknown ones, reports exactly
+    /// that code under its C name.
+    #[test]
+    fn every_wrapper_maps_every_hccl_result() {
+        let (lib, stub) = hccl("codes");
+        let (acl, _acl_stub) = acl("codes_acl");
+        let stream = Stream::new(&acl).unwrap();
+        let send = DeviceBuffer::alloc(&acl, 16, MemMallocPolicy::HugeFirst).unwrap();
+        let mut recv = DeviceBuffer::alloc(&acl, 16, MemMallocPolicy::HugeFirst).unwrap();
+        let root = RootInfo::from_bytes(&[0u8; 4108]).unwrap();
+        let comm = framework_comm(&lib, &stub, "g", 2, 1);
+        let h = comm.handle();
+
+        type Call<'a> = Box<dyn FnMut() -> Result<(), HalError> + 'a>;
+        let mut calls: Vec<(&str, Call)> = vec![
+            (
+                "HcclCommWorkingDevNicSet",
+                Box::new(|| result::hccl::comm_working_dev_nic_set(&lib, h, &[0], &[true])),
+            ),
+            (
+                "HcclGetRootInfo",
+                Box::new(|| result::hccl::get_root_info(&lib).map(drop)),
+            ),
+            (
+                "HcclCommInitRootInfo",
+                Box::new(|| result::hccl::comm_init_root_info(&lib, 2, root.raw(), 0).map(drop)),
+            ),
+            (
+                "HcclGetRankId",
+                Box::new(|| result::hccl::get_rank_id(&lib, h).map(drop)),
+            ),
+            (
+                "HcclGetRankSize",
+                Box::new(|| result::hccl::get_rank_size(&lib, h).map(drop)),
+            ),
+            (
+                "HcclAllReduce",
+                Box::new(|| {
+                    comm.all_reduce(
+                        &send,
+                        &mut recv,
+                        4,
+                        HcclDataType::Fp32,
+                        HcclReduceOp::Sum,
+                        &stream,
+                    )
+                }),
+            ),
+            (
+                "HcclCommResume",
+                Box::new(|| result::hccl::comm_resume(&lib, h)),
+            ),
+            (
+                "HcclCommDestroy",
+                Box::new(|| {
+                    let fresh = framework_comm(&lib, &stub, "victim", 1, 0);
+                    // Take the handle out of the borrowed Comm and destroy it directly.
+                    // SAFETY: the stub created it and nothing else uses it.
+                    let raw = unsafe { CommHandle::from_raw(fresh.handle().as_raw()) }.unwrap();
+                    drop(fresh);
+                    result::hccl::comm_destroy(&lib, raw)
+                }),
+            ),
+            (
+                "HcclGetCommName",
+                Box::new(|| result::hccl::get_comm_name(&lib, h).map(drop)),
+            ),
+        ];
+        let codes: Vec<i32> = (0..=24).chain([25, 99, 1_000_000, -1]).collect();
+        for (name, call) in calls.iter_mut() {
+            for &code in &codes {
+                stub.set_result(name, code);
+                match call() {
+                    Ok(()) => assert_eq!(code, 0, "{name} hid code {code}"),
+                    Err(e) => {
+                        assert_ne!(code, 0, "{name} failed on success: {e}");
+                        assert_eq!(e.op, *name);
+                        assert_eq!(e.code, HcclCode::from_raw(code));
+                        assert_eq!(e.code.raw(), code);
+                        assert_eq!(
+                            matches!(e.code, HcclCode::Other(_)),
+                            !(0..=24).contains(&code)
+                        );
+                    }
+                }
+            }
+            stub.set_result(name, 0);
+        }
+        // Spot checks of the names HCCL's logs use.
+        stub.set_result("HcclCommResume", 22);
+        let e = comm.resume().unwrap_err();
+        assert_eq!(e.code, HcclCode::Suspending);
+        assert_eq!(
+            e.to_string(),
+            "HcclCommResume failed with HCCL_E_SUSPENDING (22): "
+        );
+    }
+
+    #[test]
+    fn root_info_reaches_comm_init_byte_for_byte() {
+        let (lib, stub) = hccl("root_info");
+        let generated = RootInfo::generate(&lib).unwrap();
+        assert_eq!(generated.as_bytes().len(), 4108);
+        assert!(generated
+            .as_bytes()
+            .iter()
+            .enumerate()
+            .all(|(i, b)| *b == ((i * 7 + 3) & 0xff) as u8));
+        let mut bytes = generated.as_bytes().to_vec();
+        bytes[4107] = 0xAB;
+        let received = RootInfo::from_bytes(&bytes).unwrap();
+        assert!(RootInfo::from_bytes(&bytes[..4107]).is_none());
+        assert!(RootInfo::from_bytes(&[0; 4109]).is_none());
+        let hash = |b: &[u8]| {
+            b.iter()
+                .fold(0u32, |h, x| h.wrapping_mul(31).wrapping_add(u32::from(*x)))
+        };
+        let comm = Comm::init_root_info(&lib, 16, &received, 9).unwrap();
+        assert_eq!(comm.rank_id().unwrap(), 9);
+        assert_eq!(comm.rank_size().unwrap(), 16);
+        assert_eq!(
+            stub.calls("HcclCommInitRootInfo"),
+            vec![format!(
+                "HcclCommInitRootInfo nRanks=16 rank=9 root_hash={} -> comm=#1",
+                hash(&bytes)
+            )]
+        );
+    }
+
+    #[test]
+    fn comm_queries_return_what_hccl_says() {
+        let (lib, stub) = hccl("queries");
+        let comm = framework_comm(&lib, &stub, "dp_0", 4, 2);
+        assert_eq!(comm.name().unwrap(), "dp_0");
+        assert_eq!(comm.rank_id().unwrap(), 2);
+        assert_eq!(comm.rank_size().unwrap(), 4);
+        // SAFETY: created by the stub through this library, never freed.
+        let h = unsafe { CommHandle::from_raw(stub.new_comm_full_name(b'x', 1, 0)) }.unwrap();
+        assert_eq!(Comm::borrow(&lib, h).name().unwrap(), "x".repeat(128));
+        assert_eq!(
+            stub.log(),
+            vec![
+                "HcclGetCommName comm=#1",
+                "HcclGetRankId comm=#1",
+                "HcclGetRankSize comm=#1",
+                "HcclGetCommName comm=#2",
+            ]
+        );
+    }
+
+    #[test]
+    fn owned_comms_are_destroyed_on_drop_borrowed_ones_are_not() {
+        let (lib, stub) = hccl("comm_drop");
+        let root = RootInfo::generate(&lib).unwrap();
+        let owned = Comm::init_root_info(&lib, 1, &root, 0).unwrap();
+        assert!(owned.is_owned());
+        let borrowed = framework_comm(&lib, &stub, "framework", 1, 0);
+        assert!(!borrowed.is_owned());
+        // SAFETY: created by the stub through this library; ownership moves to `adopted`.
+        let adopted = Comm::adopt(
+            &lib,
+            unsafe { CommHandle::from_raw(stub.new_comm("adopted", 1, 0)) }.unwrap(),
+        );
+        drop(borrowed);
+        assert!(stub.calls("HcclCommDestroy").is_empty());
+        drop(owned);
+        drop(adopted);
+        assert_eq!(
+            stub.calls("HcclCommDestroy"),
+            vec!["HcclCommDestroy comm=#1", "HcclCommDestroy comm=#3"]
+        );
+
+        // An explicit destroy reports HCCL's answer.
+        let again = Comm::init_root_info(&lib, 1, &root, 0).unwrap();
+        stub.set_result("HcclCommDestroy", 4);
+        let e = again.destroy().unwrap_err();
+        assert_eq!(
+            (e.op.as_str(), e.code),
+            ("HcclCommDestroy", HcclCode::Internal)
+        );
+        assert_eq!(
+            stub.calls("HcclCommDestroy").len(),
+            3,
+            "destroyed exactly once"
+        );
+        assert!(
+            stub.calls("BAD_COMM").is_empty(),
+            "no call on a destroyed comm"
+        );
+    }
+
+    /// What a hardware rig does: set the device, make buffers and a stream, join a
+    /// communicator, run the first collective (HCCL requires one before a NIC switch).
+    #[test]
+    fn all_reduce_reaches_hccl_with_its_buffers_stream_and_types() {
+        let (lib, stub) = hccl("all_reduce");
+        let (acl, acl_stub) = acl("all_reduce_acl");
+        result::acl::set_device(&acl, 3).unwrap();
+        let stream = Stream::new(&acl).unwrap();
+        let mut send = DeviceBuffer::alloc(&acl, 16, MemMallocPolicy::HugeFirst).unwrap();
+        let mut recv = DeviceBuffer::alloc(&acl, 16, MemMallocPolicy::NormalOnly).unwrap();
+        let data: Vec<u8> = [1.0f32, 2.0, 3.0, 4.5]
+            .iter()
+            .flat_map(|f| f.to_le_bytes())
+            .collect();
+        send.copy_from_host(&data).unwrap();
+        let comm = Comm::init_root_info(&lib, 1, &RootInfo::generate(&lib).unwrap(), 0).unwrap();
+        comm.all_reduce(
+            &send,
+            &mut recv,
+            4,
+            HcclDataType::Fp32,
+            HcclReduceOp::Max,
+            &stream,
+        )
+        .unwrap();
+        stream.synchronize().unwrap();
+        let mut back = vec![0u8; 16];
+        recv.copy_to_host(&mut back).unwrap();
+        assert_eq!(back, data, "the stub's one-rank all-reduce is the identity");
+        assert_eq!(
+            stub.calls("HcclAllReduce"),
+            vec!["HcclAllReduce send=buf#1 recv=buf#2 count=4 dataType=4 op=2 comm=#1 stream=#1"]
+        );
+        assert_eq!(
+            acl_stub.log(),
+            vec![
+                "aclrtSetDevice deviceId=3",
+                "aclrtCreateStream -> stream#1",
+                "aclrtMalloc size=16 policy=0 -> buf#1",
+                "aclrtMalloc size=16 policy=2 -> buf#2",
+                "aclrtMemcpy dst=buf#1 destMax=16 src=buf#0 count=16 kind=1",
+                "aclrtSynchronizeStream stream#1",
+                "aclrtMemcpy dst=buf#0 destMax=16 src=buf#2 count=16 kind=2",
+            ]
+        );
+    }
+
+    #[test]
+    fn all_reduce_beyond_a_buffer_is_refused_before_hccl() {
+        let (lib, stub) = hccl("all_reduce_oob");
+        let (acl, _acl_stub) = acl("all_reduce_oob_acl");
+        let stream = Stream::new(&acl).unwrap();
+        let send = DeviceBuffer::alloc(&acl, 16, MemMallocPolicy::HugeFirst).unwrap();
+        let mut recv = DeviceBuffer::alloc(&acl, 8, MemMallocPolicy::HugeFirst).unwrap();
+        let comm = framework_comm(&lib, &stub, "g", 1, 0);
+        let e = comm
+            .all_reduce(
+                &send,
+                &mut recv,
+                4,
+                HcclDataType::Fp32,
+                HcclReduceOp::Sum,
+                &stream,
+            )
+            .unwrap_err();
+        assert_eq!((e.op.as_str(), e.code), ("HcclAllReduce", HcclCode::Para));
+        let e = comm
+            .all_reduce(
+                &send,
+                &mut recv,
+                u64::MAX,
+                HcclDataType::Int8,
+                HcclReduceOp::Sum,
+                &stream,
+            )
+            .unwrap_err();
+        assert_eq!(e.code, HcclCode::Para);
+        assert!(stub.calls("HcclAllReduce").is_empty());
+    }
+}
+
+mod acl {
+    use super::*;
+
+    #[test]
+    fn buffers_are_freed_and_streams_destroyed_on_drop() {
+        let (acl, stub) = acl("acl_drop");
+        let a = DeviceBuffer::alloc(&acl, 64, MemMallocPolicy::HugeOnly).unwrap();
+        let b = DeviceBuffer::alloc(&acl, 1, MemMallocPolicy::HugeFirst).unwrap();
+        let s = Stream::new(&acl).unwrap();
+        assert_eq!((a.len(), b.len()), (64, 1));
+        drop(b);
+        drop(s);
+        drop(a);
+        assert_eq!(
+            stub.log(),
+            vec![
+                "aclrtMalloc size=64 policy=1 -> buf#1",
+                "aclrtMalloc size=1 policy=0 -> buf#2",
+                "aclrtCreateStream -> stream#1",
+                "aclrtFree buf#2",
+                "aclrtDestroyStream stream#1",
+                "aclrtFree buf#1",
+            ]
+        );
+    }
+
+    #[test]
+    fn acl_failures_keep_their_code() {
+        let (acl, stub) = acl("acl_codes");
+        stub.set_result("aclrtMalloc", 207_001);
+        let e = DeviceBuffer::alloc(&acl, 8, MemMallocPolicy::HugeFirst).unwrap_err();
+        assert_eq!(
+            e,
+            AclError {
+                op: "aclrtMalloc",
+                code: 207_001,
+                detail: String::new()
+            }
+        );
+        let h: HalError = e.into();
+        assert_eq!(
+            (h.op.as_str(), h.code),
+            ("aclrtMalloc", HcclCode::Other(207_001))
+        );
+        stub.set_result("aclrtMalloc", 0);
+
+        stub.set_result("aclrtSetDevice", 107_001);
+        assert_eq!(result::acl::set_device(&acl, 99).unwrap_err().code, 107_001);
+        stub.set_result("aclrtFree", 507_899);
+        let buf = DeviceBuffer::alloc(&acl, 8, MemMallocPolicy::HugeFirst).unwrap();
+        assert_eq!(buf.free().unwrap_err().code, 507_899);
+
+        let mut small = DeviceBuffer::alloc(&acl, 4, MemMallocPolicy::HugeFirst).unwrap();
+        let e = small.copy_from_host(&[0; 5]).unwrap_err();
+        assert_eq!(e.code, result::acl::ACL_ERROR_INVALID_PARAM);
+        let e = small.copy_to_host(&mut [0; 5]).unwrap_err();
+        assert_eq!(e.code, result::acl::ACL_ERROR_INVALID_PARAM);
+        assert!(
+            stub.calls("aclrtMemcpy").is_empty(),
+            "refused before the call"
+        );
+        assert_eq!(
+            stub.calls("aclrtSetDevice"),
+            vec!["aclrtSetDevice deviceId=99"]
+        );
+    }
+}
+
+mod rank_hal {
+    use super::*;
+
+    /// Global rank 5 of a job with tp=4 (tp_1 = 4..8), dp groups strided by 4 (dp_1 = {1, 5}),
+    /// and world = 0..8; handed in out of name order, one with its name left empty.
+    fn rank5(test: &str) -> (AscendRankHal, StubControl) {
+        let (lib, stub) = hccl(test);
+        let world = framework_comm(&lib, &stub, "world", 8, 5); // comm #1
+        let tp = framework_comm(&lib, &stub, "tp_1", 4, 1); // comm #2
+        let dp = framework_comm(&lib, &stub, "dp_1", 2, 1); // comm #3
+        let hal = AscendRankHal::with_capabilities(
+            vec![
+                (
+                    world,
+                    GroupInfo {
+                        name: "world".into(),
+                        members: ranks(&[0, 1, 2, 3, 4, 5, 6, 7]),
+                    },
+                ),
+                (
+                    tp,
+                    GroupInfo {
+                        name: String::new(),
+                        members: ranks(&[4, 5, 6, 7]),
+                    },
+                ),
+                (
+                    dp,
+                    GroupInfo {
+                        name: "dp_1".into(),
+                        members: ranks(&[1, 5]),
+                    },
+                ),
+            ],
+            SwitchCapabilities::ALL,
+        );
+        (hal, stub)
+    }
+
+    #[test]
+    fn executes_the_planner_output_in_the_planners_order() {
+        let (mut hal, stub) = rank5("plan");
+        let groups = hal.groups().unwrap();
+        assert_eq!(
+            groups.iter().map(|g| g.name.as_str()).collect::<Vec<_>>(),
+            vec!["world", "tp_1", "dp_1"]
+        );
+        let targets = [
+            (GlobalRank(5), true),
+            (GlobalRank(1), false),
+            (GlobalRank(6), true),
+        ];
+        let plan = plan_calls(&groups, &targets);
+        for call in &plan {
+            hal.set_working_nic(&call.group, &call.ranks, &call.use_backup)
+                .unwrap();
+        }
+        assert_eq!(
+            stub.calls("HcclCommWorkingDevNicSet"),
+            vec![
+                "HcclCommWorkingDevNicSet comm=#3 nRanks=2 ranks=[1,0] useBackup=[1,0]",
+                "HcclCommWorkingDevNicSet comm=#2 nRanks=2 ranks=[1,2] useBackup=[1,1]",
+                "HcclCommWorkingDevNicSet comm=#1 nRanks=3 ranks=[5,1,6] useBackup=[1,0,1]",
+            ]
+        );
+        // Names were asked once; sizes once per groups() call.
+        assert_eq!(stub.calls("HcclGetCommName").len(), 3);
+        assert_eq!(stub.calls("HcclGetRankSize").len(), 3);
+    }
+
+    #[test]
+    fn set_working_nic_before_groups_resolves_names_itself() {
+        let (mut hal, stub) = rank5("no_groups_first");
+        hal.set_working_nic("tp_1", &[GroupRank(3)], &[false])
+            .unwrap();
+        assert_eq!(
+            stub.calls("HcclCommWorkingDevNicSet"),
+            vec!["HcclCommWorkingDevNicSet comm=#2 nRanks=1 ranks=[3] useBackup=[0]"]
+        );
+    }
+
+    #[test]
+    fn rank_size_must_match_the_launchers_members() {
+        let (lib, stub) = hccl("size_mismatch");
+        let c = framework_comm(&lib, &stub, "world", 8, 0);
+        let mut hal = AscendRankHal::with_capabilities(
+            vec![(
+                c,
+                GroupInfo {
+                    name: String::new(),
+                    members: ranks(&[0, 1, 2]),
+                },
+            )],
+            SwitchCapabilities::ALL,
+        );
+        let e = hal.groups().unwrap_err();
+        assert_eq!((e.op.as_str(), e.code), ("HcclGetRankSize", HcclCode::Para));
+        assert!(
+            e.detail.contains("8 ranks") && e.detail.contains("3 members"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_launcher_name_that_differs_from_hccls_is_refused() {
+        let (lib, stub) = hccl("name_mismatch");
+        let c = framework_comm(&lib, &stub, "tp_0", 2, 0);
+        let mut hal = AscendRankHal::with_capabilities(
+            vec![(
+                c,
+                GroupInfo {
+                    name: "dp_0".into(),
+                    members: ranks(&[0, 1]),
+                },
+            )],
+            SwitchCapabilities::ALL,
+        );
+        let e = hal.groups().unwrap_err();
+        assert_eq!((e.op.as_str(), e.code), ("HcclGetCommName", HcclCode::Para));
+        assert!(
+            e.detail.contains("\"dp_0\"") && e.detail.contains("\"tp_0\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn two_communicators_with_one_name_are_refused() {
+        let (lib, stub) = hccl("dup_names");
+        let a = framework_comm(&lib, &stub, "world", 2, 0);
+        let b = framework_comm(&lib, &stub, "world", 2, 0);
+        let info = GroupInfo {
+            name: String::new(),
+            members: ranks(&[0, 1]),
+        };
+        let mut hal = AscendRankHal::with_capabilities(
+            vec![(a, info.clone()), (b, info)],
+            SwitchCapabilities::ALL,
+        );
+        assert!(hal
+            .groups()
+            .unwrap_err()
+            .detail
+            .contains("two communicators"));
+    }
+
+    #[test]
+    fn an_unknown_group_is_not_found_and_nothing_is_called() {
+        let (mut hal, stub) = rank5("unknown_group");
+        let e = hal
+            .set_working_nic("pp_0", &[GroupRank(0)], &[true])
+            .unwrap_err();
+        assert_eq!(
+            (e.op.as_str(), e.code),
+            ("HcclCommWorkingDevNicSet", HcclCode::NotFound)
+        );
+        let e = hal.resume_group("pp_0").unwrap_err();
+        assert_eq!(
+            (e.op.as_str(), e.code),
+            ("HcclCommResume", HcclCode::NotFound)
+        );
+        assert!(stub.calls("HcclCommWorkingDevNicSet").is_empty());
+        assert!(stub.calls("HcclCommResume").is_empty());
+    }
+
+    #[test]
+    fn resume_group_resumes_that_group_only() {
+        let (mut hal, stub) = rank5("resume");
+        hal.resume_group("dp_1").unwrap();
+        assert_eq!(stub.calls("HcclCommResume"), vec!["HcclCommResume comm=#3"]);
+    }
+
+    #[test]
+    fn an_hccl_failure_reaches_the_caller_with_its_code() {
+        let (mut hal, stub) = rank5("nic_set_fails");
+        stub.set_result("HcclCommWorkingDevNicSet", 19);
+        let e = hal
+            .set_working_nic("world", &[GroupRank(2), GroupRank(6)], &[true, false])
+            .unwrap_err();
+        assert_eq!(
+            (e.op.as_str(), e.code),
+            ("HcclCommWorkingDevNicSet", HcclCode::Network)
+        );
+        assert!(e.detail.contains("ranks=[2, 6]"), "{e}");
+        let (mut fresh_hal, fresh_stub) = rank5("name_fails");
+        fresh_stub.set_result("HcclGetCommName", 7);
+        assert_eq!(fresh_hal.groups().unwrap_err().code, HcclCode::Unavail);
+    }
+
+    #[test]
+    fn capabilities_come_from_the_environment_it_was_given() {
+        let (lib, stub) = hccl("caps");
+        let c = framework_comm(&lib, &stub, "world", 1, 0);
+        let retry = Path::new("L0:0, L1:1, L2:1");
+        let hal_env = env(&[
+            ("HCCL_OP_RETRY_ENABLE", retry),
+            ("TASKD_HCCL_RDMA", Path::new("off")),
+        ]);
+        let mut hal = AscendRankHal::new(
+            vec![(
+                c,
+                GroupInfo {
+                    name: String::new(),
+                    members: ranks(&[0]),
+                },
+            )],
+            &hal_env,
+        );
+        assert_eq!(
+            hal.capabilities(),
+            SwitchCapabilities {
+                tsp: false,
+                l2_retry: true,
+                rdma: false
+            }
+        );
+    }
+
+    #[test]
+    fn dropping_the_hal_destroys_owned_comms_only() {
+        let (lib, stub) = hccl("hal_drop");
+        let owned = Comm::init_root_info(&lib, 1, &RootInfo::generate(&lib).unwrap(), 0).unwrap();
+        let borrowed = framework_comm(&lib, &stub, "framework", 1, 0);
+        let one = GroupInfo {
+            name: String::new(),
+            members: ranks(&[0]),
+        };
+        let hal = AscendRankHal::with_capabilities(
+            vec![(owned, one.clone()), (borrowed, one)],
+            SwitchCapabilities::ALL,
+        );
+        drop(hal);
+        assert_eq!(
+            stub.calls("HcclCommDestroy"),
+            vec!["HcclCommDestroy comm=#1"]
+        );
+    }
+}
+
+mod node_hal {
+    use super::*;
+
+    fn node(test: &str, cards: i32, dies: i32, card_base: i32) -> (AscendNodeHal, StubControl) {
+        let path = fresh(Stub::Dcmi, test);
+        let stub = StubControl::attach(&path);
+        stub.dcmi_topology(cards, dies, card_base);
+        let hal = AscendNodeHal::new(DcmiLib::open_path(&path).unwrap()).unwrap();
+        (hal, stub)
+    }
+
+    #[test]
+    fn device_count_sums_chips_over_the_cards_dcmi_lists() {
+        let (mut hal, stub) = node("count", 3, 2, 10);
+        assert_eq!(hal.device_count().unwrap(), 6);
+        assert_eq!(
+            stub.log(),
+            vec![
+                "dcmi_init",
+                "dcmi_get_card_list list_len=64",
+                "dcmi_get_device_num_in_card card_id=10",
+                "dcmi_get_device_num_in_card card_id=11",
+                "dcmi_get_device_num_in_card card_id=12",
+            ]
+        );
+    }
+
+    #[test]
+    fn link_health_reads_the_own_die_then_the_partner_die() {
+        let (mut hal, stub) = node("health", 2, 2, 10);
+        stub.dcmi_health(10, 1, 3); // DCMI_RDFX_DETECT_UNREACH
+        stub.dcmi_health(11, 0, 6); // DCMI_RDFX_DETECT_INIT
+        stub.clear_log();
+        let h0 = hal.link_health(DeviceId(0)).unwrap();
+        assert_eq!(
+            (h0.device, h0.primary_up, h0.backup_up),
+            (DeviceId(0), true, false)
+        );
+        assert_eq!(
+            stub.log(),
+            vec![
+                "dcmi_get_card_id_device_id_from_logicid device_logic_id=0",
+                "dcmi_get_card_id_device_id_from_logicid device_logic_id=1",
+                "dcmi_get_device_network_health card_id=10 device_id=0",
+                "dcmi_get_device_network_health card_id=10 device_id=1",
+            ]
+        );
+        let h1 = hal.link_health(DeviceId(1)).unwrap();
+        assert_eq!((h1.primary_up, h1.backup_up), (false, true));
+        let h2 = hal.link_health(DeviceId(2)).unwrap();
+        assert_eq!(
+            (h2.primary_up, h2.backup_up),
+            (false, true),
+            "initialising is not up"
+        );
+        let h3 = hal.link_health(DeviceId(3)).unwrap();
+        assert_eq!((h3.primary_up, h3.backup_up), (true, false));
+        assert_eq!(
+            stub.calls("dcmi_get_device_network_health").last().unwrap(),
+            "dcmi_get_device_network_health card_id=11 device_id=0"
+        );
+    }
+
+    #[test]
+    fn only_detect_ok_counts_as_up() {
+        let (mut hal, stub) = node("detect_values", 1, 2, 0);
+        for v in (0..=8).chain([0xFF, 42]) {
+            stub.dcmi_health(0, 0, v);
+            stub.dcmi_health(0, 1, v);
+            let h = hal.link_health(DeviceId(0)).unwrap();
+            assert_eq!((h.primary_up, h.backup_up), (v == 0, v == 0), "result {v}");
+        }
+    }
+
+    #[test]
+    fn dcmi_failures_keep_their_code_and_call() {
+        let (mut hal, stub) = node("dcmi_codes", 2, 2, 10);
+        stub.set_result("dcmi_get_device_network_health", -8005);
+        let e = hal.link_health(DeviceId(2)).unwrap_err();
+        assert_eq!(
+            (e.op.as_str(), e.code),
+            ("dcmi_get_device_network_health", HcclCode::Other(-8005))
+        );
+        assert!(
+            e.detail.contains("card_id=11, device_id=0") && e.detail.contains("INNER_ERR"),
+            "{e}"
+        );
+        stub.set_result("dcmi_get_device_network_health", 0);
+
+        let e = hal.link_health(DeviceId(4)).unwrap_err(); // no such logical id
+        assert_eq!(e.code, HcclCode::Other(-8007));
+        assert!(e.detail.contains("device_logic_id=4"), "{e}");
+
+        stub.set_result("dcmi_get_card_list", -8013);
+        let e = hal.device_count().unwrap_err();
+        assert_eq!(
+            (e.op.as_str(), e.code),
+            ("dcmi_get_card_list", HcclCode::Other(-8013))
+        );
+    }
+
+    #[test]
+    fn a_failing_dcmi_init_is_reported() {
+        let path = fresh(Stub::Dcmi, "init_fails");
+        let stub = StubControl::attach(&path);
+        stub.set_result("dcmi_init", -8002);
+        let e = AscendNodeHal::new(DcmiLib::open_path(&path).unwrap())
+            .err()
+            .unwrap();
+        assert_eq!((e.op, e.code), ("dcmi_init", -8002));
+        assert_eq!(
+            e.to_string(),
+            "dcmi_init() failed with DCMI_ERR_CODE_OPER_NOT_PERMITTED (-8002)"
+        );
+    }
+
+    #[test]
+    fn a_partner_die_on_another_card_is_refused() {
+        let (mut hal, stub) = node("one_die_per_card", 4, 1, 0);
+        let e = hal.link_health(DeviceId(0)).unwrap_err();
+        assert_eq!(e.code, HcclCode::NotSupport);
+        assert!(e.detail.contains("partner die 1"), "{e}");
+        assert!(stub.calls("dcmi_get_device_network_health").is_empty());
+    }
+}

@@ -1,0 +1,92 @@
+/*
+ * Stub libascendcl.so: device, stream and memory calls, recording every call. "Device" memory
+ * is host memory with a header naming it buf#<id>; streams are logged as stream#<id>.
+ */
+#include "stub_common.h"
+
+typedef int aclError;
+typedef void *aclrtStream;
+
+#define ACL_ERROR_INVALID_PARAM 100000
+
+static struct stub_rc g_rc[] = {
+    {"aclrtSetDevice", 0}, {"aclrtCreateStream", 0}, {"aclrtDestroyStream", 0},
+    {"aclrtSynchronizeStream", 0}, {"aclrtMalloc", 0}, {"aclrtFree", 0},
+    {"aclrtMemcpy", 0}, {0, 0},
+};
+static struct stub_rc *stub_rc_table(void) { return g_rc; }
+
+
+static int g_next_buf = 1;
+static int g_next_stream = 1;
+
+aclError aclrtSetDevice(int32_t deviceId) {
+    stub_record("aclrtSetDevice deviceId=%d", deviceId);
+    return stub_rc_of(__func__);
+}
+
+aclError aclrtCreateStream(aclrtStream *stream) {
+    int rc = stub_rc_of(__func__);
+    if (rc) {
+        stub_record("aclrtCreateStream");
+        return rc;
+    }
+    struct stub_stream *s = calloc(1, sizeof *s);
+    s->magic = STUB_STREAM_MAGIC;
+    s->id = g_next_stream++;
+    *stream = s;
+    stub_record("aclrtCreateStream -> stream#%d", s->id);
+    return 0;
+}
+
+aclError aclrtDestroyStream(aclrtStream stream) {
+    stub_record("aclrtDestroyStream stream#%d", stub_stream_id(stream));
+    int rc = stub_rc_of(__func__);
+    if (!rc && stream)
+        ((struct stub_stream *)stream)->destroyed = 1;
+    return rc;
+}
+
+aclError aclrtSynchronizeStream(aclrtStream stream) {
+    stub_record("aclrtSynchronizeStream stream#%d", stub_stream_id(stream));
+    return stub_rc_of(__func__);
+}
+
+aclError aclrtMalloc(void **devPtr, size_t size, int policy) {
+    int rc = stub_rc_of(__func__);
+    if (rc) {
+        stub_record("aclrtMalloc size=%zu policy=%d", size, policy);
+        return rc;
+    }
+    char *base = calloc(1, STUB_BUF_HEADER + size);
+    struct stub_buf_header *h = (void *)base;
+    h->magic = STUB_BUF_MAGIC;
+    h->id = g_next_buf++;
+    h->size = size;
+    *devPtr = base + STUB_BUF_HEADER;
+    stub_record("aclrtMalloc size=%zu policy=%d -> buf#%d", size, policy, h->id);
+    return 0;
+}
+
+aclError aclrtFree(void *devPtr) {
+    stub_record("aclrtFree buf#%d", stub_buf_id(devPtr));
+    int rc = stub_rc_of(__func__);
+    if (!rc && devPtr) {
+        struct stub_buf_header *h = (void *)((char *)devPtr - STUB_BUF_HEADER);
+        h->magic = 0;
+        free(h);
+    }
+    return rc;
+}
+
+aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, int kind) {
+    stub_record("aclrtMemcpy dst=buf#%d destMax=%zu src=buf#%d count=%zu kind=%d",
+                kind == 1 ? stub_buf_id(dst) : 0, destMax, kind == 2 ? stub_buf_id(src) : 0, count, kind);
+    int rc = stub_rc_of(__func__);
+    if (rc)
+        return rc;
+    if (count > destMax)
+        return ACL_ERROR_INVALID_PARAM;
+    memcpy(dst, src, count);
+    return 0;
+}

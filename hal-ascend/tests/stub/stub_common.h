@@ -1,0 +1,109 @@
+/*
+ * Shared by the stub libraries the hal-ascend tests compile at test time. Each stub keeps, per
+ * loaded instance (the tests load a fresh copy per test, so instances never share state):
+ *   - a call log, one line per C call with its arguments, read with stub_log();
+ *   - a table of return codes per function, set with stub_set_result().
+ * Nothing here touches the environment or the file system.
+ */
+#ifndef TASKD_STUB_COMMON_H
+#define TASKD_STUB_COMMON_H
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STUB_LOG_CAP (1 << 18)
+
+static char g_log[STUB_LOG_CAP];
+static size_t g_log_len;
+static int g_log_overflow;
+
+static void stub_record(const char *fmt, ...) {
+    size_t room = STUB_LOG_CAP - g_log_len;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(g_log + g_log_len, room, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n + 1 >= room) {
+        g_log_overflow = 1;
+        return;
+    }
+    g_log_len += (size_t)n;
+    g_log[g_log_len++] = '\n';
+    g_log[g_log_len] = '\0';
+}
+
+struct stub_rc {
+    const char *fn;
+    int code;
+};
+
+/* Each stub defines its table of functions, terminated by {0, 0}, and returns it here. */
+static struct stub_rc *stub_rc_table(void);
+
+static int stub_rc_of(const char *fn) {
+    for (struct stub_rc *r = stub_rc_table(); r->fn; r++)
+        if (strcmp(r->fn, fn) == 0)
+            return r->code;
+    return 0;
+}
+
+/* Copies the log (NUL-terminated, truncated to cap) and returns its full length. */
+size_t stub_log(char *out, size_t cap) {
+    if (cap > 0) {
+        size_t n = g_log_len < cap - 1 ? g_log_len : cap - 1;
+        memcpy(out, g_log, n);
+        out[n] = '\0';
+    }
+    return g_log_len;
+}
+
+int stub_log_overflowed(void) { return g_log_overflow; }
+
+void stub_clear_log(void) {
+    g_log_len = 0;
+    g_log[0] = '\0';
+}
+
+/* Makes `fn` return `code` from now on (0 restores success). -1 if `fn` is not stubbed here. */
+int stub_set_result(const char *fn, int code) {
+    for (struct stub_rc *r = stub_rc_table(); r->fn; r++)
+        if (strcmp(r->fn, fn) == 0) {
+            r->code = code;
+            return 0;
+        }
+    return -1;
+}
+
+/* Shared by the ACL and HCCL stubs so HCCL's log can name ACL's buffers and streams. */
+#define STUB_BUF_MAGIC 0x42554631u
+#define STUB_STREAM_MAGIC 0x5354524du
+#define STUB_BUF_HEADER 32
+struct stub_buf_header {
+    uint32_t magic;
+    int id;
+    size_t size;
+};
+struct stub_stream {
+    uint32_t magic;
+    int id;
+    int destroyed;
+};
+
+static inline int stub_buf_id(const void *p) {
+    if (!p)
+        return 0;
+    const struct stub_buf_header *h = (const void *)((const char *)p - STUB_BUF_HEADER);
+    return h->magic == STUB_BUF_MAGIC ? h->id : -1;
+}
+
+static inline int stub_stream_id(const void *s) {
+    if (!s)
+        return 0;
+    const struct stub_stream *st = s;
+    return st->magic == STUB_STREAM_MAGIC ? st->id : -1;
+}
+
+#endif

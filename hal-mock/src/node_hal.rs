@@ -1,0 +1,112 @@
+//! The per-node HAL a proxy owns: [`taskd_core::NodeHal`] over the simulated ports.
+
+use crate::fabric::Fabric;
+use std::sync::Arc;
+use taskd_core::{DeviceId, HalError, HcclCode, LinkHealth, NodeHal, NodeName};
+
+const LINK_OP: &str = "sim_get_device_network_health";
+
+/// One simulated server's device management view, handed to the proxy of that node.
+///
+/// Why: the manager checks that a target NIC's link is up before switching onto it; this is
+/// where that answer comes from in tests, driven by [`Fabric::set_link`].
+#[derive(Clone, Debug)]
+pub struct MockNodeHal {
+    fabric: Arc<Fabric>,
+    node_index: u32,
+}
+
+impl MockNodeHal {
+    pub(crate) fn new(fabric: Arc<Fabric>, node_index: u32) -> Self {
+        MockNodeHal { fabric, node_index }
+    }
+
+    /// The node's index in the fabric.
+    pub fn node_index(&self) -> u32 {
+        self.node_index
+    }
+
+    /// The node's name, `node-{i}`.
+    pub fn node_name(&self) -> NodeName {
+        self.fabric.node_name(self.node_index)
+    }
+
+    fn check_node(&self, op: &str) -> Result<(), HalError> {
+        if self.node_index < self.fabric.config().nodes {
+            Ok(())
+        } else {
+            Err(HalError::new(
+                op,
+                HcclCode::NotFound,
+                format!("no node {} in the fabric", self.node_index),
+            ))
+        }
+    }
+}
+
+impl NodeHal for MockNodeHal {
+    fn device_count(&mut self) -> Result<u32, HalError> {
+        self.check_node("sim_get_device_count")?;
+        Ok(self.fabric.config().devices_per_node)
+    }
+
+    /// Primary = the device's own port; backup = its partner die's port (`device ^ 1`),
+    /// reported down when the device has no partner (last device of an odd node).
+    fn link_health(&mut self, device: DeviceId) -> Result<LinkHealth, HalError> {
+        self.check_node(LINK_OP)?;
+        let d = self.fabric.config().devices_per_node;
+        if device.0 >= d {
+            return Err(HalError::new(
+                LINK_OP,
+                HcclCode::NotFound,
+                format!(
+                    "no device {device} on node {} ({d} devices)",
+                    self.node_index
+                ),
+            ));
+        }
+        let partner = device.0 ^ 1;
+        Ok(LinkHealth {
+            device,
+            primary_up: self.fabric.link_up(self.node_index, device),
+            backup_up: partner < d && self.fabric.link_up(self.node_index, DeviceId(partner)),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::test_support::*;
+    use taskd_core::{DeviceId, HcclCode, LinkHealth, NodeHal};
+
+    #[test]
+    fn link_health_reports_own_port_as_primary_and_partners_as_backup() {
+        let f = fabric(2, 4, 4);
+        let mut node = f.node_hal(1);
+        assert_eq!(node.node_name().0, "node-1");
+        assert_eq!(node.device_count().unwrap(), 4);
+        f.set_link(1, DeviceId(2), false);
+        assert!(!f.link_up(1, DeviceId(2)));
+        assert_eq!(
+            node.link_health(DeviceId(2)).unwrap(),
+            LinkHealth {
+                device: DeviceId(2),
+                primary_up: false,
+                backup_up: true
+            }
+        );
+        let partner = node.link_health(DeviceId(3)).unwrap();
+        assert!(partner.primary_up && !partner.backup_up);
+        // The other node is untouched.
+        let other = f.node_hal(0).link_health(DeviceId(2)).unwrap();
+        assert!(other.primary_up && other.backup_up);
+        assert_eq!(
+            node.link_health(DeviceId(4)).unwrap_err().code,
+            HcclCode::NotFound
+        );
+        assert_eq!(
+            f.node_hal(2).device_count().unwrap_err().code,
+            HcclCode::NotFound
+        );
+    }
+}

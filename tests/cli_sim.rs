@@ -1,0 +1,152 @@
+//! `taskd sim` as a user runs it: the binary, its JSON contract and its exit status.
+
+use serde_json::Value;
+use std::process::Command;
+
+fn sim(args: &[&str]) -> (i32, Value, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_taskd"))
+        .arg("sim")
+        .args(args)
+        .output()
+        .expect("taskd runs");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let json = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (out.status.code().unwrap_or(-1), json, stderr)
+}
+
+fn ops(v: &Value) -> &Vec<Value> {
+    v["operations"].as_array().expect("operations array")
+}
+
+#[test]
+fn default_scenario_switches_to_backup_and_back() {
+    let (code, v, err) = sim(&["--json"]);
+    assert_eq!(code, 0, "{err}\n{v:#}");
+    assert_eq!(v["nodes"], 4);
+    assert_eq!(v["devices_per_node"], 16);
+    assert_eq!(v["ranks"], 64);
+    assert_eq!(v["groups_consistent"], true);
+    assert_eq!(v["job_state"], "running");
+    assert_eq!(v["ranks_on_backup"], serde_json::json!([]));
+    let ops = ops(&v);
+    assert_eq!(ops.len(), 2);
+    assert_eq!(ops[0]["direction"], "to_backup");
+    assert_eq!(ops[1]["direction"], "to_primary");
+    for op in ops {
+        assert_eq!(op["result"], "succeeded", "{op:#}");
+        assert_eq!(op["rolled_back"], false);
+        assert!(op["pause_step"].as_u64().is_some());
+        assert!(op["phases_ms"]["total"].as_f64().unwrap() > 0.0);
+        assert!(op["phases_ms"]["rollback"].is_null());
+        let targets: Vec<(String, u64, u64)> = op["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                (
+                    t["node"].as_str().unwrap().to_owned(),
+                    t["device"].as_u64().unwrap(),
+                    t["rank"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            targets,
+            vec![("node-1".into(), 0, 16), ("node-1".into(), 8, 24)]
+        );
+    }
+    assert!(v["steps_completed"].as_u64().unwrap() > ops[1]["pause_step"].as_u64().unwrap());
+}
+
+#[test]
+fn a_failing_rank_is_rolled_back_and_reported() {
+    let (code, v, err) = sim(&[
+        "--json",
+        "--nodes",
+        "2",
+        "--devices-per-node",
+        "4",
+        "--switch",
+        "node-1:1",
+        "--fail-rank",
+        "2",
+    ]);
+    assert_eq!(code, 0, "{err}\n{v:#}");
+    let ops = ops(&v);
+    assert_eq!(ops[0]["result"], "failed");
+    assert_eq!(ops[0]["rolled_back"], true);
+    assert!(ops[0]["error"].as_str().unwrap().contains("HCCL_E_NETWORK"));
+    assert_eq!(ops[1]["result"], "succeeded");
+    assert_eq!(v["groups_consistent"], true);
+    assert_eq!(v["job_state"], "running");
+}
+
+#[test]
+fn a_hang_past_the_deadline_is_a_timeout() {
+    let (code, v, err) = sim(&[
+        "--json",
+        "--nodes",
+        "2",
+        "--devices-per-node",
+        "4",
+        "--switch",
+        "node-0:0",
+        "--hang-rank",
+        "3",
+        "--hang-ms",
+        "300",
+        "--switch-timeout-ms",
+        "100",
+    ]);
+    assert_eq!(code, 0, "{err}\n{v:#}");
+    let op = &ops(&v)[0];
+    assert_eq!(op["result"], "failed");
+    assert!(op["error"].as_str().unwrap().contains("deadline"), "{op:#}");
+    assert_eq!(op["rolled_back"], true);
+    assert_eq!(v["job_state"], "running");
+}
+
+#[test]
+fn an_unknown_target_is_refused_by_name() {
+    let (code, _, err) = sim(&["--switch", "node-9:0"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("node-9"), "{err}");
+    let (code, _, err) = sim(&[
+        "--nodes",
+        "2",
+        "--devices-per-node",
+        "4",
+        "--switch",
+        "node-1:4",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("device 4") && err.contains("node-1"), "{err}");
+    let (code, _, err) = sim(&["--switch", "node-1"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("NODE:DEV"), "{err}");
+}
+
+#[test]
+fn the_timeline_is_readable() {
+    let out = Command::new(env!("CARGO_BIN_EXE_taskd"))
+        .args([
+            "sim",
+            "--nodes",
+            "2",
+            "--devices-per-node",
+            "4",
+            "--switch",
+            "node-1:0,2",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("operation 1"), "{text}");
+    assert!(text.contains("SUCCEEDED"), "{text}");
+    assert!(text.contains("groups consistent: yes"), "{text}");
+}

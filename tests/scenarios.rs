@@ -1,0 +1,434 @@
+//! Whole operations through the actors on the simulated fabric. Every test ends with the
+//! invariant: every communication group agrees on its NIC configuration (or, where a failure
+//! leaves the job paused, training never ran on a group that disagreed).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+use taskd::actors::manager::Submission;
+use taskd::actors::LocalJobError;
+use taskd::core::command::Target;
+use taskd::core::operation::{JobState, OperationError, OperationReport, Outcome};
+use taskd::core::{
+    DeviceId, GlobalRank, HcclCode, JobId, NodeName, OperationId, PhaseDeadlines, SubmitError,
+    SwitchCommand, ValidationError,
+};
+use taskd::hal_mock::NicSetFault;
+use taskd::sim::{FinalState, SimConfig, Simulation};
+
+fn small() -> SimConfig {
+    SimConfig {
+        nodes: 2,
+        devices_per_node: 4,
+        step_time: Duration::from_millis(1),
+        steps_between: 2,
+        ..SimConfig::default()
+    }
+}
+
+fn deadlines(ms: u64) -> PhaseDeadlines {
+    let d = Duration::from_millis(ms);
+    PhaseDeadlines {
+        pause: d,
+        switch: d,
+        rollback: d,
+        resume: d,
+    }
+}
+
+fn cmd(targets: &[(&str, u32, bool)]) -> SwitchCommand {
+    SwitchCommand {
+        job: JobId("sim".into()),
+        id: None,
+        targets: targets
+            .iter()
+            .map(|(n, d, b)| Target {
+                node: NodeName((*n).into()),
+                device: DeviceId(*d),
+                use_backup: *b,
+            })
+            .collect(),
+    }
+}
+
+fn ranks(v: &[u32]) -> Vec<GlobalRank> {
+    v.iter().map(|r| GlobalRank(*r)).collect()
+}
+
+/// The invariant every scenario ends with.
+fn assert_consistent_end(end: &FinalState) {
+    assert!(
+        end.groups_consistent,
+        "groups disagree: {}",
+        end.consistency
+    );
+    assert_eq!(end.collectives_on_inconsistent_groups, 0);
+    assert_eq!(end.ranks_on_backup, end.manager_on_backup);
+}
+
+fn run(sim: &Simulation, c: SwitchCommand) -> OperationReport {
+    sim.job().run(c).expect("the command is admitted")
+}
+
+#[test]
+fn switch_to_backup_and_back_on_several_nodes() {
+    let sim = Simulation::start(&SimConfig {
+        nodes: 3,
+        ..small()
+    })
+    .unwrap();
+    let to_backup = cmd(&[
+        ("node-0", 1, true),
+        ("node-2", 0, true),
+        ("node-2", 3, true),
+    ]);
+    let r = run(&sim, to_backup);
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r}");
+    assert!(r.applied && !r.rolled_back && r.error.is_none());
+    assert_eq!(r.job_state, JobState::Running);
+    let t = r.pause_step.expect("every rank paused");
+    assert!(r.phases.pause.is_some() && r.phases.switch.is_some() && r.phases.resume.is_some());
+    assert!(r.phases.rollback.is_none());
+    assert_eq!(sim.fabric().ranks_on_backup(), ranks(&[1, 8, 11]));
+    assert!(sim.fabric().check_consistency().is_consistent());
+    // Training went on after the pause step.
+    sim.train(2).unwrap();
+    assert!(sim.training().min_steps() >= t + 2);
+
+    let back = cmd(&[
+        ("node-0", 1, false),
+        ("node-2", 0, false),
+        ("node-2", 3, false),
+    ]);
+    let r = run(&sim, back);
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r}");
+    assert_eq!(sim.fabric().ranks_on_backup(), ranks(&[]));
+    let status = sim.job().status(10).unwrap();
+    assert_eq!(status.recent.len(), 2);
+    assert!(status.ranks_on_backup.is_empty());
+    sim.train(1).unwrap();
+    let end = sim.finish();
+    assert_consistent_end(&end);
+    assert!(end.violations.is_empty(), "{:?}", end.violations);
+}
+
+#[test]
+fn a_mixed_command_moves_some_ranks_each_way() {
+    let sim = Simulation::start(&small()).unwrap();
+    let r = run(&sim, cmd(&[("node-0", 0, true), ("node-1", 2, true)]));
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r}");
+    // node-0:0 back to primary, node-0:2 and node-1:1 to backup, node-1:2 stays on backup.
+    let r = run(
+        &sim,
+        cmd(&[
+            ("node-0", 0, false),
+            ("node-0", 2, true),
+            ("node-1", 1, true),
+        ]),
+    );
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r}");
+    assert_eq!(r.direction.as_str(), "mixed");
+    assert_eq!(sim.fabric().ranks_on_backup(), ranks(&[2, 5, 6]));
+    let end = sim.finish();
+    assert_consistent_end(&end);
+}
+
+#[test]
+fn a_hal_failure_rolls_back_and_training_resumes() {
+    let sim = Simulation::start(&small()).unwrap();
+    sim.fabric()
+        .inject_nic_set_fault(GlobalRank(5), NicSetFault::Fail(HcclCode::Network));
+    let r = run(&sim, cmd(&[("node-1", 0, true), ("node-1", 2, true)]));
+    assert_eq!(r.outcome, Outcome::Failed);
+    assert!(r.rolled_back && !r.applied);
+    assert_eq!(r.job_state, JobState::Running);
+    match &r.error {
+        Some(OperationError::RankFailed { rank, error, .. }) => {
+            assert_eq!(*rank, GlobalRank(5));
+            assert_eq!(error.hal.as_ref().unwrap().code, HcclCode::Network);
+        }
+        other => panic!("unexpected error {other:?}"),
+    }
+    assert!(r.phases.rollback.is_some());
+    assert!(sim.fabric().ranks_on_backup().is_empty());
+    sim.train(3).unwrap();
+    // The job is usable again: the same switch now succeeds.
+    let r = run(&sim, cmd(&[("node-1", 0, true), ("node-1", 2, true)]));
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r}");
+    assert_eq!(sim.fabric().ranks_on_backup(), ranks(&[4, 6]));
+    let end = sim.finish();
+    assert_consistent_end(&end);
+}
+
+#[test]
+fn a_hang_past_the_switch_deadline_fails_with_a_timeout_and_rolls_back() {
+    let mut cfg = small();
+    cfg.deadlines.switch = Duration::from_millis(150);
+    let sim = Simulation::start(&cfg).unwrap();
+    sim.fabric().inject_nic_set_fault(
+        GlobalRank(1),
+        NicSetFault::Hang {
+            duration: Duration::from_millis(400),
+            code: HcclCode::Timeout,
+        },
+    );
+    let r = run(&sim, cmd(&[("node-0", 0, true)]));
+    assert_eq!(r.outcome, Outcome::Failed, "{r}");
+    assert!(
+        matches!(
+            r.error,
+            Some(OperationError::Timeout {
+                phase: taskd::core::protocol::Phase::Switch,
+                ..
+            })
+        ),
+        "{r}"
+    );
+    assert!(r.rolled_back);
+    assert_eq!(r.job_state, JobState::Running);
+    // The hung rank's own failure arrived later and is in the report.
+    assert!(r
+        .rank_errors
+        .iter()
+        .any(|(rank, _, e)| *rank == GlobalRank(1)
+            && e.hal.as_ref().map(|h| h.code) == Some(HcclCode::Timeout)));
+    sim.train(2).unwrap();
+    let end = sim.finish();
+    assert_consistent_end(&end);
+}
+
+#[test]
+fn a_hang_past_the_rollback_deadline_keeps_the_job_paused() {
+    let mut cfg = small();
+    cfg.deadlines = deadlines(5_000);
+    cfg.deadlines.switch = Duration::from_millis(100);
+    cfg.deadlines.rollback = Duration::from_millis(100);
+    let sim = Simulation::start(&cfg).unwrap();
+    sim.fabric().inject_nic_set_fault(
+        GlobalRank(1),
+        NicSetFault::Hang {
+            duration: Duration::from_millis(600),
+            code: HcclCode::Timeout,
+        },
+    );
+    let r = run(&sim, cmd(&[("node-0", 0, true)]));
+    assert_eq!(r.outcome, Outcome::Failed);
+    assert!(!r.rolled_back);
+    assert_eq!(r.job_state, JobState::Paused, "{r}");
+    assert!(r.rollback_error.is_some());
+    // A paused job refuses new commands until an operator steps in.
+    let e = sim.job().run(cmd(&[("node-0", 2, true)])).unwrap_err();
+    assert!(matches!(
+        e,
+        LocalJobError::Refused(SubmitError::NotRunning {
+            state: JobState::Paused
+        })
+    ));
+    let end = sim.finish();
+    // The truthful state: the job stayed paused, so no collective ran while groups disagreed.
+    assert_eq!(end.job_state, JobState::Paused);
+    assert_eq!(end.collectives_on_inconsistent_groups, 0);
+}
+
+#[test]
+fn every_validation_error_is_typed_and_changes_nothing() {
+    let sim = Simulation::start(&SimConfig {
+        tsp_off: vec![],
+        ..small()
+    })
+    .unwrap();
+    let calls_before = sim.fabric().nic_set_log().len();
+    let refused = |c: SwitchCommand| match sim.job().submit(c) {
+        Err(LocalJobError::Refused(e)) => e,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let mut wrong_job = cmd(&[("node-0", 0, true)]);
+    wrong_job.job = JobId("other".into());
+    assert!(matches!(refused(wrong_job), SubmitError::UnknownJob { .. }));
+    assert_eq!(
+        refused(cmd(&[])),
+        SubmitError::Invalid(ValidationError::NoTargets)
+    );
+    let e = refused(cmd(&[("node-7", 0, true)]));
+    assert!(e.to_string().contains("node-7"), "{e}");
+    assert!(matches!(
+        e,
+        SubmitError::Invalid(ValidationError::UnknownNode { .. })
+    ));
+    let e = refused(cmd(&[("node-1", 4, true)]));
+    assert!(matches!(
+        e,
+        SubmitError::Invalid(ValidationError::UnknownDevice {
+            device: DeviceId(4),
+            ..
+        })
+    ));
+    let e = refused(cmd(&[("node-1", 1, true), ("node-1", 1, false)]));
+    assert!(matches!(
+        e,
+        SubmitError::Invalid(ValidationError::ConflictingTarget {
+            rank: GlobalRank(5),
+            ..
+        })
+    ));
+    // ClusterD's form: dev and op lists of different lengths.
+    let mut ops = BTreeMap::new();
+    ops.insert(
+        "node-0".to_string(),
+        (vec!["0".to_string()], vec![true, false]),
+    );
+    assert!(matches!(
+        SwitchCommand::from_nic_ops(JobId("sim".into()), None, &ops),
+        Err(ValidationError::LengthMismatch {
+            devs: 1,
+            ops: 2,
+            ..
+        })
+    ));
+    // Nothing ran, nothing changed.
+    assert_eq!(sim.fabric().nic_set_log().len(), calls_before);
+    assert!(sim.job().status(10).unwrap().recent.is_empty());
+    assert!(sim.fabric().ranks_on_backup().is_empty());
+
+    // A worker that is gone: not every expected worker is registered.
+    sim.job().kill_worker(GlobalRank(7));
+    sim.job()
+        .wait_registered_count(Some(7), Duration::from_secs(10))
+        .unwrap();
+    let e = refused(cmd(&[("node-0", 0, true)]));
+    assert!(
+        matches!(&e, SubmitError::WorkersMissing { registered: 7, expected: 8, missing } if missing == "7"),
+        "{e}"
+    );
+    assert_eq!(sim.fabric().nic_set_log().len(), calls_before);
+    let end = sim.finish();
+    assert_consistent_end(&end);
+}
+
+#[test]
+fn a_rank_without_tsp_is_refused() {
+    let sim = Simulation::start(&SimConfig {
+        tsp_off: vec![GlobalRank(3)],
+        ..small()
+    })
+    .unwrap();
+    let e = sim.job().submit(cmd(&[("node-0", 0, true)])).unwrap_err();
+    assert!(
+        matches!(&e, LocalJobError::Refused(SubmitError::CapabilityMissing { ranks, missing })
+            if ranks == "3" && missing.contains("TSP:1")),
+        "{e}"
+    );
+    assert!(sim.fabric().nic_set_log().is_empty());
+    let end = sim.finish();
+    assert_consistent_end(&end);
+}
+
+#[test]
+fn l2_retry_off_is_caught_not_silently_succeeded() {
+    let sim = Simulation::start(&SimConfig {
+        l2_retry_off: vec![GlobalRank(6)],
+        ..small()
+    })
+    .unwrap();
+    let e = sim.job().submit(cmd(&[("node-1", 2, true)])).unwrap_err();
+    assert!(
+        matches!(&e, LocalJobError::Refused(SubmitError::CapabilityMissing { ranks, missing })
+            if ranks == "6" && missing.contains("HCCL_OP_RETRY_ENABLE")),
+        "{e}"
+    );
+    assert!(sim.fabric().nic_set_log().is_empty());
+    assert!(sim.fabric().ranks_on_backup().is_empty());
+    let end = sim.finish();
+    assert_consistent_end(&end);
+}
+
+#[test]
+fn a_repeated_uuid_returns_the_known_result_and_never_runs_twice() {
+    let sim = Simulation::start(&small()).unwrap();
+    let id = OperationId(uuid::Uuid::from_u128(42));
+    let mut c = cmd(&[("node-0", 3, true)]);
+    c.id = Some(id);
+    let first = run(&sim, c.clone());
+    assert_eq!(first.outcome, Outcome::Succeeded, "{first:?}");
+    let calls = sim.fabric().nic_set_log().len();
+    match sim.job().submit(c).unwrap() {
+        Submission::Known(r) => assert_eq!(*r, first),
+        other => panic!("expected the known result, got {other:?}"),
+    }
+    assert_eq!(sim.fabric().nic_set_log().len(), calls);
+    assert_eq!(sim.job().status(10).unwrap().recent.len(), 1);
+    let end = sim.finish();
+    assert_consistent_end(&end);
+}
+
+#[test]
+fn a_second_command_while_one_is_in_flight_is_busy() {
+    let sim = Simulation::start(&small()).unwrap();
+    // Keep the first operation in its switch phase for a while.
+    sim.fabric()
+        .inject_nic_set_fault(GlobalRank(0), NicSetFault::Slow(Duration::from_millis(300)));
+    let first = sim.job().submit(cmd(&[("node-0", 0, true)])).unwrap();
+    let Submission::Started(id) = first else {
+        panic!("expected a new operation, got {first:?}");
+    };
+    let e = sim.job().submit(cmd(&[("node-1", 0, true)])).unwrap_err();
+    assert!(
+        matches!(e, LocalJobError::Refused(SubmitError::Busy { in_flight }) if in_flight == id),
+        "{e}"
+    );
+    // The same id again is not "busy": it is the operation in flight.
+    let mut again = cmd(&[("node-0", 0, true)]);
+    again.id = Some(id);
+    assert_eq!(sim.job().submit(again).unwrap(), Submission::InFlight(id));
+    let r = sim.job().wait(id).unwrap();
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r}");
+    assert_eq!(sim.fabric().ranks_on_backup(), ranks(&[0]));
+    let end = sim.finish();
+    assert_consistent_end(&end);
+}
+
+#[test]
+fn switching_onto_a_down_link_is_rejected_before_anything_changes() {
+    let sim = Simulation::start(&small()).unwrap();
+    // node-1:2's backup NIC is the port of its partner die, node-1:3.
+    sim.fabric().set_link(1, DeviceId(3), false);
+    let r = run(&sim, cmd(&[("node-1", 2, true)]));
+    assert_eq!(r.outcome, Outcome::Rejected, "{r}");
+    assert!(matches!(
+        r.error,
+        Some(OperationError::LinkDown {
+            rank: GlobalRank(6),
+            ..
+        })
+    ));
+    assert_eq!(r.job_state, JobState::Running);
+    assert!(sim.fabric().nic_set_log().is_empty());
+    sim.fabric().set_link(1, DeviceId(3), true);
+    sim.train(1).unwrap();
+    let end = sim.finish();
+    assert_consistent_end(&end);
+}
+
+#[test]
+fn a_worker_lost_mid_operation_fails_it_and_asks_for_recovery() {
+    let sim = Simulation::start(&small()).unwrap();
+    sim.fabric()
+        .inject_nic_set_fault(GlobalRank(2), NicSetFault::Slow(Duration::from_millis(200)));
+    let sub = sim.job().submit(cmd(&[("node-0", 2, true)])).unwrap();
+    // The process of rank 6 dies: HCCL sees it gone and its worker's connection closes.
+    sim.fabric().kill_rank(GlobalRank(6));
+    sim.job().kill_worker(GlobalRank(6));
+    let r = sim.job().wait(sub.id()).unwrap();
+    assert_eq!(r.outcome, Outcome::Failed, "{r}");
+    assert_eq!(r.job_state, JobState::NeedsRecovery);
+    assert_eq!(r.lost_ranks, ranks(&[6]));
+    assert!(matches!(
+        r.error,
+        Some(OperationError::WorkerLost {
+            rank: GlobalRank(6),
+            ..
+        })
+    ));
+    let end = sim.finish();
+    assert_eq!(end.job_state, JobState::NeedsRecovery);
+    assert_eq!(end.collectives_on_inconsistent_groups, 0);
+}

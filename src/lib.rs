@@ -10,5 +10,6 @@ pub use taskd_actors as actors;
 pub use taskd_core as core;
 pub use taskd_hal_mock as hal_mock;
 
+pub mod cli;
 pub mod report;
 pub mod sim;

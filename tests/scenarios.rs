@@ -432,3 +432,37 @@ fn a_worker_lost_mid_operation_fails_it_and_asks_for_recovery() {
     assert_eq!(end.job_state, JobState::NeedsRecovery);
     assert_eq!(end.collectives_on_inconsistent_groups, 0);
 }
+
+#[test]
+fn a_failed_swap_of_two_partner_dies_rolls_back_cleanly() {
+    let sim = Simulation::start(&small()).unwrap();
+    let r = run(&sim, cmd(&[("node-0", 0, true)]));
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r}");
+    // Both dies of NPU 0 to backup: they swap ports. Rank 3 fails its first call.
+    sim.fabric()
+        .inject_nic_set_fault(GlobalRank(3), NicSetFault::Fail(HcclCode::Internal));
+    let r = run(&sim, cmd(&[("node-0", 0, true), ("node-0", 1, true)]));
+    assert_eq!(r.outcome, Outcome::Failed, "{r}");
+    // The rollback re-states only rank 1 (rank 0 was already on backup), so it never tells
+    // the two dies opposite sides in one call.
+    assert!(r.rolled_back, "{r:?}");
+    assert_eq!(r.job_state, JobState::Running);
+    assert_eq!(sim.fabric().ranks_on_backup(), ranks(&[0]));
+    // Opposite sides for the two dies in one command are refused up front.
+    let e = sim
+        .job()
+        .submit(cmd(&[("node-0", 0, false), ("node-0", 1, true)]))
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            LocalJobError::Refused(SubmitError::Invalid(
+                ValidationError::PartnerConflict { .. }
+            ))
+        ),
+        "{e}"
+    );
+    let end = sim.finish();
+    assert_consistent_end(&end);
+    assert!(end.violations.is_empty(), "{:?}", end.violations);
+}

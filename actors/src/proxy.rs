@@ -62,7 +62,10 @@ impl Proxy {
             return;
         };
         let complete = f.waiting.is_empty() && f.health.is_some();
-        if !(complete || force) || (f.replies.is_empty() && !complete) {
+        // Complete: send (even with no replies: it carries the health). Forced: send only
+        // what there is.
+        let send = complete || (force && !f.replies.is_empty());
+        if !send {
             return;
         }
         let reply = NodeReply {

@@ -104,6 +104,14 @@ pub enum ValidationError {
         ops: usize,
     },
     #[error(
+        "devices {node}:{first} and {node}:{second} are the two dies of one NPU (each is the other's backup NIC) and cannot be told opposite NICs in one command: HCCL refuses it; switch them the same way or in two commands"
+    )]
+    PartnerConflict {
+        node: NodeName,
+        first: DeviceId,
+        second: DeviceId,
+    },
+    #[error(
         "device {node}:{device} (rank {rank}) is listed twice, once to backup and once to primary"
     )]
     ConflictingTarget {
@@ -188,8 +196,36 @@ impl SwitchCommand {
                 }),
             }
         }
+        check_partners(&targets)?;
         Ok(SwitchPlan { targets })
     }
+}
+
+/// The partner die of `device`: the two dies of one NPU are `2k` and `2k + 1`, and each one's
+/// backup NIC is the other's primary NIC.
+pub fn partner_device(device: DeviceId) -> DeviceId {
+    DeviceId(device.0 ^ 1)
+}
+
+/// HCCL fails a NIC-set call that tells the two ends of a die pair opposite sides at once.
+fn check_partners(targets: &[RankTarget]) -> Result<(), ValidationError> {
+    let by_device: BTreeMap<(&NodeName, DeviceId), bool> = targets
+        .iter()
+        .map(|t| ((&t.node, t.device), t.use_backup))
+        .collect();
+    for t in targets {
+        let partner = partner_device(t.device);
+        if let Some(&other) = by_device.get(&(&t.node, partner)) {
+            if other != t.use_backup {
+                return Err(ValidationError::PartnerConflict {
+                    node: t.node.clone(),
+                    first: t.device.min(partner),
+                    second: t.device.max(partner),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A short human list: `a, b, c` or `a, b, ... (40 in all)`.
@@ -272,6 +308,22 @@ mod tests {
                 rank: GlobalRank(5)
             }
         );
+        // The two dies of one NPU told opposite sides.
+        let e = cmd(&[("node-0", 3, true), ("node-0", 2, false)])
+            .resolve(&t)
+            .unwrap_err();
+        assert_eq!(
+            e,
+            ValidationError::PartnerConflict {
+                node: "node-0".into(),
+                first: DeviceId(2),
+                second: DeviceId(3)
+            }
+        );
+        // Both the same way is a swap, which HCCL allows.
+        assert!(cmd(&[("node-0", 3, true), ("node-0", 2, true)])
+            .resolve(&t)
+            .is_ok());
         // The same op twice is harmless and kept once.
         let p = cmd(&[("node-1", 1, true), ("node-1", 1, true)])
             .resolve(&t)

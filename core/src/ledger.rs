@@ -219,7 +219,7 @@ impl JobLedger {
             .collect();
         if !unable.is_empty() {
             let ranks: Vec<GlobalRank> = unable.iter().map(|(r, _)| *r).collect();
-            // FIX(tests): name what is missing on any of the ranks, not only on the first one
+            // name what is missing on any of the ranks, not only on the first one
             // (rank 2 without TSP and rank 5 without RDMA used to read "ranks 2, 5: MS_ENABLE_TFT
             // without TSP:1", sending the operator to the wrong flag for rank 5).
             let common =

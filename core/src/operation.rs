@@ -237,10 +237,10 @@ pub struct Operation {
     stall: Option<Duration>,
     token: u64,
     finished: bool,
-    /// FIX(tests): `(rank, phase)` of every failure already in `rank_errors`, so a duplicated
+    /// `(rank, phase)` of every failure already in `rank_errors`, so a duplicated
     /// delivery of the same failure is reported once.
     errored: BTreeSet<(GlobalRank, Phase)>,
-    /// FIX(tests): a rank answered the resume with a failure: its gate is not known to be open.
+    /// a rank answered the resume with a failure: its gate is not known to be open.
     resume_failed: bool,
 }
 
@@ -256,6 +256,13 @@ impl Operation {
         now: Duration,
     ) -> (Operation, Vec<Action>) {
         let all_ranks: BTreeSet<GlobalRank> = ranks.into_iter().collect();
+        // Only targets whose state the switch changes are rolled back: re-stating an unchanged
+        // one could tell two dies of one NPU opposite sides in one call, which HCCL refuses.
+        let commanded: BTreeMap<GlobalRank, bool> = plan.rank_flags().into_iter().collect();
+        let previous: Vec<(GlobalRank, bool)> = previous
+            .into_iter()
+            .filter(|(r, was)| commanded.get(r) != Some(was))
+            .collect();
         let mut op = Operation {
             id,
             plan,
@@ -361,13 +368,13 @@ impl Operation {
             if let ReplyBody::Failed(e) = &r.body {
                 // Late failures (a switch that fails while the rollback is queued) are kept
                 // for the report even though they no longer steer the operation.
-                // FIX(tests): only for ranks of the job, and once per rank and phase: a
+                // only for ranks of the job, and once per rank and phase: a
                 // transport that delivers a message twice must not double the report.
                 if self.all_ranks.contains(&r.rank) && self.errored.insert((r.rank, r.phase)) {
                     self.rank_errors.push((r.rank, r.phase, e.clone()));
                 }
             }
-            // FIX(tests): a body that does not answer its phase's directive (say `Sampled`
+            // a body that does not answer its phase's directive (say `Sampled`
             // tagged `Pause`, or `Resumed` tagged `Switch`) is not an answer: before, it took
             // the rank off `pending`, so the switch could be sent to a rank that never confirmed
             // it held, or a switch be taken as applied by a rank that reported no calls. The
@@ -395,7 +402,7 @@ impl Operation {
                     self.stall = Some(self.stall.map_or(stalled, |s| s.max(stalled)))
                 }
                 ReplyBody::Failed(error) => {
-                    // FIX(tests): remember that a gate may have stayed shut (see `finish`).
+                    // remember that a gate may have stayed shut (see `finish`).
                     if r.phase == Phase::Resume {
                         self.resume_failed = true;
                     }
@@ -615,7 +622,7 @@ impl Operation {
     fn finish(&mut self, now: Duration) -> Vec<Action> {
         self.finished = true;
         self.durations.total = now - self.started;
-        // FIX(tests): a rank that answered the resume with a failure is not known to train
+        // a rank that answered the resume with a failure is not known to train
         // again, like one that did not answer before the deadline; before, the job was
         // reported `running` (even after a switch that was not rolled back).
         let resumed = self.phase == Phase::Resume && self.pending.is_empty() && !self.resume_failed;
@@ -665,7 +672,7 @@ impl Operation {
     }
 }
 
-/// FIX(tests): whether `body` is an answer to a directive of `phase` (a failure answers any).
+/// whether `body` is an answer to a directive of `phase` (a failure answers any).
 fn body_answers(phase: Phase, body: &ReplyBody) -> bool {
     matches!(
         (phase, body),

@@ -171,7 +171,11 @@ impl World {
         );
         let mut w = World {
             targets: plan.rank_flags(),
-            previous: flags(&previous),
+            // The rollback re-states only the targets the switch changes.
+            previous: flags(&previous)
+                .into_iter()
+                .filter(|p| !plan.rank_flags().contains(p))
+                .collect(),
             plan_targets: plan.targets,
             layout,
             id,
@@ -312,8 +316,8 @@ impl World {
                 if self.window(Phase::Switch).is_some() {
                     let last = self.windows.last().unwrap();
                     let ok = match last.phase() {
-                        Phase::Switch => self.confirmed(last, &self.targets),
-                        Phase::Rollback => self.confirmed(last, &self.previous),
+                        Phase::Switch => self.confirmed(last),
+                        Phase::Rollback => self.confirmed(last),
                         _ => false,
                     };
                     assert!(
@@ -334,7 +338,7 @@ impl World {
 
     /// Every live rank replied `Applied`, and in every group anyone reported, all members
     /// reported it with one digest.
-    fn confirmed(&self, w: &Window, _targets: &[(GlobalRank, bool)]) -> bool {
+    fn confirmed(&self, w: &Window) -> bool {
         let mut by_group: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
         for r in self.live() {
             match w.first.get(&r) {

@@ -137,18 +137,28 @@ impl Layout {
     }
 
     /// The operator's command for `(rank, use_backup)` pairs, in that order.
+    /// A command for `targets`. The two dies of one NPU are never told opposite sides (the
+    /// validation refuses that): a later partner follows the first one's flag.
     pub fn command(&self, targets: &[(u32, bool)]) -> SwitchCommand {
+        let mut seen: std::collections::BTreeMap<(NodeName, u32), bool> = Default::default();
+        let targets = targets
+            .iter()
+            .map(|(r, b)| {
+                let node = self.node_of(GlobalRank(*r));
+                let device = self.device_of(GlobalRank(*r));
+                let use_backup = *seen.get(&(node.clone(), device.0 ^ 1)).unwrap_or(b);
+                seen.entry((node.clone(), device.0)).or_insert(use_backup);
+                Target {
+                    node,
+                    device,
+                    use_backup,
+                }
+            })
+            .collect();
         SwitchCommand {
             job: job(),
             id: None,
-            targets: targets
-                .iter()
-                .map(|(r, b)| Target {
-                    node: self.node_of(GlobalRank(*r)),
-                    device: self.device_of(GlobalRank(*r)),
-                    use_backup: *b,
-                })
-                .collect(),
+            targets,
         }
     }
 

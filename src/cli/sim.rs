@@ -1,0 +1,116 @@
+//! `taskd sim`: a simulated job in this process, through a switch to backup and back.
+
+use crate::sim::{run_scenario, SimConfig, SimError};
+use clap::Args;
+use std::process::ExitCode;
+use std::time::Duration;
+use taskd_core::{DeviceId, GlobalRank, NodeName};
+
+#[derive(Args)]
+pub struct SimArgs {
+    /// Number of nodes (named node-0 .. node-{N-1}).
+    #[arg(long, default_value_t = 4)]
+    nodes: u32,
+    /// Devices (ranks) per node; rank = node_index * D + device.
+    #[arg(long, default_value_t = 16)]
+    devices_per_node: u32,
+    /// Targets of operation 1, as NODE:DEV[,DEV...]; repeatable. Default node-1:0,8.
+    #[arg(long = "switch", value_name = "NODE:DEV[,DEV...]", value_parser = parse_switch)]
+    switch: Vec<(NodeName, Vec<DeviceId>)>,
+    /// In operation 1, the first NIC-set call on this global rank fails with HCCL_E_NETWORK (19).
+    #[arg(long, value_name = "R")]
+    fail_rank: Option<u32>,
+    /// In operation 1, the first NIC-set call on this global rank hangs, then fails with
+    /// HCCL_E_TIMEOUT (9). Needs --hang-ms.
+    #[arg(long, value_name = "R", requires = "hang_ms")]
+    hang_rank: Option<u32>,
+    /// How long the hang of --hang-rank lasts.
+    #[arg(long, value_name = "MS", requires = "hang_rank")]
+    hang_ms: Option<u64>,
+    /// Deadline of the switch phase.
+    #[arg(long, value_name = "MS", default_value_t = 30_000)]
+    switch_timeout_ms: u64,
+    /// Deadline of each pause part, of the rollback and of the resume.
+    #[arg(long, value_name = "MS", default_value_t = 30_000)]
+    phase_timeout_ms: u64,
+    /// Simulated compute time of one training step.
+    #[arg(long, value_name = "MS", default_value_t = 2)]
+    step_ms: u64,
+    /// Ranks whose HCCL runs without L2 retry (a switch must then be refused); repeatable.
+    #[arg(long = "l2-off-rank", value_name = "R")]
+    l2_off_rank: Vec<u32>,
+    /// Print one JSON object instead of the timeline.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn parse_switch(s: &str) -> Result<(NodeName, Vec<DeviceId>), String> {
+    let (node, devs) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?}: expected NODE:DEV[,DEV...], e.g. node-1:0,8"))?;
+    if node.is_empty() {
+        return Err(format!("{s:?}: the node name is empty"));
+    }
+    let devs = devs
+        .split(',')
+        .map(|d| {
+            d.trim()
+                .parse::<u32>()
+                .map(DeviceId)
+                .map_err(|_| format!("{s:?}: {d:?} is not a device number"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((NodeName(node.to_owned()), devs))
+}
+
+pub fn run(a: SimArgs) -> ExitCode {
+    let defaults = SimConfig::default();
+    let phase = Duration::from_millis(a.phase_timeout_ms);
+    let cfg = SimConfig {
+        nodes: a.nodes,
+        devices_per_node: a.devices_per_node,
+        switch: if a.switch.is_empty() {
+            defaults.switch
+        } else {
+            a.switch
+        },
+        fail_rank: a.fail_rank.map(GlobalRank),
+        hang: a
+            .hang_rank
+            .zip(a.hang_ms)
+            .map(|(r, ms)| (GlobalRank(r), Duration::from_millis(ms))),
+        l2_retry_off: a.l2_off_rank.into_iter().map(GlobalRank).collect(),
+        deadlines: taskd_core::PhaseDeadlines {
+            pause: phase,
+            switch: Duration::from_millis(a.switch_timeout_ms),
+            rollback: phase,
+            resume: phase,
+        },
+        step_time: Duration::from_millis(a.step_ms),
+        ..defaults
+    };
+    match run_scenario(&cfg) {
+        Ok(report) => {
+            let text = if a.json {
+                serde_json::to_string_pretty(&report).expect("the report serializes") + "\n"
+            } else {
+                report.to_text()
+            };
+            // A closed stdout (`| head`) is the reader's choice, not a failure of the run.
+            let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes());
+            if report.invariants.ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e @ (SimError::Target(_) | SimError::Setup(_))) => {
+            eprintln!("taskd sim: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("taskd sim: the simulation could not complete: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

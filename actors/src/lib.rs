@@ -12,6 +12,7 @@
 //! Actors talk only through [`transport::Link`]s, so the same actors run in one process
 //! ([`LocalJob`], the simulator's and tests' default) or across machines.
 
+pub mod control;
 pub mod gate;
 pub mod local;
 pub mod manager;

@@ -11,5 +11,9 @@ pub use taskd_core as core;
 pub use taskd_hal_mock as hal_mock;
 
 pub mod cli;
+pub mod doctor;
+pub mod progress;
 pub mod report;
+pub mod rig;
 pub mod sim;
+pub mod timeline;

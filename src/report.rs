@@ -235,10 +235,18 @@ impl ScenarioReport {
                 let _ = writeln!(s, "  reason    {e}");
             }
         }
+        s.push('\n');
+        s.push_str(&self.end_text());
+        s
+    }
+
+    /// The closing line (and the broken invariants, if any).
+    pub fn end_text(&self) -> String {
+        let mut s = String::new();
         let backup: Vec<String> = self.ranks_on_backup.iter().map(|r| r.to_string()).collect();
         let _ = writeln!(
             s,
-            "\nend: {} steps trained, ranks on backup NIC: {}, groups consistent: {}, job {}",
+            "end: {} steps trained, ranks on backup NIC: {}, groups consistent: {}, job {}",
             self.steps_completed,
             if backup.is_empty() {
                 "none".into()

@@ -6,9 +6,10 @@
 //! hardware: NPUs, NICs, links and HCCL are simulated, with HCCL's rules enforced.
 
 use crate::report::{OperationSummary, ScenarioReport};
+use crate::timeline::{PhaseLog, StepClock, Timeline};
 use std::sync::Arc;
 use std::time::Duration;
-use taskd_actors::{LocalJob, LocalJobConfig, LocalJobError, RankParts};
+use taskd_actors::{LocalJob, LocalJobConfig, LocalJobError, ProgressEvent, RankParts};
 use taskd_core::command::Target;
 use taskd_core::operation::{JobState, OperationReport};
 use taskd_core::{
@@ -86,6 +87,7 @@ pub struct Simulation {
     table: RankTable,
     job: Option<LocalJob>,
     training: Option<SimTraining>,
+    clock: Arc<StepClock>,
 }
 
 impl Simulation {
@@ -121,8 +123,9 @@ impl Simulation {
             ranks,
         )?;
         job.wait_registered(PROGRESS_TIMEOUT)?;
+        let clock = StepClock::new(table.world_size() as u32);
         let hooks: Vec<Arc<dyn StepBoundary>> = (0..table.world_size() as u32)
-            .map(|r| job.gate(GlobalRank(r)) as Arc<dyn StepBoundary>)
+            .map(|r| clock.wrap(job.gate(GlobalRank(r))))
             .collect();
         let training = SimTraining::start(
             fabric.clone(),
@@ -137,6 +140,7 @@ impl Simulation {
             table,
             job: Some(job),
             training: Some(training),
+            clock,
         };
         sim.train(1)?;
         Ok(sim)
@@ -156,6 +160,11 @@ impl Simulation {
 
     pub fn training(&self) -> &SimTraining {
         self.training.as_ref().expect("training runs until finish")
+    }
+
+    /// When every rank completed each step (see [`crate::timeline`]).
+    pub fn step_clock(&self) -> &Arc<StepClock> {
+        &self.clock
     }
 
     /// Blocks until every rank trained `steps` more steps than the furthest rank had.
@@ -251,6 +260,22 @@ pub struct FinalState {
 /// Runs `taskd sim`'s default scenario: train; operation 1 moves the targets to their backup
 /// NIC; train; operation 2 moves them back; train; report.
 pub fn run_scenario(cfg: &SimConfig) -> Result<ScenarioReport, SimError> {
+    run_scenario_observed(cfg, |_| {}).map(|run| run.report)
+}
+
+/// What a scenario produced: its report and its per-step timeline.
+#[derive(Clone, Debug)]
+pub struct ScenarioRun {
+    pub report: ScenarioReport,
+    pub timeline: Timeline,
+}
+
+/// [`run_scenario`], handing every progress event of the operations to `on_progress` as it
+/// happens (on the calling thread), and keeping the per-step timeline.
+pub fn run_scenario_observed(
+    cfg: &SimConfig,
+    mut on_progress: impl FnMut(&ProgressEvent),
+) -> Result<ScenarioRun, SimError> {
     let table = RankTable::uniform(cfg.nodes, cfg.devices_per_node);
     // Refuse bad targets before starting anything, naming them.
     let probe = SwitchCommand {
@@ -279,6 +304,8 @@ pub fn run_scenario(cfg: &SimConfig) -> Result<ScenarioReport, SimError> {
     }
 
     let sim = Simulation::start(cfg)?;
+    let clock = sim.step_clock().clone();
+    let mut phases = PhaseLog::default();
     let mut operations = Vec::new();
     sim.train(cfg.steps_between)?;
 
@@ -298,7 +325,11 @@ pub fn run_scenario(cfg: &SimConfig) -> Result<ScenarioReport, SimError> {
     let mut steps_ok = true;
     for use_backup in [true, false] {
         let cmd = sim.command(&cfg.switch, use_backup);
-        let summary = match sim.job().run(cmd.clone()) {
+        let observe = |ev: &ProgressEvent| {
+            phases.observe(ev, clock.elapsed());
+            on_progress(ev);
+        };
+        let summary = match sim.job().run_with_progress(cmd.clone(), observe) {
             Ok(report) => OperationSummary::from_report(&report),
             Err(LocalJobError::Refused(e)) => OperationSummary::rejected(&cmd, &table, &e),
             Err(e) => return Err(e.into()),
@@ -315,14 +346,9 @@ pub fn run_scenario(cfg: &SimConfig) -> Result<ScenarioReport, SimError> {
     let exactly_one_each = sim.job().status(usize::MAX)?.recent.len()
         == operations.iter().filter(|o| o.result != "rejected").count();
     let end = sim.finish();
-    Ok(ScenarioReport::new(
-        cfg,
-        &table,
-        operations,
-        end,
-        exactly_one_each,
-        steps_ok,
-    ))
+    let timeline = Timeline::build(&clock.completed_steps(), &phases);
+    let report = ScenarioReport::new(cfg, &table, operations, end, exactly_one_each, steps_ok);
+    Ok(ScenarioRun { report, timeline })
 }
 
 /// Convenience for tests: the final result of one operation on a running simulation.

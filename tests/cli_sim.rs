@@ -150,3 +150,128 @@ fn the_timeline_is_readable() {
     assert!(text.contains("SUCCEEDED"), "{text}");
     assert!(text.contains("groups consistent: yes"), "{text}");
 }
+
+#[test]
+fn progress_is_printed_live_as_plain_lines_then_a_table_and_a_timeline() {
+    let csv = std::env::temp_dir().join(format!("taskd-timeline-{}.csv", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_taskd"))
+        .args([
+            "sim",
+            "--nodes",
+            "2",
+            "--devices-per-node",
+            "2",
+            "--switch",
+            "node-1:0",
+            "--step-ms",
+            "1",
+            "--timeline",
+        ])
+        .arg(&csv)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    // Not a terminal: lines, never redrawn in place.
+    assert!(!text.contains('\r') && !text.contains('\x1b'), "{text:?}");
+    for phase in ["sample", "pause", "switch", "resume"] {
+        let started = text
+            .lines()
+            .filter(|l| l.contains(&format!(" {phase:<8}  ")) && l.contains("waiting for"))
+            .count();
+        let done = text
+            .lines()
+            .filter(|l| l.contains(&format!(" {phase:<8}  done in ")))
+            .count();
+        assert_eq!((started, done), (2, 2), "{phase}: {text}");
+    }
+    assert!(text.contains("every rank finishes step"), "{text}");
+    assert!(text.contains("  #  operation  direction"), "{text}");
+    assert!(text.contains("to_primary"), "{text}");
+
+    let timeline = std::fs::read_to_string(&csv).unwrap();
+    let _ = std::fs::remove_file(&csv);
+    let mut lines = timeline.lines();
+    assert_eq!(lines.next(), Some("step,time_ms,step_ms,operation,phase"));
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert!(rows.len() >= 6, "{timeline}");
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r.len(), 5, "{timeline}");
+        assert_eq!(
+            r[0],
+            (i + 1).to_string(),
+            "every step, in order: {timeline}"
+        );
+        assert!(r[1].parse::<f64>().is_ok() && r[2].parse::<f64>().is_ok());
+    }
+    let ops: std::collections::BTreeSet<&str> = rows
+        .iter()
+        .map(|r| r[3])
+        .filter(|o| !o.is_empty())
+        .collect();
+    assert_eq!(ops.len(), 2, "both operations appear: {timeline}");
+    assert!(
+        rows.iter().any(|r| r[4].contains("switch")),
+        "the step around the switch is marked: {timeline}"
+    );
+}
+
+#[test]
+fn hold_secs_keeps_the_metrics_endpoint_up_after_the_scenario() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_taskd"))
+        .args([
+            "sim",
+            "--nodes",
+            "1",
+            "--devices-per-node",
+            "2",
+            "--switch",
+            "node-0:1",
+            "--step-ms",
+            "1",
+            "--json",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--hold-secs",
+            "60",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The scenario is over once the hold starts: wait for that line, then scrape.
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut url = None;
+    let mut seen = String::new();
+    for line in (&mut stderr).lines() {
+        let line = line.unwrap();
+        seen.push_str(&line);
+        seen.push('\n');
+        if let Some(rest) = line.strip_prefix("taskd sim: holding http://") {
+            url = rest.split_once('/').map(|(addr, _)| addr.to_owned());
+            break;
+        }
+    }
+    let addr = url.unwrap_or_else(|| panic!("no hold line in {seen}"));
+    assert!(seen.contains(&format!("Prometheus metrics at http://{addr}/metrics")));
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    for series in [
+        "taskd_switch_operations_total{result=\"succeeded\",direction=\"to_backup\"} 1",
+        "taskd_switch_operations_total{result=\"succeeded\",direction=\"to_primary\"} 1",
+        "taskd_workers_registered 2",
+    ] {
+        assert!(body.contains(series), "{series} in {body}");
+    }
+}

@@ -466,3 +466,174 @@ fn a_failed_swap_of_two_partner_dies_rolls_back_cleanly() {
     assert_consistent_end(&end);
     assert!(end.violations.is_empty(), "{:?}", end.violations);
 }
+
+/// Ranks one step apart when the pause is requested: rank 1 has finished step 5 and waits in
+/// step 6's all-reduce for rank 0, which has not yet reached its boundary after step 5. A
+/// "stop at your next boundary" protocol would hold rank 0 after 5 while rank 1 can never
+/// finish 6: a deadlock. The two-phase pause picks T = 7 and both ranks hold after it.
+#[test]
+fn a_pause_requested_while_ranks_are_a_step_apart_completes_without_deadlock() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Condvar, Mutex};
+    use taskd::actors::{LocalJob, LocalJobConfig, RankParts};
+    use taskd::core::{NodeHal, RankHal, RankTable, StepBoundary};
+    use taskd::hal_mock::{Fabric, FabricConfig};
+
+    let fabric = Fabric::new(FabricConfig::new(1, 2));
+    let job = LocalJob::start(
+        LocalJobConfig {
+            job: JobId("sim".into()),
+            table: RankTable::uniform(1, 2),
+            deadlines: deadlines(10_000),
+        },
+        vec![Box::new(fabric.node_hal(0)) as Box<dyn NodeHal>],
+        (0..2)
+            .map(|r| RankParts {
+                hal: Box::new(fabric.rank_hal(GlobalRank(r))) as Box<dyn RankHal>,
+                tsp: true,
+            })
+            .collect(),
+    )
+    .unwrap();
+    job.wait_registered(Duration::from_secs(10)).unwrap();
+
+    // Rank 0 stops before its boundary after step 5 until the test opens this latch.
+    let latch = Arc::new((Mutex::new((false, false)), Condvar::new())); // (arrived, open)
+                                                                        // Every rank stops after step 10 (past the pause at 7), so nobody is left in a collective.
+    let stop_after = Arc::new(AtomicU64::new(10));
+    let trainers: Vec<_> = (0..2u32)
+        .map(|r| {
+            let fabric = fabric.clone();
+            let gate = job.gate(GlobalRank(r));
+            let latch = latch.clone();
+            let stop_after = stop_after.clone();
+            std::thread::spawn(move || {
+                let groups = fabric.groups_of(GlobalRank(r));
+                let mut step = 0;
+                while step < stop_after.load(Ordering::Acquire) {
+                    step += 1;
+                    for g in &groups {
+                        fabric.all_reduce(&g.name, GlobalRank(r), 1.0).unwrap();
+                    }
+                    if r == 0 && step == 5 {
+                        let (m, cv) = &*latch;
+                        let mut st = m.lock().unwrap();
+                        st.0 = true;
+                        cv.notify_all();
+                        while !st.1 {
+                            st = cv.wait(st).unwrap();
+                        }
+                    }
+                    StepBoundary::step_completed(&*gate, step);
+                }
+                step
+            })
+        })
+        .collect();
+
+    // Wait until rank 0 sits before its boundary and rank 1 waits in step 6's collective.
+    {
+        let (m, cv) = &*latch;
+        let mut st = m.lock().unwrap();
+        while !st.0 {
+            st = cv.wait(st).unwrap();
+        }
+    }
+    assert!(fabric.wait_activity(Duration::from_secs(10), |a| a
+        .waiting_in_collective
+        .iter()
+        .any(|(_, r)| *r == GlobalRank(1))));
+
+    let sub = job.submit(cmd(&[("node-0", 1, true)])).unwrap();
+    // Both workers armed their gates (the sample request reached them).
+    for r in 0..2 {
+        let gate = job.gate(GlobalRank(r));
+        let mut spins = 0u64;
+        while !gate.is_armed() {
+            spins += 1;
+            assert!(spins < 1 << 32, "the sample request never reached rank {r}");
+            std::thread::yield_now();
+        }
+    }
+    {
+        let (m, cv) = &*latch;
+        m.lock().unwrap().1 = true;
+        cv.notify_all();
+    }
+    let r = job.wait(sub.id()).unwrap();
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r}");
+    // Rank 0 was in step 6, rank 1 already in step 7: they paused after 7.
+    assert_eq!(r.sampled_steps, Some((6, 7)));
+    assert_eq!(r.pause_step, Some(7));
+
+    // Both train on in the new configuration up to the common last step.
+    let steps: Vec<u64> = trainers.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_eq!(steps, vec![10, 10]);
+    job.shutdown();
+    assert!(fabric.check_consistency().is_consistent());
+    assert_eq!(fabric.ranks_on_backup(), ranks(&[1]));
+    assert_eq!(fabric.collectives_on_inconsistent_groups(), 0);
+    assert!(fabric.violations().is_empty(), "{:?}", fabric.violations());
+}
+
+#[test]
+fn progress_events_follow_the_operation_phase_by_phase() {
+    use taskd::actors::ProgressKind;
+    let sim = Simulation::start(&small()).unwrap();
+    sim.fabric()
+        .inject_nic_set_fault(GlobalRank(1), NicSetFault::Fail(HcclCode::Network));
+    let mut events = Vec::new();
+    let report = sim
+        .job()
+        .run_with_progress(cmd(&[("node-0", 1, true)]), |e| events.push(e.clone()))
+        .unwrap();
+    assert_eq!(report.outcome, Outcome::Failed, "{report}");
+    assert!(report.rolled_back);
+
+    assert!(
+        matches!(&events[0].kind, ProgressKind::Started { ranks: 8, targets, .. } if targets.len() == 1)
+    );
+    assert_eq!(
+        events.last().unwrap().report(),
+        Some(&report),
+        "the report is last"
+    );
+    assert!(events.iter().all(|e| e.op == report.id));
+    assert!(events.windows(2).all(|w| w[0].at <= w[1].at));
+    let steps: Vec<String> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            ProgressKind::PhaseStarted { phase, .. } => Some(format!("+{phase}")),
+            ProgressKind::PhaseFinished { phase, .. } => Some(format!("-{phase}")),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            "+sample",
+            "-sample",
+            "+pause",
+            "-pause",
+            "+switch",
+            "-switch",
+            "+rollback",
+            "-rollback",
+            "+resume",
+            "-resume"
+        ]
+    );
+    // Within a phase the count of ranks still to answer only goes down.
+    let mut waiting = usize::MAX;
+    for e in &events {
+        match &e.kind {
+            ProgressKind::PhaseStarted { waiting: w, .. } => waiting = *w,
+            ProgressKind::Waiting { waiting: w, .. } => {
+                assert!(*w < waiting, "{events:#?}");
+                waiting = *w;
+            }
+            _ => {}
+        }
+    }
+    assert_consistent_end(&sim.finish());
+}

@@ -80,6 +80,8 @@ pub struct StepGate {
     armed: AtomicBool,
     inner: Mutex<Inner>,
     released: Condvar,
+    /// Signalled when an operation arms the gate (see [`StepGate::wait_armed`]).
+    armed_cv: Condvar,
     notify: OnceLock<Notify>,
 }
 
@@ -100,6 +102,7 @@ impl StepGate {
                 stalled: Duration::ZERO,
             }),
             released: Condvar::new(),
+            armed_cv: Condvar::new(),
             notify: OnceLock::new(),
         }
     }
@@ -185,6 +188,7 @@ impl StepGate {
         g.mode = Mode::Sampling;
         g.stalled = Duration::ZERO;
         self.armed.store(true, Ordering::Release);
+        self.armed_cv.notify_all();
         Ok(())
     }
 
@@ -210,6 +214,7 @@ impl StepGate {
             pause_step: true,
         };
         self.armed.store(true, Ordering::Release);
+        self.armed_cv.notify_all();
         match g.held {
             Some((held, _)) if held == step => {
                 drop(g);
@@ -222,6 +227,11 @@ impl StepGate {
             None => {}
         }
         Ok(())
+    }
+
+    /// Whether an operation has armed the gate (the next boundary takes the slow path).
+    pub fn is_armed(&self) -> bool {
+        self.armed.load(Ordering::Acquire)
     }
 
     /// Whether the training thread holds at a boundary now, and after which step.
@@ -246,6 +256,20 @@ impl StepGate {
         stalled
     }
 
+    /// Blocks until an operation arms the gate, the gate shuts down, or `timeout` passes;
+    /// returns whether it is armed. For a loop with no work between boundaries (a benchmark's
+    /// zero-time steps), which would otherwise spin through [`StepGate::step_completed`].
+    pub fn wait_armed(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut g = self.inner.lock();
+        while !self.armed.load(Ordering::Acquire) && g.mode != Mode::Shutdown {
+            if self.armed_cv.wait_until(&mut g, deadline).timed_out() {
+                break;
+            }
+        }
+        self.armed.load(Ordering::Acquire)
+    }
+
     /// Opens the gate for good: the worker is stopping and nobody will resume it.
     pub fn shutdown(&self) {
         let mut g = self.inner.lock();
@@ -253,6 +277,7 @@ impl StepGate {
         g.op = None;
         self.armed.store(false, Ordering::Release);
         self.released.notify_all();
+        self.armed_cv.notify_all();
     }
 }
 

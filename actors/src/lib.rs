@@ -10,12 +10,15 @@
 //!   strictly sequential) and the [`StepGate`] the training loop calls at every step boundary.
 //!
 //! Actors talk only through [`transport::Link`]s, so the same actors run in one process
-//! ([`LocalJob`], the simulator's and tests' default) or across machines.
+//! ([`LocalJob`], the simulator's and tests' default) or across machines ([`net`]: gRPC,
+//! one process per role, and [`RemoteWorker`], the worker API for training processes).
 
 pub mod control;
 pub mod gate;
 pub mod local;
 pub mod manager;
+pub mod net;
+pub mod progress;
 pub mod proxy;
 pub mod telemetry;
 pub mod transport;
@@ -24,5 +27,7 @@ pub mod worker;
 pub use gate::StepGate;
 pub use local::{LocalJob, LocalJobConfig, LocalJobError, RankParts};
 pub use manager::{Manager, ManagerStatus};
+pub use net::{RemoteWorker, RemoteWorkerConfig};
+pub use progress::{ProgressEvent, ProgressFeed, ProgressKind};
 pub use proxy::Proxy;
 pub use worker::Worker;

@@ -8,6 +8,7 @@ use crate::manager::{
     AwaitRegistered, AwaitResult, GetStatus, Manager, ManagerStatus, ProxyConnected, Submission,
     Submit,
 };
+use crate::progress::{ProgressEvent, ProgressFeed};
 use crate::proxy::{Proxy, WorkerConnected, WorkerDisconnected};
 use crate::transport::actor_link;
 use crate::worker::{StopWorker, Worker, WorkerConfig};
@@ -59,6 +60,7 @@ pub struct LocalJob {
     system: System,
     thread: Option<std::thread::JoinHandle<()>>,
     client: tokio::runtime::Runtime,
+    progress: ProgressFeed,
 }
 
 impl LocalJob {
@@ -94,8 +96,9 @@ impl LocalJob {
             .spawn(move || {
                 let sys = System::new();
                 sys.block_on(async move {
-                    let manager =
-                        Manager::new(cfg.job.clone(), table.clone(), cfg.deadlines).start();
+                    let manager = Manager::new(cfg.job.clone(), table.clone(), cfg.deadlines);
+                    let progress = manager.progress();
+                    let manager = manager.start();
                     let mut proxies = Vec::new();
                     for (node, hal) in table.nodes().iter().zip(nodes) {
                         let proxy =
@@ -141,12 +144,13 @@ impl LocalJob {
                         });
                         workers.push(addr);
                     }
-                    let _ = tx.send((System::current(), manager, workers));
+                    let _ = tx.send((System::current(), manager, workers, progress));
                 });
                 sys.run().ok();
             })
             .expect("spawning the actor thread");
-        let (system, manager, workers) = rx.recv().map_err(|_| LocalJobError::SystemGone)?;
+        let (system, manager, workers, progress) =
+            rx.recv().map_err(|_| LocalJobError::SystemGone)?;
         let client = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
@@ -158,7 +162,14 @@ impl LocalJob {
             system,
             thread: Some(thread),
             client,
+            progress,
         })
+    }
+
+    /// The manager's progress feed (see [`crate::progress`]): subscribe before submitting to
+    /// see an operation from its start.
+    pub fn subscribe_progress(&self) -> tokio::sync::broadcast::Receiver<ProgressEvent> {
+        self.progress.subscribe()
     }
 
     /// The step gate of `rank`, for its training loop.
@@ -212,6 +223,56 @@ impl LocalJob {
             Submission::Known(r) => Ok(*r),
             other => self.wait(other.id()),
         }
+    }
+
+    /// Submits and waits like [`LocalJob::run`], handing every progress event of the
+    /// operation to `on_progress` as it happens (on this thread), the final
+    /// [`crate::ProgressKind::Finished`] last. A repeated uuid returns the known result
+    /// without events.
+    pub fn run_with_progress(
+        &self,
+        cmd: SwitchCommand,
+        mut on_progress: impl FnMut(&ProgressEvent),
+    ) -> Result<OperationReport, LocalJobError> {
+        use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+        let mut events = self.subscribe_progress();
+        let id = match self.submit(cmd)? {
+            Submission::Known(r) => return Ok(*r),
+            other => other.id(),
+        };
+        let result = self.manager.send(AwaitResult(id));
+        self.client.block_on(async {
+            tokio::pin!(result);
+            loop {
+                tokio::select! {
+                    biased;
+                    ev = events.recv() => match ev {
+                        Ok(ev) if ev.op == id => on_progress(&ev),
+                        Ok(_) | Err(RecvError::Lagged(_)) => {}
+                        // The manager is gone: the result says how.
+                        Err(RecvError::Closed) => {
+                            return result
+                                .await
+                                .map_err(|_| LocalJobError::SystemGone)?
+                                .ok_or(LocalJobError::UnknownOperation(id));
+                        }
+                    },
+                    res = &mut result => {
+                        // The final event is published before the result is sent: drain.
+                        loop {
+                            match events.try_recv() {
+                                Ok(ev) if ev.op == id => on_progress(&ev),
+                                Ok(_) | Err(TryRecvError::Lagged(_)) => {}
+                                Err(_) => break,
+                            }
+                        }
+                        return res
+                            .map_err(|_| LocalJobError::SystemGone)?
+                            .ok_or(LocalJobError::UnknownOperation(id));
+                    }
+                }
+            }
+        })
     }
 
     pub fn status(&self, recent: usize) -> Result<ManagerStatus, LocalJobError> {

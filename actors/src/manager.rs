@@ -2,6 +2,7 @@
 //! state machine, carries out its actions (broadcasts, deadlines, the final report) and
 //! delivers each result to whoever waits for it.
 
+use crate::progress::{ProgressFeed, ProgressKind};
 use crate::telemetry;
 use crate::transport::{Deliver, Link};
 use actix::prelude::*;
@@ -9,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 use taskd_core::ledger::Submitted;
 use taskd_core::operation::{Action, Event, OperationReport, Outcome};
-use taskd_core::protocol::{Directive, Phase, ProxyToManager};
+use taskd_core::protocol::{Directive, DirectiveKind, Phase, ProxyToManager};
 use taskd_core::{
     GlobalRank, JobId, JobLedger, JobState, NodeName, OperationId, PhaseDeadlines, RankTable,
     SubmitError, SwitchCommand,
@@ -25,8 +26,16 @@ pub struct Manager {
     waiters: HashMap<OperationId, Vec<oneshot::Sender<OperationReport>>>,
     /// Waiters for a registered-worker count.
     registered_waiters: Vec<(usize, oneshot::Sender<()>)>,
+    /// Ranks that registered and are gone, with why; a rank leaves when it registers again.
+    lost: BTreeMap<GlobalRank, String>,
     op_span: Option<Span>,
     phase_span: Option<Span>,
+    progress: ProgressFeed,
+    /// The operation in flight: its id and start; the phase running and its start.
+    op_started: Option<(OperationId, Instant)>,
+    phase_started: Option<(Phase, Instant)>,
+    /// Ranks the phase in flight still waits for, as last published.
+    waiting: usize,
 }
 
 impl Manager {
@@ -36,6 +45,8 @@ impl Manager {
         metrics::gauge!(telemetry::WORKERS_REGISTERED).set(0.0);
         metrics::gauge!(telemetry::OPERATION_IN_FLIGHT).set(0.0);
         metrics::gauge!(telemetry::RANKS_ON_BACKUP).set(0.0);
+        metrics::gauge!(telemetry::OPERATION_PENDING_RANKS).set(0.0);
+        set_job_state(JobState::Running);
         Manager {
             ledger: JobLedger::new(job, table, deadlines),
             epoch: Instant::now(),
@@ -43,8 +54,55 @@ impl Manager {
             deadline: None,
             waiters: HashMap::new(),
             registered_waiters: Vec::new(),
+            lost: BTreeMap::new(),
             op_span: None,
             phase_span: None,
+            progress: ProgressFeed::new(),
+            op_started: None,
+            phase_started: None,
+            waiting: 0,
+        }
+    }
+
+    /// Where this manager publishes the progress of its operations. Take it before starting
+    /// the actor to subscribe from outside; [`SubscribeProgress`] does the same through the
+    /// actor's address.
+    pub fn progress(&self) -> ProgressFeed {
+        self.progress.clone()
+    }
+
+    fn publish(&self, kind: ProgressKind) {
+        if let Some((op, started)) = self.op_started {
+            self.progress.publish(op, started.elapsed(), kind);
+        }
+    }
+
+    /// Ends the phase running, if any: logs it and tells the progress feed.
+    fn end_phase(&mut self) {
+        let Some((phase, started)) = self.phase_started.take() else {
+            return;
+        };
+        let took = started.elapsed();
+        if let Some(span) = self.phase_span.take() {
+            span.in_scope(
+                || tracing::info!(%phase, took_ms = took.as_secs_f64() * 1e3, "phase finished"),
+            );
+        }
+        self.publish(ProgressKind::PhaseFinished { phase, took });
+    }
+
+    /// Publishes the in-flight phase's count of ranks still to answer, when it changed.
+    fn publish_waiting(&mut self) {
+        let Some(op) = self.ledger.in_flight() else {
+            return;
+        };
+        let (phase, waiting) = (op.phase(), op.pending().len());
+        // A phase that just ended is announced by the next one's broadcast instead.
+        let current = self.phase_started.map(|(p, _)| p);
+        if current == Some(phase) && waiting != self.waiting {
+            self.waiting = waiting;
+            metrics::gauge!(telemetry::OPERATION_PENDING_RANKS).set(waiting as f64);
+            self.publish(ProgressKind::Waiting { phase, waiting });
         }
     }
 
@@ -61,7 +119,8 @@ impl Manager {
                         ctx.cancel_future(h);
                     }
                     let after = at.saturating_sub(self.now());
-                    tracing::debug!(%phase, ?after, "deadline armed");
+                    let span = self.phase_span.clone().unwrap_or_else(Span::none);
+                    span.in_scope(|| tracing::debug!(%phase, ?after, "deadline armed"));
                     self.deadline = Some(ctx.run_later(after, move |act, ctx| {
                         act.deadline = None;
                         let now = act.now();
@@ -76,20 +135,44 @@ impl Manager {
 
     fn broadcast(&mut self, d: Directive, ctx: &mut Context<Self>) {
         let phase = d.phase();
+        self.end_phase();
+        let waiting = self
+            .ledger
+            .in_flight()
+            .map(|op| op.pending().len())
+            .unwrap_or(0);
+        let pause_step = match d.kind {
+            DirectiveKind::PauseAt { step } => Some(step),
+            _ => None,
+        };
         if let Some(op) = &self.op_span {
-            let span = tracing::info_span!(parent: op, "phase", phase = phase.as_str());
-            span.in_scope(|| tracing::info!(%phase, "phase started"));
+            let span = tracing::info_span!(
+                parent: op,
+                "phase",
+                uuid = %d.op,
+                phase = phase.as_str(),
+                role = "manager"
+            );
+            span.in_scope(|| tracing::info!(waiting, pause_step, "phase started"));
             self.phase_span = Some(span);
         }
+        self.phase_started = Some((phase, Instant::now()));
+        self.waiting = waiting;
+        metrics::gauge!(telemetry::OPERATION_PENDING_RANKS).set(waiting as f64);
+        self.publish(ProgressKind::PhaseStarted {
+            phase,
+            waiting,
+            pause_step,
+        });
         let mut gone = Vec::new();
         for (node, link) in &self.nodes {
             telemetry::message("out", phase.as_str());
-            if link.send(d.clone()).is_err() {
-                gone.push(node.clone());
+            if let Err(e) = link.send(d.clone()) {
+                gone.push((node.clone(), e));
             }
         }
-        for node in gone {
-            self.node_gone(&node, "connection to the proxy closed", ctx);
+        for (node, e) in gone {
+            self.node_gone(&node, &format!("sending to its proxy failed: {e}"), ctx);
         }
     }
 
@@ -99,12 +182,13 @@ impl Manager {
         for rank in ranks {
             if self.ledger.is_registered(rank) {
                 let now = self.now();
-                let actions =
-                    self.ledger
-                        .worker_lost(rank, format!("proxy of {node}: {reason}"), now);
+                let reason = format!("proxy of {node}: {reason}");
+                self.lost.insert(rank, reason.clone());
+                let actions = self.ledger.worker_lost(rank, reason, now);
                 self.run(actions, ctx);
             }
         }
+        self.publish_waiting();
         self.update_gauges();
     }
 
@@ -112,7 +196,7 @@ impl Manager {
         if let Some(h) = self.deadline.take() {
             ctx.cancel_future(h);
         }
-        self.phase_span = None;
+        self.end_phase();
         let span = self.op_span.take().unwrap_or_else(Span::none);
         span.in_scope(|| match report.outcome {
             Outcome::Succeeded => tracing::info!(%report, "operation finished"),
@@ -146,6 +230,10 @@ impl Manager {
             metrics::histogram!(telemetry::TRAINING_STALL).record(stall.as_secs_f64());
         }
         self.update_gauges();
+        metrics::gauge!(telemetry::OPERATION_PENDING_RANKS).set(0.0);
+        self.publish(ProgressKind::Finished(Box::new(report.clone())));
+        self.op_started = None;
+        self.waiting = 0;
         for w in self.waiters.remove(&report.id).unwrap_or_default() {
             let _ = w.send(report.clone());
         }
@@ -168,6 +256,18 @@ impl Manager {
         });
         metrics::gauge!(telemetry::RANKS_ON_BACKUP)
             .set(self.ledger.ranks_on_backup().count() as f64);
+        set_job_state(self.ledger.state());
+    }
+}
+
+/// `taskd_job_state{state}`: 1 for `state`, 0 for the others.
+fn set_job_state(state: JobState) {
+    for s in [JobState::Running, JobState::Paused, JobState::NeedsRecovery] {
+        metrics::gauge!(telemetry::JOB_STATE, "state" => s.as_str()).set(if s == state {
+            1.0
+        } else {
+            0.0
+        });
     }
 }
 
@@ -216,6 +316,7 @@ impl Handler<Deliver<ProxyToManager>> for Manager {
                 let rank = hello.rank;
                 match self.ledger.register(hello) {
                     Ok(()) => {
+                        self.lost.remove(&rank);
                         tracing::debug!(rank = rank.0, "worker registered");
                         if self.ledger.registered() == self.ledger.expected() {
                             tracing::info!(
@@ -230,14 +331,19 @@ impl Handler<Deliver<ProxyToManager>> for Manager {
             }
             ProxyToManager::WorkerLost { rank, reason } => {
                 telemetry::message("in", "worker_lost");
+                if self.ledger.is_registered(rank) {
+                    self.lost.insert(rank, reason.clone());
+                }
                 let actions = self.ledger.worker_lost(rank, reason, now);
                 self.update_gauges();
+                self.publish_waiting();
                 self.run(actions, ctx);
             }
             ProxyToManager::Reply(nr) => {
                 telemetry::message("in", "node_reply");
                 let span = self.phase_span.clone().unwrap_or_else(Span::none);
                 let actions = span.in_scope(|| self.ledger.handle(Event::Replies(nr), now));
+                self.publish_waiting();
                 self.run(actions, ctx);
             }
         }
@@ -281,6 +387,7 @@ impl Handler<Submit> for Manager {
             job = %cmd.job,
             targets = cmd.targets.len(),
             direction = tracing::field::Empty,
+            role = "manager",
         );
         let res = span.in_scope(|| self.ledger.submit(&cmd, id, now));
         match res {
@@ -293,6 +400,16 @@ impl Handler<Submit> for Manager {
                 span.record("direction", direction);
                 span.in_scope(|| tracing::info!(direction, "operation started"));
                 self.op_span = Some(span);
+                self.op_started = Some((id, Instant::now()));
+                self.phase_started = None;
+                if let Some(op) = self.ledger.in_flight() {
+                    self.publish(ProgressKind::Started {
+                        job: self.ledger.job().clone(),
+                        direction: op.plan().direction(),
+                        targets: op.plan().targets.clone(),
+                        ranks: self.ledger.expected(),
+                    });
+                }
                 self.update_gauges();
                 self.run(actions, ctx);
                 Ok(Submission::Started(id))
@@ -331,6 +448,20 @@ impl Handler<AwaitResult> for Manager {
     }
 }
 
+/// Subscribe to the manager's progress feed (see [`crate::progress`]): every event published
+/// after this message is handled, for every operation.
+#[derive(Message)]
+#[rtype(result = "tokio::sync::broadcast::Receiver<crate::progress::ProgressEvent>")]
+pub struct SubscribeProgress;
+
+impl Handler<SubscribeProgress> for Manager {
+    type Result = MessageResult<SubscribeProgress>;
+
+    fn handle(&mut self, _: SubscribeProgress, _: &mut Self::Context) -> Self::Result {
+        MessageResult(self.progress.subscribe())
+    }
+}
+
 /// Resolves once exactly this many workers are registered (`None`: every expected worker).
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -352,8 +483,16 @@ impl Handler<AwaitRegistered> for Manager {
     }
 }
 
+/// A rank whose worker registered and is gone (process exited, connection closed, heartbeats
+/// missed), and why.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LostRank {
+    pub rank: GlobalRank,
+    pub reason: String,
+}
+
 /// A snapshot of the job as the manager sees it.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ManagerStatus {
     pub job: JobId,
     pub state: JobState,
@@ -362,8 +501,13 @@ pub struct ManagerStatus {
     pub nodes_connected: usize,
     pub ranks_on_backup: Vec<GlobalRank>,
     pub in_flight: Option<(OperationId, Phase)>,
+    /// Ranks the phase in flight still waits for.
+    pub pending_ranks: Vec<GlobalRank>,
     /// The most recent results, newest last.
     pub recent: Vec<OperationReport>,
+    /// Ranks that registered and are gone (until they register again), ascending.
+    #[serde(default)]
+    pub lost_ranks: Vec<LostRank>,
 }
 
 /// Ask for a [`ManagerStatus`] with up to `recent` past results.
@@ -387,7 +531,19 @@ impl Handler<GetStatus> for Manager {
             nodes_connected: self.nodes.len(),
             ranks_on_backup: l.ranks_on_backup().collect(),
             in_flight: l.in_flight().map(|op| (op.id(), op.phase())),
+            pending_ranks: l
+                .in_flight()
+                .map(|op| op.pending().iter().copied().collect())
+                .unwrap_or_default(),
             recent: history.into_iter().rev().collect(),
+            lost_ranks: self
+                .lost
+                .iter()
+                .map(|(rank, reason)| LostRank {
+                    rank: *rank,
+                    reason: reason.clone(),
+                })
+                .collect(),
         })
     }
 }

@@ -8,10 +8,12 @@ use actix::prelude::*;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Instant;
 use taskd_core::protocol::{
     Directive, DirectiveKind, NodeReply, Phase, ProxyToManager, RankReply, ReplyBody, WorkerToProxy,
 };
 use taskd_core::{GlobalRank, JobId, LinkHealth, NodeHal, NodeName, OperationId};
+use tracing::Span;
 
 /// Replies being gathered for one directive.
 struct FanIn {
@@ -30,6 +32,10 @@ pub struct Proxy {
     workers: BTreeMap<GlobalRank, Link<Directive>>,
     node_hal: Arc<Mutex<Box<dyn NodeHal>>>,
     fan_in: Option<FanIn>,
+    /// The span of the operation being relayed (same uuid as the manager's), and of its
+    /// phase, so this node's logs line up with the manager's and the workers'.
+    op_span: Option<(OperationId, Span)>,
+    phase_span: Span,
 }
 
 impl Proxy {
@@ -46,7 +52,37 @@ impl Proxy {
             workers: BTreeMap::new(),
             node_hal: Arc::new(Mutex::new(node_hal)),
             fan_in: None,
+            op_span: None,
+            phase_span: Span::none(),
         }
+    }
+
+    /// Enters the spans of `d`'s operation and phase (a new operation gets a new span).
+    fn enter_phase(&mut self, d: &Directive) {
+        if !matches!(&self.op_span, Some((op, _)) if *op == d.op) {
+            let span = tracing::info_span!(
+                parent: None,
+                "operation",
+                uuid = %d.op,
+                job = %self.job,
+                node = %self.node,
+                role = "proxy",
+                targets = tracing::field::Empty,
+            );
+            self.op_span = Some((d.op, span));
+        }
+        let op_span = &self.op_span.as_ref().expect("just set").1;
+        if let DirectiveKind::Sample { targets } = &d.kind {
+            op_span.record("targets", targets.len());
+        }
+        self.phase_span = tracing::info_span!(
+            parent: op_span,
+            "phase",
+            uuid = %d.op,
+            phase = d.phase().as_str(),
+            role = "proxy",
+            node = %self.node,
+        );
     }
 
     fn up(&self, msg: ProxyToManager) {
@@ -78,15 +114,30 @@ impl Proxy {
         if complete {
             self.fan_in = None;
         }
+        self.phase_span.in_scope(|| {
+            tracing::debug!(
+                replies = reply.replies.len(),
+                complete,
+                "node reply sent to the manager"
+            )
+        });
+        let resumed = complete && reply.phase == Phase::Resume;
         telemetry::message("out", "node_reply");
         self.up(ProxyToManager::Reply(reply));
+        if resumed {
+            // The operation is over on this node: close its spans.
+            self.phase_span = Span::none();
+            self.op_span = None;
+        }
     }
 
     fn lose_worker(&mut self, rank: GlobalRank, reason: String) {
         if self.workers.remove(&rank).is_none() {
             return;
         }
-        tracing::warn!(node = %self.node, rank = rank.0, %reason, "worker lost");
+        self.phase_span
+            .in_scope(|| tracing::warn!(node = %self.node, rank = rank.0, %reason, "worker lost"));
+        telemetry::message("out", "worker_lost");
         self.up(ProxyToManager::WorkerLost { rank, reason });
         if let Some(f) = self.fan_in.as_mut() {
             f.waiting.remove(&rank);
@@ -136,6 +187,10 @@ impl Handler<Deliver<Directive>> for Proxy {
         telemetry::message("in", d.phase().as_str());
         // A new directive supersedes the previous one: send what it still holds.
         self.flush(true);
+        self.enter_phase(&d);
+        let span = self.phase_span.clone();
+        let _entered = span.enter();
+        tracing::debug!(workers = self.workers.len(), "relaying the directive");
         let mut fan_in = FanIn {
             op: d.op,
             phase: d.phase(),
@@ -154,16 +209,24 @@ impl Handler<Deliver<Directive>> for Proxy {
                 let hal = self.node_hal.clone();
                 let node = self.node.clone();
                 let op = d.op;
+                let span = span.clone();
                 let read = tokio::task::spawn_blocking(move || {
+                    let _entered = span.enter();
                     let mut hal = hal.lock();
                     devices
                         .into_iter()
-                        .filter_map(|dev| match hal.link_health(dev) {
-                            Ok(h) => Some(h),
-                            Err(e) => {
-                                // Unknown health does not block the switch: HCCL decides.
-                                tracing::warn!(%node, device = dev.0, error = %e, "link health unknown");
-                                None
+                        .filter_map(|dev| {
+                            let started = Instant::now();
+                            let res = hal.link_health(dev);
+                            telemetry::hal_call("link_health", res.is_ok(), started.elapsed());
+                            match res {
+                                Ok(h) => Some(h),
+                                Err(e) => {
+                                    telemetry::hal_error("link_health", &e);
+                                    // Unknown health does not block the switch: HCCL decides.
+                                    tracing::warn!(%node, device = dev.0, error = %e, "link health unknown");
+                                    None
+                                }
                             }
                         })
                         .collect::<Vec<_>>()
@@ -181,12 +244,13 @@ impl Handler<Deliver<Directive>> for Proxy {
         self.fan_in = Some(fan_in);
         let mut gone = Vec::new();
         for (rank, link) in &self.workers {
-            if link.send(d.clone()).is_err() {
-                gone.push(*rank);
+            telemetry::message("out", d.phase().as_str());
+            if let Err(e) = link.send(d.clone()) {
+                gone.push((*rank, e));
             }
         }
-        for rank in gone {
-            self.lose_worker(rank, "connection closed".into());
+        for (rank, e) in gone {
+            self.lose_worker(rank, format!("sending to the worker failed: {e}"));
         }
         self.flush(false);
     }
@@ -207,11 +271,17 @@ impl Handler<Deliver<WorkerToProxy>> for Proxy {
                     self.workers.remove(&hello.rank);
                     return;
                 }
+                telemetry::message("out", "worker_up");
                 self.up(ProxyToManager::WorkerUp(hello));
             }
             WorkerToProxy::Reply(r) => {
                 telemetry::message("in", "reply");
                 let failed = matches!(r.body, ReplyBody::Failed(_));
+                if let ReplyBody::Failed(e) = &r.body {
+                    self.phase_span.in_scope(|| {
+                        tracing::warn!(rank = r.rank.0, phase = %r.phase, error = %e, "rank failed")
+                    });
+                }
                 let expected = match self.fan_in.as_mut() {
                     Some(f) if f.op == r.op && f.phase == r.phase => {
                         f.waiting.remove(&r.rank).then_some(f)
@@ -225,6 +295,7 @@ impl Handler<Deliver<WorkerToProxy>> for Proxy {
                     }
                     None => {
                         // Late (a switch finishing after the rollback was sent): pass it on.
+                        telemetry::message("out", "node_reply");
                         self.up(ProxyToManager::Reply(NodeReply {
                             node: self.node.clone(),
                             op: r.op,

@@ -1,22 +1,68 @@
-//! Metric names (DESIGN section 8: dashboards depend on them; add, never rename) and the small
-//! helpers that record them through the `metrics` facade. Without an installed recorder the
-//! calls cost next to nothing.
+//! Metrics: the names (DESIGN section 8: dashboards depend on them; add, never rename), the
+//! helpers that record them through the `metrics` facade, the Prometheus recorder and the
+//! `/metrics` HTTP endpoint every role serves.
+//!
+//! Recording is always on and costs next to nothing until a recorder is installed: the library
+//! never installs one by itself. A binary opts in with [`serve_metrics`] (its `--metrics-addr`
+//! flag), or with [`install_recorder`] when it serves the text itself.
+//!
+//! **Cardinality.** No metric has a label that takes a rank, node, group, job or operation id:
+//! every label has a small fixed set of values (`result`, `direction`, `phase`, `op`, `code`,
+//! `kind`, `state`), so one process exports well under 200 series whatever the size of the job.
+//! Which job and which process a series comes from is the scrape target's business (Prometheus
+//! adds `job` and `instance`). Per-rank detail belongs in logs (spans carry the rank), not in
+//! series: a job can have tens of thousands of ranks.
 
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use metrics::Unit;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use taskd_core::HalError;
 
+/// Counter `{result, direction}`: operations by final result (`succeeded`, `failed`,
+/// `rejected`) and direction (`to_backup`, `to_primary`, `mixed`; `none` for a command refused
+/// before it could be resolved).
 pub const OPERATIONS_TOTAL: &str = "taskd_switch_operations_total";
+/// Histogram `{phase}`: `pause` (sample and pause together), `switch`, `resume`, `rollback`,
+/// `total`.
 pub const PHASE_DURATION: &str = "taskd_switch_phase_duration_seconds";
+/// Histogram: the longest time any rank's training was held at its step gate, per operation.
 pub const TRAINING_STALL: &str = "taskd_training_stall_seconds";
+/// Gauge: workers the manager has registered.
 pub const WORKERS_REGISTERED: &str = "taskd_workers_registered";
+/// Gauge: workers the job's rank table expects.
 pub const WORKERS_EXPECTED: &str = "taskd_workers_expected";
+/// Gauge: 1 while an operation runs.
 pub const OPERATION_IN_FLIGHT: &str = "taskd_operation_in_flight";
+/// Gauge: ranks whose traffic is on the backup NIC, per the manager's NIC table.
 pub const RANKS_ON_BACKUP: &str = "taskd_ranks_on_backup_nic";
+/// Counter `{op, result}`: device HAL calls (`groups`, `set_working_nic`, `link_health`) by
+/// result (`ok`, `error`).
 pub const HAL_CALLS_TOTAL: &str = "taskd_hal_calls_total";
+/// Histogram `{op}`: device HAL call latency.
 pub const HAL_CALL_DURATION: &str = "taskd_hal_call_duration_seconds";
+/// Counter `{direction, kind}`: control messages by direction (`in`, `out`) and kind (the
+/// phase of a directive, `reply`, `node_reply`, `hello`, `worker_up`, `worker_lost`).
 pub const MESSAGES_TOTAL: &str = "taskd_messages_total";
+/// Counter `{op, code}`: failed HAL calls by HCCL code (`HCCL_E_NETWORK`, ...;
+/// `HCCL_E_UNKNOWN` for a code this build does not know). Added to section 8.
+pub const HAL_ERRORS_TOTAL: &str = "taskd_hal_errors_total";
+/// Gauge `{state}`: 1 for the job's current state (`running`, `paused`, `needs_recovery`), 0
+/// for the others. `paused` after a failed rollback is the "operator action required" alarm.
+pub const JOB_STATE: &str = "taskd_job_state";
+/// Gauge: ranks the phase in flight still waits for (0 when idle): a stuck phase shows here.
+pub const OPERATION_PENDING_RANKS: &str = "taskd_operation_pending_ranks";
+/// Gauge `{version}`: always 1; the version of the process.
+pub const BUILD_INFO: &str = "taskd_build_info";
 
 /// Every metric name this crate exports.
-pub const ALL: [&str; 10] = [
+pub const ALL: &[&str] = &[
     OPERATIONS_TOTAL,
     PHASE_DURATION,
     TRAINING_STALL,
@@ -27,6 +73,25 @@ pub const ALL: [&str; 10] = [
     HAL_CALLS_TOTAL,
     HAL_CALL_DURATION,
     MESSAGES_TOTAL,
+    HAL_ERRORS_TOTAL,
+    JOB_STATE,
+    OPERATION_PENDING_RANKS,
+    BUILD_INFO,
+];
+
+/// Buckets (seconds) of the phase and stall histograms: a millisecond (a simulated step) up
+/// to ten minutes (past the default five-minute phase deadlines, so a timeout still lands in
+/// a finite bucket).
+pub const DURATION_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0,
+    120.0, 300.0, 600.0,
+];
+
+/// Buckets (seconds) of the HAL call histogram: 100 µs (a no-op or a query) to five minutes
+/// (a NIC-set that renegotiates links, or hangs until the switch deadline).
+pub const HAL_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 ];
 
 pub(crate) fn hal_call(op: &'static str, ok: bool, took: Duration) {
@@ -35,7 +100,378 @@ pub(crate) fn hal_call(op: &'static str, ok: bool, took: Duration) {
     metrics::histogram!(HAL_CALL_DURATION, "op" => op).record(took.as_secs_f64());
 }
 
+/// A failed HAL call's code; call it besides [`hal_call`].
+pub(crate) fn hal_error(op: &'static str, e: &HalError) {
+    metrics::counter!(HAL_ERRORS_TOTAL, "op" => op, "code" => e.code.name()).increment(1);
+}
+
 /// `direction` is `in` or `out`; `kind` the message's kind (`sample`, `reply`, ...).
 pub(crate) fn message(direction: &'static str, kind: &'static str) {
     metrics::counter!(MESSAGES_TOTAL, "direction" => direction, "kind" => kind).increment(1);
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        OPERATIONS_TOTAL,
+        Unit::Count,
+        "NIC switch operations by final result and direction"
+    );
+    describe_histogram!(
+        PHASE_DURATION,
+        Unit::Seconds,
+        "Duration of each phase of a switch operation (pause, switch, resume, rollback, total)"
+    );
+    describe_histogram!(
+        TRAINING_STALL,
+        Unit::Seconds,
+        "Longest time any rank's training was held at its step gate, per operation"
+    );
+    describe_gauge!(
+        WORKERS_REGISTERED,
+        Unit::Count,
+        "Workers registered with the manager"
+    );
+    describe_gauge!(
+        WORKERS_EXPECTED,
+        Unit::Count,
+        "Workers the job's rank table expects"
+    );
+    describe_gauge!(
+        OPERATION_IN_FLIGHT,
+        Unit::Count,
+        "1 while a switch operation runs"
+    );
+    describe_gauge!(
+        RANKS_ON_BACKUP,
+        Unit::Count,
+        "Ranks whose traffic uses the backup NIC"
+    );
+    describe_counter!(
+        HAL_CALLS_TOTAL,
+        Unit::Count,
+        "Device HAL calls by operation and result"
+    );
+    describe_histogram!(
+        HAL_CALL_DURATION,
+        Unit::Seconds,
+        "Device HAL call latency by operation"
+    );
+    describe_counter!(
+        MESSAGES_TOTAL,
+        Unit::Count,
+        "Control-plane messages by direction and kind"
+    );
+    describe_counter!(
+        HAL_ERRORS_TOTAL,
+        Unit::Count,
+        "Failed device HAL calls by operation and HCCL code"
+    );
+    describe_gauge!(
+        JOB_STATE,
+        Unit::Count,
+        "1 for the job's current state (running, paused, needs_recovery)"
+    );
+    describe_gauge!(
+        OPERATION_PENDING_RANKS,
+        Unit::Count,
+        "Ranks the phase in flight still waits for"
+    );
+    describe_gauge!(
+        BUILD_INFO,
+        Unit::Count,
+        "Always 1; labelled with the version"
+    );
+    metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+}
+
+/// Why metrics could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("cannot install the Prometheus recorder (is another metrics recorder installed in this process?): {0}")]
+    Recorder(String),
+    #[error("cannot listen for /metrics on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot start the metrics server: {0}")]
+    Start(std::io::Error),
+}
+
+static RECORDER: Mutex<Option<PrometheusHandle>> = Mutex::new(None);
+
+/// Installs the process-wide Prometheus recorder (once; later calls return the same handle)
+/// with this crate's histogram buckets and metric descriptions. Fails if another `metrics`
+/// recorder is installed already.
+pub fn install_recorder() -> Result<PrometheusHandle, MetricsError> {
+    let mut slot = RECORDER.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(h) = slot.as_ref() {
+        return Ok(h.clone());
+    }
+    let err = |e: metrics_exporter_prometheus::BuildError| MetricsError::Recorder(e.to_string());
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(PHASE_DURATION.into()), DURATION_BUCKETS)
+        .map_err(err)?
+        .set_buckets_for_metric(Matcher::Full(TRAINING_STALL.into()), DURATION_BUCKETS)
+        .map_err(err)?
+        .set_buckets_for_metric(Matcher::Full(HAL_CALL_DURATION.into()), HAL_BUCKETS)
+        .map_err(err)?
+        .install_recorder()
+        .map_err(err)?;
+    describe();
+    *slot = Some(handle.clone());
+    Ok(handle)
+}
+
+/// The installed recorder's handle, if [`install_recorder`] ran.
+pub fn recorder() -> Option<PrometheusHandle> {
+    RECORDER.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Most connections served at once; more are closed at once (a scraper needs one).
+const MAX_CONNECTIONS: usize = 32;
+/// How long a client may take to send its request headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the recorder's histogram buffers are folded in between scrapes.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// A running `/metrics` endpoint. Dropping it (or [`MetricsServer::shutdown`]) stops it.
+#[must_use = "the endpoint stops when this is dropped"]
+pub struct MetricsServer {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl MetricsServer {
+    /// The address it listens on (the real port when asked for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://ADDR/metrics`.
+    pub fn url(&self) -> String {
+        format!("http://{}/metrics", self.addr)
+    }
+
+    /// Stops listening and waits for the server thread.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl std::fmt::Debug for MetricsServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetricsServer")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+/// Installs the recorder (see [`install_recorder`]) and serves Prometheus' text format at
+/// `GET /metrics` on `addr`, on a thread of its own (whatever runtime the caller uses). Port 0
+/// picks a free port: [`MetricsServer::local_addr`] tells which. Every role binary calls this
+/// for its `--metrics-addr`.
+pub fn serve_metrics(addr: SocketAddr) -> Result<MetricsServer, MetricsError> {
+    let handle = install_recorder()?;
+    let listener =
+        std::net::TcpListener::bind(addr).map_err(|source| MetricsError::Bind { addr, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| MetricsError::Bind { addr, source })?;
+    listener
+        .set_nonblocking(true)
+        .map_err(MetricsError::Start)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(MetricsError::Start)?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+    let thread = std::thread::Builder::new()
+        .name("taskd-metrics".into())
+        .spawn(move || runtime.block_on(serve(listener, handle, stop_rx)))
+        .map_err(MetricsError::Start)?;
+    tracing::info!(addr = %local, "serving Prometheus metrics at /metrics");
+    Ok(MetricsServer {
+        addr: local,
+        stop: Some(stop_tx),
+        thread: Some(thread),
+    })
+}
+
+async fn serve(
+    listener: std::net::TcpListener,
+    handle: PrometheusHandle,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, "metrics endpoint: cannot use the listener");
+            return;
+        }
+    };
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut upkeep = tokio::time::interval(UPKEEP_EVERY);
+    upkeep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = upkeep.tick() => handle.run_upkeep(),
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // Out of file descriptors and the like: try again shortly.
+                        tracing::warn!(error = %e, "metrics endpoint: accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let Ok(permit) = slots.clone().try_acquire_owned() else {
+                    tracing::warn!("metrics endpoint: too many connections; closing one");
+                    continue;
+                };
+                let handle = handle.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req| {
+                        let handle = handle.clone();
+                        async move { Ok::<_, Infallible>(respond(&req, &handle)) }
+                    });
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .timer(hyper_util::rt::TokioTimer::new())
+                        .header_read_timeout(HEADER_TIMEOUT)
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, "metrics endpoint: connection ended");
+                    }
+                    drop(permit);
+                });
+            }
+        }
+    }
+}
+
+fn respond(req: &Request<Incoming>, handle: &PrometheusHandle) -> Response<Full<Bytes>> {
+    let readable = matches!(*req.method(), Method::GET | Method::HEAD);
+    let (status, content_type, body) = match req.uri().path() {
+        "/metrics" if readable => (
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            handle.render(),
+        ),
+        "/" if readable => (
+            StatusCode::OK,
+            "text/plain; charset=utf-8",
+            "taskd: Prometheus metrics are at /metrics\n".to_owned(),
+        ),
+        "/metrics" | "/" => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain; charset=utf-8",
+            "only GET and HEAD\n".to_owned(),
+        ),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            "not found: metrics are at /metrics\n".to_owned(),
+        ),
+    };
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if status == StatusCode::METHOD_NOT_ALLOWED {
+        resp.headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+    }
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    fn http(addr: SocketAddr, request: &str) -> String {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(request.as_bytes()).unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn serves_metrics_on_a_picked_port_and_nothing_else() {
+        let server = serve_metrics("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = server.local_addr();
+        assert_ne!(addr.port(), 0);
+        assert_eq!(server.url(), format!("http://{addr}/metrics"));
+        message("in", "hello");
+
+        let ok = http(
+            addr,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        );
+        assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+        assert!(ok.contains("text/plain; version=0.0.4"), "{ok}");
+        assert!(ok.contains("# TYPE taskd_messages_total counter"), "{ok}");
+        assert!(
+            ok.contains("taskd_messages_total{direction=\"in\",kind=\"hello\"}"),
+            "{ok}"
+        );
+        assert!(ok.contains("taskd_build_info{version=\""), "{ok}");
+
+        let missing = http(
+            addr,
+            "GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        );
+        assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
+        let post = http(
+            addr,
+            "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        );
+        assert!(post.starts_with("HTTP/1.1 405"), "{post}");
+        assert!(
+            post.to_ascii_lowercase().contains("allow: get, head"),
+            "{post}"
+        );
+
+        // A second server shares the one recorder; the first's port is free once it stops.
+        let second = serve_metrics("127.0.0.1:0".parse().unwrap()).unwrap();
+        assert_ne!(second.local_addr(), addr);
+        server.shutdown();
+        assert!(std::net::TcpStream::connect(addr).is_err());
+        let again = http(
+            second.local_addr(),
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        );
+        assert!(again.contains("taskd_messages_total"), "{again}");
+    }
+
+    #[test]
+    fn a_taken_port_is_a_clear_error() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let err = serve_metrics(addr).unwrap_err();
+        assert!(matches!(err, MetricsError::Bind { .. }), "{err}");
+        assert!(err.to_string().contains(&addr.to_string()), "{err}");
+    }
 }

@@ -20,6 +20,7 @@ use taskd_core::{
     plan_calls, GlobalRank, JobId, NodeName, OperationId, RankHal, SwitchCapabilities,
 };
 use tokio::sync::oneshot;
+use tracing::Span;
 
 /// Who a worker is.
 #[derive(Clone, Debug)]
@@ -36,6 +37,8 @@ enum HalJob {
     Apply {
         targets: Vec<(GlobalRank, bool)>,
         reply: oneshot::Sender<Result<Vec<AppliedCall>, RankError>>,
+        /// The phase's span, entered on the HAL thread for the calls.
+        span: Span,
     },
 }
 
@@ -49,6 +52,9 @@ pub struct Worker {
     hal: mpsc::Sender<HalJob>,
     hal_thread: Option<std::thread::JoinHandle<()>>,
     farewell: Option<Farewell>,
+    /// The span of the operation in progress (same uuid as the manager's) and of its phase.
+    op_span: Option<(OperationId, Span)>,
+    phase_span: Span,
 }
 
 impl Worker {
@@ -73,6 +79,41 @@ impl Worker {
             hal: tx,
             hal_thread: Some(hal_thread),
             farewell: None,
+            op_span: None,
+            phase_span: Span::none(),
+        }
+    }
+
+    /// Opens the spans of `op` (a new operation gets a new span) and its `phase`.
+    fn enter_phase(&mut self, op: OperationId, phase: Phase) {
+        if !matches!(&self.op_span, Some((id, _)) if *id == op) {
+            let span = tracing::info_span!(
+                parent: None,
+                "operation",
+                uuid = %op,
+                job = %self.cfg.job,
+                node = %self.cfg.node,
+                rank = self.cfg.rank.0,
+                role = "worker",
+            );
+            self.op_span = Some((op, span));
+        }
+        let op_span = &self.op_span.as_ref().expect("just set").1;
+        self.phase_span = tracing::info_span!(
+            parent: op_span,
+            "phase",
+            uuid = %op,
+            phase = phase.as_str(),
+            role = "worker",
+            rank = self.cfg.rank.0,
+        );
+    }
+
+    /// The span of `op`'s phase, if `op` is the operation in progress.
+    fn span_of(&self, op: OperationId) -> Span {
+        match &self.op_span {
+            Some((id, _)) if *id == op => self.phase_span.clone(),
+            _ => Span::none(),
         }
     }
 
@@ -83,6 +124,11 @@ impl Worker {
     }
 
     fn reply(&self, op: OperationId, phase: Phase, body: ReplyBody) {
+        let _entered = self.span_of(op).entered();
+        match &body {
+            ReplyBody::Failed(e) => tracing::warn!(%phase, error = %e, "replying: failed"),
+            _ => tracing::debug!(%phase, "replying"),
+        }
         telemetry::message("out", "reply");
         let r = RankReply {
             rank: self.cfg.rank,
@@ -133,6 +179,7 @@ impl Actor for Worker {
                     rank: act.cfg.rank,
                     capabilities: caps,
                 };
+                telemetry::message("out", "hello");
                 if act.upstream.send(WorkerToProxy::Hello(hello)).is_err() {
                     ctx.stop();
                 }
@@ -159,6 +206,10 @@ impl Handler<Deliver<Directive>> for Worker {
         telemetry::message("in", d.phase().as_str());
         let op = d.op;
         let phase = d.phase();
+        self.enter_phase(op, phase);
+        let span = self.phase_span.clone();
+        let _entered = span.enter();
+        tracing::debug!("directive received");
         match d.kind {
             DirectiveKind::Sample { .. } => {
                 if let Err(e) = self.gate.sample(op) {
@@ -181,7 +232,12 @@ impl Handler<Deliver<Directive>> for Worker {
                     return;
                 }
                 let (tx, rx) = oneshot::channel();
-                if self.hal.send(HalJob::Apply { targets, reply: tx }).is_err() {
+                let job = HalJob::Apply {
+                    targets,
+                    reply: tx,
+                    span: span.clone(),
+                };
+                if self.hal.send(job).is_err() {
                     self.fail(op, phase, "the HAL thread is gone".into());
                     return;
                 }
@@ -202,7 +258,11 @@ impl Handler<Deliver<Directive>> for Worker {
             }
             DirectiveKind::Resume => {
                 let stalled = self.gate.resume();
+                tracing::debug!(stalled_ms = stalled.as_secs_f64() * 1e3, "gate opened");
                 self.reply(op, phase, ReplyBody::Resumed { stalled });
+                // The operation is over for this rank: close its spans.
+                self.phase_span = Span::none();
+                self.op_span = None;
             }
         }
     }
@@ -255,8 +315,13 @@ fn hal_loop(rank: GlobalRank, mut hal: Box<dyn RankHal>, jobs: mpsc::Receiver<Ha
             HalJob::Capabilities(reply) => {
                 let _ = reply.send(hal.capabilities());
             }
-            HalJob::Apply { targets, reply } => {
-                let _ = reply.send(apply(rank, hal.as_mut(), &targets));
+            HalJob::Apply {
+                targets,
+                reply,
+                span,
+            } => {
+                let res = span.in_scope(|| apply(rank, hal.as_mut(), &targets));
+                let _ = reply.send(res);
             }
         }
     }
@@ -273,6 +338,9 @@ fn apply(
     let started = Instant::now();
     let groups = hal.groups();
     telemetry::hal_call("groups", groups.is_ok(), started.elapsed());
+    if let Err(e) = &groups {
+        telemetry::hal_error("groups", e);
+    }
     let groups = groups.map_err(|e| RankError {
         group: None,
         message: e.to_string(),
@@ -286,8 +354,12 @@ fn apply(
     let mut first_error = None;
     for call in plan_calls(&groups, targets) {
         let t = Instant::now();
-        let res = hal.set_working_nic(&call.group, &call.ranks, &call.use_backup);
+        let res = tracing::debug_span!("hal_call", op = "set_working_nic", group = %call.group)
+            .in_scope(|| hal.set_working_nic(&call.group, &call.ranks, &call.use_backup));
         telemetry::hal_call("set_working_nic", res.is_ok(), t.elapsed());
+        if let Err(e) = &res {
+            telemetry::hal_error("set_working_nic", e);
+        }
         match res {
             Ok(()) => applied.push(AppliedCall {
                 group: call.group.clone(),

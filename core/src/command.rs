@@ -87,17 +87,17 @@ impl SwitchPlan {
 pub enum ValidationError {
     #[error("the command has no targets: name at least one node and device")]
     NoTargets,
-    #[error("node {node:?} is not part of the job (known nodes: {known})")]
+    #[error("node \"{node}\" is not part of the job (known nodes: {known})")]
     UnknownNode { node: NodeName, known: String },
-    #[error("device {device} does not exist on node {node:?} (it has devices {devices})")]
+    #[error("device {device} does not exist on node \"{node}\" (it has devices {devices})")]
     UnknownDevice {
         node: NodeName,
         device: DeviceId,
         devices: String,
     },
-    #[error("device {value:?} of node {node:?} is not a device number")]
+    #[error("device {value:?} of node \"{node}\" is not a device number")]
     BadDevice { node: NodeName, value: String },
-    #[error("node {node:?} lists {devs} devices but {ops} operations: give one op per dev")]
+    #[error("node \"{node}\" lists {devs} devices but {ops} operations: give one op per dev")]
     LengthMismatch {
         node: NodeName,
         devs: usize,

@@ -19,7 +19,7 @@ pub const HISTORY_LEN: usize = 256;
 /// Why a command was refused. Nothing was changed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum SubmitError {
-    #[error("job {job:?} is not managed here (this manager runs job {known:?})")]
+    #[error("job \"{job}\" is not managed here (this manager runs job \"{known}\")")]
     UnknownJob { job: JobId, known: JobId },
     #[error("only {registered} of {expected} workers are registered (missing ranks: {missing}); wait until every training process has started")]
     WorkersMissing {
@@ -42,11 +42,13 @@ pub enum SubmitError {
 /// Why a registration was refused.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum RegisterError {
-    #[error("worker of job {got:?} registered with the manager of job {expected:?}")]
+    #[error("worker of job \"{got}\" registered with the manager of job \"{expected}\"")]
     WrongJob { expected: JobId, got: JobId },
     #[error("rank {rank} is not in the rank table (world size {world})")]
     UnknownRank { rank: GlobalRank, world: usize },
-    #[error("rank {rank} registered from node {got:?} but the rank table puts it on {expected:?}")]
+    #[error(
+        "rank {rank} registered from node \"{got}\" but the rank table puts it on \"{expected}\""
+    )]
     WrongNode {
         rank: GlobalRank,
         expected: NodeName,

@@ -200,6 +200,9 @@ pub struct OperationReport {
     pub applied: bool,
     /// The step every rank stopped after, if they all paused.
     pub pause_step: Option<u64>,
+    /// `(lowest, highest)` step the ranks reported being in when the pause was requested
+    /// (ranks may be a step apart; the pause step is the highest).
+    pub sampled_steps: Option<(u64, u64)>,
     pub phases: PhaseDurations,
     /// Longest time any rank's training was held at the gate, as the ranks reported it.
     pub stall: Option<Duration>,
@@ -220,6 +223,7 @@ pub struct Operation {
     pending: BTreeSet<GlobalRank>,
     lost: BTreeMap<GlobalRank, String>,
     max_step: u64,
+    min_step: Option<u64>,
     pause_step: Option<u64>,
     started: Duration,
     phase_started: Duration,
@@ -273,6 +277,7 @@ impl Operation {
             phase: Phase::Sample,
             lost: BTreeMap::new(),
             max_step: 0,
+            min_step: None,
             pause_step: None,
             started: now,
             phase_started: now,
@@ -386,7 +391,10 @@ impl Operation {
                 continue;
             }
             match r.body {
-                ReplyBody::Sampled { in_step } => self.max_step = self.max_step.max(in_step),
+                ReplyBody::Sampled { in_step } => {
+                    self.max_step = self.max_step.max(in_step);
+                    self.min_step = Some(self.min_step.map_or(in_step, |m| m.min(in_step)));
+                }
                 ReplyBody::Paused { step } => {
                     let expected = self.pause_step.unwrap_or(self.max_step);
                     if step != expected {
@@ -663,6 +671,10 @@ impl Operation {
             applied: self.applied && !self.rolled_back,
             // Only when every rank held there: the switch is sent after the last `paused`.
             pause_step: self.pause_step.filter(|_| self.switch_sent),
+            sampled_steps: self
+                .min_step
+                .filter(|_| self.pause_step.is_some())
+                .map(|lo| (lo, self.max_step)),
             phases: self.durations.clone(),
             stall: self.stall,
             lost_ranks: self.lost.keys().copied().collect(),

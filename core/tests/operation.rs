@@ -115,6 +115,8 @@ fn happy_path_samples_pauses_at_max_step_switches_and_resumes() {
             rolled_back: false,
             applied: true,
             pause_step: Some(8),
+            // Rank 5 was a step ahead of the others.
+            sampled_steps: Some((7, 8)),
             // pause: 100 -> 104, switch: 104 -> 107, resume: 107 -> 108.
             phases: durations(Some(4), Some(3), None, Some(1), 8),
             stall: Some(millis(700)),
@@ -225,6 +227,7 @@ fn hal_failure_in_switch_rolls_back_with_previous_values_and_resumes() {
             rolled_back: true,
             applied: false,
             pause_step: Some(9),
+            sampled_steps: Some((9, 9)),
             // pause 100 -> 102, switch 102 -> 105, rollback 105 -> 108, resume 108 -> 109.
             phases: durations(Some(2), Some(3), Some(3), Some(1), 9),
             stall: Some(millis(700)),

@@ -29,6 +29,14 @@
 //!
 //! On top: [`AscendRankHal`] and [`AscendNodeHal`].
 //!
+//! ## Stubs (feature `testing`)
+//!
+//! `testing` (off by default) compiles the stub libraries of `tests/stub/*.c` with `cc` and
+//! reads their call logs; see its module docs. Tests of this crate and of the `taskd` crate,
+//! and the hardware-in-the-loop rig (`taskd`'s `examples/hil_rig.rs --stubs`), use it to run
+//! the production code path on a machine without NPUs. The HCCL stub runs real multi-rank
+//! collectives between threads and enforces HCCL's NIC-set rules (see the module docs).
+//!
 //! ## Where the libraries are looked for
 //!
 //! For each library, in order (details in [`search`]):
@@ -87,6 +95,8 @@ pub mod result;
 pub mod safe;
 pub mod search;
 pub mod sys;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use node::AscendNodeHal;
 pub use rank::AscendRankHal;

@@ -82,6 +82,13 @@ impl AscendRankHal {
         }
     }
 
+    /// The communicators with the launcher's descriptions, in the order they were handed in.
+    /// A caller that shares this HAL with its training loop (behind a lock, so that HCCL calls
+    /// of one rank stay sequential) runs its collectives through these.
+    pub fn comms(&self) -> impl Iterator<Item = (&Comm, &GroupInfo)> + '_ {
+        self.groups.iter().map(|g| (&g.comm, &g.info))
+    }
+
     /// Gives the communicators back (owned ones are destroyed when the caller drops them).
     pub fn into_comms(self) -> Vec<(Comm, GroupInfo)> {
         self.groups.into_iter().map(|g| (g.comm, g.info)).collect()

@@ -383,6 +383,11 @@ mod hccl {
             b.iter()
                 .fold(0u32, |h, x| h.wrapping_mul(31).wrapping_add(u32::from(*x)))
         };
+        assert_ne!(
+            RootInfo::generate(&lib).unwrap().as_bytes(),
+            generated.as_bytes(),
+            "each root info names a new rendezvous"
+        );
         let comm = Comm::init_root_info(&lib, 16, &received, 9).unwrap();
         assert_eq!(comm.rank_id().unwrap(), 9);
         assert_eq!(comm.rank_size().unwrap(), 16);
@@ -602,6 +607,31 @@ mod acl {
         assert_eq!(
             stub.calls("aclrtSetDevice"),
             vec!["aclrtSetDevice deviceId=99"]
+        );
+    }
+}
+
+mod acl_init {
+    use super::*;
+
+    #[test]
+    fn init_once_then_repeat_is_reported_not_failed() {
+        let (acl, stub) = acl("acl_init");
+        assert!(result::acl::init(&acl).unwrap(), "this call initialised");
+        assert!(!result::acl::init(&acl).unwrap(), "already initialised");
+        result::acl::finalize(&acl).unwrap();
+        assert!(result::acl::init(&acl).unwrap());
+        stub.set_result("aclInit", 100_003);
+        assert_eq!(result::acl::init(&acl).unwrap_err().code, 100_003);
+        assert_eq!(
+            stub.log(),
+            vec![
+                "aclInit configPath=NULL",
+                "aclInit configPath=NULL",
+                "aclFinalize",
+                "aclInit configPath=NULL",
+                "aclInit configPath=NULL",
+            ]
         );
     }
 }
@@ -967,5 +997,224 @@ mod node_hal {
         assert_eq!(e.code, HcclCode::NotSupport);
         assert!(e.detail.contains("partner die 1"), "{e}");
         assert!(stub.calls("dcmi_get_device_network_health").is_empty());
+    }
+}
+
+mod preflight_probe {
+    use super::*;
+    use taskd_hal_ascend::sys::{self, acl as sys_acl, dcmi as sys_dcmi, hccl as sys_hccl};
+
+    #[test]
+    fn a_complete_library_has_no_missing_symbols_and_says_where_it_came_from() {
+        for (stub, spec, symbols) in [
+            (Stub::Hccl, search::HCCL, sys_hccl::SYMBOLS),
+            (Stub::Acl, search::ACL, sys_acl::SYMBOLS),
+            (Stub::Dcmi, search::DCMI, sys_dcmi::SYMBOLS),
+        ] {
+            let root = fresh_dir("probe_complete");
+            std::fs::create_dir_all(root.join("home/lib64")).unwrap();
+            let toolkit = install(stub, &root.join("toolkit/lib64"));
+            let e = env(&[
+                ("ASCEND_HOME_PATH", &root.join("home")),
+                ("ASCEND_TOOLKIT_HOME", &root.join("toolkit")),
+            ]);
+            let p = sys::probe_symbols(&spec, symbols, &e).unwrap();
+            assert_eq!(p.loaded.path, toolkit, "{stub:?}");
+            assert_eq!(p.loaded.origin, Origin::AscendToolkitHome);
+            assert!(p.missing.is_empty(), "{stub:?}: {:?}", p.missing);
+            assert_eq!(p.skipped.len(), 1, "ASCEND_HOME_PATH had no file");
+            assert_eq!(p.skipped[0].candidate.origin, Origin::AscendHomePath);
+        }
+    }
+
+    #[test]
+    fn every_missing_symbol_is_listed() {
+        let path = fresh(Stub::HcclWithoutResume, "probe_no_resume");
+        let e = env(&[("TASKD_HCCL_LIBRARY", &path)]);
+        let p = sys::probe_symbols(&search::HCCL, sys_hccl::SYMBOLS, &e).unwrap();
+        assert_eq!(p.missing, vec!["HcclCommResume"]);
+        assert_eq!(p.loaded.origin, Origin::Override("TASKD_HCCL_LIBRARY"));
+
+        // The wrong library lacks all of them.
+        let acl = fresh(Stub::Acl, "probe_wrong");
+        let e = env(&[("TASKD_HCCL_LIBRARY", &acl)]);
+        let p = sys::probe_symbols(&search::HCCL, sys_hccl::SYMBOLS, &e).unwrap();
+        assert_eq!(p.missing, sys_hccl::SYMBOLS.to_vec());
+    }
+
+    #[test]
+    fn a_library_that_does_not_load_is_the_search_error() {
+        let root = fresh_dir("probe_absent");
+        let e = env(&[("TASKD_DCMI_LIBRARY", &root.join("nope/libdcmi.so"))]);
+        match sys::probe_symbols(&search::DCMI, sys_dcmi::SYMBOLS, &e).unwrap_err() {
+            LoadError::NotFound { attempts, .. } => assert_eq!(attempts.len(), 1),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// The HCCL stub's groups: ranks as threads of this process, joined from one root info.
+mod stub_groups {
+    use super::*;
+    use std::time::Duration;
+    use taskd_hal_ascend::testing::NicSetRecord;
+
+    struct Member {
+        comm: Comm,
+        stream: Stream,
+        send: DeviceBuffer,
+        recv: DeviceBuffer,
+    }
+
+    /// `n` members of one group, each made on its own thread like a rig does.
+    fn group(test: &str, n: u32) -> (Arc<HcclLib>, StubControl, Vec<Member>) {
+        let (lib, stub) = hccl(test);
+        let (acl, _acl_stub) = acl(&format!("{test}_acl"));
+        let root = RootInfo::generate(&lib).unwrap();
+        let members = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..n)
+                .map(|r| {
+                    let (lib, acl, root) = (&lib, &acl, &root);
+                    s.spawn(move || {
+                        result::acl::set_device(acl, r as i32).unwrap();
+                        Member {
+                            comm: Comm::init_root_info(lib, n, root, r).unwrap(),
+                            stream: Stream::new(acl).unwrap(),
+                            send: DeviceBuffer::alloc(acl, 8, MemMallocPolicy::HugeFirst).unwrap(),
+                            recv: DeviceBuffer::alloc(acl, 8, MemMallocPolicy::HugeFirst).unwrap(),
+                        }
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .collect::<Vec<_>>()
+        });
+        (lib, stub, members)
+    }
+
+    fn all_reduce(
+        m: &mut Member,
+        values: [f32; 2],
+        op: HcclReduceOp,
+    ) -> Result<[f32; 2], HalError> {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        m.send.copy_from_host(&bytes).unwrap();
+        m.comm
+            .all_reduce(&m.send, &mut m.recv, 2, HcclDataType::Fp32, op, &m.stream)?;
+        m.stream.synchronize().unwrap();
+        let mut out = [0u8; 8];
+        m.recv.copy_to_host(&mut out).unwrap();
+        Ok([
+            f32::from_le_bytes(out[..4].try_into().unwrap()),
+            f32::from_le_bytes(out[4..].try_into().unwrap()),
+        ])
+    }
+
+    #[test]
+    fn members_share_one_name_and_all_reduce_for_real() {
+        let (_lib, _stub, mut members) = group("group_sum", 3);
+        let names: Vec<String> = members.iter().map(|m| m.comm.name().unwrap()).collect();
+        assert_eq!(names, vec![names[0].clone(); 3]);
+        assert_eq!(names[0], "stubcomm_1");
+        for (r, m) in members.iter().enumerate() {
+            assert_eq!(m.comm.rank_id().unwrap(), r as u32);
+            assert_eq!(m.comm.rank_size().unwrap(), 3);
+        }
+        for (op, want) in [
+            (HcclReduceOp::Sum, [6.0, 0.5 + 1.5 + 2.5]),
+            (HcclReduceOp::Max, [3.0, 2.5]),
+            (HcclReduceOp::Min, [1.0, 0.5]),
+        ] {
+            let got = std::thread::scope(|s| {
+                let handles: Vec<_> = members
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(r, m)| {
+                        s.spawn(move || all_reduce(m, [r as f32 + 1.0, r as f32 + 0.5], op))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap().unwrap())
+                    .collect::<Vec<_>>()
+            });
+            assert_eq!(got, vec![want; 3], "{op:?}");
+        }
+    }
+
+    #[test]
+    fn nic_set_follows_hccls_rules_within_a_group() {
+        let (_lib, stub, mut members) = group("group_nic_set", 2);
+        // Before any collective: refused.
+        let e = members[0].comm.set_working_nic(&[1], &[true]).unwrap_err();
+        assert_eq!(e.code, HcclCode::Internal);
+        assert_eq!(
+            stub.calls("NICSET_BEFORE_COLLECTIVE"),
+            vec!["NICSET_BEFORE_COLLECTIVE group=stubcomm_1 rank=0"]
+        );
+        std::thread::scope(|s| {
+            for m in members.iter_mut() {
+                s.spawn(move || all_reduce(m, [1.0, 1.0], HcclReduceOp::Sum).unwrap());
+            }
+        });
+        // The first member to make its k-th call sets what every other k-th call must be.
+        members[1]
+            .comm
+            .set_working_nic(&[1, 0], &[true, false])
+            .unwrap();
+        members[0]
+            .comm
+            .set_working_nic(&[1, 0], &[true, false])
+            .unwrap();
+        members[0].comm.set_working_nic(&[1], &[true]).unwrap();
+        let e = members[1].comm.set_working_nic(&[1], &[false]).unwrap_err();
+        assert_eq!(e.code, HcclCode::Para);
+        assert_eq!(
+            stub.calls("NICSET_MISMATCH"),
+            vec![
+                "NICSET_MISMATCH group=stubcomm_1 rank=1 call=1 expected=nRanks=1 ranks=[1] \
+                 useBackup=[1] got=nRanks=1 ranks=[1] useBackup=[0]"
+            ]
+        );
+        let records: Vec<NicSetRecord> = stub
+            .log()
+            .iter()
+            .filter_map(|l| NicSetRecord::parse(l))
+            .collect();
+        assert_eq!(
+            records
+                .iter()
+                .map(|r| (r.rank, r.group.as_str(), r.args.as_str()))
+                .collect::<Vec<_>>(),
+            vec![
+                (0, "stubcomm_1", "nRanks=1 ranks=[1] useBackup=[1]"),
+                (1, "stubcomm_1", "nRanks=2 ranks=[1,0] useBackup=[1,0]"),
+                (0, "stubcomm_1", "nRanks=2 ranks=[1,0] useBackup=[1,0]"),
+                (0, "stubcomm_1", "nRanks=1 ranks=[1] useBackup=[1]"),
+                (1, "stubcomm_1", "nRanks=1 ranks=[1] useBackup=[0]"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_missing_peer_times_out_and_breaks_the_group() {
+        let (_lib, stub, mut members) = group("group_timeout", 2);
+        stub.hccl_collective_timeout(Duration::from_millis(50));
+        let e = all_reduce(&mut members[0], [1.0, 1.0], HcclReduceOp::Sum).unwrap_err();
+        assert_eq!(e.code, HcclCode::Timeout);
+        let e = all_reduce(&mut members[1], [1.0, 1.0], HcclReduceOp::Sum).unwrap_err();
+        assert_eq!(e.code, HcclCode::Remote);
+        assert_eq!(stub.calls("HcclAllReduce TIMEOUT").len(), 1);
+    }
+
+    #[test]
+    fn destroying_a_member_breaks_the_group() {
+        let (_lib, _stub, mut members) = group("group_destroy", 2);
+        let gone = members.remove(1);
+        gone.comm.destroy().unwrap();
+        let e = all_reduce(&mut members[0], [1.0, 1.0], HcclReduceOp::Sum).unwrap_err();
+        assert_eq!(e.code, HcclCode::Remote);
     }
 }

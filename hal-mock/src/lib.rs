@@ -13,6 +13,8 @@
 //!   [`taskd_core::NodeHal`] a worker and a proxy own.
 //! - [`SimTraining`]: one thread per rank running blocking all-reduces and calling the step
 //!   hook, so pausing, deadlocks and lost steps are observable.
+//! - [`solo`]: one rank alone in its own process (`taskd worker --sim`): the same group layout,
+//!   its own view of each group, HCCL's single-rank rules, a training loop on a common clock.
 //!
 //! ## The simulated hardware
 //!
@@ -37,6 +39,7 @@ pub mod fault;
 pub mod hccl;
 pub mod node_hal;
 pub mod rank_hal;
+pub mod solo;
 pub mod training;
 
 #[cfg(test)]
@@ -49,6 +52,7 @@ pub use fault::{NicSetFault, NicSetRecord};
 pub use hccl::{ALL_REDUCE_OP, NIC_SET_OP};
 pub use node_hal::MockNodeHal;
 pub use rank_hal::MockRankHal;
+pub use solo::{SoloLayout, SoloNodeHal, SoloRank, SoloRankHal, SoloTraining, SoloTrainingOptions};
 pub use training::{
     no_pause_hooks, NoPause, RankExit, SimTraining, TrainingOptions, TrainingSummary,
 };

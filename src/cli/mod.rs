@@ -4,7 +4,17 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+pub mod connect;
+pub mod doctor;
+pub mod manager;
+pub mod net_common;
+pub mod proxy;
+pub mod render;
+pub mod serve;
 pub mod sim;
+pub mod status;
+pub mod switch;
+pub mod worker;
 
 #[derive(Parser)]
 #[command(
@@ -13,8 +23,18 @@ pub mod sim;
     about = "NIC failover and switchback for running Ascend training jobs"
 )]
 pub struct Cli {
+    /// Log format on stderr: `text` for people, `json` (one object per line, with the spans
+    /// of the operation: uuid, phase, role) for a log aggregator. Levels from RUST_LOG.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "TASKD_LOG_FORMAT")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -22,23 +42,54 @@ enum Command {
     /// Run a simulated job in this process (mock HAL, simulated fabric) through a switch to
     /// the backup NIC and back, and report.
     Sim(sim::SimArgs),
+    /// Move devices of a running job to their backup NIC or back (through the manager's
+    /// control API).
+    Switch(switch::SwitchArgs),
+    /// Show a job as its manager sees it: workers, NIC table, operation in flight, results.
+    Status(status::StatusArgs),
+    /// Preflight for a node about to run a job: vendor libraries, HCCL/MindCluster flags, the
+    /// taskd port, the job environment. Exit 0 only when no check fails.
+    Doctor(doctor::DoctorArgs),
+    /// Run the job's manager: proxies connect to it (port 9601), operators reach it through
+    /// the control API (--control-addr).
+    Manager(manager::ManagerArgs),
+    /// Run one node's proxy, between the node's workers and the manager.
+    Proxy(proxy::ProxyArgs),
+    /// Run one simulated rank (--sim) as a process of its own, connected to its node's proxy.
+    Worker(worker::WorkerArgs),
 }
 
 /// Parses the command line, sets up logging and runs the subcommand.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    init_logging(cli.log_format);
     match cli.command {
         Command::Sim(args) => sim::run(args),
+        Command::Switch(args) => switch::run(args),
+        Command::Status(args) => status::run(args),
+        Command::Doctor(args) => doctor::run(args),
+        Command::Manager(args) => manager::run(args),
+        Command::Proxy(args) => proxy::run(args),
+        Command::Worker(args) => worker::run(args),
     }
 }
 
-/// Logs go to stderr, filtered by `RUST_LOG` (default: errors only).
-fn init_logging() {
+/// Logs go to stderr, filtered by `RUST_LOG` (default: errors only), as text or JSON.
+fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("error"));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        // Each line carries the current span and the whole span list, so every line of one
+        // operation, on any machine, has its uuid and phase.
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .init(),
+    }
 }

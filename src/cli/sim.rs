@@ -1,7 +1,11 @@
 //! `taskd sim`: a simulated job in this process, through a switch to backup and back.
 
-use crate::sim::{run_scenario, SimConfig, SimError};
+use crate::progress::{self, ProgressPrinter};
+use crate::sim::{run_scenario_observed, SimConfig, SimError};
 use clap::Args;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use taskd_core::{DeviceId, GlobalRank, NodeName};
@@ -39,9 +43,22 @@ pub struct SimArgs {
     /// Ranks whose HCCL runs without L2 retry (a switch must then be refused); repeatable.
     #[arg(long = "l2-off-rank", value_name = "R")]
     l2_off_rank: Vec<u32>,
-    /// Print one JSON object instead of the timeline.
+    /// Print one JSON object instead of the live progress and the table.
     #[arg(long)]
     json: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics while the simulation runs (port 0
+    /// picks a free port; the address is printed on stderr).
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<SocketAddr>,
+    /// Keep the metrics endpoint up this long after the scenario, so it can be scraped.
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "metrics_addr")]
+    hold_secs: u64,
+    /// Write a per-step timeline as CSV (step, time_ms, step_ms, operation, phase) to FILE,
+    /// to plot step time around each operation.
+    #[arg(long, value_name = "FILE")]
+    timeline: Option<PathBuf>,
+    #[command(flatten)]
+    serve: super::serve::ServeArgs,
 }
 
 pub fn parse_switch(s: &str) -> Result<(NodeName, Vec<DeviceId>), String> {
@@ -89,15 +106,94 @@ pub fn run(a: SimArgs) -> ExitCode {
         step_time: Duration::from_millis(a.step_ms),
         ..defaults
     };
-    match run_scenario(&cfg) {
-        Ok(report) => {
-            let text = if a.json {
+    let metrics = match a.metrics_addr.map(taskd_actors::telemetry::serve_metrics) {
+        None => None,
+        Some(Ok(m)) => {
+            eprintln!("taskd sim: Prometheus metrics at {}", m.url());
+            Some(m)
+        }
+        Some(Err(e)) => {
+            eprintln!("taskd sim: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if a.serve.serve {
+        return super::serve::run(cfg, a.serve);
+    }
+    let code = run_and_report(&cfg, a.json, a.timeline.as_deref());
+    if let Some(m) = metrics.filter(|_| a.hold_secs > 0) {
+        eprintln!(
+            "taskd sim: holding {} for {} s (Ctrl-C ends it)",
+            m.url(),
+            a.hold_secs
+        );
+        std::thread::sleep(Duration::from_secs(a.hold_secs));
+    }
+    code
+}
+
+/// Runs the scenario, printing live progress and the final table (or the JSON report).
+fn run_and_report(cfg: &SimConfig, json: bool, timeline: Option<&std::path::Path>) -> ExitCode {
+    // Refuse an unwritable timeline before running anything.
+    let mut timeline_file = match timeline.map(std::fs::File::create).transpose() {
+        Ok(f) => f.map(std::io::BufWriter::new),
+        Err(e) => {
+            let path = timeline
+                .map(|p| p.display().to_string())
+                .unwrap_or_default();
+            eprintln!("taskd sim: cannot write the timeline to {path}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut printer = (!json).then(ProgressPrinter::stdout);
+    let heading_text = format!(
+        "simulated job: {} nodes x {} devices = {} ranks (mock HAL, simulated fabric)",
+        cfg.nodes,
+        cfg.devices_per_node,
+        cfg.nodes * cfg.devices_per_node
+    );
+    let mut heading = true;
+    // A closed stdout (`| head`) is the reader's choice, not a failure of the run: write
+    // errors are ignored throughout.
+    let res = run_scenario_observed(cfg, |ev| {
+        if let Some(p) = printer.as_mut() {
+            if std::mem::take(&mut heading) {
+                let _ = p.line(&heading_text);
+            }
+            let _ = p.event(ev);
+        }
+    });
+    if let Some(p) = printer.as_mut() {
+        let _ = p.finish();
+    }
+    match res {
+        Ok(run) => {
+            let report = run.report;
+            if let (Some(f), Some(path)) = (timeline_file.as_mut(), timeline) {
+                if let Err(e) = run.timeline.write_csv(f).and_then(|_| f.flush()) {
+                    eprintln!(
+                        "taskd sim: cannot write the timeline to {}: {e}",
+                        path.display()
+                    );
+                    return ExitCode::from(1);
+                }
+            }
+            let text = if json {
                 serde_json::to_string_pretty(&report).expect("the report serializes") + "\n"
             } else {
-                report.to_text()
+                // Every command was refused before it ran: no event printed the heading.
+                let head = if heading {
+                    heading_text + "\n"
+                } else {
+                    String::new()
+                };
+                format!(
+                    "{head}\n{}\n{}",
+                    progress::table(&report.operations),
+                    report.end_text()
+                )
             };
-            // A closed stdout (`| head`) is the reader's choice, not a failure of the run.
-            let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes());
+            let _ = std::io::stdout().lock().write_all(text.as_bytes());
             if report.invariants.ok {
                 ExitCode::SUCCESS
             } else {

@@ -37,6 +37,24 @@ fn check(op: &'static str, code: AclResult) -> Result<(), AclError> {
     }
 }
 
+/// `ACL_ERROR_REPEAT_INITIALIZE` in `acl_base.h`: `aclInit` was already called.
+pub const ACL_ERROR_REPEAT_INITIALIZE: i32 = 100_002;
+
+/// `aclInit(NULL)`, once per process before any other ACL call. `Ok(true)` if this call
+/// initialised the runtime, `Ok(false)` if it already was (a framework in the same process did
+/// it: `ACL_ERROR_REPEAT_INITIALIZE`), in which case the caller must not finalize it.
+pub fn init(lib: &AclLib) -> Result<bool, AclError> {
+    match lib.init() {
+        ACL_ERROR_REPEAT_INITIALIZE => Ok(false),
+        code => check("aclInit", code).map(|()| true),
+    }
+}
+
+/// `aclFinalize`, after every stream and allocation was released.
+pub fn finalize(lib: &AclLib) -> Result<(), AclError> {
+    check("aclFinalize", lib.finalize())
+}
+
 /// `aclrtSetDevice`: binds the calling thread to a device (logical id).
 pub fn set_device(lib: &AclLib, device_id: i32) -> Result<(), AclError> {
     check("aclrtSetDevice", lib.set_device(device_id))

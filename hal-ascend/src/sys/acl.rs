@@ -1,11 +1,11 @@
-//! `libascendcl.so`: the runtime calls a rig needs around HCCL (device, stream, memory).
+//! `libascendcl.so`: the runtime calls a rig needs around HCCL (init, device, stream, memory).
 //!
 //! Prototypes are those of CANN's `acl_rt.h`; every call returns `aclError` (`int`, 0 =
 //! `ACL_SUCCESS`).
 
 use super::Loaded;
 use crate::search::{EnvLookup, LoadError, ACL};
-use std::ffi::c_void;
+use std::ffi::{c_char, c_void};
 use std::path::Path;
 use std::ptr::NonNull;
 
@@ -66,12 +66,28 @@ impl DevicePtr {
     }
 }
 
+type FnInit = unsafe extern "C" fn(*const c_char) -> AclResult;
+type FnFinalize = unsafe extern "C" fn() -> AclResult;
 type FnSetDevice = unsafe extern "C" fn(i32) -> AclResult;
 type FnCreateStream = unsafe extern "C" fn(*mut *mut c_void) -> AclResult;
 type FnStream = unsafe extern "C" fn(*mut c_void) -> AclResult;
 type FnMalloc = unsafe extern "C" fn(*mut *mut c_void, usize, i32) -> AclResult;
 type FnFree = unsafe extern "C" fn(*mut c_void) -> AclResult;
 type FnMemcpy = unsafe extern "C" fn(*mut c_void, usize, *const c_void, usize, i32) -> AclResult;
+
+/// Every function the table binds, in binding order: what a preflight looks for
+/// ([`super::probe_symbols`]).
+pub const SYMBOLS: &[&str] = &[
+    "aclrtSetDevice",
+    "aclrtCreateStream",
+    "aclrtDestroyStream",
+    "aclrtSynchronizeStream",
+    "aclrtMalloc",
+    "aclrtFree",
+    "aclrtMemcpy",
+    "aclInit",
+    "aclFinalize",
+];
 
 /// The ACL function table.
 pub struct AclLib {
@@ -82,6 +98,8 @@ pub struct AclLib {
     malloc: FnMalloc,
     free: FnFree,
     memcpy: FnMemcpy,
+    init: FnInit,
+    finalize: FnFinalize,
     // Keeps the library mapped for as long as the pointers above exist.
     loaded: Loaded,
 }
@@ -115,9 +133,23 @@ impl AclLib {
                 malloc: loaded.function("aclrtMalloc")?,
                 free: loaded.function("aclrtFree")?,
                 memcpy: loaded.function("aclrtMemcpy")?,
+                init: loaded.function("aclInit")?,
+                finalize: loaded.function("aclFinalize")?,
                 loaded,
             })
         }
+    }
+
+    /// `aclInit(NULL)`: initialises the runtime for this process, without a config file.
+    pub fn init(&self) -> AclResult {
+        // SAFETY: a null configPath is documented as "no configuration file".
+        unsafe { (self.init)(std::ptr::null()) }
+    }
+
+    /// `aclFinalize()`.
+    pub fn finalize(&self) -> AclResult {
+        // SAFETY: no arguments.
+        unsafe { (self.finalize)() }
     }
 
     /// `aclrtSetDevice(deviceId)`.

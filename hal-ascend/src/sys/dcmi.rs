@@ -42,6 +42,16 @@ type FnGetDeviceNumInCard = unsafe extern "C" fn(i32, *mut i32) -> DcmiResult;
 type FnFromLogicId = unsafe extern "C" fn(*mut i32, *mut i32, u32) -> DcmiResult;
 type FnNetworkHealth = unsafe extern "C" fn(i32, i32, *mut i32) -> DcmiResult;
 
+/// Every function the table binds, in binding order: what a preflight looks for
+/// ([`super::probe_symbols`]).
+pub const SYMBOLS: &[&str] = &[
+    "dcmi_init",
+    "dcmi_get_card_list",
+    "dcmi_get_device_num_in_card",
+    "dcmi_get_card_id_device_id_from_logicid",
+    "dcmi_get_device_network_health",
+];
+
 /// The DCMI function table.
 pub struct DcmiLib {
     init: FnInit,

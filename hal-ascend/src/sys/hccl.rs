@@ -113,6 +113,20 @@ type FnAllReduce = unsafe extern "C" fn(
 type FnComm = unsafe extern "C" fn(*mut c_void) -> HcclResult;
 type FnGetCommName = unsafe extern "C" fn(*mut c_void, *mut c_char) -> HcclResult;
 
+/// Every function the table binds, in binding order: what a preflight looks for
+/// ([`super::probe_symbols`]).
+pub const SYMBOLS: &[&str] = &[
+    "HcclCommWorkingDevNicSet",
+    "HcclGetRootInfo",
+    "HcclCommInitRootInfo",
+    "HcclGetRankId",
+    "HcclGetRankSize",
+    "HcclAllReduce",
+    "HcclCommResume",
+    "HcclCommDestroy",
+    "HcclGetCommName",
+];
+
 /// The HCCL function table.
 pub struct HcclLib {
     working_dev_nic_set: FnWorkingDevNicSet,

@@ -20,6 +20,40 @@ use crate::search::{candidates, Attempt, Candidate, EnvLookup, LibrarySpec, Load
 pub fn probe(spec: &LibrarySpec, env: EnvLookup<'_>) -> Result<PathBuf, LoadError> {
     Loaded::search(spec, env).map(|l| l.path)
 }
+
+/// What a preflight learns about one library: where the search found it, what it tried before,
+/// and which of the functions this crate binds the file lacks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LibraryProbe {
+    /// The candidate that loaded.
+    pub loaded: Candidate,
+    /// Earlier candidates that did not load, with the loader's message.
+    pub skipped: Vec<Attempt>,
+    /// Symbols of `symbols` not found in the file, in the order given.
+    pub missing: Vec<&'static str>,
+}
+
+/// Runs the search for `spec`, then looks up each of `symbols` (e.g. [`hccl::SYMBOLS`]) in the
+/// file that loaded, without calling anything, and unloads it. Unlike the `open` functions,
+/// which stop at the first missing symbol, this reports all of them.
+pub fn probe_symbols(
+    spec: &LibrarySpec,
+    symbols: &[&'static str],
+    env: EnvLookup<'_>,
+) -> Result<LibraryProbe, LoadError> {
+    let (loaded, candidate, skipped) = Loaded::search_reporting(spec, env)?;
+    let missing = symbols
+        .iter()
+        .copied()
+        .filter(|s| !loaded.has_symbol(s))
+        .collect();
+    Ok(LibraryProbe {
+        loaded: candidate,
+        skipped,
+        missing,
+    })
+}
+
 use libloading::Library;
 use std::path::{Path, PathBuf};
 
@@ -32,6 +66,15 @@ pub(crate) struct Loaded {
 impl Loaded {
     /// Tries the candidates for `spec` in order; the first that loads wins.
     pub(crate) fn search(spec: &LibrarySpec, env: EnvLookup<'_>) -> Result<Self, LoadError> {
+        Self::first_of(spec, candidates(spec, env)).map(|(l, _, _)| l)
+    }
+
+    /// As [`Loaded::search`], also returning the winning candidate and the failed attempts
+    /// before it.
+    fn search_reporting(
+        spec: &LibrarySpec,
+        env: EnvLookup<'_>,
+    ) -> Result<(Self, Candidate, Vec<Attempt>), LoadError> {
         Self::first_of(spec, candidates(spec, env))
     }
 
@@ -41,18 +84,22 @@ impl Loaded {
             path: path.to_owned(),
             origin: Origin::Caller,
         };
-        Self::first_of(spec, vec![only])
+        Self::first_of(spec, vec![only]).map(|(l, _, _)| l)
     }
 
-    fn first_of(spec: &LibrarySpec, candidates: Vec<Candidate>) -> Result<Self, LoadError> {
+    fn first_of(
+        spec: &LibrarySpec,
+        candidates: Vec<Candidate>,
+    ) -> Result<(Self, Candidate, Vec<Attempt>), LoadError> {
         let mut attempts = Vec::new();
         for candidate in candidates {
             match open(&candidate.path) {
                 Ok(lib) => {
-                    return Ok(Loaded {
+                    let loaded = Loaded {
                         lib,
-                        path: candidate.path,
-                    })
+                        path: candidate.path.clone(),
+                    };
+                    return Ok((loaded, candidate, attempts));
                 }
                 Err(e) => attempts.push(Attempt {
                     candidate,
@@ -68,6 +115,13 @@ impl Loaded {
 
     pub(crate) fn file(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether the library exports `symbol` (looked up, never called).
+    fn has_symbol(&self, symbol: &str) -> bool {
+        // SAFETY: the pointer is only tested for presence and dropped at once: no call, no
+        // dereference, so its type does not matter.
+        unsafe { self.lib.get::<*const std::ffi::c_void>(symbol.as_bytes()) }.is_ok()
     }
 
     /// Copies the function pointer named `symbol` out of the library.

@@ -1,6 +1,7 @@
 /*
  * Stub libascendcl.so: device, stream and memory calls, recording every call. "Device" memory
- * is host memory with a header naming it buf#<id>; streams are logged as stream#<id>.
+ * is host memory with a header naming it buf#<id>; streams are logged as stream#<id>. Safe to
+ * call from several threads at once (ids are handed out under a lock).
  */
 #include "stub_common.h"
 
@@ -8,17 +9,52 @@ typedef int aclError;
 typedef void *aclrtStream;
 
 #define ACL_ERROR_INVALID_PARAM 100000
+#define ACL_ERROR_REPEAT_INITIALIZE 100002
 
 static struct stub_rc g_rc[] = {
     {"aclrtSetDevice", 0}, {"aclrtCreateStream", 0}, {"aclrtDestroyStream", 0},
     {"aclrtSynchronizeStream", 0}, {"aclrtMalloc", 0}, {"aclrtFree", 0},
-    {"aclrtMemcpy", 0}, {0, 0},
+    {"aclrtMemcpy", 0}, {"aclInit", 0}, {"aclFinalize", 0}, {0, 0},
 };
 static struct stub_rc *stub_rc_table(void) { return g_rc; }
 
 
 static int g_next_buf = 1;
 static int g_next_stream = 1;
+static pthread_mutex_t g_ids_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int next_id(int *counter) {
+    pthread_mutex_lock(&g_ids_mu);
+    int id = (*counter)++;
+    pthread_mutex_unlock(&g_ids_mu);
+    return id;
+}
+
+static int g_initialized;
+
+/* A second aclInit without aclFinalize answers ACL_ERROR_REPEAT_INITIALIZE, as ACL does. */
+aclError aclInit(const char *configPath) {
+    stub_record("aclInit configPath=%s", configPath ? configPath : "NULL");
+    int rc = stub_rc_of(__func__);
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&g_ids_mu);
+    int again = g_initialized;
+    g_initialized = 1;
+    pthread_mutex_unlock(&g_ids_mu);
+    return again ? ACL_ERROR_REPEAT_INITIALIZE : 0;
+}
+
+aclError aclFinalize(void) {
+    stub_record("aclFinalize");
+    int rc = stub_rc_of(__func__);
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&g_ids_mu);
+    g_initialized = 0;
+    pthread_mutex_unlock(&g_ids_mu);
+    return 0;
+}
 
 aclError aclrtSetDevice(int32_t deviceId) {
     stub_record("aclrtSetDevice deviceId=%d", deviceId);
@@ -33,7 +69,7 @@ aclError aclrtCreateStream(aclrtStream *stream) {
     }
     struct stub_stream *s = calloc(1, sizeof *s);
     s->magic = STUB_STREAM_MAGIC;
-    s->id = g_next_stream++;
+    s->id = next_id(&g_next_stream);
     *stream = s;
     stub_record("aclrtCreateStream -> stream#%d", s->id);
     return 0;
@@ -61,7 +97,7 @@ aclError aclrtMalloc(void **devPtr, size_t size, int policy) {
     char *base = calloc(1, STUB_BUF_HEADER + size);
     struct stub_buf_header *h = (void *)base;
     h->magic = STUB_BUF_MAGIC;
-    h->id = g_next_buf++;
+    h->id = next_id(&g_next_buf);
     h->size = size;
     *devPtr = base + STUB_BUF_HEADER;
     stub_record("aclrtMalloc size=%zu policy=%d -> buf#%d", size, policy, h->id);

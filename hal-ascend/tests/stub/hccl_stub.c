@@ -1,10 +1,37 @@
 /*
  * Stub libhccl.so: the HCCL entry points taskd-hal-ascend binds, recording every call.
- * Build with -DSTUB_OMIT_COMM_RESUME to leave out HcclCommResume (missing-symbol test).
- * Communicators are fake: created by HcclCommInitRootInfo or stub_hccl_new_comm, named and
- * sized as told, and logged as comm=#<id>.
+ * Build with -pthread; with -DSTUB_OMIT_COMM_RESUME to leave out HcclCommResume (missing-symbol
+ * test).
+ *
+ * Two kinds of communicator, both logged as comm=#<id>:
+ *
+ * - Framework-made ones (stub_hccl_new_comm): named and sized as told, with no peers in this
+ *   process. Their all-reduce is the identity (send copied to recv) and returns at once; their
+ *   NIC set only records.
+ *
+ * - Root-info ones (HcclCommInitRootInfo): the ranks that join with the same root info and
+ *   nRanks form one *group*, as threads of one process (one per rank, as in the hardware rig).
+ *   Every member's HcclGetCommName answers the group's name, "stubcomm_<id of the first
+ *   member's comm>". Within a group the stub enforces what real HCCL requires:
+ *     - HcclAllReduce is a real collective: each member blocks until every member has called,
+ *       then receives the element-wise reduction (sum/prod/max/min of int8..int64, uint8..uint64,
+ *       fp32, fp64; fp16/bf16 only in a one-rank group) of everyone's send buffer. Members must
+ *       agree on count, dataType and op (else HCCL_E_PARA). A member that waits longer than the
+ *       collective timeout (stub_hccl_set_collective_timeout_ms, default 60 s) gets
+ *       HCCL_E_TIMEOUT and breaks the group; destroying a member breaks it too. Every later
+ *       collective of a broken group, and every one waiting, fails with HCCL_E_REMOTE.
+ *     - HcclCommWorkingDevNicSet does not block. It fails with HCCL_E_INTERNAL when this member
+ *       never completed a collective ("NICSET_BEFORE_COLLECTIVE"), or while the same
+ *       communicator is inside a collective ("NICSET_DURING_COLLECTIVE": training was not
+ *       paused), and with HCCL_E_PARA when the k-th call of this member differs in ranks or
+ *       useBackup from the k-th call of the member that made it first ("NICSET_MISMATCH"; the
+ *       k-th call counts the calls that passed the two checks before).
+ *       Its log line ends with " group=<name> rank=<group rank>".
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, strdup */
+#include <errno.h>
 #include <stdbool.h>
+#include <time.h>
 #include "stub_common.h"
 
 typedef int32_t HcclResult;
@@ -14,6 +41,13 @@ typedef struct {
     char internal[4108];
 } HcclRootInfo;
 
+#define HCCL_E_PARA 1
+#define HCCL_E_PTR 2
+#define HCCL_E_INTERNAL 4
+#define HCCL_E_NOT_SUPPORT 5
+#define HCCL_E_TIMEOUT 9
+#define HCCL_E_REMOTE 21
+
 static struct stub_rc g_rc[] = {
     {"HcclCommWorkingDevNicSet", 0}, {"HcclGetRootInfo", 0}, {"HcclCommInitRootInfo", 0},
     {"HcclGetRankId", 0},            {"HcclGetRankSize", 0}, {"HcclAllReduce", 0},
@@ -22,6 +56,13 @@ static struct stub_rc g_rc[] = {
 };
 static struct stub_rc *stub_rc_table(void) { return g_rc; }
 
+/* Guards communicators and groups; collectives wait on their group's condition variable. */
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static long g_collective_timeout_ms = 60000;
+
+#define MAX_NICSET_CALLS 256
+
+struct stub_group;
 
 #define COMM_MAGIC 0x434f4d4du
 struct stub_comm {
@@ -31,9 +72,37 @@ struct stub_comm {
     uint32_t size;
     uint32_t rank;
     int destroyed;
+    /* Root-info communicators only. */
+    struct stub_group *group;
+    uint64_t collectives_done;
+    int in_collective;
+    uint32_t nicset_calls;
 };
+
+struct stub_group {
+    uint32_t root_hash;
+    uint32_t size;
+    uint32_t joined;
+    char name[128];
+    struct stub_comm **members; /* by group rank */
+    int broken;
+    /* The collective in progress. */
+    uint64_t generation; /* collectives completed */
+    uint32_t arrived;
+    uint64_t count;
+    int dtype, op;
+    unsigned char *accum, *result;
+    size_t cap;
+    pthread_cond_t done;
+    /* The first-made signature of each member's k-th NIC set. */
+    char *nicset_sig[MAX_NICSET_CALLS];
+    struct stub_group *next;
+};
+
+static struct stub_group *g_groups;
 static int g_next_comm = 1;
 
+/* Caller holds g_mu. */
 static struct stub_comm *new_comm(const char *name, size_t name_len, uint32_t size, uint32_t rank) {
     struct stub_comm *c = calloc(1, sizeof *c);
     c->magic = COMM_MAGIC;
@@ -46,14 +115,27 @@ static struct stub_comm *new_comm(const char *name, size_t name_len, uint32_t si
 
 /* Test helper: a communicator as a framework would have made it. Not logged. */
 void *stub_hccl_new_comm(const char *name, uint32_t size, uint32_t rank) {
-    return new_comm(name, strlen(name), size, rank);
+    pthread_mutex_lock(&g_mu);
+    void *c = new_comm(name, strlen(name), size, rank);
+    pthread_mutex_unlock(&g_mu);
+    return c;
 }
 
 /* Test helper: a name of exactly 128 bytes, with no terminating NUL in HCCL's buffer. */
 void *stub_hccl_new_comm_full_name(char fill, uint32_t size, uint32_t rank) {
     char name[128];
     memset(name, fill, sizeof name);
-    return new_comm(name, sizeof name, size, rank);
+    pthread_mutex_lock(&g_mu);
+    void *c = new_comm(name, sizeof name, size, rank);
+    pthread_mutex_unlock(&g_mu);
+    return c;
+}
+
+/* Test helper: how long a member of a group waits for its peers in a collective. */
+void stub_hccl_set_collective_timeout_ms(long ms) {
+    pthread_mutex_lock(&g_mu);
+    g_collective_timeout_ms = ms;
+    pthread_mutex_unlock(&g_mu);
 }
 
 static int comm_id(HcclComm comm) {
@@ -61,42 +143,105 @@ static int comm_id(HcclComm comm) {
     return c && c->magic == COMM_MAGIC ? c->id : -1;
 }
 
+/* Whether `comm` is a live communicator of this stub. */
+static int comm_ok(HcclComm comm) {
+    struct stub_comm *c = comm;
+    pthread_mutex_lock(&g_mu);
+    int ok = c && c->magic == COMM_MAGIC && !c->destroyed;
+    pthread_mutex_unlock(&g_mu);
+    return ok;
+}
+
 /* A destroyed or foreign communicator is reported and answered with HCCL_E_PTR (2). */
 #define CHECK_COMM(comm)                                                                    \
     do {                                                                                    \
-        struct stub_comm *c_ = (comm);                                                      \
-        if (!c_ || c_->magic != COMM_MAGIC || c_->destroyed) {                              \
+        if (!comm_ok(comm)) {                                                               \
             stub_record("BAD_COMM %s", __func__);                                           \
-            return 2;                                                                       \
+            return HCCL_E_PTR;                                                              \
         }                                                                                   \
     } while (0)
 
 HcclResult HcclCommWorkingDevNicSet(HcclComm comm, uint32_t *ranks, bool *useBackup, uint32_t nRanks) {
-    char buf[8192];
+    char args[8192];
     size_t off = 0;
-    off += snprintf(buf + off, sizeof buf - off, "HcclCommWorkingDevNicSet comm=#%d nRanks=%u ranks=[",
-                    comm_id(comm), nRanks);
-    for (uint32_t i = 0; i < nRanks && off < sizeof buf - 64; i++)
-        off += snprintf(buf + off, sizeof buf - off, "%s%u", i ? "," : "", ranks[i]);
-    off += snprintf(buf + off, sizeof buf - off, "] useBackup=[");
-    for (uint32_t i = 0; i < nRanks && off < sizeof buf - 64; i++)
+    off += snprintf(args + off, sizeof args - off, "nRanks=%u ranks=[", nRanks);
+    for (uint32_t i = 0; i < nRanks && off < sizeof args - 64; i++)
+        off += snprintf(args + off, sizeof args - off, "%s%u", i ? "," : "", ranks[i]);
+    off += snprintf(args + off, sizeof args - off, "] useBackup=[");
+    for (uint32_t i = 0; i < nRanks && off < sizeof args - 64; i++)
         /* The raw byte, so a bool that is not 0/1 would show. */
-        off += snprintf(buf + off, sizeof buf - off, "%s%u", i ? "," : "",
+        off += snprintf(args + off, sizeof args - off, "%s%u", i ? "," : "",
                         (unsigned)*(unsigned char *)&useBackup[i]);
-    snprintf(buf + off, sizeof buf - off, "]");
-    stub_record("%s", buf);
-    CHECK_COMM(comm);
-    return stub_rc_of(__func__);
+    snprintf(args + off, sizeof args - off, "]");
+
+    if (!comm_ok(comm)) {
+        stub_record("HcclCommWorkingDevNicSet comm=#%d %s", comm_id(comm), args);
+        stub_record("BAD_COMM %s", __func__);
+        return HCCL_E_PTR;
+    }
+    struct stub_comm *c = comm;
+    pthread_mutex_lock(&g_mu);
+    struct stub_group *g = c->group;
+    if (!g) {
+        pthread_mutex_unlock(&g_mu);
+        stub_record("HcclCommWorkingDevNicSet comm=#%d %s", c->id, args);
+        return stub_rc_of(__func__);
+    }
+    /* Logged under g_mu so the lines of one group appear in the order the checks ran. */
+    stub_record("HcclCommWorkingDevNicSet comm=#%d %s group=%s rank=%u", c->id, args, g->name, c->rank);
+    int rc = 0;
+    if (c->collectives_done == 0) {
+        stub_record("NICSET_BEFORE_COLLECTIVE group=%s rank=%u", g->name, c->rank);
+        rc = HCCL_E_INTERNAL;
+    } else if (c->in_collective) {
+        stub_record("NICSET_DURING_COLLECTIVE group=%s rank=%u", g->name, c->rank);
+        rc = HCCL_E_INTERNAL;
+    } else if (c->nicset_calls < MAX_NICSET_CALLS) {
+        /* Only calls past the checks above count in a member's sequence. */
+        uint32_t k = c->nicset_calls++;
+        if (!g->nicset_sig[k]) {
+            g->nicset_sig[k] = strdup(args);
+        } else if (strcmp(g->nicset_sig[k], args) != 0) {
+            stub_record("NICSET_MISMATCH group=%s rank=%u call=%u expected=%s got=%s", g->name, c->rank, k,
+                        g->nicset_sig[k], args);
+            rc = HCCL_E_PARA;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return rc ? rc : stub_rc_of(__func__);
 }
 
+static int g_root_infos;
+
+/* Every call returns a different root info, as HCCL's (which names a fresh rendezvous) does:
+ * byte i of the k-th (from 0) is (i * 7 + 3 + 13 * k) & 0xff. */
 HcclResult HcclGetRootInfo(HcclRootInfo *rootInfo) {
     stub_record("HcclGetRootInfo");
     int rc = stub_rc_of(__func__);
     if (rc)
         return rc;
+    pthread_mutex_lock(&g_mu);
+    int k = g_root_infos++;
+    pthread_mutex_unlock(&g_mu);
     for (int i = 0; i < (int)sizeof rootInfo->internal; i++)
-        rootInfo->internal[i] = (char)((i * 7 + 3) & 0xff);
+        rootInfo->internal[i] = (char)((i * 7 + 3 + 13 * k) & 0xff);
     return 0;
+}
+
+/* Caller holds g_mu. The group `rank` of `n_ranks` joins for this root info: the first one still
+ * waiting for that rank, or a new one. */
+static struct stub_group *group_to_join(uint32_t hash, uint32_t n_ranks, uint32_t rank) {
+    for (struct stub_group *g = g_groups; g; g = g->next)
+        if (g->root_hash == hash && g->size == n_ranks && g->joined < g->size && !g->members[rank])
+            return g;
+    struct stub_group *g = calloc(1, sizeof *g);
+    g->root_hash = hash;
+    g->size = n_ranks;
+    g->members = calloc(n_ranks, sizeof *g->members);
+    pthread_cond_init(&g->done, NULL);
+    g->next = g_groups;
+    g_groups = g;
+    return g;
 }
 
 HcclResult HcclCommInitRootInfo(uint32_t nRanks, const HcclRootInfo *rootInfo, uint32_t rank, HcclComm *comm) {
@@ -105,15 +250,24 @@ HcclResult HcclCommInitRootInfo(uint32_t nRanks, const HcclRootInfo *rootInfo, u
     for (int i = 0; i < (int)sizeof rootInfo->internal; i++)
         sum = sum * 31u + b[i];
     int rc = stub_rc_of(__func__);
+    if (!rc && (nRanks == 0 || rank >= nRanks))
+        rc = HCCL_E_PARA;
     if (rc) {
         stub_record("HcclCommInitRootInfo nRanks=%u rank=%u root_hash=%u", nRanks, rank, sum);
         return rc;
     }
-    char name[32];
-    int n = snprintf(name, sizeof name, "stubcomm_%d", g_next_comm);
-    struct stub_comm *c = new_comm(name, (size_t)n, nRanks, rank);
+    pthread_mutex_lock(&g_mu);
+    struct stub_group *g = group_to_join(sum, nRanks, rank);
+    struct stub_comm *c = new_comm("", 0, nRanks, rank);
+    if (g->joined == 0)
+        snprintf(g->name, sizeof g->name, "stubcomm_%d", c->id);
+    memcpy(c->name, g->name, sizeof c->name);
+    g->members[rank] = c;
+    g->joined++;
+    c->group = g;
     *comm = c;
     stub_record("HcclCommInitRootInfo nRanks=%u rank=%u root_hash=%u -> comm=#%d", nRanks, rank, sum, c->id);
+    pthread_mutex_unlock(&g_mu);
     return 0;
 }
 
@@ -140,6 +294,115 @@ static size_t dtype_size(int t) {
     return t >= 0 && t < 12 ? sizes[t] : 0;
 }
 
+#define REDUCE_AS(T)                                                                        \
+    do {                                                                                    \
+        T *a = (T *)acc;                                                                    \
+        const T *x = (const T *)in;                                                         \
+        for (uint64_t i = 0; i < count; i++)                                                \
+            switch (op) {                                                                   \
+            case 0: a[i] = (T)(a[i] + x[i]); break;                                         \
+            case 1: a[i] = (T)(a[i] * x[i]); break;                                         \
+            case 2: a[i] = a[i] > x[i] ? a[i] : x[i]; break;                                \
+            default: a[i] = a[i] < x[i] ? a[i] : x[i]; break;                               \
+            }                                                                               \
+    } while (0)
+
+/* acc[i] = acc[i] <op> in[i]. 0, or HCCL_E_NOT_SUPPORT for a type the stub cannot reduce. */
+static int reduce_into(unsigned char *acc, const unsigned char *in, uint64_t count, int dtype, int op) {
+    switch (dtype) {
+    case 0: REDUCE_AS(int8_t); return 0;
+    case 1: REDUCE_AS(int16_t); return 0;
+    case 2: REDUCE_AS(int32_t); return 0;
+    case 4: REDUCE_AS(float); return 0;
+    case 5: REDUCE_AS(int64_t); return 0;
+    case 6: REDUCE_AS(uint64_t); return 0;
+    case 7: REDUCE_AS(uint8_t); return 0;
+    case 8: REDUCE_AS(uint16_t); return 0;
+    case 9: REDUCE_AS(uint32_t); return 0;
+    case 10: REDUCE_AS(double); return 0;
+    default: return HCCL_E_NOT_SUPPORT;
+    }
+}
+
+/* Caller holds g_mu. Breaks the group: everyone waiting, and every later collective, fails. */
+static void break_group(struct stub_group *g) {
+    g->broken = 1;
+    pthread_cond_broadcast(&g->done);
+}
+
+/* The collective of a root-info communicator. Caller holds g_mu; returns with it held. */
+static int group_all_reduce(struct stub_comm *c, const void *send, void *recv, uint64_t count, int dtype,
+                            int op) {
+    struct stub_group *g = c->group;
+    size_t bytes = (size_t)count * dtype_size(dtype);
+    if (g->broken) {
+        stub_record("HcclAllReduce BROKEN_GROUP group=%s rank=%u", g->name, c->rank);
+        return HCCL_E_REMOTE;
+    }
+    if (dtype_size(dtype) == 0 || op < 0 || op > 3)
+        return HCCL_E_PARA;
+    if (g->size > 1 && reduce_into(NULL, NULL, 0, dtype, op) != 0)
+        return HCCL_E_NOT_SUPPORT;
+    if (g->arrived > 0 && (g->count != count || g->dtype != dtype || g->op != op)) {
+        stub_record("HcclAllReduce MISMATCH group=%s rank=%u count=%llu/%llu dataType=%d/%d op=%d/%d", g->name,
+                    c->rank, (unsigned long long)g->count, (unsigned long long)count, g->dtype, dtype, g->op, op);
+        return HCCL_E_PARA;
+    }
+    if (g->arrived == 0) {
+        if (g->cap < bytes) {
+            free(g->accum);
+            free(g->result);
+            g->accum = malloc(bytes ? bytes : 1);
+            g->result = malloc(bytes ? bytes : 1);
+            g->cap = bytes;
+        }
+        memcpy(g->accum, send, bytes);
+        g->count = count;
+        g->dtype = dtype;
+        g->op = op;
+    } else {
+        reduce_into(g->accum, send, count, dtype, op);
+    }
+    uint64_t mine = g->generation;
+    g->arrived++;
+    if (g->arrived == g->size) {
+        unsigned char *done = g->accum;
+        g->accum = g->result;
+        g->result = done;
+        g->arrived = 0;
+        g->generation++;
+        pthread_cond_broadcast(&g->done);
+    } else {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += g_collective_timeout_ms / 1000;
+        until.tv_nsec += (g_collective_timeout_ms % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        c->in_collective = 1;
+        while (g->generation == mine && !g->broken) {
+            if (pthread_cond_timedwait(&g->done, &g_mu, &until) == ETIMEDOUT && g->generation == mine) {
+                c->in_collective = 0;
+                stub_record("HcclAllReduce TIMEOUT group=%s rank=%u", g->name, c->rank);
+                break_group(g);
+                return HCCL_E_TIMEOUT;
+            }
+        }
+        c->in_collective = 0;
+        if (g->generation == mine) {
+            stub_record("HcclAllReduce BROKEN_GROUP group=%s rank=%u", g->name, c->rank);
+            return HCCL_E_REMOTE;
+        }
+    }
+    /* Nobody can complete the next collective before this member joins it, so `result` still
+     * holds this one's. */
+    memcpy(recv, g->result, bytes);
+    c->collectives_done++;
+    return 0;
+}
+
 HcclResult HcclAllReduce(void *sendBuf, void *recvBuf, uint64_t count, int dataType, int op, HcclComm comm,
                          aclrtStream stream) {
     stub_record("HcclAllReduce send=buf#%d recv=buf#%d count=%llu dataType=%d op=%d comm=#%d stream=#%d",
@@ -149,7 +412,15 @@ HcclResult HcclAllReduce(void *sendBuf, void *recvBuf, uint64_t count, int dataT
     int rc = stub_rc_of(__func__);
     if (rc)
         return rc;
-    /* One rank's all-reduce is the identity: copy send to recv. */
+    struct stub_comm *c = comm;
+    pthread_mutex_lock(&g_mu);
+    if (c->group) {
+        rc = group_all_reduce(c, sendBuf, recvBuf, count, dataType, op);
+        pthread_mutex_unlock(&g_mu);
+        return rc;
+    }
+    pthread_mutex_unlock(&g_mu);
+    /* A communicator without peers here: the all-reduce is the identity, copy send to recv. */
     if (sendBuf && recvBuf && sendBuf != recvBuf)
         memcpy(recvBuf, sendBuf, (size_t)count * dtype_size(dataType));
     return 0;
@@ -166,7 +437,12 @@ HcclResult HcclCommResume(HcclComm comm) {
 HcclResult HcclCommDestroy(HcclComm comm) {
     stub_record("HcclCommDestroy comm=#%d", comm_id(comm));
     CHECK_COMM(comm);
-    ((struct stub_comm *)comm)->destroyed = 1; /* kept allocated so a later use is caught */
+    struct stub_comm *c = comm;
+    pthread_mutex_lock(&g_mu);
+    c->destroyed = 1; /* kept allocated so a later use is caught */
+    if (c->group)
+        break_group(c->group);
+    pthread_mutex_unlock(&g_mu);
     return stub_rc_of(__func__);
 }
 

@@ -1,0 +1,142 @@
+//! Who may use the control API: an optional bearer token and a per-client rate limit. (Mutual
+//! TLS is configured on the server itself, see [`super::ControlTls`].)
+
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+use tonic::{Request, Status};
+
+/// A token bucket per client address: `burst` requests at once, refilled at `per_second`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RateLimit {
+    pub burst: u32,
+    pub per_second: f64,
+}
+
+impl Default for RateLimit {
+    /// Generous for a person or a platform, tight enough that a script in a loop cannot
+    /// flood the manager.
+    fn default() -> Self {
+        RateLimit {
+            burst: 20,
+            per_second: 5.0,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct GuardConfig {
+    /// When set, every request must carry `authorization: Bearer <token>`.
+    pub token: Option<String>,
+    pub rate: RateLimit,
+}
+
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+/// Checks every request before it reaches the manager.
+pub struct Guard {
+    cfg: GuardConfig,
+    buckets: Mutex<HashMap<Option<IpAddr>, Bucket>>,
+}
+
+impl Guard {
+    pub fn new(cfg: GuardConfig) -> Self {
+        Guard {
+            cfg,
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// `Err` with `unauthenticated` or `resource_exhausted` when the request may not pass.
+    pub fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        if let Some(want) = &self.cfg.token {
+            let got = req
+                .metadata()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "));
+            match got {
+                None => {
+                    return Err(Status::unauthenticated(
+                        "this control port requires a bearer token (authorization: Bearer <token>)",
+                    ))
+                }
+                Some(t) if !constant_time_eq(t.as_bytes(), want.as_bytes()) => {
+                    return Err(Status::unauthenticated("the bearer token is not valid"))
+                }
+                Some(_) => {}
+            }
+        }
+        self.take(req.remote_addr().map(|a| a.ip()), Instant::now())
+    }
+
+    fn take(&self, client: Option<IpAddr>, now: Instant) -> Result<(), Status> {
+        let rate = self.cfg.rate;
+        let mut buckets = self.buckets.lock();
+        let b = buckets.entry(client).or_insert(Bucket {
+            tokens: f64::from(rate.burst),
+            at: now,
+        });
+        let refill = now.saturating_duration_since(b.at).as_secs_f64() * rate.per_second;
+        b.tokens = (b.tokens + refill).min(f64::from(rate.burst));
+        b.at = now;
+        if b.tokens >= 1.0 {
+            b.tokens -= 1.0;
+            Ok(())
+        } else {
+            let wait = if rate.per_second > 0.0 {
+                Duration::from_secs_f64((1.0 - b.tokens) / rate.per_second)
+            } else {
+                Duration::MAX
+            };
+            Err(Status::resource_exhausted(format!(
+                "rate limit: at most {} requests at once and {}/s per client; retry in {:.1}s",
+                rate.burst,
+                rate.per_second,
+                wait.as_secs_f64().min(3600.0)
+            )))
+        }
+    }
+}
+
+/// Compares without an early exit, so the time taken does not tell how much of a guess matched.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bucket_refills_with_time() {
+        let g = Guard::new(GuardConfig {
+            token: None,
+            rate: RateLimit {
+                burst: 2,
+                per_second: 1.0,
+            },
+        });
+        let t0 = Instant::now();
+        let ip = Some(IpAddr::from([127, 0, 0, 1]));
+        assert!(g.take(ip, t0).is_ok());
+        assert!(g.take(ip, t0).is_ok());
+        let e = g.take(ip, t0).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        // Another client has its own bucket.
+        assert!(g.take(Some(IpAddr::from([10, 0, 0, 1])), t0).is_ok());
+        assert!(g.take(ip, t0 + Duration::from_millis(1100)).is_ok());
+        assert!(g.take(ip, t0 + Duration::from_millis(1100)).is_err());
+    }
+
+    #[test]
+    fn tokens_compare_exactly() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+    }
+}

@@ -1,0 +1,335 @@
+//! The client side of the transport: connects to the server (a worker to its proxy, a proxy
+//! to the manager), registers, runs the connection, and when it ends reconnects with backoff
+//! and registers again, resuming the session when the server still has it.
+//!
+//! A refusal that will not change by retrying (wrong job, rank, node or role) ends the client
+//! and is reported as [`ClientState::Refused`]; so does a duplicate that is still refused after
+//! twice the loss time (a real second process, not the ghost of a restarted one).
+
+use super::backoff::Backoff;
+use super::heartbeat::Liveness;
+use super::outbox::Outbox;
+use super::pb;
+use super::session::{Delivery, End, Inbound, Session};
+use super::NetConfig;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{ClientTlsConfig, Endpoint};
+use tonic::Code;
+
+/// Where the client is.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ClientState {
+    /// Not registered (yet, or since the connection dropped).
+    Connecting {
+        attempts: u32,
+        last_error: Option<String>,
+    },
+    Registered(Box<pb::RegisterAck>),
+    /// The server refused the registration for good; the client stopped.
+    Refused(String),
+    Stopped,
+}
+
+/// What the role behind a client does.
+pub trait ClientHost: Send + Sync + 'static {
+    /// The registration (the client fills in incarnation, resume and version).
+    fn register(&self) -> pb::Register;
+    /// Registered. `fresh`: the server had no session for this client (the first time, or it
+    /// forgot it): anything unacknowledged is void and sticky messages were queued again.
+    fn registered(&self, ack: &pb::RegisterAck, fresh: bool);
+    /// A sequenced message from the server, in order.
+    fn deliver(&self, body: pb::down::Body) -> Delivery;
+    /// An unsequenced message (a pong).
+    fn unsequenced(&self, body: pb::down::Body);
+}
+
+/// One client: its outbox, its state, its unsequenced channel.
+pub struct Client {
+    server: String,
+    incarnation: String,
+    outbox: Arc<Outbox<pb::up::Body>>,
+    control: Mutex<Option<mpsc::Sender<pb::up::Body>>>,
+    state: watch::Sender<ClientState>,
+    stop: watch::Sender<bool>,
+}
+
+enum Attempt {
+    Retry(String),
+    Conflict(String),
+    Fatal(String),
+}
+
+impl Client {
+    pub fn new(server: String, outbox: Arc<Outbox<pb::up::Body>>) -> Arc<Client> {
+        Arc::new(Client {
+            server,
+            incarnation: uuid::Uuid::new_v4().to_string(),
+            outbox,
+            control: Mutex::new(None),
+            state: watch::channel(ClientState::Connecting {
+                attempts: 0,
+                last_error: None,
+            })
+            .0,
+            stop: watch::channel(false).0,
+        })
+    }
+
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// This process's incarnation id.
+    pub fn incarnation(&self) -> &str {
+        &self.incarnation
+    }
+
+    pub fn outbox(&self) -> &Arc<Outbox<pb::up::Body>> {
+        &self.outbox
+    }
+
+    pub fn state(&self) -> watch::Receiver<ClientState> {
+        self.state.subscribe()
+    }
+
+    /// Sends an unsequenced message (a ping) on the live connection, if any.
+    pub fn send_unsequenced(&self, body: pb::up::Body) -> bool {
+        self.control
+            .lock()
+            .as_ref()
+            .is_some_and(|c| c.try_send(body).is_ok())
+    }
+
+    /// Says goodbye (after everything queued before), waits up to `wait` for the server to
+    /// acknowledge it, and stops.
+    pub async fn goodbye(&self, reason: String, wait: Duration) {
+        let registered = matches!(*self.state.borrow(), ClientState::Registered(_));
+        if registered
+            && self
+                .outbox
+                .push(pb::up::Body::Goodbye(pb::Goodbye { reason }))
+                .is_ok()
+        {
+            let _ = tokio::time::timeout(wait, self.outbox.drained()).await;
+        }
+        self.stop();
+    }
+
+    /// Ends the connection and the reconnection loop.
+    pub fn stop(&self) {
+        self.stop.send_replace(true);
+    }
+
+    fn stopping(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    /// Connects, registers and keeps the connection up until stopped or refused.
+    pub async fn run(
+        self: Arc<Self>,
+        tls: Option<ClientTlsConfig>,
+        net: NetConfig,
+        host: Arc<dyn ClientHost>,
+    ) {
+        let mut backoff = Backoff::new(net.backoff_initial, net.backoff_max);
+        let received = Arc::new(AtomicU64::new(0));
+        let deliver_lock = Arc::new(tokio::sync::Mutex::new(()));
+        let mut server_incarnation: Option<String> = None;
+        let mut attempts = 0u32;
+        let mut first_conflict: Option<Instant> = None;
+        let mut stop = self.stop.subscribe();
+        loop {
+            if self.stopping() {
+                break;
+            }
+            attempts += 1;
+            let outcome = self
+                .attempt(tls.clone(), &net, &*host, &received, &server_incarnation)
+                .await;
+            let error = match outcome {
+                Ok((inbound, outbound, ack)) => {
+                    first_conflict = None;
+                    let fresh = !ack.resumed;
+                    if fresh {
+                        received.store(0, Ordering::Release);
+                        if server_incarnation.is_some() {
+                            self.outbox.renew();
+                        }
+                    } else {
+                        self.outbox.ack(ack.received);
+                    }
+                    server_incarnation = Some(ack.server_incarnation.clone());
+                    let epoch = self.outbox.attach();
+                    let (control_tx, control_rx) = mpsc::channel(64);
+                    *self.control.lock() = Some(control_tx);
+                    let interval = Duration::from_millis(ack.heartbeat_interval_ms.max(1));
+                    let liveness = Arc::new(Liveness::new(interval, ack.missed_heartbeats));
+                    host.registered(&ack, fresh);
+                    self.state
+                        .send_replace(ClientState::Registered(Box::new(ack)));
+                    backoff.reset();
+                    attempts = 0;
+                    let session = Session::<pb::Down, pb::Up> {
+                        inbound,
+                        outbound,
+                        outbox: self.outbox.clone(),
+                        epoch,
+                        received: received.clone(),
+                        deliver_lock: deliver_lock.clone(),
+                        control: control_rx,
+                        liveness,
+                        stop: stop.clone(),
+                    };
+                    let handler = Arc::new(HostInbound(host.clone()));
+                    let end = session.run(handler).await;
+                    *self.control.lock() = None;
+                    if self.stopping() {
+                        break;
+                    }
+                    tracing::warn!(server = %self.server, ?end, "connection ended; reconnecting");
+                    match end {
+                        End::Goodbye(r) => format!("the server stopped: {r}"),
+                        other => format!("{other:?}"),
+                    }
+                }
+                Err(Attempt::Fatal(msg)) => {
+                    tracing::error!(server = %self.server, reason = %msg, "registration refused");
+                    self.state.send_replace(ClientState::Refused(msg));
+                    return;
+                }
+                Err(Attempt::Conflict(msg)) => {
+                    let since = *first_conflict.get_or_insert_with(Instant::now);
+                    if since.elapsed() > net.loss_after() * 2 {
+                        tracing::error!(server = %self.server, reason = %msg, "registration refused");
+                        self.state.send_replace(ClientState::Refused(msg));
+                        return;
+                    }
+                    msg
+                }
+                Err(Attempt::Retry(msg)) => msg,
+            };
+            if attempts == 1 || attempts % 20 == 0 {
+                tracing::info!(server = %self.server, attempts, error = %error, "not connected; retrying");
+            }
+            self.state.send_replace(ClientState::Connecting {
+                attempts,
+                last_error: Some(error),
+            });
+            tokio::select! {
+                _ = tokio::time::sleep(backoff.next_delay()) => {}
+                _ = stop.changed() => {}
+            }
+        }
+        self.state.send_replace(ClientState::Stopped);
+    }
+
+    async fn attempt(
+        &self,
+        tls: Option<ClientTlsConfig>,
+        net: &NetConfig,
+        host: &dyn ClientHost,
+        received: &AtomicU64,
+        server_incarnation: &Option<String>,
+    ) -> Result<
+        (
+            tonic::Streaming<pb::Down>,
+            mpsc::Sender<pb::Up>,
+            pb::RegisterAck,
+        ),
+        Attempt,
+    > {
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{}", self.server))
+            .map_err(|e| Attempt::Fatal(format!("bad server address {:?}: {e}", self.server)))?
+            .connect_timeout(net.connect_timeout)
+            .tcp_nodelay(true);
+        if let Some(tls) = tls {
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| Attempt::Fatal(format!("TLS setup: {e}")))?;
+        }
+        let channel = endpoint.connect().await.map_err(|e| {
+            Attempt::Retry(format!(
+                "cannot connect to {}: {}",
+                self.server,
+                error_chain(&e)
+            ))
+        })?;
+        let mut client = pb::task_net_client::TaskNetClient::new(channel)
+            .max_decoding_message_size(net.max_message_bytes)
+            .max_encoding_message_size(net.max_message_bytes);
+        let (tx, rx) = mpsc::channel::<pb::Up>(32);
+        let mut reg = host.register();
+        reg.incarnation = self.incarnation.clone();
+        reg.version = env!("CARGO_PKG_VERSION").to_owned();
+        reg.resume = server_incarnation.as_ref().map(|s| pb::SessionResume {
+            server_incarnation: s.clone(),
+            received: received.load(Ordering::Acquire),
+        });
+        tx.try_send(pb::Up {
+            seq: 0,
+            ack: 0,
+            body: Some(pb::up::Body::Register(reg)),
+        })
+        .expect("an empty channel takes one frame");
+        let call = tokio::time::timeout(
+            net.register_timeout,
+            client.session(ReceiverStream::new(rx)),
+        );
+        let response = match call.await {
+            Err(_) => return Err(Attempt::Retry("no answer to the registration".into())),
+            Ok(Err(status)) => {
+                let msg = status.message().to_owned();
+                return Err(match status.code() {
+                    Code::InvalidArgument | Code::PermissionDenied | Code::FailedPrecondition => {
+                        Attempt::Fatal(msg)
+                    }
+                    Code::AlreadyExists => Attempt::Conflict(msg),
+                    _ => Attempt::Retry(format!("{:?}: {msg}", status.code())),
+                });
+            }
+            Ok(Ok(r)) => r,
+        };
+        let mut inbound = response.into_inner();
+        let first = tokio::time::timeout(net.register_timeout, inbound.message()).await;
+        match first {
+            Ok(Ok(Some(pb::Down {
+                body: Some(pb::down::Body::Registered(ack)),
+                ..
+            }))) => Ok((inbound, tx, ack)),
+            Ok(Err(status)) => Err(Attempt::Retry(status.message().to_owned())),
+            _ => Err(Attempt::Retry(
+                "the server did not acknowledge the registration".into(),
+            )),
+        }
+    }
+}
+
+/// The whole chain of a transport error ("transport error: tcp connect error: refused").
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(x) = src {
+        s.push_str(": ");
+        s.push_str(&x.to_string());
+        src = x.source();
+    }
+    s
+}
+
+struct HostInbound(Arc<dyn ClientHost>);
+
+impl Inbound<pb::down::Body> for HostInbound {
+    fn deliver(&self, body: pb::down::Body) -> Delivery {
+        self.0.deliver(body)
+    }
+
+    fn unsequenced(&self, body: pb::down::Body) {
+        self.0.unsequenced(body)
+    }
+}

@@ -1,0 +1,298 @@
+//! The manager's process side of the transport: the [`Manager`] actor and the port its
+//! proxies connect to, with the [`admin`](super::admin) service beside it.
+
+use super::admin::AdminService;
+use super::outbox::{self, Outbox};
+use super::server::{self, Admitted, Host, NetService, QueueDepth, Refusal, Registry};
+use super::session::Delivery;
+use super::tls::TlsPem;
+use super::{pb, unix_ms, wire, NetConfig, NetError};
+use crate::manager::{Manager, ProxyConnected, ProxyDisconnected};
+use crate::transport::Deliver;
+use actix::prelude::*;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use taskd_core::protocol::{Directive, ProxyToManager};
+use taskd_core::{GlobalRank, JobId, NodeName, PhaseDeadlines, RankTable};
+use tokio::sync::oneshot;
+
+/// What a manager process runs.
+#[derive(Clone, Debug)]
+pub struct ManagerNodeConfig {
+    pub job: JobId,
+    pub table: RankTable,
+    pub deadlines: PhaseDeadlines,
+    /// Where proxies connect (port 0: any free port; see [`ManagerNode::local_addr`]).
+    pub listen: SocketAddr,
+    pub tls: Option<TlsPem>,
+    pub net: NetConfig,
+}
+
+/// A running manager: the actor and its server. Lives on an actix system.
+pub struct ManagerNode {
+    manager: Addr<Manager>,
+    local_addr: SocketAddr,
+    registry: Arc<Registry>,
+    shutdown: Option<oneshot::Sender<()>>,
+    server: Option<tokio::task::JoinHandle<()>>,
+}
+
+pub(crate) fn encode_directive(d: Directive) -> pb::down::Body {
+    pb::down::Body::Directive(wire::directive_to_pb(d))
+}
+
+impl ManagerNode {
+    /// Starts the manager actor and listens. Call it from inside an actix system.
+    pub async fn spawn(cfg: ManagerNodeConfig) -> Result<ManagerNode, NetError> {
+        let manager = Manager::new(cfg.job.clone(), cfg.table.clone(), cfg.deadlines).start();
+        Self::spawn_with(cfg, manager).await
+    }
+
+    /// Serves an already started manager actor.
+    pub async fn spawn_with(
+        cfg: ManagerNodeConfig,
+        manager: Addr<Manager>,
+    ) -> Result<ManagerNode, NetError> {
+        let (incoming, local_addr) = server::bind(cfg.listen).await?;
+        let ranks_of = cfg
+            .table
+            .nodes()
+            .iter()
+            .map(|n| (n.clone(), cfg.table.ranks_of(n)))
+            .collect();
+        let host = ManagerHost {
+            manager: manager.clone(),
+            job: cfg.job.clone(),
+            table: cfg.table.clone(),
+            ranks_of,
+            epoch_unix_ms: unix_ms(),
+        };
+        let net = NetService::new(host, cfg.net.clone());
+        let registry = net.registry();
+        let admin = AdminService::new(manager.clone()).into_server(cfg.net.max_message_bytes);
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = &cfg.tls {
+            builder = builder
+                .tls_config(tls.server_config())
+                .map_err(|e| super::tls::TlsError::Config(e.to_string()))?;
+        }
+        let router = builder.add_service(net.into_server()).add_service(admin);
+        let (tx, rx) = oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            let stop = async {
+                let _ = rx.await;
+            };
+            if let Err(e) = router.serve_with_incoming_shutdown(incoming, stop).await {
+                tracing::error!(error = %e, "the manager's server failed");
+            }
+        });
+        tracing::info!(%local_addr, job = %cfg.job, "manager listening");
+        Ok(ManagerNode {
+            manager,
+            local_addr,
+            registry,
+            shutdown: Some(tx),
+            server: Some(server),
+        })
+    }
+
+    /// The address proxies connect to (with the real port when asked for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn manager(&self) -> &Addr<Manager> {
+        &self.manager
+    }
+
+    /// Messages queued for a node's proxy and not yet acknowledged.
+    pub fn queue_depth(&self, node: &NodeName) -> Option<QueueDepth> {
+        self.registry.queue_depth(&node.0)
+    }
+
+    /// Nodes whose proxy is connected now.
+    pub fn connected_nodes(&self) -> Vec<String> {
+        self.registry.connected()
+    }
+
+    /// The registered proxies (queue depths, connections), shareable with other threads.
+    pub fn peers(&self) -> Arc<Registry> {
+        self.registry.clone()
+    }
+
+    /// Stops listening and ends every connection.
+    pub async fn shutdown(mut self) {
+        self.registry.shutdown();
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(s) = self.server.take() {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), s).await;
+        }
+    }
+}
+
+/// The manager as the host of its proxies' connections.
+struct ManagerHost {
+    manager: Addr<Manager>,
+    job: JobId,
+    table: RankTable,
+    ranks_of: BTreeMap<NodeName, Vec<GlobalRank>>,
+    epoch_unix_ms: u64,
+}
+
+fn list<T: std::fmt::Display>(v: impl IntoIterator<Item = T>) -> String {
+    v.into_iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Host for ManagerHost {
+    fn role(&self) -> pb::Role {
+        pb::Role::Proxy
+    }
+
+    fn admit(&self, reg: &pb::Register) -> Result<Admitted, Refusal> {
+        if reg.job != self.job.0 {
+            return Err(Refusal::invalid(format!(
+                "this manager runs job {:?}, not {:?}: check MINDX_TASK_ID / --job-id of the proxy",
+                self.job.0, reg.job
+            )));
+        }
+        let nodes = self.table.nodes();
+        let by_rank = reg.node_rank.map(|k| {
+            nodes.get(k as usize).cloned().ok_or_else(|| {
+                Refusal::invalid(format!(
+                    "node rank {k} is out of range: job {} has {} nodes (0..{})",
+                    self.job,
+                    nodes.len(),
+                    nodes.len()
+                ))
+            })
+        });
+        let node = if reg.node.is_empty() {
+            match by_rank {
+                Some(n) => n?,
+                None => {
+                    return Err(Refusal::invalid(
+                        "the proxy named neither its node nor its node rank",
+                    ))
+                }
+            }
+        } else {
+            let named = NodeName(reg.node.clone());
+            if !self.table.has_node(&named) {
+                return Err(Refusal::invalid(format!(
+                    "node {:?} is not in the rank table of job {} (nodes: {})",
+                    named.0,
+                    self.job,
+                    list(nodes.iter().take(16).map(|n| &n.0))
+                )));
+            }
+            if let Some(Ok(n)) = &by_rank {
+                if *n != named {
+                    return Err(Refusal::invalid(format!(
+                        "the proxy says it is node {:?} with node rank {}, but node rank {} is {:?} in the rank table",
+                        named.0,
+                        reg.node_rank.unwrap_or_default(),
+                        reg.node_rank.unwrap_or_default(),
+                        n.0
+                    )));
+                }
+            }
+            named
+        };
+        let expected = &self.ranks_of[&node];
+        if !reg.ranks.is_empty() {
+            let mut claimed: Vec<u32> = reg.ranks.clone();
+            claimed.sort_unstable();
+            let want: Vec<u32> = expected.iter().map(|r| r.0).collect();
+            if claimed != want {
+                return Err(Refusal::invalid(format!(
+                    "the proxy of {} claims ranks [{}] but the manager's rank table gives it [{}]: the two rank tables differ",
+                    node,
+                    list(&claimed),
+                    list(&want)
+                )));
+            }
+        }
+        let ack = pb::RegisterAck {
+            job: self.job.0.clone(),
+            node: node.0.clone(),
+            slots: self
+                .table
+                .devices_of(&node)
+                .map(|(d, r)| pb::Slot {
+                    device: d.0,
+                    rank: r.0,
+                })
+                .collect(),
+            world_size: self.table.world_size() as u32,
+            node_count: nodes.len() as u32,
+            job_epoch_unix_ms: self.epoch_unix_ms,
+            ..Default::default()
+        };
+        Ok(Admitted { key: node.0, ack })
+    }
+
+    fn connected(&self, key: &str, outbox: Arc<Outbox<pb::down::Body>>) {
+        self.manager.do_send(ProxyConnected {
+            node: NodeName(key.to_owned()),
+            link: outbox::link(outbox, encode_directive),
+        });
+    }
+
+    fn deliver(&self, key: &str, body: pb::up::Body) -> Delivery {
+        let manager = self.manager.clone();
+        let node = NodeName(key.to_owned());
+        let msg = match body {
+            pb::up::Body::Proxy(m) => wire::proxy_msg_from_pb(m).map_err(|e| e.to_string()),
+            other => Err(format!("a proxy sent an unexpected frame: {other:?}")),
+        };
+        let msg = msg.and_then(|m| {
+            let from_node = match &m {
+                ProxyToManager::WorkerUp(h) => h.node == node,
+                ProxyToManager::Reply(r) => r.node == node,
+                ProxyToManager::WorkerLost { rank, .. } => self.ranks_of[&node].contains(rank),
+            };
+            if from_node {
+                Ok(m)
+            } else {
+                Err(format!(
+                    "the proxy of {node} sent a message about another node: {m:?}"
+                ))
+            }
+        });
+        Box::pin(async move {
+            match msg {
+                Ok(m) => manager
+                    .send(Deliver(m))
+                    .await
+                    .map_err(|_| "the manager stopped".to_owned()),
+                Err(e) => {
+                    tracing::error!(%node, error = %e, "message from a proxy dropped");
+                    Ok(())
+                }
+            }
+        })
+    }
+
+    fn unsequenced(&self, _key: &str, body: pb::up::Body) -> Option<pb::down::Body> {
+        match body {
+            pb::up::Body::Ping(p) => Some(pb::down::Body::Pong(pb::Pong {
+                id: p.id,
+                origin_rank: p.origin_rank,
+            })),
+            _ => None,
+        }
+    }
+
+    fn lost(&self, key: &str, reason: String) {
+        self.manager.do_send(ProxyDisconnected {
+            node: NodeName(key.to_owned()),
+            reason,
+        });
+    }
+}

@@ -1,0 +1,481 @@
+//! The server side of the transport: accepts connections, admits registrations, keeps one
+//! *slot* per registered peer (its outbox, what was received from it, its connection) and
+//! declares peers lost.
+//!
+//! A slot outlives its connection, which is how a reconnect of the same process is told from a
+//! new process: a registration with the slot's incarnation resumes it (nothing lost, nothing
+//! repeated); one with another incarnation while the slot is disconnected replaces it (the old
+//! process is declared lost first); one while the slot is connected is a duplicate and is
+//! refused. What a role does with its peers is its [`Host`] (the manager for proxies, a proxy
+//! for workers).
+
+use super::heartbeat::Liveness;
+use super::outbox::Outbox;
+use super::pb;
+use super::session::{Delivery, End, Inbound, Session};
+use super::{NetConfig, NetError};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+use tonic::transport::server::TcpIncoming;
+use tonic::{Code, Request, Response, Status, Streaming};
+
+/// Why a registration is refused, in words the operator of the refused process can act on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: Code,
+    pub message: String,
+}
+
+impl Refusal {
+    /// The registration is wrong and will stay wrong (wrong job, rank, node, role).
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Refusal {
+            code: Code::InvalidArgument,
+            message: message.into(),
+        }
+    }
+
+    /// Not yet: retry later.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Refusal {
+            code: Code::Unavailable,
+            message: message.into(),
+        }
+    }
+}
+
+/// An admitted registration: the peer's key (its node, its rank) and what to tell it.
+pub struct Admitted {
+    pub key: String,
+    pub ack: pb::RegisterAck,
+}
+
+/// What a role does with the peers that connect to it.
+pub trait Host: Send + Sync + 'static {
+    /// The role that registers here.
+    fn role(&self) -> pb::Role;
+    /// Checks a registration against what this side knows (job, rank table, node).
+    fn admit(&self, reg: &pb::Register) -> Result<Admitted, Refusal>;
+    /// A new peer is up; messages to it go into `outbox`.
+    fn connected(&self, key: &str, outbox: Arc<Outbox<pb::down::Body>>);
+    /// A sequenced message from the peer, in order.
+    fn deliver(&self, key: &str, body: pb::up::Body) -> Delivery;
+    /// An unsequenced message (a ping); the answer, if any, goes straight back.
+    fn unsequenced(&self, key: &str, body: pb::up::Body) -> Option<pb::down::Body>;
+    /// The peer is gone for good.
+    fn lost(&self, key: &str, reason: String);
+}
+
+/// Queue depth of one peer's outbox.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct QueueDepth {
+    pub queued: usize,
+    pub high_water: usize,
+    pub capacity: usize,
+}
+
+struct Slot {
+    incarnation: String,
+    /// Bumped by every connection; a session whose id is not the slot's is stale.
+    conn: u64,
+    connected: bool,
+    remote: Option<SocketAddr>,
+    outbox: Arc<Outbox<pb::down::Body>>,
+    received: Arc<AtomicU64>,
+    deliver_lock: Arc<tokio::sync::Mutex<()>>,
+    control: Option<mpsc::Sender<pb::down::Body>>,
+    /// Dropping it ends the connection's session.
+    stop: Option<watch::Sender<bool>>,
+}
+
+/// The registered peers of one server. Cheap to share.
+pub struct Registry {
+    incarnation: String,
+    net: NetConfig,
+    role: pb::Role,
+    slots: Mutex<HashMap<String, Slot>>,
+    shutting_down: std::sync::atomic::AtomicBool,
+}
+
+impl Registry {
+    /// Sends an unsequenced message (a pong) to the peer's live connection, if any.
+    pub fn send_unsequenced(&self, key: &str, body: pb::down::Body) -> bool {
+        let slots = self.slots.lock();
+        slots
+            .get(key)
+            .and_then(|s| s.control.as_ref())
+            .is_some_and(|c| c.try_send(body).is_ok())
+    }
+
+    pub fn queue_depth(&self, key: &str) -> Option<QueueDepth> {
+        let slots = self.slots.lock();
+        slots.get(key).map(|s| QueueDepth {
+            queued: s.outbox.len(),
+            high_water: s.outbox.high_water(),
+            capacity: s.outbox.capacity(),
+        })
+    }
+
+    /// Keys of the peers with a live connection.
+    pub fn connected(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .slots
+            .lock()
+            .iter()
+            .filter(|(_, s)| s.connected)
+            .map(|(k, _)| k.clone())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Ends every connection (the server is stopping); peers are not declared lost.
+    pub fn shutdown(&self) {
+        self.shutting_down
+            .store(true, std::sync::atomic::Ordering::Release);
+        for s in self.slots.lock().values_mut() {
+            s.stop = None;
+            s.control = None;
+        }
+    }
+
+    fn is_shutting_down(&self) -> bool {
+        self.shutting_down
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+fn role_name(r: pb::Role) -> &'static str {
+    match r {
+        pb::Role::Manager => "manager",
+        pb::Role::Proxy => "proxy",
+        pb::Role::Worker => "worker",
+        pb::Role::Unspecified => "unspecified role",
+    }
+}
+
+/// The `TaskNet` service of one server, over `host`.
+pub struct NetService<H: Host> {
+    inner: Arc<Inner<H>>,
+}
+
+impl<H: Host> Clone for NetService<H> {
+    fn clone(&self) -> Self {
+        NetService {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+struct Inner<H> {
+    host: H,
+    registry: Arc<Registry>,
+}
+
+impl<H: Host> NetService<H> {
+    pub fn new(host: H, net: NetConfig) -> Self {
+        let role = host.role();
+        NetService {
+            inner: Arc::new(Inner {
+                host,
+                registry: Arc::new(Registry {
+                    incarnation: uuid::Uuid::new_v4().to_string(),
+                    net,
+                    role,
+                    slots: Mutex::new(HashMap::new()),
+                    shutting_down: Default::default(),
+                }),
+            }),
+        }
+    }
+
+    pub fn registry(&self) -> Arc<Registry> {
+        self.inner.registry.clone()
+    }
+
+    /// The tonic service, with the configured message size limits.
+    pub fn into_server(self) -> pb::task_net_server::TaskNetServer<Self> {
+        let max = self.inner.registry.net.max_message_bytes;
+        pb::task_net_server::TaskNetServer::new(self)
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max)
+    }
+}
+
+enum Decision {
+    New,
+    Resume,
+    /// The slot of another (or a forgotten) process of the same peer: declare it lost first.
+    Replace(String),
+}
+
+impl<H: Host> Inner<H> {
+    fn lose(self: &Arc<Self>, key: &str, reason: String) {
+        tracing::warn!(peer = %key, role = role_name(self.registry.role), %reason, "peer lost");
+        self.host.lost(key, reason);
+    }
+
+    /// A connection's session ended.
+    fn ended(self: &Arc<Self>, key: String, conn: u64, end: End) {
+        let net = &self.registry.net;
+        let mut slots = self.registry.slots.lock();
+        let Some(slot) = slots.get_mut(&key) else {
+            return;
+        };
+        if slot.conn != conn {
+            return; // a newer connection took over
+        }
+        slot.connected = false;
+        slot.control = None;
+        slot.stop = None;
+        match end {
+            End::Stopped => {}
+            End::Closed(_) if !self.registry.is_shutting_down() => {
+                tracing::info!(peer = %key, ?end, "connection closed; waiting for a reconnect");
+                let inner = self.clone();
+                let wait = net.loss_after();
+                tokio::spawn(async move {
+                    tokio::time::sleep(wait).await;
+                    let gone = {
+                        let mut slots = inner.registry.slots.lock();
+                        match slots.get(&key) {
+                            Some(s) if s.conn == conn && !s.connected => slots.remove(&key),
+                            _ => None,
+                        }
+                    };
+                    if let Some(s) = gone {
+                        let reason = end.describe(wait);
+                        s.outbox.close(reason.clone());
+                        inner.lose(&key, reason);
+                    }
+                });
+            }
+            End::Closed(_) => {}
+            _ => {
+                let s = slots.remove(&key).expect("present above");
+                drop(slots);
+                let reason = end.describe(net.loss_after());
+                s.outbox.close(reason.clone());
+                self.lose(&key, reason);
+            }
+        }
+    }
+}
+
+/// The per-connection inbound handler: hands messages to the host.
+struct SlotInbound<H: Host> {
+    inner: Arc<Inner<H>>,
+    key: String,
+}
+
+impl<H: Host> Inbound<pb::up::Body> for SlotInbound<H> {
+    fn deliver(&self, body: pb::up::Body) -> Delivery {
+        self.inner.host.deliver(&self.key, body)
+    }
+
+    fn unsequenced(&self, body: pb::up::Body) {
+        if let Some(reply) = self.inner.host.unsequenced(&self.key, body) {
+            self.inner.registry.send_unsequenced(&self.key, reply);
+        }
+    }
+}
+
+type DownStream = Pin<Box<dyn Stream<Item = Result<pb::Down, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl<H: Host> pb::task_net_server::TaskNet for NetService<H> {
+    type SessionStream = DownStream;
+
+    async fn session(
+        &self,
+        req: Request<Streaming<pb::Up>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        let inner = self.inner.clone();
+        let reg_ = &inner.registry;
+        let net = reg_.net.clone();
+        let remote = req.remote_addr();
+        let mut inbound = req.into_inner();
+        let first = tokio::time::timeout(net.register_timeout, inbound.message())
+            .await
+            .map_err(|_| {
+                Status::deadline_exceeded(format!(
+                    "no registration within {:?} of connecting",
+                    net.register_timeout
+                ))
+            })??;
+        let reg = match first.and_then(|f| f.body) {
+            Some(pb::up::Body::Register(r)) => r,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "the first frame of a connection must be a registration",
+                ))
+            }
+        };
+        let want = inner.host.role();
+        if reg.role != want as i32 {
+            let got = pb::Role::try_from(reg.role).unwrap_or(pb::Role::Unspecified);
+            let hint = match (want, got) {
+                (pb::Role::Proxy, pb::Role::Worker) => {
+                    ": workers register with the proxy of their node, not with the manager"
+                }
+                (pb::Role::Worker, pb::Role::Proxy) => {
+                    ": proxies register with the manager of the job, not with another proxy"
+                }
+                _ => "",
+            };
+            return Err(Status::invalid_argument(format!(
+                "a {} tried to register with a server that accepts only a {}{hint}",
+                role_name(got),
+                role_name(want)
+            )));
+        }
+        if reg.incarnation.is_empty() {
+            return Err(Status::invalid_argument(
+                "the registration carries no incarnation id",
+            ));
+        }
+        let admitted = inner
+            .host
+            .admit(&reg)
+            .map_err(|r| Status::new(r.code, r.message))?;
+        let key = admitted.key;
+        let (control_tx, control_rx) = mpsc::channel(64);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut replaced = None;
+        let (outbox, received, deliver_lock, epoch, conn, resumed) = {
+            let mut slots = reg_.slots.lock();
+            let decision = match slots.get(&key) {
+                None => Decision::New,
+                Some(s) if s.incarnation == reg.incarnation => {
+                    let resumable = reg
+                        .resume
+                        .as_ref()
+                        .is_some_and(|r| r.server_incarnation == reg_.incarnation);
+                    if resumable {
+                        Decision::Resume
+                    } else {
+                        Decision::Replace(s.incarnation.clone())
+                    }
+                }
+                Some(s) if s.connected => {
+                    let from = s.remote.map(|a| format!(" from {a}")).unwrap_or_default();
+                    return Err(Status::already_exists(format!(
+                        "{} {key} is already registered by another live process (incarnation {}, connected{from}); a second one is refused. If that process is gone, it is declared lost within {:?}: retry then",
+                        role_name(want),
+                        s.incarnation,
+                        net.loss_after()
+                    )));
+                }
+                Some(s) => Decision::Replace(s.incarnation.clone()),
+            };
+            if let Decision::Replace(old) = &decision {
+                let s = slots.remove(&key).expect("present above");
+                let reason = format!(
+                    "its process was replaced by a new one (incarnation {} after {old})",
+                    reg.incarnation
+                );
+                s.outbox.close(reason.clone());
+                replaced = Some(reason);
+            }
+            let slot = slots.entry(key.clone()).or_insert_with(|| Slot {
+                incarnation: reg.incarnation.clone(),
+                conn: 0,
+                connected: false,
+                remote: None,
+                outbox: Outbox::new(net.queue_capacity, None),
+                received: Arc::new(AtomicU64::new(0)),
+                deliver_lock: Default::default(),
+                control: None,
+                stop: None,
+            });
+            let resumed = matches!(decision, Decision::Resume);
+            if resumed {
+                if let Some(r) = &reg.resume {
+                    slot.outbox.ack(r.received);
+                }
+            }
+            slot.conn += 1;
+            slot.connected = true;
+            slot.remote = remote;
+            slot.control = Some(control_tx);
+            slot.stop = Some(stop_tx); // ends the previous connection, if any
+            let epoch = slot.outbox.attach();
+            (
+                slot.outbox.clone(),
+                slot.received.clone(),
+                slot.deliver_lock.clone(),
+                epoch,
+                slot.conn,
+                resumed,
+            )
+        };
+        if let Some(reason) = replaced {
+            inner.lose(&key, reason);
+        }
+        if !resumed {
+            inner.host.connected(&key, outbox.clone());
+        }
+        tracing::info!(
+            peer = %key,
+            role = role_name(want),
+            remote = ?remote,
+            resumed,
+            "registered"
+        );
+        let mut ack = admitted.ack;
+        ack.server_incarnation = reg_.incarnation.clone();
+        ack.resumed = resumed;
+        ack.received = received.load(std::sync::atomic::Ordering::Acquire);
+        ack.heartbeat_interval_ms = net.heartbeat_interval.as_millis() as u64;
+        ack.missed_heartbeats = net.missed_heartbeats;
+        let (tx, rx) = mpsc::channel::<pb::Down>(32);
+        tx.try_send(pb::Down {
+            seq: 0,
+            ack: 0,
+            body: Some(pb::down::Body::Registered(ack)),
+        })
+        .expect("an empty channel takes one frame");
+        let session = Session::<pb::Up, pb::Down> {
+            inbound,
+            outbound: tx,
+            outbox,
+            epoch,
+            received,
+            deliver_lock,
+            control: control_rx,
+            liveness: Arc::new(Liveness::new(net.heartbeat_interval, net.missed_heartbeats)),
+            stop: stop_rx,
+        };
+        let handler = Arc::new(SlotInbound {
+            inner: inner.clone(),
+            key: key.clone(),
+        });
+        tokio::spawn(async move {
+            let end = session.run(handler).await;
+            inner.ended(key, conn, end);
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx).map(Ok))))
+    }
+}
+
+/// Binds a listener (port 0 picks a free port) for a tonic server.
+pub async fn bind(addr: SocketAddr) -> Result<(TcpIncoming, SocketAddr), NetError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| NetError::Bind {
+            addr: addr.to_string(),
+            source,
+        })?;
+    let local = listener.local_addr().map_err(|source| NetError::Bind {
+        addr: addr.to_string(),
+        source,
+    })?;
+    Ok((TcpIncoming::from(listener).with_nodelay(Some(true)), local))
+}

@@ -1,0 +1,300 @@
+//! One live connection between a client and a server, the same on both ends: a reader that
+//! hands sequenced messages to the local side in order (and drops replayed duplicates), and a
+//! writer that sends the outbox's messages, acknowledgements and heartbeats and watches the
+//! peer's.
+//!
+//! Why a reader task of its own: a message being handed to an actor must not be cut in half by
+//! the connection ending (it would be delivered, yet not counted as received, and be delivered
+//! again after a reconnect). The reader stops only between messages.
+
+use super::heartbeat::Liveness;
+use super::outbox::{Outbox, Stop};
+use super::pb;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch, Notify};
+
+/// A frame type of one direction (`Up` or `Down`).
+pub trait Frame: Send + 'static {
+    type Body: Clone + Send + Sync + 'static;
+    fn make(seq: u64, ack: u64, body: Self::Body) -> Self;
+    fn split(self) -> (u64, u64, Option<Self::Body>);
+    fn heartbeat() -> Self::Body;
+    fn is_heartbeat(b: &Self::Body) -> bool;
+    /// The reason, if this body is a goodbye.
+    fn goodbye(b: &Self::Body) -> Option<String>;
+}
+
+impl Frame for pb::Up {
+    type Body = pb::up::Body;
+    fn make(seq: u64, ack: u64, body: Self::Body) -> Self {
+        pb::Up {
+            seq,
+            ack,
+            body: Some(body),
+        }
+    }
+    fn split(self) -> (u64, u64, Option<Self::Body>) {
+        (self.seq, self.ack, self.body)
+    }
+    fn heartbeat() -> Self::Body {
+        pb::up::Body::Heartbeat(pb::Heartbeat {})
+    }
+    fn is_heartbeat(b: &Self::Body) -> bool {
+        matches!(b, pb::up::Body::Heartbeat(_))
+    }
+    fn goodbye(b: &Self::Body) -> Option<String> {
+        match b {
+            pb::up::Body::Goodbye(g) => Some(g.reason.clone()),
+            _ => None,
+        }
+    }
+}
+
+impl Frame for pb::Down {
+    type Body = pb::down::Body;
+    fn make(seq: u64, ack: u64, body: Self::Body) -> Self {
+        pb::Down {
+            seq,
+            ack,
+            body: Some(body),
+        }
+    }
+    fn split(self) -> (u64, u64, Option<Self::Body>) {
+        (self.seq, self.ack, self.body)
+    }
+    fn heartbeat() -> Self::Body {
+        pb::down::Body::Heartbeat(pb::Heartbeat {})
+    }
+    fn is_heartbeat(b: &Self::Body) -> bool {
+        matches!(b, pb::down::Body::Heartbeat(_))
+    }
+    fn goodbye(b: &Self::Body) -> Option<String> {
+        match b {
+            pb::down::Body::Goodbye(g) => Some(g.reason.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// A boxed future of a delivery.
+pub type Delivery = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
+/// What the local side does with what arrives.
+pub trait Inbound<B>: Send + Sync + 'static {
+    /// A sequenced message, in order. The next one is read only after this resolves, so a slow
+    /// local side slows the peer down (HTTP/2 flow control) instead of queueing without bound.
+    /// An error ends the connection (the peer broke the protocol).
+    fn deliver(&self, body: B) -> Delivery;
+    /// An unsequenced message other than a heartbeat (a ping or a pong).
+    fn unsequenced(&self, body: B);
+}
+
+/// Why a connection ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum End {
+    /// The peer said goodbye: it stops for good.
+    Goodbye(String),
+    /// The connection closed or failed; the peer may come back.
+    Closed(String),
+    /// The peer missed its heartbeats.
+    Silent(Duration),
+    /// Our queue to the peer overflowed: it is not keeping up.
+    Overflowed,
+    /// The peer sent something that is not the protocol.
+    Protocol(String),
+    /// We were told to stop (shutdown, or a newer connection took over).
+    Stopped,
+    /// The peer was declared lost elsewhere.
+    PeerGone(String),
+}
+
+impl End {
+    pub fn describe(&self, loss_after: Duration) -> String {
+        match self {
+            End::Goodbye(r) => format!("it stopped: {r}"),
+            End::Closed(r) => {
+                format!("connection closed ({r}) and not re-established within {loss_after:?}")
+            }
+            End::Silent(d) => format!("no heartbeat for {d:?} (limit {loss_after:?})"),
+            End::Overflowed => "it is not keeping up: its send queue is full".into(),
+            End::Protocol(r) => format!("protocol error: {r}"),
+            End::Stopped => "stopped".into(),
+            End::PeerGone(r) => r.clone(),
+        }
+    }
+}
+
+/// Everything one connection needs.
+pub struct Session<In: Frame, Out: Frame> {
+    pub inbound: tonic::Streaming<In>,
+    pub outbound: mpsc::Sender<Out>,
+    pub outbox: Arc<Outbox<Out::Body>>,
+    /// From [`Outbox::attach`] for this connection.
+    pub epoch: u64,
+    /// The highest sequenced message received from the peer (survives reconnects).
+    pub received: Arc<AtomicU64>,
+    /// Held while a message is checked against `received` and delivered, so the reader of a
+    /// new connection cannot deliver a replayed message again while the reader of the old one
+    /// is still delivering it.
+    pub deliver_lock: Arc<tokio::sync::Mutex<()>>,
+    /// Unsequenced messages to send (pings, pongs).
+    pub control: mpsc::Receiver<Out::Body>,
+    pub liveness: Arc<Liveness>,
+    /// Changes (or its sender drops) when the connection must end.
+    pub stop: watch::Receiver<bool>,
+}
+
+impl<In: Frame, Out: Frame> Session<In, Out> {
+    /// Runs the connection until it ends.
+    pub async fn run(self, inbound_handler: Arc<dyn Inbound<In::Body>>) -> End {
+        let Session {
+            inbound,
+            outbound,
+            outbox,
+            epoch,
+            received,
+            deliver_lock,
+            mut control,
+            liveness,
+            mut stop,
+        } = self;
+        liveness.heard();
+        let ack_notify = Arc::new(Notify::new());
+        let (reader_stop_tx, reader_stop_rx) = watch::channel(false);
+        let mut reader = tokio::spawn(read_loop::<In>(
+            inbound,
+            outbox.clone(),
+            received.clone(),
+            deliver_lock,
+            liveness.clone(),
+            inbound_handler,
+            ack_notify.clone(),
+            reader_stop_rx,
+            stop.clone(),
+        ));
+        let mut tick = tokio::time::interval(liveness.interval());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut pending: Option<Out> = None;
+        let mut control_open = true;
+        let mut last_ack = 0u64;
+        let frame = |seq: u64, body: Out::Body, last_ack: &mut u64| {
+            let ack = received.load(Ordering::Acquire);
+            *last_ack = ack;
+            Out::make(seq, ack, body)
+        };
+        let end = loop {
+            tokio::select! {
+                biased;
+                r = &mut reader => {
+                    let end = r.unwrap_or_else(|e| End::Closed(format!("reader failed: {e}")));
+                    if matches!(end, End::Goodbye(_)) {
+                        // Acknowledge the goodbye so the peer can stop without waiting.
+                        let f = frame(0, Out::heartbeat(), &mut last_ack);
+                        let _ = tokio::time::timeout(liveness.interval(), outbound.send(f)).await;
+                    }
+                    return end;
+                }
+                _ = stop.changed() => break End::Stopped,
+                permit = outbound.reserve(), if pending.is_some() => match permit {
+                    Ok(p) => p.send(pending.take().expect("checked by the guard")),
+                    Err(_) => break End::Closed("the connection's stream ended".into()),
+                },
+                body = control.recv(), if pending.is_none() && control_open => match body {
+                    Some(b) => pending = Some(frame(0, b, &mut last_ack)),
+                    None => control_open = false,
+                },
+                next = outbox.next(epoch), if pending.is_none() => match next {
+                    Ok((seq, b)) => pending = Some(frame(seq, b, &mut last_ack)),
+                    Err(Stop::Overflowed) => break End::Overflowed,
+                    Err(Stop::Closed(r)) => break End::PeerGone(r),
+                    Err(Stop::Superseded) => break End::Stopped,
+                },
+                _ = ack_notify.notified(), if pending.is_none() => {
+                    if received.load(Ordering::Acquire) != last_ack {
+                        pending = Some(frame(0, Out::heartbeat(), &mut last_ack));
+                    }
+                }
+                _ = tick.tick() => {
+                    if liveness.is_lost() {
+                        break End::Silent(liveness.silent_for());
+                    }
+                    if pending.is_none() {
+                        pending = Some(frame(0, Out::heartbeat(), &mut last_ack));
+                    }
+                }
+            }
+        };
+        // Stop the reader between two messages and wait for it.
+        let _ = reader_stop_tx.send(true);
+        let _ = reader.await;
+        end
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn read_loop<In: Frame>(
+    mut inbound: tonic::Streaming<In>,
+    outbox_of_peer_acks: Arc<dyn AckSink>,
+    received: Arc<AtomicU64>,
+    deliver_lock: Arc<tokio::sync::Mutex<()>>,
+    liveness: Arc<Liveness>,
+    handler: Arc<dyn Inbound<In::Body>>,
+    ack_notify: Arc<Notify>,
+    mut reader_stop: watch::Receiver<bool>,
+    mut stop: watch::Receiver<bool>,
+) -> End {
+    loop {
+        let msg = tokio::select! {
+            biased;
+            _ = reader_stop.changed() => return End::Stopped,
+            _ = stop.changed() => return End::Stopped,
+            m = inbound.message() => m,
+        };
+        let frame = match msg {
+            Err(status) => return End::Closed(status.message().to_owned()),
+            Ok(None) => return End::Closed("the peer closed the connection".into()),
+            Ok(Some(f)) => f,
+        };
+        liveness.heard();
+        let (seq, ack, body) = In::split(frame);
+        outbox_of_peer_acks.ack(ack);
+        let Some(body) = body else { continue };
+        if seq == 0 {
+            if !In::is_heartbeat(&body) {
+                handler.unsequenced(body);
+            }
+            continue;
+        }
+        let _delivering = deliver_lock.lock().await;
+        if seq <= received.load(Ordering::Acquire) {
+            continue; // replayed after a reconnect: already delivered
+        }
+        if let Some(reason) = In::goodbye(&body) {
+            received.store(seq, Ordering::Release);
+            return End::Goodbye(reason);
+        }
+        liveness.set_busy(true);
+        let res = handler.deliver(body).await;
+        liveness.set_busy(false);
+        received.store(seq, Ordering::Release);
+        ack_notify.notify_one();
+        if let Err(e) = res {
+            return End::Protocol(e);
+        }
+    }
+}
+
+/// Where acknowledgements from the peer go: our outbox to it.
+pub trait AckSink: Send + Sync {
+    fn ack(&self, upto: u64);
+}
+
+impl<T: Clone + Send + 'static> AckSink for Outbox<T> {
+    fn ack(&self, upto: u64) {
+        Outbox::ack(self, upto)
+    }
+}

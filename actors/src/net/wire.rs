@@ -1,0 +1,474 @@
+//! Conversions between the protocol of `taskd-core` and its protobuf form (`proto/net.proto`).
+//!
+//! Encoding never fails; decoding refuses a frame that lacks a required part or carries a
+//! malformed id, naming what is wrong, so a peer speaking another version is told why.
+
+use super::pb;
+use std::time::Duration;
+use taskd_core::command::RankTarget;
+use taskd_core::protocol::{
+    AppliedCall, Directive, DirectiveKind, NodeReply, Phase, ProxyToManager, RankError, RankReply,
+    ReplyBody, WorkerHello, WorkerToProxy,
+};
+use taskd_core::{
+    DeviceId, GlobalRank, HalError, HcclCode, JobId, LinkHealth, NodeName, OperationId,
+    SwitchCapabilities,
+};
+
+/// A frame that cannot be decoded into the protocol.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("malformed {what}: {detail}")]
+pub struct WireError {
+    pub what: &'static str,
+    pub detail: String,
+}
+
+fn missing(what: &'static str, part: &str) -> WireError {
+    WireError {
+        what,
+        detail: format!("{part} is missing"),
+    }
+}
+
+fn op_id(what: &'static str, s: &str) -> Result<OperationId, WireError> {
+    s.parse().map_err(|e| WireError {
+        what,
+        detail: format!("operation id {s:?}: {e}"),
+    })
+}
+
+pub fn phase_to_pb(p: Phase) -> pb::Phase {
+    match p {
+        Phase::Sample => pb::Phase::Sample,
+        Phase::Pause => pb::Phase::Pause,
+        Phase::Switch => pb::Phase::Switch,
+        Phase::Rollback => pb::Phase::Rollback,
+        Phase::Resume => pb::Phase::Resume,
+    }
+}
+
+pub fn phase_from_pb(what: &'static str, raw: i32) -> Result<Phase, WireError> {
+    match pb::Phase::try_from(raw) {
+        Ok(pb::Phase::Sample) => Ok(Phase::Sample),
+        Ok(pb::Phase::Pause) => Ok(Phase::Pause),
+        Ok(pb::Phase::Switch) => Ok(Phase::Switch),
+        Ok(pb::Phase::Rollback) => Ok(Phase::Rollback),
+        Ok(pb::Phase::Resume) => Ok(Phase::Resume),
+        _ => Err(WireError {
+            what,
+            detail: format!("unknown phase {raw}"),
+        }),
+    }
+}
+
+pub fn caps_to_pb(c: SwitchCapabilities) -> pb::Capabilities {
+    pb::Capabilities {
+        tsp: c.tsp,
+        l2_retry: c.l2_retry,
+        rdma: c.rdma,
+    }
+}
+
+pub fn caps_from_pb(c: Option<pb::Capabilities>) -> SwitchCapabilities {
+    let c = c.unwrap_or_default();
+    SwitchCapabilities {
+        tsp: c.tsp,
+        l2_retry: c.l2_retry,
+        rdma: c.rdma,
+    }
+}
+
+pub fn hello_to_pb(h: WorkerHello) -> pb::WorkerHello {
+    pb::WorkerHello {
+        job: h.job.0,
+        node: h.node.0,
+        rank: h.rank.0,
+        capabilities: Some(caps_to_pb(h.capabilities)),
+    }
+}
+
+pub fn hello_from_pb(h: pb::WorkerHello) -> WorkerHello {
+    WorkerHello {
+        job: JobId(h.job),
+        node: NodeName(h.node),
+        rank: GlobalRank(h.rank),
+        capabilities: caps_from_pb(h.capabilities),
+    }
+}
+
+fn flags_to_pb(targets: Vec<(GlobalRank, bool)>) -> pb::NicTargets {
+    pb::NicTargets {
+        targets: targets
+            .into_iter()
+            .map(|(r, b)| pb::RankFlag {
+                rank: r.0,
+                use_backup: b,
+            })
+            .collect(),
+    }
+}
+
+fn flags_from_pb(t: pb::NicTargets) -> Vec<(GlobalRank, bool)> {
+    t.targets
+        .into_iter()
+        .map(|f| (GlobalRank(f.rank), f.use_backup))
+        .collect()
+}
+
+pub fn directive_to_pb(d: Directive) -> pb::Directive {
+    use pb::directive::Kind;
+    let kind = match d.kind {
+        DirectiveKind::Sample { targets } => Kind::Sample(pb::SampleStep {
+            targets: targets
+                .into_iter()
+                .map(|t| pb::RankTarget {
+                    node: t.node.0,
+                    device: t.device.0,
+                    rank: t.rank.0,
+                    use_backup: t.use_backup,
+                })
+                .collect(),
+        }),
+        DirectiveKind::PauseAt { step } => Kind::PauseAt(pb::PauseAt { step }),
+        DirectiveKind::Switch { targets } => Kind::SwitchNics(flags_to_pb(targets)),
+        DirectiveKind::Rollback { targets } => Kind::Rollback(flags_to_pb(targets)),
+        DirectiveKind::Resume => Kind::Resume(pb::ResumeTraining {}),
+    };
+    pb::Directive {
+        op: d.op.to_string(),
+        kind: Some(kind),
+    }
+}
+
+pub fn directive_from_pb(d: pb::Directive) -> Result<Directive, WireError> {
+    use pb::directive::Kind;
+    const W: &str = "directive";
+    let op = op_id(W, &d.op)?;
+    let kind = match d.kind.ok_or_else(|| missing(W, "its kind"))? {
+        Kind::Sample(s) => DirectiveKind::Sample {
+            targets: s
+                .targets
+                .into_iter()
+                .map(|t| RankTarget {
+                    node: NodeName(t.node),
+                    device: DeviceId(t.device),
+                    rank: GlobalRank(t.rank),
+                    use_backup: t.use_backup,
+                })
+                .collect(),
+        },
+        Kind::PauseAt(p) => DirectiveKind::PauseAt { step: p.step },
+        Kind::SwitchNics(t) => DirectiveKind::Switch {
+            targets: flags_from_pb(t),
+        },
+        Kind::Rollback(t) => DirectiveKind::Rollback {
+            targets: flags_from_pb(t),
+        },
+        Kind::Resume(_) => DirectiveKind::Resume,
+    };
+    Ok(Directive { op, kind })
+}
+
+fn rank_error_to_pb(e: RankError) -> pb::RankError {
+    pb::RankError {
+        group: e.group,
+        hal: e.hal.map(|h| pb::HalError {
+            op: h.op,
+            code: h.code.raw(),
+            detail: h.detail,
+        }),
+        message: e.message,
+    }
+}
+
+fn rank_error_from_pb(e: pb::RankError) -> RankError {
+    RankError {
+        group: e.group,
+        hal: e.hal.map(|h| HalError {
+            op: h.op,
+            code: HcclCode::from_raw(h.code),
+            detail: h.detail,
+        }),
+        message: e.message,
+    }
+}
+
+pub fn rank_reply_to_pb(r: RankReply) -> pb::RankReply {
+    use pb::rank_reply::Body;
+    let body = match r.body {
+        ReplyBody::Sampled { in_step } => Body::SampledInStep(in_step),
+        ReplyBody::Paused { step } => Body::PausedStep(step),
+        ReplyBody::Applied { calls } => Body::Applied(pb::AppliedCalls {
+            calls: calls
+                .into_iter()
+                .map(|c| pb::AppliedCall {
+                    group: c.group,
+                    group_size: c.group_size,
+                    digest: c.digest,
+                })
+                .collect(),
+        }),
+        ReplyBody::Resumed { stalled } => {
+            Body::ResumedStallNanos(stalled.as_nanos().min(u64::MAX as u128) as u64)
+        }
+        ReplyBody::Failed(e) => Body::Failed(rank_error_to_pb(e)),
+    };
+    pb::RankReply {
+        rank: r.rank.0,
+        op: r.op.to_string(),
+        phase: phase_to_pb(r.phase) as i32,
+        body: Some(body),
+    }
+}
+
+pub fn rank_reply_from_pb(r: pb::RankReply) -> Result<RankReply, WireError> {
+    use pb::rank_reply::Body;
+    const W: &str = "rank reply";
+    let body = match r.body.ok_or_else(|| missing(W, "its body"))? {
+        Body::SampledInStep(in_step) => ReplyBody::Sampled { in_step },
+        Body::PausedStep(step) => ReplyBody::Paused { step },
+        Body::Applied(a) => ReplyBody::Applied {
+            calls: a
+                .calls
+                .into_iter()
+                .map(|c| AppliedCall {
+                    group: c.group,
+                    group_size: c.group_size,
+                    digest: c.digest,
+                })
+                .collect(),
+        },
+        Body::ResumedStallNanos(n) => ReplyBody::Resumed {
+            stalled: Duration::from_nanos(n),
+        },
+        Body::Failed(e) => ReplyBody::Failed(rank_error_from_pb(e)),
+    };
+    Ok(RankReply {
+        rank: GlobalRank(r.rank),
+        op: op_id(W, &r.op)?,
+        phase: phase_from_pb(W, r.phase)?,
+        body,
+    })
+}
+
+pub fn node_reply_to_pb(n: NodeReply) -> pb::NodeReply {
+    pb::NodeReply {
+        node: n.node.0,
+        op: n.op.to_string(),
+        phase: phase_to_pb(n.phase) as i32,
+        replies: n.replies.into_iter().map(rank_reply_to_pb).collect(),
+        health: n
+            .health
+            .into_iter()
+            .map(|h| pb::LinkHealth {
+                device: h.device.0,
+                primary_up: h.primary_up,
+                backup_up: h.backup_up,
+            })
+            .collect(),
+    }
+}
+
+pub fn node_reply_from_pb(n: pb::NodeReply) -> Result<NodeReply, WireError> {
+    const W: &str = "node reply";
+    Ok(NodeReply {
+        node: NodeName(n.node),
+        op: op_id(W, &n.op)?,
+        phase: phase_from_pb(W, n.phase)?,
+        replies: n
+            .replies
+            .into_iter()
+            .map(rank_reply_from_pb)
+            .collect::<Result<_, _>>()?,
+        health: n
+            .health
+            .into_iter()
+            .map(|h| LinkHealth {
+                device: DeviceId(h.device),
+                primary_up: h.primary_up,
+                backup_up: h.backup_up,
+            })
+            .collect(),
+    })
+}
+
+pub fn worker_msg_to_pb(m: WorkerToProxy) -> pb::WorkerMessage {
+    use pb::worker_message::Kind;
+    pb::WorkerMessage {
+        kind: Some(match m {
+            WorkerToProxy::Hello(h) => Kind::Hello(hello_to_pb(h)),
+            WorkerToProxy::Reply(r) => Kind::Reply(rank_reply_to_pb(r)),
+        }),
+    }
+}
+
+pub fn worker_msg_from_pb(m: pb::WorkerMessage) -> Result<WorkerToProxy, WireError> {
+    use pb::worker_message::Kind;
+    match m
+        .kind
+        .ok_or_else(|| missing("worker message", "its kind"))?
+    {
+        Kind::Hello(h) => Ok(WorkerToProxy::Hello(hello_from_pb(h))),
+        Kind::Reply(r) => Ok(WorkerToProxy::Reply(rank_reply_from_pb(r)?)),
+    }
+}
+
+pub fn proxy_msg_to_pb(m: ProxyToManager) -> pb::ProxyMessage {
+    use pb::proxy_message::Kind;
+    pb::ProxyMessage {
+        kind: Some(match m {
+            ProxyToManager::WorkerUp(h) => Kind::WorkerUp(hello_to_pb(h)),
+            ProxyToManager::WorkerLost { rank, reason } => Kind::WorkerLost(pb::WorkerLost {
+                rank: rank.0,
+                reason,
+            }),
+            ProxyToManager::Reply(n) => Kind::Reply(node_reply_to_pb(n)),
+        }),
+    }
+}
+
+pub fn proxy_msg_from_pb(m: pb::ProxyMessage) -> Result<ProxyToManager, WireError> {
+    use pb::proxy_message::Kind;
+    match m.kind.ok_or_else(|| missing("proxy message", "its kind"))? {
+        Kind::WorkerUp(h) => Ok(ProxyToManager::WorkerUp(hello_from_pb(h))),
+        Kind::WorkerLost(l) => Ok(ProxyToManager::WorkerLost {
+            rank: GlobalRank(l.rank),
+            reason: l.reason,
+        }),
+        Kind::Reply(n) => Ok(ProxyToManager::Reply(node_reply_from_pb(n)?)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op() -> OperationId {
+        OperationId(uuid::Uuid::from_u128(0x1234_5678))
+    }
+
+    #[test]
+    fn every_directive_round_trips() {
+        let targets = vec![RankTarget {
+            node: NodeName("node-1".into()),
+            device: DeviceId(3),
+            rank: GlobalRank(11),
+            use_backup: true,
+        }];
+        let kinds = vec![
+            DirectiveKind::Sample { targets },
+            DirectiveKind::PauseAt { step: 42 },
+            DirectiveKind::Switch {
+                targets: vec![(GlobalRank(11), true), (GlobalRank(2), false)],
+            },
+            DirectiveKind::Rollback {
+                targets: vec![(GlobalRank(11), false)],
+            },
+            DirectiveKind::Resume,
+        ];
+        for kind in kinds {
+            let d = Directive { op: op(), kind };
+            assert_eq!(directive_from_pb(directive_to_pb(d.clone())).unwrap(), d);
+        }
+    }
+
+    #[test]
+    fn every_reply_round_trips() {
+        let bodies = vec![
+            ReplyBody::Sampled { in_step: 7 },
+            ReplyBody::Paused { step: 8 },
+            ReplyBody::Applied {
+                calls: vec![AppliedCall {
+                    group: "tp_0".into(),
+                    group_size: 8,
+                    digest: u64::MAX - 3,
+                }],
+            },
+            ReplyBody::Resumed {
+                stalled: Duration::from_micros(1234),
+            },
+            ReplyBody::Failed(RankError {
+                group: Some("dp_1".into()),
+                hal: Some(HalError::new(
+                    "HcclCommWorkingDevNicSet",
+                    HcclCode::Network,
+                    "x",
+                )),
+                message: "boom".into(),
+            }),
+            ReplyBody::Failed(RankError {
+                group: None,
+                hal: Some(HalError::new("op", HcclCode::Other(77), "")),
+                message: String::new(),
+            }),
+        ];
+        for (i, body) in bodies.into_iter().enumerate() {
+            let r = RankReply {
+                rank: GlobalRank(i as u32),
+                op: op(),
+                phase: Phase::Switch,
+                body,
+            };
+            let n = NodeReply {
+                node: NodeName("node-0".into()),
+                op: op(),
+                phase: Phase::Switch,
+                replies: vec![r.clone()],
+                health: vec![LinkHealth {
+                    device: DeviceId(1),
+                    primary_up: false,
+                    backup_up: true,
+                }],
+            };
+            let w = WorkerToProxy::Reply(r);
+            assert_eq!(worker_msg_from_pb(worker_msg_to_pb(w.clone())).unwrap(), w);
+            let p = ProxyToManager::Reply(n);
+            assert_eq!(proxy_msg_from_pb(proxy_msg_to_pb(p.clone())).unwrap(), p);
+        }
+        let hello = WorkerHello {
+            job: JobId("j".into()),
+            node: NodeName("n".into()),
+            rank: GlobalRank(3),
+            capabilities: SwitchCapabilities {
+                tsp: true,
+                l2_retry: false,
+                rdma: true,
+            },
+        };
+        for m in [
+            ProxyToManager::WorkerUp(hello.clone()),
+            ProxyToManager::WorkerLost {
+                rank: GlobalRank(3),
+                reason: "gone".into(),
+            },
+        ] {
+            assert_eq!(proxy_msg_from_pb(proxy_msg_to_pb(m.clone())).unwrap(), m);
+        }
+        let w = WorkerToProxy::Hello(hello);
+        assert_eq!(worker_msg_from_pb(worker_msg_to_pb(w.clone())).unwrap(), w);
+    }
+
+    #[test]
+    fn malformed_frames_say_what_is_wrong() {
+        let e = directive_from_pb(pb::Directive {
+            op: "not-a-uuid".into(),
+            kind: Some(pb::directive::Kind::Resume(pb::ResumeTraining {})),
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("operation id"), "{e}");
+        let e = directive_from_pb(pb::Directive {
+            op: op().to_string(),
+            kind: None,
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("kind is missing"), "{e}");
+        let e = rank_reply_from_pb(pb::RankReply {
+            rank: 1,
+            op: op().to_string(),
+            phase: 0,
+            body: Some(pb::rank_reply::Body::PausedStep(1)),
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("unknown phase"), "{e}");
+    }
+}

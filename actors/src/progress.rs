@@ -1,0 +1,94 @@
+//! What an operation is doing, as it happens: the manager's progress feed.
+//!
+//! The manager publishes one [`ProgressEvent`] when an operation starts, when each phase
+//! starts, as the phase's count of ranks still to answer goes down, when each phase ends, and
+//! once with the final report. Anyone may subscribe ([`ProgressFeed::subscribe`], or the
+//! manager's [`crate::manager::SubscribeProgress`] message): a CLI showing live progress, a
+//! control API streaming it to an operator. A subscriber that falls behind loses the oldest
+//! events (`RecvError::Lagged`), never the manager's time; the final report is the last event
+//! of an operation, so a lagging subscriber still gets it.
+
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+use taskd_core::command::{Direction, RankTarget};
+use taskd_core::operation::OperationReport;
+use taskd_core::protocol::Phase;
+use taskd_core::{JobId, OperationId};
+use tokio::sync::broadcast;
+
+/// Events buffered per subscriber before the oldest are dropped.
+pub const PROGRESS_BUFFER: usize = 1024;
+
+/// One step of one operation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProgressEvent {
+    pub op: OperationId,
+    /// Time since the operation started (the manager's clock).
+    pub at: Duration,
+    pub kind: ProgressKind,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProgressKind {
+    /// The command was admitted; the operation runs over `ranks` ranks.
+    Started {
+        job: JobId,
+        direction: Direction,
+        targets: Vec<RankTarget>,
+        ranks: usize,
+    },
+    /// A phase's directive went out to every node; `waiting` ranks must answer.
+    /// `pause_step` is the step every rank finishes before holding (the pause phase only).
+    PhaseStarted {
+        phase: Phase,
+        waiting: usize,
+        pause_step: Option<u64>,
+    },
+    /// Answers came in: `waiting` ranks of the phase are still to answer.
+    Waiting { phase: Phase, waiting: usize },
+    /// The phase is over (every rank answered, or it failed), after `took`.
+    PhaseFinished { phase: Phase, took: Duration },
+    /// The one final result. Nothing follows it for this operation.
+    Finished(Box<OperationReport>),
+}
+
+impl ProgressEvent {
+    /// The final report, if this is the last event of its operation.
+    pub fn report(&self) -> Option<&OperationReport> {
+        match &self.kind {
+            ProgressKind::Finished(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+/// Where a manager publishes progress; clone it freely, subscribe from any thread.
+#[derive(Clone, Debug)]
+pub struct ProgressFeed {
+    tx: broadcast::Sender<ProgressEvent>,
+}
+
+impl Default for ProgressFeed {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ProgressFeed {
+    pub fn new() -> Self {
+        ProgressFeed {
+            tx: broadcast::channel(PROGRESS_BUFFER).0,
+        }
+    }
+
+    /// Every event published from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<ProgressEvent> {
+        self.tx.subscribe()
+    }
+
+    pub(crate) fn publish(&self, op: OperationId, at: Duration, kind: ProgressKind) {
+        // Nobody listening is fine.
+        let _ = self.tx.send(ProgressEvent { op, at, kind });
+    }
+}

@@ -1,0 +1,135 @@
+//! How the operator's commands reach a manager's control port: address, bearer token, TLS.
+
+use clap::Args;
+use std::path::PathBuf;
+use taskd_actors::control::proto::control_client::ControlClient;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+/// Where the control API is and how to authenticate.
+#[derive(Args, Clone, Debug)]
+pub struct ConnectArgs {
+    /// The manager's control address, HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub addr: String,
+    /// File holding the bearer token (or set TASKD_CONTROL_TOKEN).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// CA certificate (PEM) to verify the server; turns on TLS.
+    #[arg(long, value_name = "PEM")]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for mutual TLS.
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Client key (PEM) for mutual TLS.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Server name to verify in its certificate (default: the host of --addr).
+    #[arg(long, value_name = "NAME")]
+    pub tls_domain: Option<String>,
+}
+
+/// A failure to reach or authenticate with the control API.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("bad address {0:?}: expected HOST:PORT")]
+    Address(String),
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: tonic::transport::Error,
+    },
+}
+
+fn read(path: &PathBuf) -> Result<Vec<u8>, ConnectError> {
+    std::fs::read(path).map_err(|source| ConnectError::Read {
+        path: path.clone(),
+        source,
+    })
+}
+
+impl ConnectArgs {
+    /// The token from `--token-file` or `TASKD_CONTROL_TOKEN`.
+    pub fn token(&self) -> Result<Option<String>, ConnectError> {
+        if let Some(p) = &self.token_file {
+            let t = String::from_utf8_lossy(&read(p)?).trim().to_owned();
+            return Ok(Some(t));
+        }
+        Ok(std::env::var("TASKD_CONTROL_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty()))
+    }
+
+    pub async fn connect(&self) -> Result<ControlClient<Channel>, ConnectError> {
+        let tls = self.tls_ca.is_some() || self.tls_cert.is_some();
+        let scheme = if tls { "https" } else { "http" };
+        let uri = format!("{scheme}://{}", self.addr);
+        let mut ep =
+            Endpoint::from_shared(uri).map_err(|_| ConnectError::Address(self.addr.clone()))?;
+        if tls {
+            let mut c = ClientTlsConfig::new();
+            if let Some(ca) = &self.tls_ca {
+                c = c.ca_certificate(Certificate::from_pem(read(ca)?));
+            }
+            if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+                c = c.identity(Identity::from_pem(read(cert)?, read(key)?));
+            }
+            let domain = self.tls_domain.clone().unwrap_or_else(|| {
+                self.addr
+                    .rsplit_once(':')
+                    .map(|(h, _)| h.trim_matches(|c| c == '[' || c == ']').to_owned())
+                    .unwrap_or_default()
+            });
+            c = c.domain_name(domain);
+            ep = ep.tls_config(c).map_err(|source| ConnectError::Connect {
+                addr: self.addr.clone(),
+                source,
+            })?;
+        }
+        let channel = ep.connect().await.map_err(|source| ConnectError::Connect {
+            addr: self.addr.clone(),
+            source,
+        })?;
+        Ok(ControlClient::new(channel))
+    }
+
+    /// Wraps a message, adding the bearer token when there is one.
+    pub fn request<T>(&self, msg: T, token: &Option<String>) -> tonic::Request<T> {
+        let mut req = tonic::Request::new(msg);
+        if let Some(t) = token {
+            if let Ok(v) = format!("Bearer {t}").parse() {
+                req.metadata_mut().insert("authorization", v);
+            }
+        }
+        req
+    }
+}
+
+/// Exit codes of the operator's commands.
+pub mod exit {
+    /// The operation succeeded (or, without `--wait`, was accepted).
+    pub const OK: u8 = 0;
+    /// The operation failed or was refused by the manager.
+    pub const FAILED: u8 = 1;
+    /// The command line is wrong.
+    pub const USAGE: u8 = 2;
+    /// The control API could not be reached, or refused the credentials.
+    pub const UNREACHABLE: u8 = 3;
+}
+
+/// A one-line message for a failed RPC, with what to do about it.
+pub fn explain(status: &tonic::Status) -> String {
+    use tonic::Code;
+    let hint = match status.code() {
+        Code::Unauthenticated => " (pass --token-file or set TASKD_CONTROL_TOKEN)",
+        Code::ResourceExhausted => " (slow down: the control port rate-limits each client)",
+        Code::Unavailable => " (is the manager running and is --addr right?)",
+        Code::NotFound => " (check --job)",
+        _ => "",
+    };
+    format!("{}{hint}", status.message())
+}

@@ -1,0 +1,34 @@
+//! `taskd doctor`: preflight checks for a node about to run a job (see [`crate::doctor`]).
+
+use crate::doctor::{self, DoctorConfig, DEFAULT_PORT};
+use clap::Args;
+use std::io::Write as _;
+use std::process::ExitCode;
+
+#[derive(Args, Debug, Clone)]
+pub struct DoctorArgs {
+    /// The taskd port to check (the pod's containerPort named taskd-port).
+    #[arg(long, value_name = "PORT", default_value_t = DEFAULT_PORT)]
+    pub port: u16,
+    /// Print a JSON array of {check, status, detail, fix} instead of one line per check.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Exit status 0 when no check failed, 1 otherwise.
+pub fn run(a: DoctorArgs) -> ExitCode {
+    let env = |name: &str| std::env::var_os(name);
+    let checks = doctor::run(&DoctorConfig { port: a.port }, &env);
+    let text = if a.json {
+        serde_json::to_string_pretty(&checks).expect("checks serialize") + "\n"
+    } else {
+        doctor::render_text(&checks)
+    };
+    // A closed stdout (`| head`) is the reader's choice, not a failed check.
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+    if doctor::ready(&checks) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}

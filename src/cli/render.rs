@@ -1,0 +1,152 @@
+//! How the operator's commands show control-API messages: readable text and JSON.
+
+use serde_json::{json, Value};
+use std::fmt::Write as _;
+use taskd_actors::control::convert::result_value as result_json;
+use taskd_actors::control::proto::{self, switch_event::Event};
+
+pub fn event_json(ev: &Event) -> Value {
+    match ev {
+        Event::Accepted(a) => json!({"event": "accepted", "uuid": a.uuid, "known": a.known}),
+        Event::Refused(r) => json!({
+            "event": "refused", "code": r.code,
+            "name": taskd_actors::control::codes::name(r.code), "reason": r.reason,
+        }),
+        Event::Phase(p) => {
+            json!({"event": "phase", "uuid": p.uuid, "phase": p.phase, "at_ms": p.at_ms})
+        }
+        Event::Result(r) => json!({"event": "result", "result": result_json(r)}),
+    }
+}
+
+/// One line per phase start and end, as they happen.
+pub fn phase_text(p: &proto::PhaseEvent) -> String {
+    match (p.kind.as_str(), p.took_ms) {
+        ("finished", Some(took)) => format!("  {:<9} done in {took:.3} ms\n", p.phase),
+        _ => {
+            let step = p
+                .pause_step
+                .map(|s| format!(", every rank finishes step {s}"))
+                .unwrap_or_default();
+            format!(
+                "  {:<9} started at {:.3} ms, waiting for {} ranks{step}\n",
+                p.phase, p.at_ms, p.waiting
+            )
+        }
+    }
+}
+
+pub fn result_text(r: &proto::OperationResult) -> String {
+    let mut s = String::new();
+    let p = r.phases.unwrap_or_default();
+    for (name, v) in [
+        ("pause", p.pause_ms),
+        ("switch", p.switch_ms),
+        ("rollback", p.rollback_ms),
+        ("resume", p.resume_ms),
+        ("total", Some(p.total_ms)),
+        ("stall", r.stall_ms),
+    ] {
+        if let Some(v) = v {
+            let _ = writeln!(s, "  {name:<9} {v:>10.3} ms");
+        }
+    }
+    if let Some(step) = r.pause_step {
+        let _ = writeln!(s, "  every rank held after step {step}");
+    }
+    let _ = write!(s, "  result    {}", r.result.to_uppercase());
+    if r.result == "failed" {
+        let _ = write!(
+            s,
+            " (rolled back: {}, job {})",
+            if r.rolled_back { "yes" } else { "NO" },
+            r.job_state
+        );
+    }
+    s.push('\n');
+    if !r.error.is_empty() {
+        let _ = writeln!(s, "  reason    {}", r.error);
+    }
+    for e in &r.rank_errors {
+        let _ = writeln!(s, "  rank {:>5} {:<8} {}", e.rank, e.phase, e.message);
+    }
+    if !r.lost_ranks.is_empty() {
+        let _ = writeln!(
+            s,
+            "  lost ranks {:?}: the job needs process-level recovery",
+            r.lost_ranks
+        );
+    }
+    s
+}
+
+pub fn status_json(s: &proto::JobStatus) -> Value {
+    json!({
+        "job": s.job_id,
+        "state": s.state,
+        "workers_registered": s.workers_registered,
+        "workers_expected": s.workers_expected,
+        "nodes_connected": s.nodes_connected,
+        "ranks_on_backup": s.ranks_on_backup,
+        "in_flight": s.in_flight.as_ref().map(|f| json!({
+            "uuid": f.uuid, "phase": f.phase, "pending_ranks": f.pending_ranks,
+        })),
+        "recent": s.recent.iter().map(result_json).collect::<Vec<_>>(),
+    })
+}
+
+pub fn status_text(s: &proto::JobStatus) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "job        {}", s.job_id);
+    let _ = writeln!(out, "state      {}", s.state);
+    let _ = writeln!(
+        out,
+        "workers    {}/{} registered, {} nodes connected",
+        s.workers_registered, s.workers_expected, s.nodes_connected
+    );
+    let backup: Vec<String> = s.ranks_on_backup.iter().map(|r| r.to_string()).collect();
+    let _ = writeln!(
+        out,
+        "on backup  {}",
+        if backup.is_empty() {
+            "none".to_string()
+        } else {
+            backup.join(", ")
+        }
+    );
+    match &s.in_flight {
+        Some(f) => {
+            let _ = writeln!(
+                out,
+                "in flight  {} in {} (waiting for {} ranks)",
+                f.uuid,
+                f.phase,
+                f.pending_ranks.len()
+            );
+        }
+        None => {
+            let _ = writeln!(out, "in flight  none");
+        }
+    }
+    if !s.recent.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{:<36}  {:<10}  {:<9}  {:>10}  {:<8}  error",
+            "uuid", "direction", "result", "total ms", "rolled"
+        );
+        for r in &s.recent {
+            let total = r.phases.as_ref().map(|p| p.total_ms).unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "{:<36}  {:<10}  {:<9}  {:>10.3}  {:<8}  {}",
+                r.uuid,
+                r.direction,
+                r.result,
+                total,
+                if r.rolled_back { "yes" } else { "no" },
+                r.error
+            );
+        }
+    }
+    out
+}

@@ -1,0 +1,160 @@
+//! `taskd sim --serve`: the simulated job as a live rig. It trains until interrupted and
+//! serves the control API, so the CLI, a platform or a dashboard can drive it.
+
+use crate::sim::{SimConfig, Simulation};
+use clap::Args;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use taskd_actors::control::{self, ControlTls, GuardConfig, RateLimit};
+use taskd_core::JobId;
+
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Keep the simulated job training and serve the control API until SIGINT/SIGTERM,
+    /// instead of running the scripted scenario.
+    #[arg(long)]
+    pub serve: bool,
+    /// Where the control API listens (port 0 picks a free port; the bound address is printed).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9602")]
+    pub control_addr: SocketAddr,
+    /// The simulated job's id.
+    #[arg(long, value_name = "ID", default_value = "sim")]
+    pub job_id: String,
+    /// Require this bearer token (file) on the control API (or set TASKD_CONTROL_TOKEN).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Server certificate (PEM); turns on TLS for the control API.
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Server key (PEM).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// CA (PEM) that client certificates must be signed by (mutual TLS).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Requests a client may send at once before the rate limit applies.
+    #[arg(long, value_name = "N", default_value_t = RateLimit::default().burst)]
+    pub rate_burst: u32,
+    /// Requests per second a client may send after its burst.
+    #[arg(long, value_name = "N", default_value_t = RateLimit::default().per_second)]
+    pub rate_per_sec: f64,
+}
+
+fn read(p: &PathBuf) -> Result<Vec<u8>, String> {
+    std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()))
+}
+
+impl ServeArgs {
+    /// The control port's guard: token from `--token-file` or `TASKD_CONTROL_TOKEN`.
+    pub fn guard(&self) -> Result<GuardConfig, String> {
+        let token = match &self.token_file {
+            Some(p) => Some(String::from_utf8_lossy(&read(p)?).trim().to_owned()),
+            None => std::env::var("TASKD_CONTROL_TOKEN")
+                .ok()
+                .filter(|t| !t.is_empty()),
+        };
+        if token.as_deref() == Some("") {
+            return Err("the token file is empty".into());
+        }
+        Ok(GuardConfig {
+            token,
+            rate: RateLimit {
+                burst: self.rate_burst,
+                per_second: self.rate_per_sec,
+            },
+        })
+    }
+
+    pub fn tls(&self) -> Result<Option<ControlTls>, String> {
+        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
+            return Ok(None);
+        };
+        Ok(Some(ControlTls {
+            cert_pem: read(cert)?,
+            key_pem: read(key)?,
+            client_ca_pem: self.tls_client_ca.as_ref().map(read).transpose()?,
+        }))
+    }
+}
+
+pub fn run(mut cfg: SimConfig, a: ServeArgs) -> ExitCode {
+    cfg.job = JobId(a.job_id.clone());
+    let (guard, tls) = match (a.guard(), a.tls()) {
+        (Ok(g), Ok(t)) => (g, t),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("taskd sim --serve: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let sim = match Simulation::start(&cfg) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("taskd sim --serve: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let server = match control::serve(
+        a.control_addr,
+        sim.job().manager().clone(),
+        cfg.job.clone(),
+        guard,
+        tls,
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("taskd sim --serve: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    // One line a person or a script can read the port from.
+    println!(
+        "taskd sim: job {} ({} nodes x {} devices, simulated) serving the control API on {}",
+        cfg.job,
+        cfg.nodes,
+        cfg.devices_per_node,
+        server.local_addr()
+    );
+    let _ = std::io::stdout().flush();
+    wait_for_signal();
+    eprintln!("taskd sim: stopping");
+    server.shutdown();
+    let end = sim.finish();
+    println!(
+        "taskd sim: stopped after {} steps; ranks on backup NIC: {:?}; groups consistent: {}; job {}",
+        end.steps_completed,
+        end.ranks_on_backup.iter().map(|r| r.0).collect::<Vec<_>>(),
+        end.groups_consistent,
+        end.job_state.as_str()
+    );
+    if end.groups_consistent && end.collectives_on_inconsistent_groups == 0 {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("taskd sim: INVARIANT BROKEN: {}", end.consistency);
+        ExitCode::from(1)
+    }
+}
+
+/// Blocks until SIGINT or SIGTERM.
+pub fn wait_for_signal() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a signal runtime");
+    rt.block_on(async {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    });
+}

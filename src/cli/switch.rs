@@ -1,0 +1,183 @@
+//! `taskd switch`: move devices of a job to their backup NIC or back.
+
+use super::connect::{exit, explain, ConnectArgs};
+use clap::{Args, ValueEnum};
+use std::process::ExitCode;
+use taskd_actors::control::codes;
+use taskd_actors::control::proto::{self, switch_event::Event};
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Side {
+    Backup,
+    Primary,
+}
+
+#[derive(Args, Debug)]
+pub struct SwitchArgs {
+    #[command(flatten)]
+    connect: ConnectArgs,
+    /// The job's id.
+    #[arg(long)]
+    job: String,
+    /// A node to switch; give --dev and --to after each --node (repeatable).
+    #[arg(long = "node", value_name = "NODE", required = true)]
+    nodes: Vec<String>,
+    /// Devices of the preceding --node, comma-separated (e.g. 0,8).
+    #[arg(long = "dev", value_name = "DEV[,DEV...]", required = true)]
+    devs: Vec<String>,
+    /// Which NIC the preceding --node's devices use from now on.
+    #[arg(long = "to", value_name = "backup|primary", required = true)]
+    to: Vec<Side>,
+    /// Client-chosen operation UUID (a repeated one returns the known result).
+    #[arg(long)]
+    uuid: Option<String>,
+    /// Wait for the result, showing the phases; exit non-zero unless it succeeded.
+    #[arg(long)]
+    wait: bool,
+    /// Print the events as JSON lines.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The targets from the repeated `--node/--dev/--to` groups.
+pub fn targets(
+    nodes: &[String],
+    devs: &[String],
+    to: &[Side],
+) -> Result<Vec<proto::Target>, String> {
+    if nodes.len() != devs.len() || nodes.len() != to.len() {
+        return Err(format!(
+            "every --node needs one --dev and one --to (got {} --node, {} --dev, {} --to)",
+            nodes.len(),
+            devs.len(),
+            to.len()
+        ));
+    }
+    let mut out = Vec::new();
+    for ((node, devs), to) in nodes.iter().zip(devs).zip(to) {
+        for d in devs.split(',') {
+            let device = d.trim().parse::<u32>().map_err(|_| {
+                format!("--dev {devs:?} of node {node}: {d:?} is not a device number")
+            })?;
+            out.push(proto::Target {
+                node: node.clone(),
+                device,
+                use_backup: *to == Side::Backup,
+                rank: 0,
+            });
+        }
+    }
+    Ok(out)
+}
+
+pub fn run(a: SwitchArgs) -> ExitCode {
+    let targets = match targets(&a.nodes, &a.devs, &a.to) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("taskd switch: {e}");
+            return ExitCode::from(exit::USAGE);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("taskd switch: {e}");
+            return ExitCode::from(exit::FAILED);
+        }
+    };
+    ExitCode::from(rt.block_on(switch(a, targets)))
+}
+
+async fn switch(a: SwitchArgs, targets: Vec<proto::Target>) -> u8 {
+    let token = match a.connect.token() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("taskd switch: {e}");
+            return exit::USAGE;
+        }
+    };
+    let mut client = match a.connect.connect().await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("taskd switch: {e}");
+            return exit::UNREACHABLE;
+        }
+    };
+    let req = a.connect.request(
+        proto::SwitchRequest {
+            job_id: a.job.clone(),
+            uuid: a.uuid.clone().unwrap_or_default(),
+            targets,
+            wait: a.wait,
+        },
+        &token,
+    );
+    let mut stream = match client.switch(req).await {
+        Ok(s) => s.into_inner(),
+        Err(s) => {
+            eprintln!("taskd switch: {}", explain(&s));
+            return exit::UNREACHABLE;
+        }
+    };
+    let mut code = exit::FAILED;
+    loop {
+        let ev = match stream.message().await {
+            Ok(Some(ev)) => ev,
+            Ok(None) => break,
+            Err(s) => {
+                eprintln!("taskd switch: the stream broke: {}", explain(&s));
+                return exit::UNREACHABLE;
+            }
+        };
+        let Some(ev) = ev.event else { continue };
+        if a.json {
+            println!("{}", super::render::event_json(&ev));
+        }
+        match ev {
+            Event::Accepted(acc) => {
+                if !a.json {
+                    println!(
+                        "operation {} {}",
+                        acc.uuid,
+                        if acc.known {
+                            "already ran: its result follows"
+                        } else {
+                            "accepted"
+                        }
+                    );
+                }
+                if !a.wait && !acc.known {
+                    code = exit::OK;
+                }
+            }
+            Event::Refused(r) => {
+                eprintln!(
+                    "taskd switch: refused ({} {}): {}",
+                    r.code,
+                    codes::name(r.code),
+                    r.reason
+                );
+                return exit::FAILED;
+            }
+            Event::Phase(p) => {
+                if !a.json {
+                    print!("{}", super::render::phase_text(&p));
+                }
+            }
+            Event::Result(r) => {
+                if !a.json {
+                    print!("{}", super::render::result_text(&r));
+                }
+                code = if r.result == "succeeded" {
+                    exit::OK
+                } else {
+                    exit::FAILED
+                };
+            }
+        }
+    }
+    code
+}

@@ -1,0 +1,1074 @@
+//! `taskd doctor`: preflight for a node about to run a job.
+//!
+//! Each check looks at one thing a switch depends on and answers [`Status::Pass`],
+//! [`Status::Warn`] or [`Status::Fail`], with what it saw and, unless it passed, how to fix it.
+//! The node is ready when nothing fails ([`ready`]).
+//!
+//! | check | FAIL when | WARN when |
+//! |---|---|---|
+//! | `library:hccl`, `library:acl` | the library does not load, or lacks a function taskd binds | it loaded, but only after an earlier candidate failed |
+//! | `library:dcmi` | | it does not load or lacks a function (no link health) |
+//! | `dcmi:devices` (only if DCMI loaded) | | `dcmi_init` or the device count fails, or no device |
+//! | `dcmi:links` (only if DCMI counted devices) | | some device's primary or backup NIC is not reachable |
+//! | `env:HCCL_OP_RETRY_ENABLE` | no `L2:1` (HCCL would answer success and switch nothing) | |
+//! | `env:MS_ENABLE_TFT` | no `TSP:1` (the manager refuses every switch) | |
+//! | `env:PROCESS_RECOVER` | | not `on` |
+//! | `env:ELASTIC_PROCESS_RECOVER_ENABLE` | | not `1` |
+//! | `env:TASKD_HCCL_RDMA` | set to `0`/`false`/`off`/`no` (no RoCE links: nothing can switch) | |
+//! | `job:id` | `MINDX_TASK_ID` unset | |
+//! | `job:role` | `MS_SCHED_HOST` or `POD_IP` unset or not an address | one is a host name, the other an address |
+//! | `job:node-rank` | no node rank, a value that is not a number, or values that disagree | |
+//! | `port` | the taskd port cannot be bound on this host (manager host or role unknown) | the same on a worker host |
+//!
+//! `PROCESS_RECOVER` and `ELASTIC_PROCESS_RECOVER_ENABLE` only warn: taskd does not read them,
+//! and a switch works without them. The reference deployment sets them for MindCluster's
+//! process-level recovery, which is what brings back a job an operation had to leave in
+//! `needs_recovery`.
+//!
+//! Every check reads the environment through an [`Env`] lookup (the process environment in
+//! the binary, a map in tests) and finds the vendor libraries through the same search as the
+//! worker (`taskd_hal_ascend::search`), so what the doctor loads is what a worker would load.
+
+use serde::Serialize;
+use std::ffi::OsString;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
+use taskd_core::env as flags;
+use taskd_core::{DeviceId, NodeHal};
+use taskd_hal_ascend::search::{self, LibrarySpec, LoadError, Origin};
+use taskd_hal_ascend::sys::{self, LibraryProbe};
+use taskd_hal_ascend::AscendNodeHal;
+
+/// Reads one environment variable (same shape as `taskd_hal_ascend::search::EnvLookup`).
+pub type Env<'a> = &'a dyn Fn(&str) -> Option<OsString>;
+
+/// The port of the taskd network in the reference deployment (container port `taskd-port`).
+pub const DEFAULT_PORT: u16 = 9601;
+
+/// The reference deployment's values, quoted in fix-it messages.
+pub const HCCL_OP_RETRY_ENABLE_VALUE: &str = "L0:0, L1:1, L2:1";
+pub const MS_ENABLE_TFT_VALUE: &str = "{TTP:1,TSP:1}";
+
+/// The verdict of one check.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Status {
+    Pass,
+    Warn,
+    Fail,
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Status::Pass => "PASS",
+            Status::Warn => "WARN",
+            Status::Fail => "FAIL",
+        })
+    }
+}
+
+/// One check's result. Serialized as `{check, status, detail, fix}` (`fix` is `null` for a
+/// pass).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Check {
+    /// Stable name, e.g. `env:HCCL_OP_RETRY_ENABLE`.
+    pub check: String,
+    pub status: Status,
+    /// What was seen.
+    pub detail: String,
+    /// How to fix it; `None` when the check passed.
+    pub fix: Option<String>,
+}
+
+impl Check {
+    fn pass(check: impl Into<String>, detail: impl Into<String>) -> Self {
+        Check {
+            check: check.into(),
+            status: Status::Pass,
+            detail: detail.into(),
+            fix: None,
+        }
+    }
+
+    fn warn(check: impl Into<String>, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+        Check {
+            check: check.into(),
+            status: Status::Warn,
+            detail: detail.into(),
+            fix: Some(fix.into()),
+        }
+    }
+
+    fn fail(check: impl Into<String>, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+        Check {
+            check: check.into(),
+            status: Status::Fail,
+            detail: detail.into(),
+            fix: Some(fix.into()),
+        }
+    }
+
+    /// The check's one line: `STATUS  check  detail[  fix: ...]`.
+    pub fn line(&self) -> String {
+        let mut s = format!("{}  {}  {}", self.status, self.check, self.detail);
+        if let Some(fix) = &self.fix {
+            s.push_str("  fix: ");
+            s.push_str(fix);
+        }
+        // One line per check, whatever a loader message contained.
+        s.replace('\n', " ")
+    }
+}
+
+/// What the doctor checks besides the environment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DoctorConfig {
+    /// The taskd port to try to bind.
+    pub port: u16,
+}
+
+impl Default for DoctorConfig {
+    fn default() -> Self {
+        DoctorConfig { port: DEFAULT_PORT }
+    }
+}
+
+/// Runs every check, in the order of the table in the module docs.
+pub fn run(cfg: &DoctorConfig, env: Env<'_>) -> Vec<Check> {
+    let mut out = vec![
+        library(Library::Hccl, env),
+        library(Library::Acl, env),
+        library(Library::Dcmi, env),
+    ];
+    if out[2].status == Status::Pass {
+        let (devices, count) = dcmi_devices(env);
+        out.push(devices);
+        if let Some(n) = count {
+            out.push(dcmi_links(env, n));
+        }
+    }
+    out.extend([
+        l2_retry(env),
+        tsp(env),
+        process_recover(env),
+        elastic_process_recover(env),
+        rdma(env),
+        job_id(env),
+    ]);
+    let (role_check, role) = role(env);
+    out.push(role_check);
+    out.push(node_rank(env));
+    out.push(port(cfg.port, role));
+    out
+}
+
+/// Whether the node may run the job: no check failed.
+pub fn ready(checks: &[Check]) -> bool {
+    checks.iter().all(|c| c.status != Status::Fail)
+}
+
+/// One line per check.
+pub fn render_text(checks: &[Check]) -> String {
+    checks.iter().map(|c| c.line() + "\n").collect()
+}
+
+fn get(env: Env<'_>, name: &str) -> Option<String> {
+    env(name).map(|v| v.to_string_lossy().into_owned())
+}
+
+/// Set and not blank.
+fn get_set(env: Env<'_>, name: &str) -> Option<String> {
+    get(env, name).filter(|v| !v.trim().is_empty())
+}
+
+fn shown(v: &Option<String>) -> String {
+    match v {
+        Some(v) => format!("{v:?}"),
+        None => "unset".into(),
+    }
+}
+
+/// `unset` or `"value" has no FLAG`.
+fn lacks(v: &Option<String>, flag: &str) -> String {
+    match v {
+        Some(v) => format!("{v:?} has no {flag}"),
+        None => "unset".into(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Libraries
+
+/// A vendor library the doctor probes.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Library {
+    Hccl,
+    Acl,
+    Dcmi,
+}
+
+impl Library {
+    fn spec(self) -> LibrarySpec {
+        match self {
+            Library::Hccl => search::HCCL,
+            Library::Acl => search::ACL,
+            Library::Dcmi => search::DCMI,
+        }
+    }
+
+    fn symbols(self) -> &'static [&'static str] {
+        match self {
+            Library::Hccl => sys::hccl::SYMBOLS,
+            Library::Acl => sys::acl::SYMBOLS,
+            Library::Dcmi => sys::dcmi::SYMBOLS,
+        }
+    }
+
+    fn check_name(self) -> &'static str {
+        match self {
+            Library::Hccl => "library:hccl",
+            Library::Acl => "library:acl",
+            Library::Dcmi => "library:dcmi",
+        }
+    }
+
+    /// What is lost without it, for the detail of a failure.
+    fn without(self) -> &'static str {
+        match self {
+            Library::Hccl => "a worker cannot reach HCCL, so nothing can be switched",
+            Library::Acl => "the Ascend runtime is missing (training cannot run on this node)",
+            Library::Dcmi => {
+                "the proxy cannot read NIC link health, so a switch to a NIC that is down is not \
+                 refused up front"
+            }
+        }
+    }
+
+    fn fix(self) -> String {
+        let spec = self.spec();
+        match self {
+            Library::Hccl | Library::Acl => format!(
+                "source the CANN environment (`source /usr/local/Ascend/ascend-toolkit/set_env.sh` \
+                 sets ASCEND_HOME_PATH and LD_LIBRARY_PATH), or set {}=/path/to/{} (the same file \
+                 the training framework loads)",
+                spec.override_var, spec.file_name
+            ),
+            Library::Dcmi => format!(
+                "install the NPU driver (it ships {}), put its directory on LD_LIBRARY_PATH, or \
+                 set {}=/path/to/{}",
+                spec.file_name, spec.override_var, spec.file_name
+            ),
+        }
+    }
+
+    /// Severity when the library is unusable.
+    fn severity(self) -> Status {
+        match self {
+            Library::Hccl | Library::Acl => Status::Fail,
+            Library::Dcmi => Status::Warn,
+        }
+    }
+}
+
+fn from_where(probe: &LibraryProbe) -> String {
+    let c = &probe.loaded;
+    match c.origin {
+        Origin::LoaderDefault => format!("{} (resolved by the dynamic loader)", c.path.display()),
+        ref o => format!("{} (from {o})", c.path.display()),
+    }
+}
+
+/// Where the search finds `lib` and whether it has every function taskd binds.
+pub fn library(lib: Library, env: Env<'_>) -> Check {
+    let spec = lib.spec();
+    let name = lib.check_name();
+    let bad = |detail: String| Check {
+        check: name.into(),
+        status: lib.severity(),
+        detail,
+        fix: Some(lib.fix()),
+    };
+    match sys::probe_symbols(&spec, lib.symbols(), env) {
+        Err(LoadError::NotFound {
+            file_name,
+            attempts,
+        }) => {
+            let tried: Vec<String> = attempts
+                .iter()
+                .map(|a| {
+                    format!(
+                        "{} (from {}): {}",
+                        a.candidate.path.display(),
+                        a.candidate.origin,
+                        a.error
+                    )
+                })
+                .collect();
+            bad(format!(
+                "{file_name} could not be loaded; tried {}; {}",
+                tried.join("; "),
+                lib.without()
+            ))
+        }
+        Err(e) => bad(e.to_string()),
+        Ok(p) if !p.missing.is_empty() => bad(format!(
+            "{} lacks {}; {}",
+            from_where(&p),
+            p.missing.join(", "),
+            lib.without()
+        )),
+        Ok(p) if !p.skipped.is_empty() => {
+            let skipped: Vec<String> = p
+                .skipped
+                .iter()
+                .map(|a| {
+                    format!(
+                        "{} (from {}): {}",
+                        a.candidate.path.display(),
+                        a.candidate.origin,
+                        a.error
+                    )
+                })
+                .collect();
+            Check::warn(
+                name,
+                format!(
+                    "{}, all {} functions present, but an earlier candidate did not load: {}",
+                    from_where(&p),
+                    lib.symbols().len(),
+                    skipped.join("; ")
+                ),
+                format!(
+                    "make the first candidate load or remove it, so taskd and the framework use \
+                     the same {} (or pin it with {})",
+                    spec.file_name, spec.override_var
+                ),
+            )
+        }
+        Ok(p) => Check::pass(
+            name,
+            format!(
+                "{}, all {} functions present",
+                from_where(&p),
+                lib.symbols().len()
+            ),
+        ),
+    }
+}
+
+/// `dcmi_init` and the device count. Returns the count when it could be read.
+pub fn dcmi_devices(env: Env<'_>) -> (Check, Option<u32>) {
+    let name = "dcmi:devices";
+    let fix = "check that the NPU driver is installed and loaded (`npu-smi info`) and that this \
+               process may open the devices (run as root or in the container with the devices \
+               mounted)";
+    let lib = match sys::dcmi::DcmiLib::open(env) {
+        Ok(l) => l,
+        Err(e) => return (Check::warn(name, e.to_string(), fix), None),
+    };
+    let mut hal = match AscendNodeHal::new(lib) {
+        Ok(h) => h,
+        Err(e) => return (Check::warn(name, e.to_string(), fix), None),
+    };
+    match hal.device_count() {
+        Ok(0) => (Check::warn(name, "DCMI reports no NPU", fix), None),
+        Ok(n) => (
+            Check::pass(name, format!("dcmi_init ok, {n} NPUs")),
+            Some(n),
+        ),
+        Err(e) => (Check::warn(name, e.to_string(), fix), None),
+    }
+}
+
+/// Link health of both NICs of devices `0..count`, as the proxy reads it.
+pub fn dcmi_links(env: Env<'_>, count: u32) -> Check {
+    let name = "dcmi:links";
+    let hal = sys::dcmi::DcmiLib::open(env)
+        .map_err(|e| e.to_string())
+        .and_then(|l| AscendNodeHal::new(l).map_err(|e| e.to_string()));
+    let mut hal = match hal {
+        Ok(h) => h,
+        Err(e) => return Check::warn(name, e, "check the NPU driver (`npu-smi info`)".to_string()),
+    };
+    let mut down = Vec::new();
+    let mut errors = Vec::new();
+    for d in 0..count {
+        match hal.link_health(DeviceId(d)) {
+            Ok(h) => {
+                let mut sides = Vec::new();
+                if !h.primary_up {
+                    sides.push("primary");
+                }
+                if !h.backup_up {
+                    sides.push("backup");
+                }
+                if !sides.is_empty() {
+                    down.push(format!("{d} ({})", sides.join("+")));
+                }
+            }
+            Err(e) => errors.push(format!("{d}: {e}")),
+        }
+    }
+    if down.is_empty() && errors.is_empty() {
+        return Check::pass(
+            name,
+            format!("all {count} devices: primary and backup NIC reachable"),
+        );
+    }
+    let mut detail = Vec::new();
+    if !down.is_empty() {
+        detail.push(format!("not reachable: device {}", down.join(", ")));
+    }
+    if !errors.is_empty() {
+        detail.push(format!("could not read: {}", errors.join("; ")));
+    }
+    Check::warn(
+        name,
+        format!(
+            "{}; a switch to a NIC that is not reachable is refused",
+            detail.join("; ")
+        ),
+        "give every NIC a detect IP (`hccn_tool -i <device> -netdetect -s address <gateway>`) and \
+         check its link (`hccn_tool -i <device> -link -g`)",
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Enable flags
+
+/// `HCCL_OP_RETRY_ENABLE` must contain `L2:1`.
+pub fn l2_retry(env: Env<'_>) -> Check {
+    let name = "env:HCCL_OP_RETRY_ENABLE";
+    let v = get(env, "HCCL_OP_RETRY_ENABLE");
+    if flags::l2_retry_enabled(v.as_deref()) {
+        Check::pass(name, format!("{} has L2:1", shown(&v)))
+    } else {
+        Check::fail(
+            name,
+            format!(
+                "{}: HcclCommWorkingDevNicSet would report success and switch nothing",
+                lacks(&v, "L2:1")
+            ),
+            format!("export HCCL_OP_RETRY_ENABLE=\"{HCCL_OP_RETRY_ENABLE_VALUE}\" for the training processes"),
+        )
+    }
+}
+
+/// `MS_ENABLE_TFT` must contain `TSP:1`.
+pub fn tsp(env: Env<'_>) -> Check {
+    let name = "env:MS_ENABLE_TFT";
+    let v = get(env, "MS_ENABLE_TFT");
+    if flags::tsp_enabled(v.as_deref()) {
+        Check::pass(name, format!("{} has TSP:1", shown(&v)))
+    } else {
+        Check::fail(
+            name,
+            format!(
+                "{}: the manager refuses every switch involving this node's ranks",
+                lacks(&v, "TSP:1")
+            ),
+            format!("export MS_ENABLE_TFT='{MS_ENABLE_TFT_VALUE}' for the training processes"),
+        )
+    }
+}
+
+/// `PROCESS_RECOVER=on` (warning only; see the module docs).
+pub fn process_recover(env: Env<'_>) -> Check {
+    let name = "env:PROCESS_RECOVER";
+    let v = get(env, "PROCESS_RECOVER");
+    if v.as_deref().map(str::trim) == Some("on") {
+        Check::pass(name, "\"on\"")
+    } else {
+        Check::warn(
+            name,
+            format!(
+                "{}, not \"on\": switching works, but a job an operation leaves in \
+                 needs_recovery cannot be recovered in place by MindCluster",
+                shown(&v)
+            ),
+            "export PROCESS_RECOVER=on (and label the pod process-recover-enable: \"on\", \
+             annotate it recover-strategy: \"retry\")",
+        )
+    }
+}
+
+/// `ELASTIC_PROCESS_RECOVER_ENABLE=1` (warning only; see the module docs).
+pub fn elastic_process_recover(env: Env<'_>) -> Check {
+    let name = "env:ELASTIC_PROCESS_RECOVER_ENABLE";
+    let v = get(env, "ELASTIC_PROCESS_RECOVER_ENABLE");
+    if v.as_deref().map(str::trim) == Some("1") {
+        Check::pass(name, "\"1\"")
+    } else {
+        Check::warn(
+            name,
+            format!(
+                "{}, not \"1\": switching works, but MindCluster's process-level recovery is off",
+                shown(&v)
+            ),
+            "export ELASTIC_PROCESS_RECOVER_ENABLE=1",
+        )
+    }
+}
+
+/// `TASKD_HCCL_RDMA` must not declare the topology RDMA-less.
+pub fn rdma(env: Env<'_>) -> Check {
+    let name = "env:TASKD_HCCL_RDMA";
+    let v = get(env, taskd_hal_ascend::rank::TASKD_HCCL_RDMA);
+    let caps = taskd_hal_ascend::rank::capabilities_from_env(env);
+    if caps.rdma {
+        Check::pass(
+            name,
+            format!("{}: RoCE links assumed (HCCL cannot be asked)", shown(&v)),
+        )
+    } else {
+        Check::fail(
+            name,
+            format!(
+                "{}: declared without RDMA links, where HcclCommWorkingDevNicSet switches nothing",
+                shown(&v)
+            ),
+            "run the job over RoCE between pods; unset TASKD_HCCL_RDMA once it does",
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Job environment (DESIGN.md section 7)
+
+/// `MINDX_TASK_ID` names the job.
+pub fn job_id(env: Env<'_>) -> Check {
+    let name = "job:id";
+    match get_set(env, "MINDX_TASK_ID") {
+        Some(id) => Check::pass(name, format!("MINDX_TASK_ID={:?}", id.trim())),
+        None => Check::fail(
+            name,
+            "MINDX_TASK_ID is unset: the manager and the workers cannot agree on the job",
+            "run under MindCluster (it sets MINDX_TASK_ID) or export MINDX_TASK_ID=<job id> the \
+             same on every node",
+        ),
+    }
+}
+
+/// Whether this host runs the job's manager.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    Manager,
+    Worker,
+    Unknown,
+}
+
+/// An address as MindCluster writes it: a bare IPv4 or IPv6 address, IPv6 possibly in
+/// brackets or with a zone (`fe80::1%eth0`).
+fn parse_ip(s: &str) -> Option<IpAddr> {
+    let s = s.trim();
+    let s = s
+        .strip_prefix('[')
+        .and_then(|x| x.strip_suffix(']'))
+        .unwrap_or(s);
+    let s = s.split_once('%').map_or(s, |(a, _)| a);
+    s.parse().ok()
+}
+
+fn family(ip: IpAddr) -> &'static str {
+    match ip {
+        IpAddr::V4(_) => "IPv4",
+        IpAddr::V6(_) => "IPv6",
+    }
+}
+
+/// `MS_SCHED_HOST` vs `POD_IP`: the manager runs where they are equal.
+pub fn role(env: Env<'_>) -> (Check, Role) {
+    let name = "job:role";
+    let fix = "set MS_SCHED_HOST to the IP of the pod that runs the manager (the same on every \
+               node) and POD_IP to this pod's IP (Kubernetes downward API: status.podIP)";
+    let sched = get_set(env, "MS_SCHED_HOST");
+    let pod = get_set(env, "POD_IP");
+    let (sched, pod) = match (sched, pod) {
+        (Some(s), Some(p)) => (s.trim().to_owned(), p.trim().to_owned()),
+        (s, p) => {
+            let unset: Vec<&str> = [("MS_SCHED_HOST", &s), ("POD_IP", &p)]
+                .iter()
+                .filter(|(_, v)| v.is_none())
+                .map(|(n, _)| *n)
+                .collect();
+            return (
+                Check::fail(
+                    name,
+                    format!(
+                        "{} unset: cannot tell whether this host runs the manager",
+                        unset.join(" and ")
+                    ),
+                    fix,
+                ),
+                Role::Unknown,
+            );
+        }
+    };
+    let Some(pod_ip) = parse_ip(&pod) else {
+        return (
+            Check::fail(name, format!("POD_IP={pod:?} is not an IP address"), fix),
+            Role::Unknown,
+        );
+    };
+    match parse_ip(&sched) {
+        Some(sched_ip) => {
+            let fam = if family(sched_ip) == family(pod_ip) {
+                family(pod_ip).to_string()
+            } else {
+                format!("{} / {}", family(sched_ip), family(pod_ip))
+            };
+            if sched_ip == pod_ip {
+                (
+                    Check::pass(
+                        name,
+                        format!("manager host: MS_SCHED_HOST = POD_IP = {pod_ip} ({fam})"),
+                    ),
+                    Role::Manager,
+                )
+            } else {
+                (
+                    Check::pass(
+                        name,
+                        format!(
+                            "worker host: the manager runs at MS_SCHED_HOST={sched_ip}, this pod \
+                             is POD_IP={pod_ip} ({fam})"
+                        ),
+                    ),
+                    Role::Worker,
+                )
+            }
+        }
+        // A host name: equal text still means this host.
+        None if sched.eq_ignore_ascii_case(&pod) => (
+            Check::pass(
+                name,
+                format!("manager host: MS_SCHED_HOST = POD_IP = {pod}"),
+            ),
+            Role::Manager,
+        ),
+        None => (
+            Check::warn(
+                name,
+                format!(
+                    "MS_SCHED_HOST={sched:?} is a host name and POD_IP={pod} an address: taskd \
+                     compares them as text and takes this host for a worker"
+                ),
+                "set MS_SCHED_HOST to the manager pod's IP address",
+            ),
+            Role::Worker,
+        ),
+    }
+}
+
+fn parse_u32(env: Env<'_>, name: &str) -> Result<Option<u32>, String> {
+    match get_set(env, name) {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse::<u32>()
+            .map(Some)
+            .map_err(|_| format!("{name}={v:?} is not a non-negative integer")),
+    }
+}
+
+/// The node rank: `MS_NODE_RANK` (MindSpore) or `RANK / LOCAL_WORLD_SIZE` (PyTorch), each
+/// well-formed, and consistent with each other and with `WORLD_SIZE` / `LOCAL_RANK` when set.
+pub fn node_rank(env: Env<'_>) -> Check {
+    let name = "job:node-rank";
+    let fix = "set MS_NODE_RANK (MindSpore) or RANK and LOCAL_WORLD_SIZE (PyTorch) as the \
+               launcher does, consistently on every node";
+    let parsed = [
+        "MS_NODE_RANK",
+        "RANK",
+        "LOCAL_WORLD_SIZE",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+    ]
+    .map(|n| parse_u32(env, n));
+    let errors: Vec<String> = parsed
+        .iter()
+        .filter_map(|r| r.as_ref().err().cloned())
+        .collect();
+    if !errors.is_empty() {
+        return Check::fail(name, errors.join("; "), fix);
+    }
+    let [ms, rank, lws, world, local] = parsed.map(|r| r.expect("errors handled above"));
+    let mut problems = Vec::new();
+    if lws == Some(0) {
+        problems.push("LOCAL_WORLD_SIZE=0".to_string());
+    }
+    if rank.is_some() != lws.is_some() && ms.is_none() {
+        problems.push(format!(
+            "{} is set without {}",
+            if rank.is_some() {
+                "RANK"
+            } else {
+                "LOCAL_WORLD_SIZE"
+            },
+            if rank.is_some() {
+                "LOCAL_WORLD_SIZE"
+            } else {
+                "RANK"
+            }
+        ));
+    }
+    let from_torch = match (rank, lws) {
+        (Some(r), Some(l)) if l > 0 => Some(r / l),
+        _ => None,
+    };
+    if let (Some(m), Some(t)) = (ms, from_torch) {
+        if m != t {
+            problems.push(format!(
+                "MS_NODE_RANK={m} but RANK / LOCAL_WORLD_SIZE = {} / {} = {t}",
+                rank.unwrap_or(0),
+                lws.unwrap_or(0)
+            ));
+        }
+    }
+    if let (Some(w), Some(l)) = (world, lws) {
+        if l > 0 && w % l != 0 {
+            problems.push(format!(
+                "WORLD_SIZE={w} is not a multiple of LOCAL_WORLD_SIZE={l}"
+            ));
+        }
+    }
+    if let (Some(w), Some(r)) = (world, rank) {
+        if r >= w {
+            problems.push(format!("RANK={r} is not below WORLD_SIZE={w}"));
+        }
+    }
+    if let (Some(lr), Some(l)) = (local, lws) {
+        if lr >= l {
+            problems.push(format!("LOCAL_RANK={lr} is not below LOCAL_WORLD_SIZE={l}"));
+        } else if let Some(r) = rank {
+            if l > 0 && r % l != lr {
+                problems.push(format!(
+                    "LOCAL_RANK={lr} but RANK % LOCAL_WORLD_SIZE = {r} % {l} = {}",
+                    r % l
+                ));
+            }
+        }
+    }
+    let node = flags::node_rank(
+        ms.map(|v| v.to_string()).as_deref(),
+        rank.map(|v| v.to_string()).as_deref(),
+        lws.map(|v| v.to_string()).as_deref(),
+    );
+    if let (Some(n), Some(w), Some(l)) = (node, world, lws) {
+        if l > 0 && w % l == 0 && n >= w / l {
+            problems.push(format!(
+                "node rank {n} is not below the node count WORLD_SIZE / LOCAL_WORLD_SIZE = {}",
+                w / l
+            ));
+        }
+    }
+    if !problems.is_empty() {
+        return Check::fail(name, problems.join("; "), fix);
+    }
+    match node {
+        None => Check::fail(
+            name,
+            "no node rank: MS_NODE_RANK, RANK and LOCAL_WORLD_SIZE are unset",
+            fix,
+        ),
+        Some(n) => {
+            let source = match (ms, from_torch) {
+                (Some(_), Some(_)) => format!(
+                    "MS_NODE_RANK, agreeing with RANK={} / LOCAL_WORLD_SIZE={}",
+                    rank.unwrap_or(0),
+                    lws.unwrap_or(0)
+                ),
+                (Some(_), None) => "MS_NODE_RANK".to_string(),
+                _ => format!(
+                    "RANK={} / LOCAL_WORLD_SIZE={}",
+                    rank.unwrap_or(0),
+                    lws.unwrap_or(0)
+                ),
+            };
+            Check::pass(name, format!("node rank {n} (from {source})"))
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Port
+
+/// Whether the taskd port can be bound on every address (IPv4 and, where the host has it,
+/// IPv6). Only the manager listens on it, so on a worker host a failure is a warning.
+pub fn port(port: u16, role: Role) -> Check {
+    let name = "port";
+    // One at a time: a dual-stack [::] socket would collide with our own 0.0.0.0 one.
+    let v4 = TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))).map(drop);
+    let v6 = TcpListener::bind(SocketAddr::from((Ipv6Addr::UNSPECIFIED, port))).map(drop);
+    // IPv6 may be absent from the host; that alone is no failure.
+    let v6_absent = matches!(&v6, Err(e) if matches!(
+        e.raw_os_error(),
+        Some(97) /* EAFNOSUPPORT */ | Some(99) /* EADDRNOTAVAIL */
+    ));
+    let mut bound = Vec::new();
+    let mut failed = Vec::new();
+    match &v4 {
+        Ok(_) => bound.push("0.0.0.0"),
+        Err(e) => failed.push(format!("0.0.0.0:{port}: {e}")),
+    }
+    match &v6 {
+        Ok(_) => bound.push("[::]"),
+        Err(_) if v6_absent => {}
+        Err(e) => failed.push(format!("[::]:{port}: {e}")),
+    }
+    if failed.is_empty() {
+        let mut detail = format!("taskd port {port} is free on {}", bound.join(" and "));
+        if v6_absent {
+            detail.push_str(" (no IPv6 on this host)");
+        }
+        return Check::pass(name, detail);
+    }
+    let detail = format!(
+        "taskd port {port} cannot be bound: {}{}",
+        failed.join("; "),
+        match role {
+            Role::Worker => " (only the manager host listens on it)",
+            _ => "",
+        }
+    );
+    let fix = format!(
+        "free port {port} (`ss -ltnp 'sport = :{port}'` shows who holds it) or run taskd on \
+         another port with --port, matching the pod's containerPort named taskd-port"
+    );
+    match role {
+        Role::Worker => Check::warn(name, detail, fix),
+        Role::Manager | Role::Unknown => Check::fail(name, detail, fix),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
+        let map: HashMap<String, OsString> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), OsString::from(v)))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn l2_retry_passes_only_with_l2_1() {
+        assert_eq!(
+            l2_retry(&env(&[("HCCL_OP_RETRY_ENABLE", "L0:0, L1:1, L2:1")])).status,
+            Status::Pass
+        );
+        for bad in [
+            env(&[("HCCL_OP_RETRY_ENABLE", "L0:0, L1:1, L2:0")]),
+            env(&[("HCCL_OP_RETRY_ENABLE", "L1:1")]),
+            env(&[]),
+        ] {
+            let c = l2_retry(&bad);
+            assert_eq!(c.status, Status::Fail, "{c:?}");
+            assert!(c.detail.contains("switch nothing"), "{}", c.detail);
+            assert!(c.fix.unwrap().contains("L2:1"));
+        }
+    }
+
+    #[test]
+    fn tsp_passes_only_with_tsp_1() {
+        assert_eq!(
+            tsp(&env(&[("MS_ENABLE_TFT", "'{TTP:1,TSP:1}'")])).status,
+            Status::Pass
+        );
+        assert_eq!(
+            tsp(&env(&[("MS_ENABLE_TFT", "{TTP:1}")])).status,
+            Status::Fail
+        );
+        let c = tsp(&env(&[]));
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.detail.starts_with("unset"), "{}", c.detail);
+    }
+
+    #[test]
+    fn recovery_flags_warn_when_off() {
+        assert_eq!(
+            process_recover(&env(&[("PROCESS_RECOVER", "on")])).status,
+            Status::Pass
+        );
+        assert_eq!(
+            process_recover(&env(&[("PROCESS_RECOVER", "off")])).status,
+            Status::Warn
+        );
+        assert_eq!(process_recover(&env(&[])).status, Status::Warn);
+        assert_eq!(
+            elastic_process_recover(&env(&[("ELASTIC_PROCESS_RECOVER_ENABLE", "1")])).status,
+            Status::Pass
+        );
+        assert_eq!(
+            elastic_process_recover(&env(&[("ELASTIC_PROCESS_RECOVER_ENABLE", "0")])).status,
+            Status::Warn
+        );
+    }
+
+    #[test]
+    fn rdma_fails_only_when_declared_absent() {
+        assert_eq!(rdma(&env(&[])).status, Status::Pass);
+        assert_eq!(rdma(&env(&[("TASKD_HCCL_RDMA", "1")])).status, Status::Pass);
+        assert_eq!(
+            rdma(&env(&[("TASKD_HCCL_RDMA", "off")])).status,
+            Status::Fail
+        );
+    }
+
+    #[test]
+    fn job_id_must_be_set() {
+        assert_eq!(
+            job_id(&env(&[("MINDX_TASK_ID", "job-7")])).status,
+            Status::Pass
+        );
+        assert_eq!(job_id(&env(&[("MINDX_TASK_ID", " ")])).status, Status::Fail);
+        assert_eq!(job_id(&env(&[])).status, Status::Fail);
+    }
+
+    #[test]
+    fn role_from_sched_host_and_pod_ip() {
+        let (c, r) = role(&env(&[
+            ("MS_SCHED_HOST", "10.0.0.1"),
+            ("POD_IP", "10.0.0.1"),
+        ]));
+        assert_eq!((c.status, r), (Status::Pass, Role::Manager));
+        let (c, r) = role(&env(&[
+            ("MS_SCHED_HOST", "10.0.0.1"),
+            ("POD_IP", "10.0.0.2"),
+        ]));
+        assert_eq!((c.status, r), (Status::Pass, Role::Worker));
+        assert!(c.detail.contains("worker host"), "{}", c.detail);
+        // IPv6, in any spelling, is fine.
+        let (c, r) = role(&env(&[
+            ("MS_SCHED_HOST", "[fd00::0001]"),
+            ("POD_IP", "fd00::1"),
+        ]));
+        assert_eq!((c.status, r), (Status::Pass, Role::Manager));
+        assert!(c.detail.contains("IPv6"), "{}", c.detail);
+        let (c, r) = role(&env(&[("MS_SCHED_HOST", "fd00::1"), ("POD_IP", "fd00::2")]));
+        assert_eq!((c.status, r), (Status::Pass, Role::Worker));
+        // Unset, garbage, host names.
+        let (c, r) = role(&env(&[("POD_IP", "10.0.0.1")]));
+        assert_eq!((c.status, r), (Status::Fail, Role::Unknown));
+        assert!(c.detail.contains("MS_SCHED_HOST unset"), "{}", c.detail);
+        let (c, _) = role(&env(&[]));
+        assert!(
+            c.detail.contains("MS_SCHED_HOST and POD_IP"),
+            "{}",
+            c.detail
+        );
+        let (c, r) = role(&env(&[("MS_SCHED_HOST", "10.0.0.1"), ("POD_IP", "pod-a")]));
+        assert_eq!((c.status, r), (Status::Fail, Role::Unknown));
+        let (c, r) = role(&env(&[("MS_SCHED_HOST", "mgr-0"), ("POD_IP", "10.0.0.1")]));
+        assert_eq!((c.status, r), (Status::Warn, Role::Worker));
+    }
+
+    #[test]
+    fn node_rank_from_either_framework_and_consistent() {
+        let ok = |pairs: &[(&str, &str)]| {
+            let c = node_rank(&env(pairs));
+            assert_eq!(c.status, Status::Pass, "{pairs:?}: {}", c.detail);
+            c.detail
+        };
+        let bad = |pairs: &[(&str, &str)], needle: &str| {
+            let c = node_rank(&env(pairs));
+            assert_eq!(c.status, Status::Fail, "{pairs:?}: {}", c.detail);
+            assert!(c.detail.contains(needle), "{pairs:?}: {}", c.detail);
+        };
+        assert!(ok(&[("MS_NODE_RANK", "3")]).starts_with("node rank 3"));
+        assert!(ok(&[("RANK", "37"), ("LOCAL_WORLD_SIZE", "16")]).starts_with("node rank 2"));
+        ok(&[
+            ("MS_NODE_RANK", "2"),
+            ("RANK", "37"),
+            ("LOCAL_WORLD_SIZE", "16"),
+            ("WORLD_SIZE", "64"),
+            ("LOCAL_RANK", "5"),
+        ]);
+        bad(&[], "no node rank");
+        bad(&[("MS_NODE_RANK", "two")], "not a non-negative integer");
+        bad(&[("RANK", "37")], "RANK is set without LOCAL_WORLD_SIZE");
+        bad(
+            &[("RANK", "3"), ("LOCAL_WORLD_SIZE", "0")],
+            "LOCAL_WORLD_SIZE=0",
+        );
+        bad(
+            &[
+                ("MS_NODE_RANK", "1"),
+                ("RANK", "37"),
+                ("LOCAL_WORLD_SIZE", "16"),
+            ],
+            "MS_NODE_RANK=1 but",
+        );
+        bad(
+            &[
+                ("RANK", "64"),
+                ("LOCAL_WORLD_SIZE", "16"),
+                ("WORLD_SIZE", "64"),
+            ],
+            "not below WORLD_SIZE",
+        );
+        bad(
+            &[
+                ("RANK", "3"),
+                ("LOCAL_WORLD_SIZE", "16"),
+                ("WORLD_SIZE", "40"),
+            ],
+            "not a multiple",
+        );
+        bad(
+            &[
+                ("RANK", "37"),
+                ("LOCAL_WORLD_SIZE", "16"),
+                ("LOCAL_RANK", "4"),
+            ],
+            "LOCAL_RANK=4 but",
+        );
+        bad(
+            &[
+                ("MS_NODE_RANK", "4"),
+                ("LOCAL_WORLD_SIZE", "16"),
+                ("WORLD_SIZE", "64"),
+            ],
+            "not below the node count",
+        );
+    }
+
+    #[test]
+    fn port_fails_when_taken_on_the_manager_host_and_warns_on_a_worker() {
+        let held = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+        let p = held.local_addr().unwrap().port();
+        let c = port(p, Role::Manager);
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(c.detail.contains(&format!("0.0.0.0:{p}")), "{}", c.detail);
+        assert!(c.fix.as_deref().unwrap().contains("--port"));
+        assert_eq!(port(p, Role::Unknown).status, Status::Fail);
+        assert_eq!(port(p, Role::Worker).status, Status::Warn);
+        drop(held);
+    }
+
+    #[test]
+    fn a_line_per_check_and_the_json_shape() {
+        let checks = vec![
+            Check::pass("a", "fine"),
+            Check::fail("b", "broken\nacross lines", "mend it"),
+        ];
+        assert_eq!(
+            render_text(&checks),
+            "PASS  a  fine\nFAIL  b  broken across lines  fix: mend it\n"
+        );
+        assert!(!ready(&checks));
+        assert!(ready(&checks[..1]));
+        let json = serde_json::to_value(&checks).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!([
+                {"check": "a", "status": "PASS", "detail": "fine", "fix": null},
+                {"check": "b", "status": "FAIL", "detail": "broken\nacross lines", "fix": "mend it"},
+            ])
+        );
+    }
+}

@@ -1,0 +1,1340 @@
+//! The hardware-in-the-loop rig: one node's NPUs training an all-reduce loop under the
+//! production control plane, switched to their backup NICs and back.
+//!
+//! `examples/hil_rig.rs` is the command line; this module is the rig, so tests drive exactly
+//! what the example runs.
+//!
+//! **What runs.** One thread per local device (rank `r` on `devices[r]`). Each thread sets its
+//! device (`aclrtSetDevice`), makes a stream and two device buffers, and joins every
+//! communicator it is a member of with `HcclCommInitRootInfo`: the world group (all ranks) and
+//! any extra groups of [`RigConfig::extra_groups`] (each from a root info of its own, generated
+//! by the main thread after `aclInit` and `aclrtSetDevice` of the group's first member). Its
+//! communicators become an [`AscendRankHal`], the production rank HAL, shared between the
+//! training loop and the rank's [`taskd_actors::Worker`] behind a mutex (so one rank's HCCL
+//! calls stay sequential, as HCCL requires). The manager, the node's proxy and the workers are
+//! the production actors in one process ([`LocalJob`]); the proxy reads link health through
+//! [`AscendNodeHal`] (DCMI) or, without DCMI, through [`UnmonitoredNodeHal`].
+//!
+//! **Training.** Each step, every rank spends [`RigConfig::compute`] on the host (standing in
+//! for the forward and backward passes), then all-reduces (sum) a buffer of
+//! [`RigConfig::elements`] `f32` values, each equal to `rank + 1`, on each of its groups in a
+//! fixed order, waits for the stream, checks that every element is the sum of the members'
+//! `rank + 1`, records the time the collectives took, and calls its step gate
+//! ([`taskd_actors::StepGate`], core's `StepBoundary`). An all-reduce that fails ends that
+//! rank's training; a wrong sum is counted.
+//!
+//! **Operations.** [`Rig::switch`] submits a command for some local devices to the in-process
+//! manager and blocks until its final result, then trains [`RigConfig::window`] + 1 more steps,
+//! so that each operation has three latency windows (min / median / max over every rank's
+//! steps in the window):
+//!
+//! - *before*: the `window` steps up to the last step any rank had completed at submission;
+//! - *during*: the steps after that, up to and including the first step after the resume
+//!   (pause step `T` + 1): the steps run while the operation was in flight, and the first
+//!   collective on the new NIC configuration, where real HCCL re-establishes its links;
+//! - *after*: the `window` steps after that.
+//!
+//! The pause itself happens at the step gate, outside the timed collectives: its length is the
+//! operation's stall, reported beside the windows.
+//!
+//! **Why compute is not zero by default.** The pause samples each rank at its next step
+//! boundary after the worker armed its gate, and the workers arm their gates one after the
+//! other. With steps much shorter than that spread (a bare all-reduce loop against the stubs
+//! runs steps of tens of microseconds), a rank armed early can hold after its next step while
+//! a peer armed late has already entered the step after, and now waits in that step's
+//! collective for the held rank: it never reaches a boundary to report, and the operation
+//! fails at the pause deadline. Steps of a few milliseconds, like real training's, keep the
+//! spread far below one step. This is a limit of the pause protocol (`taskd_actors::gate`),
+//! not of the rig.
+//!
+//! **Invariants** ([`RigReport::invariants`]): every operation got exactly one final result;
+//! no collective failed and every sum was right; the manager's NIC table matches what the
+//! operations reported applied; the job is running; training progressed after the last
+//! operation.
+
+use serde::Serialize;
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use taskd_actors::{LocalJob, LocalJobConfig, LocalJobError, RankParts, StepGate};
+use taskd_core::command::Target;
+use taskd_core::operation::{JobState, OperationReport, Outcome};
+use taskd_core::{
+    env as flags, DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, JobId, LinkHealth, NodeHal,
+    NodeName, PhaseDeadlines, RankHal, RankTable, StepBoundary, SwitchCapabilities, SwitchCommand,
+};
+use taskd_hal_ascend::result;
+use taskd_hal_ascend::sys::acl::{AclLib, MemMallocPolicy};
+use taskd_hal_ascend::sys::dcmi::DcmiLib;
+use taskd_hal_ascend::sys::hccl::{HcclDataType, HcclLib, HcclReduceOp};
+use taskd_hal_ascend::{
+    AscendNodeHal, AscendRankHal, Comm, DeviceBuffer, LoadError, RootInfo, Stream,
+};
+
+/// Reads one environment variable (the process environment in the example, a map in tests).
+pub type Env<'a> = &'a dyn Fn(&str) -> Option<OsString>;
+
+/// What the rig runs.
+#[derive(Clone, Debug)]
+pub struct RigConfig {
+    pub job: JobId,
+    /// This node's name in the rank table and in commands.
+    pub node: NodeName,
+    /// Local devices (logical ids, as `aclrtSetDevice` takes them); rank `r` runs on
+    /// `devices[r]`.
+    pub devices: Vec<DeviceId>,
+    /// Communicators besides the world group, each as its members (global ranks) in group-rank
+    /// order. Every rank joins the world group first, then its extra groups in this order.
+    pub extra_groups: Vec<Vec<GlobalRank>>,
+    /// `f32` elements per all-reduce.
+    pub elements: usize,
+    /// Host time spent per step before the collectives, standing in for forward and backward
+    /// passes (not timed as all-reduce latency). See the module docs on why it is not zero.
+    pub compute: Duration,
+    /// Steps per latency window.
+    pub window: u64,
+    pub deadlines: PhaseDeadlines,
+    /// How long to wait for setup or for training to make progress before giving up.
+    pub progress_timeout: Duration,
+}
+
+impl RigConfig {
+    /// `n` devices `0..n`, no extra groups, 1 Ki elements, 2 ms of compute per step, windows
+    /// of 5 steps.
+    pub fn new(n: u32) -> Self {
+        RigConfig {
+            job: JobId("hil-rig".into()),
+            node: NodeName("node-0".into()),
+            devices: (0..n).map(DeviceId).collect(),
+            extra_groups: Vec::new(),
+            elements: 1024,
+            compute: Duration::from_millis(2),
+            window: 5,
+            deadlines: PhaseDeadlines::default(),
+            progress_timeout: Duration::from_secs(120),
+        }
+    }
+
+    /// Extra groups pairing ranks `(0, 1), (2, 3), ...` (a trailing odd rank stays alone in
+    /// the world group).
+    pub fn pairs(n: usize) -> Vec<Vec<GlobalRank>> {
+        (0..n as u32 / 2)
+            .map(|k| vec![GlobalRank(2 * k), GlobalRank(2 * k + 1)])
+            .collect()
+    }
+
+    fn validate(&self) -> Result<(), RigError> {
+        let n = self.devices.len();
+        if n == 0 {
+            return Err(RigError::Setup("the rig needs at least one device".into()));
+        }
+        let distinct: BTreeSet<_> = self.devices.iter().collect();
+        if distinct.len() != n {
+            return Err(RigError::Setup("a device is listed twice".into()));
+        }
+        if self.elements == 0 {
+            return Err(RigError::Setup("elements must be at least 1".into()));
+        }
+        for g in &self.extra_groups {
+            let members: BTreeSet<_> = g.iter().collect();
+            if g.is_empty() || members.len() != g.len() {
+                return Err(RigError::Setup(format!(
+                    "extra group {g:?} is empty or lists a rank twice"
+                )));
+            }
+            if let Some(r) = g.iter().find(|r| r.0 as usize >= n) {
+                return Err(RigError::Setup(format!(
+                    "extra group {g:?} names rank {r}, but the rig has ranks 0..{n}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// World first, then the extra groups.
+    fn all_groups(&self) -> Vec<Vec<GlobalRank>> {
+        let world = (0..self.devices.len() as u32).map(GlobalRank).collect();
+        std::iter::once(world)
+            .chain(self.extra_groups.iter().cloned())
+            .collect()
+    }
+}
+
+/// The vendor libraries the rig runs on. DCMI is optional.
+pub struct RigLibraries {
+    pub hccl: Arc<HcclLib>,
+    pub acl: Arc<AclLib>,
+    /// `Err` when DCMI could not be loaded: the proxy then uses [`UnmonitoredNodeHal`].
+    pub dcmi: Result<DcmiLib, LoadError>,
+}
+
+impl RigLibraries {
+    /// Finds the libraries as a worker does (`taskd_hal_ascend::search`).
+    pub fn open(env: Env<'_>) -> Result<Self, LoadError> {
+        Ok(RigLibraries {
+            hccl: Arc::new(HcclLib::open(env)?),
+            acl: Arc::new(AclLib::open(env)?),
+            dcmi: DcmiLib::open(env),
+        })
+    }
+
+    /// One line per library: which file was loaded.
+    pub fn describe(&self) -> String {
+        let dcmi = match &self.dcmi {
+            Ok(d) => d.path().display().to_string(),
+            Err(e) => format!("not loaded ({e})").replace('\n', " "),
+        };
+        format!(
+            "hccl: {}\nacl:  {}\ndcmi: {dcmi}\n",
+            self.hccl.path().display(),
+            self.acl.path().display()
+        )
+    }
+}
+
+/// The node HAL when DCMI is unavailable: the rig's device count, and every NIC reported up.
+///
+/// With it the proxy never refuses a switch because a link is down; HCCL is then the only
+/// judge of whether a NIC works. The rig's report says which node HAL ran.
+pub struct UnmonitoredNodeHal {
+    pub devices: u32,
+}
+
+impl NodeHal for UnmonitoredNodeHal {
+    fn device_count(&mut self) -> Result<u32, HalError> {
+        Ok(self.devices)
+    }
+
+    fn link_health(&mut self, device: DeviceId) -> Result<LinkHealth, HalError> {
+        Ok(LinkHealth {
+            device,
+            primary_up: true,
+            backup_up: true,
+        })
+    }
+}
+
+/// The rank HAL the worker gets: the rank's [`AscendRankHal`], shared with its training loop.
+struct SharedRankHal(Arc<Mutex<AscendRankHal>>);
+
+fn lock(m: &Mutex<AscendRankHal>) -> MutexGuard<'_, AscendRankHal> {
+    // A panic elsewhere does not make the communicators unusable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl RankHal for SharedRankHal {
+    fn groups(&mut self) -> Result<Vec<GroupInfo>, HalError> {
+        lock(&self.0).groups()
+    }
+
+    fn set_working_nic(
+        &mut self,
+        group: &str,
+        ranks: &[GroupRank],
+        use_backup: &[bool],
+    ) -> Result<(), HalError> {
+        lock(&self.0).set_working_nic(group, ranks, use_backup)
+    }
+
+    fn resume_group(&mut self, group: &str) -> Result<(), HalError> {
+        lock(&self.0).resume_group(group)
+    }
+
+    fn capabilities(&mut self) -> SwitchCapabilities {
+        lock(&self.0).capabilities()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RigError {
+    #[error("bad rig setup: {0}")]
+    Setup(String),
+    #[error("{0}")]
+    Library(#[from] LoadError),
+    #[error("rank {rank} (device {device}) could not start: {error}")]
+    RankInit {
+        rank: u32,
+        device: u32,
+        error: String,
+    },
+    #[error(transparent)]
+    Job(#[from] LocalJobError),
+    #[error("training made no progress for {0:?} (fewest steps completed: {1})")]
+    Stuck(Duration, u64),
+    #[error("bad command {0:?}: {1}")]
+    Command(String, String),
+}
+
+// ---------------------------------------------------------------------------------------------
+// Training state shared by the rank threads and the rig
+
+struct TrainState {
+    completed: Vec<u64>,
+    started: Vec<u64>,
+    /// Per rank, the timed collectives of step `i + 1`.
+    latency: Vec<Vec<Duration>>,
+    stop_after: Option<u64>,
+    /// Per rank, whether its thread left (or never entered) its training loop.
+    exited: Vec<bool>,
+    errors: Vec<String>,
+    wrong_results: u64,
+}
+
+struct Shared {
+    state: Mutex<TrainState>,
+    cv: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, TrainState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn min_steps(&self) -> u64 {
+        self.lock().completed.iter().copied().min().unwrap_or(0)
+    }
+
+    fn max_steps(&self) -> u64 {
+        self.lock().completed.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Waits until every rank completed `n` steps; false on timeout or when a rank stopped
+    /// training short of it.
+    fn wait_min_steps(&self, n: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.lock();
+        loop {
+            if st.completed.iter().all(|c| *c >= n) {
+                return true;
+            }
+            if st
+                .exited
+                .iter()
+                .zip(&st.completed)
+                .any(|(e, c)| *e && *c < n)
+            {
+                return false;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            st = self
+                .cv
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Every rank stops after `step`, or after the latest step any rank started.
+    fn stop_after(&self, step: u64) -> u64 {
+        let mut st = self.lock();
+        let started = st.started.iter().copied().max().unwrap_or(0);
+        let stop = step.max(started);
+        let stop = st.stop_after.map_or(stop, |s| s.min(stop));
+        st.stop_after = Some(stop);
+        self.cv.notify_all();
+        stop
+    }
+
+    /// Waits (up to `timeout`) until no rank is in its training loop.
+    fn wait_loops_ended(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.lock();
+        while !st.exited.iter().all(|e| *e) {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            st = self
+                .cv
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+/// Marks a rank's training loop as left, even by panic.
+struct LoopGuard(Arc<Shared>, usize);
+
+impl Drop for LoopGuard {
+    fn drop(&mut self) {
+        self.0.lock().exited[self.1] = true;
+        self.0.cv.notify_all();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One rank
+
+/// What a rank thread needs.
+struct RankSetup {
+    rank: u32,
+    device: DeviceId,
+    hccl: Arc<HcclLib>,
+    acl: Arc<AclLib>,
+    /// The groups this rank is in: (root info, members), world first.
+    groups: Vec<(RootInfo, Vec<GlobalRank>)>,
+    caps: SwitchCapabilities,
+    elements: usize,
+    compute: Duration,
+    timeout: Duration,
+}
+
+/// The device resources of a rank, made and released on its thread.
+struct RankDevice {
+    stream: Stream,
+    send: DeviceBuffer,
+    recv: DeviceBuffer,
+}
+
+/// A rank's HAL and its groups as HCCL names them, or why the rank could not start.
+type Ready = Result<(Arc<Mutex<AscendRankHal>>, Vec<GroupInfo>), String>;
+
+fn rank_init(s: &RankSetup) -> Result<(RankDevice, AscendRankHal, Vec<GroupInfo>), String> {
+    let bytes = s.elements * std::mem::size_of::<f32>();
+    result::acl::set_device(&s.acl, s.device.0 as i32).map_err(|e| e.to_string())?;
+    let stream = Stream::new(&s.acl).map_err(|e| e.to_string())?;
+    let mut send = DeviceBuffer::alloc(&s.acl, bytes, MemMallocPolicy::HugeFirst)
+        .map_err(|e| e.to_string())?;
+    let recv = DeviceBuffer::alloc(&s.acl, bytes, MemMallocPolicy::HugeFirst)
+        .map_err(|e| e.to_string())?;
+    let mine = (s.rank as f32 + 1.0).to_le_bytes();
+    let host: Vec<u8> = std::iter::repeat(mine).take(s.elements).flatten().collect();
+    send.copy_from_host(&host).map_err(|e| e.to_string())?;
+    let mut comms = Vec::new();
+    for (root, members) in &s.groups {
+        let group_rank = members
+            .iter()
+            .position(|m| m.0 == s.rank)
+            .expect("only groups with this rank") as u32;
+        let comm = Comm::init_root_info(&s.hccl, members.len() as u32, root, group_rank)
+            .map_err(|e| e.to_string())?;
+        comms.push((
+            comm,
+            GroupInfo {
+                // HCCL's own name (identical on every member) is filled in by the HAL.
+                name: String::new(),
+                members: members.clone(),
+            },
+        ));
+    }
+    let mut hal = AscendRankHal::with_capabilities(comms, s.caps);
+    // HCCL's names, and a check that HCCL's sizes match the members.
+    let groups = hal.groups().map_err(|e| e.to_string())?;
+    Ok((RankDevice { stream, send, recv }, hal, groups))
+}
+
+fn rank_thread(
+    s: RankSetup,
+    ready: mpsc::Sender<(u32, Ready)>,
+    gate: mpsc::Receiver<Option<Arc<StepGate>>>,
+    shared: Arc<Shared>,
+) {
+    let r = s.rank as usize;
+    let (mut dev, hal, groups) = match rank_init(&s) {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = ready.send((s.rank, Err(e)));
+            drop(LoopGuard(shared, r));
+            return;
+        }
+    };
+    let hal = Arc::new(Mutex::new(hal));
+    let _ = ready.send((s.rank, Ok((Arc::clone(&hal), groups))));
+    let expected: Vec<f32> = s
+        .groups
+        .iter()
+        .map(|(_, m)| m.iter().map(|g| g.0 as f32 + 1.0).sum())
+        .collect();
+    if let Ok(Some(gate)) = gate.recv() {
+        train(&s, &mut dev, &hal, &expected, gate.as_ref(), &shared);
+    } else {
+        drop(LoopGuard(Arc::clone(&shared), r));
+    }
+    // Release on this thread (its device is current), after every rank left its loop so no
+    // peer is still inside a collective on these communicators.
+    shared.wait_loops_ended(s.timeout);
+    let comms = {
+        let mut h = lock(&hal);
+        std::mem::replace(
+            &mut *h,
+            AscendRankHal::with_capabilities(Vec::new(), s.caps),
+        )
+        .into_comms()
+    };
+    for (comm, _) in comms {
+        if let Err(e) = comm.destroy() {
+            shared.lock().errors.push(format!("rank {r}: {e}"));
+        }
+    }
+    drop(dev);
+}
+
+fn train(
+    s: &RankSetup,
+    dev: &mut RankDevice,
+    hal: &Mutex<AscendRankHal>,
+    expected: &[f32],
+    gate: &dyn StepBoundary,
+    shared: &Arc<Shared>,
+) {
+    let r = s.rank as usize;
+    let _looping = LoopGuard(Arc::clone(shared), r);
+    let count = s.elements as u64;
+    let mut host = vec![0u8; s.elements * std::mem::size_of::<f32>()];
+    let mut step = 0u64;
+    loop {
+        let next = step + 1;
+        {
+            let mut st = shared.lock();
+            if st.stop_after.is_some_and(|stop| next > stop) {
+                return;
+            }
+            st.started[r] = next;
+        }
+        if !s.compute.is_zero() {
+            // Simulated compute: time passes, nothing is waited for.
+            std::thread::sleep(s.compute);
+        }
+        let mut took = Duration::ZERO;
+        let mut wrong = 0u64;
+        {
+            let h = lock(hal);
+            for ((comm, info), want) in h.comms().zip(expected) {
+                let t = Instant::now();
+                let res = comm
+                    .all_reduce(
+                        &dev.send,
+                        &mut dev.recv,
+                        count,
+                        HcclDataType::Fp32,
+                        HcclReduceOp::Sum,
+                        &dev.stream,
+                    )
+                    .and_then(|()| dev.stream.synchronize().map_err(HalError::from));
+                took += t.elapsed();
+                let res = res.and_then(|()| dev.recv.copy_to_host(&mut host).map_err(Into::into));
+                if let Err(e) = res {
+                    shared.lock().errors.push(format!(
+                        "rank {r} step {next}, group of {:?}: {e}",
+                        info.members.iter().map(|m| m.0).collect::<Vec<_>>()
+                    ));
+                    return;
+                }
+                let right = host
+                    .chunks_exact(4)
+                    .all(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")) == *want);
+                if !right {
+                    wrong += 1;
+                }
+            }
+        }
+        {
+            let mut st = shared.lock();
+            st.latency[r].push(took);
+            st.wrong_results += wrong;
+            st.completed[r] = next;
+        }
+        shared.cv.notify_all();
+        step = next;
+        gate.step_completed(step);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reports
+
+/// Latency of the timed collectives over some steps, every rank's steps together.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LatencyWindow {
+    /// `before`, `during` or `after`.
+    pub label: &'static str,
+    pub first_step: u64,
+    pub last_step: u64,
+    /// Rank-steps measured.
+    pub samples: usize,
+    pub min_ms: Option<f64>,
+    /// The upper middle value for an even count.
+    pub median_ms: Option<f64>,
+    pub max_ms: Option<f64>,
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+impl LatencyWindow {
+    fn line(&self) -> String {
+        let steps = if self.first_step > self.last_step {
+            "no steps".to_string()
+        } else {
+            format!("steps {:>4}-{:<4}", self.first_step, self.last_step)
+        };
+        match (self.min_ms, self.median_ms, self.max_ms) {
+            (Some(lo), Some(mid), Some(hi)) => format!(
+                "{:<7}{steps}  n={:<4} min {lo:.3} ms  median {mid:.3} ms  max {hi:.3} ms",
+                self.label, self.samples
+            ),
+            _ => format!("{:<7}{steps}  n=0", self.label),
+        }
+    }
+}
+
+/// One switch or switchback and what training saw around it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OperationRecord {
+    pub devices: Vec<u32>,
+    pub use_backup: bool,
+    /// `succeeded`, `failed` or `rejected`.
+    pub result: String,
+    pub error: Option<String>,
+    pub rolled_back: bool,
+    /// Whether the new NIC state is in effect.
+    pub applied: bool,
+    pub pause_step: Option<u64>,
+    pub total_ms: Option<f64>,
+    pub pause_ms: Option<f64>,
+    pub switch_ms: Option<f64>,
+    pub resume_ms: Option<f64>,
+    pub stall_ms: Option<f64>,
+    pub job_state: String,
+    pub windows: Vec<LatencyWindow>,
+}
+
+impl OperationRecord {
+    /// The operation's block of the rig's output.
+    pub fn to_text(&self, n: usize) -> String {
+        let devs: Vec<String> = self.devices.iter().map(u32::to_string).collect();
+        let what = if self.use_backup {
+            "switch to backup"
+        } else {
+            "switch back to primary"
+        };
+        let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+        let mut s = format!(
+            "operation {n}: {what}, devices {}: {}",
+            devs.join(","),
+            self.result
+        );
+        if let Some(e) = &self.error {
+            let _ = write!(s, " ({e})");
+        }
+        let _ = write!(
+            s,
+            "\n  total {} ms  pause {} ms  switch {} ms  resume {} ms  stall {} ms  pause step {}  \
+             job {}\n",
+            opt(self.total_ms),
+            opt(self.pause_ms),
+            opt(self.switch_ms),
+            opt(self.resume_ms),
+            opt(self.stall_ms),
+            self.pause_step.map_or("-".to_string(), |t| t.to_string()),
+            self.job_state
+        );
+        for w in &self.windows {
+            let _ = writeln!(s, "  all-reduce {}", w.line());
+        }
+        s
+    }
+}
+
+/// One invariant and whether it held.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Invariant {
+    pub name: &'static str,
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// The rig's final report.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RigReport {
+    pub devices: Vec<u32>,
+    /// Every communicator (HCCL's name, members), in planner order.
+    pub groups: Vec<GroupInfo>,
+    /// Which node HAL the proxy used.
+    pub node_hal: String,
+    pub operations: Vec<OperationRecord>,
+    /// Fewest steps any rank completed.
+    pub steps_completed: u64,
+    pub collective_errors: Vec<String>,
+    pub wrong_results: u64,
+    /// The manager's NIC table at the end.
+    pub ranks_on_backup: Vec<u32>,
+    /// What the operations' results imply.
+    pub expected_on_backup: Vec<u32>,
+    pub job_state: String,
+    pub invariants: Vec<Invariant>,
+}
+
+impl RigReport {
+    /// Whether every invariant held.
+    pub fn ok(&self) -> bool {
+        self.invariants.iter().all(|i| i.ok)
+    }
+
+    /// The summary printed after the operations.
+    pub fn summary_text(&self) -> String {
+        let mut s = format!(
+            "steps completed: {}  ranks on backup: {:?}  job: {}\n",
+            self.steps_completed, self.ranks_on_backup, self.job_state
+        );
+        for i in &self.invariants {
+            let _ = writeln!(
+                s,
+                "{} {}: {}",
+                if i.ok { "ok  " } else { "FAIL" },
+                i.name,
+                i.detail
+            );
+        }
+        s
+    }
+}
+
+/// A rig command, from a script or a line of stdin.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RigCommand {
+    /// `train N`: train N more steps.
+    Train(u64),
+    /// `switch D[,D...]` (to backup) or `back D[,D...]` (to primary).
+    Switch {
+        devices: Vec<DeviceId>,
+        use_backup: bool,
+    },
+}
+
+impl RigCommand {
+    /// Parses `switch 0,1`, `back 0,1` or `train 10`.
+    pub fn parse(line: &str) -> Result<Self, RigError> {
+        let bad = |why: &str| RigError::Command(line.to_string(), why.to_string());
+        let mut words = line.split_whitespace();
+        let (Some(verb), Some(arg), None) = (words.next(), words.next(), words.next()) else {
+            return Err(bad("expected `switch DEVS`, `back DEVS` or `train N`"));
+        };
+        match verb {
+            "train" => arg
+                .parse()
+                .map(RigCommand::Train)
+                .map_err(|_| bad("N must be a number of steps")),
+            "switch" | "back" => Ok(RigCommand::Switch {
+                devices: parse_devices(arg).map_err(|e| bad(&e))?,
+                use_backup: verb == "switch",
+            }),
+            _ => Err(bad("unknown command; use switch, back or train")),
+        }
+    }
+}
+
+/// `0,1,8` as devices.
+pub fn parse_devices(s: &str) -> Result<Vec<DeviceId>, String> {
+    s.split(',')
+        .map(|d| {
+            d.trim()
+                .parse::<u32>()
+                .map(DeviceId)
+                .map_err(|_| format!("{d:?} is not a device number"))
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The rig
+
+/// A running rig.
+pub struct Rig {
+    cfg: RigConfig,
+    table: RankTable,
+    acl: Arc<AclLib>,
+    acl_initialised_here: bool,
+    job: Option<LocalJob>,
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    node_hal: String,
+    /// Per rank, its groups as HCCL names them, in the order the rank joined them.
+    rank_groups: Vec<Vec<GroupInfo>>,
+    operations: Vec<OperationRecord>,
+    /// Operations that reached the manager (not refused at submission).
+    admitted: usize,
+    on_backup: BTreeSet<GlobalRank>,
+    steps_at_last_operation: u64,
+}
+
+impl Rig {
+    /// Starts the ranks, the actors and training; returns once every rank completed one step
+    /// (HCCL refuses a NIC switch on a group that never ran a collective).
+    ///
+    /// `env` gives the ranks' switch capabilities as a worker reads them:
+    /// `HCCL_OP_RETRY_ENABLE` (`L2:1`), `TASKD_HCCL_RDMA` and `MS_ENABLE_TFT` (`TSP:1`).
+    pub fn start(cfg: RigConfig, libs: RigLibraries, env: Env<'_>) -> Result<Rig, RigError> {
+        cfg.validate()?;
+        let n = cfg.devices.len();
+        let table = RankTable::new(
+            cfg.devices
+                .iter()
+                .enumerate()
+                .map(|(r, d)| taskd_core::rank_table::RankSlot {
+                    node: cfg.node.clone(),
+                    device: *d,
+                    rank: GlobalRank(r as u32),
+                })
+                .collect(),
+        )
+        .map_err(|e| RigError::Setup(e.to_string()))?;
+        let caps = taskd_hal_ascend::rank::capabilities_from_env(env);
+        let tsp = flags::tsp_enabled(
+            env("MS_ENABLE_TFT")
+                .map(|v| v.to_string_lossy().into_owned())
+                .as_deref(),
+        );
+        let acl_err = |e: result::AclError| RigError::Setup(e.to_string());
+        let acl_initialised_here = result::acl::init(&libs.acl).map_err(acl_err)?;
+
+        // One root info per communicator, made on the device of its first member.
+        let groups = cfg.all_groups();
+        let mut roots = Vec::new();
+        for g in &groups {
+            let device = cfg.devices[g[0].0 as usize];
+            result::acl::set_device(&libs.acl, device.0 as i32).map_err(acl_err)?;
+            roots.push(RootInfo::generate(&libs.hccl).map_err(|e| RigError::Setup(e.to_string()))?);
+        }
+
+        let shared = Arc::new(Shared {
+            state: Mutex::new(TrainState {
+                completed: vec![0; n],
+                started: vec![0; n],
+                latency: vec![Vec::new(); n],
+                stop_after: None,
+                exited: vec![false; n],
+                errors: Vec::new(),
+                wrong_results: 0,
+            }),
+            cv: Condvar::new(),
+        });
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let mut gate_txs = Vec::new();
+        let mut threads = Vec::new();
+        for (r, device) in cfg.devices.iter().enumerate() {
+            let mine: Vec<(RootInfo, Vec<GlobalRank>)> = groups
+                .iter()
+                .zip(&roots)
+                .filter(|(g, _)| g.contains(&GlobalRank(r as u32)))
+                .map(|(g, root)| (root.clone(), g.clone()))
+                .collect();
+            let setup = RankSetup {
+                rank: r as u32,
+                device: *device,
+                hccl: Arc::clone(&libs.hccl),
+                acl: Arc::clone(&libs.acl),
+                groups: mine,
+                caps,
+                elements: cfg.elements,
+                compute: cfg.compute,
+                timeout: cfg.progress_timeout,
+            };
+            let (gate_tx, gate_rx) = mpsc::channel();
+            gate_txs.push(gate_tx);
+            let ready = ready_tx.clone();
+            let shared = Arc::clone(&shared);
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("rig-rank-{r}"))
+                    .spawn(move || rank_thread(setup, ready, gate_rx, shared))
+                    .expect("spawning a rank thread"),
+            );
+        }
+        drop(ready_tx);
+
+        let abort = |threads: Vec<JoinHandle<()>>, gate_txs: &[mpsc::Sender<_>], e: RigError| {
+            for tx in gate_txs {
+                let _ = tx.send(None);
+            }
+            for t in threads {
+                let _ = t.join();
+            }
+            e
+        };
+        let mut hals: Vec<Option<Arc<Mutex<AscendRankHal>>>> = vec![None; n];
+        let mut rank_groups: Vec<Vec<GroupInfo>> = vec![Vec::new(); n];
+        for _ in 0..n {
+            match ready_rx.recv_timeout(cfg.progress_timeout) {
+                Ok((r, Ok((hal, groups)))) => {
+                    hals[r as usize] = Some(hal);
+                    rank_groups[r as usize] = groups;
+                }
+                Ok((r, Err(error))) => {
+                    let e = RigError::RankInit {
+                        rank: r,
+                        device: cfg.devices[r as usize].0,
+                        error,
+                    };
+                    return Err(abort(threads, &gate_txs, e));
+                }
+                Err(_) => {
+                    // Ranks stuck in HcclCommInitRootInfo cannot be stopped: leave them.
+                    for tx in &gate_txs {
+                        let _ = tx.send(None);
+                    }
+                    return Err(RigError::Stuck(cfg.progress_timeout, 0));
+                }
+            }
+        }
+
+        let (node, node_hal): (Box<dyn NodeHal>, String) = match libs.dcmi {
+            Ok(dcmi) => {
+                let path = dcmi.path().display().to_string();
+                match AscendNodeHal::new(dcmi) {
+                    Ok(h) => (Box::new(h), format!("DCMI ({path})")),
+                    Err(e) => (
+                        Box::new(UnmonitoredNodeHal { devices: n as u32 }),
+                        format!("unmonitored: every NIC reported up ({e})"),
+                    ),
+                }
+            }
+            Err(e) => (
+                Box::new(UnmonitoredNodeHal { devices: n as u32 }),
+                format!("unmonitored: every NIC reported up (DCMI not loaded: {e})")
+                    .replace('\n', " "),
+            ),
+        };
+        let ranks = hals
+            .into_iter()
+            .map(|h| RankParts {
+                hal: Box::new(SharedRankHal(h.expect("every rank reported"))) as Box<dyn RankHal>,
+                tsp,
+            })
+            .collect();
+        let job = LocalJob::start(
+            LocalJobConfig {
+                job: cfg.job.clone(),
+                table: table.clone(),
+                deadlines: cfg.deadlines,
+            },
+            vec![node],
+            ranks,
+        );
+        let job = match job {
+            Ok(j) => j,
+            Err(e) => return Err(abort(threads, &gate_txs, e.into())),
+        };
+        if let Err(e) = job.wait_registered(cfg.progress_timeout) {
+            job.shutdown();
+            return Err(abort(threads, &gate_txs, e.into()));
+        }
+        for (r, tx) in gate_txs.iter().enumerate() {
+            let _ = tx.send(Some(job.gate(GlobalRank(r as u32))));
+        }
+        let rig = Rig {
+            cfg,
+            table,
+            acl: libs.acl,
+            acl_initialised_here,
+            job: Some(job),
+            shared,
+            threads,
+            node_hal,
+            rank_groups,
+            operations: Vec::new(),
+            admitted: 0,
+            on_backup: BTreeSet::new(),
+            steps_at_last_operation: 0,
+        };
+        rig.train(1)?;
+        Ok(rig)
+    }
+
+    pub fn config(&self) -> &RigConfig {
+        &self.cfg
+    }
+
+    /// Which node HAL the proxy uses.
+    pub fn node_hal(&self) -> &str {
+        &self.node_hal
+    }
+
+    /// Per rank, its communicators as HCCL names them (with their members), in the order the
+    /// rank joined them: world first.
+    pub fn rank_groups(&self) -> &[Vec<GroupInfo>] {
+        &self.rank_groups
+    }
+
+    /// Every communicator once, sorted by HCCL's name: the order in which the planner makes
+    /// its calls.
+    pub fn groups(&self) -> Vec<GroupInfo> {
+        let mut all: Vec<GroupInfo> = self.rank_groups.iter().flatten().cloned().collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all.dedup_by(|a, b| a.name == b.name);
+        all
+    }
+
+    /// The communicators, one line each, in planner order.
+    pub fn groups_text(&self) -> String {
+        self.groups()
+            .iter()
+            .map(|g| {
+                let m: Vec<String> = g.members.iter().map(|r| r.0.to_string()).collect();
+                format!("communicator {:?}: ranks {}\n", g.name, m.join(","))
+            })
+            .collect()
+    }
+
+    fn job(&self) -> &LocalJob {
+        self.job.as_ref().expect("the job runs until finish")
+    }
+
+    /// Fewest steps any rank completed.
+    pub fn min_steps(&self) -> u64 {
+        self.shared.min_steps()
+    }
+
+    /// Blocks until every rank trained `steps` more steps than the furthest rank had.
+    pub fn train(&self, steps: u64) -> Result<(), RigError> {
+        let target = self.shared.max_steps() + steps;
+        if self
+            .shared
+            .wait_min_steps(target, self.cfg.progress_timeout)
+        {
+            Ok(())
+        } else {
+            Err(RigError::Stuck(
+                self.cfg.progress_timeout,
+                self.shared.min_steps(),
+            ))
+        }
+    }
+
+    /// Runs one command.
+    pub fn execute(&mut self, cmd: &RigCommand) -> Result<Option<&OperationRecord>, RigError> {
+        match cmd {
+            RigCommand::Train(n) => self.train(*n).map(|()| None),
+            RigCommand::Switch {
+                devices,
+                use_backup,
+            } => self.switch(devices, *use_backup).map(Some),
+        }
+    }
+
+    /// Moves `devices` of this node to their backup NIC (`use_backup`) or back, through the
+    /// manager; blocks until the final result and the after-window were trained.
+    pub fn switch(
+        &mut self,
+        devices: &[DeviceId],
+        use_backup: bool,
+    ) -> Result<&OperationRecord, RigError> {
+        let window = self.cfg.window;
+        let s0 = self.shared.max_steps();
+        let cmd = SwitchCommand {
+            job: self.cfg.job.clone(),
+            id: None,
+            targets: devices
+                .iter()
+                .map(|d| Target {
+                    node: self.cfg.node.clone(),
+                    device: *d,
+                    use_backup,
+                })
+                .collect(),
+        };
+        let report: Result<OperationReport, String> = match self.job().run(cmd) {
+            Ok(r) => {
+                self.admitted += 1;
+                Ok(r)
+            }
+            Err(LocalJobError::Refused(e)) => Err(e.to_string()),
+            Err(e) => return Err(e.into()),
+        };
+        let running = self.job().status(0)?.state == JobState::Running;
+        let end = match &report {
+            Ok(r) => r.pause_step.map_or(self.shared.max_steps(), |t| t + 1),
+            Err(_) => s0,
+        };
+        self.steps_at_last_operation = self.shared.max_steps().max(end);
+        if running {
+            let target = end + window;
+            if !self
+                .shared
+                .wait_min_steps(target, self.cfg.progress_timeout)
+            {
+                return Err(RigError::Stuck(
+                    self.cfg.progress_timeout,
+                    self.shared.min_steps(),
+                ));
+            }
+        }
+        let windows = vec![
+            self.window("before", s0.saturating_sub(window) + 1, s0),
+            self.window("during", s0 + 1, end),
+            self.window("after", end + 1, if running { end + window } else { end }),
+        ];
+        let record = match report {
+            Ok(r) => {
+                if r.applied {
+                    for t in &r.targets {
+                        if t.use_backup {
+                            self.on_backup.insert(t.rank);
+                        } else {
+                            self.on_backup.remove(&t.rank);
+                        }
+                    }
+                }
+                OperationRecord {
+                    devices: devices.iter().map(|d| d.0).collect(),
+                    use_backup,
+                    result: r.outcome.as_str().into(),
+                    error: r.error.as_ref().map(|e| e.to_string()),
+                    rolled_back: r.rolled_back,
+                    applied: r.applied,
+                    pause_step: r.pause_step,
+                    total_ms: Some(ms(r.phases.total)),
+                    pause_ms: r.phases.pause.map(ms),
+                    switch_ms: r.phases.switch.map(ms),
+                    resume_ms: r.phases.resume.map(ms),
+                    stall_ms: r.stall.map(ms),
+                    job_state: r.job_state.as_str().into(),
+                    windows,
+                }
+            }
+            Err(refusal) => OperationRecord {
+                devices: devices.iter().map(|d| d.0).collect(),
+                use_backup,
+                result: Outcome::Rejected.as_str().into(),
+                error: Some(refusal),
+                rolled_back: false,
+                applied: false,
+                pause_step: None,
+                total_ms: None,
+                pause_ms: None,
+                switch_ms: None,
+                resume_ms: None,
+                stall_ms: None,
+                job_state: if running { "running" } else { "paused" }.into(),
+                windows,
+            },
+        };
+        self.operations.push(record);
+        Ok(self.operations.last().expect("just pushed"))
+    }
+
+    fn window(&self, label: &'static str, first: u64, last: u64) -> LatencyWindow {
+        let st = self.shared.lock();
+        let mut v: Vec<Duration> = st
+            .latency
+            .iter()
+            .flat_map(|per_rank| {
+                (first..=last).filter_map(move |s| per_rank.get(s.checked_sub(1)? as usize))
+            })
+            .copied()
+            .collect();
+        v.sort();
+        LatencyWindow {
+            label,
+            first_step: first,
+            last_step: last,
+            samples: v.len(),
+            min_ms: v.first().copied().map(ms),
+            median_ms: v.get(v.len() / 2).copied().map(ms),
+            max_ms: v.last().copied().map(ms),
+        }
+    }
+
+    /// Stops training at a common step (nobody is left inside a collective), stops the actors,
+    /// releases every communicator, stream and buffer on its rank's thread, and reports.
+    pub fn finish(mut self) -> RigReport {
+        let job = self.job.take().expect("finish once");
+        let status = job.status(usize::MAX).ok();
+        let state = status.as_ref().map_or(JobState::NeedsRecovery, |s| s.state);
+        let mut progressed = true;
+        if state == JobState::Running {
+            let stop = self.shared.stop_after(self.shared.max_steps() + 1);
+            progressed = self.shared.wait_min_steps(stop, self.cfg.progress_timeout);
+        } else {
+            // Held ranks must not train on groups that may disagree: they leave the loop as
+            // soon as their gate opens.
+            self.shared.stop_after(0);
+        }
+        job.shutdown();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        if self.acl_initialised_here {
+            if let Err(e) = result::acl::finalize(&self.acl) {
+                self.shared.lock().errors.push(e.to_string());
+            }
+        }
+        let st = self.shared.lock();
+        let steps_completed = st.completed.iter().copied().min().unwrap_or(0);
+        let ranks_on_backup: Vec<u32> = status
+            .as_ref()
+            .map(|s| s.ranks_on_backup.iter().map(|r| r.0).collect())
+            .unwrap_or_default();
+        let expected_on_backup: Vec<u32> = self.on_backup.iter().map(|r| r.0).collect();
+        let results = status.as_ref().map_or(0, |s| s.recent.len());
+        let invariants = vec![
+            Invariant {
+                name: "one final result per operation",
+                ok: results == self.admitted,
+                detail: format!(
+                    "{} operations reached the manager, it reports {results} results",
+                    self.admitted
+                ),
+            },
+            Invariant {
+                name: "collectives succeeded with the right sums",
+                ok: st.errors.is_empty() && st.wrong_results == 0,
+                detail: if st.errors.is_empty() && st.wrong_results == 0 {
+                    "every all-reduce succeeded and returned the sum of its members".into()
+                } else {
+                    format!(
+                        "{} wrong sums; errors: {}",
+                        st.wrong_results,
+                        st.errors.join("; ")
+                    )
+                },
+            },
+            Invariant {
+                name: "NIC table matches the results",
+                ok: ranks_on_backup == expected_on_backup,
+                detail: format!(
+                    "manager: {ranks_on_backup:?} on backup, operations imply \
+                     {expected_on_backup:?}"
+                ),
+            },
+            Invariant {
+                name: "job running",
+                ok: state == JobState::Running,
+                detail: state.as_str().into(),
+            },
+            Invariant {
+                name: "training progressed after the last operation",
+                ok: progressed && steps_completed > self.steps_at_last_operation,
+                detail: format!(
+                    "every rank completed {steps_completed} steps; the last operation ended by \
+                     step {}",
+                    self.steps_at_last_operation
+                ),
+            },
+        ];
+        RigReport {
+            devices: self.cfg.devices.iter().map(|d| d.0).collect(),
+            groups: self.groups(),
+            node_hal: self.node_hal.clone(),
+            operations: std::mem::take(&mut self.operations),
+            steps_completed,
+            collective_errors: st.errors.clone(),
+            wrong_results: st.wrong_results,
+            ranks_on_backup,
+            expected_on_backup,
+            job_state: state.as_str().into(),
+            invariants,
+        }
+    }
+
+    /// The rank table (node, device, rank).
+    pub fn table(&self) -> &RankTable {
+        &self.table
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        // A rig dropped without finish (an error path): stop everything, wait for nobody.
+        if let Some(job) = self.job.take() {
+            self.shared.stop_after(0);
+            job.shutdown();
+        }
+    }
+}
+
+/// The header printed before training: devices, groups, libraries, node HAL.
+pub fn header_text(cfg: &RigConfig, libs: &RigLibraries) -> String {
+    let devs: Vec<String> = cfg.devices.iter().map(|d| d.0.to_string()).collect();
+    let mut s = format!(
+        "rig: job {} node {} devices {} ({} ranks), {} f32 per all-reduce, {:?} compute per \
+         step, windows of {} steps\n",
+        cfg.job,
+        cfg.node,
+        devs.join(","),
+        cfg.devices.len(),
+        cfg.elements,
+        cfg.compute,
+        cfg.window
+    );
+    for (i, g) in cfg.all_groups().iter().enumerate() {
+        let m: Vec<String> = g.iter().map(|r| r.0.to_string()).collect();
+        let _ = writeln!(
+            s,
+            "group {}: ranks {}",
+            if i == 0 {
+                "world".into()
+            } else {
+                format!("#{i}")
+            },
+            m.join(",")
+        );
+    }
+    s.push_str(&libs.describe());
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_parse() {
+        assert_eq!(RigCommand::parse("train 7").unwrap(), RigCommand::Train(7));
+        assert_eq!(
+            RigCommand::parse(" switch 0,1 ").unwrap(),
+            RigCommand::Switch {
+                devices: vec![DeviceId(0), DeviceId(1)],
+                use_backup: true
+            }
+        );
+        assert_eq!(
+            RigCommand::parse("back 3").unwrap(),
+            RigCommand::Switch {
+                devices: vec![DeviceId(3)],
+                use_backup: false
+            }
+        );
+        for bad in ["", "switch", "switch a", "jump 1", "train x", "back 1 2"] {
+            assert!(RigCommand::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn config_is_validated() {
+        assert!(RigConfig::new(2).validate().is_ok());
+        assert!(RigConfig::new(0).validate().is_err());
+        let mut c = RigConfig::new(2);
+        c.devices = vec![DeviceId(1), DeviceId(1)];
+        assert!(c.validate().is_err());
+        let mut c = RigConfig::new(2);
+        c.extra_groups = vec![vec![GlobalRank(0), GlobalRank(2)]];
+        assert!(c.validate().is_err());
+        c.extra_groups = vec![vec![GlobalRank(0), GlobalRank(0)]];
+        assert!(c.validate().is_err());
+        assert_eq!(
+            RigConfig::pairs(5),
+            vec![
+                vec![GlobalRank(0), GlobalRank(1)],
+                vec![GlobalRank(2), GlobalRank(3)]
+            ]
+        );
+    }
+
+    #[test]
+    fn unmonitored_node_hal_reports_every_nic_up() {
+        let mut h = UnmonitoredNodeHal { devices: 4 };
+        assert_eq!(h.device_count().unwrap(), 4);
+        let l = h.link_health(DeviceId(3)).unwrap();
+        assert!(l.primary_up && l.backup_up);
+    }
+}

@@ -1,0 +1,184 @@
+//! The operator's walk-through as separate processes: `taskd sim --serve` as the live rig,
+//! driven by `taskd switch --wait` and `taskd status --json`.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+const TASKD: &str = env!("CARGO_BIN_EXE_taskd");
+
+/// A `taskd sim --serve` process, stopped with SIGTERM when dropped.
+struct LiveRig {
+    child: Child,
+    addr: String,
+}
+
+impl LiveRig {
+    fn start(extra: &[&str]) -> LiveRig {
+        let mut child = Command::new(TASKD)
+            .args([
+                "sim",
+                "--serve",
+                "--control-addr",
+                "127.0.0.1:0",
+                "--nodes",
+                "2",
+                "--devices-per-node",
+                "4",
+                "--job-id",
+                "rig",
+            ])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("taskd starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .rsplit(' ')
+            .next()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| s.contains(':'))
+            .unwrap_or_else(|| panic!("no address in {line:?}"));
+        LiveRig { child, addr }
+    }
+
+    fn stop(mut self) -> (i32, String) {
+        terminate(&self.child);
+        let mut rest = String::new();
+        let mut out = self.child.stdout.take().unwrap();
+        std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+        let code = self.child.wait().unwrap().code().unwrap_or(-1);
+        std::mem::forget(self);
+        (code, rest)
+    }
+}
+
+fn terminate(child: &Child) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+}
+
+impl Drop for LiveRig {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn taskd(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(TASKD).args(args).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn switch_watch_switch_back_and_read_status() {
+    let rig = LiveRig::start(&[]);
+    let a = rig.addr.clone();
+    let (code, out, err) = taskd(&[
+        "switch", "--addr", &a, "--job", "rig", "--node", "node-1", "--dev", "0,2", "--to",
+        "backup", "--node", "node-0", "--dev", "3", "--to", "backup", "--wait",
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("accepted") && out.contains("SUCCEEDED"),
+        "{out}"
+    );
+
+    let (code, out, err) = taskd(&["status", "--addr", &a, "--job", "rig", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["state"], "running");
+    assert_eq!(v["ranks_on_backup"], serde_json::json!([3, 4, 6]));
+    assert_eq!(v["workers_registered"], 8);
+    assert_eq!(v["recent"][0]["result"], "succeeded");
+
+    let (code, out, err) = taskd(&[
+        "switch", "--addr", &a, "--job", "rig", "--node", "node-1", "--dev", "0,2", "--to",
+        "primary", "--node", "node-0", "--dev", "3", "--to", "primary", "--wait", "--json",
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let last: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(last["event"], "result");
+    assert_eq!(last["result"]["direction"], "to_primary");
+
+    let (code, out, _) = taskd(&["status", "--addr", &a, "--job", "rig"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("on backup  none"), "{out}");
+
+    let (code, rest) = rig.stop();
+    assert_eq!(code, 0, "{rest}");
+    assert!(rest.contains("groups consistent: true"), "{rest}");
+}
+
+#[test]
+fn bad_input_and_refusals_exit_with_documented_codes() {
+    let rig = LiveRig::start(&[]);
+    let a = rig.addr.clone();
+    // A refused command: exit 1 with the code's name and the bad node.
+    let (code, _, err) = taskd(&[
+        "switch", "--addr", &a, "--job", "rig", "--node", "node-9", "--dev", "0", "--to", "backup",
+        "--wait",
+    ]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("PARAMETER_INVALID") && err.contains("node-9"),
+        "{err}"
+    );
+    // A malformed command line: exit 2, one line saying what to fix.
+    let (code, _, err) = taskd(&[
+        "switch", "--addr", &a, "--job", "rig", "--node", "node-0", "--node", "node-1", "--dev",
+        "0", "--to", "backup",
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("every --node needs one --dev and one --to"),
+        "{err}"
+    );
+    let (code, _, err) = taskd(&[
+        "switch", "--addr", &a, "--job", "rig", "--node", "node-0", "--dev", "zero", "--to",
+        "backup",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("\"zero\" is not a device number"), "{err}");
+    // The wrong job: exit 1.
+    let (code, _, err) = taskd(&["status", "--addr", &a, "--job", "nope"]);
+    assert_eq!(code, 1, "{err}");
+    drop(rig);
+    // Nobody listening: exit 3.
+    let (code, _, err) = taskd(&["status", "--addr", "127.0.0.1:1", "--job", "rig"]);
+    assert_eq!(code, 3, "{err}");
+}
+
+#[test]
+fn a_token_protected_rig_refuses_the_cli_without_it() {
+    let dir = std::env::temp_dir().join(format!("taskd-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token = dir.join("token");
+    std::fs::write(&token, "rig-token\n").unwrap();
+    let rig = LiveRig::start(&["--token-file", token.to_str().unwrap()]);
+    let a = rig.addr.clone();
+    let (code, _, err) = taskd(&["status", "--addr", &a, "--job", "rig"]);
+    assert_eq!(code, 3);
+    assert!(err.contains("--token-file"), "{err}");
+    let (code, out, err) = taskd(&[
+        "status",
+        "--addr",
+        &a,
+        "--job",
+        "rig",
+        "--token-file",
+        token.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("state      running"), "{out}");
+    drop(rig);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,0 +1,296 @@
+//! `taskd doctor` against the stub vendor libraries: each check PASSes and FAILs (or WARNs)
+//! where it should, with an injected environment; the binary prints one line per check or a
+//! JSON array and exits 0 only when nothing fails.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::net::{Ipv4Addr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use taskd::doctor::{self, Check, DoctorConfig, Library, Status};
+use taskd_hal_ascend::testing::{self, Stub, StubControl, StubInstall};
+
+fn fresh_dir(test: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("doctor")
+        .join(format!(
+            "{}-{test}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn stubs(test: &str) -> StubInstall {
+    testing::install(&fresh_dir(test)).unwrap_or_else(|e| panic!("{e}"))
+}
+
+type EnvMap = HashMap<String, OsString>;
+
+/// A node ready to run: the stubs, the reference flags, a coherent worker environment.
+fn good_env(s: &StubInstall) -> EnvMap {
+    let mut m: EnvMap = s
+        .overrides()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.into_os_string()))
+        .collect();
+    for (k, v) in [
+        ("HCCL_OP_RETRY_ENABLE", "L0:0, L1:1, L2:1"),
+        ("MS_ENABLE_TFT", "{TTP:1,TSP:1}"),
+        ("PROCESS_RECOVER", "on"),
+        ("ELASTIC_PROCESS_RECOVER_ENABLE", "1"),
+        ("MINDX_TASK_ID", "job-42"),
+        ("MS_SCHED_HOST", "10.0.0.1"),
+        ("POD_IP", "10.0.0.2"),
+        ("MS_NODE_RANK", "1"),
+    ] {
+        m.insert(k.into(), v.into());
+    }
+    m
+}
+
+fn lookup(m: &EnvMap) -> impl Fn(&str) -> Option<OsString> + '_ {
+    move |k| m.get(k).cloned()
+}
+
+/// A port nobody listens on right now.
+fn free_port() -> u16 {
+    let l = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+    l.local_addr().unwrap().port()
+}
+
+fn find<'a>(checks: &'a [Check], name: &str) -> &'a Check {
+    checks
+        .iter()
+        .find(|c| c.check == name)
+        .unwrap_or_else(|| panic!("no check {name} in {checks:#?}"))
+}
+
+#[test]
+fn a_ready_node_passes_every_check() {
+    let s = stubs("ready");
+    let env = good_env(&s);
+    let checks = doctor::run(&DoctorConfig { port: free_port() }, &lookup(&env));
+    for c in &checks {
+        assert_eq!(c.status, Status::Pass, "{}", c.line());
+        assert!(c.fix.is_none());
+    }
+    let names: Vec<&str> = checks.iter().map(|c| c.check.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "library:hccl",
+            "library:acl",
+            "library:dcmi",
+            "dcmi:devices",
+            "dcmi:links",
+            "env:HCCL_OP_RETRY_ENABLE",
+            "env:MS_ENABLE_TFT",
+            "env:PROCESS_RECOVER",
+            "env:ELASTIC_PROCESS_RECOVER_ENABLE",
+            "env:TASKD_HCCL_RDMA",
+            "job:id",
+            "job:role",
+            "job:node-rank",
+            "port",
+        ]
+    );
+    assert!(doctor::ready(&checks));
+    let hccl = find(&checks, "library:hccl");
+    assert!(
+        hccl.detail.contains(&s.hccl.display().to_string())
+            && hccl.detail.contains("$TASKD_HCCL_LIBRARY")
+            && hccl.detail.contains("all 9 functions"),
+        "{}",
+        hccl.detail
+    );
+    assert!(find(&checks, "dcmi:devices").detail.contains("4 NPUs"));
+    assert!(find(&checks, "job:role").detail.contains("worker host"));
+}
+
+#[test]
+fn library_checks_say_where_from_and_what_is_missing() {
+    let dir = fresh_dir("libs");
+    let s = testing::install(&dir).unwrap();
+
+    // Found through ASCEND_TOOLKIT_HOME after ASCEND_HOME_PATH had no file: a warning, naming
+    // both.
+    let home = dir.join("empty-home");
+    std::fs::create_dir_all(home.join("lib64")).unwrap();
+    let env: EnvMap = [
+        ("ASCEND_HOME_PATH", home.clone().into_os_string()),
+        ("ASCEND_TOOLKIT_HOME", s.root.clone().into_os_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    for lib in [Library::Hccl, Library::Acl] {
+        let c = doctor::library(lib, &lookup(&env));
+        assert_eq!(c.status, Status::Warn, "{}", c.line());
+        assert!(
+            c.detail.contains("$ASCEND_TOOLKIT_HOME/lib64"),
+            "{}",
+            c.detail
+        );
+        assert!(
+            c.detail.contains(&home.display().to_string()),
+            "{}",
+            c.detail
+        );
+    }
+
+    // An override to a file that is not there: FAIL for HCCL and ACL, WARN for DCMI.
+    let nowhere: EnvMap = [
+        ("TASKD_HCCL_LIBRARY", dir.join("no/libhccl.so")),
+        ("TASKD_ACL_LIBRARY", dir.join("no/libascendcl.so")),
+        ("TASKD_DCMI_LIBRARY", dir.join("no/libdcmi.so")),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.into_os_string()))
+    .collect();
+    for (lib, status, var) in [
+        (Library::Hccl, Status::Fail, "TASKD_HCCL_LIBRARY"),
+        (Library::Acl, Status::Fail, "TASKD_ACL_LIBRARY"),
+        (Library::Dcmi, Status::Warn, "TASKD_DCMI_LIBRARY"),
+    ] {
+        let c = doctor::library(lib, &lookup(&nowhere));
+        assert_eq!(c.status, status, "{}", c.line());
+        assert!(c.detail.contains("could not be loaded"), "{}", c.detail);
+        assert!(c.fix.as_deref().unwrap().contains(var), "{}", c.line());
+    }
+
+    // An HCCL without HcclCommResume: the missing function is named.
+    let old = testing::compile(Stub::HcclWithoutResume, &dir.join("old")).unwrap();
+    let env: EnvMap = [("TASKD_HCCL_LIBRARY".to_string(), old.into_os_string())].into();
+    let c = doctor::library(Library::Hccl, &lookup(&env));
+    assert_eq!(c.status, Status::Fail, "{}", c.line());
+    assert!(c.detail.contains("lacks HcclCommResume"), "{}", c.detail);
+
+    // The wrong library under the HCCL name lacks every HCCL function.
+    let env: EnvMap = [(
+        "TASKD_HCCL_LIBRARY".to_string(),
+        s.acl.clone().into_os_string(),
+    )]
+    .into();
+    let c = doctor::library(Library::Hccl, &lookup(&env));
+    assert!(
+        c.detail
+            .contains("HcclCommWorkingDevNicSet, HcclGetRootInfo"),
+        "{}",
+        c.detail
+    );
+}
+
+#[test]
+fn dcmi_checks_count_devices_and_report_unreachable_nics() {
+    let s = stubs("dcmi");
+    let dcmi = StubControl::attach(&s.dcmi);
+    let env = good_env(&s);
+    dcmi.dcmi_health(10, 1, 3); // device 1 (card 10, chip 1) unreachable
+    let c = doctor::dcmi_links(&lookup(&env), 4);
+    assert_eq!(c.status, Status::Warn, "{}", c.line());
+    // Device 1's own NIC is its primary and device 0's backup.
+    assert!(
+        c.detail.contains("device 0 (backup), 1 (primary)"),
+        "{}",
+        c.detail
+    );
+    assert!(c.fix.unwrap().contains("hccn_tool"));
+
+    dcmi.set_result("dcmi_init", -8002);
+    let (c, n) = doctor::dcmi_devices(&lookup(&env));
+    assert_eq!((c.status, n), (Status::Warn, None), "{}", c.line());
+    assert!(c.detail.contains("dcmi_init"), "{}", c.detail);
+    // Without a device count there is no links check.
+    let checks = doctor::run(&DoctorConfig { port: free_port() }, &lookup(&env));
+    assert!(checks.iter().all(|c| c.check != "dcmi:links"));
+    assert!(doctor::ready(&checks), "a DCMI problem is a warning");
+}
+
+fn taskd_doctor(env: &EnvMap, args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_taskd"))
+        .arg("doctor")
+        .args(args)
+        .env_clear()
+        .envs(env)
+        .output()
+        .expect("run taskd doctor");
+    (
+        out.status.code().expect("exited"),
+        String::from_utf8(out.stdout).expect("utf-8"),
+    )
+}
+
+#[test]
+fn the_binary_prints_json_or_lines_and_exits_1_on_a_failure() {
+    let s = stubs("binary");
+    let mut env = good_env(&s);
+    let port = free_port().to_string();
+
+    let (code, out) = taskd_doctor(&env, &["--json", "--port", &port]);
+    assert_eq!(code, 0, "{out}");
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let arr = json.as_array().expect("an array");
+    assert_eq!(arr.len(), 14);
+    for item in arr {
+        let obj = item.as_object().unwrap();
+        let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+        keys.sort();
+        assert_eq!(keys, ["check", "detail", "fix", "status"]);
+        assert_eq!(obj["status"], "PASS", "{item}");
+        assert!(obj["fix"].is_null());
+    }
+
+    // HCCL without L2 retry: FAIL, exit 1; a recovery flag off: only a warning.
+    env.remove("HCCL_OP_RETRY_ENABLE");
+    env.insert("PROCESS_RECOVER".into(), "off".into());
+    let (code, out) = taskd_doctor(&env, &["--json", "--port", &port]);
+    assert_eq!(code, 1, "{out}");
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let by_name = |n: &str| {
+        json.as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == n)
+            .unwrap()
+            .clone()
+    };
+    let l2 = by_name("env:HCCL_OP_RETRY_ENABLE");
+    assert_eq!(l2["status"], "FAIL");
+    assert!(l2["detail"].as_str().unwrap().contains("switch nothing"));
+    assert!(l2["fix"].as_str().unwrap().contains("L2:1"));
+    assert_eq!(by_name("env:PROCESS_RECOVER")["status"], "WARN");
+
+    // Text: one line per check, status first, the fix on the same line.
+    let (code, out) = taskd_doctor(&env, &["--port", &port]);
+    assert_eq!(code, 1);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 14, "{out}");
+    assert!(lines
+        .iter()
+        .all(|l| l.starts_with("PASS  ") || l.starts_with("WARN  ") || l.starts_with("FAIL  ")));
+    let l2 = lines
+        .iter()
+        .find(|l| l.contains("env:HCCL_OP_RETRY_ENABLE"))
+        .unwrap();
+    assert!(
+        l2.starts_with("FAIL  ") && l2.contains("  fix: export HCCL_OP_RETRY_ENABLE="),
+        "{l2}"
+    );
+
+    // Only warnings: exit 0.
+    env.insert("HCCL_OP_RETRY_ENABLE".into(), "L0:0, L1:1, L2:1".into());
+    let (code, _) = taskd_doctor(&env, &["--port", &port]);
+    assert_eq!(code, 0);
+
+    // The manager host needs its port: taken there, the doctor fails.
+    env.insert("POD_IP".into(), "10.0.0.1".into());
+    let held = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+    let taken = held.local_addr().unwrap().port().to_string();
+    let (code, out) = taskd_doctor(&env, &["--port", &taken]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.lines().any(|l| l.starts_with("FAIL  port")), "{out}");
+}

@@ -1,0 +1,230 @@
+//! Reconnects: a worker whose connection breaks comes back as the same process and resumes its
+//! session (nothing lost, nothing repeated, nobody declared lost), while a new process for the
+//! same rank replaces the old one.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+use taskd::actors::net::proxy_node::NodeAssignment;
+use taskd::actors::net::{
+    AdminClient, ManagerNode, ManagerNodeConfig, NetConfig, ProxyNode, ProxyNodeConfig,
+    RemoteWorker, RemoteWorkerConfig,
+};
+use taskd::actors::StepGate;
+use taskd::core::command::Target;
+use taskd::core::operation::Outcome;
+use taskd::core::{
+    DeviceId, GlobalRank, JobId, NodeHal, NodeName, PhaseDeadlines, RankTable, StepBoundary,
+    SwitchCommand,
+};
+use taskd::hal_mock::{SoloLayout, SoloNodeHal, SoloRank, SoloTraining, SoloTrainingOptions};
+use tokio::sync::Mutex as AsyncMutex;
+
+fn net() -> NetConfig {
+    NetConfig {
+        heartbeat_interval: Duration::from_millis(500),
+        missed_heartbeats: 6,
+        backoff_initial: Duration::from_millis(20),
+        ..NetConfig::default()
+    }
+}
+
+/// A manager and one proxy on an actix system of their own; returns both addresses.
+fn start_job(nodes: u32, ppn: u32) -> (String, String, actix::System) {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let sys = actix::System::new();
+        sys.block_on(async move {
+            let m = ManagerNode::spawn(ManagerNodeConfig {
+                job: JobId("rc".into()),
+                table: RankTable::uniform(nodes, ppn),
+                deadlines: PhaseDeadlines::default(),
+                listen: "127.0.0.1:0".parse().unwrap(),
+                tls: None,
+                net: net(),
+            })
+            .await
+            .unwrap();
+            let p = ProxyNode::spawn(ProxyNodeConfig {
+                job: JobId("rc".into()),
+                manager: m.local_addr().to_string(),
+                node: None,
+                node_rank: Some(0),
+                ranks: Vec::new(),
+                listen: "127.0.0.1:0".parse().unwrap(),
+                node_hal: Box::new(|a: &NodeAssignment| {
+                    Box::new(SoloNodeHal::new(a.ranks.len() as u32)) as Box<dyn NodeHal>
+                }),
+                tls: None,
+                net: net(),
+            })
+            .await
+            .unwrap();
+            p.assigned().await.unwrap();
+            tx.send((
+                m.local_addr().to_string(),
+                p.local_addr().to_string(),
+                actix::System::current(),
+            ))
+            .unwrap();
+            std::mem::forget((m, p));
+        });
+        sys.run().unwrap();
+    });
+    rx.recv().unwrap()
+}
+
+/// A TCP relay whose connections the test can cut.
+struct Relay {
+    addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    conns: Arc<AsyncMutex<Vec<tokio::task::JoinHandle<()>>>>,
+    rt: tokio::runtime::Runtime,
+    acceptor: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    fn start(target: String) -> Relay {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let conns: Arc<AsyncMutex<Vec<tokio::task::JoinHandle<()>>>> = Default::default();
+        let (a, c) = (accepted.clone(), conns.clone());
+        let acceptor = rt.spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                a.fetch_add(1, Ordering::SeqCst);
+                let target = target.clone();
+                let h = tokio::spawn(async move {
+                    if let Ok(mut out) = tokio::net::TcpStream::connect(&target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                    }
+                });
+                c.lock().await.push(h);
+            }
+        });
+        Relay {
+            addr,
+            accepted,
+            conns,
+            rt,
+            acceptor,
+        }
+    }
+
+    /// Drops every connection through the relay (both ends see them close).
+    fn cut(&self) {
+        self.rt.block_on(async {
+            for h in self.conns.lock().await.drain(..) {
+                h.abort();
+            }
+        });
+    }
+
+    /// Cuts and stops accepting: the worker behind it cannot come back.
+    fn close(self) {
+        self.acceptor.abort();
+        self.cut();
+    }
+}
+
+struct Rank {
+    worker: RemoteWorker,
+    training: SoloTraining,
+}
+
+fn start_rank(rank: u32, proxy: &str, layout: SoloLayout) -> Rank {
+    let solo = SoloRank::new(layout, GlobalRank(rank)).unwrap();
+    let mut cfg = RemoteWorkerConfig::new(JobId("rc".into()), GlobalRank(rank), proxy);
+    cfg.tsp = true;
+    cfg.net = net();
+    let worker = RemoteWorker::start(cfg, Box::new(solo.hal())).unwrap();
+    let reg = worker.wait_registered(Duration::from_secs(30)).unwrap();
+    let gate: Arc<StepGate> = worker.gate();
+    let training = SoloTraining::start(
+        solo,
+        gate as Arc<dyn StepBoundary>,
+        SoloTrainingOptions {
+            step_time: Duration::from_millis(2),
+            epoch: Some(std::time::UNIX_EPOCH + Duration::from_millis(reg.job_epoch_unix_ms)),
+        },
+    );
+    Rank { worker, training }
+}
+
+impl Rank {
+    fn stop(self) {
+        self.worker.gate().shutdown();
+        self.training.stop();
+        self.worker.stop();
+    }
+}
+
+fn cmd(dev: u32, backup: bool) -> SwitchCommand {
+    SwitchCommand {
+        job: JobId("rc".into()),
+        id: None,
+        targets: vec![Target {
+            node: NodeName("node-0".into()),
+            device: DeviceId(dev),
+            use_backup: backup,
+        }],
+    }
+}
+
+#[test]
+fn a_reconnecting_worker_resumes_and_a_new_process_replaces_the_old() {
+    let (manager, proxy, system) = start_job(1, 2);
+    let layout = SoloLayout::new(1, 2);
+    let relay = Relay::start(proxy.clone());
+    let r0 = start_rank(0, &relay.addr.to_string(), layout);
+    let r1 = start_rank(1, &proxy, layout);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut admin = rt.block_on(AdminClient::connect(&manager, None)).unwrap();
+    rt.block_on(admin.await_registered(None)).unwrap();
+    assert_eq!(relay.accepted.load(Ordering::SeqCst), 1);
+
+    // The connection of rank 0 breaks just as an operation starts: the directives queued for
+    // it are replayed when it comes back, its replies too, and the operation succeeds.
+    relay.cut();
+    let r = rt.block_on(admin.run(&cmd(0, true))).unwrap();
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r:#?}");
+    assert!(
+        relay.accepted.load(Ordering::SeqCst) >= 2,
+        "rank 0 reconnected"
+    );
+    let st = rt.block_on(admin.status(0)).unwrap();
+    assert!(st.lost_ranks.is_empty(), "{:?}", st.lost_ranks);
+    assert_eq!(st.workers_registered, 2);
+    assert_eq!(st.ranks_on_backup, [GlobalRank(0)]);
+    // Through the relay, a round trip to the manager and back works again.
+    let rtt = r0.worker.ping(true, Duration::from_secs(10)).unwrap();
+    assert!(rtt < Duration::from_secs(10));
+
+    // Rank 0's process is cut off for good; a new process for rank 0 takes its place within
+    // the old one's grace period (a restart, not a duplicate).
+    relay.close();
+    let r0_new = start_rank(0, &proxy, layout);
+    let st = rt.block_on(admin.await_registered(None)).unwrap();
+    assert_eq!(st.workers_registered, 2);
+    assert!(st.lost_ranks.is_empty(), "{:?}", st.lost_ranks);
+    let r = rt.block_on(admin.run(&cmd(0, false))).unwrap();
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r:#?}");
+
+    r0.worker.gate().shutdown();
+    r0.training.stop();
+    drop(r0.worker);
+    r0_new.stop();
+    r1.stop();
+    system.stop();
+}

@@ -1,0 +1,197 @@
+//! A peer that stops reading costs a bounded queue, not memory without end: the manager keeps
+//! at most `queue_capacity` unacknowledged messages for a proxy; the next send fails with
+//! `Full`, the proxy is declared lost (its ranks with it) and its queue is freed.
+
+use std::net::SocketAddr;
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+use taskd::actors::net::server::Registry;
+use taskd::actors::net::{pb, wire, AdminClient, ManagerNode, ManagerNodeConfig, NetConfig};
+use taskd::core::command::Target;
+use taskd::core::operation::{JobState, OperationError, Outcome};
+use taskd::core::protocol::{
+    NodeReply, Phase, ProxyToManager, RankError, RankReply, ReplyBody, WorkerHello,
+};
+use taskd::core::{
+    DeviceId, GlobalRank, JobId, NodeName, PhaseDeadlines, RankTable, SwitchCapabilities,
+    SwitchCommand,
+};
+use tokio_stream::wrappers::ReceiverStream;
+
+const CAPACITY: usize = 4;
+
+/// A manager on an actix system of its own; returns its address and its proxy registry.
+fn start_manager() -> (SocketAddr, Arc<Registry>, actix::System) {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let sys = actix::System::new();
+        sys.block_on(async move {
+            let ms = Duration::from_millis(100);
+            let node = ManagerNode::spawn(ManagerNodeConfig {
+                job: JobId("slow".into()),
+                table: RankTable::uniform(1, 2),
+                deadlines: PhaseDeadlines {
+                    pause: ms,
+                    switch: ms,
+                    rollback: ms,
+                    resume: ms,
+                },
+                listen: "127.0.0.1:0".parse().unwrap(),
+                tls: None,
+                net: NetConfig {
+                    // Long heartbeats: the stalled proxy is cut off by its queue, not by silence.
+                    heartbeat_interval: Duration::from_secs(10),
+                    queue_capacity: CAPACITY,
+                    ..NetConfig::default()
+                },
+            })
+            .await
+            .expect("manager starts");
+            tx.send((node.local_addr(), node.peers(), actix::System::current()))
+                .unwrap();
+            std::mem::forget(node); // lives as long as the system
+        });
+        sys.run().unwrap();
+    });
+    rx.recv().expect("manager started")
+}
+
+fn up(seq: u64, body: pb::up::Body) -> pb::Up {
+    pb::Up {
+        seq,
+        ack: 0,
+        body: Some(body),
+    }
+}
+
+#[test]
+fn a_proxy_that_stops_reading_is_cut_off_at_its_queue_capacity() {
+    let (addr, peers, system) = start_manager();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // A proxy that registers node-0 and its two workers, then never reads or acknowledges.
+        let mut raw = pb::task_net_client::TaskNetClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        tx.send(up(
+            0,
+            pb::up::Body::Register(pb::Register {
+                role: pb::Role::Proxy as i32,
+                job: "slow".into(),
+                node: "node-0".into(),
+                incarnation: "stalled-proxy".into(),
+                ..Default::default()
+            }),
+        ))
+        .await
+        .unwrap();
+        let mut inbound = raw
+            .session(ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        let ack = inbound.message().await.unwrap().unwrap();
+        assert!(matches!(ack.body, Some(pb::down::Body::Registered(_))));
+        for r in 0..2u32 {
+            let hello = ProxyToManager::WorkerUp(WorkerHello {
+                job: JobId("slow".into()),
+                node: NodeName("node-0".into()),
+                rank: GlobalRank(r),
+                capabilities: SwitchCapabilities::ALL,
+            });
+            tx.send(up(
+                u64::from(r) + 1,
+                pb::up::Body::Proxy(wire::proxy_msg_to_pb(hello)),
+            ))
+            .await
+            .unwrap();
+        }
+        let mut admin = AdminClient::connect(&addr.to_string(), None).await.unwrap();
+        admin.await_registered(None).await.unwrap();
+        let cmd = SwitchCommand {
+            job: JobId("slow".into()),
+            id: None,
+            targets: vec![Target {
+                node: NodeName("node-0".into()),
+                device: DeviceId(0),
+                use_backup: true,
+            }],
+        };
+        // Each operation queues two directives (sample, then resume). The stalled proxy never
+        // reads them, but answers blind: rank 0 fails the sample, both ranks resume.
+        let mut seq = 2;
+        for i in 0..CAPACITY / 2 {
+            let id = admin.submit(&cmd).await.unwrap().id();
+            let reply = |phase: Phase, body: &dyn Fn(u32) -> ReplyBody| {
+                ProxyToManager::Reply(NodeReply {
+                    node: NodeName("node-0".into()),
+                    op: id,
+                    phase,
+                    replies: (0..2)
+                        .map(|r| RankReply {
+                            rank: GlobalRank(r),
+                            op: id,
+                            phase,
+                            body: body(r),
+                        })
+                        .filter(|r| phase != Phase::Sample || r.rank.0 == 0)
+                        .collect(),
+                    health: Vec::new(),
+                })
+            };
+            let failed = reply(Phase::Sample, &|_| {
+                ReplyBody::Failed(RankError {
+                    group: None,
+                    hal: None,
+                    message: "refusing to pause".into(),
+                })
+            });
+            let resumed = reply(Phase::Resume, &|_| ReplyBody::Resumed {
+                stalled: Duration::ZERO,
+            });
+            for m in [failed, resumed] {
+                seq += 1;
+                tx.send(up(seq, pb::up::Body::Proxy(wire::proxy_msg_to_pb(m))))
+                    .await
+                    .unwrap();
+            }
+            let r = admin.wait(id).await.unwrap();
+            assert!(
+                matches!(r.error, Some(OperationError::RankFailed { .. })),
+                "operation {i}: {r:#?}"
+            );
+            assert_eq!(r.job_state, JobState::Running);
+            let depth = peers.queue_depth("node-0").expect("still registered");
+            assert_eq!(depth.queued, 2 * (i + 1));
+            assert!(depth.high_water <= CAPACITY);
+        }
+        // The queue is full: the next directive is refused, the proxy is declared lost.
+        let r = admin.run(&cmd).await.unwrap();
+        assert_eq!(r.outcome, Outcome::Failed);
+        match &r.error {
+            Some(OperationError::WorkerLost { reason, .. }) => {
+                assert!(reason.contains("queue is full (4 messages)"), "{reason}")
+            }
+            other => panic!("expected the ranks lost, got {other:?}"),
+        }
+        assert_eq!(r.lost_ranks, [GlobalRank(0), GlobalRank(1)]);
+        assert_eq!(r.job_state, JobState::NeedsRecovery);
+        let st = admin.status(0).await.unwrap();
+        assert_eq!(st.nodes_connected, 0);
+        assert_eq!(st.workers_registered, 0);
+        assert_eq!(st.lost_ranks.len(), 2);
+        // Its queue is gone with it, and its connection is closed.
+        assert_eq!(peers.queue_depth("node-0"), None);
+        let mut frames = 0;
+        while let Ok(Some(_)) = inbound.message().await {
+            frames += 1; // what was in flight before the close (at most the queue and beats)
+        }
+        assert!(frames <= CAPACITY + 8, "{frames} frames");
+        drop(tx);
+    });
+    system.stop();
+}

@@ -1,0 +1,413 @@
+//! Support for the network tests: the `taskd` binary as separate processes on loopback, each
+//! printing its bound address on stdout, and the manager's admin client.
+//!
+//! Nothing here sleeps to wait for an event: a test waits for a line a process prints, or for
+//! the manager's answer. Every process is killed when its [`Proc`] drops, so a failing test
+//! leaves nothing running.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use taskd::actors::net::AdminClient;
+use taskd::core::command::Target;
+use taskd::core::{DeviceId, JobId, NodeName, SwitchCommand};
+
+/// How long a test waits for a line or an exit before it fails (a safety net: the expected
+/// line normally comes in milliseconds).
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A scratch directory for one test's logs and files, removed when the test passes.
+pub struct Scratch {
+    pub dir: PathBuf,
+}
+
+impl Scratch {
+    pub fn new(test: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("taskd-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        Scratch { dir }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("logs kept in {}", self.dir.display());
+        }
+    }
+}
+
+/// One `taskd` process.
+pub struct Proc {
+    pub name: String,
+    pid: u32,
+    lines: mpsc::Receiver<String>,
+    exit: mpsc::Receiver<ExitStatus>,
+    stderr: PathBuf,
+    exited: Option<ExitStatus>,
+}
+
+impl Proc {
+    /// Starts `taskd ARGS` with stdout read line by line and stderr (RUST_LOG=info) to a file.
+    pub fn spawn(scratch: &Scratch, name: &str, args: &[String]) -> Proc {
+        let stderr = scratch.path(&format!("{name}.err"));
+        let mut child: Child = Command::new(env!("CARGO_BIN_EXE_taskd"))
+            .args(args)
+            .env("RUST_LOG", "info,h2=warn,tower=warn,hyper=warn")
+            .env_remove("MINDX_TASK_ID")
+            .env_remove("MS_SCHED_HOST")
+            .env_remove("POD_IP")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).expect("stderr file"))
+            .spawn()
+            .expect("taskd starts");
+        let pid = child.id();
+        let out = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let (etx, exit) = mpsc::channel();
+        std::thread::spawn(move || {
+            if let Ok(st) = child.wait() {
+                let _ = etx.send(st);
+            }
+        });
+        Proc {
+            name: name.to_owned(),
+            pid,
+            lines,
+            exit,
+            stderr,
+            exited: None,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The last lines of its stderr, for failure messages.
+    pub fn stderr_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.stderr).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// Its whole stderr.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Waits for a stdout line containing `pat` and returns it.
+    pub fn wait_line(&mut self, pat: &str) -> String {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if l.contains(pat) => return l,
+                Ok(_) => continue,
+                Err(_) => panic!(
+                    "{} printed no line with {pat:?} (exit: {:?}); stderr:\n{}",
+                    self.name,
+                    self.exit.try_recv().ok(),
+                    self.stderr_tail()
+                ),
+            }
+        }
+    }
+
+    /// The address after "listening on " in its first such line.
+    pub fn listening_addr(&mut self) -> String {
+        let line = self.wait_line("listening on ");
+        line.split("listening on ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .expect("an address after 'listening on'")
+            .to_owned()
+    }
+
+    fn signal(&self, sig: &str) {
+        let _ = Command::new("kill")
+            .args([sig, &self.pid.to_string()])
+            .status();
+    }
+
+    /// SIGTERM: a clean shutdown.
+    pub fn term(&self) {
+        if self.exited.is_none() {
+            self.signal("-TERM");
+        }
+    }
+
+    /// SIGKILL: a crash. Returns once the process is gone.
+    pub fn kill(&mut self) {
+        if self.exited.is_none() {
+            self.signal("-KILL");
+            self.wait_exit();
+        }
+    }
+
+    /// Waits for the process to exit.
+    pub fn wait_exit(&mut self) -> ExitStatus {
+        if let Some(s) = self.exited {
+            return s;
+        }
+        match self.exit.recv_timeout(PATIENCE) {
+            Ok(s) => {
+                self.exited = Some(s);
+                s
+            }
+            Err(_) => panic!(
+                "{} did not exit; stderr:\n{}",
+                self.name,
+                self.stderr_tail()
+            ),
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.exited.is_none() {
+            self.signal("-KILL");
+            let _ = self.exit.recv_timeout(PATIENCE);
+        }
+    }
+}
+
+/// A whole job as processes: a manager, one proxy per node, one worker per rank.
+pub struct Cluster {
+    pub job: String,
+    pub nodes: u32,
+    pub ppn: u32,
+    pub manager: Proc,
+    pub manager_addr: String,
+    pub proxies: Vec<Proc>,
+    pub proxy_addrs: Vec<String>,
+    pub workers: Vec<Option<Proc>>,
+    pub rt: tokio::runtime::Runtime,
+    pub admin: AdminClient,
+    /// Flags every process gets (heartbeats, TLS).
+    pub common: Vec<String>,
+}
+
+/// How to build a [`Cluster`].
+pub struct ClusterSpec<'a> {
+    pub job: &'a str,
+    pub nodes: u32,
+    pub ppn: u32,
+    /// Extra flags for rank r's worker (e.g. a slower step).
+    pub worker_flags: &'a dyn Fn(u32) -> Vec<String>,
+    pub manager_flags: Vec<String>,
+    /// Flags for every process.
+    pub common: Vec<String>,
+    /// TLS material for the admin client.
+    pub tls: Option<taskd::actors::net::TlsPem>,
+}
+
+pub fn s(v: &[&str]) -> Vec<String> {
+    v.iter().map(|x| (*x).to_owned()).collect()
+}
+
+/// 100 ms heartbeats, lost after 3: failures show within a third of a second.
+pub fn fast_heartbeats() -> Vec<String> {
+    s(&["--heartbeat-ms", "100", "--missed-heartbeats", "3"])
+}
+
+impl Cluster {
+    pub fn start(scratch: &Scratch, spec: ClusterSpec<'_>) -> Cluster {
+        let mut margs = s(&[
+            "manager",
+            "--job-id",
+            spec.job,
+            "--nodes",
+            &spec.nodes.to_string(),
+            "--procs-per-node",
+            &spec.ppn.to_string(),
+            "--listen",
+            "127.0.0.1:0",
+        ]);
+        margs.extend(spec.manager_flags.iter().cloned());
+        margs.extend(spec.common.iter().cloned());
+        let mut manager = Proc::spawn(scratch, "manager", &margs);
+        let manager_addr = manager.listening_addr();
+        let mut proxies = Vec::new();
+        let mut proxy_addrs = Vec::new();
+        for k in 0..spec.nodes {
+            let mut args = s(&[
+                "proxy",
+                "--job-id",
+                spec.job,
+                "--node-rank",
+                &k.to_string(),
+                "--manager",
+                &manager_addr,
+                "--listen",
+                "127.0.0.1:0",
+                "--sim",
+            ]);
+            args.extend(spec.common.iter().cloned());
+            let mut p = Proc::spawn(scratch, &format!("proxy-{k}"), &args);
+            proxy_addrs.push(p.listening_addr());
+            proxies.push(p);
+        }
+        for (k, p) in proxies.iter_mut().enumerate() {
+            p.wait_line(&format!("registered as node-{k}"));
+        }
+        let mut workers = Vec::new();
+        for r in 0..spec.nodes * spec.ppn {
+            let mut args = worker_args(spec.job, r, &proxy_addrs[(r / spec.ppn) as usize]);
+            let extra = (spec.worker_flags)(r);
+            if !extra.iter().any(|f| f == "--step-ms") {
+                args.extend(s(&["--step-ms", "2"]));
+            }
+            args.extend(extra);
+            args.extend(spec.common.iter().cloned());
+            workers.push(Some(Proc::spawn(scratch, &format!("worker-{r}"), &args)));
+        }
+        for w in workers.iter_mut().flatten() {
+            w.wait_line("registered on");
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime for the admin client");
+        let admin = rt
+            .block_on(AdminClient::connect(&manager_addr, spec.tls.as_ref()))
+            .expect("admin client connects");
+        let mut c = Cluster {
+            job: spec.job.to_owned(),
+            nodes: spec.nodes,
+            ppn: spec.ppn,
+            manager,
+            manager_addr,
+            proxies,
+            proxy_addrs,
+            workers,
+            rt,
+            admin,
+            common: spec.common,
+        };
+        let status =
+            c.rt.block_on(c.admin.await_registered(None))
+                .expect("every worker registers");
+        assert_eq!(status.workers_registered, (spec.nodes * spec.ppn) as usize);
+        c
+    }
+
+    /// A command for this job: `(node index, device, use_backup)`.
+    pub fn command(&self, targets: &[(u32, u32, bool)]) -> SwitchCommand {
+        SwitchCommand {
+            job: JobId(self.job.clone()),
+            id: None,
+            targets: targets
+                .iter()
+                .map(|(n, d, b)| Target {
+                    node: NodeName(format!("node-{n}")),
+                    device: DeviceId(*d),
+                    use_backup: *b,
+                })
+                .collect(),
+        }
+    }
+
+    /// Stops every process with SIGTERM and checks each exits cleanly (status 0).
+    pub fn shutdown_cleanly(mut self) {
+        let mut all: Vec<&mut Proc> = Vec::new();
+        all.extend(self.workers.iter_mut().flatten());
+        all.extend(self.proxies.iter_mut());
+        all.push(&mut self.manager);
+        for p in &all {
+            p.term();
+        }
+        for p in all {
+            let st = p.wait_exit();
+            assert!(
+                st.success(),
+                "{} exited with {st}; stderr:\n{}",
+                p.name,
+                p.stderr_tail()
+            );
+        }
+    }
+}
+
+/// `taskd worker` arguments for rank `r` of `job` through `proxy`.
+pub fn worker_args(job: &str, r: u32, proxy: &str) -> Vec<String> {
+    s(&[
+        "worker",
+        "--job-id",
+        job,
+        "--rank",
+        &r.to_string(),
+        "--proxy",
+        proxy,
+        "--sim",
+    ])
+}
+
+/// Writes a CA and one certificate for 127.0.0.1/localhost (server and client use) under
+/// `prefix` in the scratch directory; returns the file flags and the PEM contents.
+pub fn make_tls(scratch: &Scratch, prefix: &str) -> (Vec<String>, taskd::actors::net::TlsPem) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose,
+    };
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, format!("{prefix} test CA"));
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::CrlSign,
+    ];
+    let ca_key = KeyPair::generate().expect("ca key");
+    let ca_cert = ca_params.self_signed(&ca_key).expect("ca cert");
+    let issuer = Issuer::new(ca_params, ca_key);
+    let mut leaf = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+        .expect("leaf params");
+    leaf.distinguished_name
+        .push(DnType::CommonName, format!("{prefix} test node"));
+    leaf.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    leaf.use_authority_key_identifier_extension = true;
+    let leaf_key = KeyPair::generate().expect("leaf key");
+    let leaf_cert = leaf.signed_by(&leaf_key, &issuer).expect("leaf cert");
+    let write = |name: &str, pem: &str| {
+        let p = scratch.path(&format!("{prefix}-{name}"));
+        std::fs::write(&p, pem).expect("write pem");
+        p.display().to_string()
+    };
+    let ca = write("ca.pem", &ca_cert.pem());
+    let cert = write("node.pem", &leaf_cert.pem());
+    let key = write("node.key", &leaf_key.serialize_pem());
+    let flags = s(&["--tls-ca", &ca, "--tls-cert", &cert, "--tls-key", &key]);
+    let pem = taskd::actors::net::TlsPem {
+        ca: ca_cert.pem().into_bytes(),
+        cert: leaf_cert.pem().into_bytes(),
+        key: leaf_key.serialize_pem().into_bytes(),
+        domain: None,
+    };
+    (flags, pem)
+}

@@ -314,7 +314,7 @@ fn submit_and_wait_streams_the_result_and_status_shows_the_nic_table() {
     let phases: Vec<(String, String)> = events
         .iter()
         .filter_map(|e| match e {
-            Event::Phase(p) => Some((p.phase.clone(), p.kind.clone())),
+            Event::Phase(p) if p.kind != "waiting" => Some((p.phase.clone(), p.kind.clone())),
             _ => None,
         })
         .collect();

@@ -1,6 +1,10 @@
 //! How the operator's commands show control-API messages: readable text and JSON.
 
 use serde_json::{json, Value};
+use std::time::Duration;
+use taskd_actors::progress::{ProgressEvent, ProgressKind};
+use taskd_core::protocol::Phase;
+use taskd_core::OperationId;
 use std::fmt::Write as _;
 use taskd_actors::control::convert::result_value as result_json;
 use taskd_actors::control::proto::{self, switch_event::Event};
@@ -19,21 +23,38 @@ pub fn event_json(ev: &Event) -> Value {
     }
 }
 
-/// One line per phase start and end, as they happen.
-pub fn phase_text(p: &proto::PhaseEvent) -> String {
-    match (p.kind.as_str(), p.took_ms) {
-        ("finished", Some(took)) => format!("  {:<9} done in {took:.3} ms\n", p.phase),
-        _ => {
-            let step = p
-                .pause_step
-                .map(|s| format!(", every rank finishes step {s}"))
-                .unwrap_or_default();
-            format!(
-                "  {:<9} started at {:.3} ms, waiting for {} ranks{step}\n",
-                p.phase, p.at_ms, p.waiting
-            )
-        }
-    }
+/// A phase event of the control API as the manager's progress event, for the shared
+/// progress printer. `None` for an event this client does not know.
+pub fn progress_event(p: &proto::PhaseEvent) -> Option<ProgressEvent> {
+    let op = p.uuid.parse::<OperationId>().ok()?;
+    let phase = [
+        Phase::Sample,
+        Phase::Pause,
+        Phase::Switch,
+        Phase::Rollback,
+        Phase::Resume,
+    ]
+    .into_iter()
+    .find(|ph| ph.as_str() == p.phase)?;
+    let waiting = p.waiting as usize;
+    let kind = match p.kind.as_str() {
+        "started" => ProgressKind::PhaseStarted {
+            phase,
+            waiting,
+            pause_step: p.pause_step,
+        },
+        "waiting" => ProgressKind::Waiting { phase, waiting },
+        "finished" => ProgressKind::PhaseFinished {
+            phase,
+            took: Duration::from_secs_f64(p.took_ms.unwrap_or_default().max(0.0) / 1e3),
+        },
+        _ => return None,
+    };
+    Some(ProgressEvent {
+        op,
+        at: Duration::from_secs_f64(p.at_ms.max(0.0) / 1e3),
+        kind,
+    })
 }
 
 pub fn result_text(r: &proto::OperationResult) -> String {

@@ -123,6 +123,8 @@ async fn switch(a: SwitchArgs, targets: Vec<proto::Target>) -> u8 {
         }
     };
     let mut code = exit::FAILED;
+    // Phases as they happen: a bar redrawn in place on a terminal, plain lines otherwise.
+    let mut printer = crate::progress::ProgressPrinter::stdout();
     loop {
         let ev = match stream.message().await {
             Ok(Some(ev)) => ev,
@@ -164,11 +166,14 @@ async fn switch(a: SwitchArgs, targets: Vec<proto::Target>) -> u8 {
             }
             Event::Phase(p) => {
                 if !a.json {
-                    print!("{}", super::render::phase_text(&p));
+                    if let Some(ev) = super::render::progress_event(&p) {
+                        let _ = printer.event(&ev);
+                    }
                 }
             }
             Event::Result(r) => {
                 if !a.json {
+                    let _ = printer.finish();
                     print!("{}", super::render::result_text(&r));
                 }
                 code = if r.result == "succeeded" {

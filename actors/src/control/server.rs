@@ -497,6 +497,15 @@ async fn forward_phases(
                 pause_step,
                 took_ms: None,
             },
+            ProgressKind::Waiting { phase, waiting } => proto::PhaseEvent {
+                uuid: id.to_string(),
+                phase: phase.as_str().into(),
+                at_ms,
+                kind: "waiting".into(),
+                waiting: waiting as u32,
+                pause_step: None,
+                took_ms: None,
+            },
             ProgressKind::PhaseFinished { phase, took } => proto::PhaseEvent {
                 uuid: id.to_string(),
                 phase: phase.as_str().into(),

@@ -186,6 +186,75 @@ fn a_worker_killed_during_the_pause_fails_the_operation_and_is_reported_lost() {
 }
 
 #[test]
+fn a_proxy_killed_during_the_pause_loses_its_node() {
+    let scratch = Scratch::new("net-proxy-kill");
+    let mut c = Cluster::start(
+        &scratch,
+        ClusterSpec {
+            job: "net-proxy-kill",
+            nodes: 2,
+            ppn: 2,
+            // Rank 3 (node-1) is slow: the pause waits for it while node-1's proxy dies.
+            worker_flags: &|r| {
+                if r == 3 {
+                    s(&["--step-ms", "1000"])
+                } else {
+                    Vec::new()
+                }
+            },
+            manager_flags: Vec::new(),
+            common: fast_heartbeats(),
+            tls: None,
+        },
+    );
+    let mut watch = c.rt.block_on(c.admin.watch_progress()).unwrap();
+    let sub =
+        c.rt.block_on(c.admin.submit(&c.command(&[(0, 0, true)])))
+            .expect("admitted");
+    loop {
+        let ev = c.rt.block_on(watch.next()).expect("progress").unwrap();
+        if matches!(
+            ev.kind,
+            ProgressKind::PhaseStarted {
+                phase: Phase::Pause,
+                ..
+            }
+        ) {
+            break;
+        }
+        assert!(ev.report().is_none(), "finished before the pause: {ev:?}");
+    }
+    c.proxies[1].kill();
+    let r = c.rt.block_on(c.admin.wait(sub.id())).unwrap();
+    assert_eq!(r.outcome, Outcome::Failed, "{r:#?}");
+    assert!(
+        matches!(
+            r.error,
+            Some(OperationError::WorkerLost {
+                phase: Phase::Pause,
+                ..
+            })
+        ),
+        "{r:#?}"
+    );
+    assert_eq!(r.lost_ranks, ranks(&[2, 3]));
+    assert_eq!(r.job_state, JobState::NeedsRecovery);
+    let st = c.rt.block_on(c.admin.status(0)).unwrap();
+    assert_eq!(st.nodes_connected, 1);
+    let lost: Vec<GlobalRank> = st.lost_ranks.iter().map(|l| l.rank).collect();
+    assert_eq!(lost, ranks(&[2, 3]));
+    assert!(
+        st.lost_ranks
+            .iter()
+            .all(|l| l.reason.contains("proxy of node-1")),
+        "{:?}",
+        st.lost_ranks
+    );
+    // The orphaned workers of node-1 keep retrying their proxy; stop them with the rest.
+    c.shutdown_cleanly();
+}
+
+#[test]
 fn ranks_that_disagree_on_their_groups_fail_the_digest_check() {
     let scratch = Scratch::new("net-digest");
     // Rank 3 believes tensor-parallel groups have 2 ranks, the others 4: a misconfigured job.

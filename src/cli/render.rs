@@ -1,13 +1,13 @@
 //! How the operator's commands show control-API messages: readable text and JSON.
 
 use serde_json::{json, Value};
+use std::fmt::Write as _;
 use std::time::Duration;
+use taskd_actors::control::convert::result_value as result_json;
+use taskd_actors::control::proto::{self, switch_event::Event};
 use taskd_actors::progress::{ProgressEvent, ProgressKind};
 use taskd_core::protocol::Phase;
 use taskd_core::OperationId;
-use std::fmt::Write as _;
-use taskd_actors::control::convert::result_value as result_json;
-use taskd_actors::control::proto::{self, switch_event::Event};
 
 pub fn event_json(ev: &Event) -> Value {
     match ev {

@@ -49,7 +49,8 @@ pub struct WorkerArgs {
     /// With --sim: HCCL runs without L2 retry here (a switch must be refused).
     #[arg(long)]
     sim_l2_off: bool,
-    /// Report TSP:1 as enabled whatever MS_ENABLE_TFT says (simulated ranks default to it).
+    /// Whether this rank reports TSP:1 (MS_ENABLE_TFT). Simulated ranks default to true;
+    /// `--tsp false` makes every switch of the job be refused.
     #[arg(long)]
     tsp: Option<bool>,
     #[command(flatten)]
@@ -167,28 +168,20 @@ pub fn run(a: WorkerArgs) -> ExitCode {
         .build()
         .expect("a current-thread runtime");
     rt.block_on(async move {
-        let worker = Arc::new(worker);
-        let w = worker.clone();
-        let waiting = tokio::task::spawn_blocking(move || loop {
-            match w.wait_registered(Duration::from_secs(3600)) {
-                Err(taskd_actors::net::NetError::Timeout(..)) => continue,
-                other => return other,
-            }
-        });
         let signal = shutdown_signal();
         tokio::pin!(signal);
         let first = tokio::select! {
             sig = &mut signal => Err(sig),
-            r = waiting => Ok(r.expect("the waiting task does not panic")),
+            r = worker.registered() => Ok(r),
         };
         let reg = match first {
             Err(sig) => {
-                stop(worker, &format!("the worker process stopped ({sig})"));
+                worker.stop_with(&format!("the worker process stopped ({sig})"));
                 return ExitCode::SUCCESS;
             }
             Ok(Err(e)) => {
                 eprintln!("taskd worker: rank {rank}: {e}");
-                stop(worker, "refused");
+                worker.stop_with("refused");
                 return ExitCode::from(2);
             }
             Ok(Ok(reg)) => reg,
@@ -203,14 +196,14 @@ pub fn run(a: WorkerArgs) -> ExitCode {
                 "taskd worker: --sim needs the same number of ranks on every node ({} ranks on {} nodes)",
                 reg.world_size, nodes
             );
-            stop(worker, "cannot simulate this job");
+            worker.stop_with("cannot simulate this job");
             return ExitCode::from(2);
         }
         let solo = match SoloRank::new(layout, rank) {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("taskd worker: {e}");
-                stop(worker, "cannot simulate this job");
+                worker.stop_with("cannot simulate this job");
                 return ExitCode::from(2);
             }
         };
@@ -238,14 +231,7 @@ pub fn run(a: WorkerArgs) -> ExitCode {
         worker.gate().shutdown();
         let steps = training.stop();
         eprintln!("taskd worker: {sig}: stopping after step {steps}");
-        stop(worker, &format!("the worker process stopped ({sig})"));
+        worker.stop_with(&format!("the worker process stopped ({sig})"));
         ExitCode::SUCCESS
     })
-}
-
-fn stop(worker: Arc<RemoteWorker>, reason: &str) {
-    match Arc::try_unwrap(worker) {
-        Ok(w) => w.stop_with(reason),
-        Err(w) => w.gate().shutdown(),
-    }
 }

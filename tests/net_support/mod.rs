@@ -146,6 +146,7 @@ impl Proc {
     fn signal(&self, sig: &str) {
         let _ = Command::new("kill")
             .args([sig, &self.pid.to_string()])
+            .stderr(Stdio::null())
             .status();
     }
 
@@ -328,12 +329,17 @@ impl Cluster {
         }
     }
 
-    /// Stops every process with SIGTERM and checks each exits cleanly (status 0).
+    /// Stops every running process with SIGTERM and checks each exits cleanly (status 0).
     pub fn shutdown_cleanly(mut self) {
+        // Close the admin connection first: the manager's graceful stop waits for it.
+        drop(self.admin);
+        drop(self.rt);
         let mut all: Vec<&mut Proc> = Vec::new();
         all.extend(self.workers.iter_mut().flatten());
         all.extend(self.proxies.iter_mut());
         all.push(&mut self.manager);
+        // Those a test killed are gone already.
+        all.retain(|p| p.exited.is_none());
         for p in &all {
             p.term();
         }

@@ -115,7 +115,24 @@ impl Client {
                 .push(pb::up::Body::Goodbye(pb::Goodbye { reason }))
                 .is_ok()
         {
-            let _ = tokio::time::timeout(wait, self.outbox.drained()).await;
+            // Until the server acknowledged it, or the connection is gone (the server is
+            // stopping too), or `wait` passed.
+            let mut state = self.state.subscribe();
+            let disconnected = async {
+                loop {
+                    if !matches!(*state.borrow_and_update(), ClientState::Registered(_)) {
+                        return;
+                    }
+                    if state.changed().await.is_err() {
+                        return;
+                    }
+                }
+            };
+            tokio::select! {
+                _ = self.outbox.drained() => {}
+                _ = disconnected => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
         }
         self.stop();
     }
@@ -188,6 +205,10 @@ impl Client {
                     let handler = Arc::new(HostInbound(host.clone()));
                     let end = session.run(handler).await;
                     *self.control.lock() = None;
+                    self.state.send_replace(ClientState::Connecting {
+                        attempts: 0,
+                        last_error: Some(format!("{end:?}")),
+                    });
                     if self.stopping() {
                         break;
                     }

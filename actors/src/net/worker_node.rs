@@ -311,6 +311,10 @@ pub struct RemoteWorker {
     gate: Arc<StepGate>,
     rank: GlobalRank,
     status: Arc<(Mutex<Status>, Condvar)>,
+    watches: (
+        watch::Receiver<Option<WorkerRegistration>>,
+        watch::Receiver<ClientState>,
+    ),
     commands: mpsc::UnboundedSender<Command>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -324,6 +328,7 @@ impl RemoteWorker {
         let rank = cfg.rank;
         let status = Arc::new((Mutex::new(Status::default()), Condvar::new()));
         let (tx, mut rx) = mpsc::unbounded_channel::<Command>();
+        let (watch_tx, watch_rx) = std::sync::mpsc::channel();
         let thread_gate = gate.clone();
         let thread_status = status.clone();
         let thread = std::thread::Builder::new()
@@ -333,6 +338,7 @@ impl RemoteWorker {
                 let mirror_status = thread_status.clone();
                 sys.block_on(async move {
                     let node = WorkerNode::spawn(cfg, hal, thread_gate);
+                    let _ = watch_tx.send((node.registration(), node.connection()));
                     // Mirror the connection's state for callers on other threads.
                     let mut reg = node.registration();
                     let mut conn = node.connection();
@@ -375,10 +381,12 @@ impl RemoteWorker {
                 cv.notify_all();
             })
             .map_err(|_| NetError::Stopped)?;
+        let watches = watch_rx.recv().map_err(|_| NetError::Stopped)?;
         Ok(RemoteWorker {
             gate,
             rank,
             status,
+            watches,
             commands: tx,
             thread: Some(thread),
         })
@@ -421,6 +429,30 @@ impl RemoteWorker {
                     timeout,
                     "the registration with the proxy",
                 ));
+            }
+        }
+    }
+
+    /// Resolves once registered with the proxy, or refused; for async callers (any runtime).
+    pub async fn registered(&self) -> Result<WorkerRegistration, NetError> {
+        let (mut reg, mut state) = (self.watches.0.clone(), self.watches.1.clone());
+        loop {
+            if let Some(r) = reg.borrow_and_update().clone() {
+                return Ok(r);
+            }
+            match &*state.borrow_and_update() {
+                ClientState::Refused(reason) => {
+                    return Err(NetError::Refused {
+                        server: "the proxy".into(),
+                        reason: reason.clone(),
+                    })
+                }
+                ClientState::Stopped => return Err(NetError::Stopped),
+                _ => {}
+            }
+            tokio::select! {
+                r = reg.changed() => if r.is_err() { return Err(NetError::Stopped) },
+                r = state.changed() => if r.is_err() { return Err(NetError::Stopped) },
             }
         }
     }

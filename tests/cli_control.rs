@@ -182,3 +182,54 @@ fn a_token_protected_rig_refuses_the_cli_without_it() {
     drop(rig);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn the_manager_binary_serves_metrics_when_asked() {
+    let mut child = Command::new(TASKD)
+        .args([
+            "manager",
+            "--job-id",
+            "m",
+            "--nodes",
+            "1",
+            "--procs-per-node",
+            "2",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--force",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no metrics URL in {line:?}"))
+        .to_owned();
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics");
+    let body = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut b = String::new();
+        s.read_to_string(&mut b).unwrap();
+        b
+    };
+    terminate(&child);
+    let _ = child.wait();
+    assert!(body.contains("taskd_workers_expected 2"), "{body}");
+    assert!(body.contains("taskd_workers_registered 0"), "{body}");
+}

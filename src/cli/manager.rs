@@ -57,6 +57,10 @@ pub struct ManagerArgs {
 }
 
 pub fn run(a: ManagerArgs) -> ExitCode {
+    let _metrics = match a.net.serve_metrics("manager") {
+        Ok(m) => m,
+        Err(code) => return code,
+    };
     if !a.force {
         if let (Some(sched), Some(pod)) = (env("MS_SCHED_HOST"), env("POD_IP")) {
             if sched != pod {

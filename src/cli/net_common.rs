@@ -61,9 +61,33 @@ pub struct NetArgs {
     /// Largest message accepted or sent.
     #[arg(long, value_name = "BYTES", default_value_t = 4 << 20)]
     pub max_message_bytes: usize,
+    /// Serve Prometheus metrics at http://ADDR/metrics (off unless given).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl NetArgs {
+    /// Starts the metrics endpoint when `--metrics-addr` was given; keep the returned server
+    /// for as long as the role runs. `Err` is the exit code after a message on stderr.
+    pub fn serve_metrics(
+        &self,
+        role: &str,
+    ) -> Result<Option<taskd_actors::telemetry::MetricsServer>, std::process::ExitCode> {
+        let Some(addr) = self.metrics_addr else {
+            return Ok(None);
+        };
+        match taskd_actors::telemetry::serve_metrics(addr) {
+            Ok(m) => {
+                say(format!("taskd {role} metrics on {}", m.url()));
+                Ok(Some(m))
+            }
+            Err(e) => {
+                eprintln!("taskd {role}: metrics endpoint: {e}");
+                Err(std::process::ExitCode::from(2))
+            }
+        }
+    }
+
     pub fn config(&self) -> NetConfig {
         NetConfig {
             heartbeat_interval: Duration::from_millis(self.heartbeat_ms.max(1)),

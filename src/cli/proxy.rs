@@ -79,6 +79,10 @@ impl NodeHal for NoHealth {
 }
 
 pub fn run(a: ProxyArgs) -> ExitCode {
+    let _metrics = match a.net.serve_metrics("proxy") {
+        Ok(m) => m,
+        Err(code) => return code,
+    };
     let node_rank = a.node_rank.or_else(|| {
         taskd_core::env::node_rank(
             env("MS_NODE_RANK").as_deref(),

@@ -100,6 +100,10 @@ fn not_ready() -> HalError {
 }
 
 pub fn run(a: WorkerArgs) -> ExitCode {
+    let _metrics = match a.net.serve_metrics("worker") {
+        Ok(m) => m,
+        Err(code) => return code,
+    };
     if !a.sim {
         eprintln!(
             "taskd worker: only simulated ranks run as a process of their own (--sim). A real training process links the worker API (taskd_actors::RemoteWorker, see examples/remote_worker.rs) so that its worker lives where its HCCL communicators are."

@@ -37,15 +37,10 @@
 //! The pause itself happens at the step gate, outside the timed collectives: its length is the
 //! operation's stall, reported beside the windows.
 //!
-//! **Why compute is not zero by default.** The pause samples each rank at its next step
-//! boundary after the worker armed its gate, and the workers arm their gates one after the
-//! other. With steps much shorter than that spread (a bare all-reduce loop against the stubs
-//! runs steps of tens of microseconds), a rank armed early can hold after its next step while
-//! a peer armed late has already entered the step after, and now waits in that step's
-//! collective for the held rank: it never reaches a boundary to report, and the operation
-//! fails at the pause deadline. Steps of a few milliseconds, like real training's, keep the
-//! spread far below one step. This is a limit of the pause protocol (`taskd_actors::gate`),
-//! not of the rig.
+//! **Compute time.** The default 2 ms per step stands in for real work; `--compute-ms 0` runs a
+//! bare all-reduce loop (steps of tens of microseconds against the stubs), which the tests use
+//! as the hardest case for the pause: the ranks' pause requests then arrive many steps apart,
+//! and every rank still answers at once from the step its gate published.
 //!
 //! **Invariants** ([`RigReport::invariants`]): every operation got exactly one final result;
 //! no collective failed and every sum was right; the manager's NIC table matches what the

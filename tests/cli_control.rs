@@ -204,15 +204,20 @@ fn the_manager_binary_serves_metrics_when_asked() {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no metrics URL in {line:?}"))
-        .to_owned();
+    // First the metrics URL, then (once the manager runs) the listening line.
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut url = None;
+    loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the manager exited");
+        if let Some(u) = line.split_whitespace().find(|w| w.starts_with("http://")) {
+            url = Some(u.to_owned());
+        }
+        if line.contains("listening on") {
+            break;
+        }
+    }
+    let url = url.expect("a metrics URL before the listening line");
     let addr = url
         .trim_start_matches("http://")
         .trim_end_matches("/metrics");

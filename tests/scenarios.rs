@@ -470,7 +470,8 @@ fn a_failed_swap_of_two_partner_dies_rolls_back_cleanly() {
 /// Ranks one step apart when the pause is requested: rank 1 has finished step 5 and waits in
 /// step 6's all-reduce for rank 0, which has not yet reached its boundary after step 5. A
 /// "stop at your next boundary" protocol would hold rank 0 after 5 while rank 1 can never
-/// finish 6: a deadlock. The two-phase pause picks T = 7 and both ranks hold after it.
+/// finish 6: a deadlock. Rank 1 answers although its training thread is blocked; the two-phase
+/// pause picks T = 6 and both ranks hold after it.
 #[test]
 fn a_pause_requested_while_ranks_are_a_step_apart_completes_without_deadlock() {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -562,9 +563,9 @@ fn a_pause_requested_while_ranks_are_a_step_apart_completes_without_deadlock() {
     }
     let r = job.wait(sub.id()).unwrap();
     assert_eq!(r.outcome, Outcome::Succeeded, "{r}");
-    // Rank 0 was in step 6, rank 1 already in step 7: they paused after 7.
-    assert_eq!(r.sampled_steps, Some((6, 7)));
-    assert_eq!(r.pause_step, Some(7));
+    // Rank 0 was still in step 5, rank 1 already in step 6: they paused after 6.
+    assert_eq!(r.sampled_steps, Some((5, 6)));
+    assert_eq!(r.pause_step, Some(6));
 
     // Both train on in the new configuration up to the common last step.
     let steps: Vec<u64> = trainers.into_iter().map(|t| t.join().unwrap()).collect();

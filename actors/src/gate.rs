@@ -1,29 +1,50 @@
 //! The step gate: where a training loop stops at a step boundary during an operation.
 //!
-//! The training thread calls [`StepGate::step_completed`] after every step. With no
-//! operation pending this is one atomic load. During an operation the gate runs the two-phase
-//! pause of DESIGN section 3:
+//! The training thread calls [`StepGate::step_completed`] after every step. With no operation
+//! pending this is one atomic load and one uncontended compare-and-swap on a word the gate
+//! owns: no lock, no system call. The swap publishes the step just completed, so that a pause
+//! request is answered at once, from the worker's thread, even while the training thread waits
+//! in a collective for its peers.
 //!
-//! 1. **Sample** ([`StepGate::sample`]): at its next boundary (after step `s`) the thread
-//!    reports that it is in step `s + 1` and will hold, at the latest, after finishing it.
-//! 2. **Pause** ([`StepGate::pause_at`]): the manager picks `T` = the largest step any rank
-//!    is in. A rank holding before `T` is released to run on to `T`; every rank holds after
-//!    exactly `T`. No rank can pass `T` because its own bound is `s + 1 <= T`, and no rank
-//!    waits for a peer that is held earlier than `T` for longer than one round trip.
+//! During an operation the gate runs the two-phase pause of DESIGN section 3:
 //!
-//! Stopping every rank "now" instead would deadlock: a rank blocked in a collective waits for a
-//! peer that is already held. [`StepGate::resume`] opens the gate.
+//! 1. **Sample** ([`StepGate::sample`]): the rank reports the step it is in, `c` (the last one
+//!    it completed, plus one), and from then on holds, at the latest, after finishing `c`.
+//! 2. **Pause** ([`StepGate::pause_at`]): the manager picks `T` = the largest `c` of any rank.
+//!    A rank holding before `T` is released to run on to `T`; every rank holds after exactly
+//!    `T`.
+//!
+//! Why this cannot deadlock: a rank's bound is the step it was in when it was asked, so it never
+//! has to go back; ranks are at most one step apart (every step ends in collectives over all of
+//! them), so `T` is at most one more than any rank's bound; and a rank blocked in a collective
+//! still answers the sample, because the answer comes from the published step, not from the
+//! training thread. Stopping every rank "at its next boundary" instead deadlocks: a rank held
+//! after step `s` leaves a peer waiting in step `s + 1`'s collective forever. Answering only at
+//! the next boundary deadlocks too, when the pause requests reach the ranks at different times
+//! and a rank that got it early already holds while a late one waits for it in a collective.
+//!
+//! [`StepGate::resume`] opens the gate. One training thread calls a gate; any thread may
+//! control it.
 
 use parking_lot::{Condvar, Mutex};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 use taskd_core::{OperationId, StepBoundary};
 
+/// The high bit of the gate word: an operation is pending, boundaries take the slow path.
+const ARMED: u64 = 1 << 63;
+/// Set once the training thread completed a step: until then the gate cannot tell which step
+/// it is in (a process may start at any step, resuming from a checkpoint).
+const SEEN: u64 = 1 << 62;
+/// The rest of the gate word: the step the training thread last completed.
+const STEP: u64 = !(ARMED | SEEN);
+
 /// What the gate tells its worker, from the training thread.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GateEvent {
-    /// Phase A: the rank is in `in_step` and holds after it unless told otherwise.
+    /// Phase A, answered late: the rank had not completed a step when asked, so it answers at
+    /// its first boundary: it is in `in_step` and holds after it unless told otherwise.
     Sampled { op: OperationId, in_step: u64 },
     /// Phase B: the rank holds after finishing `step`.
     Held { op: OperationId, step: u64 },
@@ -55,7 +76,7 @@ pub enum GateError {
 enum Mode {
     /// No operation: boundaries pass.
     Idle,
-    /// Report the step at the next boundary.
+    /// Asked for the step before the first boundary: answer at the first boundary.
     Sampling,
     /// Hold after finishing this step: provisionally (the bound a sample sets, which the
     /// pause step may raise) or as the manager's pause step.
@@ -67,6 +88,9 @@ enum Mode {
 struct Inner {
     mode: Mode,
     op: Option<OperationId>,
+    /// The step the training thread last completed, while the gate is armed (the gate word
+    /// holds it otherwise); `None` before its first boundary.
+    last: Option<u64>,
     /// The step the training thread holds after, and since when.
     held: Option<(u64, Instant)>,
     /// Time held during the current operation.
@@ -77,7 +101,9 @@ type Notify = Box<dyn Fn(GateEvent) + Send + Sync>;
 
 /// One rank's step gate. Shared between the worker (control) and the training thread.
 pub struct StepGate {
-    armed: AtomicBool,
+    /// [`ARMED`] | the last completed step. Only the training thread's fast path writes it
+    /// without the lock, and only while it is not armed.
+    word: AtomicU64,
     inner: Mutex<Inner>,
     released: Condvar,
     /// Signalled when an operation arms the gate (see [`StepGate::wait_armed`]).
@@ -94,10 +120,11 @@ impl Default for StepGate {
 impl StepGate {
     pub fn new() -> Self {
         StepGate {
-            armed: AtomicBool::new(false),
+            word: AtomicU64::new(0),
             inner: Mutex::new(Inner {
                 mode: Mode::Idle,
                 op: None,
+                last: None,
                 held: None,
                 stalled: Duration::ZERO,
             }),
@@ -118,26 +145,39 @@ impl StepGate {
         }
     }
 
-    /// Called by the training thread after it finished `step`. Returns at once unless an
-    /// operation holds this rank here.
+    /// Called by the training thread after it finished `step` (1 for the first). Returns at
+    /// once unless an operation holds this rank here.
     #[inline]
     pub fn step_completed(&self, step: u64) {
-        if !self.armed.load(Ordering::Acquire) {
-            return;
+        let mut cur = self.word.load(Ordering::Acquire);
+        loop {
+            if cur & ARMED != 0 {
+                return self.boundary_slow(step);
+            }
+            match self.word.compare_exchange_weak(
+                cur,
+                SEEN | (step & STEP),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
+                Err(now) => cur = now,
+            }
         }
-        self.boundary_slow(step);
     }
 
     #[cold]
     fn boundary_slow(&self, step: u64) {
         let mut g = self.inner.lock();
-        let op = match g.op {
-            Some(op) => op,
-            None => return,
-        };
-        match g.mode {
-            Mode::Idle | Mode::Shutdown => return,
-            Mode::Sampling => {
+        g.last = Some(step);
+        // Nobody else writes the step bits while the lock is held (the fast path only runs
+        // on this thread), so keep the word current for the next sample.
+        let armed = self.word.load(Ordering::Acquire) & ARMED;
+        self.word
+            .store(armed | SEEN | (step & STEP), Ordering::Release);
+        let op = match (g.op, g.mode) {
+            (Some(op), Mode::Sampling) => {
+                // The late answer to a sample: in the next step, holding after it.
                 g.mode = Mode::HoldAfter {
                     step: step + 1,
                     pause_step: false,
@@ -148,6 +188,10 @@ impl StepGate {
                 });
                 return;
             }
+            (Some(op), Mode::HoldAfter { .. }) => op,
+            _ => return,
+        };
+        match g.mode {
             Mode::HoldAfter { step: bound, .. } if step < bound => return,
             Mode::HoldAfter { step: bound, .. } if step > bound => {
                 // Cannot happen with the two-phase protocol; hold anyway so the group calls
@@ -158,7 +202,7 @@ impl StepGate {
             Mode::HoldAfter {
                 pause_step: true, ..
             } => self.emit(GateEvent::Held { op, step }),
-            Mode::HoldAfter { .. } => self.emit(GateEvent::HeldProvisionally { op, step }),
+            _ => self.emit(GateEvent::HeldProvisionally { op, step }),
         }
         g.held = Some((step, Instant::now()));
         loop {
@@ -173,23 +217,41 @@ impl StepGate {
         }
     }
 
-    /// Phase A for operation `op`: report the step at the next boundary.
-    pub fn sample(&self, op: OperationId) -> Result<(), GateError> {
+    /// Phase A for operation `op`: returns the step this rank is in, after which it holds at
+    /// the latest (unless [`StepGate::pause_at`] raises the bound). `None` when the training
+    /// thread has not completed a step yet: it answers with [`GateEvent::Sampled`] at its first
+    /// boundary.
+    pub fn sample(&self, op: OperationId) -> Result<Option<u64>, GateError> {
         let mut g = self.inner.lock();
         match (g.mode, g.op) {
             (Mode::Shutdown, _) => return Err(GateError::Shutdown),
-            (Mode::Idle, _) => {}
             (_, Some(busy)) if busy != op => {
                 return Err(GateError::OtherOperation { busy, asked: op })
             }
             _ => {}
         }
+        let prev = self.word.fetch_or(ARMED, Ordering::AcqRel);
+        if prev & ARMED == 0 {
+            // From here on the training thread's boundaries take the lock and update `last`.
+            g.last = (prev & SEEN != 0).then_some(prev & STEP);
+            g.stalled = Duration::ZERO;
+        }
         g.op = Some(op);
-        g.mode = Mode::Sampling;
-        g.stalled = Duration::ZERO;
-        self.armed.store(true, Ordering::Release);
         self.armed_cv.notify_all();
-        Ok(())
+        let in_step = match (g.mode, g.last) {
+            // Asked again for the same operation: the answer stands.
+            (Mode::HoldAfter { step, .. }, _) => step,
+            (_, Some(last)) => last + 1,
+            (_, None) => {
+                g.mode = Mode::Sampling;
+                return Ok(None);
+            }
+        };
+        g.mode = Mode::HoldAfter {
+            step: in_step,
+            pause_step: false,
+        };
+        Ok(Some(in_step))
     }
 
     /// Phase B: hold after finishing step `step`. Emits [`GateEvent::Held`] when the rank
@@ -208,12 +270,15 @@ impl StepGate {
                 return Err(GateError::PastPauseStep { asked: step, held });
             }
         }
+        let prev = self.word.fetch_or(ARMED, Ordering::AcqRel);
+        if prev & ARMED == 0 {
+            g.last = (prev & SEEN != 0).then_some(prev & STEP);
+        }
         g.op = Some(op);
         g.mode = Mode::HoldAfter {
             step,
             pause_step: true,
         };
-        self.armed.store(true, Ordering::Release);
         self.armed_cv.notify_all();
         match g.held {
             Some((held, _)) if held == step => {
@@ -229,14 +294,25 @@ impl StepGate {
         Ok(())
     }
 
-    /// Whether an operation has armed the gate (the next boundary takes the slow path).
+    /// Whether an operation has armed the gate (boundaries take the slow path).
     pub fn is_armed(&self) -> bool {
-        self.armed.load(Ordering::Acquire)
+        self.word.load(Ordering::Acquire) & ARMED != 0
     }
 
     /// Whether the training thread holds at a boundary now, and after which step.
     pub fn held_step(&self) -> Option<u64> {
         self.inner.lock().held.map(|(s, _)| s)
+    }
+
+    /// The step the training thread last completed (`None` before its first boundary).
+    pub fn last_step(&self) -> Option<u64> {
+        let g = self.inner.lock();
+        let w = self.word.load(Ordering::Acquire);
+        if w & ARMED != 0 {
+            g.last
+        } else {
+            (w & SEEN != 0).then_some(w & STEP)
+        }
     }
 
     /// Opens the gate. Returns how long training was held during this operation.
@@ -251,9 +327,17 @@ impl StepGate {
             stalled += since.elapsed();
         }
         g.stalled = Duration::ZERO;
-        self.armed.store(false, Ordering::Release);
+        self.disarm(&g);
         self.released.notify_all();
         stalled
+    }
+
+    /// Clears [`ARMED`], leaving the last completed step in the word for the next sample.
+    fn disarm(&self, g: &Inner) {
+        if self.word.load(Ordering::Acquire) & ARMED != 0 {
+            let w = g.last.map_or(0, |l| SEEN | (l & STEP));
+            self.word.store(w, Ordering::Release);
+        }
     }
 
     /// Blocks until an operation arms the gate, the gate shuts down, or `timeout` passes;
@@ -262,12 +346,12 @@ impl StepGate {
     pub fn wait_armed(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut g = self.inner.lock();
-        while !self.armed.load(Ordering::Acquire) && g.mode != Mode::Shutdown {
+        while !self.is_armed() && g.mode != Mode::Shutdown {
             if self.armed_cv.wait_until(&mut g, deadline).timed_out() {
                 break;
             }
         }
-        self.armed.load(Ordering::Acquire)
+        self.is_armed()
     }
 
     /// Opens the gate for good: the worker is stopping and nobody will resume it.
@@ -275,7 +359,7 @@ impl StepGate {
         let mut g = self.inner.lock();
         g.mode = Mode::Shutdown;
         g.op = None;
-        self.armed.store(false, Ordering::Release);
+        self.disarm(&g);
         self.released.notify_all();
         self.armed_cv.notify_all();
     }
@@ -306,28 +390,25 @@ mod tests {
     }
 
     #[test]
-    fn idle_gate_never_holds() {
+    fn idle_gate_never_holds_and_publishes_the_step() {
         let (g, rx) = gate();
         for s in 1..1000 {
             g.step_completed(s);
         }
         assert!(rx.try_recv().is_err());
         assert_eq!(g.held_step(), None);
+        assert_eq!(g.last_step(), Some(999));
+        assert!(!g.is_armed());
     }
 
     #[test]
-    fn sample_then_pause_holds_exactly_at_t_and_resume_releases() {
+    fn sample_answers_at_once_then_pause_holds_exactly_at_t() {
         let (g, rx) = gate();
-        g.sample(op(1)).unwrap();
-        // The training thread finishes step 4: it is in step 5 and reports so.
         g.step_completed(4);
-        assert_eq!(
-            rx.recv().unwrap(),
-            GateEvent::Sampled {
-                op: op(1),
-                in_step: 5
-            }
-        );
+        // The training thread finished step 4: it is in step 5, and says so without having
+        // to reach a boundary.
+        assert_eq!(g.sample(op(1)), Ok(Some(5)));
+        assert!(g.is_armed());
         // The manager picks T = 6 (a peer was a step ahead).
         g.pause_at(op(1), 6).unwrap();
         let trainer = {
@@ -335,6 +416,7 @@ mod tests {
             std::thread::spawn(move || {
                 g.step_completed(5); // passes: 5 < 6
                 g.step_completed(6); // holds here
+                g.step_completed(7);
                 7
             })
         };
@@ -344,25 +426,26 @@ mod tests {
         g.resume();
         assert_eq!(trainer.join().unwrap(), 7);
         assert_eq!(g.held_step(), None);
+        // The step went on being published after the operation.
+        assert_eq!(g.last_step(), Some(7));
+        assert_eq!(g.sample(op(2)), Ok(Some(8)));
+        g.resume();
     }
 
     #[test]
     fn provisional_hold_is_released_to_the_later_pause_step() {
         let (g, rx) = gate();
-        g.sample(op(2)).unwrap();
+        g.step_completed(3);
+        assert_eq!(g.sample(op(2)), Ok(Some(4)));
+        // Asked again (a repeated directive): the same answer.
+        assert_eq!(g.sample(op(2)), Ok(Some(4)));
         let trainer = {
             let g = g.clone();
             std::thread::spawn(move || {
-                g.step_completed(3); // sampled: in step 4, provisional bound 4
                 g.step_completed(4); // holds provisionally
                 g.step_completed(5); // holds at T = 5
             })
         };
-        assert!(matches!(
-            rx.recv().unwrap(),
-            GateEvent::Sampled { in_step: 4, .. }
-        ));
-        // The provisional hold after step 4 is silent: it is not the pause step.
         assert!(matches!(
             rx.recv().unwrap(),
             GateEvent::HeldProvisionally { step: 4, .. }
@@ -380,15 +463,12 @@ mod tests {
     #[test]
     fn pause_at_the_held_step_reports_at_once() {
         let (g, rx) = gate();
-        g.sample(op(3)).unwrap();
+        g.step_completed(1);
+        assert_eq!(g.sample(op(3)), Ok(Some(2)));
         let trainer = {
             let g = g.clone();
-            std::thread::spawn(move || {
-                g.step_completed(1);
-                g.step_completed(2);
-            })
+            std::thread::spawn(move || g.step_completed(2))
         };
-        assert!(matches!(rx.recv().unwrap(), GateEvent::Sampled { .. }));
         assert!(matches!(
             rx.recv().unwrap(),
             GateEvent::HeldProvisionally { step: 2, .. }
@@ -409,7 +489,8 @@ mod tests {
     #[test]
     fn another_operation_is_refused_and_shutdown_frees_the_thread() {
         let (g, rx) = gate();
-        g.sample(op(4)).unwrap();
+        g.step_completed(0);
+        assert_eq!(g.sample(op(4)), Ok(Some(1)));
         assert!(matches!(
             g.pause_at(op(5), 3),
             Err(GateError::OtherOperation { .. })
@@ -422,13 +503,47 @@ mod tests {
                 g.step_completed(3);
             })
         };
-        assert!(matches!(rx.recv().unwrap(), GateEvent::Sampled { .. }));
         assert!(matches!(
             rx.recv().unwrap(),
-            GateEvent::HeldProvisionally { step: 2, .. }
+            GateEvent::HeldProvisionally { step: 1, .. }
         ));
         g.shutdown();
         trainer.join().unwrap();
         assert_eq!(g.sample(op(6)), Err(GateError::Shutdown));
+    }
+
+    #[test]
+    fn before_its_first_boundary_a_rank_answers_at_that_boundary() {
+        // A process resuming from a checkpoint starts at step 100; asked before it completed
+        // a step, it cannot know where it is until its first boundary.
+        let (g, rx) = gate();
+        assert_eq!(g.last_step(), None);
+        assert_eq!(g.sample(op(7)), Ok(None));
+        let trainer = {
+            let g = g.clone();
+            std::thread::spawn(move || {
+                g.step_completed(100); // answers: in step 101
+                g.step_completed(101); // holds provisionally
+            })
+        };
+        assert_eq!(
+            rx.recv().unwrap(),
+            GateEvent::Sampled {
+                op: op(7),
+                in_step: 101
+            }
+        );
+        assert!(matches!(
+            rx.recv().unwrap(),
+            GateEvent::HeldProvisionally { step: 101, .. }
+        ));
+        g.pause_at(op(7), 101).unwrap();
+        assert!(matches!(
+            rx.recv().unwrap(),
+            GateEvent::Held { step: 101, .. }
+        ));
+        g.resume();
+        trainer.join().unwrap();
+        assert_eq!(g.last_step(), Some(101));
     }
 }

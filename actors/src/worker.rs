@@ -211,11 +211,12 @@ impl Handler<Deliver<Directive>> for Worker {
         let _entered = span.enter();
         tracing::debug!("directive received");
         match d.kind {
-            DirectiveKind::Sample { .. } => {
-                if let Err(e) = self.gate.sample(op) {
-                    self.fail(op, phase, e.to_string());
-                }
-            }
+            DirectiveKind::Sample { .. } => match self.gate.sample(op) {
+                Ok(Some(in_step)) => self.reply(op, phase, ReplyBody::Sampled { in_step }),
+                // No step completed yet: the gate answers at the first boundary.
+                Ok(None) => {}
+                Err(e) => self.fail(op, phase, e.to_string()),
+            },
             DirectiveKind::PauseAt { step } => {
                 if let Err(e) = self.gate.pause_at(op, step) {
                     self.fail(op, phase, e.to_string());

@@ -384,36 +384,12 @@ impl SoloRank {
         ranks: &[GroupRank],
         use_backup: &[bool],
     ) -> Result<(), String> {
-        if ranks.len() != use_backup.len() {
-            return Err(format!(
-                "{} ranks but {} useBackup flags",
-                ranks.len(),
-                use_backup.len()
-            ));
-        }
-        if ranks.is_empty() {
-            return Err("nRanks is 0".into());
-        }
-        if let Some(bad) = ranks.iter().find(|r| r.0 as usize >= g.members.len()) {
-            return Err(format!(
-                "group rank {bad} out of range: the group has {} members",
-                g.members.len()
-            ));
-        }
-        for (i, (a, fa)) in ranks.iter().zip(use_backup).enumerate() {
-            for (b, fb) in ranks.iter().zip(use_backup).skip(i + 1) {
-                if a == b && fa != fb {
-                    return Err(format!("group rank {a} listed twice with different flags"));
-                }
-                let (ra, rb) = (g.members[a.0 as usize], g.members[b.0 as usize]);
-                if fa != fb && self.layout.partner(ra) == Some(rb) {
-                    return Err(format!(
-                        "ranks {ra} and {rb} are the two dies of one NPU: one told primary and the other backup in one call"
-                    ));
-                }
-            }
-        }
-        Ok(())
+        crate::hccl::check_nic_set_arguments(
+            &g.members,
+            |r| self.layout.partner(r),
+            ranks,
+            use_backup,
+        )
     }
 }
 

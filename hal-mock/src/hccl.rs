@@ -664,6 +664,48 @@ impl Fabric {
     }
 }
 
+/// The argument checks HCCL makes on a NIC-set call before touching anything, shared by the
+/// fabric and the single-rank mock: lengths, group-rank range, a rank listed twice with
+/// different flags, and the two dies of one NPU (each other's backup) told opposite sides.
+pub(crate) fn check_nic_set_arguments(
+    members: &[GlobalRank],
+    partner: impl Fn(GlobalRank) -> Option<GlobalRank>,
+    ranks: &[GroupRank],
+    use_backup: &[bool],
+) -> Result<(), String> {
+    if ranks.len() != use_backup.len() {
+        return Err(format!(
+            "{} ranks but {} useBackup flags",
+            ranks.len(),
+            use_backup.len()
+        ));
+    }
+    if ranks.is_empty() {
+        return Err("nRanks is 0".to_owned());
+    }
+    if let Some(bad) = ranks.iter().find(|gr| gr.0 as usize >= members.len()) {
+        return Err(format!(
+            "group rank {bad} out of range: the group has {} members",
+            members.len()
+        ));
+    }
+    for (i, (a, fa)) in ranks.iter().zip(use_backup).enumerate() {
+        for (b, fb) in ranks.iter().zip(use_backup).skip(i + 1) {
+            if a == b && fa != fb {
+                return Err(format!("group rank {a} listed twice with different flags"));
+            }
+            let (ra, rb) = (members[a.0 as usize], members[b.0 as usize]);
+            if fa != fb && partner(ra) == Some(rb) {
+                return Err(format!(
+                    "ranks {ra} and {rb} are the two dies of one NPU (the two ends of one \
+                     link): one told primary and the other backup in one call"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use crate::test_support::*;
@@ -1176,46 +1218,4 @@ mod tests {
             prop_assert!(f.violations().is_empty(), "{:?}", f.violations());
         }
     }
-}
-
-/// The argument checks HCCL makes on a NIC-set call before touching anything, shared by the
-/// fabric and the single-rank mock: lengths, group-rank range, a rank listed twice with
-/// different flags, and the two dies of one NPU (each other's backup) told opposite sides.
-pub(crate) fn check_nic_set_arguments(
-    members: &[GlobalRank],
-    partner: impl Fn(GlobalRank) -> Option<GlobalRank>,
-    ranks: &[GroupRank],
-    use_backup: &[bool],
-) -> Result<(), String> {
-    if ranks.len() != use_backup.len() {
-        return Err(format!(
-            "{} ranks but {} useBackup flags",
-            ranks.len(),
-            use_backup.len()
-        ));
-    }
-    if ranks.is_empty() {
-        return Err("nRanks is 0".to_owned());
-    }
-    if let Some(bad) = ranks.iter().find(|gr| gr.0 as usize >= members.len()) {
-        return Err(format!(
-            "group rank {bad} out of range: the group has {} members",
-            members.len()
-        ));
-    }
-    for (i, (a, fa)) in ranks.iter().zip(use_backup).enumerate() {
-        for (b, fb) in ranks.iter().zip(use_backup).skip(i + 1) {
-            if a == b && fa != fb {
-                return Err(format!("group rank {a} listed twice with different flags"));
-            }
-            let (ra, rb) = (members[a.0 as usize], members[b.0 as usize]);
-            if fa != fb && partner(ra) == Some(rb) {
-                return Err(format!(
-                    "ranks {ra} and {rb} are the two dies of one NPU (the two ends of one \
-                     link): one told primary and the other backup in one call"
-                ));
-            }
-        }
-    }
-    Ok(())
 }

@@ -299,3 +299,57 @@ fn ranks_that_disagree_on_their_groups_fail_the_digest_check() {
     assert_eq!(r.job_state, JobState::Paused);
     c.shutdown_cleanly();
 }
+
+/// The network manager serves the operators' control API too: the same `taskd switch --wait`
+/// and `taskd status` an operator uses against the simulator drive a job of processes.
+#[test]
+fn the_network_manager_serves_the_control_api_to_the_cli() {
+    let scratch = Scratch::new("net-control");
+    let mut c = Cluster::start(
+        &scratch,
+        ClusterSpec {
+            job: "net-control",
+            nodes: 2,
+            ppn: 2,
+            worker_flags: &|_| Vec::new(),
+            manager_flags: s(&["--control-addr", "127.0.0.1:0"]),
+            common: fast_heartbeats(),
+            tls: None,
+        },
+    );
+    let line = c.manager.wait_line("control API on");
+    let addr = line.rsplit(' ').next().unwrap().trim().to_owned();
+    let taskd = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_taskd"))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = taskd(&[
+        "switch",
+        "--addr",
+        &addr,
+        "--job",
+        "net-control",
+        "--node",
+        "node-1",
+        "--dev",
+        "1",
+        "--to",
+        "backup",
+        "--wait",
+    ]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.contains("SUCCEEDED"), "{out}");
+    let (code, out, err) = taskd(&["status", "--addr", &addr, "--job", "net-control", "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["ranks_on_backup"], serde_json::json!([3]));
+    assert_eq!(v["workers_registered"], 4);
+    c.shutdown_cleanly();
+}

@@ -1,5 +1,6 @@
 //! The operator's switch command and its resolution against the rank table.
 
+use crate::display::short_list;
 use crate::ids::{DeviceId, GlobalRank, JobId, NodeName, OperationId};
 use crate::rank_table::RankTable;
 use serde::{Deserialize, Serialize};
@@ -168,7 +169,7 @@ impl SwitchCommand {
             if !table.has_node(&t.node) {
                 return Err(ValidationError::UnknownNode {
                     node: t.node.clone(),
-                    known: summarize(table.nodes().iter().map(|n| n.0.clone())),
+                    known: short_list(table.nodes()),
                 });
             }
             let rank =
@@ -177,7 +178,7 @@ impl SwitchCommand {
                     .ok_or_else(|| ValidationError::UnknownDevice {
                         node: t.node.clone(),
                         device: t.device,
-                        devices: summarize(table.devices_of(&t.node).map(|(d, _)| d.0.to_string())),
+                        devices: short_list(table.devices_of(&t.node).map(|(d, _)| d)),
                     })?;
             match seen.insert(rank, t.use_backup) {
                 Some(prev) if prev != t.use_backup => {
@@ -226,21 +227,6 @@ fn check_partners(targets: &[RankTarget]) -> Result<(), ValidationError> {
         }
     }
     Ok(())
-}
-
-/// A short human list: `a, b, c` or `a, b, ... (40 in all)`.
-fn summarize(items: impl Iterator<Item = String>) -> String {
-    let all: Vec<String> = items.collect();
-    if all.len() <= 8 {
-        all.join(", ")
-    } else {
-        format!(
-            "{}, ..., {} ({} in all)",
-            all[..4].join(", "),
-            all[all.len() - 1],
-            all.len()
-        )
-    }
 }
 
 #[cfg(test)]

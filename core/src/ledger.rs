@@ -3,6 +3,7 @@
 //! DESIGN section 3 that needs no round trip) and drives the [`Operation`] machine.
 
 use crate::command::{SwitchCommand, ValidationError};
+use crate::display::short_list;
 use crate::hal::SwitchCapabilities;
 use crate::ids::{GlobalRank, JobId, NodeName, OperationId};
 pub use crate::operation::JobState;
@@ -302,14 +303,5 @@ impl JobLedger {
     /// Clears a `paused` or `needs_recovery` state once an operator has repaired the job.
     pub fn acknowledge_recovery(&mut self) {
         self.state = JobState::Running;
-    }
-}
-
-fn short_list(ranks: &[GlobalRank]) -> String {
-    let shown: Vec<String> = ranks.iter().take(16).map(|r| r.0.to_string()).collect();
-    if ranks.len() > 16 {
-        format!("{}, ... ({} in all)", shown.join(", "), ranks.len())
-    } else {
-        shown.join(", ")
     }
 }

@@ -11,12 +11,14 @@
 //! - [`operation`]: the operation state machine (events in, actions and deadlines out).
 //! - [`ledger`]: the manager's book of a job: registrations, NIC table, in-flight and past
 //!   operations, and the admission rules in front of the state machine.
+//! - [`display`]: how lists appear in messages for people.
 //! - [`env`]: parsing of the MindCluster / HCCL environment flags.
 //!
 //! No I/O, no runtime, no clock: time enters as [`std::time::Duration`] values handed in by the
 //! caller, so every interleaving can be replayed in a unit or property test.
 
 pub mod command;
+pub mod display;
 pub mod env;
 pub mod hal;
 pub mod ids;

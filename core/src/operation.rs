@@ -15,6 +15,7 @@
 //! ```
 
 use crate::command::{Direction, RankTarget, SwitchPlan};
+use crate::display::short_list;
 use crate::hal::NicSide;
 use crate::ids::{GlobalRank, NodeName, OperationId};
 use crate::protocol::{
@@ -335,7 +336,7 @@ impl Operation {
                 if token != self.token {
                     return Vec::new();
                 }
-                let missing = list_ranks(&self.pending);
+                let missing = short_list(&self.pending);
                 self.fail(OperationError::Timeout {
                     phase: self.phase,
                     deadline: self.deadlines.for_phase(self.phase),
@@ -477,7 +478,7 @@ impl Operation {
             if by_digest.len() > 1 {
                 let detail = by_digest
                     .iter()
-                    .map(|(d, ranks)| format!("{d:016x} from ranks {}", list_ranks(ranks)))
+                    .map(|(d, ranks)| format!("{d:016x} from ranks {}", short_list(ranks)))
                     .collect::<Vec<_>>()
                     .join("; ");
                 return Err(OperationError::GroupDisagrees {
@@ -644,7 +645,7 @@ impl Operation {
             (None, false) => Some(OperationError::Timeout {
                 phase: Phase::Resume,
                 deadline: self.deadlines.resume,
-                missing: list_ranks(&self.pending),
+                missing: short_list(&self.pending),
             }),
             (None, true) => None,
         };
@@ -694,16 +695,6 @@ fn body_answers(phase: Phase, body: &ReplyBody) -> bool {
             | (Phase::Switch | Phase::Rollback, ReplyBody::Applied { .. })
             | (Phase::Resume, ReplyBody::Resumed { .. })
     )
-}
-
-/// `1, 2, 3` or `1, 2, 3, ... (+97)`.
-fn list_ranks<'a>(ranks: impl IntoIterator<Item = &'a GlobalRank>) -> String {
-    let all: Vec<String> = ranks.into_iter().map(|r| r.0.to_string()).collect();
-    if all.len() <= 16 {
-        all.join(", ")
-    } else {
-        format!("{}, ... (+{})", all[..16].join(", "), all.len() - 16)
-    }
 }
 
 impl fmt::Display for OperationReport {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use taskd_actors::{LocalJob, LocalJobConfig, LocalJobError, ProgressEvent, RankParts};
 use taskd_core::command::Target;
-use taskd_core::operation::{JobState, OperationReport};
+use taskd_core::operation::JobState;
 use taskd_core::{
     DeviceId, GlobalRank, HcclCode, JobId, NodeHal, NodeName, PhaseDeadlines, RankHal, RankTable,
     StepBoundary, SwitchCommand, ValidationError,
@@ -349,12 +349,4 @@ pub fn run_scenario_observed(
     let timeline = Timeline::build(&clock.completed_steps(), &phases);
     let report = ScenarioReport::new(cfg, &table, operations, end, exactly_one_each, steps_ok);
     Ok(ScenarioRun { report, timeline })
-}
-
-/// Convenience for tests: the final result of one operation on a running simulation.
-pub fn run_operation(
-    sim: &Simulation,
-    cmd: SwitchCommand,
-) -> Result<OperationReport, LocalJobError> {
-    sim.job().run(cmd)
 }

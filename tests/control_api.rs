@@ -10,7 +10,7 @@ use taskd::actors::control::proto::{self, switch_event::Event};
 use taskd::actors::control::recover::recover_client::RecoverClient;
 use taskd::actors::control::recover::{ClientInfo, DeviceList, SwitchNicRequest, SwitchNics};
 use taskd::actors::control::{codes, serve, ControlServer, ControlTls, GuardConfig, RateLimit};
-use taskd::core::{GlobalRank, HcclCode, JobId};
+use taskd::core::{GlobalRank, HcclCode};
 use taskd::hal_mock::NicSetFault;
 use taskd::sim::{SimConfig, Simulation};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
@@ -516,6 +516,5 @@ fn mutual_tls_admits_only_clients_with_a_certificate_from_the_ca() {
         }
     });
     assert!(refused, "a client without a certificate got through");
-    let _ = JobId("sim".into());
     rig.sim.finish();
 }

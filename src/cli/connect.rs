@@ -52,16 +52,31 @@ fn read(path: &PathBuf) -> Result<Vec<u8>, ConnectError> {
     })
 }
 
+/// The control API's bearer token, for the client and the server alike: the trimmed contents of
+/// `file`, or else `TASKD_CONTROL_TOKEN` when set and not empty. An empty file is an error (it
+/// would otherwise turn authentication off without anyone noticing).
+pub fn control_token(file: Option<&std::path::Path>) -> Result<Option<String>, String> {
+    match file {
+        Some(p) => {
+            let t = std::fs::read_to_string(p)
+                .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+            let t = t.trim();
+            if t.is_empty() {
+                return Err(format!("the token file {} is empty", p.display()));
+            }
+            Ok(Some(t.to_owned()))
+        }
+        None => Ok(std::env::var("TASKD_CONTROL_TOKEN")
+            .ok()
+            .map(|t| t.trim().to_owned())
+            .filter(|t| !t.is_empty())),
+    }
+}
+
 impl ConnectArgs {
     /// The token from `--token-file` or `TASKD_CONTROL_TOKEN`.
-    pub fn token(&self) -> Result<Option<String>, ConnectError> {
-        if let Some(p) = &self.token_file {
-            let t = String::from_utf8_lossy(&read(p)?).trim().to_owned();
-            return Ok(Some(t));
-        }
-        Ok(std::env::var("TASKD_CONTROL_TOKEN")
-            .ok()
-            .filter(|t| !t.is_empty()))
+    pub fn token(&self) -> Result<Option<String>, String> {
+        control_token(self.token_file.as_deref())
     }
 
     pub async fn connect(&self) -> Result<ControlClient<Channel>, ConnectError> {

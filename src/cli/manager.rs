@@ -31,7 +31,7 @@ pub struct ManagerArgs {
     /// Serve the operators' control API (ClusterD-compatible) here.
     #[arg(long, value_name = "ADDR")]
     control_addr: Option<SocketAddr>,
-    /// File holding the bearer token the control API requires.
+    /// File holding the bearer token the control API requires (or set TASKD_CONTROL_TOKEN).
     #[arg(long, value_name = "FILE", requires = "control_addr")]
     control_token_file: Option<PathBuf>,
     /// Start even though MS_SCHED_HOST differs from POD_IP (the manager belongs on the
@@ -92,15 +92,12 @@ pub fn run(a: ManagerArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let token = match &a.control_token_file {
-        Some(p) => match std::fs::read_to_string(p) {
-            Ok(t) => Some(t.trim().to_owned()),
-            Err(e) => {
-                eprintln!("taskd manager: cannot read {}: {e}", p.display());
-                return ExitCode::from(2);
-            }
-        },
-        None => None,
+    let token = match super::connect::control_token(a.control_token_file.as_deref()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("taskd manager: {e}");
+            return ExitCode::from(2);
+        }
     };
     let d = PhaseDeadlines::default();
     let ms = |v: Option<u64>, default: Duration| v.map_or(default, Duration::from_millis);

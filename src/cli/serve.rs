@@ -49,15 +49,7 @@ fn read(p: &PathBuf) -> Result<Vec<u8>, String> {
 impl ServeArgs {
     /// The control port's guard: token from `--token-file` or `TASKD_CONTROL_TOKEN`.
     pub fn guard(&self) -> Result<GuardConfig, String> {
-        let token = match &self.token_file {
-            Some(p) => Some(String::from_utf8_lossy(&read(p)?).trim().to_owned()),
-            None => std::env::var("TASKD_CONTROL_TOKEN")
-                .ok()
-                .filter(|t| !t.is_empty()),
-        };
-        if token.as_deref() == Some("") {
-            return Err("the token file is empty".into());
-        }
+        let token = super::connect::control_token(self.token_file.as_deref())?;
         Ok(GuardConfig {
             token,
             rate: RateLimit {

@@ -7,9 +7,10 @@ use crate::display::short_list;
 use crate::hal::SwitchCapabilities;
 use crate::ids::{GlobalRank, JobId, NodeName, OperationId};
 pub use crate::operation::JobState;
-use crate::operation::{Action, Event, Operation, OperationReport, PhaseDeadlines};
+use crate::operation::{Action, Event, Operation, OperationReport, Outcome, PhaseDeadlines};
 use crate::protocol::{Phase, WorkerHello};
 use crate::rank_table::RankTable;
+use crate::verify::{Assessment, Verification, VerifyReport, VerifyStep};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -34,10 +35,12 @@ pub enum SubmitError {
     Invalid(#[from] ValidationError),
     #[error("ranks {ranks} cannot switch NICs: {missing}; fix the environment of those processes and restart them")]
     CapabilityMissing { ranks: String, missing: String },
-    #[error(
-        "the job is {state:?} after a failed operation; it needs an operator before any new switch"
-    )]
+    #[error("the job is {state} after a failed operation; run `taskd recover` (or wait for the lost ranks to come back) before any new switch")]
     NotRunning { state: JobState },
+    #[error("the NIC configuration of the job is not verified yet ({why}); switches wait until every rank has reported what it applied")]
+    Unverified { why: String },
+    #[error("the job is {state}: nothing to recover")]
+    NothingToRecover { state: JobState },
 }
 
 /// Why a registration was refused.
@@ -82,6 +85,55 @@ pub struct JobLedger {
     history: VecDeque<OperationReport>,
     state: JobState,
     deadlines: PhaseDeadlines,
+    /// The round asking every rank what it applied, when one runs.
+    verifying: Option<Verification>,
+    /// Whether the NIC table and job state come from every rank's report since the last event
+    /// that could have changed them (start, a lost or returning rank, a recovery).
+    verified: bool,
+    /// A round is owed: it starts once every rank is registered and nothing runs.
+    verify_owed: bool,
+    /// The last round's judgement (for status and for `recover`).
+    assessment: Option<Assessment>,
+    last_verification: Option<VerifyReport>,
+}
+
+/// Which NIC configuration a recovery re-states for the ranks in doubt.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecoverTo {
+    /// Every rank in doubt to its primary NIC.
+    Primary,
+    /// Every rank in doubt to its backup NIC.
+    Backup,
+    /// Every rank in doubt to the side the manager's NIC table has for it.
+    AsIs,
+}
+
+impl RecoverTo {
+    /// The name used on the command line and in the control API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecoverTo::Primary => "primary",
+            RecoverTo::Backup => "backup",
+            RecoverTo::AsIs => "as-is",
+        }
+    }
+}
+
+/// How a recovery starts.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RecoveryStarted {
+    /// Ranks are in doubt: an operation re-states them (wait for its result).
+    Operation {
+        id: OperationId,
+        actions: Vec<Action>,
+    },
+    /// Nothing is in doubt: a verification round establishes the state (and opens held
+    /// gates if every group agrees).
+    Verification {
+        id: OperationId,
+        actions: Vec<Action>,
+    },
 }
 
 impl JobLedger {
@@ -95,7 +147,148 @@ impl JobLedger {
             history: VecDeque::new(),
             state: JobState::Running,
             deadlines,
+            verifying: None,
+            verified: false,
+            verify_owed: true,
+            assessment: None,
+            last_verification: None,
         }
+    }
+
+    /// Whether the NIC table comes from every rank's report (see [`crate::verify`]).
+    pub fn is_verified(&self) -> bool {
+        self.verified
+    }
+
+    /// The verification round in flight.
+    pub fn verifying(&self) -> Option<&Verification> {
+        self.verifying.as_ref()
+    }
+
+    /// The last verification round's report.
+    pub fn last_verification(&self) -> Option<&VerifyReport> {
+        self.last_verification.as_ref()
+    }
+
+    /// Whether a verification round should start now: one is owed, every rank is registered,
+    /// and neither an operation nor a round runs.
+    pub fn verify_due(&self) -> bool {
+        self.verify_owed
+            && self.in_flight.is_none()
+            && self.verifying.is_none()
+            && self.workers.len() == self.table.world_size()
+    }
+
+    /// Starts a verification round under `id` (see [`JobLedger::verify_due`]).
+    pub fn start_verification(&mut self, id: OperationId, now: Duration) -> Vec<Action> {
+        let (v, actions) =
+            Verification::start(id, self.workers.keys().copied(), self.deadlines.resume, now);
+        self.verify_owed = false;
+        self.verifying = Some(v);
+        actions
+    }
+
+    fn settle_verification(&mut self, report: VerifyReport) -> Vec<Action> {
+        self.verifying = None;
+        match report.job_state() {
+            Some(state) => {
+                let a = report.assessment.clone().unwrap_or_default();
+                self.on_backup = a.on_backup.clone();
+                self.state = state;
+                self.verified = true;
+                self.assessment = Some(a);
+            }
+            // Some rank did not answer: nothing is established; ask again when it returns.
+            None => {
+                self.verified = false;
+                self.verify_owed = true;
+                if self.state == JobState::Running {
+                    self.state = JobState::NeedsRecovery;
+                }
+            }
+        }
+        self.last_verification = Some(report.clone());
+        vec![Action::Verified(Box::new(report))]
+    }
+
+    /// Starts a recovery of a job that is not running (see [`RecoverTo`]). Ranks in doubt are
+    /// the targets of the operation that left the job this way and the ranks of every group
+    /// the last verification found disagreeing.
+    pub fn recover(
+        &mut self,
+        to: RecoverTo,
+        id: OperationId,
+        now: Duration,
+    ) -> Result<RecoveryStarted, SubmitError> {
+        if let Some(op) = &self.in_flight {
+            return Err(SubmitError::Busy { in_flight: op.id() });
+        }
+        if let Some(v) = &self.verifying {
+            return Err(SubmitError::Busy { in_flight: v.id() });
+        }
+        if self.state == JobState::Running && self.verified {
+            return Err(SubmitError::NothingToRecover { state: self.state });
+        }
+        self.check_registered()?;
+        let doubt = self.ranks_in_doubt();
+        if doubt.is_empty() {
+            let actions = self.start_verification(id, now);
+            return Ok(RecoveryStarted::Verification { id, actions });
+        }
+        let targets = doubt
+            .into_iter()
+            .filter_map(|rank| {
+                let slot = self.table.slot(rank)?;
+                let use_backup = match to {
+                    RecoverTo::Primary => false,
+                    RecoverTo::Backup => true,
+                    RecoverTo::AsIs => self.on_backup.contains(&rank),
+                };
+                Some(crate::command::RankTarget {
+                    node: slot.node.clone(),
+                    device: slot.device,
+                    rank,
+                    use_backup,
+                })
+            })
+            .collect();
+        let plan = crate::command::SwitchPlan { targets };
+        let (op, actions) =
+            Operation::start_recovery(id, plan, self.table.all_ranks(), self.deadlines, now);
+        self.in_flight = Some(op);
+        let actions = self.settle(actions);
+        Ok(RecoveryStarted::Operation { id, actions })
+    }
+
+    /// Ranks whose NIC state is not known to agree across their groups.
+    fn ranks_in_doubt(&self) -> BTreeSet<GlobalRank> {
+        let mut doubt: BTreeSet<GlobalRank> = self
+            .assessment
+            .as_ref()
+            .map(Assessment::ranks_in_doubt)
+            .unwrap_or_default();
+        if let Some(last) = self.history.back() {
+            if last.job_state != JobState::Running {
+                doubt.extend(last.targets.iter().map(|t| t.rank));
+            }
+        }
+        doubt
+    }
+
+    fn check_registered(&self) -> Result<(), SubmitError> {
+        if self.workers.len() < self.table.world_size() {
+            let missing: Vec<GlobalRank> = self
+                .table
+                .all_ranks()
+                .filter(|r| !self.workers.contains_key(r))
+                .collect();
+            return Err(SubmitError::WorkersMissing {
+                registered: self.workers.len(),
+                expected: self.table.world_size(),
+                missing: short_list(&missing),
+            });
+        }
+        Ok(())
     }
 
     pub fn job(&self) -> &JobId {
@@ -137,6 +330,10 @@ impl JobLedger {
                 got: hello.node,
             });
         }
+        // A process that registers again (a reconnect, or a new process on primary) may
+        // have another NIC configuration than the table says: ask every rank again.
+        self.verify_owed = true;
+        self.verified = false;
         self.workers.insert(hello.rank, hello);
         Ok(())
     }
@@ -197,21 +394,14 @@ impl JobLedger {
             }
             return Err(SubmitError::Busy { in_flight: op.id() });
         }
-        if self.state != JobState::Running {
-            return Err(SubmitError::NotRunning { state: self.state });
+        if let Some(v) = &self.verifying {
+            return Err(SubmitError::Busy { in_flight: v.id() });
         }
         let plan = cmd.resolve(&self.table)?;
-        if self.workers.len() < self.table.world_size() {
-            let missing: Vec<GlobalRank> = self
-                .table
-                .all_ranks()
-                .filter(|r| !self.workers.contains_key(r))
-                .collect();
-            return Err(SubmitError::WorkersMissing {
-                registered: self.workers.len(),
-                expected: self.table.world_size(),
-                missing: short_list(&missing),
-            });
+        // Missing ranks first: the most specific reason while a lost process is away.
+        self.check_registered()?;
+        if self.state != JobState::Running {
+            return Err(SubmitError::NotRunning { state: self.state });
         }
         // Every rank calls HCCL (not only targets), so every rank must be able to switch.
         let unable: Vec<(GlobalRank, SwitchCapabilities)> = self
@@ -238,6 +428,13 @@ impl JobLedger {
                 missing: common.missing().join(", "),
             });
         }
+        if !self.verified {
+            let why = match &self.last_verification {
+                Some(v) if !v.missing.is_empty() => v.to_string(),
+                _ => "the round runs once every rank is registered".to_string(),
+            };
+            return Err(SubmitError::Unverified { why });
+        }
         let previous = plan
             .targets
             .iter()
@@ -256,19 +453,56 @@ impl JobLedger {
         Ok(Submitted::Started { id, actions })
     }
 
-    /// Feeds an event to the operation in flight (ignored when none is).
+    /// Feeds an event to the operation or verification round in flight (ignored when none
+    /// is).
     pub fn handle(&mut self, event: Event, now: Duration) -> Vec<Action> {
-        let Some(op) = self.in_flight.as_mut() else {
+        if let Some(op) = self.in_flight.as_mut() {
+            let actions = op.handle(event, now);
+            return self.settle(actions);
+        }
+        let Some(v) = self.verifying.as_mut() else {
             return Vec::new();
         };
-        let actions = op.handle(event, now);
-        self.settle(actions)
+        let step = match event {
+            Event::Replies(nr) => v.on_replies(nr, now),
+            Event::Deadline { token } => v.on_deadline(token, now),
+            Event::WorkerLost { rank, .. } => v.on_lost(rank, now),
+            Event::Abort { .. } => {
+                // Nothing to undo: a round changes nothing.
+                self.verifying = None;
+                self.verify_owed = true;
+                None
+            }
+        };
+        match step {
+            None => Vec::new(),
+            Some(VerifyStep::Act(actions)) => actions,
+            Some(VerifyStep::Done(report)) => self.settle_verification(report),
+        }
     }
 
-    /// A worker is gone. Fails the operation in flight, if any, and unregisters the rank.
+    /// A worker is gone. Fails the operation in flight, if any, and unregisters the rank. A
+    /// job that loses a process needs recovery: it returns to running once the rank registers
+    /// again and a verification round finds every group agreeing.
     pub fn worker_lost(&mut self, rank: GlobalRank, reason: String, now: Duration) -> Vec<Action> {
-        self.workers.remove(&rank);
-        self.handle(Event::WorkerLost { rank, reason }, now)
+        if self.workers.remove(&rank).is_none() {
+            return Vec::new();
+        }
+        self.verify_owed = true;
+        self.verified = false;
+        let busy = self.in_flight.is_some() || self.verifying.is_some();
+        let actions = self.handle(Event::WorkerLost { rank, reason }, now);
+        if !busy && self.state == JobState::Running {
+            self.state = JobState::NeedsRecovery;
+        }
+        actions
+    }
+
+    /// Ends the operation in flight safely because the manager is stopping (see
+    /// [`Event::Abort`]); the actions still have to be carried out, and its result comes
+    /// as usual.
+    pub fn abort(&mut self, reason: String, now: Duration) -> Vec<Action> {
+        self.handle(Event::Abort { reason }, now)
     }
 
     /// The phase of the operation in flight.
@@ -290,6 +524,23 @@ impl JobLedger {
                     }
                 }
                 self.state = report.job_state;
+                match report.job_state {
+                    // Back to running by itself once every lost rank returns and agrees.
+                    JobState::NeedsRecovery => {
+                        self.verify_owed = true;
+                        self.verified = false;
+                    }
+                    // Confirm a recovery with every rank's report.
+                    JobState::Running
+                        if self.in_flight.as_ref().map(Operation::kind)
+                            == Some(crate::operation::OperationKind::Recovery)
+                            && report.outcome == Outcome::Succeeded =>
+                    {
+                        self.verify_owed = true;
+                        self.verified = false;
+                    }
+                    _ => {}
+                }
                 self.history.push_back((**report).clone());
                 if self.history.len() > HISTORY_LEN {
                     self.history.pop_front();
@@ -298,10 +549,5 @@ impl JobLedger {
             }
         }
         actions
-    }
-
-    /// Clears a `paused` or `needs_recovery` state once an operator has repaired the job.
-    pub fn acknowledge_recovery(&mut self) {
-        self.state = JobState::Running;
     }
 }

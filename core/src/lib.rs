@@ -27,6 +27,7 @@ pub mod operation;
 pub mod planner;
 pub mod protocol;
 pub mod rank_table;
+pub mod verify;
 
 pub use command::{Direction, RankTarget, SwitchCommand, SwitchPlan, ValidationError};
 pub use hal::{

@@ -55,7 +55,7 @@ impl PhaseDeadlines {
             Phase::Sample | Phase::Pause => self.pause,
             Phase::Switch => self.switch,
             Phase::Rollback => self.rollback,
-            Phase::Resume => self.resume,
+            Phase::Resume | Phase::Verify => self.resume,
         }
     }
 }
@@ -69,6 +69,21 @@ pub enum Event {
     Deadline { token: u64 },
     /// A worker is gone (connection closed, heartbeats missed).
     WorkerLost { rank: GlobalRank, reason: String },
+    /// The manager is stopping: end the operation safely now (roll back what may have been
+    /// switched, open the gates) instead of leaving ranks held.
+    Abort { reason: String },
+}
+
+/// What an operation is for.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OperationKind {
+    /// An operator's (or a policy's) switch: a failure rolls back and resumes.
+    Switch,
+    /// An operator's recovery of a job whose groups may disagree: it re-states one NIC
+    /// configuration for the ranks in doubt. A failure never resumes (there is no consistent
+    /// state to go back to): the job stays held for the operator.
+    Recovery,
 }
 
 /// Output of the machine, to be carried out in order.
@@ -84,6 +99,8 @@ pub enum Action {
     },
     /// The one final result. Nothing follows it.
     Finish(Box<OperationReport>),
+    /// A verification round ended (see [`crate::verify`]); the ledger has applied it.
+    Verified(Box<crate::verify::VerifyReport>),
 }
 
 /// How an operation ended.
@@ -117,6 +134,12 @@ pub enum JobState {
     Paused,
     /// A process is gone; the job needs process-level recovery.
     NeedsRecovery,
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl JobState {
@@ -169,6 +192,8 @@ pub enum OperationError {
         got: u64,
         expected: u64,
     },
+    #[error("aborted during {phase}: {reason}")]
+    Aborted { phase: Phase, reason: String },
 }
 
 /// Time spent in each phase; `None` where the phase did not run.
@@ -216,6 +241,7 @@ pub struct OperationReport {
 #[derive(Clone, Debug)]
 pub struct Operation {
     id: OperationId,
+    kind: OperationKind,
     plan: SwitchPlan,
     previous: Vec<(GlobalRank, bool)>,
     deadlines: PhaseDeadlines,
@@ -270,6 +296,7 @@ impl Operation {
             .collect();
         let mut op = Operation {
             id,
+            kind: OperationKind::Switch,
             plan,
             previous,
             deadlines,
@@ -304,8 +331,28 @@ impl Operation {
         (op, actions)
     }
 
+    /// Starts a recovery (see [`OperationKind::Recovery`]): `plan` re-states the ranks in
+    /// doubt; `previous` is what the rollback re-applies if the re-statement fails on some
+    /// rank before the others made their calls.
+    pub fn start_recovery(
+        id: OperationId,
+        plan: SwitchPlan,
+        ranks: impl IntoIterator<Item = GlobalRank>,
+        deadlines: PhaseDeadlines,
+        now: Duration,
+    ) -> (Operation, Vec<Action>) {
+        let (mut op, actions) = Operation::start(id, plan, Vec::new(), ranks, deadlines, now);
+        op.kind = OperationKind::Recovery;
+        (op, actions)
+    }
+
     pub fn id(&self) -> OperationId {
         self.id
+    }
+
+    /// What the operation is for.
+    pub fn kind(&self) -> OperationKind {
+        self.kind
     }
 
     pub fn phase(&self) -> Phase {
@@ -355,6 +402,15 @@ impl Operation {
                     phase: self.phase,
                     reason,
                 });
+            }
+            Event::Abort { reason } => {
+                // Not in the rollback or the resume: those are already the safe way out.
+                if matches!(self.phase, Phase::Sample | Phase::Pause | Phase::Switch) {
+                    self.fail(OperationError::Aborted {
+                        phase: self.phase,
+                        reason,
+                    });
+                }
             }
         }
         self.advance(now)
@@ -407,6 +463,8 @@ impl Operation {
                     }
                 }
                 ReplyBody::Applied { calls } => self.record_calls(r.rank, &calls),
+                // Not an answer to any phase of an operation (`body_answers` filtered it).
+                ReplyBody::Verified(_) => {}
                 ReplyBody::Resumed { stalled } => {
                     self.stall = Some(self.stall.map_or(stalled, |s| s.max(stalled)))
                 }
@@ -561,6 +619,7 @@ impl Operation {
                 self.durations.resume = Some(now - self.phase_started);
                 self.finish(now)
             }
+            Phase::Verify => Vec::new(),
         }
     }
 
@@ -570,11 +629,18 @@ impl Operation {
         match self.phase {
             Phase::Sample | Phase::Pause | Phase::Switch => self.error.is_some(),
             Phase::Rollback => self.rollback_error.is_some(),
-            Phase::Resume => false,
+            Phase::Resume | Phase::Verify => false,
         }
     }
 
     fn after_failure(&mut self, now: Duration) -> Vec<Action> {
+        if self.kind == OperationKind::Recovery
+            && matches!(self.phase, Phase::Sample | Phase::Pause | Phase::Switch)
+        {
+            // No consistent state to go back to: keep every gate shut for the operator.
+            self.record_failed_phase(now);
+            return self.finish(now);
+        }
         match self.phase {
             // Nothing was changed yet: open the gates.
             Phase::Sample | Phase::Pause => {
@@ -594,10 +660,19 @@ impl Operation {
                 self.finish(now)
             }
             // The gates may not all be open: the job is not known to run.
-            Phase::Resume => {
+            Phase::Resume | Phase::Verify => {
                 self.durations.resume = Some(now - self.phase_started);
                 self.finish(now)
             }
+        }
+    }
+
+    /// Records how long the phase that just failed ran.
+    fn record_failed_phase(&mut self, now: Duration) {
+        match self.phase {
+            Phase::Sample | Phase::Pause => self.durations.pause = Some(now - self.started),
+            Phase::Switch => self.durations.switch = Some(now - self.phase_started),
+            _ => {}
         }
     }
 

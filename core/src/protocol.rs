@@ -25,6 +25,8 @@ pub enum Phase {
     Rollback,
     /// Every rank opens its step gate.
     Resume,
+    /// Every rank reports what it has applied and where its gate stands (no operation runs).
+    Verify,
 }
 
 impl Phase {
@@ -35,6 +37,7 @@ impl Phase {
             Phase::Switch => "switch",
             Phase::Rollback => "rollback",
             Phase::Resume => "resume",
+            Phase::Verify => "verify",
         }
     }
 }
@@ -60,6 +63,7 @@ impl Directive {
             DirectiveKind::Switch { .. } => Phase::Switch,
             DirectiveKind::Rollback { .. } => Phase::Rollback,
             DirectiveKind::Resume => Phase::Resume,
+            DirectiveKind::Verify => Phase::Verify,
         }
     }
 }
@@ -75,8 +79,12 @@ pub enum DirectiveKind {
     Switch { targets: Vec<(GlobalRank, bool)> },
     /// Same as `Switch`, with the previous NIC state of the targets.
     Rollback { targets: Vec<(GlobalRank, bool)> },
-    /// Open the step gate.
+    /// Open the step gate, if it serves this operation (a gate serving another operation
+    /// stays as it is, and the rank answers how long it was held: zero).
     Resume,
+    /// Report the NIC configuration applied to every group and the gate's state
+    /// ([`ReplyBody::Verified`]). Changes nothing.
+    Verify,
 }
 
 /// One NIC-set call a rank made, as it reports it for cross-rank agreement checks.
@@ -107,8 +115,39 @@ pub enum ReplyBody {
     Applied { calls: Vec<AppliedCall> },
     /// The gate is open; training was held for `stalled`.
     Resumed { stalled: Duration },
+    /// The answer to [`DirectiveKind::Verify`].
+    Verified(WorkerReport),
     /// The directive failed on this rank.
     Failed(RankError),
+}
+
+/// What one rank has applied, per group, and where its step gate stands: the truth a manager
+/// (a restarted one too) rebuilds its NIC table from.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerReport {
+    /// Every group of the process, sorted by name.
+    pub groups: Vec<GroupView>,
+    pub gate: GateReport,
+}
+
+/// The NIC configuration one rank has applied to one group: which members it set to their
+/// backup NIC (every other member uses its primary, HCCL's default for a new group).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupView {
+    pub group: String,
+    /// Members of the group (every one of them must report the same view).
+    pub size: u32,
+    /// Members on their backup NIC, ascending.
+    pub on_backup: Vec<GlobalRank>,
+}
+
+/// Where a rank's step gate stands.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateReport {
+    /// The operation the gate serves (armed for it), if any.
+    pub op: Option<OperationId>,
+    /// The step after which training is held now, if it is.
+    pub held_after: Option<u64>,
 }
 
 /// Why a directive failed on a rank.

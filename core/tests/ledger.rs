@@ -6,10 +6,14 @@
 mod common;
 
 use common::*;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
-use taskd_core::ledger::{RegisterError, Submitted, HISTORY_LEN};
-use taskd_core::protocol::{Directive, DirectiveKind, NodeReply, Phase, ReplyBody, WorkerHello};
+use taskd_core::ledger::{RecoverTo, RecoveryStarted, RegisterError, Submitted, HISTORY_LEN};
+use taskd_core::operation::OperationError;
+use taskd_core::protocol::{
+    Directive, DirectiveKind, GateReport, NodeReply, Phase, ReplyBody, WorkerHello, WorkerReport,
+};
+use taskd_core::verify::VerifyReport;
 use taskd_core::{
     Action, DeviceId, Event, GlobalRank, HcclCode, JobId, JobLedger, JobState, NodeName,
     OperationId, OperationReport, Outcome, SubmitError, SwitchCapabilities, SwitchCommand,
@@ -25,7 +29,8 @@ fn hello(layout: &Layout, rank: u32, capabilities: SwitchCapabilities) -> Worker
     }
 }
 
-/// A ledger with every worker of `layout` registered and able to switch.
+/// A ledger with every worker of `layout` registered and able to switch, its NIC
+/// configuration verified (every rank on primary).
 fn ledger(layout: &Layout) -> JobLedger {
     let mut l = JobLedger::new(job(), layout.table.clone(), DEADLINES);
     for r in 0..layout.world() {
@@ -33,7 +38,97 @@ fn ledger(layout: &Layout) -> JobLedger {
             .expect("valid registration");
     }
     assert_eq!(l.registered(), layout.world() as usize);
+    let v = verify(&mut l, layout, &BTreeSet::new(), secs(0));
+    assert_eq!(v.job_state(), Some(JobState::Running), "{v}");
     l
+}
+
+/// Runs a verification round in which every rank reports `backup` on its backup NIC with an
+/// open gate; returns its report.
+fn verify(
+    l: &mut JobLedger,
+    layout: &Layout,
+    backup: &BTreeSet<GlobalRank>,
+    now: Duration,
+) -> VerifyReport {
+    assert!(l.verify_due(), "a verification is owed");
+    verify_with(l, layout, now, op_id(0xfeed), |r| {
+        layout.report(r, backup, GateReport::default())
+    })
+}
+
+/// Starts a round under `id` and answers it with `report` for every rank.
+fn verify_with(
+    l: &mut JobLedger,
+    layout: &Layout,
+    now: Duration,
+    id: OperationId,
+    report: impl Fn(GlobalRank) -> WorkerReport,
+) -> VerifyReport {
+    let a = l.start_verification(id, now);
+    answer_verification(l, layout, a, now, report)
+}
+
+/// Answers a verification round's broadcasts (and any resume of orphaned gates) until it ends.
+fn answer_verification(
+    l: &mut JobLedger,
+    layout: &Layout,
+    first: Vec<Action>,
+    now: Duration,
+    report: impl Fn(GlobalRank) -> WorkerReport,
+) -> VerifyReport {
+    let mut todo = first;
+    for _ in 0..8 {
+        let Some(d) = broadcasts(&todo).last().map(|d| (*d).clone()) else {
+            panic!("no broadcast in {todo:?}");
+        };
+        let replies = match d.kind {
+            DirectiveKind::Verify => layout.verified(d.op, &report),
+            DirectiveKind::Resume => {
+                // Only the gates of an orphaned operation are opened, under its own id.
+                assert!(layout
+                    .ranks()
+                    .iter()
+                    .any(|r| report(*r).gate.op == Some(d.op)));
+                let mut by_node: BTreeMap<NodeName, Vec<_>> = BTreeMap::new();
+                for r in layout.ranks() {
+                    by_node
+                        .entry(layout.node_of(r))
+                        .or_default()
+                        .push(rank_reply(
+                            d.op,
+                            r.0,
+                            Phase::Resume,
+                            ReplyBody::Resumed { stalled: secs(0) },
+                        ));
+                }
+                by_node
+                    .into_iter()
+                    .map(|(node, replies)| NodeReply {
+                        node,
+                        op: d.op,
+                        phase: Phase::Resume,
+                        replies,
+                        health: vec![],
+                    })
+                    .collect()
+            }
+            other => panic!("unexpected directive {other:?}"),
+        };
+        let mut next = Vec::new();
+        for nr in replies {
+            next = l.handle(Event::Replies(nr), now);
+            if !next.is_empty() {
+                break;
+            }
+        }
+        if let Some(Action::Verified(v)) = next.last() {
+            assert!(l.verifying().is_none());
+            return (**v).clone();
+        }
+        todo = next;
+    }
+    panic!("the verification did not end");
 }
 
 /// Everything a refused command must leave as it was.
@@ -90,6 +185,7 @@ fn drive(
                 }
                 Action::ArmDeadline { token: t, .. } => token = Some(*t),
                 Action::Broadcast(d) => sent.push(d.clone()),
+                Action::Verified(v) => panic!("no verification runs during an operation: {v}"),
             }
         }
         let d = sent.last().expect("a directive was sent").clone();
@@ -108,6 +204,7 @@ fn drive(
                         }
                     }
                     DirectiveKind::Resume => ReplyBody::Resumed { stalled: secs(1) },
+                    DirectiveKind::Verify => panic!("an operation never verifies"),
                 },
             };
             by_node
@@ -381,13 +478,15 @@ fn missing_workers_are_named() {
         vec![]
     );
     assert!(!l.is_registered(GlobalRank(4)));
-    assert_eq!(l.state(), JobState::Running);
+    assert_eq!(l.state(), JobState::NeedsRecovery);
     assert!(matches!(
         l.submit(&layout.command(&[(1, true)]), op_id(2), secs(2)),
         Err(SubmitError::WorkersMissing { registered: 7, ref missing, .. }) if missing == "4"
     ));
     l.register(hello(&layout, 4, SwitchCapabilities::ALL))
         .unwrap();
+    verify(&mut l, &layout, &BTreeSet::new(), secs(3));
+    assert_eq!(l.state(), JobState::Running);
     start(&mut l, &layout.command(&[(1, true)]), op_id(2), secs(3));
 }
 
@@ -541,8 +640,9 @@ fn a_rank_that_cannot_switch_refuses_the_command() {
                 })
             );
             assert_eq!(snapshot(&l), before);
-            // Fixed and restarted: it runs.
+            // Fixed and restarted: once its report agrees, it runs.
             l.register(hello(&layout, rank, all)).unwrap();
+            verify(&mut l, &layout, &BTreeSet::new(), secs(0));
             start(&mut l, &layout.command(&[(1, true)]), op_id(1), secs(0));
         }
     }
@@ -601,9 +701,90 @@ fn after_a_failed_rollback_the_job_is_not_running_until_acknowledged() {
         Ok(Submitted::Known(k)) if *k == r
     ));
 
-    l.acknowledge_recovery();
+    // The operator re-states the ranks in doubt (the failed operation's targets) as the NIC
+    // table has them; every group then agrees again and the job runs.
+    let started = l.recover(RecoverTo::AsIs, op_id(3), now).unwrap();
+    let RecoveryStarted::Operation { id, actions } = started else {
+        panic!("ranks are in doubt: {started:?}");
+    };
+    assert_eq!(id, op_id(3));
+    let (rec, sent) = drive(&mut l, &layout, actions, &mut now, |_, _| Answer::Correct);
+    assert_eq!(rec.outcome, Outcome::Succeeded, "{rec}");
+    assert!(sent.iter().any(|d| matches!(&d.kind, DirectiveKind::Switch { targets } if targets.iter().any(|(r, b)| r.0 == 6 && !*b))));
     assert_eq!(l.state(), JobState::Running);
+    // A round confirms the recovery before the next switch is admitted.
+    assert!(matches!(
+        l.submit(&layout.command(&[(6, true)]), op_id(2), now),
+        Err(SubmitError::Unverified { .. })
+    ));
+    verify(&mut l, &layout, &BTreeSet::new(), now);
     start(&mut l, &layout.command(&[(6, true)]), op_id(2), now);
+}
+
+#[test]
+fn an_abort_before_the_switch_resumes_at_once() {
+    let layout = Layout::new(2, 4);
+    let mut l = ledger(&layout);
+    let mut now = secs(10);
+    let a = start(&mut l, &layout.command(&[(2, true)]), op_id(2), now);
+    assert_eq!(broadcast_phases(&a), vec![Phase::Sample]);
+    let a = l.abort("the manager is stopping (SIGTERM)".into(), now);
+    assert_eq!(
+        broadcast_phases(&a),
+        vec![Phase::Resume],
+        "nothing was switched: resume"
+    );
+    let (r, _) = drive(&mut l, &layout, a, &mut now, |_, _| Answer::Correct);
+    assert!(
+        matches!(
+            r.error,
+            Some(OperationError::Aborted {
+                phase: Phase::Sample,
+                ..
+            })
+        ),
+        "{r}"
+    );
+    assert_eq!(r.job_state, JobState::Running);
+    assert_eq!(l.state(), JobState::Running);
+}
+
+#[test]
+fn a_failed_recovery_keeps_every_gate_shut() {
+    let layout = Layout::new(2, 4);
+    let mut l = ledger(&layout);
+    let mut now = secs(10);
+    let a = start(&mut l, &layout.command(&[(2, true)]), op_id(1), now);
+    let (r, _) = drive(&mut l, &layout, a, &mut now, |phase, r| match (phase, r) {
+        (Phase::Switch, 2) => {
+            Answer::Body(ReplyBody::Failed(hal_failure("world", HcclCode::Network)))
+        }
+        (Phase::Rollback, 2) => Answer::Silent,
+        _ => Answer::Correct,
+    });
+    assert_eq!(r.job_state, JobState::Paused);
+    let RecoveryStarted::Operation { actions, .. } =
+        l.recover(RecoverTo::Primary, op_id(2), now).unwrap()
+    else {
+        panic!("rank 2 is in doubt");
+    };
+    let (rec, sent) = drive(&mut l, &layout, actions, &mut now, |phase, r| {
+        match (phase, r) {
+            (Phase::Switch, 5) => {
+                Answer::Body(ReplyBody::Failed(hal_failure("dp_1", HcclCode::Timeout)))
+            }
+            _ => Answer::Correct,
+        }
+    });
+    assert_eq!(rec.outcome, Outcome::Failed);
+    assert!(
+        !sent.iter().any(|d| d.kind == DirectiveKind::Resume),
+        "{sent:?}"
+    );
+    assert!(!sent
+        .iter()
+        .any(|d| matches!(d.kind, DirectiveKind::Rollback { .. })));
+    assert_eq!(l.state(), JobState::Paused);
 }
 
 #[test]
@@ -627,20 +808,113 @@ fn a_worker_lost_mid_operation_leaves_the_job_needing_recovery() {
     assert_eq!(r.outcome, Outcome::Failed);
     assert_eq!(r.lost_ranks, vec![GlobalRank(3)]);
     assert_eq!(l.state(), JobState::NeedsRecovery);
-    assert_eq!(
-        l.submit(&layout.command(&[(1, true)]), op_id(2), now),
-        Err(SubmitError::NotRunning {
-            state: JobState::NeedsRecovery
-        })
-    );
-    l.acknowledge_recovery();
     assert!(matches!(
         l.submit(&layout.command(&[(1, true)]), op_id(2), now),
+        Err(SubmitError::WorkersMissing { ref missing, .. }) if missing == "3"
+    ));
+    assert!(matches!(
+        l.recover(RecoverTo::AsIs, op_id(9), now),
         Err(SubmitError::WorkersMissing { .. })
     ));
+    assert!(!l.verify_due());
     l.register(hello(&layout, 3, SwitchCapabilities::ALL))
         .unwrap();
+    // The lost rank is back: a verification round finds every group agreeing, and the job
+    // runs again by itself.
+    let v = verify(&mut l, &layout, &BTreeSet::new(), now);
+    assert_eq!(v.job_state(), Some(JobState::Running), "{v}");
+    assert_eq!(l.state(), JobState::Running);
     start(&mut l, &layout.command(&[(1, true)]), op_id(2), now);
+}
+
+#[test]
+fn a_restarted_manager_rebuilds_the_table_and_opens_orphaned_gates() {
+    let layout = Layout::new(2, 4);
+    let mut l = JobLedger::new(job(), layout.table.clone(), DEADLINES);
+    for r in 0..layout.world() {
+        l.register(hello(&layout, r, SwitchCapabilities::ALL))
+            .unwrap();
+    }
+    assert!(matches!(
+        l.submit(&layout.command(&[(1, true)]), op_id(2), secs(0)),
+        Err(SubmitError::Unverified { .. })
+    ));
+    // The previous manager died after the switch of ranks 1 and 5 was applied everywhere,
+    // before its resume: every gate holds for its operation.
+    let backup: BTreeSet<GlobalRank> = ranks(&[1, 5]).into_iter().collect();
+    let orphan = op_id(77);
+    let gate = GateReport {
+        op: Some(orphan),
+        held_after: Some(12),
+    };
+    let a = l.start_verification(op_id(3), secs(1));
+    let v = answer_verification(&mut l, &layout, a, secs(1), |r| {
+        layout.report(r, &backup, gate.clone())
+    });
+    assert_eq!(v.released, vec![orphan], "{v}");
+    assert_eq!(l.state(), JobState::Running);
+    assert_eq!(l.ranks_on_backup().collect::<Vec<_>>(), ranks(&[1, 5]));
+    start(&mut l, &layout.command(&[(1, false)]), op_id(4), secs(2));
+}
+
+#[test]
+fn a_restarted_manager_keeps_disagreeing_groups_held() {
+    let layout = Layout::new(2, 4);
+    let mut l = JobLedger::new(job(), layout.table.clone(), DEADLINES);
+    for r in 0..layout.world() {
+        l.register(hello(&layout, r, SwitchCapabilities::ALL))
+            .unwrap();
+    }
+    // Rank 6 did not apply the switch of rank 2 that every other rank applied.
+    let applied: BTreeSet<GlobalRank> = ranks(&[2]).into_iter().collect();
+    let gate = GateReport {
+        op: Some(op_id(77)),
+        held_after: Some(12),
+    };
+    let v = verify_with(&mut l, &layout, secs(1), op_id(3), |r| {
+        let b = if r.0 == 6 {
+            BTreeSet::new()
+        } else {
+            applied.clone()
+        };
+        layout.report(r, &b, gate.clone())
+    });
+    assert!(v.released.is_empty(), "{v}");
+    assert_eq!(l.state(), JobState::Paused);
+    let text = v.to_string();
+    assert!(
+        text.contains("world") && text.contains("ranks 6 say none on backup"),
+        "{text}"
+    );
+    assert!(matches!(
+        l.submit(&layout.command(&[(1, true)]), op_id(2), secs(2)),
+        Err(SubmitError::NotRunning {
+            state: JobState::Paused
+        })
+    ));
+    // Recovery re-states the ranks in doubt: every member of the groups that disagree.
+    let RecoveryStarted::Operation { actions, .. } =
+        l.recover(RecoverTo::Primary, op_id(4), secs(2)).unwrap()
+    else {
+        panic!("groups disagree: ranks are in doubt");
+    };
+    let mut now = secs(2);
+    let (rec, sent) = drive(&mut l, &layout, actions, &mut now, |_, _| Answer::Correct);
+    assert_eq!(rec.outcome, Outcome::Succeeded, "{rec}");
+    let switch = sent
+        .iter()
+        .find_map(|d| match &d.kind {
+            DirectiveKind::Switch { targets } => Some(targets.clone()),
+            _ => None,
+        })
+        .expect("a switch");
+    assert!(switch.iter().all(|(_, b)| !*b));
+    assert_eq!(
+        switch.len(),
+        layout.world() as usize,
+        "every member of world is in doubt"
+    );
+    assert_eq!(l.state(), JobState::Running);
 }
 
 // ---------------------------------------------------------------------------------------------

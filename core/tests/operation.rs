@@ -1082,3 +1082,38 @@ fn after_finish_every_event_is_ignored() {
     assert_eq!(h.log.len(), n);
     assert_eq!(h.report(), before);
 }
+
+#[test]
+fn an_abort_during_the_switch_rolls_back_then_resumes() {
+    let (mut h, _) = to_backup();
+    h.run_to_switch(100, 5);
+    let a = h.send(
+        Event::Abort {
+            reason: "the manager is stopping".into(),
+        },
+        secs(103),
+    );
+    assert_eq!(broadcast_phases(&a), vec![Phase::Rollback]);
+    // A second abort during the rollback changes nothing: the rollback is the way out.
+    let a = h.send(
+        Event::Abort {
+            reason: "again".into(),
+        },
+        secs(103),
+    );
+    assert!(a.is_empty());
+    let all = h.all_ranks();
+    h.applied(secs(104), Phase::Rollback, &all);
+    h.resumed(secs(105), &all);
+    let r = h.report();
+    assert_eq!(r.outcome, Outcome::Failed);
+    assert!(r.rolled_back && !r.applied);
+    assert!(matches!(
+        r.error,
+        Some(OperationError::Aborted {
+            phase: Phase::Switch,
+            ..
+        })
+    ));
+    assert_eq!(r.job_state, JobState::Running);
+}

@@ -210,6 +210,7 @@ impl World {
             Phase::Switch => 2,
             Phase::Rollback => 3,
             Phase::Resume => 4,
+            Phase::Verify => unreachable!("an operation never verifies"),
         };
         if self.wild & (1 << bit) != 0 {
             self.chaos
@@ -258,6 +259,7 @@ impl World {
                     self.tokens.push((token, at));
                 }
                 Action::Finish(r) => self.reports.push((*r, self.now)),
+                Action::Verified(v) => panic!("an operation never verifies: {v}"),
             }
         }
     }
@@ -273,7 +275,7 @@ impl World {
             Some(Phase::Pause) => matches!(phase, Phase::Switch | Phase::Resume),
             Some(Phase::Switch) => matches!(phase, Phase::Rollback | Phase::Resume),
             Some(Phase::Rollback) => phase == Phase::Resume,
-            Some(Phase::Resume) => false,
+            Some(Phase::Resume | Phase::Verify) => false,
         };
         assert!(allowed, "{prev:?} -> {phase}");
         match &d.kind {
@@ -311,6 +313,7 @@ impl World {
                 assert!(self.lost.is_empty() && !self.link_down_seen);
             }
             DirectiveKind::Rollback { targets } => assert_eq!(targets, &self.previous),
+            DirectiveKind::Verify => panic!("an operation never verifies"),
             DirectiveKind::Resume => {
                 // Never resume while a switch is unconfirmed.
                 if self.window(Phase::Switch).is_some() {
@@ -371,6 +374,7 @@ impl World {
             DirectiveKind::Resume => ReplyBody::Resumed {
                 stalled: Duration::from_millis(10 * u64::from(r.0)),
             },
+            DirectiveKind::Verify => unreachable!("an operation never verifies"),
         }
     }
 
@@ -407,6 +411,7 @@ impl World {
             },
             Phase::Switch | Phase::Rollback => ReplyBody::Resumed { stalled: secs(1) },
             Phase::Resume => ReplyBody::Applied { calls: vec![] },
+            Phase::Verify => unreachable!("an operation never verifies"),
         }
     }
 

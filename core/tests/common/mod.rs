@@ -5,11 +5,13 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::time::Duration;
 use taskd_core::command::Target;
 use taskd_core::operation::PhaseDurations;
 use taskd_core::protocol::{
-    AppliedCall, Directive, DirectiveKind, NodeReply, Phase, RankError, RankReply, ReplyBody,
+    AppliedCall, Directive, DirectiveKind, GateReport, GroupView, NodeReply, Phase, RankError,
+    RankReply, ReplyBody, WorkerReport,
 };
 use taskd_core::{
     plan_calls, Action, DeviceId, Event, GlobalRank, GroupInfo, HalError, HcclCode, JobId,
@@ -117,6 +119,59 @@ impl Layout {
             .find(|g| g.name == name)
             .map(|g| g.members.len())
             .expect("known group")
+    }
+
+    /// What a correct worker of rank `r` reports to a verification when `backup` are the
+    /// ranks on their backup NIC (every group agreeing) and its gate is as `gate` says.
+    pub fn report(
+        &self,
+        r: GlobalRank,
+        backup: &BTreeSet<GlobalRank>,
+        gate: GateReport,
+    ) -> WorkerReport {
+        let mut groups: Vec<GroupView> = self
+            .groups_of(r)
+            .into_iter()
+            .map(|g| GroupView {
+                size: g.members.len() as u32,
+                on_backup: g
+                    .members
+                    .iter()
+                    .filter(|m| backup.contains(m))
+                    .copied()
+                    .collect(),
+                group: g.name,
+            })
+            .collect();
+        groups.sort_by(|a, b| a.group.cmp(&b.group));
+        WorkerReport { groups, gate }
+    }
+
+    /// The node replies of every rank to verification `op`, each reporting `report(rank)`.
+    pub fn verified(
+        &self,
+        op: OperationId,
+        report: impl Fn(GlobalRank) -> WorkerReport,
+    ) -> Vec<NodeReply> {
+        let mut by_node: BTreeMap<NodeName, Vec<RankReply>> = BTreeMap::new();
+        for r in self.ranks() {
+            by_node.entry(self.node_of(r)).or_default().push(rank_reply(
+                op,
+                r.0,
+                Phase::Verify,
+                ReplyBody::Verified(report(r)),
+            ));
+        }
+        by_node
+            .into_iter()
+            .map(|(node, replies)| NodeReply {
+                node,
+                op,
+                phase: Phase::Verify,
+                replies,
+                health: vec![],
+            })
+            .collect()
     }
 
     /// What a correct worker of rank `r` reports after applying `targets`.

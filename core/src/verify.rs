@@ -1,0 +1,491 @@
+//! The verification round: how a manager learns the truth about a job it did not watch.
+//!
+//! A manager that starts (first start or restart), a job that lost a process, and an operator's
+//! recovery all need the same answer: which NIC configuration every rank has applied to every
+//! group, and whether any gate is held for an operation nobody runs any more. The manager asks
+//! every rank ([`DirectiveKind::Verify`]); each answers with a [`WorkerReport`]; [`assess`]
+//! turns the answers into one [`Assessment`].
+//!
+//! The rules the manager then follows (the recovery contract, README "Recovery"):
+//!
+//! - Every group agrees (every member reported the same members on backup, and every rank is on
+//!   the same side in each of its groups): the NIC table is rebuilt from the reports, gates held
+//!   for an orphaned operation are opened ([`DirectiveKind::Resume`] under that operation's id)
+//!   and the job is `running`.
+//! - Some group disagrees: nothing is opened. The job is `paused` if any gate holds (resuming
+//!   onto disagreeing groups hangs or corrupts training) and `needs_recovery` otherwise; the
+//!   assessment names the groups and ranks, and only an operator's `recover` moves on.
+//! - A rank does not answer before the deadline: the job stays as it was declared and the round
+//!   is repeated when the rank registers again.
+//!
+//! [`Verification`] is the round as a pure machine, driven by the ledger like an operation.
+
+use crate::display::short_list;
+use crate::ids::{GlobalRank, OperationId};
+use crate::operation::{Action, JobState};
+use crate::protocol::{Directive, DirectiveKind, NodeReply, Phase, ReplyBody, WorkerReport};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::Duration;
+
+/// Deadline tokens of verification rounds live above this, apart from an operation's.
+const TOKEN_BASE: u64 = 1 << 40;
+
+/// A group whose members do not agree, or a rank whose groups do not.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Disagreement {
+    /// The group (or, for a rank on different sides in its groups, the groups named).
+    pub group: String,
+    /// The ranks involved.
+    pub ranks: Vec<GlobalRank>,
+    /// What differs, for a person.
+    pub detail: String,
+}
+
+impl fmt::Display for Disagreement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.group, self.detail)
+    }
+}
+
+/// What the reports of every rank say about the job.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assessment {
+    /// Ranks some group has on its backup NIC, ascending (the rebuilt NIC table).
+    pub on_backup: BTreeSet<GlobalRank>,
+    /// Empty when every group agrees.
+    pub disagreements: Vec<Disagreement>,
+    /// Ranks whose gate is armed or holds for an operation, by operation.
+    pub gates: BTreeMap<OperationId, Vec<GlobalRank>>,
+    /// Ranks that hold training now.
+    pub held: Vec<GlobalRank>,
+}
+
+impl Assessment {
+    /// Whether every group agrees on its NIC configuration.
+    pub fn consistent(&self) -> bool {
+        self.disagreements.is_empty()
+    }
+
+    /// Every rank involved in a disagreement, ascending.
+    pub fn ranks_in_doubt(&self) -> BTreeSet<GlobalRank> {
+        self.disagreements
+            .iter()
+            .flat_map(|d| d.ranks.iter().copied())
+            .collect()
+    }
+
+    /// The job's state if nothing else is known: running when consistent, otherwise paused
+    /// (a gate holds) or needs_recovery.
+    pub fn job_state(&self) -> JobState {
+        match (self.consistent(), self.held.is_empty()) {
+            (true, _) => JobState::Running,
+            (false, false) => JobState::Paused,
+            (false, true) => JobState::NeedsRecovery,
+        }
+    }
+}
+
+/// Judges the reports of every rank. Groups are compared across their members; each rank's
+/// side is compared across its groups. Pure and total: any set of reports gives an answer.
+pub fn assess(reports: &BTreeMap<GlobalRank, WorkerReport>) -> Assessment {
+    let mut a = Assessment::default();
+    // group -> (size, on_backup view -> reporting ranks)
+    type Views<'a> = BTreeMap<&'a [GlobalRank], Vec<GlobalRank>>;
+    let mut groups: BTreeMap<&str, (u32, Views)> = BTreeMap::new();
+    for (rank, report) in reports {
+        // A rank is a member of each group it reports: its side must be the same in all.
+        let (on, off): (Vec<_>, Vec<_>) = report
+            .groups
+            .iter()
+            .partition(|v| v.on_backup.contains(rank));
+        if !on.is_empty() && !off.is_empty() {
+            let on: Vec<&str> = on.iter().map(|v| v.group.as_str()).collect();
+            let off: Vec<&str> = off.iter().map(|v| v.group.as_str()).collect();
+            a.disagreements.push(Disagreement {
+                group: format!("{} / {}", on.join(","), off.join(",")),
+                ranks: vec![*rank],
+                detail: format!(
+                    "rank {rank} is on its backup NIC in {} but on its primary in {}",
+                    on.join(", "),
+                    off.join(", ")
+                ),
+            });
+        }
+        for v in &report.groups {
+            let e = groups.entry(v.group.as_str()).or_default();
+            e.0 = e.0.max(v.size);
+            e.1.entry(v.on_backup.as_slice()).or_default().push(*rank);
+        }
+        if let Some(op) = report.gate.op {
+            a.gates.entry(op).or_default().push(*rank);
+        }
+        if report.gate.held_after.is_some() {
+            a.held.push(*rank);
+        }
+    }
+    for (group, (size, views)) in &groups {
+        a.on_backup
+            .extend(views.keys().flat_map(|v| v.iter().copied()));
+        let reporters: usize = views.values().map(Vec::len).sum();
+        if views.len() > 1 {
+            let detail = views
+                .iter()
+                .map(|(v, rs)| {
+                    let side = if v.is_empty() {
+                        "none on backup".to_string()
+                    } else {
+                        format!("backup = {}", short_list(v.iter()))
+                    };
+                    format!("ranks {} say {side}", short_list(rs))
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            a.disagreements.push(Disagreement {
+                group: (*group).to_string(),
+                ranks: views
+                    .values()
+                    .flatten()
+                    .copied()
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect(),
+                detail,
+            });
+        } else if reporters < *size as usize {
+            a.disagreements.push(Disagreement {
+                group: (*group).to_string(),
+                ranks: views.values().flatten().copied().collect(),
+                detail: format!("only {reporters} of {size} members reported the group"),
+            });
+        }
+    }
+    a
+}
+
+/// One verification round in flight.
+#[derive(Clone, Debug)]
+pub struct Verification {
+    id: OperationId,
+    all: BTreeSet<GlobalRank>,
+    pending: BTreeSet<GlobalRank>,
+    reports: BTreeMap<GlobalRank, WorkerReport>,
+    deadline: Duration,
+    token: u64,
+    stage: Stage,
+    assessment: Option<Assessment>,
+    started: Duration,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Stage {
+    /// Waiting for every rank's report.
+    Collect,
+    /// Opening the gates held for `op` (one orphaned operation at a time).
+    Release {
+        op: OperationId,
+        rest: Vec<OperationId>,
+    },
+    Done,
+}
+
+/// How a verification round ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerifyReport {
+    pub id: OperationId,
+    /// `None` when some rank did not answer (see `missing`).
+    pub assessment: Option<Assessment>,
+    /// Ranks that did not answer before the deadline.
+    pub missing: Vec<GlobalRank>,
+    /// Orphaned operations whose held gates were opened.
+    pub released: Vec<OperationId>,
+    pub took: Duration,
+}
+
+impl VerifyReport {
+    /// The job state the round establishes (`None`: it establishes nothing, some rank did not
+    /// answer).
+    pub fn job_state(&self) -> Option<JobState> {
+        let a = self.assessment.as_ref()?;
+        if !self.missing.is_empty() {
+            return None;
+        }
+        Some(a.job_state())
+    }
+}
+
+impl fmt::Display for VerifyReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.assessment {
+            _ if !self.missing.is_empty() => {
+                write!(f, "no report from ranks {}", short_list(&self.missing))
+            }
+            Some(a) if a.consistent() => {
+                write!(f, "every group agrees; ranks on backup: ")?;
+                if a.on_backup.is_empty() {
+                    f.write_str("none")?;
+                } else {
+                    f.write_str(&short_list(&a.on_backup))?;
+                }
+                if !self.released.is_empty() {
+                    write!(f, "; opened gates held for {}", short_list(&self.released))?;
+                }
+                Ok(())
+            }
+            Some(a) => {
+                let d: Vec<String> = a.disagreements.iter().map(|d| d.to_string()).collect();
+                write!(f, "groups disagree: {}", d.join("; "))?;
+                if !a.held.is_empty() {
+                    write!(f, "; training held on ranks {}", short_list(&a.held))?;
+                }
+                Ok(())
+            }
+            None => f.write_str("no assessment"),
+        }
+    }
+}
+
+/// What a verification round asks of the runtime.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VerifyStep {
+    /// Carry out these (broadcasts and deadlines only).
+    Act(Vec<Action>),
+    /// The round is over.
+    Done(VerifyReport),
+}
+
+impl Verification {
+    /// Starts a round over `ranks` (every registered rank of the job), each to answer within
+    /// `deadline`.
+    pub fn start(
+        id: OperationId,
+        ranks: impl IntoIterator<Item = GlobalRank>,
+        deadline: Duration,
+        now: Duration,
+    ) -> (Verification, Vec<Action>) {
+        let all: BTreeSet<GlobalRank> = ranks.into_iter().collect();
+        let mut v = Verification {
+            id,
+            pending: all.clone(),
+            all,
+            reports: BTreeMap::new(),
+            deadline,
+            token: TOKEN_BASE,
+            stage: Stage::Collect,
+            assessment: None,
+            started: now,
+        };
+        let actions = v.broadcast(DirectiveKind::Verify, id, now);
+        (v, actions)
+    }
+
+    /// The round's id (also the directive's operation id).
+    pub fn id(&self) -> OperationId {
+        self.id
+    }
+
+    /// The phase the round is in: [`Phase::Verify`], or [`Phase::Resume`] while it opens
+    /// orphaned gates.
+    pub fn phase(&self) -> Phase {
+        match self.stage {
+            Stage::Release { .. } => Phase::Resume,
+            _ => Phase::Verify,
+        }
+    }
+
+    /// Ranks the round still waits for.
+    pub fn pending(&self) -> &BTreeSet<GlobalRank> {
+        &self.pending
+    }
+
+    fn broadcast(&mut self, kind: DirectiveKind, op: OperationId, now: Duration) -> Vec<Action> {
+        self.token += 1;
+        self.pending = self.all.clone();
+        vec![
+            Action::Broadcast(Directive { op, kind }),
+            Action::ArmDeadline {
+                token: self.token,
+                phase: self.phase(),
+                at: now + self.deadline,
+            },
+        ]
+    }
+
+    /// Replies from one node.
+    pub fn on_replies(&mut self, nr: NodeReply, now: Duration) -> Option<VerifyStep> {
+        let expected = match &self.stage {
+            Stage::Collect => (self.id, Phase::Verify),
+            Stage::Release { op, .. } => (*op, Phase::Resume),
+            Stage::Done => return None,
+        };
+        for r in nr.replies {
+            if (r.op, r.phase) != expected || !self.pending.contains(&r.rank) {
+                continue;
+            }
+            match r.body {
+                ReplyBody::Verified(report) if expected.1 == Phase::Verify => {
+                    self.pending.remove(&r.rank);
+                    self.reports.insert(r.rank, report);
+                }
+                ReplyBody::Resumed { .. } if expected.1 == Phase::Resume => {
+                    self.pending.remove(&r.rank);
+                }
+                // A rank that cannot answer stays pending: the deadline names it.
+                _ => {}
+            }
+        }
+        self.advance(now)
+    }
+
+    /// A rank is gone: the round cannot establish anything about it.
+    pub fn on_lost(&mut self, rank: GlobalRank, now: Duration) -> Option<VerifyStep> {
+        if self.stage == Stage::Done || !self.all.contains(&rank) {
+            return None;
+        }
+        Some(VerifyStep::Done(self.finish(vec![rank], now)))
+    }
+
+    /// A deadline fired.
+    pub fn on_deadline(&mut self, token: u64, now: Duration) -> Option<VerifyStep> {
+        if token != self.token || self.stage == Stage::Done {
+            return None;
+        }
+        let missing = self.pending.iter().copied().collect();
+        Some(VerifyStep::Done(self.finish(missing, now)))
+    }
+
+    fn advance(&mut self, now: Duration) -> Option<VerifyStep> {
+        if !self.pending.is_empty() {
+            return None;
+        }
+        let next = match std::mem::replace(&mut self.stage, Stage::Done) {
+            Stage::Collect => {
+                let a = assess(&self.reports);
+                // Gates are opened only onto groups that agree.
+                let orphans: Vec<OperationId> = if a.consistent() {
+                    a.gates.keys().copied().collect()
+                } else {
+                    Vec::new()
+                };
+                self.assessment = Some(a);
+                orphans
+            }
+            Stage::Release { rest, .. } => rest,
+            Stage::Done => return None,
+        };
+        let mut rest = next.into_iter();
+        match rest.next() {
+            Some(op) => {
+                self.stage = Stage::Release {
+                    op,
+                    rest: rest.collect(),
+                };
+                Some(VerifyStep::Act(self.broadcast(
+                    DirectiveKind::Resume,
+                    op,
+                    now,
+                )))
+            }
+            None => Some(VerifyStep::Done(self.finish(Vec::new(), now))),
+        }
+    }
+
+    fn finish(&mut self, missing: Vec<GlobalRank>, now: Duration) -> VerifyReport {
+        self.stage = Stage::Done;
+        let released = self
+            .assessment
+            .as_ref()
+            .filter(|a| a.consistent() && missing.is_empty())
+            .map(|a| a.gates.keys().copied().collect())
+            .unwrap_or_default();
+        VerifyReport {
+            id: self.id,
+            assessment: self.assessment.clone().or_else(|| {
+                // A partial view still says what the answering ranks reported.
+                (!self.reports.is_empty()).then(|| assess(&self.reports))
+            }),
+            missing,
+            released,
+            took: now.saturating_sub(self.started),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{GateReport, GroupView};
+
+    fn r(v: &[u32]) -> Vec<GlobalRank> {
+        v.iter().map(|x| GlobalRank(*x)).collect()
+    }
+
+    fn view(group: &str, size: u32, backup: &[u32]) -> GroupView {
+        GroupView {
+            group: group.into(),
+            size,
+            on_backup: r(backup),
+        }
+    }
+
+    fn report(groups: Vec<GroupView>) -> WorkerReport {
+        WorkerReport {
+            groups,
+            gate: GateReport::default(),
+        }
+    }
+
+    #[test]
+    fn agreeing_groups_rebuild_the_table() {
+        let mut m = BTreeMap::new();
+        for rank in 0..4 {
+            m.insert(
+                GlobalRank(rank),
+                report(vec![
+                    view("world", 4, &[1]),
+                    view(
+                        if rank < 2 { "tp_0" } else { "tp_1" },
+                        2,
+                        if rank < 2 { &[1] } else { &[] },
+                    ),
+                ]),
+            );
+        }
+        let a = assess(&m);
+        assert!(a.consistent(), "{:?}", a.disagreements);
+        assert_eq!(a.on_backup.iter().copied().collect::<Vec<_>>(), r(&[1]));
+        assert_eq!(a.job_state(), JobState::Running);
+    }
+
+    #[test]
+    fn a_member_with_another_view_is_named() {
+        let mut m = BTreeMap::new();
+        m.insert(GlobalRank(0), report(vec![view("world", 3, &[2])]));
+        m.insert(GlobalRank(1), report(vec![view("world", 3, &[2])]));
+        let mut held = report(vec![view("world", 3, &[])]);
+        held.gate.held_after = Some(7);
+        m.insert(GlobalRank(2), held);
+        let a = assess(&m);
+        assert_eq!(a.disagreements.len(), 1);
+        assert_eq!(a.disagreements[0].group, "world");
+        assert!(
+            a.disagreements[0]
+                .detail
+                .contains("ranks 2 say none on backup"),
+            "{}",
+            a.disagreements[0].detail
+        );
+        assert_eq!(a.job_state(), JobState::Paused);
+    }
+
+    #[test]
+    fn a_missing_member_is_a_disagreement() {
+        let mut m = BTreeMap::new();
+        m.insert(GlobalRank(0), report(vec![view("dp_0", 2, &[])]));
+        let a = assess(&m);
+        assert!(!a.consistent());
+        assert!(a.disagreements[0].detail.contains("only 1 of 2"));
+        assert_eq!(a.job_state(), JobState::NeedsRecovery);
+    }
+}

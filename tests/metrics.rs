@@ -242,17 +242,20 @@ fn every_role_counts_its_messages_and_hal_calls() {
         assert_eq!(m("out", phase), 2.0 * (2.0 + 8.0), "{phase}");
         assert_eq!(m("in", phase), 2.0 * (2.0 + 8.0), "{phase}");
     }
-    // One reply per rank and phase, fanned in to one node reply per node and phase.
-    assert_eq!(m("out", "reply"), 2.0 * 4.0 * 8.0);
-    assert_eq!(m("in", "reply"), 2.0 * 4.0 * 8.0);
+    // The verification round after registration: one directive per node and worker.
+    assert_eq!(m("out", "verify"), 2.0 + 8.0);
+    // One reply per rank and phase (and to the verification), fanned in to one node reply per
+    // node and phase.
+    assert_eq!(m("out", "reply"), 2.0 * 4.0 * 8.0 + 8.0);
+    assert_eq!(m("in", "reply"), 2.0 * 4.0 * 8.0 + 8.0);
     assert_eq!(m("out", "node_reply"), m("in", "node_reply"));
     assert!(m("in", "node_reply") >= 2.0 * 4.0 * 2.0);
 
     let hal = telemetry::HAL_CALLS_TOTAL;
-    // Every rank lists its groups once per switch.
+    // Every rank lists its groups once per switch and once for the verification.
     assert_eq!(
         s.value(hal, &[("op", "groups"), ("result", "ok")]),
-        2.0 * 8.0
+        2.0 * 8.0 + 8.0
     );
     // The proxy of node-1 reads the link health of its 2 targets once per operation.
     assert_eq!(

@@ -13,6 +13,7 @@ use taskd::actors::net::{
 };
 use taskd::actors::StepGate;
 use taskd::core::command::Target;
+use taskd::core::operation::JobState;
 use taskd::core::operation::Outcome;
 use taskd::core::{
     DeviceId, GlobalRank, JobId, NodeHal, NodeName, PhaseDeadlines, RankTable, StepBoundary,
@@ -218,8 +219,19 @@ fn a_reconnecting_worker_resumes_and_a_new_process_replaces_the_old() {
     let st = rt.block_on(admin.await_registered(None)).unwrap();
     assert_eq!(st.workers_registered, 2);
     assert!(st.lost_ranks.is_empty(), "{:?}", st.lost_ranks);
-    let r = rt.block_on(admin.run(&cmd(0, false))).unwrap();
-    assert_eq!(r.outcome, Outcome::Succeeded, "{r:#?}");
+    // The new process starts on its primary NIC while rank 1 has rank 0 on backup: the
+    // verification round after its registration finds the split, and no switch runs on it.
+    assert_eq!(st.state, JobState::NeedsRecovery, "{st:#?}");
+    let v = st
+        .last_verification
+        .expect("a verification ran")
+        .to_string();
+    assert!(
+        v.contains("groups disagree") && v.contains("ranks 0 say none on backup"),
+        "{v}"
+    );
+    let e = rt.block_on(admin.run(&cmd(0, false))).unwrap_err();
+    assert!(e.to_string().contains("needs_recovery"), "{e}");
 
     r0.worker.gate().shutdown();
     r0.training.stop();

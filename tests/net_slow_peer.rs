@@ -10,7 +10,8 @@ use taskd::actors::net::{pb, wire, AdminClient, ManagerNode, ManagerNodeConfig, 
 use taskd::core::command::Target;
 use taskd::core::operation::{JobState, OperationError, Outcome};
 use taskd::core::protocol::{
-    NodeReply, Phase, ProxyToManager, RankError, RankReply, ReplyBody, WorkerHello,
+    DirectiveKind, NodeReply, Phase, ProxyToManager, RankError, RankReply, ReplyBody, WorkerHello,
+    WorkerReport,
 };
 use taskd::core::{
     DeviceId, GlobalRank, JobId, NodeName, PhaseDeadlines, RankTable, SwitchCapabilities,
@@ -110,6 +111,36 @@ fn a_proxy_that_stops_reading_is_cut_off_at_its_queue_capacity() {
             .await
             .unwrap();
         }
+        // The manager asks both ranks what they applied before it admits a switch: answer
+        // that one directive (and acknowledge it), then stall.
+        let verify = loop {
+            let down = inbound.message().await.unwrap().expect("the verification");
+            if let Some(pb::down::Body::Directive(d)) = down.body {
+                break (down.seq, wire::directive_from_pb(d).unwrap());
+            }
+        };
+        assert_eq!(verify.1.kind, DirectiveKind::Verify);
+        let verified = ProxyToManager::Reply(NodeReply {
+            node: NodeName("node-0".into()),
+            op: verify.1.op,
+            phase: Phase::Verify,
+            replies: (0..2)
+                .map(|r| RankReply {
+                    rank: GlobalRank(r),
+                    op: verify.1.op,
+                    phase: Phase::Verify,
+                    body: ReplyBody::Verified(WorkerReport::default()),
+                })
+                .collect(),
+            health: Vec::new(),
+        });
+        tx.send(pb::Up {
+            seq: 3,
+            ack: verify.0,
+            body: Some(pb::up::Body::Proxy(wire::proxy_msg_to_pb(verified))),
+        })
+        .await
+        .unwrap();
         let mut admin = AdminClient::connect(&addr.to_string(), None).await.unwrap();
         admin.await_registered(None).await.unwrap();
         let cmd = SwitchCommand {
@@ -123,7 +154,7 @@ fn a_proxy_that_stops_reading_is_cut_off_at_its_queue_capacity() {
         };
         // Each operation queues two directives (sample, then resume). The stalled proxy never
         // reads them, but answers blind: rank 0 fails the sample, both ranks resume.
-        let mut seq = 2;
+        let mut seq = 3;
         for i in 0..CAPACITY / 2 {
             let id = admin.submit(&cmd).await.unwrap().id();
             let reply = |phase: Phase, body: &dyn Fn(u32) -> ReplyBody| {

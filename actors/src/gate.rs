@@ -30,6 +30,7 @@ use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+use taskd_core::protocol::GateReport;
 use taskd_core::{OperationId, StepBoundary};
 
 /// The high bit of the gate word: an operation is pending, boundaries take the slow path.
@@ -221,14 +222,14 @@ impl StepGate {
     /// the latest (unless [`StepGate::pause_at`] raises the bound). `None` when the training
     /// thread has not completed a step yet: it answers with [`GateEvent::Sampled`] at its first
     /// boundary.
+    ///
+    /// A gate armed for another operation is taken over: the manager starts an operation only
+    /// when the one before is over for it, so the other one was orphaned (its manager died)
+    /// and a recovery takes its place. The bound stays: a held rank keeps holding.
     pub fn sample(&self, op: OperationId) -> Result<Option<u64>, GateError> {
         let mut g = self.inner.lock();
-        match (g.mode, g.op) {
-            (Mode::Shutdown, _) => return Err(GateError::Shutdown),
-            (_, Some(busy)) if busy != op => {
-                return Err(GateError::OtherOperation { busy, asked: op })
-            }
-            _ => {}
+        if g.mode == Mode::Shutdown {
+            return Err(GateError::Shutdown);
         }
         let prev = self.word.fetch_or(ARMED, Ordering::AcqRel);
         if prev & ARMED == 0 {
@@ -294,6 +295,15 @@ impl StepGate {
         Ok(())
     }
 
+    /// Where the gate stands: the operation it serves and the step it holds after.
+    pub fn report(&self) -> GateReport {
+        let g = self.inner.lock();
+        GateReport {
+            op: g.op,
+            held_after: g.held.map(|(s, _)| s),
+        }
+    }
+
     /// Whether an operation has armed the gate (boundaries take the slow path).
     pub fn is_armed(&self) -> bool {
         self.word.load(Ordering::Acquire) & ARMED != 0
@@ -315,9 +325,14 @@ impl StepGate {
         }
     }
 
-    /// Opens the gate. Returns how long training was held during this operation.
-    pub fn resume(&self) -> Duration {
+    /// Opens the gate if it serves `op` (or no operation). Returns how long training was held
+    /// during that operation (zero, and the gate unchanged, when it serves another one: a
+    /// late resume must never open a gate a later operation holds).
+    pub fn resume(&self, op: OperationId) -> Duration {
         let mut g = self.inner.lock();
+        if g.op.is_some_and(|busy| busy != op) {
+            return Duration::ZERO;
+        }
         if g.mode != Mode::Shutdown {
             g.mode = Mode::Idle;
         }
@@ -423,13 +438,13 @@ mod tests {
         assert_eq!(rx.recv().unwrap(), GateEvent::Held { op: op(1), step: 6 });
         assert_eq!(g.held_step(), Some(6));
         assert!(!trainer.is_finished());
-        g.resume();
+        g.resume(op(1));
         assert_eq!(trainer.join().unwrap(), 7);
         assert_eq!(g.held_step(), None);
         // The step went on being published after the operation.
         assert_eq!(g.last_step(), Some(7));
         assert_eq!(g.sample(op(2)), Ok(Some(8)));
-        g.resume();
+        g.resume(op(2));
     }
 
     #[test]
@@ -455,7 +470,7 @@ mod tests {
             rx.recv().unwrap(),
             GateEvent::Held { step: 5, .. }
         ));
-        let stalled = g.resume();
+        let stalled = g.resume(op(2));
         trainer.join().unwrap();
         assert!(stalled > Duration::ZERO);
     }
@@ -482,7 +497,7 @@ mod tests {
             g.pause_at(op(3), 1),
             Err(GateError::PastPauseStep { asked: 1, held: 2 })
         );
-        g.resume();
+        g.resume(op(3));
         trainer.join().unwrap();
     }
 
@@ -510,6 +525,43 @@ mod tests {
         g.shutdown();
         trainer.join().unwrap();
         assert_eq!(g.sample(op(6)), Err(GateError::Shutdown));
+    }
+
+    #[test]
+    fn a_recovery_takes_over_an_orphaned_hold_and_a_stale_resume_opens_nothing() {
+        let (g, rx) = gate();
+        g.step_completed(8);
+        assert_eq!(g.sample(op(10)), Ok(Some(9)));
+        g.pause_at(op(10), 9).unwrap();
+        let trainer = {
+            let g = g.clone();
+            std::thread::spawn(move || {
+                g.step_completed(9); // holds for operation 10, whose manager then dies
+                g.step_completed(10);
+            })
+        };
+        assert!(matches!(
+            rx.recv().unwrap(),
+            GateEvent::Held { step: 9, .. }
+        ));
+        assert_eq!(
+            g.report(),
+            GateReport {
+                op: Some(op(10)),
+                held_after: Some(9)
+            }
+        );
+        // A new manager's recovery takes the gate over: still held, after the same step.
+        assert_eq!(g.sample(op(11)), Ok(Some(9)));
+        g.pause_at(op(11), 9).unwrap();
+        assert!(matches!(rx.recv().unwrap(), GateEvent::Held { op: o, step: 9 } if o == op(11)));
+        // The dead operation's late resume opens nothing; the recovery's does.
+        assert_eq!(g.resume(op(10)), Duration::ZERO);
+        assert_eq!(g.held_step(), Some(9));
+        assert!(!trainer.is_finished());
+        assert!(g.resume(op(11)) > Duration::ZERO);
+        trainer.join().unwrap();
+        assert_eq!(g.report(), GateReport::default());
     }
 
     #[test]
@@ -542,7 +594,7 @@ mod tests {
             rx.recv().unwrap(),
             GateEvent::Held { step: 101, .. }
         ));
-        g.resume();
+        g.resume(op(7));
         trainer.join().unwrap();
         assert_eq!(g.last_step(), Some(101));
     }

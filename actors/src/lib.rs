@@ -25,7 +25,7 @@ pub mod transport;
 pub mod worker;
 
 pub use gate::StepGate;
-pub use local::{LocalJob, LocalJobConfig, LocalJobError, RankParts};
+pub use local::{LocalJob, LocalJobConfig, LocalJobError, RankParts, RecoveryResult};
 pub use manager::{Manager, ManagerStatus};
 pub use net::{RemoteWorker, RemoteWorkerConfig};
 pub use progress::{ProgressEvent, ProgressFeed, ProgressKind};

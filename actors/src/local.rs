@@ -5,17 +5,20 @@
 
 use crate::gate::StepGate;
 use crate::manager::{
-    AwaitRegistered, AwaitResult, GetStatus, Manager, ManagerStatus, ProxyConnected, Submission,
-    Submit,
+    AwaitRegistered, AwaitResult, AwaitVerification, Drain, GetStatus, Manager, ManagerStatus,
+    ProxyConnected, Recover, Recovery, StopManager, Submission, Submit,
 };
 use crate::progress::{ProgressEvent, ProgressFeed};
-use crate::proxy::{Proxy, WorkerConnected, WorkerDisconnected};
+use crate::proxy::{ManagerConnected, Proxy, WorkerConnected, WorkerDisconnected};
 use crate::transport::actor_link;
 use crate::worker::{StopWorker, Worker, WorkerConfig};
 use actix::prelude::*;
+use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;
+use taskd_core::ledger::RecoverTo;
 use taskd_core::operation::OperationReport;
+use taskd_core::verify::VerifyReport;
 use taskd_core::{
     GlobalRank, JobId, NodeHal, OperationId, PhaseDeadlines, RankHal, RankTable, SubmitError,
     SwitchCommand,
@@ -54,13 +57,24 @@ pub enum LocalJobError {
 
 /// A running in-process job.
 pub struct LocalJob {
-    manager: Addr<Manager>,
+    /// The manager in charge (a new one after [`LocalJob::restart_manager`]).
+    manager: Mutex<(Addr<Manager>, ProgressFeed)>,
+    proxies: Vec<Addr<Proxy>>,
+    config: (JobId, RankTable, PhaseDeadlines),
     workers: Vec<Addr<Worker>>,
     gates: Vec<Arc<StepGate>>,
     system: System,
     thread: Option<std::thread::JoinHandle<()>>,
     client: tokio::runtime::Runtime,
-    progress: ProgressFeed,
+}
+
+/// How a recovery ended (see [`LocalJob::recover`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum RecoveryResult {
+    /// The ranks in doubt were re-stated by this operation.
+    Operation(Box<OperationReport>),
+    /// Nothing was in doubt: this verification round established the job's state.
+    Verification(VerifyReport),
 }
 
 impl LocalJob {
@@ -72,6 +86,7 @@ impl LocalJob {
         ranks: Vec<RankParts>,
     ) -> Result<LocalJob, LocalJobError> {
         let table = cfg.table.clone();
+        let config = (cfg.job.clone(), cfg.table.clone(), cfg.deadlines);
         if nodes.len() != table.nodes().len() {
             return Err(LocalJobError::Mismatch {
                 what: "node HALs",
@@ -144,32 +159,100 @@ impl LocalJob {
                         });
                         workers.push(addr);
                     }
-                    let _ = tx.send((System::current(), manager, workers, progress));
+                    let _ = tx.send((System::current(), manager, proxies, workers, progress));
                 });
                 sys.run().ok();
             })
             .expect("spawning the actor thread");
-        let (system, manager, workers, progress) =
+        let (system, manager, proxies, workers, progress) =
             rx.recv().map_err(|_| LocalJobError::SystemGone)?;
         let client = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
             .expect("a current-thread runtime");
         Ok(LocalJob {
-            manager,
+            manager: Mutex::new((manager, progress)),
+            proxies,
+            config,
             workers,
             gates,
             system,
             thread: Some(thread),
             client,
-            progress,
         })
+    }
+
+    /// Stops the manager at once, as a `kill -9` would (nothing is finished or rolled back),
+    /// and starts a new one that the proxies connect to: their workers introduce themselves
+    /// again and the new manager verifies what they applied. Subscribe to progress again
+    /// afterwards (the feed is the new manager's).
+    pub fn restart_manager(&self) -> Result<(), LocalJobError> {
+        let old = self.manager();
+        let _ = self.client.block_on(old.send(StopManager));
+        let (job, table, deadlines) = self.config.clone();
+        let proxies = self.proxies.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.system.arbiter().spawn(async move {
+            let manager = Manager::new(job, table.clone(), deadlines);
+            let progress = manager.progress();
+            let addr = manager.start();
+            for (node, proxy) in table.nodes().iter().zip(&proxies) {
+                addr.do_send(ProxyConnected {
+                    node: node.clone(),
+                    link: actor_link(proxy),
+                });
+                proxy.do_send(ManagerConnected {
+                    link: actor_link(&addr),
+                });
+            }
+            let _ = tx.send((addr, progress));
+        });
+        let fresh = rx.recv().map_err(|_| LocalJobError::SystemGone)?;
+        *self.manager.lock() = fresh;
+        Ok(())
+    }
+
+    /// Stops the manager the way SIGTERM does: the operation in flight, if any, ends safely
+    /// first (within `timeout`); returns its result. The manager stays up (stop it with
+    /// [`LocalJob::shutdown`] or replace it with [`LocalJob::restart_manager`]).
+    pub fn drain(
+        &self,
+        reason: &str,
+        timeout: Duration,
+    ) -> Result<Option<OperationReport>, LocalJobError> {
+        let fut = self.manager().send(Drain {
+            reason: reason.to_owned(),
+        });
+        self.client
+            .block_on(async { tokio::time::timeout(timeout, fut).await })
+            .map_err(|_| LocalJobError::Timeout(timeout, "the operation in flight to end"))?
+            .map_err(|_| LocalJobError::SystemGone)
+    }
+
+    /// Recovers a job that is not running (see [`RecoverTo`]) and waits for the outcome.
+    pub fn recover(&self, to: RecoverTo) -> Result<RecoveryResult, LocalJobError> {
+        let m = self.manager();
+        let started = self
+            .client
+            .block_on(m.send(Recover { to, id: None }))
+            .map_err(|_| LocalJobError::SystemGone)??;
+        match started {
+            Recovery::Operation(id) => self
+                .wait(id)
+                .map(|r| RecoveryResult::Operation(Box::new(r))),
+            Recovery::Verification(id) => self
+                .client
+                .block_on(m.send(AwaitVerification(id)))
+                .map_err(|_| LocalJobError::SystemGone)?
+                .map(RecoveryResult::Verification)
+                .ok_or(LocalJobError::UnknownOperation(id)),
+        }
     }
 
     /// The manager's progress feed (see [`crate::progress`]): subscribe before submitting to
     /// see an operation from its start.
     pub fn subscribe_progress(&self) -> tokio::sync::broadcast::Receiver<ProgressEvent> {
-        self.progress.subscribe()
+        self.manager.lock().1.subscribe()
     }
 
     /// The step gate of `rank`, for its training loop.
@@ -177,8 +260,9 @@ impl LocalJob {
         self.gates[rank.0 as usize].clone()
     }
 
-    pub fn manager(&self) -> &Addr<Manager> {
-        &self.manager
+    /// The manager in charge now.
+    pub fn manager(&self) -> Addr<Manager> {
+        self.manager.lock().0.clone()
     }
 
     /// Blocks until every worker registered, or `timeout`.
@@ -192,7 +276,7 @@ impl LocalJob {
         count: Option<usize>,
         timeout: Duration,
     ) -> Result<(), LocalJobError> {
-        let fut = self.manager.send(AwaitRegistered(count));
+        let fut = self.manager().send(AwaitRegistered(count));
         self.client
             .block_on(async { tokio::time::timeout(timeout, fut).await })
             .map_err(|_| LocalJobError::Timeout(timeout, "every worker to register"))?
@@ -203,7 +287,7 @@ impl LocalJob {
     pub fn submit(&self, cmd: SwitchCommand) -> Result<Submission, LocalJobError> {
         let res = self
             .client
-            .block_on(self.manager.send(Submit(cmd)))
+            .block_on(self.manager().send(Submit(cmd)))
             .map_err(|_| LocalJobError::SystemGone)?;
         Ok(res?)
     }
@@ -211,7 +295,7 @@ impl LocalJob {
     /// Blocks until the operation's final result.
     pub fn wait(&self, id: OperationId) -> Result<OperationReport, LocalJobError> {
         self.client
-            .block_on(self.manager.send(AwaitResult(id)))
+            .block_on(self.manager().send(AwaitResult(id)))
             .map_err(|_| LocalJobError::SystemGone)?
             .ok_or(LocalJobError::UnknownOperation(id))
     }
@@ -240,7 +324,7 @@ impl LocalJob {
             Submission::Known(r) => return Ok(*r),
             other => other.id(),
         };
-        let result = self.manager.send(AwaitResult(id));
+        let result = self.manager().send(AwaitResult(id));
         self.client.block_on(async {
             tokio::pin!(result);
             loop {
@@ -277,7 +361,7 @@ impl LocalJob {
 
     pub fn status(&self, recent: usize) -> Result<ManagerStatus, LocalJobError> {
         self.client
-            .block_on(self.manager.send(GetStatus { recent }))
+            .block_on(self.manager().send(GetStatus { recent }))
             .map_err(|_| LocalJobError::SystemGone)
     }
 

@@ -9,8 +9,10 @@ use actix::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 use taskd_core::ledger::Submitted;
+use taskd_core::ledger::{RecoverTo, RecoveryStarted};
 use taskd_core::operation::{Action, Event, OperationReport, Outcome};
 use taskd_core::protocol::{Directive, DirectiveKind, Phase, ProxyToManager};
+use taskd_core::verify::VerifyReport;
 use taskd_core::{
     GlobalRank, JobId, JobLedger, JobState, NodeName, OperationId, PhaseDeadlines, RankTable,
     SubmitError, SwitchCommand,
@@ -24,8 +26,11 @@ pub struct Manager {
     nodes: BTreeMap<NodeName, Link<Directive>>,
     deadline: Option<SpawnHandle>,
     waiters: HashMap<OperationId, Vec<oneshot::Sender<OperationReport>>>,
-    /// Waiters for a registered-worker count.
-    registered_waiters: Vec<(usize, oneshot::Sender<()>)>,
+    /// Waiters for a registered-worker count (`None`: every worker registered and the job's
+    /// NIC configuration verified).
+    registered_waiters: Vec<(Option<usize>, oneshot::Sender<()>)>,
+    /// Waiters for a verification round's report.
+    verify_waiters: HashMap<OperationId, Vec<oneshot::Sender<VerifyReport>>>,
     /// Ranks that registered and are gone, with why; a rank leaves when it registers again.
     lost: BTreeMap<GlobalRank, String>,
     op_span: Option<Span>,
@@ -54,6 +59,7 @@ impl Manager {
             deadline: None,
             waiters: HashMap::new(),
             registered_waiters: Vec::new(),
+            verify_waiters: HashMap::new(),
             lost: BTreeMap::new(),
             op_span: None,
             phase_span: None,
@@ -129,8 +135,46 @@ impl Manager {
                     }));
                 }
                 Action::Finish(report) => self.finish(*report, ctx),
+                Action::Verified(report) => self.verified(*report, ctx),
             }
         }
+    }
+
+    /// Starts a verification round when one is owed and can run (see
+    /// [`taskd_core::verify`]).
+    fn maybe_verify(&mut self, ctx: &mut Context<Self>) {
+        if !self.ledger.verify_due() {
+            return;
+        }
+        let id = OperationId(uuid::Uuid::new_v4());
+        tracing::info!(%id, ranks = self.ledger.registered(), "verifying what every rank applied");
+        let actions = self.ledger.start_verification(id, self.now());
+        self.run(actions, ctx);
+    }
+
+    fn verified(&mut self, report: VerifyReport, ctx: &mut Context<Self>) {
+        if let Some(h) = self.deadline.take() {
+            ctx.cancel_future(h);
+        }
+        self.phase_started = None;
+        match report.job_state() {
+            Some(JobState::Running) => tracing::info!(%report, "verified: the job runs"),
+            Some(state) => tracing::error!(
+                %report,
+                job_state = state.as_str(),
+                "verification found groups that disagree on their NICs; run `taskd recover`"
+            ),
+            None => {
+                tracing::warn!(%report, "verification incomplete; asking again later");
+                // A rank that registered but does not answer: ask again after the deadline.
+                let again = self.ledger.deadlines().resume;
+                ctx.run_later(again, |act, ctx| act.maybe_verify(ctx));
+            }
+        }
+        for w in self.verify_waiters.remove(&report.id).unwrap_or_default() {
+            let _ = w.send(report.clone());
+        }
+        self.update_gauges();
     }
 
     fn broadcast(&mut self, d: Directive, ctx: &mut Context<Self>) {
@@ -237,13 +281,50 @@ impl Manager {
         for w in self.waiters.remove(&report.id).unwrap_or_default() {
             let _ = w.send(report.clone());
         }
+        self.maybe_verify(ctx);
+    }
+
+    /// Book-keeping of an operation the ledger just started: spans, progress, gauges; then
+    /// carries out its first actions.
+    fn operation_started(
+        &mut self,
+        id: OperationId,
+        span: Span,
+        actions: Vec<Action>,
+        ctx: &mut Context<Self>,
+    ) {
+        let direction = self
+            .ledger
+            .in_flight()
+            .map(|op| op.plan().direction().as_str())
+            .unwrap_or("mixed");
+        span.record("direction", direction);
+        span.in_scope(|| tracing::info!(direction, "operation started"));
+        self.op_span = Some(span);
+        self.op_started = Some((id, Instant::now()));
+        self.phase_started = None;
+        if let Some(op) = self.ledger.in_flight() {
+            self.publish(ProgressKind::Started {
+                job: self.ledger.job().clone(),
+                direction: op.plan().direction(),
+                targets: op.plan().targets.clone(),
+                ranks: self.ledger.expected(),
+            });
+        }
+        self.update_gauges();
+        self.run(actions, ctx);
     }
 
     fn update_gauges(&mut self) {
         let n = self.ledger.registered();
+        let verified = self.ledger.is_verified() && self.ledger.verifying().is_none();
+        let all = self.ledger.expected();
         let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.registered_waiters)
             .into_iter()
-            .partition(|(want, _)| *want == n);
+            .partition(|(want, _)| match want {
+                Some(want) => *want == n,
+                None => n == all && verified,
+            });
         self.registered_waiters = waiting;
         for (_, tx) in ready {
             let _ = tx.send(());
@@ -328,6 +409,7 @@ impl Handler<Deliver<ProxyToManager>> for Manager {
                     Err(e) => tracing::error!(error = %e, "registration refused"),
                 }
                 self.update_gauges();
+                self.maybe_verify(ctx);
             }
             ProxyToManager::WorkerLost { rank, reason } => {
                 telemetry::message("in", "worker_lost");
@@ -338,6 +420,7 @@ impl Handler<Deliver<ProxyToManager>> for Manager {
                 self.update_gauges();
                 self.publish_waiting();
                 self.run(actions, ctx);
+                self.maybe_verify(ctx);
             }
             ProxyToManager::Reply(nr) => {
                 telemetry::message("in", "node_reply");
@@ -392,26 +475,7 @@ impl Handler<Submit> for Manager {
         let res = span.in_scope(|| self.ledger.submit(&cmd, id, now));
         match res {
             Ok(Submitted::Started { id, actions }) => {
-                let direction = self
-                    .ledger
-                    .in_flight()
-                    .map(|op| op.plan().direction().as_str())
-                    .unwrap_or("mixed");
-                span.record("direction", direction);
-                span.in_scope(|| tracing::info!(direction, "operation started"));
-                self.op_span = Some(span);
-                self.op_started = Some((id, Instant::now()));
-                self.phase_started = None;
-                if let Some(op) = self.ledger.in_flight() {
-                    self.publish(ProgressKind::Started {
-                        job: self.ledger.job().clone(),
-                        direction: op.plan().direction(),
-                        targets: op.plan().targets.clone(),
-                        ranks: self.ledger.expected(),
-                    });
-                }
-                self.update_gauges();
-                self.run(actions, ctx);
+                self.operation_started(id, span, actions, ctx);
                 Ok(Submission::Started(id))
             }
             Ok(Submitted::Known(r)) => Ok(Submission::Known(r)),
@@ -462,7 +526,8 @@ impl Handler<SubscribeProgress> for Manager {
     }
 }
 
-/// Resolves once exactly this many workers are registered (`None`: every expected worker).
+/// Resolves once exactly this many workers are registered (`None`: every expected worker, and
+/// the verification round that follows found what every rank applied).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct AwaitRegistered(pub Option<usize>);
@@ -471,12 +536,9 @@ impl Handler<AwaitRegistered> for Manager {
     type Result = ResponseFuture<()>;
 
     fn handle(&mut self, m: AwaitRegistered, _: &mut Self::Context) -> Self::Result {
-        let want = m.0.unwrap_or(self.ledger.expected());
-        if self.ledger.registered() == want {
-            return Box::pin(async {});
-        }
         let (tx, rx) = oneshot::channel();
-        self.registered_waiters.push((want, tx));
+        self.registered_waiters.push((m.0, tx));
+        self.update_gauges();
         Box::pin(async move {
             let _ = rx.await;
         })
@@ -508,6 +570,12 @@ pub struct ManagerStatus {
     /// Ranks that registered and are gone (until they register again), ascending.
     #[serde(default)]
     pub lost_ranks: Vec<LostRank>,
+    /// Whether the NIC table comes from every rank's report (switches wait until it does).
+    #[serde(default)]
+    pub verified: bool,
+    /// The last verification round: what it found (groups that disagree, gates it opened).
+    #[serde(default)]
+    pub last_verification: Option<VerifyReport>,
 }
 
 /// Ask for a [`ManagerStatus`] with up to `recent` past results.
@@ -530,11 +598,17 @@ impl Handler<GetStatus> for Manager {
             workers_expected: l.expected(),
             nodes_connected: self.nodes.len(),
             ranks_on_backup: l.ranks_on_backup().collect(),
-            in_flight: l.in_flight().map(|op| (op.id(), op.phase())),
+            in_flight: l
+                .in_flight()
+                .map(|op| (op.id(), op.phase()))
+                .or_else(|| l.verifying().map(|v| (v.id(), v.phase()))),
             pending_ranks: l
                 .in_flight()
                 .map(|op| op.pending().iter().copied().collect())
+                .or_else(|| l.verifying().map(|v| v.pending().iter().copied().collect()))
                 .unwrap_or_default(),
+            verified: l.is_verified(),
+            last_verification: l.last_verification().cloned(),
             recent: history.into_iter().rev().collect(),
             lost_ranks: self
                 .lost
@@ -545,5 +619,125 @@ impl Handler<GetStatus> for Manager {
                 })
                 .collect(),
         })
+    }
+}
+
+/// Recover a job that is not running (see [`RecoverTo`] and README "Recovery"): re-state the
+/// ranks in doubt, or, when none is, verify what every rank applied.
+#[derive(Message)]
+#[rtype(result = "Result<Recovery, SubmitError>")]
+pub struct Recover {
+    /// The side the ranks in doubt are re-stated to.
+    pub to: RecoverTo,
+    /// The recovery's id (generated when absent).
+    pub id: Option<OperationId>,
+}
+
+/// What a recovery started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recovery {
+    /// An operation re-states the ranks in doubt: wait for it with [`AwaitResult`].
+    Operation(OperationId),
+    /// A verification round: wait for it with [`AwaitVerification`].
+    Verification(OperationId),
+}
+
+impl Handler<Recover> for Manager {
+    type Result = Result<Recovery, SubmitError>;
+
+    fn handle(&mut self, m: Recover, ctx: &mut Self::Context) -> Self::Result {
+        let id = m.id.unwrap_or_else(|| OperationId(uuid::Uuid::new_v4()));
+        let span = tracing::info_span!(
+            "operation",
+            uuid = %id,
+            job = %self.ledger.job(),
+            targets = tracing::field::Empty,
+            direction = tracing::field::Empty,
+            role = "manager",
+            recover_to = m.to.as_str(),
+        );
+        let now = self.now();
+        let res = span.in_scope(|| self.ledger.recover(m.to, id, now));
+        match res {
+            Ok(RecoveryStarted::Operation { id, actions }) => {
+                span.in_scope(|| tracing::warn!(to = m.to.as_str(), "recovery started"));
+                self.operation_started(id, span, actions, ctx);
+                Ok(Recovery::Operation(id))
+            }
+            Ok(RecoveryStarted::Verification { id, actions }) => {
+                span.in_scope(|| tracing::warn!("recovery: nothing in doubt, verifying"));
+                self.run(actions, ctx);
+                self.update_gauges();
+                Ok(Recovery::Verification(id))
+            }
+            Err(e) => {
+                span.in_scope(|| tracing::warn!(error = %e, "recovery refused"));
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Wait for a verification round's report (`None`: not running and not known).
+#[derive(Message)]
+#[rtype(result = "Option<VerifyReport>")]
+pub struct AwaitVerification(pub OperationId);
+
+impl Handler<AwaitVerification> for Manager {
+    type Result = ResponseFuture<Option<VerifyReport>>;
+
+    fn handle(&mut self, m: AwaitVerification, _: &mut Self::Context) -> Self::Result {
+        if let Some(r) = self.ledger.last_verification().filter(|r| r.id == m.0) {
+            let r = r.clone();
+            return Box::pin(async move { Some(r) });
+        }
+        if self.ledger.verifying().is_some_and(|v| v.id() == m.0) {
+            let (tx, rx) = oneshot::channel();
+            self.verify_waiters.entry(m.0).or_default().push(tx);
+            return Box::pin(async move { rx.await.ok() });
+        }
+        Box::pin(async { None })
+    }
+}
+
+/// The manager is stopping: end the operation in flight safely (roll back what may have been
+/// switched, open every gate) and resolve with its result once it is over (`None`: nothing
+/// was running). The caller bounds the wait; the manager keeps running until it stops it.
+#[derive(Message)]
+#[rtype(result = "Option<OperationReport>")]
+pub struct Drain {
+    /// Why, for the report and the log.
+    pub reason: String,
+}
+
+impl Handler<Drain> for Manager {
+    type Result = ResponseFuture<Option<OperationReport>>;
+
+    fn handle(&mut self, m: Drain, ctx: &mut Self::Context) -> Self::Result {
+        let Some(id) = self.ledger.in_flight().map(|op| op.id()) else {
+            // A verification round changes nothing: drop it.
+            let actions = self.ledger.abort(m.reason, self.now());
+            self.run(actions, ctx);
+            return Box::pin(async { None });
+        };
+        tracing::warn!(%id, reason = %m.reason, "stopping: ending the operation in flight safely");
+        let (tx, rx) = oneshot::channel();
+        self.waiters.entry(id).or_default().push(tx);
+        let now = self.now();
+        let actions = self.ledger.abort(m.reason, now);
+        self.run(actions, ctx);
+        Box::pin(async move { rx.await.ok() })
+    }
+}
+
+/// Stops the manager actor at once, as if its process died (nothing is finished).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopManager;
+
+impl Handler<StopManager> for Manager {
+    type Result = ();
+    fn handle(&mut self, _: StopManager, ctx: &mut Self::Context) {
+        ctx.stop();
     }
 }

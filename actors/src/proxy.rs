@@ -10,7 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Instant;
 use taskd_core::protocol::{
-    Directive, DirectiveKind, NodeReply, Phase, ProxyToManager, RankReply, ReplyBody, WorkerToProxy,
+    Directive, DirectiveKind, NodeReply, Phase, ProxyToManager, RankReply, ReplyBody, WorkerHello,
+    WorkerToProxy,
 };
 use taskd_core::{GlobalRank, JobId, LinkHealth, NodeHal, NodeName, OperationId};
 use tracing::Span;
@@ -30,6 +31,8 @@ pub struct Proxy {
     node: NodeName,
     upstream: Link<ProxyToManager>,
     workers: BTreeMap<GlobalRank, Link<Directive>>,
+    /// Every connected worker's introduction, sent again to a manager that (re)connects.
+    hellos: BTreeMap<GlobalRank, WorkerHello>,
     node_hal: Arc<Mutex<Box<dyn NodeHal>>>,
     fan_in: Option<FanIn>,
     /// The span of the operation being relayed (same uuid as the manager's), and of its
@@ -50,6 +53,7 @@ impl Proxy {
             node,
             upstream,
             workers: BTreeMap::new(),
+            hellos: BTreeMap::new(),
             node_hal: Arc::new(Mutex::new(node_hal)),
             fan_in: None,
             op_span: None,
@@ -132,6 +136,7 @@ impl Proxy {
     }
 
     fn lose_worker(&mut self, rank: GlobalRank, reason: String) {
+        self.hellos.remove(&rank);
         if self.workers.remove(&rank).is_none() {
             return;
         }
@@ -164,6 +169,29 @@ pub struct WorkerConnected {
 pub struct WorkerDisconnected {
     pub rank: GlobalRank,
     pub reason: String,
+}
+
+/// A manager (a new one, after the last one died) is reachable through `link`: every worker
+/// of the node introduces itself to it again, so it can verify what they applied.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ManagerConnected {
+    pub link: Link<ProxyToManager>,
+}
+
+impl Handler<ManagerConnected> for Proxy {
+    type Result = ();
+    fn handle(&mut self, m: ManagerConnected, _: &mut Self::Context) {
+        self.upstream = m.link;
+        // Whatever was being gathered was for the old manager.
+        self.fan_in = None;
+        let held = self.hellos.len();
+        tracing::info!(node = %self.node, workers = held, "manager connected: introducing the node's workers");
+        for hello in self.hellos.values().cloned().collect::<Vec<_>>() {
+            telemetry::message("out", "worker_up");
+            self.up(ProxyToManager::WorkerUp(hello));
+        }
+    }
 }
 
 impl Handler<WorkerConnected> for Proxy {
@@ -272,6 +300,7 @@ impl Handler<Deliver<WorkerToProxy>> for Proxy {
                     return;
                 }
                 telemetry::message("out", "worker_up");
+                self.hellos.insert(hello.rank, hello.clone());
                 self.up(ProxyToManager::WorkerUp(hello));
             }
             WorkerToProxy::Reply(r) => {

@@ -9,12 +9,13 @@ use crate::gate::{GateEvent, StepGate};
 use crate::telemetry;
 use crate::transport::{Deliver, Link};
 use actix::prelude::*;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Instant;
 use taskd_core::protocol::{
-    AppliedCall, Directive, DirectiveKind, Phase, RankError, RankReply, ReplyBody, WorkerHello,
-    WorkerToProxy,
+    AppliedCall, Directive, DirectiveKind, GroupView, Phase, RankError, RankReply, ReplyBody,
+    WorkerHello, WorkerReport, WorkerToProxy,
 };
 use taskd_core::{
     plan_calls, GlobalRank, JobId, NodeName, OperationId, RankHal, SwitchCapabilities,
@@ -34,6 +35,8 @@ pub struct WorkerConfig {
 
 enum HalJob {
     Capabilities(oneshot::Sender<SwitchCapabilities>),
+    /// What this rank has applied to each of its groups.
+    Report(oneshot::Sender<Result<Vec<GroupView>, RankError>>),
     Apply {
         targets: Vec<(GlobalRank, bool)>,
         reply: oneshot::Sender<Result<Vec<AppliedCall>, RankError>>,
@@ -257,8 +260,34 @@ impl Handler<Deliver<Directive>> for Worker {
                     }),
                 );
             }
+            DirectiveKind::Verify => {
+                let (tx, rx) = oneshot::channel();
+                if self.hal.send(HalJob::Report(tx)).is_err() {
+                    self.fail(op, phase, "the HAL thread is gone".into());
+                    return;
+                }
+                ctx.spawn(
+                    actix::fut::wrap_future::<_, Self>(rx).map(move |res, act, _| {
+                        let body = match res {
+                            Ok(Ok(groups)) => ReplyBody::Verified(WorkerReport {
+                                groups,
+                                gate: act.gate.report(),
+                            }),
+                            Ok(Err(e)) => ReplyBody::Failed(e),
+                            Err(_) => ReplyBody::Failed(RankError {
+                                group: None,
+                                hal: None,
+                                message: "the HAL thread stopped during the call".into(),
+                            }),
+                        };
+                        act.reply(op, phase, body);
+                        act.phase_span = Span::none();
+                        act.op_span = None;
+                    }),
+                );
+            }
             DirectiveKind::Resume => {
-                let stalled = self.gate.resume();
+                let stalled = self.gate.resume(op);
                 tracing::debug!(stalled_ms = stalled.as_secs_f64() * 1e3, "gate opened");
                 self.reply(op, phase, ReplyBody::Resumed { stalled });
                 // The operation is over for this rank: close its spans.
@@ -310,22 +339,55 @@ impl Handler<StopWorker> for Worker {
     }
 }
 
+/// What one process has applied: per group, the members it set to their backup NIC. Owned by
+/// the HAL thread, which makes every call; a new process starts with none (HCCL's default).
+type Applied = BTreeMap<String, BTreeSet<GlobalRank>>;
+
 fn hal_loop(rank: GlobalRank, mut hal: Box<dyn RankHal>, jobs: mpsc::Receiver<HalJob>) {
+    let mut applied = Applied::new();
     for job in jobs {
         match job {
             HalJob::Capabilities(reply) => {
                 let _ = reply.send(hal.capabilities());
+            }
+            HalJob::Report(reply) => {
+                let _ = reply.send(report(hal.as_mut(), &applied));
             }
             HalJob::Apply {
                 targets,
                 reply,
                 span,
             } => {
-                let res = span.in_scope(|| apply(rank, hal.as_mut(), &targets));
+                let res = span.in_scope(|| apply(rank, hal.as_mut(), &targets, &mut applied));
                 let _ = reply.send(res);
             }
         }
     }
+}
+
+/// Every group of this process with the members this process set to their backup NIC.
+fn report(hal: &mut dyn RankHal, applied: &Applied) -> Result<Vec<GroupView>, RankError> {
+    let started = Instant::now();
+    let groups = hal.groups();
+    telemetry::hal_call("groups", groups.is_ok(), started.elapsed());
+    let groups = groups.map_err(|e| RankError {
+        group: None,
+        message: e.to_string(),
+        hal: Some(e),
+    })?;
+    let mut views: Vec<GroupView> = groups
+        .into_iter()
+        .map(|g| GroupView {
+            on_backup: applied
+                .get(&g.name)
+                .map(|s| s.iter().copied().collect())
+                .unwrap_or_default(),
+            size: g.members.len() as u32,
+            group: g.name,
+        })
+        .collect();
+    views.sort_by(|a, b| a.group.cmp(&b.group));
+    Ok(views)
 }
 
 /// Plans and makes every call for this rank. A failed group does not stop the remaining
@@ -335,6 +397,7 @@ fn apply(
     rank: GlobalRank,
     hal: &mut dyn RankHal,
     targets: &[(GlobalRank, bool)],
+    applied: &mut Applied,
 ) -> Result<Vec<AppliedCall>, RankError> {
     let started = Instant::now();
     let groups = hal.groups();
@@ -351,7 +414,8 @@ fn apply(
         .iter()
         .map(|g| (g.name.as_str(), g.members.len() as u32))
         .collect();
-    let mut applied = Vec::new();
+    let wanted: BTreeMap<GlobalRank, bool> = targets.iter().copied().collect();
+    let mut calls = Vec::new();
     let mut first_error = None;
     for call in plan_calls(&groups, targets) {
         let t = Instant::now();
@@ -362,11 +426,27 @@ fn apply(
             telemetry::hal_error("set_working_nic", e);
         }
         match res {
-            Ok(()) => applied.push(AppliedCall {
-                group: call.group.clone(),
-                group_size: sizes.get(call.group.as_str()).copied().unwrap_or(0),
-                digest: call.digest(),
-            }),
+            Ok(()) => {
+                // The call set exactly the targets that are members of this group.
+                let view = applied.entry(call.group.clone()).or_default();
+                let members = groups.iter().find(|g| g.name == call.group);
+                for m in members.iter().flat_map(|g| g.members.iter()) {
+                    match wanted.get(m) {
+                        Some(true) => {
+                            view.insert(*m);
+                        }
+                        Some(false) => {
+                            view.remove(m);
+                        }
+                        None => {}
+                    }
+                }
+                calls.push(AppliedCall {
+                    group: call.group.clone(),
+                    group_size: sizes.get(call.group.as_str()).copied().unwrap_or(0),
+                    digest: call.digest(),
+                })
+            }
             Err(e) => {
                 tracing::warn!(rank = rank.0, group = %call.group, error = %e, "NIC set failed");
                 first_error.get_or_insert(RankError {
@@ -378,7 +458,7 @@ fn apply(
         }
     }
     match first_error {
-        None => Ok(applied),
+        None => Ok(calls),
         Some(e) => Err(e),
     }
 }

@@ -35,11 +35,11 @@ pub const SERVER_ERROR: i32 = 599;
 pub fn for_submit_error(e: &SubmitError) -> i32 {
     match e {
         SubmitError::UnknownJob { .. } => JOB_NOT_EXIST,
-        SubmitError::WorkersMissing { .. } => JOB_NOT_REGISTERED,
+        SubmitError::WorkersMissing { .. } | SubmitError::Unverified { .. } => JOB_NOT_REGISTERED,
         SubmitError::Busy { .. } => OPERATION_RUNNING,
         SubmitError::Invalid(_) => PARAMETER_INVALID,
         SubmitError::CapabilityMissing { .. } => SWITCH_UNSUPPORTED,
-        SubmitError::NotRunning { .. } => OUT_OF_ORDER,
+        SubmitError::NotRunning { .. } | SubmitError::NothingToRecover { .. } => OUT_OF_ORDER,
     }
 }
 

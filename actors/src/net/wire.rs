@@ -7,8 +7,8 @@ use super::pb;
 use std::time::Duration;
 use taskd_core::command::RankTarget;
 use taskd_core::protocol::{
-    AppliedCall, Directive, DirectiveKind, NodeReply, Phase, ProxyToManager, RankError, RankReply,
-    ReplyBody, WorkerHello, WorkerToProxy,
+    AppliedCall, Directive, DirectiveKind, GateReport, GroupView, NodeReply, Phase, ProxyToManager,
+    RankError, RankReply, ReplyBody, WorkerHello, WorkerReport, WorkerToProxy,
 };
 use taskd_core::{
     DeviceId, GlobalRank, HalError, HcclCode, JobId, LinkHealth, NodeName, OperationId,
@@ -44,6 +44,7 @@ pub fn phase_to_pb(p: Phase) -> pb::Phase {
         Phase::Switch => pb::Phase::Switch,
         Phase::Rollback => pb::Phase::Rollback,
         Phase::Resume => pb::Phase::Resume,
+        Phase::Verify => pb::Phase::Verify,
     }
 }
 
@@ -54,6 +55,7 @@ pub fn phase_from_pb(what: &'static str, raw: i32) -> Result<Phase, WireError> {
         Ok(pb::Phase::Switch) => Ok(Phase::Switch),
         Ok(pb::Phase::Rollback) => Ok(Phase::Rollback),
         Ok(pb::Phase::Resume) => Ok(Phase::Resume),
+        Ok(pb::Phase::Verify) => Ok(Phase::Verify),
         _ => Err(WireError {
             what,
             detail: format!("unknown phase {raw}"),
@@ -133,6 +135,7 @@ pub fn directive_to_pb(d: Directive) -> pb::Directive {
         DirectiveKind::Switch { targets } => Kind::SwitchNics(flags_to_pb(targets)),
         DirectiveKind::Rollback { targets } => Kind::Rollback(flags_to_pb(targets)),
         DirectiveKind::Resume => Kind::Resume(pb::ResumeTraining {}),
+        DirectiveKind::Verify => Kind::Verify(pb::VerifyState {}),
     };
     pb::Directive {
         op: d.op.to_string(),
@@ -165,6 +168,7 @@ pub fn directive_from_pb(d: pb::Directive) -> Result<Directive, WireError> {
             targets: flags_from_pb(t),
         },
         Kind::Resume(_) => DirectiveKind::Resume,
+        Kind::Verify(_) => DirectiveKind::Verify,
     };
     Ok(Directive { op, kind })
 }
@@ -193,6 +197,45 @@ fn rank_error_from_pb(e: pb::RankError) -> RankError {
     }
 }
 
+fn worker_report_to_pb(w: WorkerReport) -> pb::WorkerReport {
+    pb::WorkerReport {
+        groups: w
+            .groups
+            .into_iter()
+            .map(|g| pb::GroupView {
+                group: g.group,
+                size: g.size,
+                on_backup: g.on_backup.into_iter().map(|r| r.0).collect(),
+            })
+            .collect(),
+        gate_op: w.gate.op.map(|o| o.to_string()).unwrap_or_default(),
+        held_after: w.gate.held_after,
+    }
+}
+
+fn worker_report_from_pb(w: pb::WorkerReport) -> Result<WorkerReport, WireError> {
+    let op = if w.gate_op.is_empty() {
+        None
+    } else {
+        Some(op_id("worker report", &w.gate_op)?)
+    };
+    Ok(WorkerReport {
+        groups: w
+            .groups
+            .into_iter()
+            .map(|g| GroupView {
+                group: g.group,
+                size: g.size,
+                on_backup: g.on_backup.into_iter().map(GlobalRank).collect(),
+            })
+            .collect(),
+        gate: GateReport {
+            op,
+            held_after: w.held_after,
+        },
+    })
+}
+
 pub fn rank_reply_to_pb(r: RankReply) -> pb::RankReply {
     use pb::rank_reply::Body;
     let body = match r.body {
@@ -212,6 +255,7 @@ pub fn rank_reply_to_pb(r: RankReply) -> pb::RankReply {
             Body::ResumedStallNanos(stalled.as_nanos().min(u64::MAX as u128) as u64)
         }
         ReplyBody::Failed(e) => Body::Failed(rank_error_to_pb(e)),
+        ReplyBody::Verified(w) => Body::Verified(worker_report_to_pb(w)),
     };
     pb::RankReply {
         rank: r.rank.0,
@@ -242,6 +286,7 @@ pub fn rank_reply_from_pb(r: pb::RankReply) -> Result<RankReply, WireError> {
             stalled: Duration::from_nanos(n),
         },
         Body::Failed(e) => ReplyBody::Failed(rank_error_from_pb(e)),
+        Body::Verified(w) => ReplyBody::Verified(worker_report_from_pb(w)?),
     };
     Ok(RankReply {
         rank: GlobalRank(r.rank),
@@ -365,6 +410,7 @@ mod tests {
                 targets: vec![(GlobalRank(11), false)],
             },
             DirectiveKind::Resume,
+            DirectiveKind::Verify,
         ];
         for kind in kinds {
             let d = Directive { op: op(), kind };
@@ -387,6 +433,18 @@ mod tests {
             ReplyBody::Resumed {
                 stalled: Duration::from_micros(1234),
             },
+            ReplyBody::Verified(WorkerReport {
+                groups: vec![GroupView {
+                    group: "world".into(),
+                    size: 16,
+                    on_backup: vec![GlobalRank(3), GlobalRank(9)],
+                }],
+                gate: GateReport {
+                    op: Some(op()),
+                    held_after: Some(41),
+                },
+            }),
+            ReplyBody::Verified(WorkerReport::default()),
             ReplyBody::Failed(RankError {
                 group: Some("dp_1".into()),
                 hal: Some(HalError::new(

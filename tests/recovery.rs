@@ -1,0 +1,179 @@
+//! The recovery contract through the actors on the simulated fabric: a manager that dies or
+//! stops mid-operation never leaves a job held, a restarted manager rebuilds its NIC table from
+//! what the ranks applied, and a job left paused by a failed rollback has a way back. Every
+//! test ends with the invariant: every communication group agrees on its NIC configuration.
+
+use std::time::Duration;
+use taskd::actors::{ProgressKind, RecoveryResult};
+use taskd::core::command::Target;
+use taskd::core::ledger::RecoverTo;
+use taskd::core::operation::{JobState, OperationError, Outcome};
+use taskd::core::protocol::Phase;
+use taskd::core::{DeviceId, GlobalRank, HcclCode, JobId, NodeName, SwitchCommand};
+use taskd::hal_mock::NicSetFault;
+use taskd::sim::{FinalState, SimConfig, Simulation};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn small() -> SimConfig {
+    SimConfig {
+        nodes: 2,
+        devices_per_node: 4,
+        step_time: Duration::from_millis(1),
+        steps_between: 2,
+        ..SimConfig::default()
+    }
+}
+
+fn cmd(targets: &[(&str, u32, bool)]) -> SwitchCommand {
+    SwitchCommand {
+        job: JobId("sim".into()),
+        id: None,
+        targets: targets
+            .iter()
+            .map(|(n, d, b)| Target {
+                node: NodeName((*n).into()),
+                device: DeviceId(*d),
+                use_backup: *b,
+            })
+            .collect(),
+    }
+}
+
+fn assert_consistent_end(end: &FinalState) {
+    assert!(
+        end.groups_consistent,
+        "groups disagree: {}",
+        end.consistency
+    );
+    assert_eq!(end.collectives_on_inconsistent_groups, 0);
+    assert_eq!(end.ranks_on_backup, end.manager_on_backup);
+    assert!(end.violations.is_empty(), "{:?}", end.violations);
+}
+
+/// Submits `c` and returns once the manager started `phase` of it.
+fn submit_until(sim: &Simulation, c: SwitchCommand, phase: Phase) {
+    let mut events = sim.job().subscribe_progress();
+    let id = sim.job().submit(c).expect("admitted").id();
+    loop {
+        let ev = events
+            .blocking_recv()
+            .expect("the manager publishes progress");
+        match ev.kind {
+            ProgressKind::PhaseStarted { phase: p, .. } if ev.op == id && p == phase => return,
+            ProgressKind::Finished(r) if ev.op == id => panic!("finished before {phase}: {r}"),
+            _ => {}
+        }
+    }
+}
+
+/// Kills the manager once it started `phase`; a new one must adopt the orphaned operation.
+/// The kill lands in that phase or a little later (replies keep arriving until the manager
+/// handles the kill), so the checks hold for any later point too; `expect_backup`, when
+/// given, is the only possible outcome.
+fn kill_manager_during(phase: Phase, expect_backup: Option<&[u32]>) {
+    let sim = Simulation::start(&small()).unwrap();
+    submit_until(
+        &sim,
+        cmd(&[("node-0", 1, true), ("node-1", 2, true)]),
+        phase,
+    );
+    sim.job().restart_manager().unwrap();
+    // The new manager waits for every rank's report, opens the orphaned gates onto groups
+    // that agree, and runs.
+    sim.job().wait_registered(WAIT).unwrap();
+    let status = sim.job().status(4).unwrap();
+    assert_eq!(status.state, JobState::Running, "{status:?}");
+    assert!(status.verified);
+    let v = status.last_verification.expect("a verification ran");
+    assert!(v.released.len() <= 1, "{v}");
+    assert!(sim.fabric().check_consistency().is_consistent());
+    assert_eq!(status.ranks_on_backup, sim.fabric().ranks_on_backup());
+    if let Some(expect) = expect_backup {
+        let on_backup: Vec<GlobalRank> = expect.iter().map(|r| GlobalRank(*r)).collect();
+        assert_eq!(status.ranks_on_backup, on_backup);
+    }
+    // Training goes on, and the next switch is admitted and runs.
+    sim.train(2).unwrap();
+    let again = sim
+        .job()
+        .run(cmd(&[("node-0", 1, true), ("node-1", 2, true)]))
+        .unwrap();
+    assert_eq!(again.outcome, Outcome::Succeeded, "{again}");
+    sim.train(1).unwrap();
+    assert_consistent_end(&sim.finish());
+}
+
+#[test]
+fn a_manager_killed_during_the_pause_leaves_no_rank_held() {
+    kill_manager_during(Phase::Pause, None);
+}
+
+#[test]
+fn a_manager_killed_during_the_switch_is_replaced_by_one_that_adopts_the_result() {
+    // Every rank applies the switch (their calls complete without a manager); the new
+    // manager learns it from their reports.
+    kill_manager_during(Phase::Switch, Some(&[1, 6]));
+}
+
+#[test]
+fn a_stopping_manager_rolls_back_and_resumes_before_it_goes() {
+    let sim = Simulation::start(&small()).unwrap();
+    submit_until(&sim, cmd(&[("node-0", 3, true)]), Phase::Switch);
+    let r = sim
+        .job()
+        .drain("SIGTERM", WAIT)
+        .unwrap()
+        .expect("an operation was in flight");
+    assert_eq!(r.outcome, Outcome::Failed, "{r}");
+    assert!(
+        matches!(
+            r.error,
+            Some(OperationError::Aborted {
+                phase: Phase::Switch,
+                ..
+            })
+        ),
+        "{r}"
+    );
+    assert!(r.rolled_back, "{r}");
+    assert_eq!(r.job_state, JobState::Running);
+    sim.train(2).unwrap();
+    assert_consistent_end(&sim.finish());
+}
+
+#[test]
+fn a_paused_job_is_recovered_by_the_operator() {
+    let sim = Simulation::start(&small()).unwrap();
+    // Rank 1 makes two calls per switch (tp_0, world): the first fails, and so does its
+    // second rollback call: world is left split and the job stays paused.
+    let f = sim.fabric();
+    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Fail(HcclCode::Network));
+    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Slow(Duration::ZERO));
+    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Slow(Duration::ZERO));
+    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Fail(HcclCode::Network));
+    let r = sim.job().run(cmd(&[("node-0", 0, true)])).unwrap();
+    assert_eq!(r.job_state, JobState::Paused, "{r}");
+    assert!(!f.check_consistency().is_consistent());
+
+    let rec = sim.job().recover(RecoverTo::Primary).unwrap();
+    let RecoveryResult::Operation(rec) = rec else {
+        panic!("rank 0 is in doubt: {rec:?}");
+    };
+    assert_eq!(rec.outcome, Outcome::Succeeded, "{rec}");
+    assert_eq!(rec.job_state, JobState::Running);
+    sim.job().wait_registered(WAIT).unwrap();
+    let status = sim.job().status(0).unwrap();
+    assert_eq!(status.state, JobState::Running);
+    assert!(status.verified && status.ranks_on_backup.is_empty());
+    sim.train(2).unwrap();
+    assert_consistent_end(&sim.finish());
+}
+
+#[test]
+fn recover_on_a_running_job_says_there_is_nothing_to_do() {
+    let sim = Simulation::start(&small()).unwrap();
+    let e = sim.job().recover(RecoverTo::AsIs).unwrap_err();
+    assert!(e.to_string().contains("nothing to recover"), "{e}");
+    assert_consistent_end(&sim.finish());
+}

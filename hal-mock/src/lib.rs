@@ -20,11 +20,12 @@
 //!
 //! Rank `r` runs on node `r / D`, device `r % D` (node names `node-{i}`, as
 //! [`taskd_core::RankTable::uniform`] lays them out). Each device owns one physical NIC port:
-//! its primary NIC. Its backup NIC is its partner die's (`device ^ 1`) port; the last device
-//! of an odd-sized node has none. A rank on its backup NIC sends on its partner's port, so two
-//! partners both on backup swap ports. Groups: the world group `hccl_world_group`,
-//! tensor-parallel `tp_{i}` (consecutive chunks of `tp_size` ranks) and data-parallel `dp_{j}`
-//! (ranks with index `j` in their chunk), members in ascending global rank.
+//! its primary NIC. Its backup NIC is its partner die's port
+//! ([`taskd_core::DeviceId::partner`]); the last device of an odd-sized node has none. A rank on
+//! its backup NIC sends on its partner's port, so two partners both on backup swap ports.
+//! Groups: the world group `hccl_world_group`, tensor-parallel `tp_{i}` (consecutive chunks of
+//! `tp_size` ranks) and data-parallel `dp_{j}` (ranks with index `j` in their chunk), members in
+//! ascending global rank.
 //!
 //! ## The HCCL rules enforced
 //!

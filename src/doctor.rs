@@ -367,7 +367,7 @@ pub fn dcmi_devices(env: Env<'_>) -> (Check, Option<u32>) {
         Ok(l) => l,
         Err(e) => return (Check::warn(name, e.to_string(), fix), None),
     };
-    let mut hal = match AscendNodeHal::new(lib) {
+    let hal = match AscendNodeHal::new(lib) {
         Ok(h) => h,
         Err(e) => return (Check::warn(name, e.to_string(), fix), None),
     };

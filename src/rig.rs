@@ -191,19 +191,13 @@ impl RigLibraries {
     }
 }
 
-/// The node HAL when DCMI is unavailable: the rig's device count, and every NIC reported up.
+/// The node HAL when DCMI is unavailable: every NIC reported up.
 ///
 /// With it the proxy never refuses a switch because a link is down; HCCL is then the only
 /// judge of whether a NIC works. The rig's report says which node HAL ran.
-pub struct UnmonitoredNodeHal {
-    pub devices: u32,
-}
+pub struct UnmonitoredNodeHal;
 
 impl NodeHal for UnmonitoredNodeHal {
-    fn device_count(&mut self) -> Result<u32, HalError> {
-        Ok(self.devices)
-    }
-
     fn link_health(&mut self, device: DeviceId) -> Result<LinkHealth, HalError> {
         Ok(LinkHealth {
             device,
@@ -233,10 +227,6 @@ impl RankHal for SharedRankHal {
         use_backup: &[bool],
     ) -> Result<(), HalError> {
         lock(&self.0).set_working_nic(group, ranks, use_backup)
-    }
-
-    fn resume_group(&mut self, group: &str) -> Result<(), HalError> {
-        lock(&self.0).resume_group(group)
     }
 
     fn capabilities(&mut self) -> SwitchCapabilities {
@@ -888,13 +878,13 @@ impl Rig {
                 match AscendNodeHal::new(dcmi) {
                     Ok(h) => (Box::new(h), format!("DCMI ({path})")),
                     Err(e) => (
-                        Box::new(UnmonitoredNodeHal { devices: n as u32 }),
+                        Box::new(UnmonitoredNodeHal),
                         format!("unmonitored: every NIC reported up ({e})"),
                     ),
                 }
             }
             Err(e) => (
-                Box::new(UnmonitoredNodeHal { devices: n as u32 }),
+                Box::new(UnmonitoredNodeHal),
                 format!("unmonitored: every NIC reported up (DCMI not loaded: {e})")
                     .replace('\n', " "),
             ),
@@ -1327,8 +1317,7 @@ mod tests {
 
     #[test]
     fn unmonitored_node_hal_reports_every_nic_up() {
-        let mut h = UnmonitoredNodeHal { devices: 4 };
-        assert_eq!(h.device_count().unwrap(), 4);
+        let mut h = UnmonitoredNodeHal;
         let l = h.link_health(DeviceId(3)).unwrap();
         assert!(l.primary_up && l.backup_up);
     }

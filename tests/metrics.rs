@@ -313,7 +313,11 @@ fn a_failed_switch_counts_its_rollback_and_hal_error() {
     assert_eq!(
         s.value(
             errors,
-            &[("op", "set_working_nic"), ("code", "HCCL_E_NETWORK")]
+            &[
+                ("op", "set_working_nic"),
+                ("kind", "network"),
+                ("code", "HCCL_E_NETWORK")
+            ]
         ),
         1.0
     );

@@ -144,7 +144,7 @@ fn a_hal_failure_rolls_back_and_training_resumes() {
     match &r.error {
         Some(OperationError::RankFailed { rank, error, .. }) => {
             assert_eq!(*rank, GlobalRank(5));
-            assert_eq!(error.hal.as_ref().unwrap().code, HcclCode::Network);
+            assert_eq!(error.hal.as_ref().unwrap().hccl(), Some(HcclCode::Network));
         }
         other => panic!("unexpected error {other:?}"),
     }
@@ -190,7 +190,7 @@ fn a_hang_past_the_switch_deadline_fails_with_a_timeout_and_rolls_back() {
         .rank_errors
         .iter()
         .any(|(rank, _, e)| *rank == GlobalRank(1)
-            && e.hal.as_ref().map(|h| h.code) == Some(HcclCode::Timeout)));
+            && e.hal.as_ref().and_then(|h| h.hccl()) == Some(HcclCode::Timeout)));
     sim.train(2).unwrap();
     let end = sim.finish();
     assert_consistent_end(&end);

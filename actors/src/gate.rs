@@ -26,7 +26,7 @@
 //! [`StepGate::resume`] opens the gate. One training thread calls a gate; any thread may
 //! control it.
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -167,6 +167,10 @@ impl StepGate {
         }
     }
 
+    /// Events are emitted with the lock released, so a notify callback may call back into
+    /// the gate. A hold is recorded before its event goes out (whoever reacts to `Held` sees
+    /// [`StepGate::held_step`]), and the condition is checked again after it, since a resume
+    /// may have come in between.
     #[cold]
     fn boundary_slow(&self, step: u64) {
         let mut g = self.inner.lock();
@@ -183,6 +187,7 @@ impl StepGate {
                     step: step + 1,
                     pause_step: false,
                 };
+                drop(g);
                 self.emit(GateEvent::Sampled {
                     op,
                     in_step: step + 1,
@@ -192,26 +197,23 @@ impl StepGate {
             (Some(op), Mode::HoldAfter { .. }) => op,
             _ => return,
         };
-        match g.mode {
+        let event = match g.mode {
             Mode::HoldAfter { step: bound, .. } if step < bound => return,
+            // Cannot happen with the two-phase protocol; hold anyway so the group calls never
+            // run under a moving loop, and say so.
             Mode::HoldAfter { step: bound, .. } if step > bound => {
-                // Cannot happen with the two-phase protocol; hold anyway so the group calls
-                // never run under a moving loop, and say so.
-                self.emit(GateEvent::Overran { op, step, bound });
+                GateEvent::Overran { op, step, bound }
             }
             // Only the manager's pause step is reported: a provisional hold is not a pause.
             Mode::HoldAfter {
                 pause_step: true, ..
-            } => self.emit(GateEvent::Held { op, step }),
-            _ => self.emit(GateEvent::HeldProvisionally { op, step }),
-        }
+            } => GateEvent::Held { op, step },
+            _ => GateEvent::HeldProvisionally { op, step },
+        };
         g.held = Some((step, Instant::now()));
-        loop {
+        MutexGuard::unlocked(&mut g, || self.emit(event));
+        while matches!(g.mode, Mode::HoldAfter { step: bound, .. } if bound <= step) {
             self.released.wait(&mut g);
-            match g.mode {
-                Mode::HoldAfter { step: bound, .. } if bound <= step => continue,
-                _ => break,
-            }
         }
         if let Some((_, since)) = g.held.take() {
             g.stalled += since.elapsed();
@@ -597,5 +599,86 @@ mod tests {
         g.resume(op(7));
         trainer.join().unwrap();
         assert_eq!(g.last_step(), Some(101));
+    }
+
+    #[test]
+    fn events_go_out_with_the_lock_released_and_the_hold_recorded() {
+        let g = Arc::new(StepGate::new());
+        let (tx, rx) = mpsc::channel();
+        let tx = Mutex::new(tx);
+        let weak = Arc::downgrade(&g);
+        g.set_notify(move |e| {
+            let gate = weak.upgrade().expect("the test keeps the gate");
+            // A callback may call back into the gate: it must not find the lock taken.
+            let locked = gate.inner.is_locked();
+            let held = if locked { None } else { gate.held_step() };
+            tx.lock().send((e, locked, held)).unwrap();
+        });
+        assert_eq!(g.sample(op(9)), Ok(None));
+        let trainer = {
+            let g = g.clone();
+            std::thread::spawn(move || {
+                g.step_completed(10); // answers the sample: in step 11
+                g.step_completed(11); // holds provisionally, then at the pause step
+                g.step_completed(12);
+            })
+        };
+        assert_eq!(
+            rx.recv().unwrap(),
+            (
+                GateEvent::Sampled {
+                    op: op(9),
+                    in_step: 11
+                },
+                false,
+                None
+            )
+        );
+        assert_eq!(
+            rx.recv().unwrap(),
+            (
+                GateEvent::HeldProvisionally {
+                    op: op(9),
+                    step: 11
+                },
+                false,
+                Some(11)
+            )
+        );
+        g.pause_at(op(9), 11).unwrap();
+        assert_eq!(
+            rx.recv().unwrap(),
+            (
+                GateEvent::Held {
+                    op: op(9),
+                    step: 11
+                },
+                false,
+                Some(11)
+            )
+        );
+        g.resume(op(9));
+        trainer.join().unwrap();
+
+        // A loop that jumps past its bound is held and reported, the same way.
+        assert_eq!(g.sample(op(10)), Ok(Some(13)));
+        let trainer = {
+            let g = g.clone();
+            std::thread::spawn(move || g.step_completed(20))
+        };
+        assert_eq!(
+            rx.recv().unwrap(),
+            (
+                GateEvent::Overran {
+                    op: op(10),
+                    step: 20,
+                    bound: 13
+                },
+                false,
+                Some(20)
+            )
+        );
+        g.resume(op(10));
+        trainer.join().unwrap();
     }
 }

@@ -50,8 +50,11 @@ pub const HAL_CALL_DURATION: &str = "taskd_hal_call_duration_seconds";
 /// Counter `{direction, kind}`: control messages by direction (`in`, `out`) and kind (the
 /// phase of a directive, `reply`, `node_reply`, `hello`, `worker_up`, `worker_lost`).
 pub const MESSAGES_TOTAL: &str = "taskd_messages_total";
-/// Counter `{op, code}`: failed HAL calls by HCCL code (`HCCL_E_NETWORK`, ...;
-/// `HCCL_E_UNKNOWN` for a code this build does not know). Added to section 8.
+/// Counter `{op, kind, code}`: failed HAL calls by the error's vendor-neutral kind
+/// (`network`, `timeout`, ...: `taskd_core::HalErrorKind::as_str`) and the vendor's name of its
+/// code (`HCCL_E_NETWORK`, `DCMI_ERR_CODE_TIME_OUT`, ...). `code` is looked up in this build's
+/// code tables (`taskd_core::VendorCode::metric_name`), `OTHER` for a code it has no name for
+/// or an error without a code, so both labels have fixed sets of values. Added to section 8.
 pub const HAL_ERRORS_TOTAL: &str = "taskd_hal_errors_total";
 /// Gauge `{state}`: 1 for the job's current state (`running`, `paused`, `needs_recovery`), 0
 /// for the others. `paused` after a failed rollback is the "operator action required" alarm.
@@ -100,9 +103,15 @@ pub(crate) fn hal_call(op: &'static str, ok: bool, took: Duration) {
     metrics::histogram!(HAL_CALL_DURATION, "op" => op).record(took.as_secs_f64());
 }
 
-/// A failed HAL call's code; call it besides [`hal_call`].
+/// A failed HAL call's kind and code; call it besides [`hal_call`].
 pub(crate) fn hal_error(op: &'static str, e: &HalError) {
-    metrics::counter!(HAL_ERRORS_TOTAL, "op" => op, "code" => e.code.name()).increment(1);
+    metrics::counter!(
+        HAL_ERRORS_TOTAL,
+        "op" => op,
+        "kind" => e.kind.as_str(),
+        "code" => e.vendor.metric_name()
+    )
+    .increment(1);
 }
 
 /// `direction` is `in` or `out`; `kind` the message's kind (`sample`, `reply`, ...).
@@ -165,7 +174,7 @@ fn describe() {
     describe_counter!(
         HAL_ERRORS_TOTAL,
         Unit::Count,
-        "Failed device HAL calls by operation and HCCL code"
+        "Failed device HAL calls by operation, error kind and vendor code name"
     );
     describe_gauge!(
         JOB_STATE,
@@ -416,6 +425,34 @@ mod tests {
         let mut out = String::new();
         s.read_to_string(&mut out).unwrap();
         out
+    }
+
+    #[test]
+    fn hal_errors_count_by_kind_and_a_code_name_of_this_build() {
+        use taskd_core::{HcclCode, Library, VendorCode};
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let mut from_a_peer = HalError::new("HcclCommWorkingDevNicSet", HcclCode::Other(99), "");
+        from_a_peer.vendor.name = Some("HCCL_E_SOMETHING_NEW".into());
+        metrics::with_local_recorder(&recorder, || {
+            hal_error(
+                "set_working_nic",
+                &HalError::new("HcclCommWorkingDevNicSet", HcclCode::Network, ""),
+            );
+            hal_error(
+                "link_health",
+                &HalError::new("dcmi_init", VendorCode::new(Library::Dcmi, -8006), ""),
+            );
+            hal_error("set_working_nic", &from_a_peer);
+        });
+        let text = recorder.handle().render();
+        for series in [
+            r#"taskd_hal_errors_total{op="set_working_nic",kind="network",code="HCCL_E_NETWORK"} 1"#,
+            r#"taskd_hal_errors_total{op="link_health",kind="timeout",code="DCMI_ERR_CODE_TIME_OUT"} 1"#,
+            r#"taskd_hal_errors_total{op="set_working_nic",kind="other",code="OTHER"} 1"#,
+        ] {
+            assert!(text.contains(series), "{series} not in\n{text}");
+        }
+        assert!(!text.contains("SOMETHING_NEW"), "{text}");
     }
 
     #[test]

@@ -34,7 +34,10 @@ pub struct WorkerConfig {
 }
 
 enum HalJob {
-    Capabilities(oneshot::Sender<SwitchCapabilities>),
+    Capabilities {
+        tsp: bool,
+        reply: oneshot::Sender<SwitchCapabilities>,
+    },
     /// What this rank has applied to each of its groups.
     Report(oneshot::Sender<Result<Vec<GroupView>, RankError>>),
     Apply {
@@ -164,18 +167,21 @@ impl Actor for Worker {
         let addr = ctx.address();
         self.gate.set_notify(move |ev| addr.do_send(GateNotice(ev)));
         let (tx, rx) = oneshot::channel();
-        if self.hal.send(HalJob::Capabilities(tx)).is_err() {
+        let job = HalJob::Capabilities {
+            tsp: self.cfg.tsp,
+            reply: tx,
+        };
+        if self.hal.send(job).is_err() {
             tracing::error!(rank = self.cfg.rank.0, "HAL thread is gone");
             ctx.stop();
             return;
         }
         ctx.spawn(
             actix::fut::wrap_future::<_, Self>(rx).map(|caps, act, ctx| {
-                let Ok(mut caps) = caps else {
+                let Ok(caps) = caps else {
                     ctx.stop();
                     return;
                 };
-                caps.tsp = act.cfg.tsp;
                 let hello = WorkerHello {
                     job: act.cfg.job.clone(),
                     node: act.cfg.node.clone(),
@@ -343,12 +349,21 @@ impl Handler<StopWorker> for Worker {
 /// the HAL thread, which makes every call; a new process starts with none (HCCL's default).
 type Applied = BTreeMap<String, BTreeSet<GlobalRank>>;
 
+/// What this rank can switch: the HAL's answer (L2 retry, RDMA) with this process's own `tsp`
+/// (`MS_ENABLE_TFT`), which no HAL knows. The one place the two are joined.
+pub(crate) fn rank_capabilities(hal: &mut dyn RankHal, tsp: bool) -> SwitchCapabilities {
+    SwitchCapabilities {
+        tsp,
+        ..hal.capabilities()
+    }
+}
+
 fn hal_loop(rank: GlobalRank, mut hal: Box<dyn RankHal>, jobs: mpsc::Receiver<HalJob>) {
     let mut applied = Applied::new();
     for job in jobs {
         match job {
-            HalJob::Capabilities(reply) => {
-                let _ = reply.send(hal.capabilities());
+            HalJob::Capabilities { tsp, reply } => {
+                let _ = reply.send(rank_capabilities(hal.as_mut(), tsp));
             }
             HalJob::Report(reply) => {
                 let _ = reply.send(report(hal.as_mut(), &applied));

@@ -202,12 +202,6 @@ impl SwitchCommand {
     }
 }
 
-/// The partner die of `device`: the two dies of one NPU are `2k` and `2k + 1`, and each one's
-/// backup NIC is the other's primary NIC.
-pub fn partner_device(device: DeviceId) -> DeviceId {
-    DeviceId(device.0 ^ 1)
-}
-
 /// HCCL fails a NIC-set call that tells the two ends of a die pair opposite sides at once.
 fn check_partners(targets: &[RankTarget]) -> Result<(), ValidationError> {
     let by_device: BTreeMap<(&NodeName, DeviceId), bool> = targets
@@ -215,7 +209,7 @@ fn check_partners(targets: &[RankTarget]) -> Result<(), ValidationError> {
         .map(|t| ((&t.node, t.device), t.use_backup))
         .collect();
     for t in targets {
-        let partner = partner_device(t.device);
+        let partner = t.device.partner();
         if let Some(&other) = by_device.get(&(&t.node, partner)) {
             if other != t.use_backup {
                 return Err(ValidationError::PartnerConflict {

@@ -2,129 +2,21 @@
 //!
 //! Calls are blocking (they are C calls into HCCL in production); the worker runs them on a
 //! thread of their own, strictly one at a time per rank, as HCCL requires.
+//!
+//! Every call fails with a [`HalError`]: a [`HalErrorKind`] the control plane can act on
+//! without knowing the hardware, and the vendor's own [`VendorCode`] (library, number, name)
+//! kept beside it. Which code maps to which kind is written down with the codes
+//! (`core/src/hal/codes.rs`, [`HcclCode::kind`]).
 
 use crate::ids::{DeviceId, GlobalRank, GroupRank};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-/// `HcclResult` as HCCL defines it. [`HcclCode::Other`] keeps any code a newer HCCL adds.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum HcclCode {
-    Success,
-    Para,
-    Ptr,
-    Memory,
-    Internal,
-    NotSupport,
-    NotFound,
-    Unavail,
-    Syscall,
-    Timeout,
-    OpenFileFailure,
-    TcpConnect,
-    RoceConnect,
-    TcpTransfer,
-    RoceTransfer,
-    Runtime,
-    Drv,
-    Profiling,
-    Cce,
-    Network,
-    Again,
-    Remote,
-    Suspending,
-    OpretryFail,
-    Oom,
-    Other(i32),
-}
+mod codes;
+mod error;
 
-const HCCL_NAMES: [(HcclCode, &str); 25] = [
-    (HcclCode::Success, "HCCL_SUCCESS"),
-    (HcclCode::Para, "HCCL_E_PARA"),
-    (HcclCode::Ptr, "HCCL_E_PTR"),
-    (HcclCode::Memory, "HCCL_E_MEMORY"),
-    (HcclCode::Internal, "HCCL_E_INTERNAL"),
-    (HcclCode::NotSupport, "HCCL_E_NOT_SUPPORT"),
-    (HcclCode::NotFound, "HCCL_E_NOT_FOUND"),
-    (HcclCode::Unavail, "HCCL_E_UNAVAIL"),
-    (HcclCode::Syscall, "HCCL_E_SYSCALL"),
-    (HcclCode::Timeout, "HCCL_E_TIMEOUT"),
-    (HcclCode::OpenFileFailure, "HCCL_E_OPEN_FILE_FAILURE"),
-    (HcclCode::TcpConnect, "HCCL_E_TCP_CONNECT"),
-    (HcclCode::RoceConnect, "HCCL_E_ROCE_CONNECT"),
-    (HcclCode::TcpTransfer, "HCCL_E_TCP_TRANSFER"),
-    (HcclCode::RoceTransfer, "HCCL_E_ROCE_TRANSFER"),
-    (HcclCode::Runtime, "HCCL_E_RUNTIME"),
-    (HcclCode::Drv, "HCCL_E_DRV"),
-    (HcclCode::Profiling, "HCCL_E_PROFILING"),
-    (HcclCode::Cce, "HCCL_E_CCE"),
-    (HcclCode::Network, "HCCL_E_NETWORK"),
-    (HcclCode::Again, "HCCL_E_AGAIN"),
-    (HcclCode::Remote, "HCCL_E_REMOTE"),
-    (HcclCode::Suspending, "HCCL_E_SUSPENDING"),
-    (HcclCode::OpretryFail, "HCCL_E_OPRETRY_FAIL"),
-    (HcclCode::Oom, "HCCL_E_OOM"),
-];
-
-impl HcclCode {
-    /// Maps the numeric `HcclResult`.
-    pub fn from_raw(code: i32) -> Self {
-        usize::try_from(code)
-            .ok()
-            .and_then(|i| HCCL_NAMES.get(i))
-            .map(|(c, _)| *c)
-            .unwrap_or(HcclCode::Other(code))
-    }
-
-    /// The numeric `HcclResult`.
-    pub fn raw(self) -> i32 {
-        match self {
-            HcclCode::Other(c) => c,
-            known => HCCL_NAMES
-                .iter()
-                .position(|(c, _)| *c == known)
-                .expect("every named code is in the table") as i32,
-        }
-    }
-
-    /// The name HCCL's headers and logs use, e.g. `HCCL_E_NETWORK`.
-    pub fn name(self) -> &'static str {
-        match self {
-            HcclCode::Other(_) => "HCCL_E_UNKNOWN",
-            known => HCCL_NAMES
-                .iter()
-                .find(|(c, _)| *c == known)
-                .map(|(_, n)| *n)
-                .expect("every named code is in the table"),
-        }
-    }
-}
-
-impl fmt::Display for HcclCode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({})", self.name(), self.raw())
-    }
-}
-
-/// An error from the device layer, keeping the vendor's code and what was being done.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-#[error("{op} failed with {code}: {detail}")]
-pub struct HalError {
-    /// The HAL operation, e.g. `HcclCommWorkingDevNicSet`.
-    pub op: String,
-    pub code: HcclCode,
-    pub detail: String,
-}
-
-impl HalError {
-    pub fn new(op: impl Into<String>, code: HcclCode, detail: impl Into<String>) -> Self {
-        HalError {
-            op: op.into(),
-            code,
-            detail: detail.into(),
-        }
-    }
-}
+pub use codes::HcclCode;
+pub use error::{HalError, HalErrorKind, Library, VendorCode, OTHER_CODE_NAME};
 
 /// One communication group a process belongs to.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -241,20 +133,18 @@ pub trait RankHal: Send {
         use_backup: &[bool],
     ) -> Result<(), HalError>;
 
-    /// `HcclCommResume` on one group, where the HAL needs it after a switch.
-    fn resume_group(&mut self, _group: &str) -> Result<(), HalError> {
-        Ok(())
-    }
-
     /// Whether a NIC-set call on this rank would really switch (L2 retry, RDMA links). The
-    /// `tsp` flag is the worker's own configuration and is filled in by the worker.
+    /// `tsp` a HAL reports is ignored: it is the worker process's own configuration
+    /// (`MS_ENABLE_TFT`), which the worker joins in.
     fn capabilities(&mut self) -> SwitchCapabilities;
 }
 
 /// Per-node device capability, owned by the node's proxy.
+///
+/// The proxy needs only the link health of the devices a switch targets; counting a node's
+/// devices is a preflight question, answered by the DCMI HAL itself
+/// (`taskd_hal_ascend::AscendNodeHal::device_count`).
 pub trait NodeHal: Send {
-    fn device_count(&mut self) -> Result<u32, HalError>;
-
     /// Link state of both NICs of one device.
     fn link_health(&mut self, device: DeviceId) -> Result<LinkHealth, HalError>;
 }
@@ -268,22 +158,6 @@ pub trait StepBoundary: Send + Sync {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_hccl_code_round_trips() {
-        for raw in 0..25 {
-            let c = HcclCode::from_raw(raw);
-            assert_eq!(c.raw(), raw);
-            assert!(!matches!(c, HcclCode::Other(_)));
-        }
-        assert_eq!(HcclCode::from_raw(19), HcclCode::Network);
-        assert_eq!(HcclCode::Network.name(), "HCCL_E_NETWORK");
-        assert_eq!(HcclCode::from_raw(9).name(), "HCCL_E_TIMEOUT");
-        assert_eq!(HcclCode::from_raw(99), HcclCode::Other(99));
-        assert_eq!(HcclCode::Other(99).raw(), 99);
-        assert_eq!(HcclCode::from_raw(-1), HcclCode::Other(-1));
-        assert_eq!(HcclCode::Oom.raw(), 24);
-    }
 
     #[test]
     fn capabilities_name_what_is_missing() {

@@ -15,6 +15,17 @@ pub struct NodeName(pub String);
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct DeviceId(pub u32);
 
+impl DeviceId {
+    /// The other die of the same NPU: ids `2k` and `2k + 1` are the two dies of one NPU (Atlas
+    /// A3: two dies per card), so the partner of `d` is `d ^ 1`. A die's backup NIC is its
+    /// partner's NIC, which is why a switch moves traffic between partners and why the two dies
+    /// of one NPU must not be told opposite NICs. Whether the partner exists (the last die of a
+    /// node with an odd count has none) is the caller's to check against its topology.
+    pub fn partner(self) -> DeviceId {
+        DeviceId(self.0 ^ 1)
+    }
+}
+
 /// A process's rank in the whole job (the world group).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct GlobalRank(pub u32);
@@ -62,5 +73,20 @@ impl std::str::FromStr for OperationId {
     type Err = uuid::Error;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         uuid::Uuid::parse_str(s).map(OperationId)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partners_are_the_two_dies_of_one_npu() {
+        for k in 0..8 {
+            let (even, odd) = (DeviceId(2 * k), DeviceId(2 * k + 1));
+            assert_eq!(even.partner(), odd);
+            assert_eq!(odd.partner(), even);
+            assert_eq!(even.partner().partner(), even);
+        }
     }
 }

@@ -6,7 +6,8 @@
 //! - [`rank_table`]: which `(node, device)` runs which global rank.
 //! - [`command`]: the operator's switch command and its validation into typed errors.
 //! - [`planner`]: how one rank turns a switch into HCCL calls, identically on every rank.
-//! - [`hal`]: the two capabilities a device layer must offer (per rank, per node).
+//! - [`hal`]: the two capabilities a device layer must offer (per rank, per node), and its
+//!   error: a vendor-neutral kind with the vendor's code kept beside it.
 //! - [`protocol`]: the messages manager, proxies and workers exchange.
 //! - [`operation`]: the operation state machine (events in, actions and deadlines out).
 //! - [`ledger`]: the manager's book of a job: registrations, NIC table, in-flight and past
@@ -31,8 +32,8 @@ pub mod verify;
 
 pub use command::{Direction, RankTarget, SwitchCommand, SwitchPlan, ValidationError};
 pub use hal::{
-    GroupInfo, HalError, HcclCode, LinkHealth, NicSide, NodeHal, RankHal, StepBoundary,
-    SwitchCapabilities,
+    GroupInfo, HalError, HalErrorKind, HcclCode, Library, LinkHealth, NicSide, NodeHal, RankHal,
+    StepBoundary, SwitchCapabilities, VendorCode,
 };
 pub use ids::{DeviceId, GlobalRank, GroupRank, JobId, NodeName, OperationId};
 pub use ledger::{JobLedger, JobState, SubmitError};

@@ -21,8 +21,9 @@
 //!   [`sys::acl::StreamHandle`], [`sys::acl::DevicePtr`]) can only come from a successful C
 //!   call or an `unsafe` constructor, and are consumed by the call that releases them.
 //! - [`result`]: one function per C call returning `Result`: [`taskd_core::HalError`] for
-//!   HCCL (`op` = the C function name, `code` = `HcclCode::from_raw`), [`result::AclError`]
-//!   and [`result::DcmiError`] keeping their numeric codes.
+//!   HCCL (`op` = the C function name, the vendor code the `HcclResult`), [`result::AclError`]
+//!   and [`result::DcmiError`] keeping their numeric codes (and converting into a `HalError`
+//!   in their own library's numbering).
 //! - [`safe`]: RAII types: [`Comm`] (`HcclCommDestroy` on drop when owned), [`RootInfo`]
 //!   (the 4108-byte blob), [`Stream`] (`aclrtDestroyStream` on drop), [`DeviceBuffer`]
 //!   (`aclrtFree` on drop).

@@ -2,7 +2,7 @@
 
 use crate::result::{self, DcmiError, NetworkHealth};
 use crate::sys::dcmi::DcmiLib;
-use taskd_core::{DeviceId, HalError, HcclCode, LinkHealth, NodeHal};
+use taskd_core::{DeviceId, HalError, HalErrorKind, Library, LinkHealth, NodeHal};
 
 /// Where a logical NPU sits, in DCMI's numbering.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -11,7 +11,8 @@ pub struct DcmiLocation {
     pub device_id: i32,
 }
 
-/// The per-node HAL: device count and NIC link health, read through DCMI.
+/// The per-node HAL: NIC link health (the proxy's [`NodeHal`]) and, for preflight, the device
+/// count, read through DCMI.
 ///
 /// **Device numbering.** A [`DeviceId`] is the NPU's *logical* id, the one
 /// `aclrtSetDevice`, `ASCEND_RT_VISIBLE_DEVICES` and `npu-smi info -m` ("Chip Logic ID") use.
@@ -19,7 +20,7 @@ pub struct DcmiLocation {
 /// `dcmi_get_card_id_device_id_from_logicid`.
 ///
 /// **Link health.** `primary_up` is `dcmi_get_device_network_health` of the device itself.
-/// `backup_up` is the same probe on the *partner die*, logical id `device ^ 1`: on Atlas A3
+/// `backup_up` is the same probe on the *partner die* ([`DeviceId::partner`]): on Atlas A3
 /// each NPU card carries two dies, and a die's backup NIC is its partner's NIC (DESIGN.md
 /// section 1). The partner must sit on the same card; if DCMI places it elsewhere (a
 /// one-die-per-card product such as A2), `link_health` fails instead of guessing.
@@ -29,8 +30,6 @@ pub struct DcmiLocation {
 /// guide, "使用hccn_tool工具配置RoCE网卡IP地址和子网掩码"), so a NIC without a detect IP
 /// never reads as up. It is a reachability probe, not the physical port state. Only
 /// `DCMI_RDFX_DETECT_OK` counts as up; see [`NetworkHealth::is_up`].
-///
-/// `device_count` is the sum of `dcmi_get_device_num_in_card` over `dcmi_get_card_list`.
 pub struct AscendNodeHal {
     dcmi: DcmiLib,
 }
@@ -54,10 +53,10 @@ impl AscendNodeHal {
         let at = self.locate(device)?;
         result::dcmi::get_device_network_health(&self.dcmi, at.card_id, at.device_id)
     }
-}
 
-impl NodeHal for AscendNodeHal {
-    fn device_count(&mut self) -> Result<u32, HalError> {
+    /// The node's NPU count: the sum of `dcmi_get_device_num_in_card` over
+    /// `dcmi_get_card_list`. Only preflight (`taskd doctor`) asks; the proxy never needs it.
+    pub fn device_count(&self) -> Result<u32, DcmiError> {
         let mut total: u32 = 0;
         for card in result::dcmi::get_card_list(&self.dcmi)? {
             let n = result::dcmi::get_device_num_in_card(&self.dcmi, card)?;
@@ -65,15 +64,18 @@ impl NodeHal for AscendNodeHal {
         }
         Ok(total)
     }
+}
 
+impl NodeHal for AscendNodeHal {
     fn link_health(&mut self, device: DeviceId) -> Result<LinkHealth, HalError> {
         let own = self.locate(device)?;
-        let partner_id = DeviceId(device.0 ^ 1);
+        let partner_id = device.partner();
         let partner = self.locate(partner_id)?;
         if partner.card_id != own.card_id {
-            return Err(HalError::new(
+            return Err(HalError::uncoded(
                 "dcmi_get_card_id_device_id_from_logicid",
-                HcclCode::NotSupport,
+                Library::Dcmi,
+                HalErrorKind::NotSupported,
                 format!(
                     "device {device} is on card {} but its partner die {partner_id} is on card \
                      {}: no backup NIC mapping for this product",

@@ -18,7 +18,7 @@ pub const TASKD_HCCL_RDMA: &str = "TASKD_HCCL_RDMA";
 /// What this rank's HCCL setup allows, from the environment: `l2_retry` from
 /// `HCCL_OP_RETRY_ENABLE` (parsed by [`taskd_core::env::l2_retry_enabled`]), `rdma` true unless
 /// [`TASKD_HCCL_RDMA`] says otherwise. `tsp` is left false: it is the worker's own
-/// configuration and the worker fills it in.
+/// configuration and the worker joins it in.
 pub fn capabilities_from_env(env: EnvLookup<'_>) -> SwitchCapabilities {
     let get = |k: &str| env(k).map(|v| v.to_string_lossy().into_owned());
     let rdma_off = get(TASKD_HCCL_RDMA).is_some_and(|v| {
@@ -182,11 +182,6 @@ impl RankHal for AscendRankHal {
             .set_working_nic(&ranks, use_backup)
     }
 
-    fn resume_group(&mut self, group: &str) -> Result<(), HalError> {
-        self.comm_named(crate::result::hccl::OP_COMM_RESUME, group)?
-            .resume()
-    }
-
     fn capabilities(&mut self) -> SwitchCapabilities {
         self.caps
     }
@@ -221,7 +216,7 @@ mod tests {
         for off in ["0", "false", "OFF", " no "] {
             assert!(!caps(&[("TASKD_HCCL_RDMA", off)]).rdma, "{off}");
         }
-        assert!(!caps(&[]).tsp, "tsp is the worker's to fill in");
+        assert!(!caps(&[]).tsp, "tsp is the worker's to join in");
     }
 
     #[test]
@@ -231,7 +226,7 @@ mod tests {
         let err = hal
             .set_working_nic("world", &[GroupRank(0)], &[true])
             .unwrap_err();
-        assert_eq!(err.code, HcclCode::NotFound);
+        assert_eq!(err.hccl(), Some(HcclCode::NotFound));
         assert_eq!(err.op, "HcclCommWorkingDevNicSet");
         assert_eq!(hal.capabilities(), SwitchCapabilities::ALL);
     }

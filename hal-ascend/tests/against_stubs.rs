@@ -9,8 +9,8 @@ use std::path::Path;
 use std::sync::Arc;
 use support::{env, fresh, fresh_dir, install, Stub, StubControl};
 use taskd_core::{
-    plan_calls, DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HcclCode, NodeHal, RankHal,
-    SwitchCapabilities,
+    plan_calls, DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCode,
+    Library, NodeHal, RankHal, SwitchCapabilities, VendorCode,
 };
 use taskd_hal_ascend::result::{self, AclError};
 use taskd_hal_ascend::search::{self, LibrarySpec, LoadError, Origin};
@@ -259,8 +259,8 @@ mod hccl {
         let comm = framework_comm(&lib, &stub, "world", 8, 0);
         let err = comm.set_working_nic(&[1, 2], &[true]).unwrap_err();
         assert_eq!(
-            (err.op.as_str(), err.code),
-            ("HcclCommWorkingDevNicSet", HcclCode::Para)
+            (err.op.as_str(), err.hccl()),
+            ("HcclCommWorkingDevNicSet", Some(HcclCode::Para))
         );
         assert!(err.detail.contains("not called"), "{err}");
         assert!(stub.calls("HcclCommWorkingDevNicSet").is_empty());
@@ -343,12 +343,10 @@ mod hccl {
                     Err(e) => {
                         assert_ne!(code, 0, "{name} failed on success: {e}");
                         assert_eq!(e.op, *name);
-                        assert_eq!(e.code, HcclCode::from_raw(code));
-                        assert_eq!(e.code.raw(), code);
-                        assert_eq!(
-                            matches!(e.code, HcclCode::Other(_)),
-                            !(0..=24).contains(&code)
-                        );
+                        assert_eq!(e.hccl(), Some(HcclCode::from_raw(code)));
+                        assert_eq!(e.vendor.code, Some(code));
+                        assert_eq!(e.kind, HcclCode::from_raw(code).kind());
+                        assert_eq!(e.vendor.name.is_none(), !(0..=24).contains(&code));
                     }
                 }
             }
@@ -357,7 +355,7 @@ mod hccl {
         // Spot checks of the names HCCL's logs use.
         stub.set_result("HcclCommResume", 22);
         let e = comm.resume().unwrap_err();
-        assert_eq!(e.code, HcclCode::Suspending);
+        assert_eq!(e.hccl(), Some(HcclCode::Suspending));
         assert_eq!(
             e.to_string(),
             "HcclCommResume failed with HCCL_E_SUSPENDING (22): "
@@ -448,8 +446,8 @@ mod hccl {
         stub.set_result("HcclCommDestroy", 4);
         let e = again.destroy().unwrap_err();
         assert_eq!(
-            (e.op.as_str(), e.code),
-            ("HcclCommDestroy", HcclCode::Internal)
+            (e.op.as_str(), e.hccl()),
+            ("HcclCommDestroy", Some(HcclCode::Internal))
         );
         assert_eq!(
             stub.calls("HcclCommDestroy").len(),
@@ -527,7 +525,10 @@ mod hccl {
                 &stream,
             )
             .unwrap_err();
-        assert_eq!((e.op.as_str(), e.code), ("HcclAllReduce", HcclCode::Para));
+        assert_eq!(
+            (e.op.as_str(), e.hccl()),
+            ("HcclAllReduce", Some(HcclCode::Para))
+        );
         let e = comm
             .all_reduce(
                 &send,
@@ -538,7 +539,7 @@ mod hccl {
                 &stream,
             )
             .unwrap_err();
-        assert_eq!(e.code, HcclCode::Para);
+        assert_eq!(e.hccl(), Some(HcclCode::Para));
         assert!(stub.calls("HcclAllReduce").is_empty());
     }
 }
@@ -584,9 +585,14 @@ mod acl {
         );
         let h: HalError = e.into();
         assert_eq!(
-            (h.op.as_str(), h.code),
-            ("aclrtMalloc", HcclCode::Other(207_001))
+            (h.op.as_str(), h.vendor.library, h.vendor.code),
+            ("aclrtMalloc", Library::Acl, Some(207_001))
         );
+        assert_eq!(
+            h.vendor.name.as_deref(),
+            Some("ACL_ERROR_RT_MEMORY_ALLOCATION")
+        );
+        assert_eq!(h.hccl_code(), None, "an aclError is not an HcclResult");
         stub.set_result("aclrtMalloc", 0);
 
         stub.set_result("aclrtSetDevice", 107_001);
@@ -732,7 +738,10 @@ mod rank_hal {
             SwitchCapabilities::ALL,
         );
         let e = hal.groups().unwrap_err();
-        assert_eq!((e.op.as_str(), e.code), ("HcclGetRankSize", HcclCode::Para));
+        assert_eq!(
+            (e.op.as_str(), e.hccl()),
+            ("HcclGetRankSize", Some(HcclCode::Para))
+        );
         assert!(
             e.detail.contains("8 ranks") && e.detail.contains("3 members"),
             "{e}"
@@ -754,7 +763,10 @@ mod rank_hal {
             SwitchCapabilities::ALL,
         );
         let e = hal.groups().unwrap_err();
-        assert_eq!((e.op.as_str(), e.code), ("HcclGetCommName", HcclCode::Para));
+        assert_eq!(
+            (e.op.as_str(), e.hccl()),
+            ("HcclGetCommName", Some(HcclCode::Para))
+        );
         assert!(
             e.detail.contains("\"dp_0\"") && e.detail.contains("\"tp_0\""),
             "{e}"
@@ -788,23 +800,11 @@ mod rank_hal {
             .set_working_nic("pp_0", &[GroupRank(0)], &[true])
             .unwrap_err();
         assert_eq!(
-            (e.op.as_str(), e.code),
-            ("HcclCommWorkingDevNicSet", HcclCode::NotFound)
+            (e.op.as_str(), e.hccl()),
+            ("HcclCommWorkingDevNicSet", Some(HcclCode::NotFound))
         );
-        let e = hal.resume_group("pp_0").unwrap_err();
-        assert_eq!(
-            (e.op.as_str(), e.code),
-            ("HcclCommResume", HcclCode::NotFound)
-        );
+        assert_eq!(e.kind, HalErrorKind::InvalidArgument);
         assert!(stub.calls("HcclCommWorkingDevNicSet").is_empty());
-        assert!(stub.calls("HcclCommResume").is_empty());
-    }
-
-    #[test]
-    fn resume_group_resumes_that_group_only() {
-        let (mut hal, stub) = rank5("resume");
-        hal.resume_group("dp_1").unwrap();
-        assert_eq!(stub.calls("HcclCommResume"), vec!["HcclCommResume comm=#3"]);
     }
 
     #[test]
@@ -815,13 +815,16 @@ mod rank_hal {
             .set_working_nic("world", &[GroupRank(2), GroupRank(6)], &[true, false])
             .unwrap_err();
         assert_eq!(
-            (e.op.as_str(), e.code),
-            ("HcclCommWorkingDevNicSet", HcclCode::Network)
+            (e.op.as_str(), e.hccl()),
+            ("HcclCommWorkingDevNicSet", Some(HcclCode::Network))
         );
         assert!(e.detail.contains("ranks=[2, 6]"), "{e}");
         let (mut fresh_hal, fresh_stub) = rank5("name_fails");
         fresh_stub.set_result("HcclGetCommName", 7);
-        assert_eq!(fresh_hal.groups().unwrap_err().code, HcclCode::Unavail);
+        assert_eq!(
+            fresh_hal.groups().unwrap_err().hccl(),
+            Some(HcclCode::Unavail)
+        );
     }
 
     #[test]
@@ -887,7 +890,7 @@ mod node_hal {
 
     #[test]
     fn device_count_sums_chips_over_the_cards_dcmi_lists() {
-        let (mut hal, stub) = node("count", 3, 2, 10);
+        let (hal, stub) = node("count", 3, 2, 10);
         assert_eq!(hal.device_count().unwrap(), 6);
         assert_eq!(
             stub.log(),
@@ -954,25 +957,31 @@ mod node_hal {
         stub.set_result("dcmi_get_device_network_health", -8005);
         let e = hal.link_health(DeviceId(2)).unwrap_err();
         assert_eq!(
-            (e.op.as_str(), e.code),
-            ("dcmi_get_device_network_health", HcclCode::Other(-8005))
+            (e.op.as_str(), e.vendor.library, e.vendor.code),
+            ("dcmi_get_device_network_health", Library::Dcmi, Some(-8005))
         );
-        assert!(
-            e.detail.contains("card_id=11, device_id=0") && e.detail.contains("INNER_ERR"),
-            "{e}"
+        assert_eq!((e.kind, e.hccl_code()), (HalErrorKind::Other, None));
+        assert_eq!(
+            e.to_string(),
+            "dcmi_get_device_network_health failed with DCMI_ERR_CODE_INNER_ERR (-8005): \
+             card_id=11, device_id=0"
         );
         stub.set_result("dcmi_get_device_network_health", 0);
 
         let e = hal.link_health(DeviceId(4)).unwrap_err(); // no such logical id
-        assert_eq!(e.code, HcclCode::Other(-8007));
+        assert_eq!(
+            (e.vendor.code, e.vendor.name.as_deref(), e.kind),
+            (
+                Some(-8007),
+                Some("DCMI_ERR_CODE_INVALID_DEVICE_ID"),
+                HalErrorKind::InvalidArgument
+            )
+        );
         assert!(e.detail.contains("device_logic_id=4"), "{e}");
 
         stub.set_result("dcmi_get_card_list", -8013);
         let e = hal.device_count().unwrap_err();
-        assert_eq!(
-            (e.op.as_str(), e.code),
-            ("dcmi_get_card_list", HcclCode::Other(-8013))
-        );
+        assert_eq!((e.op, e.code), ("dcmi_get_card_list", -8013));
     }
 
     #[test]
@@ -994,7 +1003,10 @@ mod node_hal {
     fn a_partner_die_on_another_card_is_refused() {
         let (mut hal, stub) = node("one_die_per_card", 4, 1, 0);
         let e = hal.link_health(DeviceId(0)).unwrap_err();
-        assert_eq!(e.code, HcclCode::NotSupport);
+        assert_eq!(
+            (e.kind, &*e.vendor),
+            (HalErrorKind::NotSupported, &VendorCode::none(Library::Dcmi))
+        );
         assert!(e.detail.contains("partner die 1"), "{e}");
         assert!(stub.calls("dcmi_get_device_network_health").is_empty());
     }
@@ -1149,7 +1161,7 @@ mod stub_groups {
         let (_lib, stub, mut members) = group("group_nic_set", 2);
         // Before any collective: refused.
         let e = members[0].comm.set_working_nic(&[1], &[true]).unwrap_err();
-        assert_eq!(e.code, HcclCode::Internal);
+        assert_eq!(e.hccl(), Some(HcclCode::Internal));
         assert_eq!(
             stub.calls("NICSET_BEFORE_COLLECTIVE"),
             vec!["NICSET_BEFORE_COLLECTIVE group=stubcomm_1 rank=0"]
@@ -1170,7 +1182,7 @@ mod stub_groups {
             .unwrap();
         members[0].comm.set_working_nic(&[1], &[true]).unwrap();
         let e = members[1].comm.set_working_nic(&[1], &[false]).unwrap_err();
-        assert_eq!(e.code, HcclCode::Para);
+        assert_eq!(e.hccl(), Some(HcclCode::Para));
         assert_eq!(
             stub.calls("NICSET_MISMATCH"),
             vec![
@@ -1203,9 +1215,9 @@ mod stub_groups {
         let (_lib, stub, mut members) = group("group_timeout", 2);
         stub.hccl_collective_timeout(Duration::from_millis(50));
         let e = all_reduce(&mut members[0], [1.0, 1.0], HcclReduceOp::Sum).unwrap_err();
-        assert_eq!(e.code, HcclCode::Timeout);
+        assert_eq!(e.hccl(), Some(HcclCode::Timeout));
         let e = all_reduce(&mut members[1], [1.0, 1.0], HcclReduceOp::Sum).unwrap_err();
-        assert_eq!(e.code, HcclCode::Remote);
+        assert_eq!(e.hccl(), Some(HcclCode::Remote));
         assert_eq!(stub.calls("HcclAllReduce TIMEOUT").len(), 1);
     }
 
@@ -1215,6 +1227,6 @@ mod stub_groups {
         let gone = members.remove(1);
         gone.comm.destroy().unwrap();
         let e = all_reduce(&mut members[0], [1.0, 1.0], HcclReduceOp::Sum).unwrap_err();
-        assert_eq!(e.code, HcclCode::Remote);
+        assert_eq!(e.hccl(), Some(HcclCode::Remote));
     }
 }

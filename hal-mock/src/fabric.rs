@@ -367,11 +367,11 @@ impl Fabric {
         })
     }
 
-    /// The rank on the other die of the same NPU (`device ^ 1`), whose NIC is this rank's
-    /// backup NIC; `None` for the last device of an odd-sized node.
+    /// The rank on the other die of the same NPU ([`DeviceId::partner`]), whose NIC is this
+    /// rank's backup NIC; `None` for the last device of an odd-sized node.
     pub fn partner(&self, rank: GlobalRank) -> Option<GlobalRank> {
         let (node, dev) = self.location(rank)?;
-        let p = dev.0 ^ 1;
+        let p = dev.partner().0;
         (p < self.cfg.devices_per_node).then(|| GlobalRank(node * self.cfg.devices_per_node + p))
     }
 
@@ -382,7 +382,7 @@ impl Fabric {
     }
 
     /// The handle a proxy uses for node `node_index`. Any index is accepted; calls for a
-    /// node outside the fabric fail with `HCCL_E_NOT_FOUND`.
+    /// node outside the fabric fail with an invalid-argument error of the mock.
     pub fn node_hal(self: &Arc<Self>, node_index: u32) -> MockNodeHal {
         MockNodeHal::new(Arc::clone(self), node_index)
     }
@@ -700,7 +700,7 @@ impl Fabric {
     }
 
     /// The physical port rank `rank` sends on when it uses its backup NIC (`use_backup`) or
-    /// its primary: `port(device ^ 1)` or `port(device)`. `None`: no such NIC (odd node).
+    /// its primary: the partner die's port or its own. `None`: no such NIC (odd node).
     /// Because partners swap, two partners both on backup use each other's ports.
     pub(crate) fn working_port(&self, rank: GlobalRank, use_backup: bool) -> Option<usize> {
         if use_backup {
@@ -774,7 +774,7 @@ mod tests {
         for calls in switch_all(&f, &[(2, true)]) {
             for (group, res) in calls {
                 let e = res.unwrap_err();
-                assert_eq!(e.code, HcclCode::RoceConnect, "{group}");
+                assert_eq!(e.hccl(), Some(HcclCode::RoceConnect), "{group}");
                 assert!(e.detail.contains("rank 2 has no backup NIC"), "{e}");
             }
         }

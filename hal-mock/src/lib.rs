@@ -13,6 +13,8 @@
 //!   [`taskd_core::NodeHal`] a worker and a proxy own.
 //! - [`SimTraining`]: one thread per rank running blocking all-reduces and calling the step
 //!   hook, so pausing, deadlocks and lost steps are observable.
+//! - [`ScriptedRankHal`]: a [`taskd_core::RankHal`] that plays a script of expected calls
+//!   ([`Expect`]), for tests of one worker's conversation with HCCL, embedded-hal-mock style.
 //! - [`solo`]: one rank alone in its own process (`taskd worker --sim`): the same group layout,
 //!   its own view of each group, HCCL's single-rank rules, a training loop on a common clock.
 //!
@@ -20,11 +22,12 @@
 //!
 //! Rank `r` runs on node `r / D`, device `r % D` (node names `node-{i}`, as
 //! [`taskd_core::RankTable::uniform`] lays them out). Each device owns one physical NIC port:
-//! its primary NIC. Its backup NIC is its partner die's (`device ^ 1`) port; the last device
-//! of an odd-sized node has none. A rank on its backup NIC sends on its partner's port, so two
-//! partners both on backup swap ports. Groups: the world group `hccl_world_group`,
-//! tensor-parallel `tp_{i}` (consecutive chunks of `tp_size` ranks) and data-parallel `dp_{j}`
-//! (ranks with index `j` in their chunk), members in ascending global rank.
+//! its primary NIC. Its backup NIC is its partner die's port
+//! ([`taskd_core::DeviceId::partner`]); the last device of an odd-sized node has none. A rank on
+//! its backup NIC sends on its partner's port, so two partners both on backup swap ports.
+//! Groups: the world group `hccl_world_group`, tensor-parallel `tp_{i}` (consecutive chunks of
+//! `tp_size` ranks) and data-parallel `dp_{j}` (ranks with index `j` in their chunk), members in
+//! ascending global rank.
 //!
 //! ## The HCCL rules enforced
 //!
@@ -39,6 +42,7 @@ pub mod fault;
 pub mod hccl;
 pub mod node_hal;
 pub mod rank_hal;
+pub mod scripted;
 pub mod solo;
 pub mod training;
 
@@ -52,6 +56,7 @@ pub use fault::{NicSetFault, NicSetRecord};
 pub use hccl::{ALL_REDUCE_OP, NIC_SET_OP};
 pub use node_hal::MockNodeHal;
 pub use rank_hal::MockRankHal;
+pub use scripted::{Expect, ScriptedRankHal};
 pub use solo::{SoloLayout, SoloNodeHal, SoloRank, SoloRankHal, SoloTraining, SoloTrainingOptions};
 pub use training::{
     no_pause_hooks, NoPause, RankExit, SimTraining, TrainingOptions, TrainingSummary,

@@ -2,7 +2,7 @@
 
 use crate::fabric::Fabric;
 use std::sync::Arc;
-use taskd_core::{DeviceId, HalError, HcclCode, LinkHealth, NodeHal, NodeName};
+use taskd_core::{DeviceId, HalError, HalErrorKind, LinkHealth, NodeHal, NodeName};
 
 const LINK_OP: &str = "sim_get_device_network_health";
 
@@ -35,9 +35,9 @@ impl MockNodeHal {
         if self.node_index < self.fabric.config().nodes {
             Ok(())
         } else {
-            Err(HalError::new(
+            Err(HalError::mock(
                 op,
-                HcclCode::NotFound,
+                HalErrorKind::InvalidArgument,
                 format!("no node {} in the fabric", self.node_index),
             ))
         }
@@ -45,31 +45,26 @@ impl MockNodeHal {
 }
 
 impl NodeHal for MockNodeHal {
-    fn device_count(&mut self) -> Result<u32, HalError> {
-        self.check_node("sim_get_device_count")?;
-        Ok(self.fabric.config().devices_per_node)
-    }
-
-    /// Primary = the device's own port; backup = its partner die's port (`device ^ 1`),
+    /// Primary = the device's own port; backup = its partner die's port ([`DeviceId::partner`]),
     /// reported down when the device has no partner (last device of an odd node).
     fn link_health(&mut self, device: DeviceId) -> Result<LinkHealth, HalError> {
         self.check_node(LINK_OP)?;
         let d = self.fabric.config().devices_per_node;
         if device.0 >= d {
-            return Err(HalError::new(
+            return Err(HalError::mock(
                 LINK_OP,
-                HcclCode::NotFound,
+                HalErrorKind::InvalidArgument,
                 format!(
                     "no device {device} on node {} ({d} devices)",
                     self.node_index
                 ),
             ));
         }
-        let partner = device.0 ^ 1;
+        let partner = device.partner();
         Ok(LinkHealth {
             device,
             primary_up: self.fabric.link_up(self.node_index, device),
-            backup_up: partner < d && self.fabric.link_up(self.node_index, DeviceId(partner)),
+            backup_up: partner.0 < d && self.fabric.link_up(self.node_index, partner),
         })
     }
 }
@@ -77,14 +72,13 @@ impl NodeHal for MockNodeHal {
 #[cfg(test)]
 mod tests {
     use crate::test_support::*;
-    use taskd_core::{DeviceId, HcclCode, LinkHealth, NodeHal};
+    use taskd_core::{DeviceId, HalErrorKind, Library, LinkHealth, NodeHal};
 
     #[test]
     fn link_health_reports_own_port_as_primary_and_partners_as_backup() {
         let f = fabric(2, 4, 4);
         let mut node = f.node_hal(1);
         assert_eq!(node.node_name().0, "node-1");
-        assert_eq!(node.device_count().unwrap(), 4);
         f.set_link(1, DeviceId(2), false);
         assert!(!f.link_up(1, DeviceId(2)));
         assert_eq!(
@@ -100,13 +94,13 @@ mod tests {
         // The other node is untouched.
         let other = f.node_hal(0).link_health(DeviceId(2)).unwrap();
         assert!(other.primary_up && other.backup_up);
+        let e = node.link_health(DeviceId(4)).unwrap_err();
         assert_eq!(
-            node.link_health(DeviceId(4)).unwrap_err().code,
-            HcclCode::NotFound
+            (e.kind, e.vendor.library),
+            (HalErrorKind::InvalidArgument, Library::Mock)
         );
-        assert_eq!(
-            f.node_hal(2).device_count().unwrap_err().code,
-            HcclCode::NotFound
-        );
+        let e = f.node_hal(2).link_health(DeviceId(0)).unwrap_err();
+        assert_eq!(e.kind, HalErrorKind::InvalidArgument);
+        assert!(e.detail.contains("no node 2"), "{e}");
     }
 }

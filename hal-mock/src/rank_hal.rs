@@ -80,26 +80,7 @@ impl RankHal for MockRankHal {
             .set_working_nic(self.rank, group, ranks, use_backup)
     }
 
-    /// `HcclCommResume`: nothing to do in the simulation beyond checking the group exists.
-    fn resume_group(&mut self, group: &str) -> Result<(), HalError> {
-        self.alive("HcclCommResume")?;
-        if self
-            .fabric
-            .groups_of(self.rank)
-            .iter()
-            .any(|g| g.name == group)
-        {
-            Ok(())
-        } else {
-            Err(HalError::new(
-                "HcclCommResume",
-                HcclCode::NotFound,
-                format!("rank {} is in no group {group:?}", self.rank),
-            ))
-        }
-    }
-
-    /// `tsp` is reported `true`: the worker fills it in from its own configuration.
+    /// `tsp` is reported `true`; the worker replaces it with its own configuration.
     fn capabilities(&mut self) -> SwitchCapabilities {
         let l2_retry = self.alive(NIC_SET_OP).is_ok() && self.fabric.l2_retry(self.rank);
         SwitchCapabilities {
@@ -126,14 +107,9 @@ mod tests {
         assert_eq!(hal.capabilities(), SwitchCapabilities::ALL);
         f.set_l2_retry(r(3), false);
         assert!(!hal.capabilities().l2_retry);
-        assert!(hal.resume_group("tp_1").is_ok());
         assert_eq!(
-            hal.resume_group("tp_0").unwrap_err().code,
-            HcclCode::NotFound
-        );
-        assert_eq!(
-            f.rank_hal(r(4)).groups().unwrap_err().code,
-            HcclCode::NotFound
+            f.rank_hal(r(4)).groups().unwrap_err().hccl(),
+            Some(HcclCode::NotFound)
         );
     }
 }

@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 use taskd_core::{
-    DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HcclCode, LinkHealth, NodeHal, RankHal,
-    StepBoundary, SwitchCapabilities,
+    DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCode, LinkHealth,
+    NodeHal, RankHal, StepBoundary, SwitchCapabilities,
 };
 
 /// The shape of the job a solo rank belongs to.
@@ -91,11 +91,11 @@ impl SoloLayout {
         ]
     }
 
-    /// The other die of the same NPU (`device ^ 1`), if it exists.
+    /// The other die of the same NPU ([`DeviceId::partner`]), if it exists.
     pub fn partner(&self, rank: GlobalRank) -> Option<GlobalRank> {
         let dpn = self.devices_per_node;
         let (node, dev) = (rank.0 / dpn, rank.0 % dpn);
-        let p = dev ^ 1;
+        let p = DeviceId(dev).partner().0;
         (p < dpn && rank.0 < self.world_size()).then_some(GlobalRank(node * dpn + p))
     }
 }
@@ -448,20 +448,19 @@ impl SoloNodeHal {
 }
 
 impl NodeHal for SoloNodeHal {
-    fn device_count(&mut self) -> Result<u32, HalError> {
-        Ok(self.devices)
-    }
-
     fn link_health(&mut self, device: DeviceId) -> Result<LinkHealth, HalError> {
         let ports = self.ports_up.lock();
         let Some(primary) = ports.get(device.0 as usize).copied() else {
-            return Err(HalError::new(
+            return Err(HalError::mock(
                 "sim_get_device_network_health",
-                HcclCode::NotFound,
+                HalErrorKind::InvalidArgument,
                 format!("no device {device} on this node ({} devices)", self.devices),
             ));
         };
-        let backup = ports.get((device.0 ^ 1) as usize).copied().unwrap_or(false);
+        let backup = ports
+            .get(device.partner().0 as usize)
+            .copied()
+            .unwrap_or(false);
         Ok(LinkHealth {
             device,
             primary_up: primary,
@@ -632,7 +631,7 @@ mod tests {
         let mut hal = solo.hal();
         // Before any collective: refused, and a violation.
         let e = hal.set_working_nic("tp_0", &gr(&[1]), &[true]).unwrap_err();
-        assert_eq!(e.code, HcclCode::Internal);
+        assert_eq!(e.hccl(), Some(HcclCode::Internal));
         assert_eq!(solo.violations().len(), 1);
         solo.run_collectives();
         hal.set_working_nic("tp_0", &gr(&[1]), &[true]).unwrap();
@@ -641,7 +640,7 @@ mod tests {
         let e = hal
             .set_working_nic(WORLD_GROUP, &gr(&[0, 1]), &[true, false])
             .unwrap_err();
-        assert_eq!(e.code, HcclCode::Para);
+        assert_eq!(e.hccl(), Some(HcclCode::Para));
         hal.set_working_nic(WORLD_GROUP, &gr(&[1]), &[true])
             .unwrap();
         hal.set_working_nic("dp_1", &gr(&[0]), &[true]).unwrap();
@@ -652,7 +651,7 @@ mod tests {
         let e = hal
             .set_working_nic("tp_0", &gr(&[1]), &[false])
             .unwrap_err();
-        assert_eq!(e.code, HcclCode::Network);
+        assert_eq!(e.hccl(), Some(HcclCode::Network));
         assert_eq!(solo.view("tp_0").unwrap(), [false, true, false, false]);
         // L2 retry off: success, no change.
         solo.set_l2_retry(false);
@@ -668,8 +667,10 @@ mod tests {
         n.set_link(DeviceId(2), false);
         let h = n.link_health(DeviceId(3)).unwrap();
         assert!(h.primary_up && !h.backup_up);
-        assert!(n.link_health(DeviceId(4)).is_err());
-        assert_eq!(n.device_count().unwrap(), 4);
+        assert_eq!(
+            n.link_health(DeviceId(4)).unwrap_err().kind,
+            HalErrorKind::InvalidArgument
+        );
     }
 
     struct Count(AtomicU64);

@@ -31,7 +31,9 @@ pub fn r(rank: u32) -> GlobalRank {
 pub fn code<T: std::fmt::Debug>(res: &Result<T, HalError>) -> HcclCode {
     match res {
         Ok(_) => HcclCode::Success,
-        Err(e) => e.code,
+        Err(e) => e
+            .hccl()
+            .expect("the simulated HCCL answers with HCCL codes"),
     }
 }
 

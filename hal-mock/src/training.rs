@@ -10,7 +10,7 @@ use parking_lot::{Condvar, Mutex};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
-use taskd_core::{GlobalRank, HcclCode, StepBoundary};
+use taskd_core::{GlobalRank, HalErrorKind, StepBoundary};
 
 /// How the simulated training behaves.
 ///
@@ -315,7 +315,7 @@ fn run_rank(
                 if fabric.is_dead(rank) {
                     return RankExit::Killed;
                 }
-                if e.code == HcclCode::Remote {
+                if e.kind == HalErrorKind::PeerLost {
                     return RankExit::PeerLost;
                 }
                 tracing::debug!(rank = rank.0, step = next, error = %e, "sim training: collective failed");

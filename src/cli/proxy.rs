@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use taskd_actors::net::proxy_node::{NodeAssignment, NodeHalFactory};
 use taskd_actors::net::{ProxyNode, ProxyNodeConfig, DEFAULT_MANAGER_PORT, DEFAULT_PROXY_PORT};
-use taskd_core::{DeviceId, GlobalRank, HalError, HcclCode, JobId, LinkHealth, NodeHal, NodeName};
+use taskd_core::{
+    DeviceId, GlobalRank, HalError, HalErrorKind, JobId, Library, LinkHealth, NodeHal, NodeName,
+};
 use taskd_hal_mock::SoloNodeHal;
 
 #[derive(Args)]
@@ -62,17 +64,11 @@ fn hardware_node_hal() -> Box<dyn NodeHal> {
 struct NoHealth;
 
 impl NodeHal for NoHealth {
-    fn device_count(&mut self) -> Result<u32, HalError> {
-        Err(HalError::new(
-            "dcmi",
-            HcclCode::NotSupport,
-            "no device management library",
-        ))
-    }
     fn link_health(&mut self, _device: DeviceId) -> Result<LinkHealth, HalError> {
-        Err(HalError::new(
+        Err(HalError::uncoded(
             "dcmi",
-            HcclCode::NotSupport,
+            Library::Dcmi,
+            HalErrorKind::NotSupported,
             "no device management library",
         ))
     }

@@ -43,7 +43,7 @@ pub fn result(r: &OperationReport) -> proto::OperationResult {
                 rank: rank.0,
                 phase: phase.as_str().into(),
                 group: e.group.clone().unwrap_or_default(),
-                hccl_code: e.hal.as_ref().map(|h| h.code.raw()),
+                hccl_code: e.hal.as_ref().and_then(|h| h.hccl_code()),
                 message: e.to_string(),
             })
             .collect(),

@@ -11,8 +11,8 @@ use taskd_core::protocol::{
     RankError, RankReply, ReplyBody, WorkerHello, WorkerReport, WorkerToProxy,
 };
 use taskd_core::{
-    DeviceId, GlobalRank, HalError, HcclCode, JobId, LinkHealth, NodeName, OperationId,
-    SwitchCapabilities,
+    DeviceId, GlobalRank, HalError, HalErrorKind, JobId, Library, LinkHealth, NodeName,
+    OperationId, SwitchCapabilities, VendorCode,
 };
 
 /// A frame that cannot be decoded into the protocol.
@@ -173,28 +173,101 @@ pub fn directive_from_pb(d: pb::Directive) -> Result<Directive, WireError> {
     Ok(Directive { op, kind })
 }
 
+fn kind_to_pb(k: HalErrorKind) -> pb::HalErrorKind {
+    use pb::HalErrorKind as P;
+    match k {
+        HalErrorKind::InvalidArgument => P::InvalidArgument,
+        HalErrorKind::Timeout => P::Timeout,
+        HalErrorKind::Network => P::Network,
+        HalErrorKind::PeerLost => P::PeerLost,
+        HalErrorKind::Unavailable => P::Unavailable,
+        HalErrorKind::NotSupported => P::NotSupported,
+        // A kind added to the core after this mapping; the round-trip test catches it.
+        _ => P::Other,
+    }
+}
+
+/// A kind this build does not know (a newer peer's) is read as `Other`: the kind is advice to
+/// the control plane, and the vendor's code beside it still says exactly what happened.
+fn kind_from_pb(raw: i32) -> Result<HalErrorKind, WireError> {
+    use pb::HalErrorKind as P;
+    Ok(match P::try_from(raw) {
+        Ok(P::Unspecified) => return Err(missing("HAL error", "its kind")),
+        Ok(P::InvalidArgument) => HalErrorKind::InvalidArgument,
+        Ok(P::Timeout) => HalErrorKind::Timeout,
+        Ok(P::Network) => HalErrorKind::Network,
+        Ok(P::PeerLost) => HalErrorKind::PeerLost,
+        Ok(P::Unavailable) => HalErrorKind::Unavailable,
+        Ok(P::NotSupported) => HalErrorKind::NotSupported,
+        Ok(P::Other) | Err(_) => HalErrorKind::Other,
+    })
+}
+
+fn library_to_pb(l: Library) -> pb::Library {
+    match l {
+        Library::Hccl => pb::Library::Hccl,
+        Library::Acl => pb::Library::Acl,
+        Library::Dcmi => pb::Library::Dcmi,
+        Library::Mock => pb::Library::Mock,
+        // A library added to the core after this mapping; the round-trip test catches it.
+        _ => pb::Library::Unspecified,
+    }
+}
+
+/// An unknown library is refused: its code could not be read in the right numbering.
+fn library_from_pb(raw: i32) -> Result<Library, WireError> {
+    match pb::Library::try_from(raw) {
+        Ok(pb::Library::Hccl) => Ok(Library::Hccl),
+        Ok(pb::Library::Acl) => Ok(Library::Acl),
+        Ok(pb::Library::Dcmi) => Ok(Library::Dcmi),
+        Ok(pb::Library::Mock) => Ok(Library::Mock),
+        Ok(pb::Library::Unspecified) => Err(missing("HAL error", "its library")),
+        Err(_) => Err(WireError {
+            what: "HAL error",
+            detail: format!("unknown library {raw}"),
+        }),
+    }
+}
+
+/// The kind, library, code and name travel as they are: the receiver re-reads nothing.
+fn hal_error_to_pb(h: HalError) -> pb::HalError {
+    pb::HalError {
+        op: h.op,
+        code: h.vendor.code,
+        detail: h.detail,
+        kind: kind_to_pb(h.kind) as i32,
+        library: library_to_pb(h.vendor.library) as i32,
+        name: h.vendor.name,
+    }
+}
+
+fn hal_error_from_pb(h: pb::HalError) -> Result<HalError, WireError> {
+    Ok(HalError {
+        kind: kind_from_pb(h.kind)?,
+        vendor: Box::new(VendorCode {
+            library: library_from_pb(h.library)?,
+            code: h.code,
+            name: h.name,
+        }),
+        op: h.op,
+        detail: h.detail,
+    })
+}
+
 fn rank_error_to_pb(e: RankError) -> pb::RankError {
     pb::RankError {
         group: e.group,
-        hal: e.hal.map(|h| pb::HalError {
-            op: h.op,
-            code: h.code.raw(),
-            detail: h.detail,
-        }),
+        hal: e.hal.map(hal_error_to_pb),
         message: e.message,
     }
 }
 
-fn rank_error_from_pb(e: pb::RankError) -> RankError {
-    RankError {
+fn rank_error_from_pb(e: pb::RankError) -> Result<RankError, WireError> {
+    Ok(RankError {
         group: e.group,
-        hal: e.hal.map(|h| HalError {
-            op: h.op,
-            code: HcclCode::from_raw(h.code),
-            detail: h.detail,
-        }),
+        hal: e.hal.map(hal_error_from_pb).transpose()?,
         message: e.message,
-    }
+    })
 }
 
 fn worker_report_to_pb(w: WorkerReport) -> pb::WorkerReport {
@@ -285,7 +358,7 @@ pub fn rank_reply_from_pb(r: pb::RankReply) -> Result<RankReply, WireError> {
         Body::ResumedStallNanos(n) => ReplyBody::Resumed {
             stalled: Duration::from_nanos(n),
         },
-        Body::Failed(e) => ReplyBody::Failed(rank_error_from_pb(e)),
+        Body::Failed(e) => ReplyBody::Failed(rank_error_from_pb(e)?),
         Body::Verified(w) => ReplyBody::Verified(worker_report_from_pb(w)?),
     };
     Ok(RankReply {
@@ -387,9 +460,57 @@ pub fn proxy_msg_from_pb(m: pb::ProxyMessage) -> Result<ProxyToManager, WireErro
 #[cfg(test)]
 mod tests {
     use super::*;
+    use taskd_core::HcclCode;
 
     fn op() -> OperationId {
         OperationId(uuid::Uuid::from_u128(0x1234_5678))
+    }
+
+    #[test]
+    fn hal_errors_cross_the_wire_as_they_are() {
+        for kind in HalErrorKind::ALL {
+            for library in Library::ALL {
+                let h = HalError {
+                    op: "op".into(),
+                    kind,
+                    vendor: Box::new(VendorCode {
+                        library,
+                        code: Some(-8005),
+                        name: Some("A_NAME_THE_RECEIVER_NEED_NOT_KNOW".into()),
+                    }),
+                    detail: "d".into(),
+                };
+                assert_eq!(hal_error_from_pb(hal_error_to_pb(h.clone())).unwrap(), h);
+            }
+        }
+        // A DCMI code travels as DCMI's, with DCMI's name, not as an HcclResult.
+        let dcmi = HalError::new("dcmi_init", VendorCode::new(Library::Dcmi, -8006), "");
+        let pb = hal_error_to_pb(dcmi.clone());
+        assert_eq!(
+            (pb.library, pb.code, pb.name.as_deref(), pb.kind),
+            (
+                pb::Library::Dcmi as i32,
+                Some(-8006),
+                Some("DCMI_ERR_CODE_TIME_OUT"),
+                pb::HalErrorKind::Timeout as i32
+            )
+        );
+        // A newer peer's kind is read as Other; a missing kind or library is refused.
+        let with = |f: fn(&mut pb::HalError)| {
+            let mut p = hal_error_to_pb(dcmi.clone());
+            f(&mut p);
+            hal_error_from_pb(p)
+        };
+        assert_eq!(with(|p| p.kind = 99).unwrap().kind, HalErrorKind::Other);
+        assert!(with(|p| p.kind = 0).unwrap_err().detail.contains("kind"));
+        assert!(with(|p| p.library = 0)
+            .unwrap_err()
+            .detail
+            .contains("library"));
+        assert_eq!(
+            with(|p| p.library = 42).unwrap_err().detail,
+            "unknown library 42"
+        );
     }
 
     #[test]
@@ -457,6 +578,16 @@ mod tests {
             ReplyBody::Failed(RankError {
                 group: None,
                 hal: Some(HalError::new("op", HcclCode::Other(77), "")),
+                message: String::new(),
+            }),
+            ReplyBody::Failed(RankError {
+                group: None,
+                hal: Some(HalError::uncoded(
+                    "dcmi",
+                    Library::Dcmi,
+                    HalErrorKind::NotSupported,
+                    "no DCMI",
+                )),
                 message: String::new(),
             }),
         ];

@@ -188,8 +188,7 @@ impl WorkerNode {
     /// Starts connecting to the proxy; the worker actor starts once registered. Returns at
     /// once. Call it from inside an actix system.
     pub fn spawn(cfg: RemoteWorkerConfig, mut hal: Box<dyn RankHal>, gate: Arc<StepGate>) -> Self {
-        let mut capabilities = hal.capabilities();
-        capabilities.tsp = cfg.tsp;
+        let capabilities = crate::worker::rank_capabilities(hal.as_mut(), cfg.tsp);
         let outbox = Outbox::new(cfg.net.queue_capacity, Some(sticky_worker));
         let client = Client::new(cfg.proxy.clone(), outbox.clone());
         let tls = cfg.tls.as_ref().map(|t| t.client_config(&cfg.proxy));

@@ -201,7 +201,7 @@ impl Layout {
             .map(|(r, b)| {
                 let node = self.node_of(GlobalRank(*r));
                 let device = self.device_of(GlobalRank(*r));
-                let use_backup = *seen.get(&(node.clone(), device.0 ^ 1)).unwrap_or(b);
+                let use_backup = *seen.get(&(node.clone(), device.partner().0)).unwrap_or(b);
                 seen.entry((node.clone(), device.0)).or_insert(use_backup);
                 Target {
                     node,

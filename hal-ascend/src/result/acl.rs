@@ -1,7 +1,7 @@
 //! ACL calls returning `Result<_, AclError>`.
 
 use crate::sys::acl::{AclLib, AclResult, DevicePtr, MemMallocPolicy, StreamHandle};
-use taskd_core::{HalError, HcclCode};
+use taskd_core::{HalError, Library, VendorCode};
 
 /// `ACL_ERROR_INVALID_PARAM` in `acl_base.h`.
 pub const ACL_ERROR_INVALID_PARAM: i32 = 100_000;
@@ -16,12 +16,9 @@ pub struct AclError {
 }
 
 impl From<AclError> for HalError {
+    /// Keeps the `aclError` as ACL's code (its name and kind from `taskd_core`'s ACL table).
     fn from(e: AclError) -> Self {
-        HalError::new(
-            e.op,
-            HcclCode::Other(e.code),
-            format!("aclError {}: {}", e.code, e.detail),
-        )
+        HalError::new(e.op, VendorCode::new(Library::Acl, e.code), e.detail)
     }
 }
 

@@ -5,40 +5,16 @@
 
 use crate::sys::dcmi::{DcmiLib, DcmiResult, MAX_CARD_NUM};
 use std::fmt;
-use taskd_core::{HalError, HcclCode};
+use taskd_core::{HalError, Library, VendorCode};
 
-/// The DCMI error codes of `dcmi_interface_api.h` (`DCMI_ERROR_CODE_BASE` = -8000).
-const DCMI_ERROR_NAMES: [(i32, &str); 20] = [
-    (-8001, "DCMI_ERR_CODE_INVALID_PARAMETER"),
-    (-8002, "DCMI_ERR_CODE_OPER_NOT_PERMITTED"),
-    (-8003, "DCMI_ERR_CODE_MEM_OPERATE_FAIL"),
-    (-8004, "DCMI_ERR_CODE_SECURE_FUN_FAIL"),
-    (-8005, "DCMI_ERR_CODE_INNER_ERR"),
-    (-8006, "DCMI_ERR_CODE_TIME_OUT"),
-    (-8007, "DCMI_ERR_CODE_INVALID_DEVICE_ID"),
-    (-8008, "DCMI_ERR_CODE_DEVICE_NOT_EXIST"),
-    (-8009, "DCMI_ERR_CODE_IOCTL_FAIL"),
-    (-8010, "DCMI_ERR_CODE_SEND_MSG_FAIL"),
-    (-8011, "DCMI_ERR_CODE_RECV_MSG_FAIL"),
-    (-8012, "DCMI_ERR_CODE_NOT_REDAY"),
-    (-8013, "DCMI_ERR_CODE_NOT_SUPPORT_IN_CONTAINER"),
-    (-8014, "DCMI_ERR_CODE_FILE_OPERATE_FAIL"),
-    (-8015, "DCMI_ERR_CODE_RESET_FAIL"),
-    (-8016, "DCMI_ERR_CODE_ABORT_OPERATE"),
-    (-8017, "DCMI_ERR_CODE_IS_UPGRADING"),
-    (-8020, "DCMI_ERR_CODE_RESOURCE_OCCUPIED"),
-    (-8022, "DCMI_ERR_CODE_PARTITION_NOT_RIGHT"),
-    (-8255, "DCMI_ERR_CODE_NOT_SUPPORT"),
-];
-
-/// The header's name for a DCMI status, or `DCMI_ERR_CODE_UNKNOWN`.
+/// The header's name for a DCMI status (`dcmi_interface_api.h`, `DCMI_ERROR_CODE_BASE` =
+/// -8000; the table is `taskd_core`'s, shared with the error's kind), or
+/// `DCMI_ERR_CODE_UNKNOWN`.
 pub fn dcmi_error_name(code: i32) -> &'static str {
     match code {
         0 => "DCMI_OK",
-        c => DCMI_ERROR_NAMES
-            .iter()
-            .find(|(k, _)| *k == c)
-            .map(|(_, n)| *n)
+        c => Library::Dcmi
+            .code_name(c)
             .unwrap_or("DCMI_ERR_CODE_UNKNOWN"),
     }
 }
@@ -53,9 +29,9 @@ pub struct DcmiError {
 }
 
 impl From<DcmiError> for HalError {
+    /// Keeps the code as DCMI's, never as an `HcclResult`.
     fn from(e: DcmiError) -> Self {
-        let detail = format!("{}({}): {}", e.op, e.args, dcmi_error_name(e.code));
-        HalError::new(e.op, HcclCode::Other(e.code), detail)
+        HalError::new(e.op, VendorCode::new(Library::Dcmi, e.code), e.args)
     }
 }
 
@@ -222,7 +198,11 @@ mod tests {
         );
         let h: HalError = e.into();
         assert_eq!(h.op, "dcmi_get_device_network_health");
-        assert_eq!(h.code, HcclCode::Other(-8005));
+        assert_eq!(
+            (h.vendor.library, h.vendor.code, h.vendor.name.as_deref()),
+            (Library::Dcmi, Some(-8005), Some("DCMI_ERR_CODE_INNER_ERR"))
+        );
+        assert_eq!((h.kind, h.hccl()), (taskd_core::HalErrorKind::Other, None));
         assert_eq!(dcmi_error_name(-8255), "DCMI_ERR_CODE_NOT_SUPPORT");
         assert_eq!(dcmi_error_name(-1), "DCMI_ERR_CODE_UNKNOWN");
     }

@@ -1,10 +1,11 @@
 //! The result layer: one thin function per C call, turning the status code into a `Result`.
 //!
 //! HCCL calls fail with [`taskd_core::HalError`], whose `op` is the C function's name and whose
-//! `code` is `HcclCode::from_raw` of the returned `HcclResult`, so an unknown future code is
-//! kept as `HcclCode::Other`. ACL and DCMI calls fail with [`AclError`] / [`DcmiError`], which
-//! keep their own numeric codes; both convert into `HalError` with `HcclCode::Other(code)` so
-//! a DCMI code is never mistaken for an HCCL one.
+//! vendor code is the returned `HcclResult` (an unknown future code is kept by number, as
+//! `HcclCode::Other`). ACL and DCMI calls fail with [`AclError`] / [`DcmiError`], which keep
+//! their own numeric codes; both convert into a `HalError` whose vendor code stays in its own
+//! library's numbering (`Library::Acl`, `Library::Dcmi`), so a DCMI code is never mistaken for
+//! an HCCL one.
 //!
 //! Preconditions that would make the raw layer panic (mismatched lengths, a count beyond a
 //! buffer) are checked here first and reported with the library's "invalid parameter" code

@@ -1,0 +1,297 @@
+//! The Worker actor's conversation with HCCL, written as scripts: each test declares the
+//! calls the worker must make on its rank HAL ([`ScriptedRankHal`]), drives the worker with
+//! directives as its proxy would, and reads its replies from a channel.
+//!
+//! Rank 1 of a 4-rank job, in three groups: the world group, `tp_0` = {0, 1} and
+//! `dp_1` = {1, 3}. HCCL needs every member of a group to make the identical call with the
+//! training loop held, so the script fixes the calls' order (groups sorted by name, as
+//! `taskd_core::planner` plans them) and their arguments (group ranks).
+
+use actix::prelude::*;
+use std::sync::Arc;
+use std::time::Duration;
+use taskd_actors::transport::{Deliver, Outbox, TransportError};
+use taskd_actors::worker::WorkerConfig;
+use taskd_actors::{StepGate, Worker};
+use taskd_core::protocol::{
+    AppliedCall, Directive, DirectiveKind, Phase, RankError, ReplyBody, WorkerToProxy,
+};
+use taskd_core::{
+    GlobalRank, GroupCall, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCode, OperationId,
+    SwitchCapabilities,
+};
+use taskd_hal_mock::{Expect, ScriptedRankHal};
+use tokio::sync::mpsc;
+
+const RANK: GlobalRank = GlobalRank(1);
+const WORLD: &str = "hccl_world_group";
+/// A safety net: a broken worker fails the test instead of hanging it.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+fn layout() -> Vec<GroupInfo> {
+    let group = |name: &str, members: &[u32]| GroupInfo {
+        name: name.into(),
+        members: members.iter().copied().map(GlobalRank).collect(),
+    };
+    // In the order HCCL lists them, which is not the order they are called in.
+    vec![
+        group(WORLD, &[0, 1, 2, 3]),
+        group("tp_0", &[0, 1]),
+        group("dp_1", &[1, 3]),
+    ]
+}
+
+/// Ranks 1 and 3 to their backup NIC.
+fn to_backup() -> Vec<(GlobalRank, bool)> {
+    vec![(GlobalRank(1), true), (GlobalRank(3), true)]
+}
+
+fn op(n: u128) -> OperationId {
+    OperationId(uuid::Uuid::from_u128(n))
+}
+
+/// The worker's proxy, as far as the worker can tell: a channel the test reads.
+struct ToTest(mpsc::UnboundedSender<WorkerToProxy>);
+
+impl Outbox<WorkerToProxy> for ToTest {
+    fn send(&self, msg: WorkerToProxy) -> Result<(), TransportError> {
+        self.0.send(msg).map_err(|_| TransportError::Closed)
+    }
+}
+
+/// One worker on a scripted HAL, its step gate, and what it sent upstream.
+struct Harness {
+    worker: Addr<Worker>,
+    gate: Arc<StepGate>,
+    upstream: mpsc::UnboundedReceiver<WorkerToProxy>,
+    hal: ScriptedRankHal,
+}
+
+impl Harness {
+    /// Starts the worker (on the current actix system); it asks the HAL for its capabilities
+    /// at once, so every script starts with `Expect::capabilities`.
+    fn start(script: impl IntoIterator<Item = Expect>) -> Self {
+        let hal = ScriptedRankHal::new(script);
+        let gate = Arc::new(StepGate::new());
+        let (tx, upstream) = mpsc::unbounded_channel();
+        let cfg = WorkerConfig {
+            job: "job".into(),
+            node: "node-0".into(),
+            rank: RANK,
+            tsp: true,
+        };
+        let worker = Worker::new(
+            cfg,
+            Box::new(hal.clone()),
+            gate.clone(),
+            Arc::new(ToTest(tx)),
+        )
+        .start();
+        Harness {
+            worker,
+            gate,
+            upstream,
+            hal,
+        }
+    }
+
+    async fn next(&mut self) -> WorkerToProxy {
+        tokio::time::timeout(PATIENCE, self.upstream.recv())
+            .await
+            .expect("the worker said nothing")
+            .expect("the worker's link closed")
+    }
+
+    fn send(&self, op: OperationId, kind: DirectiveKind) {
+        self.worker.do_send(Deliver(Directive { op, kind }));
+    }
+
+    /// The worker's reply to `op`'s `phase`. A HAL thread that died on a script mismatch
+    /// shows as a failed reply: the script's own message says more, so it goes first.
+    async fn reply(&mut self, op: OperationId, phase: Phase) -> ReplyBody {
+        let WorkerToProxy::Reply(r) = self.next().await else {
+            panic!("expected a reply to {phase}");
+        };
+        if matches!(&r.body, ReplyBody::Failed(e) if e.message.contains("HAL thread")) {
+            self.hal.done();
+        }
+        assert_eq!((r.rank, r.op, r.phase), (RANK, op, phase), "{r:?}");
+        r.body
+    }
+
+    /// Samples and pauses the rank after step 2, with a training thread that holds there
+    /// until the gate opens. Returns that thread.
+    async fn hold(&mut self, op: OperationId) -> std::thread::JoinHandle<()> {
+        self.gate.step_completed(1);
+        self.send(op, DirectiveKind::Sample { targets: vec![] });
+        assert_eq!(
+            self.reply(op, Phase::Sample).await,
+            ReplyBody::Sampled { in_step: 2 }
+        );
+        self.send(op, DirectiveKind::PauseAt { step: 2 });
+        let gate = self.gate.clone();
+        let training = std::thread::spawn(move || gate.step_completed(2));
+        assert_eq!(
+            self.reply(op, Phase::Pause).await,
+            ReplyBody::Paused { step: 2 }
+        );
+        training
+    }
+
+    async fn resume(&mut self, op: OperationId, training: std::thread::JoinHandle<()>) {
+        self.send(op, DirectiveKind::Resume);
+        assert!(matches!(
+            self.reply(op, Phase::Resume).await,
+            ReplyBody::Resumed { .. }
+        ));
+        training.join().expect("the training thread");
+    }
+}
+
+/// The HAL knows L2 retry and RDMA but not `TSP:1`, which is the worker's own configuration.
+fn hal_capabilities() -> Expect {
+    Expect::capabilities(SwitchCapabilities {
+        tsp: false,
+        ..SwitchCapabilities::ALL
+    })
+}
+
+fn call(group: &str, ranks: &[u32], use_backup: &[bool]) -> GroupCall {
+    GroupCall {
+        group: group.into(),
+        ranks: ranks.iter().copied().map(GroupRank).collect(),
+        use_backup: use_backup.to_vec(),
+    }
+}
+
+#[actix_rt::test]
+async fn a_switch_makes_the_planned_calls_in_order_and_reports_each() {
+    let mut w = Harness::start([
+        hal_capabilities(),
+        Expect::groups(layout()),
+        Expect::set_working_nic("dp_1", &[0, 1], &[true, true]),
+        Expect::set_working_nic(WORLD, &[1, 3], &[true, true]),
+        Expect::set_working_nic("tp_0", &[1], &[true]),
+    ]);
+    let WorkerToProxy::Hello(hello) = w.next().await else {
+        panic!("the worker must introduce itself first");
+    };
+    assert_eq!(hello.rank, RANK);
+    assert_eq!(hello.capabilities, SwitchCapabilities::ALL, "tsp joined in");
+
+    let training = w.hold(op(1)).await;
+    w.send(
+        op(1),
+        DirectiveKind::Switch {
+            targets: to_backup(),
+        },
+    );
+    let applied = |c: GroupCall, size: u32| AppliedCall {
+        group: c.group.clone(),
+        group_size: size,
+        digest: c.digest(),
+    };
+    assert_eq!(
+        w.reply(op(1), Phase::Switch).await,
+        ReplyBody::Applied {
+            calls: vec![
+                applied(call("dp_1", &[0, 1], &[true, true]), 2),
+                applied(call(WORLD, &[1, 3], &[true, true]), 4),
+                applied(call("tp_0", &[1], &[true]), 2),
+            ]
+        }
+    );
+    w.resume(op(1), training).await;
+    w.hal.done();
+}
+
+#[actix_rt::test]
+async fn a_failed_group_does_not_stop_the_others_and_the_first_failure_is_reported() {
+    let network = HalError::new("HcclCommWorkingDevNicSet", HcclCode::Network, "dp_1 link");
+    let timeout = HalError::new("HcclCommWorkingDevNicSet", HcclCode::Timeout, "tp_0 peers");
+    let mut w = Harness::start([
+        hal_capabilities(),
+        Expect::groups(layout()),
+        Expect::set_working_nic("dp_1", &[0, 1], &[true, true]).fails(network.clone()),
+        // The world group's peers are already waiting in this call: it must still be made.
+        Expect::set_working_nic(WORLD, &[1, 3], &[true, true]),
+        Expect::set_working_nic("tp_0", &[1], &[true]).fails(timeout),
+    ]);
+    w.next().await; // hello
+    let training = w.hold(op(2)).await;
+    w.send(
+        op(2),
+        DirectiveKind::Switch {
+            targets: to_backup(),
+        },
+    );
+    let ReplyBody::Failed(e) = w.reply(op(2), Phase::Switch).await else {
+        panic!("the switch must fail");
+    };
+    assert_eq!(
+        e,
+        RankError {
+            group: Some("dp_1".into()),
+            message: network.to_string(),
+            hal: Some(network),
+        }
+    );
+    assert_eq!(e.hal.as_ref().map(|h| h.kind), Some(HalErrorKind::Network));
+    w.resume(op(2), training).await;
+    w.hal.done();
+}
+
+#[actix_rt::test]
+async fn groups_that_cannot_be_read_are_reported_and_nothing_is_set() {
+    let gone = HalError::new(
+        "HcclGetCommName",
+        HcclCode::Unavail,
+        "communicator destroyed",
+    );
+    let mut w = Harness::start([
+        hal_capabilities(),
+        Expect::groups(vec![]).fails(gone.clone()),
+    ]);
+    w.next().await; // hello
+    let training = w.hold(op(3)).await;
+    w.send(
+        op(3),
+        DirectiveKind::Rollback {
+            targets: to_backup(),
+        },
+    );
+    assert_eq!(
+        w.reply(op(3), Phase::Rollback).await,
+        ReplyBody::Failed(RankError {
+            group: None,
+            message: gone.to_string(),
+            hal: Some(gone),
+        })
+    );
+    w.resume(op(3), training).await;
+    w.hal.done();
+}
+
+#[actix_rt::test]
+async fn a_switch_while_training_is_not_held_is_refused_without_a_hal_call() {
+    // Only the start-up question: any groups or NIC-set call would break the script.
+    let mut w = Harness::start([hal_capabilities()]);
+    w.next().await; // hello
+    w.gate.step_completed(7); // training runs, nobody holds it
+    w.send(
+        op(4),
+        DirectiveKind::Switch {
+            targets: to_backup(),
+        },
+    );
+    let ReplyBody::Failed(e) = w.reply(op(4), Phase::Switch).await else {
+        panic!("the switch must be refused");
+    };
+    assert_eq!((e.group, e.hal), (None, None));
+    assert!(
+        e.message.contains("not held at the step gate"),
+        "{}",
+        e.message
+    );
+    w.hal.done();
+}

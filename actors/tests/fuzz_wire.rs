@@ -19,8 +19,16 @@ fn text() -> impl Strategy<Value = String> {
     ]
 }
 
+/// An operation id: mostly a valid UUID, so that decoding gets past it.
+fn op() -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => any::<u128>().prop_map(|n| uuid::Uuid::from_u128(n).to_string()),
+        1 => text(),
+    ]
+}
+
 fn phase() -> impl Strategy<Value = i32> {
-    prop_oneof![0..7i32, any::<i32>()]
+    prop_oneof![4 => 1..=5i32, 1 => any::<i32>()]
 }
 
 fn caps() -> impl Strategy<Value = Option<pb::Capabilities>> {
@@ -60,18 +68,21 @@ fn rank_reply_body() -> impl Strategy<Value = Option<pb::rank_reply::Body>> {
             message: m,
         })
     });
-    prop::option::of(prop_oneof![
-        any::<u64>().prop_map(Body::SampledInStep),
-        any::<u64>().prop_map(Body::PausedStep),
-        prop::collection::vec(call, 0..4)
-            .prop_map(|calls| Body::Applied(pb::AppliedCalls { calls })),
-        any::<u64>().prop_map(Body::ResumedStallNanos),
-        failed,
-    ])
+    prop::option::weighted(
+        0.9,
+        prop_oneof![
+            any::<u64>().prop_map(Body::SampledInStep),
+            any::<u64>().prop_map(Body::PausedStep),
+            prop::collection::vec(call, 0..4)
+                .prop_map(|calls| Body::Applied(pb::AppliedCalls { calls })),
+            any::<u64>().prop_map(Body::ResumedStallNanos),
+            failed,
+        ],
+    )
 }
 
 fn rank_reply() -> impl Strategy<Value = pb::RankReply> {
-    (any::<u32>(), text(), phase(), rank_reply_body()).prop_map(|(rank, op, phase, body)| {
+    (any::<u32>(), op(), phase(), rank_reply_body()).prop_map(|(rank, op, phase, body)| {
         pb::RankReply {
             rank,
             op,
@@ -90,7 +101,7 @@ fn node_reply() -> impl Strategy<Value = pb::NodeReply> {
         });
     (
         text(),
-        text(),
+        op(),
         phase(),
         prop::collection::vec(rank_reply(), 0..4),
         prop::collection::vec(health, 0..3),
@@ -107,17 +118,20 @@ fn node_reply() -> impl Strategy<Value = pb::NodeReply> {
 fn up() -> impl Strategy<Value = pb::Up> {
     use pb::proxy_message::Kind as P;
     use pb::worker_message::Kind as W;
-    let worker = prop::option::of(prop_oneof![
-        hello().prop_map(W::Hello),
-        rank_reply().prop_map(W::Reply)
-    ])
+    let worker = prop::option::weighted(
+        0.9,
+        prop_oneof![hello().prop_map(W::Hello), rank_reply().prop_map(W::Reply)],
+    )
     .prop_map(|kind| pb::up::Body::Worker(pb::WorkerMessage { kind }));
-    let proxy = prop::option::of(prop_oneof![
-        hello().prop_map(P::WorkerUp),
-        (any::<u32>(), text())
-            .prop_map(|(rank, reason)| P::WorkerLost(pb::WorkerLost { rank, reason })),
-        node_reply().prop_map(P::Reply),
-    ])
+    let proxy = prop::option::weighted(
+        0.9,
+        prop_oneof![
+            hello().prop_map(P::WorkerUp),
+            (any::<u32>(), text())
+                .prop_map(|(rank, reason)| P::WorkerLost(pb::WorkerLost { rank, reason })),
+            node_reply().prop_map(P::Reply),
+        ],
+    )
     .prop_map(|kind| pb::up::Body::Proxy(pb::ProxyMessage { kind }));
     let other = prop_oneof![
         Just(pb::up::Body::Heartbeat(pb::Heartbeat {})),
@@ -126,7 +140,7 @@ fn up() -> impl Strategy<Value = pb::Up> {
     (
         any::<u64>(),
         any::<u64>(),
-        prop::option::of(prop_oneof![worker, proxy, other]),
+        prop::option::weighted(0.95, prop_oneof![4 => worker, 4 => proxy, 1 => other]),
     )
         .prop_map(|(seq, ack, body)| pb::Up { seq, ack, body })
 }
@@ -147,23 +161,29 @@ fn directive() -> impl Strategy<Value = pb::Directive> {
         0..4,
     )
     .prop_map(|targets| pb::NicTargets { targets });
-    let kind = prop::option::of(prop_oneof![
-        prop::collection::vec(target, 0..4)
-            .prop_map(|targets| Kind::Sample(pb::SampleStep { targets })),
-        any::<u64>().prop_map(|step| Kind::PauseAt(pb::PauseAt { step })),
-        flags.clone().prop_map(Kind::SwitchNics),
-        flags.prop_map(Kind::Rollback),
-        Just(Kind::Resume(pb::ResumeTraining {})),
-    ]);
-    (text(), kind).prop_map(|(op, kind)| pb::Directive { op, kind })
+    let kind = prop::option::weighted(
+        0.9,
+        prop_oneof![
+            prop::collection::vec(target, 0..4)
+                .prop_map(|targets| Kind::Sample(pb::SampleStep { targets })),
+            any::<u64>().prop_map(|step| Kind::PauseAt(pb::PauseAt { step })),
+            flags.clone().prop_map(Kind::SwitchNics),
+            flags.prop_map(Kind::Rollback),
+            Just(Kind::Resume(pb::ResumeTraining {})),
+        ],
+    );
+    (op(), kind).prop_map(|(op, kind)| pb::Directive { op, kind })
 }
 
 fn down() -> impl Strategy<Value = pb::Down> {
-    let body = prop::option::of(prop_oneof![
-        directive().prop_map(pb::down::Body::Directive),
-        Just(pb::down::Body::Heartbeat(pb::Heartbeat {})),
-        Just(pb::down::Body::Registered(Default::default())),
-    ]);
+    let body = prop::option::weighted(
+        0.95,
+        prop_oneof![
+            8 => directive().prop_map(pb::down::Body::Directive),
+            1 => Just(pb::down::Body::Heartbeat(pb::Heartbeat {})),
+            1 => Just(pb::down::Body::Registered(Default::default())),
+        ],
+    );
     (any::<u64>(), any::<u64>(), body).prop_map(|(seq, ack, body)| pb::Down { seq, ack, body })
 }
 

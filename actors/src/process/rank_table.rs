@@ -204,35 +204,48 @@ mod tests {
         assert!(e.to_string().contains("/nonexistent/table.json"), "{e}");
     }
 
-    /// Rank-table-shaped JSON with arbitrary values where a real table has numbers and names.
+    /// A number as a rank table may spell it, or something that is not one.
+    fn spelled(n: u64) -> impl Strategy<Value = String> {
+        prop_oneof![
+            30 => prop_oneof![Just(n.to_string()), Just(format!("\"{n}\""))],
+            1 => any::<u64>().prop_map(|n| n.to_string()),
+            1 => prop_oneof![
+                Just("null".to_string()),
+                Just("-1".to_string()),
+                Just("1.5".to_string()),
+                "\"[ -~]{0,6}\"",
+            ],
+        ]
+    }
+
+    /// Rank-table-shaped JSON: mostly a valid table (ranks numbered in order across the
+    /// servers, devices in order within each), with some values replaced by others or by
+    /// things that are not numbers, and servers that share a name.
     fn table_json() -> impl Strategy<Value = String> {
-        let num = prop_oneof![
-            (0u64..40).prop_map(|n| n.to_string()),
-            (0u64..40).prop_map(|n| format!("\"{n}\"")),
-            any::<u64>().prop_map(|n| n.to_string()),
-            "\"[ -~]{0,6}\"",
-            Just("null".to_string()),
-            Just("-1".to_string()),
-            Just("1.5".to_string()),
-        ];
-        let device = (num.clone(), num)
-            .prop_map(|(d, r)| format!(r#"{{"device_id": {d}, "rank_id": {r}}}"#));
-        let server = (
-            "[a-c]{0,2}",
-            prop::option::of("[a-c]{1,2}"),
-            prop::collection::vec(device, 0..6),
-        )
-            .prop_map(|(id, name, devs)| {
+        let server = ("[a-c]{0,2}", prop::option::of("[a-c]{1,2}"), 0usize..5);
+        prop::collection::vec(server, 0..5).prop_flat_map(|servers| {
+            let mut rank = 0u64;
+            let mut parts = Vec::new();
+            for (id, name, devices) in servers {
+                let devs: Vec<_> = (0..devices as u64)
+                    .map(|d| {
+                        rank += 1;
+                        (spelled(d), spelled(rank - 1))
+                            .prop_map(|(d, r)| format!(r#"{{"device_id": {d}, "rank_id": {r}}}"#))
+                    })
+                    .collect();
                 let name = name
                     .map(|n| format!(r#""server_name": "{n}", "#))
                     .unwrap_or_default();
-                format!(
-                    r#"{{{name}"server_id": "{id}", "device": [{}]}}"#,
-                    devs.join(",")
-                )
-            });
-        prop::collection::vec(server, 0..5)
-            .prop_map(|s| format!(r#"{{"server_list": [{}]}}"#, s.join(",")))
+                parts.push(devs.prop_map(move |devs| {
+                    format!(
+                        r#"{{{name}"server_id": "{id}", "device": [{}]}}"#,
+                        devs.join(",")
+                    )
+                }));
+            }
+            parts.prop_map(|s| format!(r#"{{"server_list": [{}]}}"#, s.join(",")))
+        })
     }
 
     proptest! {

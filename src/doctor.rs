@@ -738,7 +738,7 @@ impl RankVars {
         };
         match (self.ms, self.torch_node_rank()) {
             (Some(_), Some(_)) => format!("MS_NODE_RANK, agreeing with {}", torch()),
-            (Some(_), None) => "MS_NODE_RANK".to_string(),
+            (Some(_), None) => flags::MS_NODE_RANK.to_string(),
             _ => torch(),
         }
     }

@@ -25,6 +25,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use taskd::rig::{self, Rig, RigCommand, RigConfig, RigLibraries};
+use taskd_core::env as env_names;
 use taskd_core::{DeviceId, GlobalRank, JobId, NodeName, PhaseDeadlines};
 use taskd_hal_ascend::testing::{self, StubControl};
 
@@ -168,8 +169,8 @@ fn main() -> ExitCode {
                 return Some(v.clone());
             }
             let default = match name {
-                "HCCL_OP_RETRY_ENABLE" => Some("L0:0, L1:1, L2:1"),
-                "MS_ENABLE_TFT" => Some("{TTP:1,TSP:1}"),
+                env_names::HCCL_OP_RETRY_ENABLE => Some("L0:0, L1:1, L2:1"),
+                env_names::MS_ENABLE_TFT => Some("{TTP:1,TSP:1}"),
                 _ => None,
             };
             return std::env::var_os(name).or_else(|| default.map(OsString::from));
@@ -188,7 +189,7 @@ fn main() -> ExitCode {
     let n = devices.len();
     let cfg = RigConfig {
         job: JobId(
-            env("MINDX_TASK_ID")
+            env(env_names::MINDX_TASK_ID)
                 .map(|v| v.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "hil-rig".into()),
         ),

@@ -25,6 +25,7 @@ use taskd::actors::net::{
     RemoteWorker, RemoteWorkerConfig,
 };
 use taskd::core::command::Target;
+use taskd::core::env as env_names;
 use taskd::core::{
     DeviceId, GlobalRank, JobId, NodeHal, NodeName, PhaseDeadlines, RankHal, RankTable,
     SwitchCommand,
@@ -65,9 +66,9 @@ fn training_process(job: &str, rank: u32, proxy: &str, layout: SoloLayout, steps
 }
 
 fn main() {
-    if let Ok(proxy) = std::env::var("TASKD_PROXY") {
-        let job = std::env::var("MINDX_TASK_ID").unwrap_or_else(|_| "demo".into());
-        let rank: u32 = std::env::var("RANK")
+    if let Ok(proxy) = std::env::var(env_names::TASKD_PROXY) {
+        let job = std::env::var(env_names::MINDX_TASK_ID).unwrap_or_else(|_| "demo".into());
+        let rank: u32 = std::env::var(env_names::RANK)
             .ok()
             .and_then(|r| r.parse().ok())
             .unwrap_or(0);

@@ -25,25 +25,22 @@
 //! process-level recovery, which is what brings back a job an operation had to leave in
 //! `needs_recovery`.
 //!
-//! Every check reads the environment through an [`Env`] lookup (the process environment in
+//! Every check reads the environment through an [`EnvLookup`] (the process environment in
 //! the binary, a map in tests) and finds the vendor libraries through the same search as the
 //! worker (`taskd_hal_ascend::search`), so what the doctor loads is what a worker would load.
 
 use serde::Serialize;
-use std::ffi::OsString;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
-use taskd_core::env as flags;
+use taskd_core::env::{self as flags, EnvLookup};
 use taskd_core::{DeviceId, NodeHal};
 use taskd_hal_ascend::search::{self, LibrarySpec, LoadError, Origin};
 use taskd_hal_ascend::sys::{self, LibraryProbe};
 use taskd_hal_ascend::AscendNodeHal;
 
-/// Reads one environment variable (same shape as `taskd_hal_ascend::search::EnvLookup`).
-pub type Env<'a> = &'a dyn Fn(&str) -> Option<OsString>;
-
-/// The port of the taskd network in the reference deployment (container port `taskd-port`).
-pub const DEFAULT_PORT: u16 = 9601;
+/// The port of the taskd network in the reference deployment (container port `taskd-port`):
+/// the manager's port.
+pub use taskd_actors::net::DEFAULT_MANAGER_PORT as DEFAULT_PORT;
 
 /// The reference deployment's values, quoted in fix-it messages.
 pub const HCCL_OP_RETRY_ENABLE_VALUE: &str = "L0:0, L1:1, L2:1";
@@ -135,7 +132,7 @@ impl Default for DoctorConfig {
 }
 
 /// Runs every check, in the order of the table in the module docs.
-pub fn run(cfg: &DoctorConfig, env: Env<'_>) -> Vec<Check> {
+pub fn run(cfg: &DoctorConfig, env: EnvLookup<'_>) -> Vec<Check> {
     let mut out = vec![
         library(Library::Hccl, env),
         library(Library::Acl, env),
@@ -173,12 +170,12 @@ pub fn render_text(checks: &[Check]) -> String {
     checks.iter().map(|c| c.line() + "\n").collect()
 }
 
-fn get(env: Env<'_>, name: &str) -> Option<String> {
+fn get(env: EnvLookup<'_>, name: &str) -> Option<String> {
     env(name).map(|v| v.to_string_lossy().into_owned())
 }
 
 /// Set and not blank.
-fn get_set(env: Env<'_>, name: &str) -> Option<String> {
+fn get_set(env: EnvLookup<'_>, name: &str) -> Option<String> {
     get(env, name).filter(|v| !v.trim().is_empty())
 }
 
@@ -280,7 +277,7 @@ fn from_where(probe: &LibraryProbe) -> String {
 }
 
 /// Where the search finds `lib` and whether it has every function taskd binds.
-pub fn library(lib: Library, env: Env<'_>) -> Check {
+pub fn library(lib: Library, env: EnvLookup<'_>) -> Check {
     let spec = lib.spec();
     let name = lib.check_name();
     let bad = |detail: String| Check {
@@ -358,7 +355,7 @@ pub fn library(lib: Library, env: Env<'_>) -> Check {
 }
 
 /// `dcmi_init` and the device count. Returns the count when it could be read.
-pub fn dcmi_devices(env: Env<'_>) -> (Check, Option<u32>) {
+pub fn dcmi_devices(env: EnvLookup<'_>) -> (Check, Option<u32>) {
     let name = "dcmi:devices";
     let fix = "check that the NPU driver is installed and loaded (`npu-smi info`) and that this \
                process may open the devices (run as root or in the container with the devices \
@@ -382,7 +379,7 @@ pub fn dcmi_devices(env: Env<'_>) -> (Check, Option<u32>) {
 }
 
 /// Link health of both NICs of devices `0..count`, as the proxy reads it.
-pub fn dcmi_links(env: Env<'_>, count: u32) -> Check {
+pub fn dcmi_links(env: EnvLookup<'_>, count: u32) -> Check {
     let name = "dcmi:links";
     let hal = sys::dcmi::DcmiLib::open(env)
         .map_err(|e| e.to_string())
@@ -438,9 +435,9 @@ pub fn dcmi_links(env: Env<'_>, count: u32) -> Check {
 // Enable flags
 
 /// `HCCL_OP_RETRY_ENABLE` must contain `L2:1`.
-pub fn l2_retry(env: Env<'_>) -> Check {
+pub fn l2_retry(env: EnvLookup<'_>) -> Check {
     let name = "env:HCCL_OP_RETRY_ENABLE";
-    let v = get(env, "HCCL_OP_RETRY_ENABLE");
+    let v = get(env, flags::HCCL_OP_RETRY_ENABLE);
     if flags::l2_retry_enabled(v.as_deref()) {
         Check::pass(name, format!("{} has L2:1", shown(&v)))
     } else {
@@ -456,9 +453,9 @@ pub fn l2_retry(env: Env<'_>) -> Check {
 }
 
 /// `MS_ENABLE_TFT` must contain `TSP:1`.
-pub fn tsp(env: Env<'_>) -> Check {
+pub fn tsp(env: EnvLookup<'_>) -> Check {
     let name = "env:MS_ENABLE_TFT";
-    let v = get(env, "MS_ENABLE_TFT");
+    let v = get(env, flags::MS_ENABLE_TFT);
     if flags::tsp_enabled(v.as_deref()) {
         Check::pass(name, format!("{} has TSP:1", shown(&v)))
     } else {
@@ -474,9 +471,9 @@ pub fn tsp(env: Env<'_>) -> Check {
 }
 
 /// `PROCESS_RECOVER=on` (warning only; see the module docs).
-pub fn process_recover(env: Env<'_>) -> Check {
+pub fn process_recover(env: EnvLookup<'_>) -> Check {
     let name = "env:PROCESS_RECOVER";
-    let v = get(env, "PROCESS_RECOVER");
+    let v = get(env, flags::PROCESS_RECOVER);
     if v.as_deref().map(str::trim) == Some("on") {
         Check::pass(name, "\"on\"")
     } else {
@@ -494,9 +491,9 @@ pub fn process_recover(env: Env<'_>) -> Check {
 }
 
 /// `ELASTIC_PROCESS_RECOVER_ENABLE=1` (warning only; see the module docs).
-pub fn elastic_process_recover(env: Env<'_>) -> Check {
+pub fn elastic_process_recover(env: EnvLookup<'_>) -> Check {
     let name = "env:ELASTIC_PROCESS_RECOVER_ENABLE";
-    let v = get(env, "ELASTIC_PROCESS_RECOVER_ENABLE");
+    let v = get(env, flags::ELASTIC_PROCESS_RECOVER_ENABLE);
     if v.as_deref().map(str::trim) == Some("1") {
         Check::pass(name, "\"1\"")
     } else {
@@ -512,9 +509,9 @@ pub fn elastic_process_recover(env: Env<'_>) -> Check {
 }
 
 /// `TASKD_HCCL_RDMA` must not declare the topology RDMA-less.
-pub fn rdma(env: Env<'_>) -> Check {
+pub fn rdma(env: EnvLookup<'_>) -> Check {
     let name = "env:TASKD_HCCL_RDMA";
-    let v = get(env, taskd_hal_ascend::rank::TASKD_HCCL_RDMA);
+    let v = get(env, flags::TASKD_HCCL_RDMA);
     let caps = taskd_hal_ascend::rank::capabilities_from_env(env);
     if caps.rdma {
         Check::pass(
@@ -534,12 +531,12 @@ pub fn rdma(env: Env<'_>) -> Check {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Job environment (DESIGN.md section 7)
+// Job environment (the MindCluster variables of the README's node setup)
 
 /// `MINDX_TASK_ID` names the job.
-pub fn job_id(env: Env<'_>) -> Check {
+pub fn job_id(env: EnvLookup<'_>) -> Check {
     let name = "job:id";
-    match get_set(env, "MINDX_TASK_ID") {
+    match get_set(env, flags::MINDX_TASK_ID) {
         Some(id) => Check::pass(name, format!("MINDX_TASK_ID={:?}", id.trim())),
         None => Check::fail(
             name,
@@ -558,18 +555,6 @@ pub enum Role {
     Unknown,
 }
 
-/// An address as MindCluster writes it: a bare IPv4 or IPv6 address, IPv6 possibly in
-/// brackets or with a zone (`fe80::1%eth0`).
-fn parse_ip(s: &str) -> Option<IpAddr> {
-    let s = s.trim();
-    let s = s
-        .strip_prefix('[')
-        .and_then(|x| x.strip_suffix(']'))
-        .unwrap_or(s);
-    let s = s.split_once('%').map_or(s, |(a, _)| a);
-    s.parse().ok()
-}
-
 fn family(ip: IpAddr) -> &'static str {
     match ip {
         IpAddr::V4(_) => "IPv4",
@@ -577,192 +562,203 @@ fn family(ip: IpAddr) -> &'static str {
     }
 }
 
-/// `MS_SCHED_HOST` vs `POD_IP`: the manager runs where they are equal.
-pub fn role(env: Env<'_>) -> (Check, Role) {
+const ROLE_FIX: &str = "set MS_SCHED_HOST to the IP of the pod that runs the manager (the same \
+                        on every node) and POD_IP to this pod's IP (Kubernetes downward API: \
+                        status.podIP)";
+
+/// `MS_SCHED_HOST` vs `POD_IP`: the manager runs where they are the same host (addresses
+/// compared as addresses, as `taskd manager` compares them).
+pub fn role(env: EnvLookup<'_>) -> (Check, Role) {
     let name = "job:role";
-    let fix = "set MS_SCHED_HOST to the IP of the pod that runs the manager (the same on every \
-               node) and POD_IP to this pod's IP (Kubernetes downward API: status.podIP)";
-    let sched = get_set(env, "MS_SCHED_HOST");
-    let pod = get_set(env, "POD_IP");
-    let (sched, pod) = match (sched, pod) {
-        (Some(s), Some(p)) => (s.trim().to_owned(), p.trim().to_owned()),
+    let (sched, pod) = match (
+        flags::get(env, flags::MS_SCHED_HOST),
+        flags::get(env, flags::POD_IP),
+    ) {
+        (Some(s), Some(p)) => (s, p),
         (s, p) => {
-            let unset: Vec<&str> = [("MS_SCHED_HOST", &s), ("POD_IP", &p)]
+            let unset: Vec<&str> = [(flags::MS_SCHED_HOST, &s), (flags::POD_IP, &p)]
                 .iter()
                 .filter(|(_, v)| v.is_none())
                 .map(|(n, _)| *n)
                 .collect();
-            return (
-                Check::fail(
-                    name,
-                    format!(
-                        "{} unset: cannot tell whether this host runs the manager",
-                        unset.join(" and ")
-                    ),
-                    fix,
-                ),
-                Role::Unknown,
+            let detail = format!(
+                "{} unset: cannot tell whether this host runs the manager",
+                unset.join(" and ")
             );
+            return (Check::fail(name, detail, ROLE_FIX), Role::Unknown);
         }
     };
-    let Some(pod_ip) = parse_ip(&pod) else {
-        return (
-            Check::fail(name, format!("POD_IP={pod:?} is not an IP address"), fix),
-            Role::Unknown,
+    let Some(pod_ip) = flags::parse_ip(&pod) else {
+        let detail = format!("POD_IP={pod:?} is not an IP address");
+        return (Check::fail(name, detail, ROLE_FIX), Role::Unknown);
+    };
+    let Some(sched_ip) = flags::parse_ip(&sched) else {
+        return role_by_host_name(&sched, &pod);
+    };
+    let fam = if family(sched_ip) == family(pod_ip) {
+        family(pod_ip).to_string()
+    } else {
+        format!("{} / {}", family(sched_ip), family(pod_ip))
+    };
+    if sched_ip == pod_ip {
+        let detail = format!("manager host: MS_SCHED_HOST = POD_IP = {pod_ip} ({fam})");
+        (Check::pass(name, detail), Role::Manager)
+    } else {
+        let detail = format!(
+            "worker host: the manager runs at MS_SCHED_HOST={sched_ip}, this pod is \
+             POD_IP={pod_ip} ({fam})"
         );
-    };
-    match parse_ip(&sched) {
-        Some(sched_ip) => {
-            let fam = if family(sched_ip) == family(pod_ip) {
-                family(pod_ip).to_string()
-            } else {
-                format!("{} / {}", family(sched_ip), family(pod_ip))
-            };
-            if sched_ip == pod_ip {
-                (
-                    Check::pass(
-                        name,
-                        format!("manager host: MS_SCHED_HOST = POD_IP = {pod_ip} ({fam})"),
-                    ),
-                    Role::Manager,
-                )
-            } else {
-                (
-                    Check::pass(
-                        name,
-                        format!(
-                            "worker host: the manager runs at MS_SCHED_HOST={sched_ip}, this pod \
-                             is POD_IP={pod_ip} ({fam})"
-                        ),
-                    ),
-                    Role::Worker,
-                )
-            }
-        }
-        // A host name: equal text still means this host.
-        None if sched.eq_ignore_ascii_case(&pod) => (
-            Check::pass(
-                name,
-                format!("manager host: MS_SCHED_HOST = POD_IP = {pod}"),
-            ),
-            Role::Manager,
-        ),
-        None => (
-            Check::warn(
-                name,
-                format!(
-                    "MS_SCHED_HOST={sched:?} is a host name and POD_IP={pod} an address: taskd \
-                     compares them as text and takes this host for a worker"
-                ),
-                "set MS_SCHED_HOST to the manager pod's IP address",
-            ),
-            Role::Worker,
-        ),
+        (Check::pass(name, detail), Role::Worker)
     }
 }
 
-fn parse_u32(env: Env<'_>, name: &str) -> Result<Option<u32>, String> {
-    match get_set(env, name) {
-        None => Ok(None),
-        Some(v) => v
-            .trim()
-            .parse::<u32>()
-            .map(Some)
-            .map_err(|_| format!("{name}={v:?} is not a non-negative integer")),
+/// `MS_SCHED_HOST` is a host name: equal text still means this host.
+fn role_by_host_name(sched: &str, pod: &str) -> (Check, Role) {
+    let name = "job:role";
+    if flags::same_host(sched, pod) {
+        let detail = format!("manager host: MS_SCHED_HOST = POD_IP = {pod}");
+        return (Check::pass(name, detail), Role::Manager);
     }
+    let detail = format!(
+        "MS_SCHED_HOST={sched:?} is a host name and POD_IP={pod} an address: taskd compares \
+         them as text and takes this host for a worker"
+    );
+    let fix = "set MS_SCHED_HOST to the manager pod's IP address";
+    (Check::warn(name, detail, fix), Role::Worker)
 }
 
-/// The node rank: `MS_NODE_RANK` (MindSpore) or `RANK / LOCAL_WORLD_SIZE` (PyTorch), each
-/// well-formed, and consistent with each other and with `WORLD_SIZE` / `LOCAL_RANK` when set.
-pub fn node_rank(env: Env<'_>) -> Check {
-    let name = "job:node-rank";
-    let fix = "set MS_NODE_RANK (MindSpore) or RANK and LOCAL_WORLD_SIZE (PyTorch) as the \
-               launcher does, consistently on every node";
-    let parsed = [
-        "MS_NODE_RANK",
-        "RANK",
-        "LOCAL_WORLD_SIZE",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-    ]
-    .map(|n| parse_u32(env, n));
-    let errors: Vec<String> = parsed
-        .iter()
-        .filter_map(|r| r.as_ref().err().cloned())
-        .collect();
-    if !errors.is_empty() {
-        return Check::fail(name, errors.join("; "), fix);
+/// The launchers' rank variables, each parsed (set and malformed is an error).
+struct RankVars {
+    ms: Option<u32>,
+    rank: Option<u32>,
+    lws: Option<u32>,
+    world: Option<u32>,
+    local: Option<u32>,
+}
+
+impl RankVars {
+    /// Every malformed variable, named with its value.
+    fn read(env: EnvLookup<'_>) -> Result<RankVars, Vec<String>> {
+        let parsed = [
+            flags::MS_NODE_RANK,
+            flags::RANK,
+            flags::LOCAL_WORLD_SIZE,
+            flags::WORLD_SIZE,
+            flags::LOCAL_RANK,
+        ]
+        .map(|n| flags::parse_u32(env, n));
+        let errors: Vec<String> = parsed
+            .iter()
+            .filter_map(|r| r.as_ref().err().map(|e| e.to_string()))
+            .collect();
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        let [ms, rank, lws, world, local] = parsed.map(|r| r.ok().flatten());
+        Ok(RankVars {
+            ms,
+            rank,
+            lws,
+            world,
+            local,
+        })
     }
-    let [ms, rank, lws, world, local] = parsed.map(|r| r.expect("errors handled above"));
-    let mut problems = Vec::new();
-    if lws == Some(0) {
-        problems.push("LOCAL_WORLD_SIZE=0".to_string());
+
+    /// `RANK / LOCAL_WORLD_SIZE`, when both are set and the size is not zero.
+    fn torch_node_rank(&self) -> Option<u32> {
+        match (self.rank, self.lws) {
+            (Some(r), Some(l)) if l > 0 => Some(r / l),
+            _ => None,
+        }
     }
-    if rank.is_some() != lws.is_some() && ms.is_none() {
-        problems.push(format!(
-            "{} is set without {}",
-            if rank.is_some() {
-                "RANK"
-            } else {
-                "LOCAL_WORLD_SIZE"
-            },
-            if rank.is_some() {
-                "LOCAL_WORLD_SIZE"
-            } else {
-                "RANK"
+
+    /// `RANK`, `LOCAL_WORLD_SIZE` and `MS_NODE_RANK`: present together and agreeing.
+    fn pairing_problems(&self, out: &mut Vec<String>) {
+        if self.lws == Some(0) {
+            out.push("LOCAL_WORLD_SIZE=0".to_string());
+        }
+        if self.ms.is_none() {
+            match (self.rank, self.lws) {
+                (Some(_), None) => out.push("RANK is set without LOCAL_WORLD_SIZE".into()),
+                (None, Some(_)) => out.push("LOCAL_WORLD_SIZE is set without RANK".into()),
+                _ => {}
             }
-        ));
-    }
-    let from_torch = match (rank, lws) {
-        (Some(r), Some(l)) if l > 0 => Some(r / l),
-        _ => None,
-    };
-    if let (Some(m), Some(t)) = (ms, from_torch) {
-        if m != t {
-            problems.push(format!(
-                "MS_NODE_RANK={m} but RANK / LOCAL_WORLD_SIZE = {} / {} = {t}",
-                rank.unwrap_or(0),
-                lws.unwrap_or(0)
-            ));
+        }
+        if let (Some(m), Some(t)) = (self.ms, self.torch_node_rank()) {
+            if m != t {
+                out.push(format!(
+                    "MS_NODE_RANK={m} but RANK / LOCAL_WORLD_SIZE = {} / {} = {t}",
+                    self.rank.unwrap_or(0),
+                    self.lws.unwrap_or(0)
+                ));
+            }
         }
     }
-    if let (Some(w), Some(l)) = (world, lws) {
-        if l > 0 && w % l != 0 {
-            problems.push(format!(
-                "WORLD_SIZE={w} is not a multiple of LOCAL_WORLD_SIZE={l}"
-            ));
+
+    /// `WORLD_SIZE` and `LOCAL_RANK` against the rest.
+    fn size_problems(&self, node: Option<u32>, out: &mut Vec<String>) {
+        let lws = self.lws.filter(|l| *l > 0);
+        if let (Some(w), Some(l)) = (self.world, lws) {
+            if w % l != 0 {
+                out.push(format!(
+                    "WORLD_SIZE={w} is not a multiple of LOCAL_WORLD_SIZE={l}"
+                ));
+            } else if let Some(n) = node.filter(|n| *n >= w / l) {
+                out.push(format!(
+                    "node rank {n} is not below the node count WORLD_SIZE / LOCAL_WORLD_SIZE = {}",
+                    w / l
+                ));
+            }
         }
-    }
-    if let (Some(w), Some(r)) = (world, rank) {
-        if r >= w {
-            problems.push(format!("RANK={r} is not below WORLD_SIZE={w}"));
+        if let (Some(w), Some(r)) = (self.world, self.rank) {
+            if r >= w {
+                out.push(format!("RANK={r} is not below WORLD_SIZE={w}"));
+            }
         }
-    }
-    if let (Some(lr), Some(l)) = (local, lws) {
-        if lr >= l {
-            problems.push(format!("LOCAL_RANK={lr} is not below LOCAL_WORLD_SIZE={l}"));
-        } else if let Some(r) = rank {
-            if l > 0 && r % l != lr {
-                problems.push(format!(
+        if let (Some(lr), Some(l)) = (self.local, self.lws) {
+            if lr >= l {
+                out.push(format!("LOCAL_RANK={lr} is not below LOCAL_WORLD_SIZE={l}"));
+            } else if let Some(r) = self.rank.filter(|r| r % l != lr) {
+                out.push(format!(
                     "LOCAL_RANK={lr} but RANK % LOCAL_WORLD_SIZE = {r} % {l} = {}",
                     r % l
                 ));
             }
         }
     }
-    let node = flags::node_rank(
-        ms.map(|v| v.to_string()).as_deref(),
-        rank.map(|v| v.to_string()).as_deref(),
-        lws.map(|v| v.to_string()).as_deref(),
-    );
-    if let (Some(n), Some(w), Some(l)) = (node, world, lws) {
-        if l > 0 && w % l == 0 && n >= w / l {
-            problems.push(format!(
-                "node rank {n} is not below the node count WORLD_SIZE / LOCAL_WORLD_SIZE = {}",
-                w / l
-            ));
+
+    /// Where the node rank came from, for the detail of a pass.
+    fn source(&self) -> String {
+        let torch = || {
+            format!(
+                "RANK={} / LOCAL_WORLD_SIZE={}",
+                self.rank.unwrap_or(0),
+                self.lws.unwrap_or(0)
+            )
+        };
+        match (self.ms, self.torch_node_rank()) {
+            (Some(_), Some(_)) => format!("MS_NODE_RANK, agreeing with {}", torch()),
+            (Some(_), None) => flags::MS_NODE_RANK.to_string(),
+            _ => torch(),
         }
     }
+}
+
+/// The node rank: `MS_NODE_RANK` (MindSpore) or `RANK / LOCAL_WORLD_SIZE` (PyTorch), each
+/// well-formed, and consistent with each other and with `WORLD_SIZE` / `LOCAL_RANK` when set.
+pub fn node_rank(env: EnvLookup<'_>) -> Check {
+    let name = "job:node-rank";
+    let fix = "set MS_NODE_RANK (MindSpore) or RANK and LOCAL_WORLD_SIZE (PyTorch) as the \
+               launcher does, consistently on every node";
+    let vars = match RankVars::read(env) {
+        Ok(v) => v,
+        Err(errors) => return Check::fail(name, errors.join("; "), fix),
+    };
+    // The rule the proxy applies (`taskd_core::env::node_rank`).
+    let node = flags::node_rank(env).ok().flatten();
+    let mut problems = Vec::new();
+    vars.pairing_problems(&mut problems);
+    vars.size_problems(node, &mut problems);
     if !problems.is_empty() {
         return Check::fail(name, problems.join("; "), fix);
     }
@@ -772,22 +768,7 @@ pub fn node_rank(env: Env<'_>) -> Check {
             "no node rank: MS_NODE_RANK, RANK and LOCAL_WORLD_SIZE are unset",
             fix,
         ),
-        Some(n) => {
-            let source = match (ms, from_torch) {
-                (Some(_), Some(_)) => format!(
-                    "MS_NODE_RANK, agreeing with RANK={} / LOCAL_WORLD_SIZE={}",
-                    rank.unwrap_or(0),
-                    lws.unwrap_or(0)
-                ),
-                (Some(_), None) => "MS_NODE_RANK".to_string(),
-                _ => format!(
-                    "RANK={} / LOCAL_WORLD_SIZE={}",
-                    rank.unwrap_or(0),
-                    lws.unwrap_or(0)
-                ),
-            };
-            Check::pass(name, format!("node rank {n} (from {source})"))
-        }
+        Some(n) => Check::pass(name, format!("node rank {n} (from {})", vars.source())),
     }
 }
 
@@ -846,6 +827,7 @@ pub fn port(port: u16, role: Role) -> Check {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+    use std::ffi::OsString;
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
         let map: HashMap<String, OsString> = pairs

@@ -49,7 +49,6 @@
 
 use serde::Serialize;
 use std::collections::BTreeSet;
-use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -57,6 +56,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use taskd_actors::{LocalJob, LocalJobConfig, LocalJobError, RankParts, StepGate};
 use taskd_core::command::Target;
+use taskd_core::env::EnvLookup;
 use taskd_core::operation::{JobState, OperationReport, Outcome};
 use taskd_core::{
     env as flags, DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, JobId, LinkHealth, NodeHal,
@@ -69,9 +69,6 @@ use taskd_hal_ascend::sys::hccl::{HcclDataType, HcclLib, HcclReduceOp};
 use taskd_hal_ascend::{
     AscendNodeHal, AscendRankHal, Comm, DeviceBuffer, LoadError, RootInfo, Stream,
 };
-
-/// Reads one environment variable (the process environment in the example, a map in tests).
-pub type Env<'a> = &'a dyn Fn(&str) -> Option<OsString>;
 
 /// What the rig runs.
 #[derive(Clone, Debug)]
@@ -169,7 +166,7 @@ pub struct RigLibraries {
 
 impl RigLibraries {
     /// Finds the libraries as a worker does (`taskd_hal_ascend::search`).
-    pub fn open(env: Env<'_>) -> Result<Self, LoadError> {
+    pub fn open(env: EnvLookup<'_>) -> Result<Self, LoadError> {
         Ok(RigLibraries {
             hccl: Arc::new(HcclLib::open(env)?),
             acl: Arc::new(AclLib::open(env)?),
@@ -758,7 +755,7 @@ impl Rig {
     ///
     /// `env` gives the ranks' switch capabilities as a worker reads them:
     /// `HCCL_OP_RETRY_ENABLE` (`L2:1`), `TASKD_HCCL_RDMA` and `MS_ENABLE_TFT` (`TSP:1`).
-    pub fn start(cfg: RigConfig, libs: RigLibraries, env: Env<'_>) -> Result<Rig, RigError> {
+    pub fn start(cfg: RigConfig, libs: RigLibraries, env: EnvLookup<'_>) -> Result<Rig, RigError> {
         cfg.validate()?;
         let n = cfg.devices.len();
         let table = RankTable::new(
@@ -774,11 +771,7 @@ impl Rig {
         )
         .map_err(|e| RigError::Setup(e.to_string()))?;
         let caps = taskd_hal_ascend::rank::capabilities_from_env(env);
-        let tsp = flags::tsp_enabled(
-            env("MS_ENABLE_TFT")
-                .map(|v| v.to_string_lossy().into_owned())
-                .as_deref(),
-        );
+        let tsp = flags::tsp_enabled(flags::get(env, flags::MS_ENABLE_TFT).as_deref());
         let acl_err = |e: result::AclError| RigError::Setup(e.to_string());
         let acl_initialised_here = result::acl::init(&libs.acl).map_err(acl_err)?;
 

@@ -12,12 +12,14 @@
 //! Actors talk only through [`transport::Link`]s, so the same actors run in one process
 //! ([`LocalJob`], the simulator's and tests' default) or across machines ([`net`]: gRPC,
 //! one process per role, and [`RemoteWorker`], the worker API for training processes).
+//! [`process`] starts and stops each role as a process of its own.
 
 pub mod control;
 pub mod gate;
 pub mod local;
 pub mod manager;
 pub mod net;
+pub mod process;
 pub mod progress;
 pub mod proxy;
 pub mod telemetry;

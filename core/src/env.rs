@@ -1,5 +1,117 @@
-//! The MindCluster / HCCL environment flags, parsed from their string values. Reading the
-//! environment is the caller's job; these functions only interpret what it found.
+//! The environment taskd runs in: the name of every variable it reads, one way to read them
+//! ([`EnvLookup`]), and the interpretation of their values (flag lists, node rank, addresses).
+//!
+//! Reading goes through a lookup function handed in by the caller ([`process_env`] in the
+//! binaries, a map in tests), so every rule here is testable without touching the process
+//! environment. A variable that is set but blank counts as unset; a value that is set and
+//! malformed is an [`EnvError`] naming the variable and the value, never silently ignored.
+
+use std::ffi::OsString;
+use std::net::IpAddr;
+
+// ---------------------------------------------------------------------------------------------
+// Names
+
+/// The job's id, set by MindCluster on every pod.
+pub const MINDX_TASK_ID: &str = "MINDX_TASK_ID";
+/// The scheduler (manager) host: an IP address (v4 or v6) or a host name.
+pub const MS_SCHED_HOST: &str = "MS_SCHED_HOST";
+/// This pod's IP address (Kubernetes downward API `status.podIP`).
+pub const POD_IP: &str = "POD_IP";
+/// The node rank as MindSpore's launcher sets it.
+pub const MS_NODE_RANK: &str = "MS_NODE_RANK";
+/// The global rank of a training process (PyTorch's launcher).
+pub const RANK: &str = "RANK";
+/// Training processes per node (PyTorch's launcher).
+pub const LOCAL_WORLD_SIZE: &str = "LOCAL_WORLD_SIZE";
+/// Training processes in the job (PyTorch's launcher).
+pub const WORLD_SIZE: &str = "WORLD_SIZE";
+/// A training process's index on its node (PyTorch's launcher).
+pub const LOCAL_RANK: &str = "LOCAL_RANK";
+/// MindCluster's fault-tolerance features; `TSP:1` enables the NIC switch-back.
+pub const MS_ENABLE_TFT: &str = "MS_ENABLE_TFT";
+/// HCCL's retry levels; `L2:1` is needed for `HcclCommWorkingDevNicSet` to switch anything.
+pub const HCCL_OP_RETRY_ENABLE: &str = "HCCL_OP_RETRY_ENABLE";
+/// MindCluster's process-level recovery (`on`).
+pub const PROCESS_RECOVER: &str = "PROCESS_RECOVER";
+/// MindCluster's elastic process recovery (`1`).
+pub const ELASTIC_PROCESS_RECOVER_ENABLE: &str = "ELASTIC_PROCESS_RECOVER_ENABLE";
+/// Declares whether the job's HCCL topology has RDMA (RoCE) links; HCCL cannot be asked.
+/// Unset means yes; `0`, `false`, `off` or `no` means no.
+pub const TASKD_HCCL_RDMA: &str = "TASKD_HCCL_RDMA";
+/// An explicit path of `libhccl.so` (then the only candidate the library search tries).
+pub const TASKD_HCCL_LIBRARY: &str = "TASKD_HCCL_LIBRARY";
+/// An explicit path of `libascendcl.so`.
+pub const TASKD_ACL_LIBRARY: &str = "TASKD_ACL_LIBRARY";
+/// An explicit path of `libdcmi.so`.
+pub const TASKD_DCMI_LIBRARY: &str = "TASKD_DCMI_LIBRARY";
+/// `ASCEND_HOME_PATH`, set by CANN's `set_env.sh` to the toolkit's `latest` directory.
+pub const ASCEND_HOME_PATH: &str = "ASCEND_HOME_PATH";
+/// `ASCEND_TOOLKIT_HOME`, set by older CANN `set_env.sh` scripts.
+pub const ASCEND_TOOLKIT_HOME: &str = "ASCEND_TOOLKIT_HOME";
+/// The bearer token of the control API (when no token file is given).
+pub const TASKD_CONTROL_TOKEN: &str = "TASKD_CONTROL_TOKEN";
+/// The `taskd` binary's log format (`text` or `json`).
+pub const TASKD_LOG_FORMAT: &str = "TASKD_LOG_FORMAT";
+/// The proxy a worker started by hand connects to (`examples/remote_worker.rs`).
+pub const TASKD_PROXY: &str = "TASKD_PROXY";
+
+// ---------------------------------------------------------------------------------------------
+// Reading
+
+/// Reads one environment variable. [`process_env`] reads the real environment.
+pub type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<OsString>;
+
+/// The process environment, as an [`EnvLookup`].
+pub fn process_env(name: &str) -> Option<OsString> {
+    std::env::var_os(name)
+}
+
+/// A variable's value, trimmed, when it is set and not blank.
+pub fn get(env: EnvLookup<'_>, name: &str) -> Option<String> {
+    env(name)
+        .map(|v| v.to_string_lossy().trim().to_owned())
+        .filter(|v| !v.is_empty())
+}
+
+/// A variable that is set to something taskd cannot use.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{var}={value:?} is not {expected}")]
+pub struct EnvError {
+    /// The variable.
+    pub var: &'static str,
+    /// What it is set to.
+    pub value: String,
+    /// What it should be, e.g. "a non-negative integer".
+    pub expected: &'static str,
+}
+
+/// A non-negative integer variable: `Ok(None)` when unset or blank.
+pub fn parse_u32(env: EnvLookup<'_>, var: &'static str) -> Result<Option<u32>, EnvError> {
+    match get(env, var) {
+        None => Ok(None),
+        Some(v) => v.parse().map(Some).map_err(|_| EnvError {
+            var,
+            value: v,
+            expected: "a non-negative integer",
+        }),
+    }
+}
+
+/// A positive integer variable: `Ok(None)` when unset or blank.
+pub fn parse_positive(env: EnvLookup<'_>, var: &'static str) -> Result<Option<u32>, EnvError> {
+    match parse_u32(env, var)? {
+        Some(0) => Err(EnvError {
+            var,
+            value: "0".into(),
+            expected: "a positive integer",
+        }),
+        v => Ok(v),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Flags
 
 /// Whether a flag list such as `{TTP:1,TSP:1}` or `L0:0, L1:1, L2:1` sets `key` to `1`.
 /// Braces, quotes and blanks are ignored; keys compare case-insensitively.
@@ -22,24 +134,121 @@ pub fn l2_retry_enabled(hccl_op_retry_enable: Option<&str>) -> bool {
     hccl_op_retry_enable.is_some_and(|v| flag_enabled(v, "L2"))
 }
 
-/// The node rank of a process: `MS_NODE_RANK` (MindSpore) or `RANK / LOCAL_WORLD_SIZE`
-/// (PyTorch).
-pub fn node_rank(
-    ms_node_rank: Option<&str>,
-    rank: Option<&str>,
-    local_world_size: Option<&str>,
-) -> Option<u32> {
-    if let Some(r) = ms_node_rank.and_then(|v| v.trim().parse().ok()) {
-        return Some(r);
+// ---------------------------------------------------------------------------------------------
+// Ranks
+
+/// This process's global rank from `RANK`: `Ok(None)` when unset.
+pub fn rank(env: EnvLookup<'_>) -> Result<Option<u32>, EnvError> {
+    parse_u32(env, RANK)
+}
+
+/// The node rank of a process: `MS_NODE_RANK` (MindSpore), else `RANK / LOCAL_WORLD_SIZE`
+/// (PyTorch). `Ok(None)` when neither is complete (unset, or `RANK` without
+/// `LOCAL_WORLD_SIZE`); an error when a variable that is set is malformed
+/// (`MS_NODE_RANK=-1`, `LOCAL_WORLD_SIZE=0`, ...), naming it and its value.
+pub fn node_rank(env: EnvLookup<'_>) -> Result<Option<u32>, EnvError> {
+    let ms = parse_u32(env, MS_NODE_RANK)?;
+    let rank = parse_u32(env, RANK)?;
+    let lws = parse_positive(env, LOCAL_WORLD_SIZE)?;
+    Ok(ms.or(match (rank, lws) {
+        (Some(r), Some(l)) => Some(r / l),
+        _ => None,
+    }))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Addresses
+
+/// An address as MindCluster writes it: a bare IPv4 or IPv6 address, IPv6 possibly in
+/// brackets or with a zone (`fe80::1%eth0`, the zone is dropped). `None` for a host name.
+pub fn parse_ip(s: &str) -> Option<IpAddr> {
+    let s = s.trim();
+    let s = s
+        .strip_prefix('[')
+        .and_then(|x| x.strip_suffix(']'))
+        .unwrap_or(s);
+    let s = s.split_once('%').map_or(s, |(a, _)| a);
+    s.parse().ok()
+}
+
+/// Whether two hosts are the same: equal addresses however they are spelled (`fd00::1` and
+/// `[fd00::0001]`), else equal text ignoring case (host names).
+pub fn same_host(a: &str, b: &str) -> bool {
+    match (parse_ip(a), parse_ip(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => a.trim().eq_ignore_ascii_case(b.trim()),
     }
-    let rank: u32 = rank?.trim().parse().ok()?;
-    let lws: u32 = local_world_size?.trim().parse().ok()?;
-    (lws > 0).then(|| rank / lws)
+}
+
+/// `HOST:PORT` for connecting to `host`: an IPv6 address goes in brackets (`[fd00::1]:9601`),
+/// whether or not it came with them.
+pub fn host_port(host: &str, port: u16) -> String {
+    let host = host.trim();
+    match parse_ip(host) {
+        Some(IpAddr::V6(ip)) => format!("[{ip}]:{port}"),
+        Some(IpAddr::V4(ip)) => format!("{ip}:{port}"),
+        None => format!("{host}:{port}"),
+    }
+}
+
+/// Why a `HOST:PORT` is not one.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{addr:?} is not HOST:PORT: {why}")]
+pub struct AddressError {
+    /// The text given.
+    pub addr: String,
+    /// What is wrong with it.
+    pub why: &'static str,
+}
+
+/// Checks a `HOST:PORT` to connect to: a port from 1 to 65535, and a host that is an IPv4
+/// address, an IPv6 address in brackets, or a host name (letters, digits, `-`, `.`, `_`).
+/// Host names are not resolved here (the name may appear in DNS later; clients retry).
+pub fn check_host_port(addr: &str) -> Result<(), AddressError> {
+    let bad = |why| AddressError {
+        addr: addr.to_owned(),
+        why,
+    };
+    let (host, port) = addr.rsplit_once(':').ok_or_else(|| bad("no port"))?;
+    match port.parse::<u16>() {
+        Ok(0) | Err(_) => return Err(bad("the port must be a number from 1 to 65535")),
+        Ok(_) => {}
+    }
+    if let Some(inner) = host.strip_prefix('[') {
+        let inner = inner.strip_suffix(']').ok_or_else(|| bad("unclosed '['"))?;
+        return match inner.parse::<std::net::Ipv6Addr>() {
+            Ok(_) => Ok(()),
+            Err(_) => Err(bad("not an IPv6 address in the brackets")),
+        };
+    }
+    if host.is_empty() {
+        return Err(bad("the host is empty"));
+    }
+    if host.contains(':') {
+        return Err(bad("an IPv6 address needs brackets: [ADDR]:PORT"));
+    }
+    if !host
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+    {
+        return Err(bad("the host is neither an address nor a host name"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    fn map(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
+        let m: HashMap<String, OsString> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), OsString::from(v)))
+            .collect();
+        move |k| m.get(k).cloned()
+    }
 
     #[test]
     fn parses_reference_deployment_values() {
@@ -56,9 +265,113 @@ mod tests {
 
     #[test]
     fn node_rank_from_either_framework() {
-        assert_eq!(node_rank(Some("3"), None, None), Some(3));
-        assert_eq!(node_rank(None, Some("37"), Some("16")), Some(2));
-        assert_eq!(node_rank(None, Some("37"), Some("0")), None);
-        assert_eq!(node_rank(None, None, Some("16")), None);
+        let nr = |pairs: &[(&str, &str)]| node_rank(&map(pairs));
+        assert_eq!(nr(&[(MS_NODE_RANK, "3")]), Ok(Some(3)));
+        assert_eq!(nr(&[(RANK, "37"), (LOCAL_WORLD_SIZE, "16")]), Ok(Some(2)));
+        assert_eq!(nr(&[(LOCAL_WORLD_SIZE, "16")]), Ok(None));
+        assert_eq!(nr(&[(RANK, "37")]), Ok(None));
+        assert_eq!(nr(&[(MS_NODE_RANK, " ")]), Ok(None));
+    }
+
+    #[test]
+    fn malformed_node_rank_names_the_variable_and_value() {
+        let e = node_rank(&map(&[(MS_NODE_RANK, "-1")])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "MS_NODE_RANK=\"-1\" is not a non-negative integer"
+        );
+        let e = node_rank(&map(&[(RANK, "37"), (LOCAL_WORLD_SIZE, "0")])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "LOCAL_WORLD_SIZE=\"0\" is not a positive integer"
+        );
+        let e = rank(&map(&[(RANK, "seven")])).unwrap_err();
+        assert_eq!((e.var, e.value.as_str()), (RANK, "seven"));
+    }
+
+    #[test]
+    fn hosts_and_addresses() {
+        assert!(same_host("[fd00::0001]", "fd00::1"));
+        assert!(same_host("10.0.0.1", " 10.0.0.1"));
+        assert!(!same_host("fd00::1", "fd00::2"));
+        assert!(same_host("Mgr-0", "mgr-0"));
+        assert_eq!(host_port("fd00::1", 9601), "[fd00::1]:9601");
+        assert_eq!(host_port("[fd00::1]", 9601), "[fd00::1]:9601");
+        assert_eq!(host_port("10.0.0.1", 9601), "10.0.0.1:9601");
+        assert_eq!(host_port("mgr-0", 9601), "mgr-0:9601");
+        for ok in [
+            "10.0.0.1:9601",
+            "[fd00::1]:9601",
+            "mgr-0.svc:1",
+            "localhost:65535",
+        ] {
+            assert_eq!(check_host_port(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "notanaddress",
+            "host:",
+            "host:0",
+            "host:70000",
+            ":9601",
+            "fd00::1:9601",
+            "[fd00::1:9601",
+            "[nope]:9601",
+            "a b:9601",
+            "http://x:1",
+        ] {
+            let e = check_host_port(bad).unwrap_err();
+            assert!(e.to_string().contains(&format!("{bad:?}")), "{e}");
+        }
+        for h in ["fd00::1", "10.1.2.3", "mgr-0"] {
+            assert_eq!(check_host_port(&host_port(h, 9601)), Ok(()), "{h}");
+        }
+    }
+
+    fn var_value() -> impl Strategy<Value = Option<String>> {
+        prop_oneof![
+            Just(None),
+            "[0-9]{1,12}".prop_map(Some),
+            "-?[0-9 ]{0,4}".prop_map(Some),
+            any::<String>().prop_map(Some),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        // Environment parsing never panics, and its answers follow the documented rules.
+        #[test]
+        fn env_parsing_is_total_and_consistent(
+            ms in var_value(), rank in var_value(), lws in var_value(), flags in any::<String>()
+        ) {
+            let mut pairs = Vec::new();
+            for (k, v) in [(MS_NODE_RANK, &ms), (RANK, &rank), (LOCAL_WORLD_SIZE, &lws)] {
+                if let Some(v) = v {
+                    pairs.push((k, v.as_str()));
+                }
+            }
+            let env = map(&pairs);
+            let num = |v: &Option<String>| v.as_deref().map(str::trim).filter(|v| !v.is_empty()).map(|v| v.parse::<u32>());
+            match node_rank(&env) {
+                Ok(Some(n)) => match num(&ms) {
+                    Some(m) => prop_assert_eq!(Ok(n), m.map_err(drop)),
+                    None => {
+                        let (r, l) = (num(&rank).unwrap().unwrap(), num(&lws).unwrap().unwrap());
+                        prop_assert_eq!(n, r / l);
+                    }
+                },
+                Ok(None) => prop_assert!(num(&ms).is_none()),
+                Err(e) => {
+                    prop_assert!([MS_NODE_RANK, RANK, LOCAL_WORLD_SIZE].contains(&e.var));
+                    prop_assert!(e.to_string().contains(e.var));
+                }
+            }
+            let _ = tsp_enabled(Some(&flags));
+            let _ = l2_retry_enabled(Some(&flags));
+            let _ = parse_ip(&flags);
+            let _ = check_host_port(&flags);
+            let _ = host_port(&flags, 1);
+            prop_assert!(same_host(&flags, &flags));
+        }
     }
 }

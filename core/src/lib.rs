@@ -13,9 +13,10 @@
 //! - [`ledger`]: the manager's book of a job: registrations, NIC table, in-flight and past
 //!   operations, and the admission rules in front of the state machine.
 //! - [`display`]: how lists appear in messages for people.
-//! - [`env`]: parsing of the MindCluster / HCCL environment flags.
+//! - [`env`]: the environment variables taskd reads, one lookup type for them, and how their
+//!   values are interpreted.
 //!
-//! No I/O, no runtime, no clock: time enters as [`std::time::Duration`] values handed in by the
+//! No I/O (but [`env::process_env`], the lookup the binaries hand in), no runtime, no clock: time enters as [`std::time::Duration`] values handed in by the
 //! caller, so every interleaving can be replayed in a unit or property test.
 
 pub mod command;

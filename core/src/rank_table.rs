@@ -1,8 +1,19 @@
 //! The job's rank table: which `(node, device)` runs which global rank.
+//!
+//! Every table is built through [`RankTable::new`] (or [`RankTable::try_uniform`]), which
+//! enforces the largest job taskd manages: [`MAX_RANKS`] ranks on at most [`MAX_NODES`] nodes,
+//! device numbers below [`MAX_RANKS`]. The manager keeps per-rank state for the whole job, so a
+//! bound here is what keeps a mistyped size from growing memory until the process is killed.
 
 use crate::ids::{DeviceId, GlobalRank, NodeName};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The most ranks (training processes) in one job: 65,536, e.g. 4,096 nodes of 16 NPUs.
+pub const MAX_RANKS: usize = 65_536;
+
+/// The most nodes in one job.
+pub const MAX_NODES: usize = 4_096;
 
 /// One rank's place in the job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,6 +40,20 @@ pub enum RankTableError {
     Empty,
     #[error("ranks must be 0..{count} without gaps, but rank {missing} is missing")]
     Gap { count: usize, missing: GlobalRank },
+    #[error("{ranks} ranks is more than the largest job taskd manages ({max} ranks)")]
+    TooManyRanks { ranks: u64, max: usize },
+    #[error("{nodes} nodes is more than the largest job taskd manages ({max} nodes)")]
+    TooManyNodes { nodes: u64, max: usize },
+    #[error("device {node}:{device} is numbered above the largest device number ({max})")]
+    DeviceOutOfRange {
+        node: NodeName,
+        device: DeviceId,
+        max: usize,
+    },
+    #[error(
+        "a job needs at least one node and one device per node (got {nodes} x {devices_per_node})"
+    )]
+    ZeroSize { nodes: u32, devices_per_node: u32 },
 }
 
 /// Bidirectional map between `(node, device)` and global rank. Nodes keep the order they were
@@ -41,10 +66,17 @@ pub struct RankTable {
 }
 
 impl RankTable {
-    /// Builds a table from explicit slots. Ranks must be exactly `0..n`.
+    /// Builds a table from explicit slots. Ranks must be exactly `0..n`, with at most
+    /// [`MAX_RANKS`] ranks on at most [`MAX_NODES`] nodes.
     pub fn new(mut slots: Vec<RankSlot>) -> Result<Self, RankTableError> {
         if slots.is_empty() {
             return Err(RankTableError::Empty);
+        }
+        if slots.len() > MAX_RANKS {
+            return Err(RankTableError::TooManyRanks {
+                ranks: slots.len() as u64,
+                max: MAX_RANKS,
+            });
         }
         slots.sort_by_key(|s| s.rank);
         let mut nodes = Vec::new();
@@ -66,6 +98,19 @@ impl RankTable {
                     missing: GlobalRank(i as u32),
                 });
             }
+            if s.device.0 as usize >= MAX_RANKS {
+                return Err(RankTableError::DeviceOutOfRange {
+                    node: s.node.clone(),
+                    device: s.device,
+                    max: MAX_RANKS - 1,
+                });
+            }
+            if !by_node.contains_key(&s.node) && nodes.len() == MAX_NODES {
+                return Err(RankTableError::TooManyNodes {
+                    nodes: slots.iter().map(|s| &s.node).collect::<BTreeSet<_>>().len() as u64,
+                    max: MAX_NODES,
+                });
+            }
             let devs = by_node.entry(s.node.clone()).or_insert_with(|| {
                 nodes.push(s.node.clone());
                 BTreeMap::new()
@@ -85,14 +130,53 @@ impl RankTable {
     }
 
     /// The common layout: nodes `node-0..node-{n-1}`, devices `0..d`, `rank = node * d + device`.
+    ///
+    /// # Panics
+    ///
+    /// When the size is zero or above the maximum; use [`RankTable::try_uniform`] for sizes
+    /// that come from outside.
     pub fn uniform(nodes: u32, devices_per_node: u32) -> Self {
+        Self::try_uniform(nodes, devices_per_node).expect("a uniform layout of a valid size")
+    }
+
+    /// [`RankTable::uniform`], refusing a zero size or one above [`MAX_NODES`] /
+    /// [`MAX_RANKS`] before allocating anything.
+    pub fn try_uniform(nodes: u32, devices_per_node: u32) -> Result<Self, RankTableError> {
+        if nodes == 0 || devices_per_node == 0 {
+            return Err(RankTableError::ZeroSize {
+                nodes,
+                devices_per_node,
+            });
+        }
+        if nodes as usize > MAX_NODES {
+            return Err(RankTableError::TooManyNodes {
+                nodes: nodes.into(),
+                max: MAX_NODES,
+            });
+        }
+        let ranks = u64::from(nodes) * u64::from(devices_per_node);
+        if ranks > MAX_RANKS as u64 {
+            return Err(RankTableError::TooManyRanks {
+                ranks,
+                max: MAX_RANKS,
+            });
+        }
         let names: Vec<NodeName> = (0..nodes).map(|i| NodeName(format!("node-{i}"))).collect();
-        Self::uniform_named(&names, devices_per_node)
+        Self::new(Self::uniform_slots(&names, devices_per_node))
     }
 
     /// Like [`RankTable::uniform`] with the given node names, in rank order.
+    ///
+    /// # Panics
+    ///
+    /// Like [`RankTable::uniform`].
     pub fn uniform_named(nodes: &[NodeName], devices_per_node: u32) -> Self {
-        let slots = nodes
+        Self::new(Self::uniform_slots(nodes, devices_per_node))
+            .expect("a uniform layout of a valid size")
+    }
+
+    fn uniform_slots(nodes: &[NodeName], devices_per_node: u32) -> Vec<RankSlot> {
+        nodes
             .iter()
             .enumerate()
             .flat_map(|(n, name)| {
@@ -102,8 +186,7 @@ impl RankTable {
                     rank: GlobalRank(n as u32 * devices_per_node + d),
                 })
             })
-            .collect();
-        Self::new(slots).expect("a uniform layout is always valid")
+            .collect()
     }
 
     pub fn rank_of(&self, node: &NodeName, device: DeviceId) -> Option<GlobalRank> {
@@ -186,5 +269,54 @@ mod tests {
             Err(RankTableError::Gap { .. })
         ));
         assert_eq!(RankTable::new(vec![]), Err(RankTableError::Empty));
+    }
+
+    #[test]
+    fn sizes_above_the_maximum_are_refused_before_allocating() {
+        let e = RankTable::try_uniform(1_000_000, 1_000_000).unwrap_err();
+        assert_eq!(
+            e,
+            RankTableError::TooManyNodes {
+                nodes: 1_000_000,
+                max: MAX_NODES
+            }
+        );
+        let e = RankTable::try_uniform(4_096, 17).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "69632 ranks is more than the largest job taskd manages (65536 ranks)"
+        );
+        assert!(matches!(
+            RankTable::try_uniform(0, 16),
+            Err(RankTableError::ZeroSize { .. })
+        ));
+        assert!(matches!(
+            RankTable::try_uniform(3, 0),
+            Err(RankTableError::ZeroSize { .. })
+        ));
+        assert_eq!(
+            RankTable::try_uniform(4_096, 16).unwrap().world_size(),
+            MAX_RANKS
+        );
+        assert_eq!(
+            RankTable::try_uniform(1, 65_536).unwrap().world_size(),
+            MAX_RANKS
+        );
+        let slot = |n: String, d, r| RankSlot {
+            node: NodeName(n),
+            device: DeviceId(d),
+            rank: GlobalRank(r),
+        };
+        let many: Vec<RankSlot> = (0..=MAX_NODES as u32)
+            .map(|i| slot(format!("n{i}"), 0, i))
+            .collect();
+        assert!(matches!(
+            RankTable::new(many),
+            Err(RankTableError::TooManyNodes { nodes: 4097, .. })
+        ));
+        assert!(matches!(
+            RankTable::new(vec![slot("a".into(), 70_000, 0)]),
+            Err(RankTableError::DeviceOutOfRange { .. })
+        ));
     }
 }

@@ -6,14 +6,12 @@ use std::collections::HashSet;
 use taskd_core::{env, GroupInfo, GroupRank, HalError, HcclCode, RankHal, SwitchCapabilities};
 
 /// `HCCL_OP_RETRY_ENABLE`: HCCL's retry levels; `L2:1` is needed for a real NIC switch.
-pub const HCCL_OP_RETRY_ENABLE: &str = "HCCL_OP_RETRY_ENABLE";
-
+///
 /// `TASKD_HCCL_RDMA`: set to `0`, `false`, `off` or `no` to declare that this rank's topology
 /// has no RDMA (RoCE) links, so that preflight refuses a switch that would be a silent no-op.
-///
 /// HCCL offers no call that reports whether a communicator uses RDMA links, so
 /// [`AscendRankHal`] cannot find out by itself and assumes they exist unless told otherwise.
-pub const TASKD_HCCL_RDMA: &str = "TASKD_HCCL_RDMA";
+pub use taskd_core::env::{HCCL_OP_RETRY_ENABLE, TASKD_HCCL_RDMA};
 
 /// What this rank's HCCL setup allows, from the environment: `l2_retry` from
 /// `HCCL_OP_RETRY_ENABLE` (parsed by [`taskd_core::env::l2_retry_enabled`]), `rdma` true unless

@@ -22,22 +22,10 @@
 //!
 //! An empty variable counts as unset.
 
-use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
 
-/// Reads one environment variable. [`process_env`] reads the real environment.
-pub type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<OsString>;
-
-/// The process environment, as an [`EnvLookup`].
-pub fn process_env(name: &str) -> Option<OsString> {
-    std::env::var_os(name)
-}
-
-/// `ASCEND_HOME_PATH`, set by CANN's `set_env.sh` to the toolkit's `latest` directory.
-pub const ASCEND_HOME_PATH: &str = "ASCEND_HOME_PATH";
-/// `ASCEND_TOOLKIT_HOME`, set by older CANN `set_env.sh` scripts.
-pub const ASCEND_TOOLKIT_HOME: &str = "ASCEND_TOOLKIT_HOME";
+pub use taskd_core::env::{process_env, EnvLookup, ASCEND_HOME_PATH, ASCEND_TOOLKIT_HOME};
 
 /// One vendor library: its file name, its override variable and any extra known locations.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -53,21 +41,21 @@ pub struct LibrarySpec {
 /// HCCL, the collective communication library (`libhccl.so`, part of CANN).
 pub const HCCL: LibrarySpec = LibrarySpec {
     file_name: "libhccl.so",
-    override_var: "TASKD_HCCL_LIBRARY",
+    override_var: taskd_core::env::TASKD_HCCL_LIBRARY,
     well_known: &[],
 };
 
 /// ACL, the Ascend runtime (`libascendcl.so`, part of CANN).
 pub const ACL: LibrarySpec = LibrarySpec {
     file_name: "libascendcl.so",
-    override_var: "TASKD_ACL_LIBRARY",
+    override_var: taskd_core::env::TASKD_ACL_LIBRARY,
     well_known: &[],
 };
 
 /// DCMI, the device management library (`libdcmi.so`, shipped with the NPU driver and npu-smi).
 pub const DCMI: LibrarySpec = LibrarySpec {
     file_name: "libdcmi.so",
-    override_var: "TASKD_DCMI_LIBRARY",
+    override_var: taskd_core::env::TASKD_DCMI_LIBRARY,
     well_known: &[
         "/usr/local/dcmi/libdcmi.so",
         "/usr/local/Ascend/driver/lib64/driver/libdcmi.so",
@@ -186,6 +174,7 @@ fn list_attempts(attempts: &[Attempt]) -> String {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+    use std::ffi::OsString;
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
         let map: HashMap<String, OsString> = pairs

@@ -66,10 +66,10 @@ pub fn control_token(file: Option<&std::path::Path>) -> Result<Option<String>, S
             }
             Ok(Some(t.to_owned()))
         }
-        None => Ok(std::env::var("TASKD_CONTROL_TOKEN")
-            .ok()
-            .map(|t| t.trim().to_owned())
-            .filter(|t| !t.is_empty())),
+        None => Ok(taskd_core::env::get(
+            &taskd_core::env::process_env,
+            taskd_core::env::TASKD_CONTROL_TOKEN,
+        )),
     }
 }
 
@@ -124,17 +124,8 @@ impl ConnectArgs {
     }
 }
 
-/// Exit codes of the operator's commands.
-pub mod exit {
-    /// The operation succeeded (or, without `--wait`, was accepted).
-    pub const OK: u8 = 0;
-    /// The operation failed or was refused by the manager.
-    pub const FAILED: u8 = 1;
-    /// The command line is wrong.
-    pub const USAGE: u8 = 2;
-    /// The control API could not be reached, or refused the credentials.
-    pub const UNREACHABLE: u8 = 3;
-}
+/// Exit codes of the operator's commands (one list for every command).
+pub use super::error::exit;
 
 /// A one-line message for a failed RPC, with what to do about it.
 pub fn explain(status: &tonic::Status) -> String {

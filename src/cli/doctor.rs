@@ -4,11 +4,12 @@ use crate::doctor::{self, DoctorConfig, DEFAULT_PORT};
 use clap::Args;
 use std::io::Write as _;
 use std::process::ExitCode;
+use taskd_core::env::process_env;
 
 #[derive(Args, Debug, Clone)]
 pub struct DoctorArgs {
     /// The taskd port to check (the pod's containerPort named taskd-port).
-    #[arg(long, value_name = "PORT", default_value_t = DEFAULT_PORT)]
+    #[arg(long, value_name = "PORT", default_value_t = DEFAULT_PORT, value_parser = clap::value_parser!(u16).range(1..))]
     pub port: u16,
     /// Print a JSON array of {check, status, detail, fix} instead of one line per check.
     #[arg(long)]
@@ -17,8 +18,7 @@ pub struct DoctorArgs {
 
 /// Exit status 0 when no check failed, 1 otherwise.
 pub fn run(a: DoctorArgs) -> ExitCode {
-    let env = |name: &str| std::env::var_os(name);
-    let checks = doctor::run(&DoctorConfig { port: a.port }, &env);
+    let checks = doctor::run(&DoctorConfig { port: a.port }, &process_env);
     let text = if a.json {
         serde_json::to_string_pretty(&checks).expect("checks serialize") + "\n"
     } else {

@@ -1,11 +1,16 @@
-//! The `taskd` command line. Each subcommand lives in a file of its own; `main.rs` only calls
-//! [`main`].
+//! The `taskd` command line. Each subcommand lives in a file of its own and returns its exit
+//! code or a [`CliError`]; [`main`] prints the error (the one place that does) and exits with
+//! its code. Starting and stopping the roles is the library's (`taskd_actors::process`);
+//! `main.rs` only calls [`main`].
 
 use clap::{Parser, Subcommand};
+pub use error::CliError;
 use std::process::ExitCode;
 
 pub mod connect;
 pub mod doctor;
+pub mod error;
+pub mod flags;
 pub mod manager;
 pub mod net_common;
 pub mod proxy;
@@ -25,7 +30,7 @@ pub mod worker;
 pub struct Cli {
     /// Log format on stderr: `text` for people, `json` (one object per line, with the spans
     /// of the operation: uuid, phase, role) for a log aggregator. Levels from RUST_LOG.
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "TASKD_LOG_FORMAT")]
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = taskd_core::env::TASKD_LOG_FORMAT)]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
@@ -63,14 +68,27 @@ enum Command {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
-    match cli.command {
-        Command::Sim(args) => sim::run(args),
-        Command::Switch(args) => switch::run(args),
-        Command::Status(args) => status::run(args),
-        Command::Doctor(args) => doctor::run(args),
-        Command::Manager(args) => manager::run(args),
-        Command::Proxy(args) => proxy::run(args),
-        Command::Worker(args) => worker::run(args),
+    let (name, result) = match cli.command {
+        Command::Sim(args) => ("sim", sim::run(args)),
+        Command::Switch(args) => ("switch", Ok(switch::run(args))),
+        Command::Status(args) => ("status", Ok(status::run(args))),
+        Command::Doctor(args) => ("doctor", Ok(doctor::run(args))),
+        Command::Manager(args) => ("manager", manager::run(args)),
+        Command::Proxy(args) => ("proxy", proxy::run(args)),
+        Command::Worker(args) => ("worker", worker::run(args)),
+    };
+    finish(name, result)
+}
+
+/// The one place a subcommand's error is printed (`taskd COMMAND: MESSAGE` on stderr) and
+/// turned into the process's exit code.
+pub fn finish(command: &str, result: Result<ExitCode, CliError>) -> ExitCode {
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("taskd {command}: {e}");
+            ExitCode::from(e.exit_code())
+        }
     }
 }
 

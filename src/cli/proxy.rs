@@ -1,12 +1,16 @@
 //! `taskd proxy`: one node's proxy, between the node's workers and the job's manager.
 
-use super::net_common::{env, load_rank_table, rank_span, say, shutdown_signal, NetArgs, TlsArgs};
+use super::error::CliError;
+use super::flags;
+use super::net_common::{rank_span, say, NetArgs, TlsArgs};
 use clap::Args;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use taskd_actors::net::proxy_node::{NodeAssignment, NodeHalFactory};
 use taskd_actors::net::{ProxyNode, ProxyNodeConfig, DEFAULT_MANAGER_PORT, DEFAULT_PROXY_PORT};
+use taskd_actors::process::{rank_table, ProxyIdentity, ShutdownSignals};
+use taskd_core::env::{self, process_env};
 use taskd_core::{
     DeviceId, GlobalRank, HalError, HalErrorKind, JobId, Library, LinkHealth, NodeHal, NodeName,
 };
@@ -15,16 +19,16 @@ use taskd_hal_mock::SoloNodeHal;
 #[derive(Args)]
 pub struct ProxyArgs {
     /// The job (default: $MINDX_TASK_ID).
-    #[arg(long, value_name = "JOB", env = "MINDX_TASK_ID")]
+    #[arg(long, value_name = "JOB", env = env::MINDX_TASK_ID, value_parser = flags::non_empty)]
     job_id: String,
     /// This node's rank (default: $MS_NODE_RANK, or $RANK / $LOCAL_WORLD_SIZE).
     #[arg(long, value_name = "K")]
     node_rank: Option<u32>,
-    /// The manager, HOST:PORT (default: $MS_SCHED_HOST:9601).
-    #[arg(long, value_name = "HOST:PORT")]
+    /// The manager, HOST:PORT, IPv6 in brackets (default: $MS_SCHED_HOST:9601).
+    #[arg(long, value_name = "HOST:PORT", value_parser = flags::host_port)]
     manager: Option<String>,
     /// This node's name (default: node-K, or the rank table's).
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", value_parser = flags::non_empty)]
     node_name: Option<String>,
     /// Where this node's workers connect.
     #[arg(long, value_name = "ADDR", default_value_t = SocketAddr::from(([127, 0, 0, 1], DEFAULT_PROXY_PORT)))]
@@ -47,7 +51,6 @@ pub struct ProxyArgs {
 /// Link health from DCMI when the library is there; otherwise unknown (the proxy then lets
 /// HCCL decide, as without a probe).
 fn hardware_node_hal() -> Box<dyn NodeHal> {
-    use taskd_hal_ascend::search::process_env;
     use taskd_hal_ascend::sys::dcmi::DcmiLib;
     match DcmiLib::open(&process_env)
         .map_err(|e| e.to_string())
@@ -65,79 +68,41 @@ struct NoHealth;
 
 impl NodeHal for NoHealth {
     fn link_health(&mut self, _device: DeviceId) -> Result<LinkHealth, HalError> {
-        Err(HalError::uncoded(
-            "dcmi",
-            Library::Dcmi,
-            HalErrorKind::NotSupported,
-            "no device management library",
-        ))
+        Err(no_dcmi())
     }
 }
 
-pub fn run(a: ProxyArgs) -> ExitCode {
-    let _metrics = match a.net.serve_metrics("proxy") {
-        Ok(m) => m,
-        Err(code) => return code,
-    };
-    let node_rank = a.node_rank.or_else(|| {
-        taskd_core::env::node_rank(
-            env("MS_NODE_RANK").as_deref(),
-            env("RANK").as_deref(),
-            env("LOCAL_WORLD_SIZE").as_deref(),
-        )
-    });
-    let Some(manager) = a
-        .manager
-        .clone()
-        .or_else(|| env("MS_SCHED_HOST").map(|h| format!("{h}:{DEFAULT_MANAGER_PORT}")))
-    else {
-        eprintln!(
-            "taskd proxy: where is the manager? give --manager HOST:PORT or set MS_SCHED_HOST"
-        );
-        return ExitCode::from(2);
-    };
-    let mut node = a.node_name.clone().map(NodeName);
-    let mut ranks: Vec<GlobalRank> = Vec::new();
-    if let Some(path) = &a.rank_table {
-        let table = match load_rank_table(path) {
-            Ok(t) => t,
-            Err(e) => {
-                eprintln!("taskd proxy: {e}");
-                return ExitCode::from(2);
-            }
-        };
-        if node.is_none() {
-            node = node_rank.and_then(|k| table.nodes().get(k as usize).cloned());
+fn no_dcmi() -> HalError {
+    HalError::uncoded(
+        "dcmi",
+        Library::Dcmi,
+        HalErrorKind::NotSupported,
+        "no device management library",
+    )
+}
+
+impl ProxyArgs {
+    /// The manager's address: `--manager`, else `$MS_SCHED_HOST:9601` (IPv6 in brackets).
+    fn manager(&self) -> Result<String, CliError> {
+        if let Some(m) = &self.manager {
+            return Ok(m.clone());
         }
-        if let Some(n) = &node {
-            ranks = table.ranks_of(n);
-            if ranks.is_empty() {
-                eprintln!(
-                    "taskd proxy: node {n} is not in the rank table {}",
-                    path.display()
-                );
-                return ExitCode::from(2);
-            }
+        let host = env::get(&process_env, env::MS_SCHED_HOST).ok_or_else(|| {
+            CliError::usage("where is the manager? give --manager HOST:PORT or set MS_SCHED_HOST")
+        })?;
+        let addr = env::host_port(&host, DEFAULT_MANAGER_PORT);
+        env::check_host_port(&addr).map_err(|e| {
+            CliError::usage(format!("MS_SCHED_HOST={host:?} is not a usable host ({e})"))
+        })?;
+        Ok(addr)
+    }
+
+    /// The node's HAL: simulated with `--sim`, DCMI otherwise.
+    fn node_hal(&self) -> NodeHalFactory {
+        if !self.sim {
+            return Box::new(|_: &NodeAssignment| hardware_node_hal());
         }
-    }
-    if node.is_none() && node_rank.is_none() {
-        eprintln!(
-            "taskd proxy: which node is this? give --node-rank (or set MS_NODE_RANK, or RANK and LOCAL_WORLD_SIZE) or --node-name"
-        );
-        return ExitCode::from(2);
-    }
-    if node.is_none() && a.rank_table.is_none() {
-        node = node_rank.map(|k| NodeName(format!("node-{k}")));
-    }
-    let tls = match a.tls.load() {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("taskd proxy: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let node_hal: NodeHalFactory = if a.sim {
-        let down = a.sim_link_down.clone();
+        let down = self.sim_link_down.clone();
         Box::new(move |n: &NodeAssignment| {
             let devices = n.ranks.values().map(|d| d.0 + 1).max().unwrap_or(0);
             let hal = SoloNodeHal::new(devices);
@@ -146,47 +111,59 @@ pub fn run(a: ProxyArgs) -> ExitCode {
             }
             Box::new(hal) as Box<dyn NodeHal>
         })
-    } else {
-        Box::new(|_: &NodeAssignment| hardware_node_hal())
-    };
-    let cfg = ProxyNodeConfig {
-        job: JobId(a.job_id.clone()),
-        manager: manager.clone(),
-        node,
-        node_rank,
-        ranks,
-        listen: a.listen,
-        node_hal,
-        tls,
-        net: a.net.config(),
-    };
-    let sys = actix_rt::System::new();
-    sys.block_on(async move {
-        let proxy = match ProxyNode::spawn(cfg).await {
-            Ok(p) => p,
-            Err(e) => {
-                eprintln!("taskd proxy: {e}");
-                return ExitCode::from(1);
-            }
+    }
+
+    /// The proxy's configuration, or why these flags and this environment cannot run.
+    fn config(&self) -> Result<ProxyNodeConfig, CliError> {
+        let node_rank = match self.node_rank {
+            Some(k) => Some(k),
+            None => env::node_rank(&process_env)?,
         };
+        let manager = self.manager()?;
+        let table = self
+            .rank_table
+            .as_deref()
+            .map(rank_table::load)
+            .transpose()?;
+        let id = ProxyIdentity::resolve(
+            self.node_name.clone().map(NodeName),
+            node_rank,
+            table.as_ref(),
+        )
+        .map_err(|e| match &self.rank_table {
+            Some(path) => CliError::usage(format!("{e} ({})", path.display())),
+            None => e.into(),
+        })?;
+        Ok(ProxyNodeConfig {
+            job: JobId(self.job_id.clone()),
+            manager,
+            node: id.node,
+            node_rank: id.node_rank,
+            ranks: id.ranks,
+            listen: self.listen,
+            node_hal: self.node_hal(),
+            tls: self.tls.load()?,
+            net: self.net.config(),
+        })
+    }
+}
+
+/// Runs the proxy until SIGINT, SIGTERM or SIGHUP (exit 0), or until the manager refuses the
+/// node for good (exit 2).
+pub fn run(a: ProxyArgs) -> Result<ExitCode, CliError> {
+    let _metrics = a.net.serve_metrics("proxy")?;
+    let cfg = a.config()?;
+    let manager = cfg.manager.clone();
+    actix_rt::System::new().block_on(async move {
+        let mut signals = ShutdownSignals::install()?;
+        let proxy = ProxyNode::spawn(cfg)
+            .await
+            .map_err(|e| CliError::Start(e.into()))?;
         say(format!(
             "taskd proxy listening on {} (manager {manager})",
             proxy.local_addr()
         ));
-        let signal = shutdown_signal();
-        tokio::pin!(signal);
-        let first = tokio::select! {
-            sig = &mut signal => Err(sig),
-            assigned = proxy.assigned() => Ok(assigned),
-        };
-        match first {
-            Err(sig) => {
-                eprintln!("taskd proxy: {sig}: shutting down");
-                proxy
-                    .shutdown(&format!("the proxy process stopped ({sig})"))
-                    .await;
-                return ExitCode::SUCCESS;
-            }
+        let sig = match signals.or_signal(proxy.assigned()).await {
             Ok(Ok(n)) => {
                 let ranks: Vec<GlobalRank> = n.ranks.keys().copied().collect();
                 say(format!(
@@ -194,18 +171,17 @@ pub fn run(a: ProxyArgs) -> ExitCode {
                     n.node,
                     rank_span(&ranks)
                 ));
+                signals.recv().await
             }
             Ok(Err(e)) => {
-                eprintln!("taskd proxy: {e}");
                 proxy.shutdown("refused by the manager").await;
-                return ExitCode::from(2);
+                return Err(CliError::Refused(e.to_string()));
             }
-        }
-        let sig = signal.await;
+            Err(sig) => sig,
+        };
         eprintln!("taskd proxy: {sig}: shutting down");
-        proxy
-            .shutdown(&format!("the proxy process stopped ({sig})"))
-            .await;
-        ExitCode::SUCCESS
+        let reason = format!("the proxy process stopped ({sig})");
+        proxy.shutdown(&reason).await;
+        Ok(ExitCode::SUCCESS)
     })
 }

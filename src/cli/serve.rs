@@ -1,6 +1,9 @@
 //! `taskd sim --serve`: the simulated job as a live rig. It trains until interrupted and
 //! serves the control API, so the CLI, a platform or a dashboard can drive it.
 
+use super::error::CliError;
+use super::flags;
+use super::net_common::runtime;
 use crate::sim::{SimConfig, Simulation};
 use clap::Args;
 use std::io::Write as _;
@@ -8,19 +11,20 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use taskd_actors::control::{self, ControlTls, GuardConfig, RateLimit};
+use taskd_actors::process::ShutdownSignals;
 use taskd_core::JobId;
 
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// Keep the simulated job training and serve the control API until SIGINT/SIGTERM,
-    /// instead of running the scripted scenario.
+    /// Keep the simulated job training and serve the control API until SIGINT, SIGTERM or
+    /// SIGHUP, instead of running the scripted scenario.
     #[arg(long)]
     pub serve: bool,
     /// Where the control API listens (port 0 picks a free port; the bound address is printed).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9602")]
     pub control_addr: SocketAddr,
     /// The simulated job's id.
-    #[arg(long, value_name = "ID", default_value = "sim")]
+    #[arg(long, value_name = "ID", default_value = "sim", value_parser = flags::non_empty)]
     pub job_id: String,
     /// Require this bearer token (file) on the control API (or set TASKD_CONTROL_TOKEN).
     #[arg(long, value_name = "FILE")]
@@ -35,10 +39,10 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PEM", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
     /// Requests a client may send at once before the rate limit applies.
-    #[arg(long, value_name = "N", default_value_t = RateLimit::default().burst)]
+    #[arg(long, value_name = "N", default_value_t = RateLimit::default().burst, value_parser = flags::count(1_000_000))]
     pub rate_burst: u32,
-    /// Requests per second a client may send after its burst.
-    #[arg(long, value_name = "N", default_value_t = RateLimit::default().per_second)]
+    /// Requests per second a client may send after its burst (positive).
+    #[arg(long, value_name = "N", default_value_t = RateLimit::default().per_second, value_parser = flags::rate)]
     pub rate_per_sec: f64,
 }
 
@@ -71,35 +75,22 @@ impl ServeArgs {
     }
 }
 
-pub fn run(mut cfg: SimConfig, a: ServeArgs) -> ExitCode {
+/// Runs the live rig until SIGINT, SIGTERM or SIGHUP; exit 1 if an invariant broke.
+pub fn run(mut cfg: SimConfig, a: ServeArgs) -> Result<ExitCode, CliError> {
     cfg.job = JobId(a.job_id.clone());
-    let (guard, tls) = match (a.guard(), a.tls()) {
-        (Ok(g), Ok(t)) => (g, t),
-        (Err(e), _) | (_, Err(e)) => {
-            eprintln!("taskd sim --serve: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let sim = match Simulation::start(&cfg) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("taskd sim --serve: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    let server = match control::serve(
+    let guard = a.guard().map_err(CliError::Usage)?;
+    let tls = a.tls().map_err(CliError::Usage)?;
+    let rt = runtime()?;
+    let mut signals = rt.block_on(async { ShutdownSignals::install() })?;
+    let sim = Simulation::start(&cfg).map_err(|e| CliError::Failed(e.to_string()))?;
+    let server = control::serve(
         a.control_addr,
         sim.job().manager().clone(),
         cfg.job.clone(),
         guard,
         tls,
-    ) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("taskd sim --serve: {e}");
-            return ExitCode::from(1);
-        }
-    };
+    )
+    .map_err(|e| CliError::Failed(e.to_string()))?;
     // One line a person or a script can read the port from.
     println!(
         "taskd sim: job {} ({} nodes x {} devices, simulated) serving the control API on {}",
@@ -109,8 +100,8 @@ pub fn run(mut cfg: SimConfig, a: ServeArgs) -> ExitCode {
         server.local_addr()
     );
     let _ = std::io::stdout().flush();
-    wait_for_signal();
-    eprintln!("taskd sim: stopping");
+    let sig = rt.block_on(signals.recv());
+    eprintln!("taskd sim: {sig}: stopping");
     server.shutdown();
     let end = sim.finish();
     println!(
@@ -121,32 +112,11 @@ pub fn run(mut cfg: SimConfig, a: ServeArgs) -> ExitCode {
         end.job_state.as_str()
     );
     if end.groups_consistent && end.collectives_on_inconsistent_groups == 0 {
-        ExitCode::SUCCESS
+        Ok(ExitCode::SUCCESS)
     } else {
-        eprintln!("taskd sim: INVARIANT BROKEN: {}", end.consistency);
-        ExitCode::from(1)
+        Err(CliError::Failed(format!(
+            "INVARIANT BROKEN: {}",
+            end.consistency
+        )))
     }
-}
-
-/// Blocks until SIGINT or SIGTERM.
-pub fn wait_for_signal() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a signal runtime");
-    rt.block_on(async {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{signal, SignalKind};
-            let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    });
 }

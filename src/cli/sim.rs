@@ -1,22 +1,26 @@
 //! `taskd sim`: a simulated job in this process, through a switch to backup and back.
 
+use super::error::CliError;
+use super::flags;
 use crate::progress::{self, ProgressPrinter};
-use crate::sim::{run_scenario_observed, SimConfig, SimError};
+use crate::sim::{run_scenario_observed, ScenarioRun, SimConfig, SimError, MAX_SIM_RANKS};
 use clap::Args;
 use std::io::Write as _;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
+use taskd_core::rank_table::MAX_NODES;
 use taskd_core::{DeviceId, GlobalRank, NodeName};
 
 #[derive(Args)]
 pub struct SimArgs {
     /// Number of nodes (named node-0 .. node-{N-1}).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = flags::count(MAX_NODES))]
     nodes: u32,
-    /// Devices (ranks) per node; rank = node_index * D + device.
-    #[arg(long, default_value_t = 16)]
+    /// Devices (ranks) per node; rank = node_index * D + device. At most 4096 simulated
+    /// ranks in all.
+    #[arg(long, default_value_t = 16, value_parser = flags::count(MAX_SIM_RANKS as usize))]
     devices_per_node: u32,
     /// Targets of operation 1, as NODE:DEV[,DEV...]; repeatable. Default node-1:0,8.
     #[arg(long = "switch", value_name = "NODE:DEV[,DEV...]", value_parser = parse_switch)]
@@ -28,17 +32,17 @@ pub struct SimArgs {
     /// HCCL_E_TIMEOUT (9). Needs --hang-ms.
     #[arg(long, value_name = "R", requires = "hang_ms")]
     hang_rank: Option<u32>,
-    /// How long the hang of --hang-rank lasts.
-    #[arg(long, value_name = "MS", requires = "hang_rank")]
+    /// How long the hang of --hang-rank lasts (at most one day).
+    #[arg(long, value_name = "MS", requires = "hang_rank", value_parser = flags::hang_ms())]
     hang_ms: Option<u64>,
-    /// Deadline of the switch phase.
-    #[arg(long, value_name = "MS", default_value_t = 30_000)]
+    /// Deadline of the switch phase (1 ms to one day).
+    #[arg(long, value_name = "MS", default_value_t = 30_000, value_parser = flags::deadline_ms())]
     switch_timeout_ms: u64,
-    /// Deadline of each pause part, of the rollback and of the resume.
-    #[arg(long, value_name = "MS", default_value_t = 30_000)]
+    /// Deadline of each pause part, of the rollback and of the resume (1 ms to one day).
+    #[arg(long, value_name = "MS", default_value_t = 30_000, value_parser = flags::deadline_ms())]
     phase_timeout_ms: u64,
-    /// Simulated compute time of one training step.
-    #[arg(long, value_name = "MS", default_value_t = 2)]
+    /// Simulated compute time of one training step (at most 60000).
+    #[arg(long, value_name = "MS", default_value_t = 2, value_parser = flags::step_ms())]
     step_ms: u64,
     /// Ranks whose HCCL runs without L2 retry (a switch must then be refused); repeatable.
     #[arg(long = "l2-off-rank", value_name = "R")]
@@ -50,8 +54,9 @@ pub struct SimArgs {
     /// picks a free port; the address is printed on stderr).
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<SocketAddr>,
-    /// Keep the metrics endpoint up this long after the scenario, so it can be scraped.
-    #[arg(long, value_name = "N", default_value_t = 0, requires = "metrics_addr")]
+    /// Keep the metrics endpoint up this long after the scenario, so it can be scraped (at
+    /// most one day).
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "metrics_addr", value_parser = flags::hold_secs())]
     hold_secs: u64,
     /// Write a per-step timeline as CSV (step, time_ms, step_ms, operation, phase) to FILE,
     /// to plot step time around each operation.
@@ -80,47 +85,54 @@ pub fn parse_switch(s: &str) -> Result<(NodeName, Vec<DeviceId>), String> {
     Ok((NodeName(node.to_owned()), devs))
 }
 
-pub fn run(a: SimArgs) -> ExitCode {
-    let defaults = SimConfig::default();
-    let phase = Duration::from_millis(a.phase_timeout_ms);
-    let cfg = SimConfig {
-        nodes: a.nodes,
-        devices_per_node: a.devices_per_node,
-        switch: if a.switch.is_empty() {
-            defaults.switch
-        } else {
-            a.switch
-        },
-        fail_rank: a.fail_rank.map(GlobalRank),
-        hang: a
-            .hang_rank
-            .zip(a.hang_ms)
-            .map(|(r, ms)| (GlobalRank(r), Duration::from_millis(ms))),
-        l2_retry_off: a.l2_off_rank.into_iter().map(GlobalRank).collect(),
-        deadlines: taskd_core::PhaseDeadlines {
-            pause: phase,
-            switch: Duration::from_millis(a.switch_timeout_ms),
-            rollback: phase,
-            resume: phase,
-        },
-        step_time: Duration::from_millis(a.step_ms),
-        ..defaults
-    };
-    let metrics = match a.metrics_addr.map(taskd_actors::telemetry::serve_metrics) {
+impl SimArgs {
+    /// The scenario these flags describe (checked by [`SimConfig::validate`] when it runs).
+    fn config(&self) -> SimConfig {
+        let defaults = SimConfig::default();
+        let phase = Duration::from_millis(self.phase_timeout_ms);
+        SimConfig {
+            nodes: self.nodes,
+            devices_per_node: self.devices_per_node,
+            switch: if self.switch.is_empty() {
+                defaults.switch.clone()
+            } else {
+                self.switch.clone()
+            },
+            fail_rank: self.fail_rank.map(GlobalRank),
+            hang: self
+                .hang_rank
+                .zip(self.hang_ms)
+                .map(|(r, ms)| (GlobalRank(r), Duration::from_millis(ms))),
+            l2_retry_off: self.l2_off_rank.iter().copied().map(GlobalRank).collect(),
+            deadlines: taskd_core::PhaseDeadlines {
+                pause: phase,
+                switch: Duration::from_millis(self.switch_timeout_ms),
+                rollback: phase,
+                resume: phase,
+            },
+            step_time: Duration::from_millis(self.step_ms),
+            ..defaults
+        }
+    }
+}
+
+/// Runs the scenario (or, with `--serve`, the live rig) and reports.
+pub fn run(a: SimArgs) -> Result<ExitCode, CliError> {
+    let cfg = a.config();
+    cfg.validate()?;
+    let metrics = match a.metrics_addr {
         None => None,
-        Some(Ok(m)) => {
+        Some(addr) => {
+            let m = taskd_actors::telemetry::serve_metrics(addr)
+                .map_err(|e| CliError::usage(e.to_string()))?;
             eprintln!("taskd sim: Prometheus metrics at {}", m.url());
             Some(m)
-        }
-        Some(Err(e)) => {
-            eprintln!("taskd sim: {e}");
-            return ExitCode::from(2);
         }
     };
     if a.serve.serve {
         return super::serve::run(cfg, a.serve);
     }
-    let code = run_and_report(&cfg, a.json, a.timeline.as_deref());
+    let code = run_and_report(&cfg, a.json, a.timeline.as_deref())?;
     if let Some(m) = metrics.filter(|_| a.hold_secs > 0) {
         eprintln!(
             "taskd sim: holding {} for {} s (Ctrl-C ends it)",
@@ -129,36 +141,84 @@ pub fn run(a: SimArgs) -> ExitCode {
         );
         std::thread::sleep(Duration::from_secs(a.hold_secs));
     }
-    code
+    Ok(code)
 }
 
 /// Runs the scenario, printing live progress and the final table (or the JSON report).
-fn run_and_report(cfg: &SimConfig, json: bool, timeline: Option<&std::path::Path>) -> ExitCode {
+fn run_and_report(
+    cfg: &SimConfig,
+    json: bool,
+    timeline: Option<&Path>,
+) -> Result<ExitCode, CliError> {
     // Refuse an unwritable timeline before running anything.
-    let mut timeline_file = match timeline.map(std::fs::File::create).transpose() {
-        Ok(f) => f.map(std::io::BufWriter::new),
-        Err(e) => {
-            let path = timeline
-                .map(|p| p.display().to_string())
-                .unwrap_or_default();
-            eprintln!("taskd sim: cannot write the timeline to {path}: {e}");
-            return ExitCode::from(2);
-        }
+    let mut timeline_file = match timeline {
+        None => None,
+        Some(path) => Some(std::io::BufWriter::new(
+            std::fs::File::create(path).map_err(|e| {
+                CliError::usage(format!(
+                    "cannot write the timeline to {}: {e}",
+                    path.display()
+                ))
+            })?,
+        )),
     };
-    let mut printer = (!json).then(ProgressPrinter::stdout);
-    let heading_text = format!(
+    let heading = format!(
         "simulated job: {} nodes x {} devices = {} ranks (mock HAL, simulated fabric)",
         cfg.nodes,
         cfg.devices_per_node,
         cfg.nodes * cfg.devices_per_node
     );
-    let mut heading = true;
-    // A closed stdout (`| head`) is the reader's choice, not a failure of the run: write
-    // errors are ignored throughout.
+    let (run, heading_printed) = run_with_progress(cfg, json, &heading)?;
+    if let (Some(f), Some(path)) = (timeline_file.as_mut(), timeline) {
+        run.timeline
+            .write_csv(f)
+            .and_then(|_| f.flush())
+            .map_err(|e| {
+                CliError::Failed(format!(
+                    "cannot write the timeline to {}: {e}",
+                    path.display()
+                ))
+            })?;
+    }
+    let report = run.report;
+    let text = if json {
+        serde_json::to_string_pretty(&report).expect("the report serializes") + "\n"
+    } else {
+        // Every command was refused before it ran: no event printed the heading.
+        let head = if heading_printed {
+            String::new()
+        } else {
+            heading + "\n"
+        };
+        format!(
+            "{head}\n{}\n{}",
+            progress::table(&report.operations),
+            report.end_text()
+        )
+    };
+    // A closed stdout (`| head`) is the reader's choice, not a failure of the run.
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+    Ok(if report.invariants.ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// The scenario with its live progress on stdout (unless `json`); says whether the heading
+/// was printed (it is, before the first event).
+fn run_with_progress(
+    cfg: &SimConfig,
+    json: bool,
+    heading: &str,
+) -> Result<(ScenarioRun, bool), CliError> {
+    let mut printer = (!json).then(ProgressPrinter::stdout);
+    let mut printed = false;
+    // Write errors are ignored: a closed stdout does not fail the run.
     let res = run_scenario_observed(cfg, |ev| {
         if let Some(p) = printer.as_mut() {
-            if std::mem::take(&mut heading) {
-                let _ = p.line(&heading_text);
+            if !std::mem::replace(&mut printed, true) {
+                let _ = p.line(heading);
             }
             let _ = p.event(ev);
         }
@@ -167,46 +227,10 @@ fn run_and_report(cfg: &SimConfig, json: bool, timeline: Option<&std::path::Path
         let _ = p.finish();
     }
     match res {
-        Ok(run) => {
-            let report = run.report;
-            if let (Some(f), Some(path)) = (timeline_file.as_mut(), timeline) {
-                if let Err(e) = run.timeline.write_csv(f).and_then(|_| f.flush()) {
-                    eprintln!(
-                        "taskd sim: cannot write the timeline to {}: {e}",
-                        path.display()
-                    );
-                    return ExitCode::from(1);
-                }
-            }
-            let text = if json {
-                serde_json::to_string_pretty(&report).expect("the report serializes") + "\n"
-            } else {
-                // Every command was refused before it ran: no event printed the heading.
-                let head = if heading {
-                    heading_text + "\n"
-                } else {
-                    String::new()
-                };
-                format!(
-                    "{head}\n{}\n{}",
-                    progress::table(&report.operations),
-                    report.end_text()
-                )
-            };
-            let _ = std::io::stdout().lock().write_all(text.as_bytes());
-            if report.invariants.ok {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            }
-        }
-        Err(e @ (SimError::Target(_) | SimError::Setup(_))) => {
-            eprintln!("taskd sim: {e}");
-            ExitCode::from(2)
-        }
-        Err(e) => {
-            eprintln!("taskd sim: the simulation could not complete: {e}");
-            ExitCode::from(1)
-        }
+        Ok(run) => Ok((run, printed)),
+        Err(e @ (SimError::Target(_) | SimError::Setup(_))) => Err(e.into()),
+        Err(e) => Err(CliError::Failed(format!(
+            "the simulation could not complete: {e}"
+        ))),
     }
 }

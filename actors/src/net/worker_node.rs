@@ -56,7 +56,7 @@ pub struct RemoteWorkerConfig {
 impl RemoteWorkerConfig {
     /// Defaults: `tsp` from this process's `MS_ENABLE_TFT`, no TLS, default transport knobs.
     pub fn new(job: JobId, rank: GlobalRank, proxy: impl Into<String>) -> Self {
-        let tft = std::env::var("MS_ENABLE_TFT").ok();
+        let tft = std::env::var(taskd_core::env::MS_ENABLE_TFT).ok();
         RemoteWorkerConfig {
             job,
             rank,

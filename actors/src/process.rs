@@ -1,0 +1,399 @@
+//! The roles of a job as processes of their own: what `taskd manager`, `taskd proxy` and
+//! `taskd worker` do between reading their configuration and waiting for a signal, so that
+//! the binaries only parse flags, print and map errors to exit codes.
+//!
+//! - [`ManagerProcess`]: the manager node (its proxies' port) and, optionally, the operators'
+//!   control API in front of the same manager actor; one start, one shutdown.
+//! - [`ProxyIdentity`]: which node a proxy is, from its flags, its environment and the job's
+//!   rank table, refused with a typed [`IdentityError`] before anything starts.
+//! - [`LateRankHal`]: a rank HAL that exists before the job's shape is known and is filled in
+//!   once registration has told it (simulated ranks are built from the world size).
+//! - [`ShutdownSignals`]: SIGINT, SIGTERM and SIGHUP, each ending a role the same way.
+//! - [`rank_table`]: the job's HCCL rank table file, read with a size bound.
+
+pub mod rank_table;
+
+use crate::control::{self, ControlServer, ControlTls, GuardConfig, ServeError};
+use crate::net::{ManagerNode, ManagerNodeConfig, NetError, TlsPem};
+use parking_lot::Mutex;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use taskd_core::{
+    GlobalRank, GroupInfo, GroupRank, HalError, HcclCode, NodeName, RankHal, RankTable,
+    SwitchCapabilities,
+};
+
+/// Why a role could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    /// The transport could not start (its port, its TLS).
+    #[error(transparent)]
+    Net(#[from] NetError),
+    /// The control API could not start.
+    #[error("control API: {0}")]
+    Control(#[from] ServeError),
+    /// The signal handlers could not be installed.
+    #[error("cannot install the signal handlers: {0}")]
+    Signals(std::io::Error),
+}
+
+// ---------------------------------------------------------------------------------------------
+// Signals
+
+/// The signals that end a long-running role: SIGINT (Ctrl-C), SIGTERM (a supervisor) and
+/// SIGHUP (a closed terminal or session). Each one stops the role cleanly, saying goodbye to
+/// its peers, rather than killing it where it stands.
+pub struct ShutdownSignals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    /// Installs the handlers; from now on these signals no longer kill the process. Call it
+    /// inside a tokio runtime, before starting the role, so an early signal is not lost.
+    pub fn install() -> Result<ShutdownSignals, ProcessError> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let one = |k: SignalKind| signal(k).map_err(ProcessError::Signals);
+        Ok(ShutdownSignals {
+            int: one(SignalKind::interrupt())?,
+            term: one(SignalKind::terminate())?,
+            hup: one(SignalKind::hangup())?,
+        })
+    }
+
+    /// Waits for the next of them and names it (`"SIGTERM"`, ...).
+    pub async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+            _ = self.hup.recv() => "SIGHUP",
+        }
+    }
+
+    /// Runs `work` until it finishes (`Ok`) or a signal comes first (`Err`, naming it).
+    pub async fn or_signal<F: Future>(&mut self, work: F) -> Result<F::Output, &'static str> {
+        tokio::select! {
+            out = work => Ok(out),
+            sig = self.recv() => Err(sig),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Manager
+
+/// The operators' control API of a manager process.
+#[derive(Clone, Debug)]
+pub struct ControlEndpoint {
+    /// Where it listens (port 0: any free port; see [`ManagerProcess::control_addr`]).
+    pub addr: SocketAddr,
+    /// Bearer token and rate limit.
+    pub guard: GuardConfig,
+    /// TLS of the control port; `None` serves plain HTTP/2.
+    pub tls: Option<ControlTls>,
+}
+
+impl ControlEndpoint {
+    /// The control port's TLS from the job's transport certificates: the same server
+    /// certificate, and clients must present one signed by the job's CA (mutual TLS).
+    pub fn tls_from(pem: &TlsPem) -> ControlTls {
+        ControlTls {
+            cert_pem: pem.cert.clone(),
+            key_pem: pem.key.clone(),
+            client_ca_pem: Some(pem.ca.clone()),
+        }
+    }
+}
+
+/// What a manager process runs.
+#[derive(Clone, Debug)]
+pub struct ManagerProcessConfig {
+    /// The manager and the port its proxies connect to.
+    pub node: ManagerNodeConfig,
+    /// The operators' control API, when served.
+    pub control: Option<ControlEndpoint>,
+}
+
+/// A running manager process: the manager node and its control API. Lives on an actix system.
+pub struct ManagerProcess {
+    node: ManagerNode,
+    control: Option<ControlServer>,
+}
+
+impl ManagerProcess {
+    /// Starts the manager, listens for proxies and serves the control API. Nothing is left
+    /// running when it fails. Call it from inside an actix system.
+    pub async fn start(cfg: ManagerProcessConfig) -> Result<ManagerProcess, ProcessError> {
+        let node = ManagerNode::spawn(cfg.node.clone()).await?;
+        let control = match cfg.control {
+            None => None,
+            Some(c) => {
+                let served = control::serve(
+                    c.addr,
+                    node.manager().clone(),
+                    cfg.node.job.clone(),
+                    c.guard,
+                    c.tls,
+                );
+                match served {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        node.shutdown().await;
+                        return Err(e.into());
+                    }
+                }
+            }
+        };
+        Ok(ManagerProcess { node, control })
+    }
+
+    /// The address proxies connect to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.node.local_addr()
+    }
+
+    /// The control API's address, when served.
+    pub fn control_addr(&self) -> Option<SocketAddr> {
+        self.control.as_ref().map(ControlServer::local_addr)
+    }
+
+    /// The manager node (its actor, its peers).
+    pub fn node(&self) -> &ManagerNode {
+        &self.node
+    }
+
+    /// Stops the control API, then the manager node and every connection.
+    pub async fn shutdown(mut self) {
+        if let Some(c) = self.control.take() {
+            c.shutdown();
+        }
+        self.node.shutdown().await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Proxy identity
+
+/// Why a proxy cannot tell which node it is.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityError {
+    /// Neither a node name nor a node rank.
+    #[error(
+        "which node is this? give --node-rank (or set MS_NODE_RANK, or RANK and \
+         LOCAL_WORLD_SIZE) or --node-name"
+    )]
+    Unknown,
+    /// The named node has no ranks in the rank table.
+    #[error("node {0} is not in the rank table")]
+    NodeNotInTable(NodeName),
+    /// The node rank is past the rank table's nodes.
+    #[error("node rank {rank} is not in the rank table (it has {nodes} nodes: 0..{nodes})")]
+    RankNotInTable {
+        /// The node rank given.
+        rank: u32,
+        /// Nodes in the table.
+        nodes: usize,
+    },
+}
+
+/// Which node a proxy is, as far as it knows before the manager admits it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProxyIdentity {
+    /// The node's name; `None`: the manager names it from `node_rank`.
+    pub node: Option<NodeName>,
+    /// The node's rank, when known.
+    pub node_rank: Option<u32>,
+    /// The node's ranks when a rank table names them (the manager checks they agree).
+    pub ranks: Vec<GlobalRank>,
+}
+
+impl ProxyIdentity {
+    /// The node from a name (first), else its rank: in the rank table when there is one
+    /// (the table's node at that index), else `node-K`.
+    pub fn resolve(
+        name: Option<NodeName>,
+        node_rank: Option<u32>,
+        table: Option<&RankTable>,
+    ) -> Result<ProxyIdentity, IdentityError> {
+        let node = match (name, node_rank, table) {
+            (Some(n), _, _) => n,
+            (None, Some(k), Some(t)) => {
+                t.nodes()
+                    .get(k as usize)
+                    .cloned()
+                    .ok_or(IdentityError::RankNotInTable {
+                        rank: k,
+                        nodes: t.nodes().len(),
+                    })?
+            }
+            (None, Some(k), None) => NodeName(format!("node-{k}")),
+            (None, None, _) => return Err(IdentityError::Unknown),
+        };
+        let ranks = match table {
+            Some(t) => match t.ranks_of(&node) {
+                r if r.is_empty() => return Err(IdentityError::NodeNotInTable(node)),
+                r => r,
+            },
+            None => Vec::new(),
+        };
+        Ok(ProxyIdentity {
+            node: Some(node),
+            node_rank,
+            ranks,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A rank HAL filled in after registration
+
+/// A rank HAL handed to the worker before the job's shape is known: it answers "unavailable"
+/// until [`LateRankHal::install`] puts the real one in (a simulated rank is built from the
+/// world size and node count registration reports). The worker asks its HAL nothing before
+/// the first operation, which comes after registration.
+pub struct LateRankHal {
+    inner: Arc<Mutex<Option<Box<dyn RankHal>>>>,
+    capabilities: SwitchCapabilities,
+}
+
+/// Where the real HAL of a [`LateRankHal`] goes.
+#[derive(Clone)]
+pub struct LateRankHalSlot(Arc<Mutex<Option<Box<dyn RankHal>>>>);
+
+impl LateRankHal {
+    /// A HAL reporting `capabilities` (known up front: they are the process's configuration),
+    /// and the slot its real HAL goes into.
+    pub fn new(capabilities: SwitchCapabilities) -> (LateRankHal, LateRankHalSlot) {
+        let inner = Arc::new(Mutex::new(None));
+        let slot = LateRankHalSlot(inner.clone());
+        (
+            LateRankHal {
+                inner,
+                capabilities,
+            },
+            slot,
+        )
+    }
+}
+
+impl LateRankHalSlot {
+    /// Puts the real HAL in; every later call goes to it.
+    pub fn install(&self, hal: Box<dyn RankHal>) {
+        *self.0.lock() = Some(hal);
+    }
+}
+
+fn not_ready() -> HalError {
+    HalError::new(
+        "HcclGetCommName",
+        HcclCode::Unavail,
+        "the rank's HAL is not set up yet",
+    )
+}
+
+impl RankHal for LateRankHal {
+    fn groups(&mut self) -> Result<Vec<GroupInfo>, HalError> {
+        match self.inner.lock().as_mut() {
+            Some(h) => h.groups(),
+            None => Err(not_ready()),
+        }
+    }
+
+    fn set_working_nic(
+        &mut self,
+        group: &str,
+        ranks: &[GroupRank],
+        use_backup: &[bool],
+    ) -> Result<(), HalError> {
+        match self.inner.lock().as_mut() {
+            Some(h) => h.set_working_nic(group, ranks, use_backup),
+            None => Err(not_ready()),
+        }
+    }
+
+    fn capabilities(&mut self) -> SwitchCapabilities {
+        self.capabilities
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use taskd_core::rank_table::RankSlot;
+    use taskd_core::DeviceId;
+
+    #[test]
+    fn a_proxy_is_named_by_flag_table_or_rank() {
+        let t = RankTable::uniform(2, 2);
+        let id = ProxyIdentity::resolve(None, Some(1), Some(&t)).unwrap();
+        assert_eq!(id.node, Some(NodeName("node-1".into())));
+        assert_eq!(id.ranks, vec![GlobalRank(2), GlobalRank(3)]);
+        let id = ProxyIdentity::resolve(None, Some(7), None).unwrap();
+        assert_eq!(
+            (id.node, id.ranks),
+            (Some(NodeName("node-7".into())), vec![])
+        );
+        let id = ProxyIdentity::resolve(Some("node-0".into()), Some(5), Some(&t)).unwrap();
+        assert_eq!(id.ranks, vec![GlobalRank(0), GlobalRank(1)]);
+        assert_eq!(
+            ProxyIdentity::resolve(None, None, Some(&t)),
+            Err(IdentityError::Unknown)
+        );
+        assert_eq!(
+            ProxyIdentity::resolve(None, Some(2), Some(&t)),
+            Err(IdentityError::RankNotInTable { rank: 2, nodes: 2 })
+        );
+        let e = ProxyIdentity::resolve(Some("node-9".into()), None, Some(&t)).unwrap_err();
+        assert_eq!(e.to_string(), "node node-9 is not in the rank table");
+        let named = RankTable::new(vec![RankSlot {
+            node: "10.0.0.1".into(),
+            device: DeviceId(0),
+            rank: GlobalRank(0),
+        }])
+        .unwrap();
+        let id = ProxyIdentity::resolve(None, Some(0), Some(&named)).unwrap();
+        assert_eq!(id.node, Some(NodeName("10.0.0.1".into())));
+    }
+
+    struct Fixed;
+
+    impl RankHal for Fixed {
+        fn groups(&mut self) -> Result<Vec<GroupInfo>, HalError> {
+            Ok(Vec::new())
+        }
+        fn set_working_nic(
+            &mut self,
+            _: &str,
+            _: &[GroupRank],
+            _: &[bool],
+        ) -> Result<(), HalError> {
+            Ok(())
+        }
+        fn capabilities(&mut self) -> SwitchCapabilities {
+            SwitchCapabilities::default()
+        }
+    }
+
+    #[test]
+    fn a_late_hal_answers_unavailable_until_installed() {
+        let caps = SwitchCapabilities {
+            tsp: true,
+            l2_retry: false,
+            rdma: true,
+        };
+        let (mut hal, slot) = LateRankHal::new(caps);
+        assert!(hal.groups().is_err());
+        assert!(hal.set_working_nic("g", &[], &[]).is_err());
+        assert_eq!(hal.capabilities(), caps);
+        slot.install(Box::new(Fixed));
+        assert_eq!(hal.groups().unwrap(), Vec::new());
+        assert!(hal.set_working_nic("g", &[], &[]).is_ok());
+        assert_eq!(
+            hal.capabilities(),
+            caps,
+            "its own capabilities, not the inner HAL's"
+        );
+    }
+}

@@ -1,0 +1,116 @@
+//! The one error type of the `taskd` subcommands and the exit code each kind maps to. A
+//! subcommand returns `Err(CliError)`; [`super::main`] prints it once, as
+//! `taskd SUBCOMMAND: MESSAGE` on stderr, and exits with [`CliError::exit_code`].
+
+use crate::sim::SimError;
+use taskd_actors::net::TlsError;
+use taskd_actors::process::rank_table::RankTableFileError;
+use taskd_actors::process::{IdentityError, ProcessError};
+use taskd_core::env::{AddressError, EnvError};
+use taskd_core::rank_table::RankTableError;
+
+/// Exit codes of the `taskd` commands (the README lists them per command).
+pub mod exit {
+    /// Success (for `switch` without `--wait`: accepted).
+    pub const OK: u8 = 0;
+    /// The run or the operation failed (or was refused by the manager), or a role stopped
+    /// for a reason other than a signal.
+    pub const FAILED: u8 = 1;
+    /// Bad input: the command line, the environment, a file it names; or a registration the
+    /// manager or proxy refused for good.
+    pub const USAGE: u8 = 2;
+    /// The control API could not be reached, or refused the credentials.
+    pub const UNREACHABLE: u8 = 3;
+}
+
+/// Why a subcommand stopped without doing its job.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The command line or the environment is wrong in a way the flags' parser cannot see.
+    #[error("{0}")]
+    Usage(String),
+    /// An environment variable is set to something unusable.
+    #[error(transparent)]
+    Env(#[from] EnvError),
+    /// An address is not `HOST:PORT`.
+    #[error(transparent)]
+    Address(#[from] AddressError),
+    /// The rank table file cannot be used.
+    #[error(transparent)]
+    RankTable(#[from] RankTableFileError),
+    /// The job's size is zero or above the maximum.
+    #[error(transparent)]
+    JobSize(#[from] RankTableError),
+    /// The TLS files cannot be used.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The proxy cannot tell which node it is.
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    /// The manager or the proxy refused this process for good.
+    #[error("{0}")]
+    Refused(String),
+    /// A role could not start (a port taken, ...).
+    #[error(transparent)]
+    Start(#[from] ProcessError),
+    /// The simulator could not run.
+    #[error(transparent)]
+    Sim(#[from] SimError),
+    /// Anything else that stops the command.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl CliError {
+    /// The process's exit code for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Usage(_)
+            | CliError::Env(_)
+            | CliError::Address(_)
+            | CliError::RankTable(_)
+            | CliError::JobSize(_)
+            | CliError::Tls(_)
+            | CliError::Identity(_)
+            | CliError::Refused(_) => exit::USAGE,
+            CliError::Sim(SimError::Setup(_) | SimError::Target(_)) => exit::USAGE,
+            CliError::Start(_) | CliError::Sim(_) | CliError::Failed(_) => exit::FAILED,
+        }
+    }
+
+    /// A [`CliError::Usage`] from anything printable.
+    pub fn usage(message: impl Into<String>) -> CliError {
+        CliError::Usage(message.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use taskd_actors::net::NetError;
+
+    #[test]
+    fn bad_input_is_2_and_failures_are_1() {
+        let env = EnvError {
+            var: "MS_NODE_RANK",
+            value: "-1".into(),
+            expected: "a non-negative integer",
+        };
+        assert_eq!(CliError::from(env).exit_code(), exit::USAGE);
+        assert_eq!(CliError::usage("x").exit_code(), exit::USAGE);
+        assert_eq!(CliError::Refused("no".into()).exit_code(), exit::USAGE);
+        assert_eq!(
+            CliError::from(SimError::Setup("x".into())).exit_code(),
+            exit::USAGE
+        );
+        let bind = NetError::Bind {
+            addr: "0.0.0.0:1".into(),
+            source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
+        };
+        assert_eq!(
+            CliError::from(ProcessError::from(bind)).exit_code(),
+            exit::FAILED
+        );
+        assert_eq!(CliError::Failed("x".into()).exit_code(), exit::FAILED);
+    }
+}

@@ -1,0 +1,306 @@
+//! Bad input and limits, as a user meets them: every value a command cannot use gets exit code
+//! 2 and a message naming it, before anything starts: never a panic, an abort, a hang or
+//! memory growing until the process is killed.
+
+use std::io::Write as _;
+use std::process::{Command, Output};
+
+/// The variables the roles read, removed so the machine's environment cannot change a result.
+const ROLE_ENV: [&str; 8] = [
+    "MINDX_TASK_ID",
+    "MS_SCHED_HOST",
+    "POD_IP",
+    "MS_NODE_RANK",
+    "RANK",
+    "LOCAL_WORLD_SIZE",
+    "TASKD_CONTROL_TOKEN",
+    "TASKD_LOG_FORMAT",
+];
+
+fn taskd(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_taskd"));
+    c.args(args);
+    for v in ROLE_ENV {
+        c.env_remove(v);
+    }
+    c.envs(env.iter().copied());
+    c.output().expect("taskd runs")
+}
+
+/// Runs `taskd ARGS` and checks it refused with exit 2, naming each of `needles` on stderr.
+fn refused(args: &[&str], env: &[(&str, &str)], needles: &[&str]) {
+    let out = taskd(args, env);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "taskd {args:?} {env:?}: {err}");
+    assert!(!err.contains("panicked"), "taskd {args:?}: {err}");
+    for n in needles {
+        assert!(
+            err.contains(n),
+            "taskd {args:?} {env:?}: {n:?} not in: {err}"
+        );
+    }
+}
+
+/// `taskd BASE FLAG VALUE` is refused, naming the flag and the value.
+fn refused_value(base: &[&str], flag: &str, value: &str) {
+    let args: Vec<&str> = base.iter().copied().chain([flag, value]).collect();
+    refused(&args, &[], &[flag, &format!("'{value}'")]);
+}
+
+#[test]
+fn sim_refuses_sizes_it_cannot_run() {
+    refused_value(&["sim"], "--nodes", "0");
+    refused_value(&["sim"], "--devices-per-node", "0");
+    refused_value(&["sim"], "--nodes", "5000");
+    // 8,192 simulated ranks used to abort spawning threads; now the cap is said up front.
+    refused(
+        &["sim", "--nodes", "512", "--devices-per-node", "16"],
+        &[],
+        &["8192 simulated ranks", "4096"],
+    );
+}
+
+#[test]
+fn sim_refuses_faults_on_ranks_it_does_not_have_and_absurd_times() {
+    let small = ["sim", "--nodes", "2", "--devices-per-node", "4"];
+    let with = |extra: &[&'static str]| -> Vec<&'static str> {
+        small.iter().chain(extra).copied().collect()
+    };
+    refused(
+        &with(&["--l2-off-rank", "8"]),
+        &[],
+        &["--l2-off-rank 8", "0..8"],
+    );
+    refused(&with(&["--fail-rank", "99"]), &[], &["--fail-rank 99"]);
+    refused(
+        &with(&["--hang-rank", "8", "--hang-ms", "5"]),
+        &[],
+        &["--hang-rank 8"],
+    );
+    for (flag, value) in [
+        ("--step-ms", "60001"),
+        ("--switch-timeout-ms", "0"),
+        ("--phase-timeout-ms", "0"),
+        ("--switch-timeout-ms", "18446744073709551615"),
+    ] {
+        refused_value(&small, flag, value);
+    }
+    refused(&with(&["--switch", ":0"]), &[], &["the node name is empty"]);
+    refused(
+        &with(&["--serve", "--job-id", ""]),
+        &[],
+        &["--job-id", "empty"],
+    );
+    refused_value(&with(&["--serve"]), "--rate-per-sec", "NaN");
+}
+
+#[test]
+fn manager_refuses_job_sizes_above_the_maximum() {
+    let base = ["manager", "--job-id", "j", "--listen", "127.0.0.1:0"];
+    // Grew memory until it was killed; now refused before allocating.
+    refused(
+        &[
+            &base[..],
+            &["--nodes", "1000000", "--procs-per-node", "1000000"],
+        ]
+        .concat(),
+        &[],
+        &["'1000000'", "1..=4096"],
+    );
+    refused(
+        &[&base[..], &["--nodes", "4096", "--procs-per-node", "17"]].concat(),
+        &[],
+        &["69632 ranks", "65536"],
+    );
+    let one = [&base[..], &["--nodes", "1", "--procs-per-node", "1"]].concat();
+    refused_value(&base, "--procs-per-node", "0");
+    for (flag, value) in [
+        ("--heartbeat-ms", "0"),
+        ("--missed-heartbeats", "0"),
+        ("--queue-capacity", "0"),
+        ("--max-message-bytes", "1000"),
+        ("--pause-timeout-ms", "0"),
+        ("--switch-timeout-ms", "0"),
+        ("--rollback-timeout-ms", "0"),
+        ("--resume-timeout-ms", "0"),
+    ] {
+        refused_value(&one, flag, value);
+    }
+    refused(
+        &[
+            "manager",
+            "--job-id",
+            "",
+            "--nodes",
+            "1",
+            "--procs-per-node",
+            "1",
+        ],
+        &[],
+        &["--job-id", "empty"],
+    );
+    refused(
+        &["manager", "--nodes", "1", "--procs-per-node", "1"],
+        &[("MINDX_TASK_ID", " ")],
+        &["--job-id", "empty"],
+    );
+}
+
+#[test]
+fn rank_tables_are_bounded_and_checked() {
+    // Read for ever before; now the read stops at the bound and names the file.
+    refused(
+        &["manager", "--job-id", "j", "--rank-table", "/dev/zero"],
+        &[],
+        &["/dev/zero", "larger than"],
+    );
+    let dir = std::env::temp_dir().join(format!("taskd-cli-limits-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let table = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::File::create(&p)
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        p.to_string_lossy().into_owned()
+    };
+    let huge_device = table(
+        "device.json",
+        r#"{"server_list": [{"server_id": "a", "device": [{"device_id": "4000000000", "rank_id": "0"}]}]}"#,
+    );
+    refused(
+        &["manager", "--job-id", "j", "--rank-table", &huge_device],
+        &[],
+        &[&huge_device, "a:4000000000"],
+    );
+    let two_nodes = table(
+        "two.json",
+        r#"{"server_list": [{"server_id": "a", "device": [{"device_id": 0, "rank_id": 0}]},
+                            {"server_id": "b", "device": [{"device_id": 0, "rank_id": 1}]}]}"#,
+    );
+    refused(
+        &[
+            "proxy",
+            "--job-id",
+            "j",
+            "--manager",
+            "127.0.0.1:1",
+            "--node-rank",
+            "2",
+            "--rank-table",
+            &two_nodes,
+        ],
+        &[],
+        &["node rank 2", &two_nodes],
+    );
+    refused(
+        &[
+            "worker",
+            "--job-id",
+            "j",
+            "--sim",
+            "--rank",
+            "5",
+            "--rank-table",
+            &two_nodes,
+        ],
+        &[],
+        &["rank 5", &two_nodes],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn roles_name_the_environment_variable_that_is_wrong() {
+    let proxy = ["proxy", "--job-id", "j", "--manager", "127.0.0.1:1"];
+    refused(
+        &proxy,
+        &[("MS_NODE_RANK", "-1")],
+        &["MS_NODE_RANK", "\"-1\""],
+    );
+    refused(
+        &proxy,
+        &[("RANK", "3"), ("LOCAL_WORLD_SIZE", "0")],
+        &["LOCAL_WORLD_SIZE", "\"0\""],
+    );
+    refused(&proxy, &[], &["which node is this?"]);
+    refused(
+        &["worker", "--job-id", "j", "--sim"],
+        &[("RANK", "-1")],
+        &["RANK", "\"-1\""],
+    );
+    refused(
+        &["proxy", "--job-id", "j", "--node-rank", "0"],
+        &[("MS_SCHED_HOST", "not a host")],
+        &["MS_SCHED_HOST", "not a host"],
+    );
+    refused(
+        &[
+            "manager",
+            "--job-id",
+            "j",
+            "--nodes",
+            "1",
+            "--procs-per-node",
+            "1",
+        ],
+        &[("MS_SCHED_HOST", "10.0.0.1"), ("POD_IP", "10.0.0.2")],
+        &["MS_SCHED_HOST (10.0.0.1)", "POD_IP (10.0.0.2)", "--force"],
+    );
+}
+
+#[test]
+fn bad_addresses_and_names_fail_at_once() {
+    let proxy = ["proxy", "--job-id", "j", "--node-rank", "0"];
+    let worker = ["worker", "--job-id", "j", "--sim", "--rank", "0"];
+    // Retried silently for ever before.
+    refused_value(&proxy, "--manager", "notanaddress");
+    refused(
+        &[&proxy[..], &["--manager", "fd00::1:9601"]].concat(),
+        &[],
+        &["'fd00::1:9601'", "brackets"],
+    );
+    refused_value(&worker, "--proxy", "nowhere");
+    refused(
+        &[&proxy[..], &["--node-name", ""]].concat(),
+        &[],
+        &["--node-name", "empty"],
+    );
+    refused_value(&worker, "--step-ms", "999999");
+    refused_value(&["doctor"], "--port", "0");
+}
+
+/// An operation correctly rejected for a missing partner NIC (device 2 of a 3-device node has
+/// no partner die) is a rejection, not a broken invariant.
+#[test]
+fn a_rejection_for_a_missing_partner_nic_breaks_no_invariant() {
+    let out = taskd(
+        &[
+            "sim",
+            "--json",
+            "--nodes",
+            "1",
+            "--devices-per-node",
+            "3",
+            "--switch",
+            "node-0:2",
+        ],
+        &[],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(out.status.code(), Some(0), "{err}\n{v:#}");
+    let ops = v["operations"].as_array().unwrap();
+    assert_eq!(ops[0]["result"], "rejected", "{v:#}");
+    assert!(
+        ops[0]["error"].as_str().unwrap().contains("backup NIC"),
+        "{v:#}"
+    );
+    assert_eq!(ops[1]["result"], "succeeded", "{v:#}");
+    assert_eq!(v["invariants"]["one_result_per_operation"], true, "{v:#}");
+    assert_eq!(v["invariants"]["ok"], true, "{v:#}");
+    assert_eq!(v["job_state"], "running");
+    // Every communication group agrees on its NIC configuration.
+    assert_eq!(v["groups_consistent"], true, "{v:#}");
+    assert_eq!(v["invariants"]["collectives_on_inconsistent_groups"], 0);
+}

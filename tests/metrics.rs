@@ -218,6 +218,8 @@ fn a_switch_and_a_switchback_are_counted_by_result_direction_and_phase() {
     assert_eq!(s.value(telemetry::WORKERS_REGISTERED, &[]), 8.0);
     assert_eq!(s.value(telemetry::OPERATION_IN_FLIGHT, &[]), 0.0);
     assert_eq!(s.value(telemetry::OPERATION_PENDING_RANKS, &[]), 0.0);
+    // Every rank was held during each operation and released after it.
+    assert_eq!(s.value(telemetry::RANKS_HELD, &[]), 0.0);
     assert_eq!(run.switched.value(telemetry::RANKS_ON_BACKUP, &[]), 2.0);
     assert_eq!(s.value(telemetry::RANKS_ON_BACKUP, &[]), 0.0);
     assert_eq!(s.value(telemetry::JOB_STATE, &[("state", "running")]), 1.0);

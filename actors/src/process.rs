@@ -14,11 +14,13 @@
 pub mod rank_table;
 
 use crate::control::{self, ControlServer, ControlTls, GuardConfig, ServeError};
+use crate::manager::Drain;
 use crate::net::{ManagerNode, ManagerNodeConfig, NetError, TlsPem};
 use parking_lot::Mutex;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use taskd_core::operation::OperationReport;
 use taskd_core::{
     GlobalRank, GroupInfo, GroupRank, HalError, HcclCode, NodeName, RankHal, RankTable,
     SwitchCapabilities,
@@ -162,6 +164,20 @@ impl ManagerProcess {
     /// The manager node (its actor, its peers).
     pub fn node(&self) -> &ManagerNode {
         &self.node
+    }
+
+    /// Ends the operation in flight safely (see [`crate::manager::Drain`]): resolves with its
+    /// result once it is over, or at once with `None` when nothing runs. Bounded by the
+    /// operation's own phase deadlines (a rollback and a resume at most).
+    pub async fn drain(&self, reason: &str) -> Option<OperationReport> {
+        self.node
+            .manager()
+            .send(Drain {
+                reason: reason.to_owned(),
+            })
+            .await
+            .ok()
+            .flatten()
     }
 
     /// Stops the control API, then the manager node and every connection.

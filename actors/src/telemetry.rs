@@ -63,6 +63,10 @@ pub const JOB_STATE: &str = "taskd_job_state";
 pub const OPERATION_PENDING_RANKS: &str = "taskd_operation_pending_ranks";
 /// Gauge `{version}`: always 1; the version of the process.
 pub const BUILD_INFO: &str = "taskd_build_info";
+/// Gauge: ranks of this process whose training is held at the step gate now. Held ranks with
+/// no operation in flight (`taskd_operation_in_flight` 0) mean a manager went away: they stay
+/// held, which is safe, until the next manager's verification round releases them.
+pub const RANKS_HELD: &str = "taskd_ranks_held";
 
 /// Every metric name this crate exports.
 pub const ALL: &[&str] = &[
@@ -80,6 +84,7 @@ pub const ALL: &[&str] = &[
     JOB_STATE,
     OPERATION_PENDING_RANKS,
     BUILD_INFO,
+    RANKS_HELD,
 ];
 
 /// Buckets (seconds) of the phase and stall histograms: a millisecond (a simulated step) up
@@ -185,6 +190,11 @@ fn describe() {
         OPERATION_PENDING_RANKS,
         Unit::Count,
         "Ranks the phase in flight still waits for"
+    );
+    describe_gauge!(
+        RANKS_HELD,
+        Unit::Count,
+        "Ranks whose training is held at the step gate now"
     );
     describe_gauge!(
         BUILD_INFO,

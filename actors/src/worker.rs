@@ -61,6 +61,8 @@ pub struct Worker {
     /// The span of the operation in progress (same uuid as the manager's) and of its phase.
     op_span: Option<(OperationId, Span)>,
     phase_span: Span,
+    /// Whether this rank counts in `taskd_ranks_held`.
+    held: bool,
 }
 
 impl Worker {
@@ -87,6 +89,7 @@ impl Worker {
             farewell: None,
             op_span: None,
             phase_span: Span::none(),
+            held: false,
         }
     }
 
@@ -147,6 +150,17 @@ impl Worker {
         }
     }
 
+    /// Keeps `taskd_ranks_held` counting this rank once while its training is held.
+    fn set_held(&mut self, held: bool) {
+        if held != self.held {
+            self.held = held;
+            metrics::gauge!(telemetry::RANKS_HELD).increment(if held { 1.0 } else { -1.0 });
+            if held {
+                tracing::info!(rank = self.cfg.rank.0, "training held at the step gate");
+            }
+        }
+    }
+
     fn fail(&self, op: OperationId, phase: Phase, message: String) {
         self.reply(
             op,
@@ -198,6 +212,7 @@ impl Actor for Worker {
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
         self.gate.shutdown();
+        self.set_held(false);
         if let Some(f) = self.farewell.take() {
             f(self.cfg.rank);
         }
@@ -294,6 +309,10 @@ impl Handler<Deliver<Directive>> for Worker {
             }
             DirectiveKind::Resume => {
                 let stalled = self.gate.resume(op);
+                // Opened (it serves no operation now), or left to a later operation's hold.
+                if self.gate.report().op.is_none() {
+                    self.set_held(false);
+                }
                 tracing::debug!(stalled_ms = stalled.as_secs_f64() * 1e3, "gate opened");
                 self.reply(op, phase, ReplyBody::Resumed { stalled });
                 // The operation is over for this rank: close its spans.
@@ -318,6 +337,7 @@ impl Handler<GateNotice> for Worker {
                 self.reply(op, Phase::Sample, ReplyBody::Sampled { in_step })
             }
             GateEvent::Held { op, step } => {
+                self.set_held(true);
                 self.reply(op, Phase::Pause, ReplyBody::Paused { step })
             }
             GateEvent::HeldProvisionally { op, step } => {

@@ -161,6 +161,15 @@ pub fn run(a: ManagerArgs) -> Result<ExitCode, CliError> {
         }
         let sig = signals.recv().await;
         eprintln!("taskd manager: {sig}: shutting down");
+        // Never leave ranks held: the operation in flight ends safely first (a second signal
+        // stops at once; the next manager then adopts what is left).
+        match signals.or_signal(manager.drain(sig)).await {
+            Ok(Some(report)) => eprintln!("taskd manager: ended before stopping: {report}"),
+            Ok(None) => {}
+            Err(again) => eprintln!(
+                "taskd manager: {again} again: stopping now; held ranks stay held until the next manager verifies them"
+            ),
+        }
         manager.shutdown().await;
         Ok(ExitCode::SUCCESS)
     })

@@ -2,7 +2,7 @@
 //! operation in flight and the results of past ones. It admits commands (every check of
 //! DESIGN section 3 that needs no round trip) and drives the [`Operation`] machine.
 
-use crate::command::{SwitchCommand, ValidationError};
+use crate::command::{RankTarget, SwitchCommand, ValidationError};
 use crate::display::short_list;
 use crate::hal::SwitchCapabilities;
 use crate::ids::{GlobalRank, JobId, NodeName, OperationId};
@@ -38,6 +38,8 @@ pub enum SubmitError {
         "the job is {state:?} after a failed operation; it needs an operator before any new switch"
     )]
     NotRunning { state: JobState },
+    #[error("operation id {id} was already used for a different request (other targets); use a new uuid for a new request")]
+    IdReused { id: OperationId },
 }
 
 /// Why a registration was refused.
@@ -189,10 +191,16 @@ impl JobLedger {
             });
         }
         if let Some(r) = self.result_of(id) {
+            if !self.same_targets(cmd, &r.targets) {
+                return Err(SubmitError::IdReused { id });
+            }
             return Ok(Submitted::Known(Box::new(r.clone())));
         }
         if let Some(op) = &self.in_flight {
             if op.id() == id {
+                if !self.same_targets(cmd, &op.plan().targets) {
+                    return Err(SubmitError::IdReused { id });
+                }
                 return Ok(Submitted::InFlight(id));
             }
             return Err(SubmitError::Busy { in_flight: op.id() });
@@ -254,6 +262,18 @@ impl JobLedger {
         self.in_flight = Some(op);
         let actions = self.settle(actions);
         Ok(Submitted::Started { id, actions })
+    }
+
+    /// Whether `cmd` resolves to exactly `known` (in any order): a retry of the same request.
+    fn same_targets(&self, cmd: &SwitchCommand, known: &[RankTarget]) -> bool {
+        let key = |t: &RankTarget| (t.rank, t.use_backup);
+        match cmd.resolve(&self.table) {
+            Ok(plan) => {
+                let new: BTreeSet<_> = plan.targets.iter().map(key).collect();
+                new == known.iter().map(key).collect()
+            }
+            Err(_) => false,
+        }
     }
 
     /// Feeds an event to the operation in flight (ignored when none is).

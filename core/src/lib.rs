@@ -11,6 +11,7 @@
 //! - [`operation`]: the operation state machine (events in, actions and deadlines out).
 //! - [`ledger`]: the manager's book of a job: registrations, NIC table, in-flight and past
 //!   operations, and the admission rules in front of the state machine.
+//! - [`summary`]: one operation as readers outside the manager see it (JSON, the control API).
 //! - [`display`]: how lists appear in messages for people.
 //! - [`env`]: parsing of the MindCluster / HCCL environment flags.
 //!
@@ -27,6 +28,7 @@ pub mod operation;
 pub mod planner;
 pub mod protocol;
 pub mod rank_table;
+pub mod summary;
 
 pub use command::{Direction, RankTarget, SwitchCommand, SwitchPlan, ValidationError};
 pub use hal::{
@@ -38,3 +40,4 @@ pub use ledger::{JobLedger, JobState, SubmitError};
 pub use operation::{Action, Event, Operation, OperationReport, Outcome, PhaseDeadlines};
 pub use planner::{plan_calls, GroupCall};
 pub use rank_table::RankTable;
+pub use summary::OperationSummary;

@@ -330,7 +330,7 @@ pub fn run_scenario_observed(
             on_progress(ev);
         };
         let summary = match sim.job().run_with_progress(cmd.clone(), observe) {
-            Ok(report) => OperationSummary::from_report(&report),
+            Ok(report) => OperationSummary::from(&report),
             Err(LocalJobError::Refused(e)) => OperationSummary::rejected(&cmd, &table, &e),
             Err(e) => return Err(e.into()),
         };

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
+use taskd_actors::control::{ControlConfig, GuardConfig, RateLimit};
 use taskd_actors::net::{ManagerNode, ManagerNodeConfig, DEFAULT_MANAGER_PORT};
 use taskd_core::{JobId, PhaseDeadlines, RankTable};
 
@@ -34,6 +35,12 @@ pub struct ManagerArgs {
     /// File holding the bearer token the control API requires (or set TASKD_CONTROL_TOKEN).
     #[arg(long, value_name = "FILE", requires = "control_addr")]
     control_token_file: Option<PathBuf>,
+    /// Requests a client of the control API may send at once before the rate limit applies.
+    #[arg(long, value_name = "N", default_value_t = RateLimit::default().burst)]
+    control_rate_burst: u32,
+    /// Requests per second a client of the control API may send after its burst.
+    #[arg(long, value_name = "N", default_value_t = RateLimit::default().per_second)]
+    control_rate_per_sec: f64,
     /// Start even though MS_SCHED_HOST differs from POD_IP (the manager belongs on the
     /// scheduler host).
     #[arg(long)]
@@ -134,22 +141,19 @@ pub fn run(a: ManagerArgs) -> ExitCode {
         // The operators' control API, served in front of the same manager actor.
         let control = match a.control_addr {
             Some(addr) => {
-                let guard = taskd_actors::control::GuardConfig {
-                    token,
-                    ..Default::default()
+                // The transport's TLS files serve the control port too (mutual: the job's CA).
+                let cfg = ControlConfig {
+                    guard: GuardConfig {
+                        token,
+                        rate: RateLimit {
+                            burst: a.control_rate_burst,
+                            per_second: a.control_rate_per_sec,
+                        },
+                    },
+                    tls: tls.clone(),
+                    ..ControlConfig::new(addr, job.clone())
                 };
-                let ctls = tls.as_ref().map(|t| taskd_actors::control::ControlTls {
-                    cert_pem: t.cert.clone(),
-                    key_pem: t.key.clone(),
-                    client_ca_pem: Some(t.ca.clone()),
-                });
-                match taskd_actors::control::serve(
-                    addr,
-                    node.manager().clone(),
-                    job.clone(),
-                    guard,
-                    ctls,
-                ) {
+                match taskd_actors::control::serve(node.manager().clone(), cfg) {
                     Ok(c) => {
                         say(format!("taskd manager control API on {}", c.local_addr()));
                         Some(c)

@@ -7,7 +7,8 @@ use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use taskd_actors::control::{self, ControlTls, GuardConfig, RateLimit};
+use taskd_actors::control::{self, ControlConfig, GuardConfig, RateLimit};
+use taskd_actors::net::{PemIdentity, TlsPem};
 use taskd_core::JobId;
 
 #[derive(Args, Debug, Clone)]
@@ -59,14 +60,18 @@ impl ServeArgs {
         })
     }
 
-    pub fn tls(&self) -> Result<Option<ControlTls>, String> {
+    /// The control port's TLS: `--tls-cert`/`--tls-key`, mutual with `--tls-client-ca`.
+    pub fn tls(&self) -> Result<Option<TlsPem>, String> {
         let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
             return Ok(None);
         };
-        Ok(Some(ControlTls {
-            cert_pem: read(cert)?,
-            key_pem: read(key)?,
-            client_ca_pem: self.tls_client_ca.as_ref().map(read).transpose()?,
+        Ok(Some(TlsPem {
+            ca: self.tls_client_ca.as_ref().map(read).transpose()?,
+            identity: Some(PemIdentity {
+                cert: read(cert)?,
+                key: read(key)?,
+            }),
+            domain: None,
         }))
     }
 }
@@ -88,11 +93,12 @@ pub fn run(mut cfg: SimConfig, a: ServeArgs) -> ExitCode {
         }
     };
     let server = match control::serve(
-        a.control_addr,
         sim.job().manager().clone(),
-        cfg.job.clone(),
-        guard,
-        tls,
+        ControlConfig {
+            guard,
+            tls,
+            ..ControlConfig::new(a.control_addr, cfg.job.clone())
+        },
     ) {
         Ok(s) => s,
         Err(e) => {

@@ -3,8 +3,9 @@
 use super::connect::{exit, explain, ConnectArgs};
 use clap::{Args, ValueEnum};
 use std::process::ExitCode;
-use taskd_actors::control::codes;
-use taskd_actors::control::proto::{self, switch_event::Event};
+use taskd_actors::control::proto::{self, switch_event::Event, RefusalKind};
+use taskd_actors::control::{codes, ClientError};
+use taskd_core::OperationSummary;
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Side {
@@ -28,7 +29,8 @@ pub struct SwitchArgs {
     /// Which NIC the preceding --node's devices use from now on.
     #[arg(long = "to", value_name = "backup|primary", required = true)]
     to: Vec<Side>,
-    /// Client-chosen operation UUID (a repeated one returns the known result).
+    /// Client-chosen operation UUID: repeated with the same targets it returns the known
+    /// result; with other targets it is refused (exit 2).
     #[arg(long)]
     uuid: Option<String>,
     /// Wait for the result, showing the phases; exit non-zero unless it succeeded.
@@ -99,26 +101,27 @@ async fn switch(a: SwitchArgs, targets: Vec<proto::Target>) -> u8 {
             return exit::USAGE;
         }
     };
-    let mut client = match a.connect.connect().await {
+    let mut client = match a.connect.connect(token).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("taskd switch: {e}");
             return exit::UNREACHABLE;
         }
     };
-    let req = a.connect.request(
-        proto::SwitchRequest {
-            job_id: a.job.clone(),
-            uuid: a.uuid.clone().unwrap_or_default(),
-            targets,
-            wait: a.wait,
-        },
-        &token,
-    );
+    let req = proto::SwitchRequest {
+        job_id: a.job.clone(),
+        uuid: a.uuid.clone().unwrap_or_default(),
+        targets,
+        wait: a.wait,
+    };
     let mut stream = match client.switch(req).await {
-        Ok(s) => s.into_inner(),
-        Err(s) => {
+        Ok(s) => s,
+        Err(ClientError::Rpc(s)) => {
             eprintln!("taskd switch: {}", explain(&s));
+            return exit::UNREACHABLE;
+        }
+        Err(e) => {
+            eprintln!("taskd switch: {e}");
             return exit::UNREACHABLE;
         }
     };
@@ -155,15 +158,7 @@ async fn switch(a: SwitchArgs, targets: Vec<proto::Target>) -> u8 {
                     code = exit::OK;
                 }
             }
-            Event::Refused(r) => {
-                eprintln!(
-                    "taskd switch: refused ({} {}): {}",
-                    r.code,
-                    codes::name(r.code),
-                    r.reason
-                );
-                return exit::FAILED;
-            }
+            Event::Refused(r) => return refused(&r),
             Event::Phase(p) => {
                 if !a.json {
                     if let Some(ev) = super::render::progress_event(&p) {
@@ -172,6 +167,7 @@ async fn switch(a: SwitchArgs, targets: Vec<proto::Target>) -> u8 {
                 }
             }
             Event::Result(r) => {
+                let r = OperationSummary::from(&r);
                 if !a.json {
                     let _ = printer.finish();
                     print!("{}", super::render::result_text(&r));
@@ -185,4 +181,23 @@ async fn switch(a: SwitchArgs, targets: Vec<proto::Target>) -> u8 {
         }
     }
     code
+}
+
+/// Says why the manager refused and returns the exit code: 2 when the command line itself is
+/// wrong (a `--uuid` already used for another request), 1 otherwise.
+fn refused(r: &proto::Refused) -> u8 {
+    if r.kind() == RefusalKind::IdReused {
+        eprintln!(
+            "taskd switch: --uuid: {} (a retry must repeat the same --node/--dev/--to)",
+            r.reason
+        );
+        return exit::USAGE;
+    }
+    eprintln!(
+        "taskd switch: refused ({} {}): {}",
+        r.code,
+        codes::name(r.code),
+        r.reason
+    );
+    exit::FAILED
 }

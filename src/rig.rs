@@ -57,8 +57,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use taskd_actors::{LocalJob, LocalJobConfig, LocalJobError, RankParts, StepGate};
 use taskd_core::command::Target;
-use taskd_core::summary::ms;
 use taskd_core::operation::{JobState, OperationReport, Outcome};
+use taskd_core::summary::ms;
 use taskd_core::{
     env as flags, DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, JobId, LinkHealth, NodeHal,
     NodeName, OperationSummary, PhaseDeadlines, RankHal, RankTable, StepBoundary, SubmitError,

@@ -79,7 +79,10 @@ impl Rig {
 
     fn recover(&self) -> RecoverClient<Channel> {
         let uri = format!("http://{}", self.addr());
-        RecoverClient::new(self.block(Endpoint::from_shared(uri).unwrap().connect()).unwrap())
+        RecoverClient::new(
+            self.block(Endpoint::from_shared(uri).unwrap().connect())
+                .unwrap(),
+        )
     }
 
     fn control(&self) -> ControlClient {
@@ -189,7 +192,10 @@ fn a_switch_starts_at_once_and_the_subscription_delivers_exactly_one_result() {
     // Exactly one message, exactly ClusterD's success string.
     assert_eq!(rig.subscribe("sim").unwrap(), [SWITCH_FINISHED]);
     let last = &rig.status(1).recent[0];
-    assert_eq!((last.uuid.as_str(), last.result.as_str()), (uuid.as_str(), "succeeded"));
+    assert_eq!(
+        (last.uuid.as_str(), last.result.as_str()),
+        (uuid.as_str(), "succeeded")
+    );
     assert_eq!(last.direction, "to_backup");
     assert!(last.phases.unwrap().total_ms > 0.0);
     assert_eq!(
@@ -291,7 +297,10 @@ fn recover_refuses_with_clusterds_codes_and_names_what_is_wrong() {
     let first = rig.status(0).in_flight.expect("in flight").uuid;
     let (code, info) = rig.switch_nic_track("sim", &[("node-1", &["0"], &[true])]);
     assert_eq!(code, 411);
-    assert!(info.starts_with(&format!("{}: ", busy_info("sim"))), "{info}");
+    assert!(
+        info.starts_with(&format!("{}: ", busy_info("sim"))),
+        "{info}"
+    );
     assert!(info.contains(&first), "{info}");
     assert_eq!(rig.subscribe("sim").unwrap(), [SWITCH_FINISHED]);
 
@@ -312,7 +321,14 @@ fn recover_refuses_with_clusterds_codes_and_names_what_is_wrong() {
         .block(rig.control().run(&command(&[("node-0", 2, true)])))
         .unwrap_err();
     assert!(
-        matches!(&e, ClientError::Refused { code: 400, kind: RefusalKind::WorkersMissing, .. }),
+        matches!(
+            &e,
+            ClientError::Refused {
+                code: 400,
+                kind: RefusalKind::WorkersMissing,
+                ..
+            }
+        ),
         "{e:?}"
     );
     // Nothing but the one successful switch ever reached HCCL.
@@ -339,7 +355,10 @@ fn ranks_that_cannot_switch_are_refused() {
         .unwrap_err();
     match e {
         ClientError::Refused { code, kind, reason } => {
-            assert_eq!((code, kind), (codes::SWITCH_UNSUPPORTED, RefusalKind::CapabilityMissing));
+            assert_eq!(
+                (code, kind),
+                (codes::SWITCH_UNSUPPORTED, RefusalKind::CapabilityMissing)
+            );
             assert!(reason.contains("HCCL_OP_RETRY_ENABLE"), "{reason}");
         }
         other => panic!("{other:?}"),
@@ -369,7 +388,11 @@ fn a_paused_job_is_out_of_order() {
         "{:?}",
         msgs[0]
     );
-    assert!(msgs[0].contains("rolled back: no, job paused"), "{}", msgs[0]);
+    assert!(
+        msgs[0].contains("rolled back: no, job paused"),
+        "{}",
+        msgs[0]
+    );
     let r = &rig.status(1).recent[0];
     assert_eq!((r.result.as_str(), r.rolled_back), ("failed", false));
     assert_eq!(r.job_state, "paused");
@@ -381,7 +404,14 @@ fn a_paused_job_is_out_of_order() {
         .block(rig.control().run(&command(&[("node-0", 2, true)])))
         .unwrap_err();
     assert!(
-        matches!(e, ClientError::Refused { code: codes::OUT_OF_ORDER, kind: RefusalKind::NotRunning, .. }),
+        matches!(
+            e,
+            ClientError::Refused {
+                code: codes::OUT_OF_ORDER,
+                kind: RefusalKind::NotRunning,
+                ..
+            }
+        ),
         "{e:?}"
     );
     rig.sim.finish();
@@ -492,9 +522,7 @@ fn submit_and_wait_streams_the_result_and_status_shows_the_nic_table() {
     assert!(s.lost_ranks.is_empty());
     assert_eq!(s.recent.len(), 1);
     assert_eq!(s.state, "running");
-    let e = rig
-        .block(rig.control().status("other", 5))
-        .unwrap_err();
+    let e = rig.block(rig.control().status("other", 5)).unwrap_err();
     assert!(
         matches!(&e, ClientError::Rpc(s) if s.code() == tonic::Code::NotFound),
         "{e:?}"
@@ -530,7 +558,8 @@ fn a_bearer_token_is_required_on_every_service_when_configured() {
     let mut c = rig.recover();
     for e in [
         rig.block(c.health_check(info())).unwrap_err(),
-        rig.block(c.health_check(authorized("Bearer wrong"))).unwrap_err(),
+        rig.block(c.health_check(authorized("Bearer wrong")))
+            .unwrap_err(),
         rig.block(c.subscribe_switch_nic_signal(SwitchNicRequest {
             job_id: "sim".into(),
         }))
@@ -550,7 +579,8 @@ fn a_bearer_token_is_required_on_every_service_when_configured() {
         for e in [
             rig.block(c.status("sim", 0)).unwrap_err(),
             rig.block(c.wait_registered("sim", None)).unwrap_err(),
-            rig.block(c.run(&command(&[("node-0", 0, true)]))).unwrap_err(),
+            rig.block(c.run(&command(&[("node-0", 0, true)])))
+                .unwrap_err(),
         ] {
             assert!(
                 matches!(&e, ClientError::Rpc(s) if s.code() == tonic::Code::Unauthenticated),
@@ -673,7 +703,10 @@ fn mutual_tls_admits_only_clients_with_a_certificate_from_the_ca() {
         domain: Some("localhost".into()),
     };
     let mut c = rig
-        .block(ControlClient::connect(&rig.addr().to_string(), Some(&client_tls)))
+        .block(ControlClient::connect(
+            &rig.addr().to_string(),
+            Some(&client_tls),
+        ))
         .unwrap();
     assert_eq!(rig.block(c.status("sim", 0)).unwrap().workers_registered, 8);
 

@@ -132,7 +132,7 @@ fn four_ranks_switch_to_backup_and_back_with_every_rank_calling_in_planner_order
     for op in [&op1, &op2] {
         let labels: Vec<&str> = op.windows.iter().map(|w| w.label).collect();
         assert_eq!(labels, ["before", "during", "after"]);
-        let t = op.pause_step.expect("every rank paused");
+        let t = op.summary.pause_step.expect("every rank paused");
         assert_eq!(
             op.windows[1].last_step,
             t + 1,
@@ -228,7 +228,8 @@ fn a_backup_nic_that_dcmi_reports_unreachable_rejects_the_switch_before_any_call
     let op = rig.switch(&[DeviceId(0)], true).unwrap().clone();
     assert_eq!(op.summary.result, "rejected", "{op:?}");
     assert!(
-        op.summary.error
+        op.summary
+            .error
             .as_deref()
             .unwrap_or("")
             .contains("backup NIC link"),
@@ -273,7 +274,10 @@ fn without_dcmi_the_rig_still_switches_and_without_l2_retry_it_is_refused() {
     let mut rig = Rig::start(config(2, false), libs, &lookup(&env)).unwrap();
     let op = rig.switch(&[DeviceId(0)], true).unwrap().clone();
     assert_eq!(op.summary.result, "rejected", "{op:?}");
-    assert!(op.summary.error.as_deref().unwrap_or("").contains("L2:1"), "{op:?}");
+    assert!(
+        op.summary.error.as_deref().unwrap_or("").contains("L2:1"),
+        "{op:?}"
+    );
     let report = rig.finish();
     assert!(report.ok(), "{}", report.summary_text());
     assert!(hccl.calls("HcclCommWorkingDevNicSet").is_empty());

@@ -190,19 +190,10 @@ impl JobLedger {
                 known: self.job.clone(),
             });
         }
-        if let Some(r) = self.result_of(id) {
-            if !self.same_targets(cmd, &r.targets) {
-                return Err(SubmitError::IdReused { id });
-            }
-            return Ok(Submitted::Known(Box::new(r.clone())));
+        if let Some(seen) = self.seen(cmd, id) {
+            return seen;
         }
         if let Some(op) = &self.in_flight {
-            if op.id() == id {
-                if !self.same_targets(cmd, &op.plan().targets) {
-                    return Err(SubmitError::IdReused { id });
-                }
-                return Ok(Submitted::InFlight(id));
-            }
             return Err(SubmitError::Busy { in_flight: op.id() });
         }
         if self.state != JobState::Running {
@@ -262,6 +253,22 @@ impl JobLedger {
         self.in_flight = Some(op);
         let actions = self.settle(actions);
         Ok(Submitted::Started { id, actions })
+    }
+
+    /// The answer for an id that ran or runs: its result or the operation in flight when `cmd`
+    /// is the same request, `IdReused` when it is another. `None` for a new id.
+    fn seen(&self, cmd: &SwitchCommand, id: OperationId) -> Option<Result<Submitted, SubmitError>> {
+        let (targets, answer) = if let Some(r) = self.result_of(id) {
+            (&r.targets, Submitted::Known(Box::new(r.clone())))
+        } else {
+            let op = self.in_flight.as_ref().filter(|op| op.id() == id)?;
+            (&op.plan().targets, Submitted::InFlight(id))
+        };
+        if self.same_targets(cmd, targets) {
+            Some(Ok(answer))
+        } else {
+            Some(Err(SubmitError::IdReused { id }))
+        }
     }
 
     /// Whether `cmd` resolves to exactly `known` (in any order): a retry of the same request.

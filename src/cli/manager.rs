@@ -106,6 +106,14 @@ pub fn run(a: ManagerArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let rate = RateLimit {
+        burst: a.control_rate_burst,
+        per_second: a.control_rate_per_sec,
+    };
+    if let Err(e) = rate.check() {
+        eprintln!("taskd manager: --control-rate-burst/--control-rate-per-sec: {e}");
+        return ExitCode::from(2);
+    }
     let d = PhaseDeadlines::default();
     let ms = |v: Option<u64>, default: Duration| v.map_or(default, Duration::from_millis);
     let deadlines = PhaseDeadlines {
@@ -143,13 +151,7 @@ pub fn run(a: ManagerArgs) -> ExitCode {
             Some(addr) => {
                 // The transport's TLS files serve the control port too (mutual: the job's CA).
                 let cfg = ControlConfig {
-                    guard: GuardConfig {
-                        token,
-                        rate: RateLimit {
-                            burst: a.control_rate_burst,
-                            per_second: a.control_rate_per_sec,
-                        },
-                    },
+                    guard: GuardConfig { token, rate },
                     tls: tls.clone(),
                     ..ControlConfig::new(addr, job.clone())
                 };

@@ -51,13 +51,13 @@ impl ServeArgs {
     /// The control port's guard: token from `--token-file` or `TASKD_CONTROL_TOKEN`.
     pub fn guard(&self) -> Result<GuardConfig, String> {
         let token = super::connect::control_token(self.token_file.as_deref())?;
-        Ok(GuardConfig {
-            token,
-            rate: RateLimit {
-                burst: self.rate_burst,
-                per_second: self.rate_per_sec,
-            },
-        })
+        let rate = RateLimit {
+            burst: self.rate_burst,
+            per_second: self.rate_per_sec,
+        };
+        rate.check()
+            .map_err(|e| format!("--rate-burst/--rate-per-sec: {e}"))?;
+        Ok(GuardConfig { token, rate })
     }
 
     /// The control port's TLS: `--tls-cert`/`--tls-key`, mutual with `--tls-client-ca`.

@@ -114,7 +114,7 @@ async fn switch(a: SwitchArgs, targets: Vec<proto::Target>) -> u8 {
         targets,
         wait: a.wait,
     };
-    let mut stream = match client.switch(req).await {
+    let stream = match client.switch(req).await {
         Ok(s) => s,
         Err(ClientError::Rpc(s)) => {
             eprintln!("taskd switch: {}", explain(&s));
@@ -125,13 +125,18 @@ async fn switch(a: SwitchArgs, targets: Vec<proto::Target>) -> u8 {
             return exit::UNREACHABLE;
         }
     };
+    follow(&a, stream).await
+}
+
+/// Shows the events of one switch as they come; the exit code.
+async fn follow(a: &SwitchArgs, mut stream: tonic::Streaming<proto::SwitchEvent>) -> u8 {
     let mut code = exit::FAILED;
     // Phases as they happen: a bar redrawn in place on a terminal, plain lines otherwise.
     let mut printer = crate::progress::ProgressPrinter::stdout();
     loop {
         let ev = match stream.message().await {
             Ok(Some(ev)) => ev,
-            Ok(None) => break,
+            Ok(None) => return code,
             Err(s) => {
                 eprintln!("taskd switch: the stream broke: {}", explain(&s));
                 return exit::UNREACHABLE;
@@ -144,15 +149,12 @@ async fn switch(a: SwitchArgs, targets: Vec<proto::Target>) -> u8 {
         match ev {
             Event::Accepted(acc) => {
                 if !a.json {
-                    println!(
-                        "operation {} {}",
-                        acc.uuid,
-                        if acc.known {
-                            "already ran: its result follows"
-                        } else {
-                            "accepted"
-                        }
-                    );
+                    let what = if acc.known {
+                        "already ran: its result follows"
+                    } else {
+                        "accepted"
+                    };
+                    println!("operation {} {what}", acc.uuid);
                 }
                 if !a.wait && !acc.known {
                     code = exit::OK;
@@ -160,10 +162,8 @@ async fn switch(a: SwitchArgs, targets: Vec<proto::Target>) -> u8 {
             }
             Event::Refused(r) => return refused(&r),
             Event::Phase(p) => {
-                if !a.json {
-                    if let Some(ev) = super::render::progress_event(&p) {
-                        let _ = printer.event(&ev);
-                    }
+                if let Some(ev) = super::render::progress_event(&p).filter(|_| !a.json) {
+                    let _ = printer.event(&ev);
                 }
             }
             Event::Result(r) => {
@@ -180,7 +180,6 @@ async fn switch(a: SwitchArgs, targets: Vec<proto::Target>) -> u8 {
             }
         }
     }
-    code
 }
 
 /// Says why the manager refused and returns the exit code: 2 when the command line itself is

@@ -93,7 +93,11 @@ impl ControlClient {
     }
 
     /// The job as its manager sees it, with up to `recent` past results (newest last).
-    pub async fn status(&mut self, job: &str, recent: u32) -> Result<proto::JobStatus, ClientError> {
+    pub async fn status(
+        &mut self,
+        job: &str,
+        recent: u32,
+    ) -> Result<proto::JobStatus, ClientError> {
         let req = self.request(proto::StatusRequest {
             job_id: job.to_owned(),
             recent,

@@ -158,10 +158,7 @@ impl recover::recover_server::Recover for RecoverSvc {
             Err(e) => return Ok(status(codes::PARAMETER_INVALID, e.to_string())),
         };
         let Ok(res) = self.manager.send(Submit(cmd)).await else {
-            return Ok(status(
-                codes::SERVER_ERROR,
-                "the manager is not answering",
-            ));
+            return Ok(status(codes::SERVER_ERROR, "the manager is not answering"));
         };
         Ok(match res {
             Ok(Submission::Started(id)) => {
@@ -211,10 +208,7 @@ impl recover::recover_server::Recover for RecoverSvc {
             ));
         }
         let Ok(s) = self.manager.send(GetStatus { recent: 0 }).await else {
-            return Ok(status(
-                codes::SERVER_ERROR,
-                "the manager is not answering",
-            ));
+            return Ok(status(codes::SERVER_ERROR, "the manager is not answering"));
         };
         let info = serde_json::json!({
             "job": s.job.0,

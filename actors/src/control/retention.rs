@@ -183,11 +183,18 @@ mod tests {
         let feed = ProgressFeed::new();
         let (clock, hand) = Clock::manual();
         let last = LastResult::new(feed.subscribe(), clock);
-        let (a, b) = (OperationId(uuid::Uuid::from_u128(1)), OperationId(uuid::Uuid::from_u128(2)));
+        let (a, b) = (
+            OperationId(uuid::Uuid::from_u128(1)),
+            OperationId(uuid::Uuid::from_u128(2)),
+        );
         assert_eq!(last.deliverable(), None);
         feed.publish(a, Duration::ZERO, started());
         assert_eq!(last.deliverable(), None, "in flight, not finished");
-        feed.publish(a, Duration::ZERO, ProgressKind::Finished(Box::new(report(a))));
+        feed.publish(
+            a,
+            Duration::ZERO,
+            ProgressKind::Finished(Box::new(report(a))),
+        );
         assert_eq!(last.deliverable(), Some(a));
         hand.advance(RESULT_RETENTION);
         assert_eq!(last.deliverable(), Some(a), "kept for the whole window");
@@ -195,7 +202,11 @@ mod tests {
         assert_eq!(last.deliverable(), None, "and not after it");
 
         feed.publish(b, Duration::ZERO, started());
-        feed.publish(b, Duration::ZERO, ProgressKind::Finished(Box::new(report(b))));
+        feed.publish(
+            b,
+            Duration::ZERO,
+            ProgressKind::Finished(Box::new(report(b))),
+        );
         assert_eq!(last.deliverable(), Some(b));
         let c = OperationId(uuid::Uuid::from_u128(3));
         feed.publish(c, Duration::ZERO, started());

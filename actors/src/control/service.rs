@@ -83,18 +83,16 @@ fn gone() -> proto::SwitchEvent {
     )
 }
 
-/// The command of a `SwitchRequest`; a refusal event when its uuid is not a UUID.
-fn command(r: proto::SwitchRequest) -> Result<SwitchCommand, proto::SwitchEvent> {
+/// The command of a `SwitchRequest`; why not when its uuid is not a UUID.
+fn command(r: proto::SwitchRequest) -> Result<SwitchCommand, String> {
     let id = if r.uuid.is_empty() {
         None
     } else {
-        Some(r.uuid.parse::<OperationId>().map_err(|e| {
-            refused(
-                codes::CLIENT_ERROR,
-                RefusalKind::Malformed,
-                format!("uuid {:?} is not a UUID: {e}", r.uuid),
-            )
-        })?)
+        Some(
+            r.uuid
+                .parse::<OperationId>()
+                .map_err(|e| format!("uuid {:?} is not a UUID: {e}", r.uuid))?,
+        )
     };
     Ok(SwitchCommand {
         job: JobId(r.job_id),
@@ -182,7 +180,8 @@ impl proto::control_server::Control for ControlSvc {
             Ok(cmd) => {
                 tokio::spawn(drive(self.manager.clone(), cmd, wait, tx));
             }
-            Err(refusal) => {
+            Err(reason) => {
+                let refusal = refused(codes::CLIENT_ERROR, RefusalKind::Malformed, reason);
                 let _ = tx.send(Ok(refusal)).await;
             }
         }

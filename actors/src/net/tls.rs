@@ -98,9 +98,10 @@ impl TlsPem {
     /// A server presenting its certificate; with a CA, it requires client certificates signed
     /// by that CA.
     pub fn server_config(&self) -> Result<ServerTlsConfig, TlsError> {
-        let id = self.identity.as_ref().ok_or_else(|| {
-            TlsError::Config("a TLS server needs a certificate and a key".into())
-        })?;
+        let id = self
+            .identity
+            .as_ref()
+            .ok_or_else(|| TlsError::Config("a TLS server needs a certificate and a key".into()))?;
         let mut c = ServerTlsConfig::new().identity(Identity::from_pem(&id.cert, &id.key));
         if let Some(ca) = &self.ca {
             c = c.client_ca_root(Certificate::from_pem(ca));

@@ -69,6 +69,22 @@ impl Drop for LiveRig {
     }
 }
 
+/// `taskd manager` for job `m` on one node of `ppn` ranks, listening on port 0.
+fn manager_args(ppn: &'static str) -> [&'static str; 10] {
+    [
+        "manager",
+        "--job-id",
+        "m",
+        "--nodes",
+        "1",
+        "--procs-per-node",
+        ppn,
+        "--listen",
+        "127.0.0.1:0",
+        "--force",
+    ]
+}
+
 fn taskd(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(TASKD).args(args).output().unwrap();
     (
@@ -216,26 +232,13 @@ fn the_manager_refuses_a_control_rate_limit_that_refuses_everything() {
         ["--control-rate-burst", "0"],
         ["--control-rate-per-sec", "0"],
     ] {
-        let (code, _, err) = taskd(
-            &[
-                &[
-                    "manager",
-                    "--job-id",
-                    "m",
-                    "--nodes",
-                    "1",
-                    "--procs-per-node",
-                    "1",
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--control-addr",
-                    "127.0.0.1:0",
-                    "--force",
-                ][..],
-                &flags[..],
-            ]
-            .concat(),
-        );
+        let args = [
+            &manager_args("1")[..],
+            &["--control-addr", "127.0.0.1:0"],
+            &flags[..],
+        ]
+        .concat();
+        let (code, _, err) = taskd(&args);
         assert_eq!(code, 2, "{flags:?}: {err}");
         assert!(err.contains(flags[0]), "{err}");
     }
@@ -270,20 +273,8 @@ fn a_token_protected_rig_refuses_the_cli_without_it() {
 #[test]
 fn the_manager_binary_serves_metrics_when_asked() {
     let mut child = Command::new(TASKD)
-        .args([
-            "manager",
-            "--job-id",
-            "m",
-            "--nodes",
-            "1",
-            "--procs-per-node",
-            "2",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--force",
-        ])
+        .args(manager_args("2"))
+        .args(["--metrics-addr", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

@@ -39,7 +39,11 @@ pub enum SubmitError {
     )]
     NotRunning { state: JobState },
     #[error("operation id {id} was already used for a different request (other targets); use a new uuid for a new request")]
-    IdReused { id: OperationId },
+    /// The id ran (or runs) with other targets: a new request needs a new id.
+    IdReused {
+        /// The reused id.
+        id: OperationId,
+    },
 }
 
 /// Why a registration was refused.

@@ -163,7 +163,9 @@ async fn run(
     let guard = Guard::new(cfg.guard.clone());
     let recover = RecoverSvc::new(manager.clone(), cfg.job.clone(), last);
     let control = ControlSvc::new(manager, cfg.job.clone());
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // Without TCP_NODELAY, a stream of small messages (the phases of a switch) waits on
+    // delayed acknowledgements: tens of milliseconds per event.
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let stopping = Arc::new(tokio::sync::Notify::new());
     let stop_signal = stopping.clone();
     let serving = builder

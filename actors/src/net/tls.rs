@@ -8,16 +8,28 @@
 use std::path::PathBuf;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 
+/// Why TLS could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
+    /// A PEM file could not be read.
     #[error("cannot read the TLS {what} {path}: {source}")]
     Read {
+        /// Which file: CA certificate, certificate or key.
         what: &'static str,
+        /// Where it was looked for.
         path: PathBuf,
+        /// What the system said.
         source: std::io::Error,
     },
+    /// A file holds no PEM block.
     #[error("the TLS {what} {path} holds no PEM block")]
-    NotPem { what: &'static str, path: PathBuf },
+    NotPem {
+        /// Which file.
+        what: &'static str,
+        /// Where it is.
+        path: PathBuf,
+    },
+    /// The material is incomplete or tonic refused it.
     #[error("TLS configuration: {0}")]
     Config(String),
 }
@@ -27,8 +39,9 @@ pub enum TlsError {
 pub struct TlsFiles {
     /// The CA that signs every certificate of the job.
     pub ca: PathBuf,
-    /// This process's certificate (PEM) and key.
+    /// This process's certificate (PEM).
     pub cert: PathBuf,
+    /// This process's private key (PEM).
     pub key: PathBuf,
     /// The name to verify in the server's certificate (default: the host of its address).
     pub domain: Option<String>,

@@ -16,15 +16,16 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
+use taskd::actors::control::{self, ControlClient, ControlConfig, ControlServer};
 use taskd::actors::net::proxy_node::NodeAssignment;
 use taskd::actors::net::worker_node::WorkerNode;
 use taskd::actors::net::{
-    AdminClient, ManagerNode, ManagerNodeConfig, NetConfig, ProxyNode, ProxyNodeConfig,
-    RemoteWorkerConfig,
+    ManagerNode, ManagerNodeConfig, NetConfig, ProxyNode, ProxyNodeConfig, RemoteWorkerConfig,
 };
 use taskd::actors::StepGate;
 use taskd::core::command::Target;
-use taskd::core::operation::{OperationReport, Outcome};
+use taskd::core::summary::ms;
+use taskd::core::OperationSummary;
 use taskd::core::{
     DeviceId, GlobalRank, JobId, NodeHal, NodeName, PhaseDeadlines, RankTable, SwitchCommand,
 };
@@ -50,7 +51,8 @@ enum Cmd {
 
 /// A job of `nodes` x `ppn` ranks on loopback.
 struct Job {
-    manager: String,
+    /// The manager's control API (operations are submitted there, as an operator does).
+    control: ControlServer,
     systems: Vec<actix::System>,
     workers: tokio::sync::mpsc::UnboundedSender<Cmd>,
     stop: Arc<AtomicBool>,
@@ -78,48 +80,91 @@ where
     rx.recv().unwrap()
 }
 
-impl Job {
-    fn start(nodes: u32, ppn: u32, worker_threads: u32) -> Job {
-        let ((manager, _keep_m), sys_m) = system("bench-manager", move || async move {
-            let m = ManagerNode::spawn(ManagerNodeConfig {
+/// The manager and its control API on an actix system of their own: the manager's transport
+/// address and the control server.
+fn start_manager(nodes: u32, ppn: u32) -> ((String, ControlServer), actix::System) {
+    system("bench-manager", move || async move {
+        let m = ManagerNode::spawn(ManagerNodeConfig {
+            job: JobId(JOB.into()),
+            table: RankTable::uniform(nodes, ppn),
+            deadlines: PhaseDeadlines::default(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            tls: None,
+            net: net(),
+        })
+        .await
+        .unwrap();
+        let addr = m.local_addr().to_string();
+        let ctl = control::serve(
+            m.manager().clone(),
+            ControlConfig::new("127.0.0.1:0".parse().unwrap(), JobId(JOB.into())),
+        )
+        .unwrap();
+        std::mem::forget(m);
+        (addr, ctl)
+    })
+}
+
+/// One proxy per node on an actix system of their own; their addresses.
+fn start_proxies(nodes: u32, manager: String) -> (Vec<String>, actix::System) {
+    system("bench-proxies", move || async move {
+        let mut addrs = Vec::new();
+        for k in 0..nodes {
+            let p = ProxyNode::spawn(ProxyNodeConfig {
                 job: JobId(JOB.into()),
-                table: RankTable::uniform(nodes, ppn),
-                deadlines: PhaseDeadlines::default(),
+                manager: manager.clone(),
+                node: None,
+                node_rank: Some(k),
+                ranks: Vec::new(),
                 listen: "127.0.0.1:0".parse().unwrap(),
+                node_hal: Box::new(|a: &NodeAssignment| {
+                    Box::new(SoloNodeHal::new(a.ranks.len() as u32)) as Box<dyn NodeHal>
+                }),
                 tls: None,
                 net: net(),
             })
             .await
             .unwrap();
-            let addr = m.local_addr().to_string();
-            std::mem::forget(m);
-            (addr, ())
-        });
-        let m = manager.clone();
-        let (proxies, sys_p) = system("bench-proxies", move || async move {
-            let mut addrs = Vec::new();
-            for k in 0..nodes {
-                let p = ProxyNode::spawn(ProxyNodeConfig {
-                    job: JobId(JOB.into()),
-                    manager: m.clone(),
-                    node: None,
-                    node_rank: Some(k),
-                    ranks: Vec::new(),
-                    listen: "127.0.0.1:0".parse().unwrap(),
-                    node_hal: Box::new(|a: &NodeAssignment| {
-                        Box::new(SoloNodeHal::new(a.ranks.len() as u32)) as Box<dyn NodeHal>
-                    }),
-                    tls: None,
-                    net: net(),
-                })
-                .await
-                .unwrap();
-                p.assigned().await.unwrap();
-                addrs.push(p.local_addr().to_string());
-                std::mem::forget(p);
-            }
-            addrs
-        });
+            p.assigned().await.unwrap();
+            addrs.push(p.local_addr().to_string());
+            std::mem::forget(p);
+        }
+        addrs
+    })
+}
+
+/// Training with zero-time steps: a rank parks until an operation arms its gate. The flag that
+/// stops the trainers, and their threads.
+fn train(
+    solos: Vec<SoloRank>,
+    gates: &[Arc<StepGate>],
+) -> (Arc<AtomicBool>, Vec<std::thread::JoinHandle<()>>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let trainers = solos
+        .into_iter()
+        .zip(gates.iter().cloned())
+        .map(|(solo, gate)| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                solo.run_collectives();
+                let mut step = 1;
+                while !stop.load(Ordering::Acquire) {
+                    if gate.wait_armed(Duration::from_millis(200)) {
+                        step += 1;
+                        solo.run_collectives();
+                        gate.step_completed(step);
+                    }
+                }
+            })
+        })
+        .collect();
+    (stop, trainers)
+}
+
+impl Job {
+    fn start(nodes: u32, ppn: u32, worker_threads: u32) -> Job {
+        let ((manager, control), sys_m) = start_manager(nodes, ppn);
+        let (proxies, sys_p) = start_proxies(nodes, manager);
         let layout = SoloLayout::new(nodes, ppn);
         let world = nodes * ppn;
         let solos: Vec<SoloRank> = (0..world)
@@ -183,28 +228,9 @@ impl Job {
             });
             systems.push(sys_w);
         }
-        // Training with zero-time steps: a rank parks until an operation arms its gate.
-        let stop = Arc::new(AtomicBool::new(false));
-        let trainers = solos
-            .into_iter()
-            .zip(gates.iter().cloned())
-            .map(|(solo, gate)| {
-                let stop = stop.clone();
-                std::thread::spawn(move || {
-                    solo.run_collectives();
-                    let mut step = 1;
-                    while !stop.load(Ordering::Acquire) {
-                        if gate.wait_armed(Duration::from_millis(200)) {
-                            step += 1;
-                            solo.run_collectives();
-                            gate.step_completed(step);
-                        }
-                    }
-                })
-            })
-            .collect();
+        let (stop, trainers) = train(solos, &gates);
         Job {
-            manager,
+            control,
             systems,
             workers: cmd_tx,
             stop,
@@ -234,6 +260,7 @@ impl Job {
             t.join().unwrap();
         }
         let _ = self.workers.send(Cmd::Stop);
+        self.control.shutdown();
         for s in self.systems.into_iter().rev() {
             s.stop();
         }
@@ -252,10 +279,6 @@ fn cmd(use_backup: bool) -> SwitchCommand {
     }
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
@@ -271,6 +294,53 @@ fn arg<T: std::str::FromStr>(args: &[String], name: &str) -> Option<T> {
         .position(|a| a == name)
         .and_then(|i| args.get(i + 1))
         .and_then(|v| v.parse().ok())
+}
+
+/// Starts a job of `n` ranks, runs `ops` operations through the control API and prints the
+/// table's row; the job, still running.
+fn measure(rt: &tokio::runtime::Runtime, n: u32, ops: usize, worker_threads: u32) -> Job {
+    let ppn = n.min(16);
+    let nodes = n.div_ceil(ppn);
+    let t0 = Instant::now();
+    let job = Job::start(nodes, ppn, worker_threads);
+    let mut client = rt
+        .block_on(ControlClient::connect(
+            &job.control.local_addr().to_string(),
+            None,
+        ))
+        .unwrap();
+    rt.block_on(client.wait_registered(JOB, None)).unwrap();
+    let setup = t0.elapsed();
+    // One warm-up round trip of each direction.
+    for b in [true, false] {
+        let r = rt.block_on(client.run(&cmd(b))).unwrap();
+        assert_eq!(r.result, "succeeded", "{r}");
+    }
+    let mut reports: Vec<OperationSummary> = Vec::new();
+    let mut walls = Vec::new();
+    for i in 0..ops {
+        let t = Instant::now();
+        let r = rt.block_on(client.run(&cmd(i % 2 == 0))).unwrap();
+        walls.push(ms(t.elapsed()));
+        assert_eq!(r.result, "succeeded", "{r}");
+        reports.push(r);
+    }
+    drop(client);
+    let col = |f: &dyn Fn(&OperationSummary) -> Option<f64>| {
+        median(reports.iter().filter_map(f).collect())
+    };
+    let totals: Vec<f64> = reports.iter().map(|r| r.phases_ms.total).collect();
+    println!(
+        "| {n} | {nodes} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+        setup.as_secs_f64(),
+        median(totals.clone()),
+        pct(totals, 0.9),
+        col(&|r| r.phases_ms.pause),
+        col(&|r| r.phases_ms.switch),
+        col(&|r| r.phases_ms.resume),
+        median(walls),
+    );
+    job
 }
 
 fn main() {
@@ -304,43 +374,7 @@ fn main() {
     println!("|---|---|---|---|---|---|---|---|---|");
     let mut rtt_job = None;
     for &n in &sizes {
-        let ppn = n.min(16);
-        let nodes = n.div_ceil(ppn);
-        let t0 = Instant::now();
-        let job = Job::start(nodes, ppn, worker_threads);
-        let mut admin = rt
-            .block_on(AdminClient::connect(&job.manager, None))
-            .unwrap();
-        rt.block_on(admin.await_registered(None)).unwrap();
-        let setup = t0.elapsed();
-        // One warm-up round trip of each direction.
-        for b in [true, false] {
-            let r = rt.block_on(admin.run(&cmd(b))).unwrap();
-            assert_eq!(r.outcome, Outcome::Succeeded, "{r}");
-        }
-        let mut reports: Vec<OperationReport> = Vec::new();
-        let mut walls = Vec::new();
-        for i in 0..ops {
-            let t = Instant::now();
-            let r = rt.block_on(admin.run(&cmd(i % 2 == 0))).unwrap();
-            walls.push(ms(t.elapsed()));
-            assert_eq!(r.outcome, Outcome::Succeeded, "{r}");
-            reports.push(r);
-        }
-        let col = |f: &dyn Fn(&OperationReport) -> Option<Duration>| {
-            median(reports.iter().filter_map(f).map(ms).collect())
-        };
-        let totals: Vec<f64> = reports.iter().map(|r| ms(r.phases.total)).collect();
-        println!(
-            "| {n} | {nodes} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
-            setup.as_secs_f64(),
-            median(totals.clone()),
-            pct(totals, 0.9),
-            col(&|r| r.phases.pause),
-            col(&|r| r.phases.switch),
-            col(&|r| r.phases.resume),
-            median(walls),
-        );
+        let job = measure(&rt, n, ops, worker_threads);
         if n == sizes[0] {
             rtt_job = Some(job);
         } else {

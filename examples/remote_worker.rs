@@ -19,10 +19,11 @@
 //! HCCL communicators instead of the simulated `SoloRank`, and the loop is the training loop.
 
 use std::time::Duration;
+use taskd::actors::control::{self, ControlClient, ControlConfig};
 use taskd::actors::net::proxy_node::NodeAssignment;
 use taskd::actors::net::{
-    AdminClient, ManagerNode, ManagerNodeConfig, NetConfig, ProxyNode, ProxyNodeConfig,
-    RemoteWorker, RemoteWorkerConfig,
+    ManagerNode, ManagerNodeConfig, NetConfig, ProxyNode, ProxyNodeConfig, RemoteWorker,
+    RemoteWorkerConfig,
 };
 use taskd::core::command::Target;
 use taskd::core::env as env_names;
@@ -65,26 +66,10 @@ fn training_process(job: &str, rank: u32, proxy: &str, layout: SoloLayout, steps
     );
 }
 
-fn main() {
-    if let Ok(proxy) = std::env::var(env_names::TASKD_PROXY) {
-        let job = std::env::var(env_names::MINDX_TASK_ID).unwrap_or_else(|_| "demo".into());
-        let rank: u32 = std::env::var(env_names::RANK)
-            .ok()
-            .and_then(|r| r.parse().ok())
-            .unwrap_or(0);
-        let nodes = std::env::var("NODES")
-            .ok()
-            .and_then(|r| r.parse().ok())
-            .unwrap_or(1);
-        let ppn = std::env::var("PROCS_PER_NODE")
-            .ok()
-            .and_then(|r| r.parse().ok())
-            .unwrap_or(2);
-        training_process(&job, rank, &proxy, SoloLayout::new(nodes, ppn), 5_000);
-        return;
-    }
-
-    // A manager and the proxy of node-0 for a job of one node with two ranks.
+/// A manager (with its control API, as `taskd manager --control-addr` serves it) and the proxy
+/// of node-0 for a job of one node with two ranks, on an actix system of their own; the control
+/// API's and the proxy's addresses.
+fn start_job() -> (std::net::SocketAddr, std::net::SocketAddr) {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let sys = actix::System::new();
@@ -114,33 +99,30 @@ fn main() {
             })
             .await
             .expect("the proxy starts");
-            tx.send((manager.local_addr(), proxy.local_addr())).unwrap();
-            std::mem::forget((manager, proxy)); // they live as long as this system
+            let ctl = control::serve(
+                manager.manager().clone(),
+                ControlConfig::new("127.0.0.1:0".parse().unwrap(), JobId("demo".into())),
+            )
+            .expect("the control API starts");
+            tx.send((ctl.local_addr(), proxy.local_addr())).unwrap();
+            std::mem::forget((manager, proxy, ctl)); // they live as long as this process
         });
         sys.run().unwrap();
     });
-    let (manager, proxy) = rx.recv().unwrap();
-    println!("manager on {manager}, proxy of node-0 on {proxy}");
+    rx.recv().unwrap()
+}
 
-    let layout = SoloLayout::new(1, 2);
-    let proxy_addr = proxy.to_string();
-    let ranks: Vec<_> = (0..2)
-        .map(|r| {
-            let p = proxy_addr.clone();
-            std::thread::spawn(move || training_process("demo", r, &p, layout, 1_500))
-        })
-        .collect();
-
-    // An operator's switch of node-0:1 to its backup NIC and back, through the manager.
+/// An operator's switch of node-0:1 to its backup NIC and back, through the control API.
+fn operate(control_addr: &str) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        let mut admin = AdminClient::connect(&manager.to_string(), None)
+        let mut client = ControlClient::connect(control_addr, None)
             .await
             .expect("the manager answers");
-        admin.await_registered(None).await.unwrap();
+        client.wait_registered("demo", None).await.unwrap();
         for use_backup in [true, false] {
             let cmd = SwitchCommand {
                 job: JobId("demo".into()),
@@ -151,14 +133,48 @@ fn main() {
                     use_backup,
                 }],
             };
-            let report = admin.run(&cmd).await.unwrap();
-            println!("{report}");
+            let result = client.run(&cmd).await.unwrap();
+            println!("{result}");
             println!(
-                "  paused after step {:?}, total {:?}",
-                report.pause_step, report.phases.total
+                "  paused after step {:?}, total {} ms",
+                result.pause_step, result.phases_ms.total
             );
         }
     });
+}
+
+fn main() {
+    if let Ok(proxy) = std::env::var(env_names::TASKD_PROXY) {
+        let job = std::env::var(env_names::MINDX_TASK_ID).unwrap_or_else(|_| "demo".into());
+        let rank: u32 = std::env::var(env_names::RANK)
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(0);
+        let nodes = std::env::var("NODES")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(1);
+        let ppn = std::env::var("PROCS_PER_NODE")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(2);
+        training_process(&job, rank, &proxy, SoloLayout::new(nodes, ppn), 5_000);
+        return;
+    }
+
+    let (control_addr, proxy) = start_job();
+    println!("manager's control API on {control_addr}, proxy of node-0 on {proxy}");
+
+    let layout = SoloLayout::new(1, 2);
+    let proxy_addr = proxy.to_string();
+    let ranks: Vec<_> = (0..2)
+        .map(|r| {
+            let p = proxy_addr.clone();
+            std::thread::spawn(move || training_process("demo", r, &p, layout, 1_500))
+        })
+        .collect();
+
+    operate(&control_addr.to_string());
     for r in ranks {
         r.join().unwrap();
     }

@@ -439,6 +439,9 @@ mod tests {
             },
             stall_ms: Some(5.0),
             job_state: "running".into(),
+            applied: result == "succeeded",
+            rank_errors: Vec::new(),
+            lost_ranks: Vec::new(),
         };
         let t = table(&[
             op("aaaaaaaa-1", "succeeded", None),

@@ -58,9 +58,11 @@ use taskd_actors::{LocalJob, LocalJobConfig, LocalJobError, RankParts, StepGate}
 use taskd_core::command::Target;
 use taskd_core::env::EnvLookup;
 use taskd_core::operation::{JobState, OperationReport, Outcome};
+use taskd_core::summary::ms;
 use taskd_core::{
     env as flags, DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, JobId, LinkHealth, NodeHal,
-    NodeName, PhaseDeadlines, RankHal, RankTable, StepBoundary, SwitchCapabilities, SwitchCommand,
+    NodeName, OperationSummary, PhaseDeadlines, RankHal, RankTable, StepBoundary, SubmitError,
+    SwitchCapabilities, SwitchCommand,
 };
 use taskd_hal_ascend::result;
 use taskd_hal_ascend::sys::acl::{AclLib, MemMallocPolicy};
@@ -548,10 +550,6 @@ pub struct LatencyWindow {
     pub max_ms: Option<f64>,
 }
 
-fn ms(d: Duration) -> f64 {
-    (d.as_secs_f64() * 1e6).round() / 1e3
-}
-
 impl LatencyWindow {
     fn line(&self) -> String {
         let steps = if self.first_step > self.last_step {
@@ -572,27 +570,22 @@ impl LatencyWindow {
 /// One switch or switchback and what training saw around it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct OperationRecord {
+    /// The devices of the rig's node it targeted.
     pub devices: Vec<u32>,
+    /// Onto the backup NIC (`true`) or back to the primary.
     pub use_backup: bool,
-    /// `succeeded`, `failed` or `rejected`.
-    pub result: String,
-    pub error: Option<String>,
-    pub rolled_back: bool,
-    /// Whether the new NIC state is in effect.
-    pub applied: bool,
-    pub pause_step: Option<u64>,
-    pub total_ms: Option<f64>,
-    pub pause_ms: Option<f64>,
-    pub switch_ms: Option<f64>,
-    pub resume_ms: Option<f64>,
-    pub stall_ms: Option<f64>,
-    pub job_state: String,
+    /// The operation as every reader of a result sees it (`result`, `error`, `applied`,
+    /// `phases_ms`, ...; a refused command is `rejected` with the refusal as its error).
+    #[serde(flatten)]
+    pub summary: OperationSummary,
+    /// All-reduce latency before, during and after the operation.
     pub windows: Vec<LatencyWindow>,
 }
 
 impl OperationRecord {
     /// The operation's block of the rig's output.
     pub fn to_text(&self, n: usize) -> String {
+        let op = &self.summary;
         let devs: Vec<String> = self.devices.iter().map(u32::to_string).collect();
         let what = if self.use_backup {
             "switch to backup"
@@ -603,22 +596,23 @@ impl OperationRecord {
         let mut s = format!(
             "operation {n}: {what}, devices {}: {}",
             devs.join(","),
-            self.result
+            op.result
         );
-        if let Some(e) = &self.error {
+        if let Some(e) = &op.error {
             let _ = write!(s, " ({e})");
         }
+        let total = (op.result != Outcome::Rejected.as_str()).then_some(op.phases_ms.total);
         let _ = write!(
             s,
             "\n  total {} ms  pause {} ms  switch {} ms  resume {} ms  stall {} ms  pause step {}  \
              job {}\n",
-            opt(self.total_ms),
-            opt(self.pause_ms),
-            opt(self.switch_ms),
-            opt(self.resume_ms),
-            opt(self.stall_ms),
-            self.pause_step.map_or("-".to_string(), |t| t.to_string()),
-            self.job_state
+            opt(total),
+            opt(op.phases_ms.pause),
+            opt(op.phases_ms.switch),
+            opt(op.phases_ms.resume),
+            opt(op.stall_ms),
+            op.pause_step.map_or("-".to_string(), |t| t.to_string()),
+            op.job_state
         );
         for w in &self.windows {
             let _ = writeln!(s, "  all-reduce {}", w.line());
@@ -1020,12 +1014,12 @@ impl Rig {
                 })
                 .collect(),
         };
-        let report: Result<OperationReport, String> = match self.job().run(cmd) {
+        let report: Result<OperationReport, SubmitError> = match self.job().run(cmd.clone()) {
             Ok(r) => {
                 self.admitted += 1;
                 Ok(r)
             }
-            Err(LocalJobError::Refused(e)) => Err(e.to_string()),
+            Err(LocalJobError::Refused(e)) => Err(e),
             Err(e) => return Err(e.into()),
         };
         let running = self.job().status(0)?.state == JobState::Running;
@@ -1051,7 +1045,7 @@ impl Rig {
             self.window("during", s0 + 1, end),
             self.window("after", end + 1, if running { end + window } else { end }),
         ];
-        let record = match report {
+        let summary = match report {
             Ok(r) => {
                 if r.applied {
                     for t in &r.targets {
@@ -1062,39 +1056,18 @@ impl Rig {
                         }
                     }
                 }
-                OperationRecord {
-                    devices: devices.iter().map(|d| d.0).collect(),
-                    use_backup,
-                    result: r.outcome.as_str().into(),
-                    error: r.error.as_ref().map(|e| e.to_string()),
-                    rolled_back: r.rolled_back,
-                    applied: r.applied,
-                    pause_step: r.pause_step,
-                    total_ms: Some(ms(r.phases.total)),
-                    pause_ms: r.phases.pause.map(ms),
-                    switch_ms: r.phases.switch.map(ms),
-                    resume_ms: r.phases.resume.map(ms),
-                    stall_ms: r.stall.map(ms),
-                    job_state: r.job_state.as_str().into(),
-                    windows,
-                }
+                OperationSummary::from(&r)
             }
-            Err(refusal) => OperationRecord {
-                devices: devices.iter().map(|d| d.0).collect(),
-                use_backup,
-                result: Outcome::Rejected.as_str().into(),
-                error: Some(refusal),
-                rolled_back: false,
-                applied: false,
-                pause_step: None,
-                total_ms: None,
-                pause_ms: None,
-                switch_ms: None,
-                resume_ms: None,
-                stall_ms: None,
+            Err(refusal) => OperationSummary {
                 job_state: if running { "running" } else { "paused" }.into(),
-                windows,
+                ..OperationSummary::rejected(&cmd, self.table(), &refusal)
             },
+        };
+        let record = OperationRecord {
+            devices: devices.iter().map(|d| d.0).collect(),
+            use_backup,
+            summary,
+            windows,
         };
         self.operations.push(record);
         Ok(self.operations.last().expect("just pushed"))

@@ -334,7 +334,7 @@ pub fn run_scenario_observed(
         let summary = match sim.job().run_with_progress(cmd.clone(), observe) {
             Ok(report) => {
                 admitted.push(report.id);
-                OperationSummary::from_report(&report)
+                OperationSummary::from(&report)
             }
             Err(LocalJobError::Refused(e)) => OperationSummary::rejected(&cmd, &table, &e),
             Err(e) => return Err(e.into()),

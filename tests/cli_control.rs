@@ -69,6 +69,22 @@ impl Drop for LiveRig {
     }
 }
 
+/// `taskd manager` for job `m` on one node of `ppn` ranks, listening on port 0.
+fn manager_args(ppn: &'static str) -> [&'static str; 10] {
+    [
+        "manager",
+        "--job-id",
+        "m",
+        "--nodes",
+        "1",
+        "--procs-per-node",
+        ppn,
+        "--listen",
+        "127.0.0.1:0",
+        "--force",
+    ]
+}
+
 fn taskd(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(TASKD).args(args).output().unwrap();
     (
@@ -105,9 +121,33 @@ fn switch_watch_switch_back_and_read_status() {
         "primary", "--node", "node-0", "--dev", "3", "--to", "primary", "--wait", "--json",
     ]);
     assert_eq!(code, 0, "{out}\n{err}");
-    let last: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let events: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let last = events.last().unwrap();
     assert_eq!(last["event"], "result");
     assert_eq!(last["result"]["direction"], "to_primary");
+    // Each phase event says what happened: started (with the ranks waited for), then finished
+    // (with how long it took).
+    let phases: Vec<(&str, &str)> = events
+        .iter()
+        .filter(|e| e["event"] == "phase" && e["kind"] != "waiting")
+        .map(|e| (e["phase"].as_str().unwrap(), e["kind"].as_str().unwrap()))
+        .collect();
+    let want: Vec<(&str, &str)> = ["sample", "pause", "switch", "resume"]
+        .iter()
+        .flat_map(|p| [(*p, "started"), (*p, "finished")])
+        .collect();
+    assert_eq!(phases, want, "{out}");
+    for e in events.iter().filter(|e| e["event"] == "phase") {
+        match e["kind"].as_str().unwrap() {
+            "started" => assert_eq!(e["waiting"], 8, "{e}"),
+            "finished" => assert!(e["took_ms"].as_f64().unwrap() >= 0.0, "{e}"),
+            "waiting" => assert!(e["waiting"].as_u64().unwrap() < 8, "{e}"),
+            other => panic!("unknown kind {other} in {e}"),
+        }
+    }
 
     let (code, out, _) = taskd(&["status", "--addr", &a, "--job", "rig"]);
     assert_eq!(code, 0);
@@ -158,6 +198,53 @@ fn bad_input_and_refusals_exit_with_documented_codes() {
 }
 
 #[test]
+fn a_reused_uuid_with_other_targets_is_refused_naming_it() {
+    let rig = LiveRig::start(&[]);
+    let a = rig.addr.clone();
+    let uuid = "6f9b1c2e-0000-4000-8000-00000000000a";
+    let switch = |dev: &str| {
+        taskd(&[
+            "switch", "--addr", &a, "--job", "rig", "--node", "node-0", "--dev", dev, "--to",
+            "backup", "--uuid", uuid, "--wait",
+        ])
+    };
+    let (code, out, err) = switch("2");
+    assert_eq!(code, 0, "{out}\n{err}");
+    // A retry: the known result, exit 0.
+    let (code, out, err) = switch("2");
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("already ran"), "{out}");
+    // Another request under the same uuid: exit 2, naming the uuid; nothing ran.
+    let (code, out, err) = switch("3");
+    assert_eq!(code, 2, "{out}\n{err}");
+    assert!(err.contains("--uuid") && err.contains(uuid), "{err}");
+    let (code, out, _) = taskd(&["status", "--addr", &a, "--job", "rig", "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["ranks_on_backup"], serde_json::json!([2]));
+    assert_eq!(v["recent"].as_array().unwrap().len(), 1);
+    drop(rig);
+}
+
+#[test]
+fn the_manager_refuses_a_control_rate_limit_that_refuses_everything() {
+    for flags in [
+        ["--control-rate-burst", "0"],
+        ["--control-rate-per-sec", "0"],
+    ] {
+        let args = [
+            &manager_args("1")[..],
+            &["--control-addr", "127.0.0.1:0"],
+            &flags[..],
+        ]
+        .concat();
+        let (code, _, err) = taskd(&args);
+        assert_eq!(code, 2, "{flags:?}: {err}");
+        assert!(err.contains(flags[0]), "{err}");
+    }
+}
+
+#[test]
 fn a_token_protected_rig_refuses_the_cli_without_it() {
     let dir = std::env::temp_dir().join(format!("taskd-token-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -179,6 +266,7 @@ fn a_token_protected_rig_refuses_the_cli_without_it() {
     ]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("state      running"), "{out}");
+    assert!(out.contains("verified   yes"), "{out}");
     drop(rig);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -186,20 +274,8 @@ fn a_token_protected_rig_refuses_the_cli_without_it() {
 #[test]
 fn the_manager_binary_serves_metrics_when_asked() {
     let mut child = Command::new(TASKD)
-        .args([
-            "manager",
-            "--job-id",
-            "m",
-            "--nodes",
-            "1",
-            "--procs-per-node",
-            "2",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--force",
-        ])
+        .args(manager_args("2"))
+        .args(["--metrics-addr", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -237,4 +313,27 @@ fn the_manager_binary_serves_metrics_when_asked() {
     let _ = child.wait();
     assert!(body.contains("taskd_workers_expected 2"), "{body}");
     assert!(body.contains("taskd_workers_registered 0"), "{body}");
+}
+
+#[test]
+fn recover_says_when_there_is_nothing_to_recover_and_checks_its_side() {
+    let rig = LiveRig::start(&[]);
+    let (code, out, err) = taskd(&["recover", "--addr", &rig.addr, "--job", "rig"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("refused") && out.contains("nothing to recover"),
+        "{out}"
+    );
+    assert!(out.contains("job running"), "{out}");
+    let (code, out, _) = taskd(&["recover", "--addr", &rig.addr, "--job", "rig", "--json"]);
+    assert_eq!(code, 1);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["job_state"], "running");
+    assert_eq!(v["refused"]["code"], 401, "{v}");
+    let (code, _, err) = taskd(&[
+        "recover", "--addr", &rig.addr, "--job", "rig", "--to", "sideways",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("sideways"), "{err}");
+    rig.stop();
 }

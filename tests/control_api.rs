@@ -1,16 +1,27 @@
 //! The control API with real gRPC clients against an in-process manager on port 0: ClusterD's
-//! `Recover` service (codes, subscription) and taskd's `Control` (status, submit-and-wait),
-//! bearer-token and mutual-TLS refusals, and the per-client rate limit.
+//! `Recover` service (its codes and strings, the one-message subscription, the late subscription
+//! within the retention window), taskd's `Control` (status with lost ranks, waiting for
+//! registrations, submit-and-wait, refusals with their codes and kinds), the guard interceptor on
+//! both services (bearer token, rate limit) and mutual TLS.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
-use taskd::actors::control::proto::control_client::ControlClient;
-use taskd::actors::control::proto::{self, switch_event::Event};
+use taskd::actors::control::clusterd::{
+    busy_info, not_registered, not_switching, SWITCH_FAILED, SWITCH_FINISHED, SWITCH_STARTED,
+    SWITCH_TIMEOUT,
+};
+use taskd::actors::control::proto::{self, switch_event::Event, RefusalKind};
 use taskd::actors::control::recover::recover_client::RecoverClient;
 use taskd::actors::control::recover::{ClientInfo, DeviceList, SwitchNicRequest, SwitchNics};
-use taskd::actors::control::{codes, serve, ControlServer, ControlTls, GuardConfig, RateLimit};
-use taskd::core::{GlobalRank, HcclCode};
+use taskd::actors::control::{
+    codes, serve, ClientError, Clock, ControlClient, ControlConfig, ControlServer, GuardConfig,
+    ManualClock, RateLimit, RESULT_RETENTION,
+};
+use taskd::actors::net::{PemIdentity, TlsPem};
+use taskd::core::command::Target;
+use taskd::core::{DeviceId, GlobalRank, HcclCode, JobId, NodeName, OperationId, SwitchCommand};
 use taskd::hal_mock::NicSetFault;
 use taskd::sim::{SimConfig, Simulation};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
@@ -29,47 +40,54 @@ struct Rig {
     sim: Simulation,
     rt: tokio::runtime::Runtime,
     server: ControlServer,
+    clock: ManualClock,
 }
 
 impl Rig {
-    fn start(cfg: SimConfig, guard: GuardConfig, tls: Option<ControlTls>) -> Rig {
+    /// A simulated job and its control server (on a clock the test moves), configured by `f`.
+    fn start(cfg: SimConfig, f: impl FnOnce(ControlConfig) -> ControlConfig) -> Rig {
         let sim = Simulation::start(&cfg).unwrap();
-        let server = serve(
-            "127.0.0.1:0".parse().unwrap(),
-            sim.job().manager().clone(),
-            cfg.job.clone(),
-            guard,
-            tls,
-        )
-        .unwrap();
+        let (clock, hand) = Clock::manual();
+        let control = ControlConfig {
+            clock,
+            ..ControlConfig::new("127.0.0.1:0".parse().unwrap(), cfg.job.clone())
+        };
+        let server = serve(sim.job().manager().clone(), f(control)).unwrap();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
-        Rig { sim, rt, server }
+        Rig {
+            sim,
+            rt,
+            server,
+            clock: hand,
+        }
     }
 
     fn plain(cfg: SimConfig) -> Rig {
-        Self::start(cfg, GuardConfig::default(), None)
+        Self::start(cfg, |c| c)
+    }
+
+    fn block<F: Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
     }
 
     fn addr(&self) -> SocketAddr {
         self.server.local_addr()
     }
 
-    fn channel(&self) -> Channel {
-        let uri = format!("http://{}", self.addr());
-        self.rt
-            .block_on(Endpoint::from_shared(uri).unwrap().connect())
-            .unwrap()
-    }
-
     fn recover(&self) -> RecoverClient<Channel> {
-        RecoverClient::new(self.channel())
+        let uri = format!("http://{}", self.addr());
+        RecoverClient::new(
+            self.block(Endpoint::from_shared(uri).unwrap().connect())
+                .unwrap(),
+        )
     }
 
-    fn control(&self) -> ControlClient<Channel> {
-        ControlClient::new(self.channel())
+    fn control(&self) -> ControlClient {
+        self.block(ControlClient::connect(&self.addr().to_string(), None))
+            .unwrap()
     }
 
     fn switch_nic_track(&self, job: &str, ops: &[(&str, &[&str], &[bool])]) -> (i32, String) {
@@ -87,8 +105,7 @@ impl Rig {
             })
             .collect();
         let s = self
-            .rt
-            .block_on(c.switch_nic_track(SwitchNics {
+            .block(c.switch_nic_track(SwitchNics {
                 job_id: job.into(),
                 nic_ops,
             }))
@@ -97,26 +114,30 @@ impl Rig {
         (s.code, s.info)
     }
 
-    /// Every message of one subscription, until the server ends the stream.
-    fn subscribe(&self, job: &str) -> Vec<serde_json::Value> {
+    /// Every message of one subscription until the server ends the stream, or the status the
+    /// subscription was refused with.
+    fn subscribe(&self, job: &str) -> Result<Vec<String>, tonic::Status> {
         let mut c = self.recover();
-        self.rt.block_on(async {
+        self.block(async {
             let mut s = c
                 .subscribe_switch_nic_signal(SwitchNicRequest { job_id: job.into() })
-                .await
-                .unwrap()
+                .await?
                 .into_inner();
             let mut out = Vec::new();
-            while let Some(m) = s.message().await.unwrap() {
+            while let Some(m) = s.message().await? {
                 assert_eq!(m.job_id, job);
-                out.push(serde_json::from_str(&m.msg).unwrap());
+                out.push(m.msg);
             }
-            out
+            Ok(out)
         })
     }
 
+    fn status(&self, recent: u32) -> proto::JobStatus {
+        self.block(self.control().status("sim", recent)).unwrap()
+    }
+
+    /// Control's events for a switch with `wait`.
     fn switch_wait(&self, targets: &[(&str, u32, bool)], uuid: &str) -> Vec<Event> {
-        let mut c = self.control();
         let req = proto::SwitchRequest {
             job_id: "sim".into(),
             uuid: uuid.into(),
@@ -131,14 +152,30 @@ impl Rig {
                 .collect(),
             wait: true,
         };
-        self.rt.block_on(async {
-            let mut s = c.switch(req).await.unwrap().into_inner();
+        let mut c = self.control();
+        self.block(async {
+            let mut s = c.switch(req).await.unwrap();
             let mut out = Vec::new();
             while let Some(ev) = s.message().await.unwrap() {
                 out.push(ev.event.unwrap());
             }
             out
         })
+    }
+}
+
+fn command(targets: &[(&str, u32, bool)]) -> SwitchCommand {
+    SwitchCommand {
+        job: JobId("sim".into()),
+        id: None,
+        targets: targets
+            .iter()
+            .map(|(n, d, b)| Target {
+                node: NodeName(n.to_string()),
+                device: DeviceId(*d),
+                use_backup: *b,
+            })
+            .collect(),
     }
 }
 
@@ -150,79 +187,150 @@ fn a_switch_starts_at_once_and_the_subscription_delivers_exactly_one_result() {
         .fabric()
         .inject_nic_set_fault(GlobalRank(0), NicSetFault::Slow(Duration::from_millis(300)));
     let (code, info) = rig.switch_nic_track("sim", &[("node-1", &["0", "2"], &[true, true])]);
-    assert_eq!(code, codes::OK, "{info}");
-    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
-    let uuid = info["uuid"].as_str().unwrap().to_owned();
-    let msgs = rig.subscribe("sim");
-    assert_eq!(msgs.len(), 1, "{msgs:?}");
-    assert_eq!(msgs[0]["uuid"], uuid);
-    assert_eq!(msgs[0]["result"], "succeeded");
-    assert_eq!(msgs[0]["direction"], "to_backup");
-    assert_eq!(msgs[0]["rolled_back"], false);
-    assert!(msgs[0]["phases_ms"]["total"].as_f64().unwrap() > 0.0);
-    // Nothing in flight now: the subscription says so at once.
-    let msgs = rig.subscribe("sim");
-    assert_eq!(msgs.len(), 1);
-    assert_eq!(msgs[0]["result"], "none");
+    assert_eq!((code, info.as_str()), (codes::OK, SWITCH_STARTED));
+    let uuid = rig.status(0).in_flight.expect("in flight").uuid;
+    // Exactly one message, exactly ClusterD's success string.
+    assert_eq!(rig.subscribe("sim").unwrap(), [SWITCH_FINISHED]);
+    let last = &rig.status(1).recent[0];
+    assert_eq!(
+        (last.uuid.as_str(), last.result.as_str()),
+        (uuid.as_str(), "succeeded")
+    );
+    assert_eq!(last.direction, "to_backup");
+    assert!(last.phases.unwrap().total_ms > 0.0);
     assert_eq!(
         rig.sim.fabric().ranks_on_backup(),
         vec![GlobalRank(4), GlobalRank(6)]
     );
+    // A subscription for a job this manager does not run: ClusterD's error.
+    let e = rig.subscribe("other").unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unknown);
+    assert_eq!(e.message(), not_registered("other"));
     let end = rig.sim.finish();
     assert!(end.groups_consistent, "{}", end.consistency);
 }
 
 #[test]
-fn every_refusal_has_its_code_and_names_what_is_wrong() {
+fn a_late_subscription_gets_the_last_result_for_the_retention_window_only() {
     let rig = Rig::plain(small());
-    let (code, info) = rig.switch_nic_track("", &[("node-0", &["0"], &[true])]);
-    assert_eq!(code, codes::CLIENT_ERROR, "{info}");
-    let (code, info) = rig.switch_nic_track("other-job", &[("node-0", &["0"], &[true])]);
-    assert_eq!(code, codes::JOB_NOT_EXIST, "{info}");
-    assert!(info.contains("other-job"), "{info}");
-    let (code, info) = rig.switch_nic_track("sim", &[("node-7", &["0"], &[true])]);
-    assert_eq!(code, codes::PARAMETER_INVALID);
-    assert!(info.contains("node-7"), "{info}");
-    let (code, info) = rig.switch_nic_track("sim", &[("node-1", &["4"], &[true])]);
-    assert_eq!(code, codes::PARAMETER_INVALID);
-    assert!(
-        info.contains("device 4") && info.contains("node-1"),
-        "{info}"
-    );
-    let (code, info) = rig.switch_nic_track("sim", &[("node-1", &["x"], &[true])]);
-    assert_eq!(code, codes::PARAMETER_INVALID);
-    assert!(info.contains("\"x\""), "{info}");
-    let (code, info) = rig.switch_nic_track("sim", &[("node-1", &["0", "2"], &[true])]);
-    assert_eq!(code, codes::PARAMETER_INVALID);
-    assert!(info.contains("2 devices but 1 operations"), "{info}");
-    let (code, info) = rig.switch_nic_track("sim", &[]);
-    assert_eq!(code, codes::PARAMETER_INVALID);
-    assert!(info.contains("no targets"), "{info}");
-    let (code, info) = rig.switch_nic_track("sim", &[("node-0", &["0", "1"], &[true, false])]);
-    assert_eq!(code, codes::PARAMETER_INVALID);
-    assert!(info.contains("two dies of one NPU"), "{info}");
+    // Nothing ran yet: ClusterD's "not switching".
+    let e = rig.subscribe("sim").unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unknown);
+    assert_eq!(e.message(), not_switching("sim"));
+    assert_eq!(e.message(), "jobId=sim is not swtiching nic");
 
-    // Busy while one is in flight.
+    let r = rig.block(rig.control().run(&command(&[("node-0", 2, true)])));
+    assert_eq!(r.unwrap().result, "succeeded");
+    // The operation is over before anyone subscribed: the result is still delivered, to every
+    // subscription, for the whole window.
+    assert_eq!(rig.subscribe("sim").unwrap(), [SWITCH_FINISHED]);
+    rig.clock.advance(RESULT_RETENTION);
+    assert_eq!(rig.subscribe("sim").unwrap(), [SWITCH_FINISHED]);
+    // And not after it.
+    rig.clock.advance(Duration::from_millis(1));
+    let e = rig.subscribe("sim").unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unknown);
+    assert_eq!(e.message(), not_switching("sim"));
+    rig.sim.finish();
+}
+
+#[test]
+fn once_another_operation_started_the_earlier_result_is_not_delivered() {
+    let mut cfg = small();
+    cfg.deadlines.switch = Duration::from_millis(200);
+    let rig = Rig::plain(cfg);
+    let ok = rig.block(rig.control().run(&command(&[("node-0", 2, true)])));
+    assert_eq!(ok.unwrap().result, "succeeded");
+    assert_eq!(rig.subscribe("sim").unwrap(), [SWITCH_FINISHED]);
+    // A second operation fails (and rolls back); a late subscription gets its failure only.
+    rig.sim
+        .fabric()
+        .inject_nic_set_fault(GlobalRank(5), NicSetFault::Fail(HcclCode::Network));
+    let failed = rig
+        .block(rig.control().run(&command(&[("node-1", 1, true)])))
+        .unwrap();
+    assert_eq!(failed.result, "failed", "{failed:?}");
+    assert!(failed.rolled_back);
+    let msgs = rig.subscribe("sim").unwrap();
+    assert_eq!(msgs.len(), 1, "{msgs:?}");
+    let detail = msgs[0]
+        .strip_prefix(SWITCH_FAILED)
+        .and_then(|m| m.strip_prefix(": "))
+        .unwrap_or_else(|| panic!("{:?} is not ClusterD's switch failure", msgs[0]));
+    assert!(detail.contains(&failed.uuid), "{detail}");
+    assert!(detail.contains("rolled back: yes, job running"), "{detail}");
+    rig.sim.finish();
+}
+
+#[test]
+fn recover_refuses_with_clusterds_codes_and_names_what_is_wrong() {
+    let rig = Rig::plain(small());
+    let bad = |job: &str, ops: &[(&str, &[&str], &[bool])], culprit: &str| {
+        let (code, info) = rig.switch_nic_track(job, ops);
+        assert_eq!(code, codes::PARAMETER_INVALID, "{info}");
+        assert_eq!(code, 413);
+        assert!(info.contains(culprit), "{info} should name {culprit}");
+    };
+    bad("", &[("node-0", &["0"], &[true])], "jobID is empty");
+    bad("other-job", &[("node-0", &["0"], &[true])], "other-job");
+    bad("sim", &[("node-7", &["0"], &[true])], "node-7");
+    bad("sim", &[("node-1", &["4"], &[true])], "device 4");
+    bad("sim", &[("node-1", &["x"], &[true])], "\"x\"");
+    bad(
+        "sim",
+        &[("node-1", &["0", "2"], &[true])],
+        "2 devices but 1 operations",
+    );
+    bad("sim", &[], "no targets");
+    bad(
+        "sim",
+        &[("node-0", &["0", "1"], &[true, false])],
+        "two dies of one NPU",
+    );
+
+    // Busy while one is in flight: 411 with ClusterD's text, then the uuid in flight.
     rig.sim
         .fabric()
         .inject_nic_set_fault(GlobalRank(1), NicSetFault::Slow(Duration::from_millis(300)));
     let (code, info) = rig.switch_nic_track("sim", &[("node-0", &["0"], &[true])]);
-    assert_eq!(code, codes::OK, "{info}");
-    let first: serde_json::Value = serde_json::from_str(&info).unwrap();
+    assert_eq!((code, info.as_str()), (codes::OK, SWITCH_STARTED));
+    let first = rig.status(0).in_flight.expect("in flight").uuid;
     let (code, info) = rig.switch_nic_track("sim", &[("node-1", &["0"], &[true])]);
-    assert_eq!(code, codes::OPERATION_RUNNING);
-    assert!(info.contains(first["uuid"].as_str().unwrap()), "{info}");
-    assert_eq!(rig.subscribe("sim")[0]["result"], "succeeded");
+    assert_eq!(code, 411);
+    assert!(
+        info.starts_with(&format!("{}: ", busy_info("sim"))),
+        "{info}"
+    );
+    assert!(info.contains(&first), "{info}");
+    assert_eq!(rig.subscribe("sim").unwrap(), [SWITCH_FINISHED]);
 
-    // A worker gone: the job is not fully registered.
+    // A worker gone: the job is not fully registered (ClusterD: a bad parameter too), and
+    // `Control` says which rank is lost and why.
     rig.sim.job().kill_worker(GlobalRank(7));
-    rig.sim
-        .job()
-        .wait_registered_count(Some(7), Duration::from_secs(10))
+    let st = rig
+        .block(rig.control().wait_registered("sim", Some(7)))
         .unwrap();
+    assert_eq!(st.workers_registered, 7);
+    assert_eq!(st.lost_ranks.len(), 1, "{st:?}");
+    assert_eq!(st.lost_ranks[0].rank, 7);
+    assert!(!st.lost_ranks[0].reason.is_empty());
     let (code, info) = rig.switch_nic_track("sim", &[("node-0", &["2"], &[true])]);
-    assert_eq!(code, codes::JOB_NOT_REGISTERED, "{info}");
+    assert_eq!(code, codes::PARAMETER_INVALID, "{info}");
     assert!(info.contains("missing ranks: 7"), "{info}");
+    let e = rig
+        .block(rig.control().run(&command(&[("node-0", 2, true)])))
+        .unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            ClientError::Refused {
+                code: 400,
+                kind: RefusalKind::WorkersMissing,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     // Nothing but the one successful switch ever reached HCCL.
     assert!(rig
         .sim
@@ -234,14 +342,27 @@ fn every_refusal_has_its_code_and_names_what_is_wrong() {
 }
 
 #[test]
-fn ranks_that_cannot_switch_are_refused_with_412() {
+fn ranks_that_cannot_switch_are_refused() {
     let rig = Rig::plain(SimConfig {
         l2_retry_off: vec![GlobalRank(2)],
         ..small()
     });
     let (code, info) = rig.switch_nic_track("sim", &[("node-0", &["0"], &[true])]);
-    assert_eq!(code, codes::SWITCH_UNSUPPORTED, "{info}");
+    assert_eq!(code, codes::PARAMETER_INVALID, "{info}");
     assert!(info.contains("HCCL_OP_RETRY_ENABLE"), "{info}");
+    let e = rig
+        .block(rig.control().run(&command(&[("node-0", 0, true)])))
+        .unwrap_err();
+    match e {
+        ClientError::Refused { code, kind, reason } => {
+            assert_eq!(
+                (code, kind),
+                (codes::SWITCH_UNSUPPORTED, RefusalKind::CapabilityMissing)
+            );
+            assert!(reason.contains("HCCL_OP_RETRY_ENABLE"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
     rig.sim.finish();
 }
 
@@ -260,12 +381,39 @@ fn a_paused_job_is_out_of_order() {
     );
     let (code, _) = rig.switch_nic_track("sim", &[("node-0", &["0"], &[true])]);
     assert_eq!(code, codes::OK);
-    let r = &rig.subscribe("sim")[0];
-    assert_eq!(r["result"], "failed");
-    assert_eq!(r["rolled_back"], false);
-    assert_eq!(r["job_state"], "paused");
+    let msgs = rig.subscribe("sim").unwrap();
+    assert_eq!(msgs.len(), 1, "{msgs:?}");
+    assert!(
+        msgs[0].starts_with(&format!("{SWITCH_TIMEOUT}: ")),
+        "{:?}",
+        msgs[0]
+    );
+    assert!(
+        msgs[0].contains("rolled back: no, job paused"),
+        "{}",
+        msgs[0]
+    );
+    let r = &rig.status(1).recent[0];
+    assert_eq!((r.result.as_str(), r.rolled_back), ("failed", false));
+    assert_eq!(r.job_state, "paused");
+    // ClusterD: "job recovering" (411); Control: out of order (401).
     let (code, info) = rig.switch_nic_track("sim", &[("node-0", &["2"], &[true])]);
-    assert_eq!(code, codes::OUT_OF_ORDER, "{info}");
+    assert_eq!(code, codes::OPERATION_RUNNING, "{info}");
+    assert!(info.starts_with(&busy_info("sim")), "{info}");
+    let e = rig
+        .block(rig.control().run(&command(&[("node-0", 2, true)])))
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ClientError::Refused {
+                code: codes::OUT_OF_ORDER,
+                kind: RefusalKind::NotRunning,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     rig.sim.finish();
 }
 
@@ -274,8 +422,7 @@ fn health_check_reports_the_job() {
     let rig = Rig::plain(small());
     let mut c = rig.recover();
     let s = rig
-        .rt
-        .block_on(c.health_check(ClientInfo {
+        .block(c.health_check(ClientInfo {
             job_id: "sim".into(),
             role: "platform".into(),
         }))
@@ -286,8 +433,7 @@ fn health_check_reports_the_job() {
     assert_eq!(v["workers_registered"], 8);
     assert_eq!(v["state"], "running");
     let s = rig
-        .rt
-        .block_on(c.health_check(ClientInfo {
+        .block(c.health_check(ClientInfo {
             job_id: "nope".into(),
             role: "platform".into(),
         }))
@@ -310,6 +456,7 @@ fn submit_and_wait_streams_the_result_and_status_shows_the_nic_table() {
         panic!("no result in {events:?}");
     };
     assert_eq!(r.result, "succeeded");
+    assert!(r.applied);
     // The phases came as they happened, in order, each started then finished.
     let phases: Vec<(String, String)> = events
         .iter()
@@ -335,103 +482,147 @@ fn submit_and_wait_streams_the_result_and_status_shows_the_nic_table() {
         vec![2, 7]
     );
     assert!(r.pause_step.is_some());
-    // The same uuid again: the known result, not a second run.
+    // The same uuid with the same targets (in another order): the known result, not a second
+    // run.
     let calls = rig.sim.fabric().nic_set_log().len();
-    let again = rig.switch_wait(&[("node-0", 2, true), ("node-1", 3, true)], uuid);
+    let again = rig.switch_wait(&[("node-1", 3, true), ("node-0", 2, true)], uuid);
     assert!(matches!(&again[0], Event::Accepted(a) if a.known));
     assert!(matches!(again.last(), Some(Event::Result(x)) if x == r));
+    // The same uuid with other targets: refused, naming the uuid; nothing ran.
+    let reused = rig.switch_wait(&[("node-0", 2, true)], uuid);
+    assert!(
+        matches!(&reused[..], [Event::Refused(x)] if x.code == codes::PARAMETER_INVALID
+            && x.kind() == RefusalKind::IdReused && x.reason.contains(uuid)),
+        "{reused:?}"
+    );
+    let mut cmd = command(&[("node-1", 3, false)]);
+    cmd.id = Some(uuid.parse::<OperationId>().unwrap());
+    let e = rig.block(rig.control().run(&cmd)).unwrap_err();
+    assert!(
+        matches!(&e, ClientError::Refused { kind: RefusalKind::IdReused, reason, .. } if reason.contains(uuid)),
+        "{e:?}"
+    );
     assert_eq!(rig.sim.fabric().nic_set_log().len(), calls);
     // A refusal comes as one event with its code.
     let refused = rig.switch_wait(&[("node-9", 0, true)], "");
     assert!(
-        matches!(&refused[..], [Event::Refused(x)] if x.code == codes::PARAMETER_INVALID && x.reason.contains("node-9")),
+        matches!(&refused[..], [Event::Refused(x)] if x.code == codes::PARAMETER_INVALID
+            && x.kind() == RefusalKind::Invalid && x.reason.contains("node-9")),
         "{refused:?}"
     );
     let refused = rig.switch_wait(&[("node-0", 0, true)], "not-a-uuid");
     assert!(matches!(&refused[..], [Event::Refused(x)] if x.code == codes::CLIENT_ERROR));
 
-    let mut c = rig.control();
-    let s = rig
-        .rt
-        .block_on(c.get_status(proto::StatusRequest {
-            job_id: "sim".into(),
-            recent: 5,
-        }))
-        .unwrap()
-        .into_inner();
+    let s = rig.status(5);
     assert_eq!(s.ranks_on_backup, vec![2, 7]);
     assert_eq!(s.workers_registered, 8);
     assert_eq!(s.workers_expected, 8);
     assert_eq!(s.nodes_connected, 2);
     assert!(s.in_flight.is_none());
+    assert!(s.lost_ranks.is_empty());
     assert_eq!(s.recent.len(), 1);
     assert_eq!(s.state, "running");
-    let e = rig
-        .rt
-        .block_on(c.get_status(proto::StatusRequest {
-            job_id: "other".into(),
-            recent: 5,
-        }))
-        .unwrap_err();
-    assert_eq!(e.code(), tonic::Code::NotFound);
+    let e = rig.block(rig.control().status("other", 5)).unwrap_err();
+    assert!(
+        matches!(&e, ClientError::Rpc(s) if s.code() == tonic::Code::NotFound),
+        "{e:?}"
+    );
     let end = rig.sim.finish();
     assert!(end.groups_consistent);
 }
 
-#[test]
-fn a_bearer_token_is_required_when_configured() {
-    let rig = Rig::start(
-        small(),
-        GuardConfig {
+fn with_token(c: ControlConfig) -> ControlConfig {
+    ControlConfig {
+        guard: GuardConfig {
             token: Some("s3cret".into()),
             rate: RateLimit::default(),
         },
-        None,
-    );
-    let mut c = rig.recover();
+        ..c
+    }
+}
+
+#[test]
+fn a_bearer_token_is_required_on_every_service_when_configured() {
+    let rig = Rig::start(small(), with_token);
     let info = || ClientInfo {
         job_id: "sim".into(),
         role: "ops".into(),
     };
-    let e = rig.rt.block_on(c.health_check(info())).unwrap_err();
-    assert_eq!(e.code(), tonic::Code::Unauthenticated);
-    let mut req = tonic::Request::new(info());
-    req.metadata_mut()
-        .insert("authorization", "Bearer wrong".parse().unwrap());
-    let e = rig.rt.block_on(c.health_check(req)).unwrap_err();
-    assert_eq!(e.code(), tonic::Code::Unauthenticated);
-    let mut req = tonic::Request::new(info());
-    req.metadata_mut()
-        .insert("authorization", "Bearer s3cret".parse().unwrap());
-    let s = rig.rt.block_on(c.health_check(req)).unwrap().into_inner();
+    let authorized = |auth: &str| {
+        let mut req = tonic::Request::new(info());
+        req.metadata_mut()
+            .insert("authorization", auth.parse().unwrap());
+        req
+    };
+    // Recover: without a token and with a wrong one, refused before the manager is asked.
+    let mut c = rig.recover();
+    for e in [
+        rig.block(c.health_check(info())).unwrap_err(),
+        rig.block(c.health_check(authorized("Bearer wrong")))
+            .unwrap_err(),
+        rig.block(c.subscribe_switch_nic_signal(SwitchNicRequest {
+            job_id: "sim".into(),
+        }))
+        .unwrap_err(),
+    ] {
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+    }
+    let s = rig
+        .block(c.health_check(authorized("Bearer s3cret")))
+        .unwrap()
+        .into_inner();
     assert_eq!(s.code, codes::OK);
+    // Control: the same.
+    let calls = rig.sim.fabric().nic_set_log().len();
+    for token in [None, Some("wrong".to_owned())] {
+        let mut c = rig.control().with_token(token);
+        for e in [
+            rig.block(c.status("sim", 0)).unwrap_err(),
+            rig.block(c.wait_registered("sim", None)).unwrap_err(),
+            rig.block(c.run(&command(&[("node-0", 0, true)])))
+                .unwrap_err(),
+        ] {
+            assert!(
+                matches!(&e, ClientError::Rpc(s) if s.code() == tonic::Code::Unauthenticated),
+                "{e:?}"
+            );
+        }
+    }
+    assert_eq!(rig.sim.fabric().nic_set_log().len(), calls, "nothing ran");
+    let mut c = rig.control().with_token(Some("s3cret".into()));
+    assert_eq!(rig.block(c.status("sim", 0)).unwrap().workers_registered, 8);
     rig.sim.finish();
 }
 
 #[test]
-fn a_client_in_a_loop_is_rate_limited() {
-    let rig = Rig::start(
-        small(),
-        GuardConfig {
+fn a_client_in_a_loop_is_rate_limited_on_every_service() {
+    let rig = Rig::start(small(), |c| ControlConfig {
+        guard: GuardConfig {
             token: None,
             rate: RateLimit {
                 burst: 3,
                 per_second: 0.001,
             },
         },
-        None,
-    );
+        ..c
+    });
     let mut c = rig.recover();
     let info = || ClientInfo {
         job_id: "sim".into(),
         role: "script".into(),
     };
     for _ in 0..3 {
-        rig.rt.block_on(c.health_check(info())).unwrap();
+        rig.block(c.health_check(info())).unwrap();
     }
-    let e = rig.rt.block_on(c.health_check(info())).unwrap_err();
+    let e = rig.block(c.health_check(info())).unwrap_err();
     assert_eq!(e.code(), tonic::Code::ResourceExhausted);
     assert!(e.message().contains("rate limit"), "{}", e.message());
+    // One bucket per client address, whatever the service.
+    let e = rig.block(rig.control().status("sim", 0)).unwrap_err();
+    assert!(
+        matches!(&e, ClientError::Rpc(s) if s.code() == tonic::Code::ResourceExhausted),
+        "{e:?}"
+    );
     rig.sim.finish();
 }
 
@@ -470,15 +661,18 @@ fn pki() -> Pki {
 #[test]
 fn mutual_tls_admits_only_clients_with_a_certificate_from_the_ca() {
     let pki = pki();
-    let rig = Rig::start(
-        small(),
-        GuardConfig::default(),
-        Some(ControlTls {
-            cert_pem: pki.server_cert.clone().into_bytes(),
-            key_pem: pki.server_key.clone().into_bytes(),
-            client_ca_pem: Some(pki.ca.clone().into_bytes()),
+    let server_tls = TlsPem {
+        ca: Some(pki.ca.clone().into_bytes()),
+        identity: Some(PemIdentity {
+            cert: pki.server_cert.clone().into_bytes(),
+            key: pki.server_key.clone().into_bytes(),
         }),
-    );
+        domain: None,
+    };
+    let rig = Rig::start(small(), |c| ControlConfig {
+        tls: Some(server_tls),
+        ..c
+    });
     let uri = format!("https://{}", rig.addr());
     let tls = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(&pki.ca))
@@ -490,20 +684,35 @@ fn mutual_tls_admits_only_clients_with_a_certificate_from_the_ca() {
                 .identity(Identity::from_pem(&pki.client_cert, &pki.client_key)),
         )
         .unwrap();
-    let channel = rig.rt.block_on(with_cert.connect()).unwrap();
+    let channel = rig.block(with_cert.connect()).unwrap();
     let s = rig
-        .rt
-        .block_on(RecoverClient::new(channel).health_check(ClientInfo {
+        .block(RecoverClient::new(channel).health_check(ClientInfo {
             job_id: "sim".into(),
             role: "ops".into(),
         }))
         .unwrap()
         .into_inner();
     assert_eq!(s.code, codes::OK);
+    // The typed client with the same material.
+    let client_tls = TlsPem {
+        ca: Some(pki.ca.clone().into_bytes()),
+        identity: Some(PemIdentity {
+            cert: pki.client_cert.clone().into_bytes(),
+            key: pki.client_key.clone().into_bytes(),
+        }),
+        domain: Some("localhost".into()),
+    };
+    let mut c = rig
+        .block(ControlClient::connect(
+            &rig.addr().to_string(),
+            Some(&client_tls),
+        ))
+        .unwrap();
+    assert_eq!(rig.block(c.status("sim", 0)).unwrap().workers_registered, 8);
 
     // No client certificate: the handshake or the first call fails.
     let without = Endpoint::from_shared(uri).unwrap().tls_config(tls).unwrap();
-    let refused = rig.rt.block_on(async {
+    let refused = rig.block(async {
         match without.connect().await {
             Err(_) => true,
             Ok(ch) => RecoverClient::new(ch)

@@ -125,14 +125,14 @@ fn four_ranks_switch_to_backup_and_back_with_every_rank_calling_in_planner_order
     // Devices 0 and 2 (ranks 0 and 2): one in each pair, both in the world group.
     let devices = [DeviceId(0), DeviceId(2)];
     let op1 = rig.switch(&devices, true).unwrap().clone();
-    assert_eq!(op1.result, "succeeded", "{op1:?}");
-    assert!(op1.applied);
+    assert_eq!(op1.summary.result, "succeeded", "{op1:?}");
+    assert!(op1.summary.applied);
     let op2 = rig.switch(&devices, false).unwrap().clone();
-    assert_eq!(op2.result, "succeeded", "{op2:?}");
+    assert_eq!(op2.summary.result, "succeeded", "{op2:?}");
     for op in [&op1, &op2] {
         let labels: Vec<&str> = op.windows.iter().map(|w| w.label).collect();
         assert_eq!(labels, ["before", "during", "after"]);
-        let t = op.pause_step.expect("every rank paused");
+        let t = op.summary.pause_step.expect("every rank paused");
         assert_eq!(
             op.windows[1].last_step,
             t + 1,
@@ -226,9 +226,10 @@ fn a_backup_nic_that_dcmi_reports_unreachable_rejects_the_switch_before_any_call
     let libs = RigLibraries::open(&lookup(&env)).unwrap();
     let mut rig = Rig::start(config(2, false), libs, &lookup(&env)).unwrap();
     let op = rig.switch(&[DeviceId(0)], true).unwrap().clone();
-    assert_eq!(op.result, "rejected", "{op:?}");
+    assert_eq!(op.summary.result, "rejected", "{op:?}");
     assert!(
-        op.error
+        op.summary
+            .error
             .as_deref()
             .unwrap_or("")
             .contains("backup NIC link"),
@@ -256,7 +257,7 @@ fn without_dcmi_the_rig_still_switches_and_without_l2_retry_it_is_refused() {
         rig.node_hal()
     );
     assert_eq!(
-        rig.switch(&[DeviceId(1)], true).unwrap().result,
+        rig.switch(&[DeviceId(1)], true).unwrap().summary.result,
         "succeeded"
     );
     let report = rig.finish();
@@ -272,8 +273,11 @@ fn without_dcmi_the_rig_still_switches_and_without_l2_retry_it_is_refused() {
     let libs = RigLibraries::open(&lookup(&env)).unwrap();
     let mut rig = Rig::start(config(2, false), libs, &lookup(&env)).unwrap();
     let op = rig.switch(&[DeviceId(0)], true).unwrap().clone();
-    assert_eq!(op.result, "rejected", "{op:?}");
-    assert!(op.error.as_deref().unwrap_or("").contains("L2:1"), "{op:?}");
+    assert_eq!(op.summary.result, "rejected", "{op:?}");
+    assert!(
+        op.summary.error.as_deref().unwrap_or("").contains("L2:1"),
+        "{op:?}"
+    );
     let report = rig.finish();
     assert!(report.ok(), "{}", report.summary_text());
     assert!(hccl.calls("HcclCommWorkingDevNicSet").is_empty());

@@ -1,20 +1,13 @@
 //! The three roles as separate OS processes on loopback: `taskd manager`, one `taskd proxy`
 //! per node, one `taskd worker --sim` per rank. Operations are submitted through the
-//! manager's admin service; processes print their bound addresses and registrations on
-//! stdout, which is what the tests wait for.
+//! manager's control API (`Control`, on port 0 next to its transport port); processes print
+//! their bound addresses and registrations on stdout, which is what the tests wait for.
 
 mod net_support;
 
 use net_support::{fast_heartbeats, s, worker_args, Cluster, ClusterSpec, Proc, Scratch};
-use taskd::actors::net::AdminError;
-use taskd::actors::ProgressKind;
-use taskd::core::operation::{JobState, OperationError, Outcome};
-use taskd::core::protocol::Phase;
-use taskd::core::GlobalRank;
-
-fn ranks(v: &[u32]) -> Vec<GlobalRank> {
-    v.iter().map(|r| GlobalRank(*r)).collect()
-}
+use taskd::actors::control::proto::RefusalKind;
+use taskd::actors::control::{codes, ClientError};
 
 #[test]
 fn switch_to_backup_and_back_across_processes() {
@@ -34,21 +27,19 @@ fn switch_to_backup_and_back_across_processes() {
 
     // node-0:1 and node-1:2 (ranks 1 and 6) to their backup NIC, then back.
     let to_backup = c.command(&[(0, 1, true), (1, 2, true)]);
-    let r =
-        c.rt.block_on(c.admin.run(&to_backup))
-            .expect("operation 1 runs");
-    assert_eq!(r.outcome, Outcome::Succeeded, "{r:#?}");
+    let r = c.run(&to_backup).expect("operation 1 runs");
+    assert_eq!(r.result, "succeeded", "{r:#?}");
     assert!(r.applied && !r.rolled_back);
     assert!(r.pause_step.is_some());
-    assert!(r.phases.switch.is_some() && r.phases.resume.is_some());
-    let st = c.rt.block_on(c.admin.status(4)).unwrap();
-    assert_eq!(st.ranks_on_backup, ranks(&[1, 6]));
-    assert_eq!(st.state, JobState::Running);
+    assert!(r.phases_ms.switch.is_some() && r.phases_ms.resume.is_some());
+    let st = c.status(4);
+    assert_eq!(st.ranks_on_backup, [1, 6]);
+    assert_eq!(st.state, "running");
 
     let back = c.command(&[(0, 1, false), (1, 2, false)]);
-    let r = c.rt.block_on(c.admin.run(&back)).expect("operation 2 runs");
-    assert_eq!(r.outcome, Outcome::Succeeded, "{r:#?}");
-    let st = c.rt.block_on(c.admin.status(4)).unwrap();
+    let r = c.run(&back).expect("operation 2 runs");
+    assert_eq!(r.result, "succeeded", "{r:#?}");
+    let st = c.status(4);
     assert!(st.ranks_on_backup.is_empty());
     assert_eq!(st.recent.len(), 2);
     assert_eq!(st.workers_registered, 8);
@@ -87,7 +78,7 @@ fn switch_to_backup_and_back_across_processes() {
         stranger.stderr_tail()
     );
     // And neither disturbed the job.
-    let st = c.rt.block_on(c.admin.status(0)).unwrap();
+    let st = c.status(0);
     assert_eq!(st.workers_registered, 8);
 
     c.shutdown_cleanly();
@@ -117,51 +108,66 @@ fn a_worker_killed_during_the_pause_fails_the_operation_and_is_reported_lost() {
             tls: None,
         },
     );
-    let mut watch = c.rt.block_on(c.admin.watch_progress()).unwrap();
-    let sub =
-        c.rt.block_on(c.admin.submit(&c.command(&[(0, 0, true)])))
-            .expect("admitted");
+    let cmd = c.command(&[(0, 0, true)]);
+    let mut op = c.submit(&cmd).expect("admitted");
     // Wait until the manager sent the pause step: every rank sampled, the pause runs.
-    loop {
-        let ev = c.rt.block_on(watch.next()).expect("progress").unwrap();
-        if let ProgressKind::PhaseStarted {
-            phase: Phase::Pause,
-            pause_step,
-            ..
-        } = ev.kind
-        {
-            assert!(pause_step.is_some());
-            break;
-        }
-        assert!(ev.report().is_none(), "finished before the pause: {ev:?}");
-    }
+    let pause_step = c.until_phase(&mut op, "pause");
+    assert!(pause_step.is_some());
     c.workers[VICTIM as usize].as_mut().unwrap().kill();
 
-    let r = c.rt.block_on(c.admin.wait(sub.id())).unwrap();
-    assert_eq!(r.outcome, Outcome::Failed, "{r:#?}");
-    match &r.error {
-        Some(OperationError::WorkerLost { rank, phase, .. }) => {
-            assert_eq!((*rank, *phase), (GlobalRank(VICTIM), Phase::Pause))
-        }
-        other => panic!("expected the victim lost in the pause, got {other:?}"),
-    }
-    assert_eq!(r.lost_ranks, ranks(&[VICTIM]));
+    let r = c.result(op);
+    assert_eq!(r.result, "failed", "{r:#?}");
+    let error = r.error.as_deref().unwrap_or_default();
+    assert!(
+        error.starts_with(&format!("rank {VICTIM} was lost during pause: ")),
+        "expected the victim lost in the pause, got {error:?}"
+    );
+    assert_eq!(r.lost_ranks, [VICTIM]);
     assert!(!r.applied && !r.rolled_back, "nothing was switched");
-    assert_eq!(r.job_state, JobState::NeedsRecovery);
-    let st = c.rt.block_on(c.admin.status(1)).unwrap();
-    assert_eq!(st.state, JobState::NeedsRecovery);
+    assert_eq!(r.job_state, "needs_recovery");
+    let st = c.status(1);
+    assert_eq!(st.state, "needs_recovery");
     assert_eq!(st.workers_registered, 3);
     assert_eq!(st.lost_ranks.len(), 1, "{:?}", st.lost_ranks);
-    assert_eq!(st.lost_ranks[0].rank, GlobalRank(VICTIM));
+    assert_eq!(st.lost_ranks[0].rank, VICTIM);
     assert!(
         st.lost_ranks[0].reason.contains("connection closed"),
         "{}",
         st.lost_ranks[0].reason
     );
-    // The job refuses new switches until an operator recovered it.
-    let refused = c.rt.block_on(c.admin.submit(&c.command(&[(0, 0, true)])));
+    // `taskd status` names the lost rank and why.
+    let status = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_taskd"))
+            .args(["status", "--addr", &c.control_addr, "--job", "net-kill"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = status(&[]);
+    let lost = text
+        .lines()
+        .find(|l| l.starts_with("lost "))
+        .unwrap_or_else(|| panic!("no lost line in\n{text}"));
     assert!(
-        matches!(refused, Err(AdminError::Refused(_))),
+        lost.contains(&format!("rank {VICTIM}: ")) && lost.contains("connection closed"),
+        "{text}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&status(&["--json"])).unwrap();
+    assert_eq!(v["state"], "needs_recovery");
+    assert_eq!(v["lost_ranks"][0]["rank"], VICTIM);
+    // The job refuses new switches until the lost rank is back and verified.
+    let refused = c.submit(&cmd).map(|op| op.uuid);
+    assert!(
+        matches!(
+            refused,
+            Err(ClientError::Refused {
+                code: codes::JOB_NOT_REGISTERED,
+                kind: RefusalKind::WorkersMissing,
+                ..
+            })
+        ),
         "{refused:?}"
     );
 
@@ -177,9 +183,13 @@ fn a_worker_killed_during_the_pause_fails_the_operation_and_is_reported_lost() {
         .concat(),
     );
     again.wait_line("registered on");
-    let st = c.rt.block_on(c.admin.await_registered(None)).unwrap();
+    let st = c.wait_registered();
     assert_eq!(st.workers_registered, 4);
     assert!(st.lost_ranks.is_empty(), "{:?}", st.lost_ranks);
+    // Nothing was switched: the verification after its return finds every group agreeing and
+    // the job runs again by itself (the recovery contract).
+    assert!(st.verified);
+    assert_eq!(st.state, "running", "{st:#?}");
     c.workers[VICTIM as usize] = Some(again);
 
     c.shutdown_cleanly();
@@ -207,42 +217,22 @@ fn a_proxy_killed_during_the_pause_loses_its_node() {
             tls: None,
         },
     );
-    let mut watch = c.rt.block_on(c.admin.watch_progress()).unwrap();
-    let sub =
-        c.rt.block_on(c.admin.submit(&c.command(&[(0, 0, true)])))
-            .expect("admitted");
-    loop {
-        let ev = c.rt.block_on(watch.next()).expect("progress").unwrap();
-        if matches!(
-            ev.kind,
-            ProgressKind::PhaseStarted {
-                phase: Phase::Pause,
-                ..
-            }
-        ) {
-            break;
-        }
-        assert!(ev.report().is_none(), "finished before the pause: {ev:?}");
-    }
+    let mut op = c.submit(&c.command(&[(0, 0, true)])).expect("admitted");
+    c.until_phase(&mut op, "pause");
     c.proxies[1].kill();
-    let r = c.rt.block_on(c.admin.wait(sub.id())).unwrap();
-    assert_eq!(r.outcome, Outcome::Failed, "{r:#?}");
+    let r = c.result(op);
+    assert_eq!(r.result, "failed", "{r:#?}");
+    let error = r.error.as_deref().unwrap_or_default();
     assert!(
-        matches!(
-            r.error,
-            Some(OperationError::WorkerLost {
-                phase: Phase::Pause,
-                ..
-            })
-        ),
+        error.starts_with("rank ") && error.contains(" was lost during pause: "),
         "{r:#?}"
     );
-    assert_eq!(r.lost_ranks, ranks(&[2, 3]));
-    assert_eq!(r.job_state, JobState::NeedsRecovery);
-    let st = c.rt.block_on(c.admin.status(0)).unwrap();
+    assert_eq!(r.lost_ranks, [2, 3]);
+    assert_eq!(r.job_state, "needs_recovery");
+    let st = c.status(0);
     assert_eq!(st.nodes_connected, 1);
-    let lost: Vec<GlobalRank> = st.lost_ranks.iter().map(|l| l.rank).collect();
-    assert_eq!(lost, ranks(&[2, 3]));
+    let lost: Vec<u32> = st.lost_ranks.iter().map(|l| l.rank).collect();
+    assert_eq!(lost, [2, 3]);
     assert!(
         st.lost_ranks
             .iter()
@@ -279,16 +269,15 @@ fn ranks_that_disagree_on_their_groups_fail_the_digest_check() {
     );
     // The verification round after registration already finds tp_0 split (rank 3 reports a
     // group of 2): the job needs recovery and no switch is started on it.
-    let status = c.rt.block_on(c.admin.status(0)).unwrap();
-    assert_eq!(status.state, JobState::NeedsRecovery, "{status:#?}");
+    let status = c.status(0);
+    assert_eq!(status.state, "needs_recovery", "{status:#?}");
     let v = status.last_verification.expect("a verification ran");
     assert!(
-        v.to_string().contains("tp_0") && v.to_string().contains("3 of 4 members"),
-        "{v}"
+        v.summary.contains("tp_0") && v.summary.contains("3 of 4 members"),
+        "{v:?}"
     );
-    let e =
-        c.rt.block_on(c.admin.run(&c.command(&[(0, 0, true)])))
-            .unwrap_err();
+    assert_eq!(v.disagreements[0].group, "tp_0");
+    let e = c.run(&c.command(&[(0, 0, true)])).unwrap_err();
     assert!(e.to_string().contains("needs_recovery"), "{e}");
     c.shutdown_cleanly();
 }
@@ -298,20 +287,26 @@ fn ranks_that_disagree_on_their_groups_fail_the_digest_check() {
 #[test]
 fn the_network_manager_serves_the_control_api_to_the_cli() {
     let scratch = Scratch::new("net-control");
-    let mut c = Cluster::start(
+    let c = Cluster::start(
         &scratch,
         ClusterSpec {
             job: "net-control",
             nodes: 2,
             ppn: 2,
             worker_flags: &|_| Vec::new(),
-            manager_flags: s(&["--control-addr", "127.0.0.1:0"]),
+            // Five calls from this address, no refill: the client's wait for registrations,
+            // one switch, two status calls; the fifth is refused.
+            manager_flags: s(&[
+                "--control-rate-burst",
+                "4",
+                "--control-rate-per-sec",
+                "0.0001",
+            ]),
             common: fast_heartbeats(),
             tls: None,
         },
     );
-    let line = c.manager.wait_line("control API on");
-    let addr = line.rsplit(' ').next().unwrap().trim().to_owned();
+    let addr = c.control_addr.clone();
     let taskd = |args: &[&str]| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_taskd"))
             .args(args)
@@ -344,5 +339,11 @@ fn the_network_manager_serves_the_control_api_to_the_cli() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["ranks_on_backup"], serde_json::json!([3]));
     assert_eq!(v["workers_registered"], 4);
+    let (code, out, err) = taskd(&["status", "--addr", &addr, "--job", "net-control"]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    // The manager's --control-rate-* flags: past the burst, the control port refuses (exit 3).
+    let (code, _, err) = taskd(&["status", "--addr", &addr, "--job", "net-control"]);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("rate limit"), "{err}");
     c.shutdown_cleanly();
 }

@@ -6,15 +6,14 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
+use taskd::actors::control::{self, ControlClient, ControlConfig, ControlServer};
 use taskd::actors::net::proxy_node::NodeAssignment;
 use taskd::actors::net::{
-    AdminClient, ManagerNode, ManagerNodeConfig, NetConfig, ProxyNode, ProxyNodeConfig,
-    RemoteWorker, RemoteWorkerConfig,
+    ManagerNode, ManagerNodeConfig, NetConfig, ProxyNode, ProxyNodeConfig, RemoteWorker,
+    RemoteWorkerConfig,
 };
 use taskd::actors::StepGate;
 use taskd::core::command::Target;
-use taskd::core::operation::JobState;
-use taskd::core::operation::Outcome;
 use taskd::core::{
     DeviceId, GlobalRank, JobId, NodeHal, NodeName, PhaseDeadlines, RankTable, StepBoundary,
     SwitchCommand,
@@ -31,8 +30,9 @@ fn net() -> NetConfig {
     }
 }
 
-/// A manager and one proxy on an actix system of their own; returns both addresses.
-fn start_job(nodes: u32, ppn: u32) -> (String, String, actix::System) {
+/// A manager (with its control API) and one proxy on an actix system of their own; returns the
+/// control server, the proxy's address and the system.
+fn start_job(nodes: u32, ppn: u32) -> (ControlServer, String, actix::System) {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let sys = actix::System::new();
@@ -63,12 +63,13 @@ fn start_job(nodes: u32, ppn: u32) -> (String, String, actix::System) {
             .await
             .unwrap();
             p.assigned().await.unwrap();
-            tx.send((
-                m.local_addr().to_string(),
-                p.local_addr().to_string(),
-                actix::System::current(),
-            ))
+            let ctl = control::serve(
+                m.manager().clone(),
+                ControlConfig::new("127.0.0.1:0".parse().unwrap(), JobId("rc".into())),
+            )
             .unwrap();
+            tx.send((ctl, p.local_addr().to_string(), actix::System::current()))
+                .unwrap();
             std::mem::forget((m, p));
         });
         sys.run().unwrap();
@@ -182,7 +183,7 @@ fn cmd(dev: u32, backup: bool) -> SwitchCommand {
 
 #[test]
 fn a_reconnecting_worker_resumes_and_a_new_process_replaces_the_old() {
-    let (manager, proxy, system) = start_job(1, 2);
+    let (ctl, proxy, system) = start_job(1, 2);
     let layout = SoloLayout::new(1, 2);
     let relay = Relay::start(proxy.clone());
     let r0 = start_rank(0, &relay.addr.to_string(), layout);
@@ -191,23 +192,25 @@ fn a_reconnecting_worker_resumes_and_a_new_process_replaces_the_old() {
         .enable_all()
         .build()
         .unwrap();
-    let mut admin = rt.block_on(AdminClient::connect(&manager, None)).unwrap();
-    rt.block_on(admin.await_registered(None)).unwrap();
+    let mut control = rt
+        .block_on(ControlClient::connect(&ctl.local_addr().to_string(), None))
+        .unwrap();
+    rt.block_on(control.wait_registered("rc", None)).unwrap();
     assert_eq!(relay.accepted.load(Ordering::SeqCst), 1);
 
     // The connection of rank 0 breaks just as an operation starts: the directives queued for
     // it are replayed when it comes back, its replies too, and the operation succeeds.
     relay.cut();
-    let r = rt.block_on(admin.run(&cmd(0, true))).unwrap();
-    assert_eq!(r.outcome, Outcome::Succeeded, "{r:#?}");
+    let r = rt.block_on(control.run(&cmd(0, true))).unwrap();
+    assert_eq!(r.result, "succeeded", "{r:#?}");
     assert!(
         relay.accepted.load(Ordering::SeqCst) >= 2,
         "rank 0 reconnected"
     );
-    let st = rt.block_on(admin.status(0)).unwrap();
+    let st = rt.block_on(control.status("rc", 0)).unwrap();
     assert!(st.lost_ranks.is_empty(), "{:?}", st.lost_ranks);
     assert_eq!(st.workers_registered, 2);
-    assert_eq!(st.ranks_on_backup, [GlobalRank(0)]);
+    assert_eq!(st.ranks_on_backup, [0]);
     // Through the relay, a round trip to the manager and back works again.
     let rtt = r0.worker.ping(true, Duration::from_secs(10)).unwrap();
     assert!(rtt < Duration::from_secs(10));
@@ -216,22 +219,24 @@ fn a_reconnecting_worker_resumes_and_a_new_process_replaces_the_old() {
     // the old one's grace period (a restart, not a duplicate).
     relay.close();
     let r0_new = start_rank(0, &proxy, layout);
-    let st = rt.block_on(admin.await_registered(None)).unwrap();
+    let st = rt.block_on(control.wait_registered("rc", None)).unwrap();
     assert_eq!(st.workers_registered, 2);
     assert!(st.lost_ranks.is_empty(), "{:?}", st.lost_ranks);
     // The new process starts on its primary NIC while rank 1 has rank 0 on backup: the
     // verification round after its registration finds the split, and no switch runs on it.
-    assert_eq!(st.state, JobState::NeedsRecovery, "{st:#?}");
-    let v = st
-        .last_verification
-        .expect("a verification ran")
-        .to_string();
+    assert_eq!(st.state, "needs_recovery", "{st:#?}");
+    let v = st.last_verification.expect("a verification ran").summary;
     assert!(
         v.contains("groups disagree") && v.contains("ranks 0 say none on backup"),
         "{v}"
     );
-    let e = rt.block_on(admin.run(&cmd(0, false))).unwrap_err();
+    let e = rt.block_on(control.run(&cmd(0, false))).unwrap_err();
     assert!(e.to_string().contains("needs_recovery"), "{e}");
+    // The operator re-states rank 0 as the table has it (backup) on every rank: the job runs.
+    let rec = rt.block_on(control.recover("rc", "as-is")).unwrap();
+    assert_eq!(rec.job_state, "running", "{rec:#?}");
+    let r = rt.block_on(control.run(&cmd(0, false))).unwrap();
+    assert_eq!(r.result, "succeeded", "{r:#?}");
 
     r0.worker.gate().shutdown();
     r0.training.stop();

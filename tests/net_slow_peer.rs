@@ -5,24 +5,25 @@
 use std::net::SocketAddr;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
+use taskd::actors::control::{self, ControlClient, ControlConfig, ControlServer};
 use taskd::actors::net::server::Registry;
-use taskd::actors::net::{pb, wire, AdminClient, ManagerNode, ManagerNodeConfig, NetConfig};
+use taskd::actors::net::{pb, wire, ManagerNode, ManagerNodeConfig, NetConfig};
 use taskd::core::command::Target;
-use taskd::core::operation::{JobState, OperationError, Outcome};
 use taskd::core::protocol::{
     DirectiveKind, NodeReply, Phase, ProxyToManager, RankError, RankReply, ReplyBody, WorkerHello,
     WorkerReport,
 };
 use taskd::core::{
-    DeviceId, GlobalRank, JobId, NodeName, PhaseDeadlines, RankTable, SwitchCapabilities,
-    SwitchCommand,
+    DeviceId, GlobalRank, JobId, NodeName, OperationId, PhaseDeadlines, RankTable,
+    SwitchCapabilities, SwitchCommand,
 };
 use tokio_stream::wrappers::ReceiverStream;
 
 const CAPACITY: usize = 4;
 
-/// A manager on an actix system of its own; returns its address and its proxy registry.
-fn start_manager() -> (SocketAddr, Arc<Registry>, actix::System) {
+/// A manager on an actix system of its own, with its control API; returns its address, its
+/// control server and its proxy registry.
+fn start_manager() -> (SocketAddr, ControlServer, Arc<Registry>, actix::System) {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let sys = actix::System::new();
@@ -48,8 +49,18 @@ fn start_manager() -> (SocketAddr, Arc<Registry>, actix::System) {
             })
             .await
             .expect("manager starts");
-            tx.send((node.local_addr(), node.peers(), actix::System::current()))
-                .unwrap();
+            let ctl = control::serve(
+                node.manager().clone(),
+                ControlConfig::new("127.0.0.1:0".parse().unwrap(), JobId("slow".into())),
+            )
+            .expect("control API starts");
+            tx.send((
+                node.local_addr(),
+                ctl,
+                node.peers(),
+                actix::System::current(),
+            ))
+            .unwrap();
             std::mem::forget(node); // lives as long as the system
         });
         sys.run().unwrap();
@@ -67,7 +78,7 @@ fn up(seq: u64, body: pb::up::Body) -> pb::Up {
 
 #[test]
 fn a_proxy_that_stops_reading_is_cut_off_at_its_queue_capacity() {
-    let (addr, peers, system) = start_manager();
+    let (addr, ctl, peers, system) = start_manager();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -141,8 +152,10 @@ fn a_proxy_that_stops_reading_is_cut_off_at_its_queue_capacity() {
         })
         .await
         .unwrap();
-        let mut admin = AdminClient::connect(&addr.to_string(), None).await.unwrap();
-        admin.await_registered(None).await.unwrap();
+        let mut control = ControlClient::connect(&ctl.local_addr().to_string(), None)
+            .await
+            .unwrap();
+        control.wait_registered("slow", None).await.unwrap();
         let cmd = SwitchCommand {
             job: JobId("slow".into()),
             id: None,
@@ -156,7 +169,8 @@ fn a_proxy_that_stops_reading_is_cut_off_at_its_queue_capacity() {
         // reads them, but answers blind: rank 0 fails the sample, both ranks resume.
         let mut seq = 3;
         for i in 0..CAPACITY / 2 {
-            let id = admin.submit(&cmd).await.unwrap().id();
+            let op = control.submit(&cmd).await.unwrap();
+            let id: OperationId = op.uuid.parse().unwrap();
             let reply = |phase: Phase, body: &dyn Fn(u32) -> ReplyBody| {
                 ProxyToManager::Reply(NodeReply {
                     node: NodeName("node-0".into()),
@@ -190,28 +204,29 @@ fn a_proxy_that_stops_reading_is_cut_off_at_its_queue_capacity() {
                     .await
                     .unwrap();
             }
-            let r = admin.wait(id).await.unwrap();
+            let r = op.result().await.unwrap();
             assert!(
-                matches!(r.error, Some(OperationError::RankFailed { .. })),
+                r.error
+                    .as_deref()
+                    .is_some_and(|e| e.starts_with("rank 0 failed in sample: ")),
                 "operation {i}: {r:#?}"
             );
-            assert_eq!(r.job_state, JobState::Running);
+            assert_eq!(r.job_state, "running");
             let depth = peers.queue_depth("node-0").expect("still registered");
             assert_eq!(depth.queued, 2 * (i + 1));
             assert!(depth.high_water <= CAPACITY);
         }
         // The queue is full: the next directive is refused, the proxy is declared lost.
-        let r = admin.run(&cmd).await.unwrap();
-        assert_eq!(r.outcome, Outcome::Failed);
-        match &r.error {
-            Some(OperationError::WorkerLost { reason, .. }) => {
-                assert!(reason.contains("queue is full (4 messages)"), "{reason}")
-            }
-            other => panic!("expected the ranks lost, got {other:?}"),
-        }
-        assert_eq!(r.lost_ranks, [GlobalRank(0), GlobalRank(1)]);
-        assert_eq!(r.job_state, JobState::NeedsRecovery);
-        let st = admin.status(0).await.unwrap();
+        let r = control.run(&cmd).await.unwrap();
+        assert_eq!(r.result, "failed");
+        let error = r.error.as_deref().unwrap_or_default();
+        assert!(
+            error.contains(" was lost during ") && error.contains("queue is full (4 messages)"),
+            "expected the ranks lost, got {error:?}"
+        );
+        assert_eq!(r.lost_ranks, [0, 1]);
+        assert_eq!(r.job_state, "needs_recovery");
+        let st = control.status("slow", 0).await.unwrap();
         assert_eq!(st.nodes_connected, 0);
         assert_eq!(st.workers_registered, 0);
         assert_eq!(st.lost_ranks.len(), 2);

@@ -4,9 +4,8 @@
 mod net_support;
 
 use net_support::{fast_heartbeats, make_tls, Cluster, ClusterSpec, Scratch};
-use taskd::actors::net::{AdminClient, TlsPem};
-use taskd::core::operation::Outcome;
-use taskd::core::GlobalRank;
+use taskd::actors::control::ControlClient;
+use taskd::actors::net::TlsPem;
 
 #[test]
 fn a_job_over_mutual_tls_switches_and_refuses_strangers() {
@@ -26,32 +25,39 @@ fn a_job_over_mutual_tls_switches_and_refuses_strangers() {
             tls: Some(pem.clone()),
         },
     );
-    let r =
-        c.rt.block_on(c.admin.run(&c.command(&[(1, 0, true)])))
-            .unwrap();
-    assert_eq!(r.outcome, Outcome::Succeeded, "{r:#?}");
-    let st = c.rt.block_on(c.admin.status(0)).unwrap();
-    assert_eq!(st.ranks_on_backup, [GlobalRank(2)]);
+    let cmd = c.command(&[(1, 0, true)]);
+    let r = c.run(&cmd).unwrap();
+    assert_eq!(r.result, "succeeded", "{r:#?}");
+    let st = c.status(0);
+    assert_eq!(st.ranks_on_backup, [2]);
 
-    // A client whose certificate another CA signed is refused by the manager...
+    // A client whose certificate another CA signed is refused by the manager's control port...
     let (_, foreign) = make_tls(&scratch, "foreign");
     let stranger = TlsPem {
-        ca: pem.ca.clone(),
-        cert: foreign.cert,
-        key: foreign.key,
-        domain: None,
+        identity: foreign.identity,
+        ..pem.clone()
     };
     let refused = c.rt.block_on(async {
-        let mut a = AdminClient::connect(&c.manager_addr, Some(&stranger)).await?;
-        a.status(0).await
+        let mut a = ControlClient::connect(&c.control_addr, Some(&stranger)).await?;
+        a.status("net-tls", 0).await
     });
     assert!(refused.is_err(), "a foreign certificate was accepted");
     // ... and so is one without TLS at all.
     let plain = c.rt.block_on(async {
-        let mut a = AdminClient::connect(&c.manager_addr, None).await?;
-        a.status(0).await
+        let mut a = ControlClient::connect(&c.control_addr, None).await?;
+        a.status("net-tls", 0).await
     });
     assert!(plain.is_err(), "a plaintext client was accepted");
+    // The transport port serves the job's own traffic only: no operator service there, even
+    // for a client with the job's certificate.
+    let transport = c.rt.block_on(async {
+        let mut a = ControlClient::connect(&c.manager_addr, Some(&pem)).await?;
+        a.status("net-tls", 0).await
+    });
+    assert!(
+        matches!(&transport, Err(taskd::actors::control::ClientError::Rpc(s)) if s.code() == tonic::Code::Unimplemented),
+        "the transport port answered an operator call: {transport:?}"
+    );
 
     c.shutdown_cleanly();
 }

@@ -237,9 +237,14 @@ impl LocalJob {
             .block_on(m.send(Recover { to, id: None }))
             .map_err(|_| LocalJobError::SystemGone)??;
         match started {
-            Recovery::Operation(id) => self
-                .wait(id)
-                .map(|r| RecoveryResult::Operation(Box::new(r))),
+            Recovery::Operation(id) => {
+                let r = self.wait(id)?;
+                // A recovery that worked is confirmed by a verification round: return after it.
+                self.client
+                    .block_on(m.send(AwaitRegistered(None)))
+                    .map_err(|_| LocalJobError::SystemGone)?;
+                Ok(RecoveryResult::Operation(Box::new(r)))
+            }
             Recovery::Verification(id) => self
                 .client
                 .block_on(m.send(AwaitVerification(id)))

@@ -13,9 +13,9 @@
 
 pub mod rank_table;
 
-use crate::control::{self, ControlServer, ControlTls, GuardConfig, ServeError};
+use crate::control::{self, ControlConfig, ControlServer, ServeError};
 use crate::manager::Drain;
-use crate::net::{ManagerNode, ManagerNodeConfig, NetError, TlsPem};
+use crate::net::{ManagerNode, ManagerNodeConfig, NetError};
 use parking_lot::Mutex;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -86,36 +86,13 @@ impl ShutdownSignals {
 // ---------------------------------------------------------------------------------------------
 // Manager
 
-/// The operators' control API of a manager process.
-#[derive(Clone, Debug)]
-pub struct ControlEndpoint {
-    /// Where it listens (port 0: any free port; see [`ManagerProcess::control_addr`]).
-    pub addr: SocketAddr,
-    /// Bearer token and rate limit.
-    pub guard: GuardConfig,
-    /// TLS of the control port; `None` serves plain HTTP/2.
-    pub tls: Option<ControlTls>,
-}
-
-impl ControlEndpoint {
-    /// The control port's TLS from the job's transport certificates: the same server
-    /// certificate, and clients must present one signed by the job's CA (mutual TLS).
-    pub fn tls_from(pem: &TlsPem) -> ControlTls {
-        ControlTls {
-            cert_pem: pem.cert.clone(),
-            key_pem: pem.key.clone(),
-            client_ca_pem: Some(pem.ca.clone()),
-        }
-    }
-}
-
 /// What a manager process runs.
 #[derive(Clone, Debug)]
 pub struct ManagerProcessConfig {
     /// The manager and the port its proxies connect to.
     pub node: ManagerNodeConfig,
-    /// The operators' control API, when served.
-    pub control: Option<ControlEndpoint>,
+    /// The operators' control API, when served (in front of the same manager actor).
+    pub control: Option<ControlConfig>,
 }
 
 /// A running manager process: the manager node and its control API. Lives on an actix system.
@@ -132,13 +109,7 @@ impl ManagerProcess {
         let control = match cfg.control {
             None => None,
             Some(c) => {
-                let served = control::serve(
-                    c.addr,
-                    node.manager().clone(),
-                    cfg.node.job.clone(),
-                    c.guard,
-                    c.tls,
-                );
+                let served = control::serve(node.manager().clone(), c);
                 match served {
                     Ok(s) => Some(s),
                     Err(e) => {

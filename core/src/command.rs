@@ -203,7 +203,7 @@ impl SwitchCommand {
 }
 
 /// HCCL fails a NIC-set call that tells the two ends of a die pair opposite sides at once.
-fn check_partners(targets: &[RankTarget]) -> Result<(), ValidationError> {
+pub(crate) fn check_partners(targets: &[RankTarget]) -> Result<(), ValidationError> {
     let by_device: BTreeMap<(&NodeName, DeviceId), bool> = targets
         .iter()
         .map(|t| ((&t.node, t.device), t.use_backup))

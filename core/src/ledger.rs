@@ -2,7 +2,7 @@
 //! operation in flight and the results of past ones. It admits commands (every check of
 //! DESIGN section 3 that needs no round trip) and drives the [`Operation`] machine.
 
-use crate::command::{SwitchCommand, ValidationError};
+use crate::command::{RankTarget, SwitchCommand, ValidationError};
 use crate::display::short_list;
 use crate::hal::SwitchCapabilities;
 use crate::ids::{GlobalRank, JobId, NodeName, OperationId};
@@ -41,6 +41,12 @@ pub enum SubmitError {
     Unverified { why: String },
     #[error("the job is {state}: nothing to recover")]
     NothingToRecover { state: JobState },
+    #[error("operation id {id} was already used for a different request (other targets); use a new uuid for a new request")]
+    /// The id ran (or runs) with other targets: a new request needs a new id.
+    IdReused {
+        /// The reused id.
+        id: OperationId,
+    },
 }
 
 /// Why a registration was refused.
@@ -252,6 +258,10 @@ impl JobLedger {
                 })
             })
             .collect();
+        let targets: Vec<_> = targets;
+        // `as-is` can tell the two dies of one NPU opposite sides, which HCCL refuses in one
+        // call: then the operator must pick one side.
+        crate::command::check_partners(&targets)?;
         let plan = crate::command::SwitchPlan { targets };
         let (op, actions) =
             Operation::start_recovery(id, plan, self.table.all_ranks(), self.deadlines, now);
@@ -385,13 +395,10 @@ impl JobLedger {
                 known: self.job.clone(),
             });
         }
-        if let Some(r) = self.result_of(id) {
-            return Ok(Submitted::Known(Box::new(r.clone())));
+        if let Some(seen) = self.seen(cmd, id) {
+            return seen;
         }
         if let Some(op) = &self.in_flight {
-            if op.id() == id {
-                return Ok(Submitted::InFlight(id));
-            }
             return Err(SubmitError::Busy { in_flight: op.id() });
         }
         if let Some(v) = &self.verifying {
@@ -451,6 +458,34 @@ impl JobLedger {
         self.in_flight = Some(op);
         let actions = self.settle(actions);
         Ok(Submitted::Started { id, actions })
+    }
+
+    /// The answer for an id that ran or runs: its result or the operation in flight when `cmd`
+    /// is the same request, `IdReused` when it is another. `None` for a new id.
+    fn seen(&self, cmd: &SwitchCommand, id: OperationId) -> Option<Result<Submitted, SubmitError>> {
+        let (targets, answer) = if let Some(r) = self.result_of(id) {
+            (&r.targets, Submitted::Known(Box::new(r.clone())))
+        } else {
+            let op = self.in_flight.as_ref().filter(|op| op.id() == id)?;
+            (&op.plan().targets, Submitted::InFlight(id))
+        };
+        if self.same_targets(cmd, targets) {
+            Some(Ok(answer))
+        } else {
+            Some(Err(SubmitError::IdReused { id }))
+        }
+    }
+
+    /// Whether `cmd` resolves to exactly `known` (in any order): a retry of the same request.
+    fn same_targets(&self, cmd: &SwitchCommand, known: &[RankTarget]) -> bool {
+        let key = |t: &RankTarget| (t.rank, t.use_backup);
+        match cmd.resolve(&self.table) {
+            Ok(plan) => {
+                let new: BTreeSet<_> = plan.targets.iter().map(key).collect();
+                new == known.iter().map(key).collect()
+            }
+            Err(_) => false,
+        }
     }
 
     /// Feeds an event to the operation or verification round in flight (ignored when none

@@ -12,6 +12,7 @@
 //! - [`operation`]: the operation state machine (events in, actions and deadlines out).
 //! - [`ledger`]: the manager's book of a job: registrations, NIC table, in-flight and past
 //!   operations, and the admission rules in front of the state machine.
+//! - [`summary`]: one operation as readers outside the manager see it (JSON, the control API).
 //! - [`display`]: how lists appear in messages for people.
 //! - [`env`]: the environment variables taskd reads, one lookup type for them, and how their
 //!   values are interpreted.
@@ -29,6 +30,7 @@ pub mod operation;
 pub mod planner;
 pub mod protocol;
 pub mod rank_table;
+pub mod summary;
 pub mod verify;
 
 pub use command::{Direction, RankTarget, SwitchCommand, SwitchPlan, ValidationError};
@@ -41,3 +43,4 @@ pub use ledger::{JobLedger, JobState, SubmitError};
 pub use operation::{Action, Event, Operation, OperationReport, Outcome, PhaseDeadlines};
 pub use planner::{plan_calls, GroupCall};
 pub use rank_table::RankTable;
+pub use summary::OperationSummary;

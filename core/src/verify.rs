@@ -37,8 +37,11 @@ const TOKEN_BASE: u64 = 1 << 40;
 pub struct Disagreement {
     /// The group (or, for a rank on different sides in its groups, the groups named).
     pub group: String,
-    /// The ranks involved.
+    /// The ranks involved (every member that reported).
     pub ranks: Vec<GlobalRank>,
+    /// The ranks whose side differs between the views: what a recovery must re-state.
+    #[serde(default)]
+    pub in_doubt: Vec<GlobalRank>,
     /// What differs, for a person.
     pub detail: String,
 }
@@ -68,11 +71,11 @@ impl Assessment {
         self.disagreements.is_empty()
     }
 
-    /// Every rank involved in a disagreement, ascending.
+    /// Every rank whose side some group does not agree on, ascending.
     pub fn ranks_in_doubt(&self) -> BTreeSet<GlobalRank> {
         self.disagreements
             .iter()
-            .flat_map(|d| d.ranks.iter().copied())
+            .flat_map(|d| d.in_doubt.iter().copied())
             .collect()
     }
 
@@ -106,6 +109,7 @@ pub fn assess(reports: &BTreeMap<GlobalRank, WorkerReport>) -> Assessment {
             a.disagreements.push(Disagreement {
                 group: format!("{} / {}", on.join(","), off.join(",")),
                 ranks: vec![*rank],
+                in_doubt: vec![*rank],
                 detail: format!(
                     "rank {rank} is on its backup NIC in {} but on its primary in {}",
                     on.join(", "),
@@ -142,6 +146,13 @@ pub fn assess(reports: &BTreeMap<GlobalRank, WorkerReport>) -> Assessment {
                 })
                 .collect::<Vec<_>>()
                 .join("; ");
+            // On backup in some view and not in all.
+            let union: BTreeSet<GlobalRank> =
+                views.keys().flat_map(|v| v.iter().copied()).collect();
+            let in_doubt = union
+                .into_iter()
+                .filter(|r| !views.keys().all(|v| v.contains(r)))
+                .collect();
             a.disagreements.push(Disagreement {
                 group: (*group).to_string(),
                 ranks: views
@@ -151,12 +162,16 @@ pub fn assess(reports: &BTreeMap<GlobalRank, WorkerReport>) -> Assessment {
                     .collect::<BTreeSet<_>>()
                     .into_iter()
                     .collect(),
+                in_doubt,
                 detail,
             });
         } else if reporters < *size as usize {
             a.disagreements.push(Disagreement {
                 group: (*group).to_string(),
                 ranks: views.values().flatten().copied().collect(),
+                // Every member agrees on the sides: nothing a re-statement could fix (a group
+                // of another size is a process started with another layout).
+                in_doubt: Vec::new(),
                 detail: format!("only {reporters} of {size} members reported the group"),
             });
         }
@@ -469,6 +484,9 @@ mod tests {
         let a = assess(&m);
         assert_eq!(a.disagreements.len(), 1);
         assert_eq!(a.disagreements[0].group, "world");
+        // Ranks 0 to 2 reported; only rank 2's side is in doubt.
+        assert_eq!(a.disagreements[0].ranks, r(&[0, 1, 2]));
+        assert_eq!(a.disagreements[0].in_doubt, r(&[2]));
         assert!(
             a.disagreements[0]
                 .detail

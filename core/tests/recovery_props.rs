@@ -148,10 +148,7 @@ impl World {
             .start_verification(id, secs(self.next_id as u64));
         let complete = self.ranks.iter().all(|s| s.answers);
         let mut resumed = Vec::new();
-        loop {
-            let Some(d) = broadcasts(&todo).last().map(|d| (*d).clone()) else {
-                break;
-            };
+        while let Some(d) = broadcasts(&todo).last().map(|d| (*d).clone()) {
             let token = todo.iter().find_map(|a| match a {
                 Action::ArmDeadline { token, .. } => Some(*token),
                 _ => None,

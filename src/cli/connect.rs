@@ -2,8 +2,8 @@
 
 use clap::Args;
 use std::path::PathBuf;
-use taskd_actors::control::proto::control_client::ControlClient;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use taskd_actors::control::{ClientError, ControlClient};
+use taskd_actors::net::{PemIdentity, TlsPem};
 
 /// Where the control API is and how to authenticate.
 #[derive(Args, Clone, Debug)]
@@ -36,13 +36,8 @@ pub enum ConnectError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("bad address {0:?}: expected HOST:PORT")]
-    Address(String),
-    #[error("cannot connect to {addr}: {source}")]
-    Connect {
-        addr: String,
-        source: tonic::transport::Error,
-    },
+    #[error(transparent)]
+    Client(#[from] ClientError),
 }
 
 fn read(path: &PathBuf) -> Result<Vec<u8>, ConnectError> {
@@ -79,48 +74,32 @@ impl ConnectArgs {
         control_token(self.token_file.as_deref())
     }
 
-    pub async fn connect(&self) -> Result<ControlClient<Channel>, ConnectError> {
-        let tls = self.tls_ca.is_some() || self.tls_cert.is_some();
-        let scheme = if tls { "https" } else { "http" };
-        let uri = format!("{scheme}://{}", self.addr);
-        let mut ep =
-            Endpoint::from_shared(uri).map_err(|_| ConnectError::Address(self.addr.clone()))?;
-        if tls {
-            let mut c = ClientTlsConfig::new();
-            if let Some(ca) = &self.tls_ca {
-                c = c.ca_certificate(Certificate::from_pem(read(ca)?));
-            }
-            if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
-                c = c.identity(Identity::from_pem(read(cert)?, read(key)?));
-            }
-            let domain = self.tls_domain.clone().unwrap_or_else(|| {
-                self.addr
-                    .rsplit_once(':')
-                    .map(|(h, _)| h.trim_matches(|c| c == '[' || c == ']').to_owned())
-                    .unwrap_or_default()
-            });
-            c = c.domain_name(domain);
-            ep = ep.tls_config(c).map_err(|source| ConnectError::Connect {
-                addr: self.addr.clone(),
-                source,
-            })?;
+    /// The TLS material of `--tls-ca` / `--tls-cert` / `--tls-key` / `--tls-domain`; `None`
+    /// (plain HTTP/2) when neither a CA nor a certificate is given.
+    fn tls(&self) -> Result<Option<TlsPem>, ConnectError> {
+        if self.tls_ca.is_none() && self.tls_cert.is_none() {
+            return Ok(None);
         }
-        let channel = ep.connect().await.map_err(|source| ConnectError::Connect {
-            addr: self.addr.clone(),
-            source,
-        })?;
-        Ok(ControlClient::new(channel))
+        let identity = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(PemIdentity {
+                cert: read(cert)?,
+                key: read(key)?,
+            }),
+            _ => None,
+        };
+        Ok(Some(TlsPem {
+            ca: self.tls_ca.as_ref().map(read).transpose()?,
+            identity,
+            domain: self.tls_domain.clone(),
+        }))
     }
 
-    /// Wraps a message, adding the bearer token when there is one.
-    pub fn request<T>(&self, msg: T, token: &Option<String>) -> tonic::Request<T> {
-        let mut req = tonic::Request::new(msg);
-        if let Some(t) = token {
-            if let Ok(v) = format!("Bearer {t}").parse() {
-                req.metadata_mut().insert("authorization", v);
-            }
-        }
-        req
+    /// A client of the control API at `--addr` that sends `token` with every call.
+    pub async fn connect(&self, token: Option<String>) -> Result<ControlClient, ConnectError> {
+        let tls = self.tls()?;
+        Ok(ControlClient::connect(&self.addr, tls.as_ref())
+            .await?
+            .with_token(token))
     }
 }
 

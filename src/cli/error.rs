@@ -56,6 +56,9 @@ pub enum CliError {
     /// The simulator could not run.
     #[error(transparent)]
     Sim(#[from] SimError),
+    /// The control API could not be reached, or refused the credentials.
+    #[error("{0}")]
+    Unreachable(String),
     /// Anything else that stops the command.
     #[error("{0}")]
     Failed(String),
@@ -75,6 +78,7 @@ impl CliError {
             | CliError::Refused(_) => exit::USAGE,
             CliError::Sim(SimError::Setup(_) | SimError::Target(_)) => exit::USAGE,
             CliError::Start(_) | CliError::Sim(_) | CliError::Failed(_) => exit::FAILED,
+            CliError::Unreachable(_) => exit::UNREACHABLE,
         }
     }
 

@@ -9,11 +9,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
-use taskd_actors::control::GuardConfig;
+use taskd_actors::control::{ControlConfig, GuardConfig, RateLimit};
 use taskd_actors::net::{ManagerNodeConfig, DEFAULT_MANAGER_PORT};
-use taskd_actors::process::{
-    rank_table, ControlEndpoint, ManagerProcess, ManagerProcessConfig, ShutdownSignals,
-};
+use taskd_actors::process::{rank_table, ManagerProcess, ManagerProcessConfig, ShutdownSignals};
 use taskd_core::env::{self, process_env};
 use taskd_core::rank_table::{MAX_NODES, MAX_RANKS};
 use taskd_core::{JobId, PhaseDeadlines, RankTable};
@@ -44,6 +42,12 @@ pub struct ManagerArgs {
     /// File holding the bearer token the control API requires (or set TASKD_CONTROL_TOKEN).
     #[arg(long, value_name = "FILE", requires = "control_addr")]
     control_token_file: Option<PathBuf>,
+    /// Requests a client of the control API may send at once before the rate limit applies.
+    #[arg(long, value_name = "N", default_value_t = RateLimit::default().burst)]
+    control_rate_burst: u32,
+    /// Requests per second a client of the control API may send after its burst.
+    #[arg(long, value_name = "N", default_value_t = RateLimit::default().per_second)]
+    control_rate_per_sec: f64,
     /// Start even though MS_SCHED_HOST differs from POD_IP (the manager belongs on the
     /// scheduler host).
     #[arg(long)]
@@ -90,16 +94,25 @@ impl ManagerArgs {
             }
         };
         let tls = self.tls.load()?;
+        let job = JobId(self.job_id.clone());
+        let rate = RateLimit {
+            burst: self.control_rate_burst,
+            per_second: self.control_rate_per_sec,
+        };
+        rate.check().map_err(|e| {
+            CliError::usage(format!("--control-rate-burst/--control-rate-per-sec: {e}"))
+        })?;
         let control = match self.control_addr {
             None => None,
-            Some(addr) => Some(ControlEndpoint {
-                addr,
+            // The transport's TLS files serve the control port too (mutual: the job's CA).
+            Some(addr) => Some(ControlConfig {
                 guard: GuardConfig {
                     token: super::connect::control_token(self.control_token_file.as_deref())
                         .map_err(CliError::Usage)?,
-                    ..Default::default()
+                    rate,
                 },
-                tls: tls.as_ref().map(ControlEndpoint::tls_from),
+                tls: tls.clone(),
+                ..ControlConfig::new(addr, job.clone())
             }),
         };
         let listen = self
@@ -107,7 +120,7 @@ impl ManagerArgs {
             .unwrap_or_else(|| default_listen(sched.as_deref()));
         Ok(ManagerProcessConfig {
             node: ManagerNodeConfig {
-                job: JobId(self.job_id.clone()),
+                job,
                 table,
                 deadlines: self.deadlines(),
                 listen,

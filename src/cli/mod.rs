@@ -14,6 +14,7 @@ pub mod flags;
 pub mod manager;
 pub mod net_common;
 pub mod proxy;
+pub mod recover;
 pub mod render;
 pub mod serve;
 pub mod sim;
@@ -52,6 +53,9 @@ enum Command {
     Switch(switch::SwitchArgs),
     /// Show a job as its manager sees it: workers, NIC table, operation in flight, results.
     Status(status::StatusArgs),
+    /// Bring a job that is paused or needs recovery back: re-state the ranks in doubt to one
+    /// NIC side and resume, or verify what every rank applied (through the control API).
+    Recover(recover::RecoverArgs),
     /// Preflight for a node about to run a job: vendor libraries, HCCL/MindCluster flags, the
     /// taskd port, the job environment. Exit 0 only when no check fails.
     Doctor(doctor::DoctorArgs),
@@ -72,6 +76,7 @@ pub fn main() -> ExitCode {
         Command::Sim(args) => ("sim", sim::run(args)),
         Command::Switch(args) => ("switch", Ok(switch::run(args))),
         Command::Status(args) => ("status", Ok(status::run(args))),
+        Command::Recover(args) => ("recover", recover::run(args)),
         Command::Doctor(args) => ("doctor", Ok(doctor::run(args))),
         Command::Manager(args) => ("manager", manager::run(args)),
         Command::Proxy(args) => ("proxy", proxy::run(args)),

@@ -3,21 +3,44 @@
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 use std::time::Duration;
-use taskd_actors::control::convert::result_value as result_json;
 use taskd_actors::control::proto::{self, switch_event::Event};
 use taskd_actors::progress::{ProgressEvent, ProgressKind};
 use taskd_core::protocol::Phase;
-use taskd_core::OperationId;
+use taskd_core::{OperationId, OperationSummary};
 
+/// A result as JSON: the fields of `taskd sim --json`'s operations.
+fn result_json(r: &proto::OperationResult) -> Value {
+    serde_json::to_value(OperationSummary::from(r)).expect("a summary serializes")
+}
+
+/// One line of `taskd switch --json`. Phase events say what happened in `kind`: `started`
+/// (with the ranks `waiting` and, for the pause, its `pause_step`), `waiting` (the count went
+/// down) or `finished` (with `took_ms`).
 pub fn event_json(ev: &Event) -> Value {
     match ev {
         Event::Accepted(a) => json!({"event": "accepted", "uuid": a.uuid, "known": a.known}),
         Event::Refused(r) => json!({
             "event": "refused", "code": r.code,
             "name": taskd_actors::control::codes::name(r.code), "reason": r.reason,
+            "kind": r.kind().as_str_name().trim_start_matches("REFUSAL_KIND_").to_lowercase(),
         }),
         Event::Phase(p) => {
-            json!({"event": "phase", "uuid": p.uuid, "phase": p.phase, "at_ms": p.at_ms})
+            let mut v = json!({
+                "event": "phase", "kind": p.kind, "uuid": p.uuid, "phase": p.phase,
+                "at_ms": p.at_ms,
+            });
+            match p.kind.as_str() {
+                "started" => {
+                    v["waiting"] = json!(p.waiting);
+                    if let Some(step) = p.pause_step {
+                        v["pause_step"] = json!(step);
+                    }
+                }
+                "waiting" => v["waiting"] = json!(p.waiting),
+                "finished" => v["took_ms"] = json!(p.took_ms),
+                _ => {}
+            }
+            v
         }
         Event::Result(r) => json!({"event": "result", "result": result_json(r)}),
     }
@@ -57,15 +80,16 @@ pub fn progress_event(p: &proto::PhaseEvent) -> Option<ProgressEvent> {
     })
 }
 
-pub fn result_text(r: &proto::OperationResult) -> String {
+/// A result as `taskd switch --wait` prints it.
+pub fn result_text(r: &OperationSummary) -> String {
     let mut s = String::new();
-    let p = r.phases.unwrap_or_default();
+    let p = r.phases_ms;
     for (name, v) in [
-        ("pause", p.pause_ms),
-        ("switch", p.switch_ms),
-        ("rollback", p.rollback_ms),
-        ("resume", p.resume_ms),
-        ("total", Some(p.total_ms)),
+        ("pause", p.pause),
+        ("switch", p.switch),
+        ("rollback", p.rollback),
+        ("resume", p.resume),
+        ("total", Some(p.total)),
         ("stall", r.stall_ms),
     ] {
         if let Some(v) = v {
@@ -85,8 +109,8 @@ pub fn result_text(r: &proto::OperationResult) -> String {
         );
     }
     s.push('\n');
-    if !r.error.is_empty() {
-        let _ = writeln!(s, "  reason    {}", r.error);
+    if let Some(e) = &r.error {
+        let _ = writeln!(s, "  reason    {e}");
     }
     for e in &r.rank_errors {
         let _ = writeln!(s, "  rank {:>5} {:<8} {}", e.rank, e.phase, e.message);
@@ -101,6 +125,7 @@ pub fn result_text(r: &proto::OperationResult) -> String {
     s
 }
 
+/// `taskd status --json`: one object.
 pub fn status_json(s: &proto::JobStatus) -> Value {
     json!({
         "job": s.job_id,
@@ -113,9 +138,24 @@ pub fn status_json(s: &proto::JobStatus) -> Value {
             "uuid": f.uuid, "phase": f.phase, "pending_ranks": f.pending_ranks,
         })),
         "recent": s.recent.iter().map(result_json).collect::<Vec<_>>(),
+        "lost_ranks": s.lost_ranks.iter().map(|l| json!({
+            "rank": l.rank, "reason": l.reason,
+        })).collect::<Vec<_>>(),
+        "verified": s.verified,
+        "last_verification": s.last_verification.as_ref().map(|v| json!({
+            "uuid": v.uuid,
+            "summary": v.summary,
+            "disagreements": v.disagreements.iter().map(|d| json!({
+                "group": d.group, "ranks": d.ranks, "detail": d.detail,
+            })).collect::<Vec<_>>(),
+            "released": v.released,
+            "missing": v.missing,
+            "held": v.held,
+        })),
     })
 }
 
+/// `taskd status` for people.
 pub fn status_text(s: &proto::JobStatus) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "job        {}", s.job_id);
@@ -148,6 +188,24 @@ pub fn status_text(s: &proto::JobStatus) -> String {
         None => {
             let _ = writeln!(out, "in flight  none");
         }
+    }
+    let verified = if s.verified {
+        "yes"
+    } else {
+        "no (switches wait for every rank's report)"
+    };
+    let _ = writeln!(out, "verified   {verified}");
+    if let Some(v) = s
+        .last_verification
+        .as_ref()
+        .filter(|v| !v.disagreements.is_empty() || !v.missing.is_empty())
+    {
+        let _ = writeln!(out, "verify     {}", v.summary);
+    }
+    // Ranks whose process or connection is gone, until they register again.
+    for (i, l) in s.lost_ranks.iter().enumerate() {
+        let label = if i == 0 { "lost" } else { "" };
+        let _ = writeln!(out, "{label:<10} rank {}: {}", l.rank, l.reason);
     }
     if !s.recent.is_empty() {
         let _ = writeln!(

@@ -10,7 +10,8 @@ use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use taskd_actors::control::{self, ControlTls, GuardConfig, RateLimit};
+use taskd_actors::control::{self, ControlConfig, GuardConfig, RateLimit};
+use taskd_actors::net::{PemIdentity, TlsPem};
 use taskd_actors::process::ShutdownSignals;
 use taskd_core::JobId;
 
@@ -54,23 +55,27 @@ impl ServeArgs {
     /// The control port's guard: token from `--token-file` or `TASKD_CONTROL_TOKEN`.
     pub fn guard(&self) -> Result<GuardConfig, String> {
         let token = super::connect::control_token(self.token_file.as_deref())?;
-        Ok(GuardConfig {
-            token,
-            rate: RateLimit {
-                burst: self.rate_burst,
-                per_second: self.rate_per_sec,
-            },
-        })
+        let rate = RateLimit {
+            burst: self.rate_burst,
+            per_second: self.rate_per_sec,
+        };
+        rate.check()
+            .map_err(|e| format!("--rate-burst/--rate-per-sec: {e}"))?;
+        Ok(GuardConfig { token, rate })
     }
 
-    pub fn tls(&self) -> Result<Option<ControlTls>, String> {
+    /// The control port's TLS: `--tls-cert`/`--tls-key`, mutual with `--tls-client-ca`.
+    pub fn tls(&self) -> Result<Option<TlsPem>, String> {
         let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
             return Ok(None);
         };
-        Ok(Some(ControlTls {
-            cert_pem: read(cert)?,
-            key_pem: read(key)?,
-            client_ca_pem: self.tls_client_ca.as_ref().map(read).transpose()?,
+        Ok(Some(TlsPem {
+            ca: self.tls_client_ca.as_ref().map(read).transpose()?,
+            identity: Some(PemIdentity {
+                cert: read(cert)?,
+                key: read(key)?,
+            }),
+            domain: None,
         }))
     }
 }
@@ -84,11 +89,12 @@ pub fn run(mut cfg: SimConfig, a: ServeArgs) -> Result<ExitCode, CliError> {
     let mut signals = rt.block_on(async { ShutdownSignals::install() })?;
     let sim = Simulation::start(&cfg).map_err(|e| CliError::Failed(e.to_string()))?;
     let server = control::serve(
-        a.control_addr,
         sim.job().manager().clone(),
-        cfg.job.clone(),
-        guard,
-        tls,
+        ControlConfig {
+            guard,
+            tls,
+            ..ControlConfig::new(a.control_addr, cfg.job.clone())
+        },
     )
     .map_err(|e| CliError::Failed(e.to_string()))?;
     // One line a person or a script can read the port from.

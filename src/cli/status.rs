@@ -3,7 +3,7 @@
 use super::connect::{exit, explain, ConnectArgs};
 use clap::Args;
 use std::process::ExitCode;
-use taskd_actors::control::proto;
+use taskd_actors::control::ClientError;
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
@@ -42,23 +42,15 @@ async fn status(a: StatusArgs) -> u8 {
             return exit::USAGE;
         }
     };
-    let mut client = match a.connect.connect().await {
+    let mut client = match a.connect.connect(token).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("taskd status: {e}");
             return exit::UNREACHABLE;
         }
     };
-    let req = a.connect.request(
-        proto::StatusRequest {
-            job_id: a.job.clone(),
-            recent: a.recent,
-        },
-        &token,
-    );
-    match client.get_status(req).await {
+    match client.status(&a.job, a.recent).await {
         Ok(s) => {
-            let s = s.into_inner();
             if a.json {
                 println!("{:#}", super::render::status_json(&s));
             } else {
@@ -66,13 +58,17 @@ async fn status(a: StatusArgs) -> u8 {
             }
             exit::OK
         }
-        Err(s) => {
+        Err(ClientError::Rpc(s)) => {
             eprintln!("taskd status: {}", explain(&s));
             if s.code() == tonic::Code::NotFound {
                 exit::FAILED
             } else {
                 exit::UNREACHABLE
             }
+        }
+        Err(e) => {
+            eprintln!("taskd status: {e}");
+            exit::UNREACHABLE
         }
     }
 }

@@ -3,8 +3,9 @@
 use super::connect::{exit, explain, ConnectArgs};
 use clap::{Args, ValueEnum};
 use std::process::ExitCode;
-use taskd_actors::control::codes;
-use taskd_actors::control::proto::{self, switch_event::Event};
+use taskd_actors::control::proto::{self, switch_event::Event, RefusalKind};
+use taskd_actors::control::{codes, ClientError};
+use taskd_core::OperationSummary;
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Side {
@@ -28,7 +29,8 @@ pub struct SwitchArgs {
     /// Which NIC the preceding --node's devices use from now on.
     #[arg(long = "to", value_name = "backup|primary", required = true)]
     to: Vec<Side>,
-    /// Client-chosen operation UUID (a repeated one returns the known result).
+    /// Client-chosen operation UUID: repeated with the same targets it returns the known
+    /// result; with other targets it is refused (exit 2).
     #[arg(long)]
     uuid: Option<String>,
     /// Wait for the result, showing the phases; exit non-zero unless it succeeded.
@@ -99,36 +101,42 @@ async fn switch(a: SwitchArgs, targets: Vec<proto::Target>) -> u8 {
             return exit::USAGE;
         }
     };
-    let mut client = match a.connect.connect().await {
+    let mut client = match a.connect.connect(token).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("taskd switch: {e}");
             return exit::UNREACHABLE;
         }
     };
-    let req = a.connect.request(
-        proto::SwitchRequest {
-            job_id: a.job.clone(),
-            uuid: a.uuid.clone().unwrap_or_default(),
-            targets,
-            wait: a.wait,
-        },
-        &token,
-    );
-    let mut stream = match client.switch(req).await {
-        Ok(s) => s.into_inner(),
-        Err(s) => {
+    let req = proto::SwitchRequest {
+        job_id: a.job.clone(),
+        uuid: a.uuid.clone().unwrap_or_default(),
+        targets,
+        wait: a.wait,
+    };
+    let stream = match client.switch(req).await {
+        Ok(s) => s,
+        Err(ClientError::Rpc(s)) => {
             eprintln!("taskd switch: {}", explain(&s));
             return exit::UNREACHABLE;
         }
+        Err(e) => {
+            eprintln!("taskd switch: {e}");
+            return exit::UNREACHABLE;
+        }
     };
+    follow(&a, stream).await
+}
+
+/// Shows the events of one switch as they come; the exit code.
+async fn follow(a: &SwitchArgs, mut stream: tonic::Streaming<proto::SwitchEvent>) -> u8 {
     let mut code = exit::FAILED;
     // Phases as they happen: a bar redrawn in place on a terminal, plain lines otherwise.
     let mut printer = crate::progress::ProgressPrinter::stdout();
     loop {
         let ev = match stream.message().await {
             Ok(Some(ev)) => ev,
-            Ok(None) => break,
+            Ok(None) => return code,
             Err(s) => {
                 eprintln!("taskd switch: the stream broke: {}", explain(&s));
                 return exit::UNREACHABLE;
@@ -141,37 +149,25 @@ async fn switch(a: SwitchArgs, targets: Vec<proto::Target>) -> u8 {
         match ev {
             Event::Accepted(acc) => {
                 if !a.json {
-                    println!(
-                        "operation {} {}",
-                        acc.uuid,
-                        if acc.known {
-                            "already ran: its result follows"
-                        } else {
-                            "accepted"
-                        }
-                    );
+                    let what = if acc.known {
+                        "already ran: its result follows"
+                    } else {
+                        "accepted"
+                    };
+                    println!("operation {} {what}", acc.uuid);
                 }
                 if !a.wait && !acc.known {
                     code = exit::OK;
                 }
             }
-            Event::Refused(r) => {
-                eprintln!(
-                    "taskd switch: refused ({} {}): {}",
-                    r.code,
-                    codes::name(r.code),
-                    r.reason
-                );
-                return exit::FAILED;
-            }
+            Event::Refused(r) => return refused(&r),
             Event::Phase(p) => {
-                if !a.json {
-                    if let Some(ev) = super::render::progress_event(&p) {
-                        let _ = printer.event(&ev);
-                    }
+                if let Some(ev) = super::render::progress_event(&p).filter(|_| !a.json) {
+                    let _ = printer.event(&ev);
                 }
             }
             Event::Result(r) => {
+                let r = OperationSummary::from(&r);
                 if !a.json {
                     let _ = printer.finish();
                     print!("{}", super::render::result_text(&r));
@@ -184,5 +180,23 @@ async fn switch(a: SwitchArgs, targets: Vec<proto::Target>) -> u8 {
             }
         }
     }
-    code
+}
+
+/// Says why the manager refused and returns the exit code: 2 when the command line itself is
+/// wrong (a `--uuid` already used for another request), 1 otherwise.
+fn refused(r: &proto::Refused) -> u8 {
+    if r.kind() == RefusalKind::IdReused {
+        eprintln!(
+            "taskd switch: --uuid: {} (a retry must repeat the same --node/--dev/--to)",
+            r.reason
+        );
+        return exit::USAGE;
+    }
+    eprintln!(
+        "taskd switch: refused ({} {}): {}",
+        r.code,
+        codes::name(r.code),
+        r.reason
+    );
+    exit::FAILED
 }

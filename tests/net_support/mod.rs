@@ -1,5 +1,6 @@
 //! Support for the network tests: the `taskd` binary as separate processes on loopback, each
-//! printing its bound address on stdout, and the manager's admin client.
+//! printing its bound address on stdout, and a client of the manager's control API (served on
+//! port 0 next to its transport port).
 //!
 //! Nothing here sleeps to wait for an event: a test waits for a line a process prints, or for
 //! the manager's answer. Every process is killed when its [`Proc`] drops, so a failing test
@@ -12,9 +13,11 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use taskd::actors::net::AdminClient;
+use taskd::actors::control::proto::JobStatus;
+use taskd::actors::control::{ClientError, ControlClient, Progress, Switching};
+use taskd::actors::net::TlsPem;
 use taskd::core::command::Target;
-use taskd::core::{DeviceId, JobId, NodeName, SwitchCommand};
+use taskd::core::{DeviceId, JobId, NodeName, OperationSummary, SwitchCommand};
 
 /// How long a test waits for a line or an exit before it fails (a safety net: the expected
 /// line normally comes in milliseconds).
@@ -204,7 +207,9 @@ pub struct Cluster {
     pub proxy_addrs: Vec<String>,
     pub workers: Vec<Option<Proc>>,
     pub rt: tokio::runtime::Runtime,
-    pub admin: AdminClient,
+    /// The manager's control API, and a client of it.
+    pub control_addr: String,
+    pub control: ControlClient,
     /// Flags every process gets (heartbeats, TLS).
     pub common: Vec<String>,
 }
@@ -219,8 +224,8 @@ pub struct ClusterSpec<'a> {
     pub manager_flags: Vec<String>,
     /// Flags for every process.
     pub common: Vec<String>,
-    /// TLS material for the admin client.
-    pub tls: Option<taskd::actors::net::TlsPem>,
+    /// TLS material for the control client (the manager's control port uses the job's TLS).
+    pub tls: Option<TlsPem>,
 }
 
 pub fn s(v: &[&str]) -> Vec<String> {
@@ -232,23 +237,40 @@ pub fn fast_heartbeats() -> Vec<String> {
     s(&["--heartbeat-ms", "100", "--missed-heartbeats", "3"])
 }
 
+/// `taskd manager` with its control API on port 0; the process, its transport address and its
+/// control address.
+fn spawn_manager(scratch: &Scratch, spec: &ClusterSpec<'_>) -> (Proc, String, String) {
+    let mut margs = s(&[
+        "manager",
+        "--job-id",
+        spec.job,
+        "--nodes",
+        &spec.nodes.to_string(),
+        "--procs-per-node",
+        &spec.ppn.to_string(),
+        "--listen",
+        "127.0.0.1:0",
+        "--control-addr",
+        "127.0.0.1:0",
+    ]);
+    margs.extend(spec.manager_flags.iter().cloned());
+    margs.extend(spec.common.iter().cloned());
+    let mut manager = Proc::spawn(scratch, "manager", &margs);
+    let manager_addr = manager.listening_addr();
+    let control_addr = manager
+        .wait_line("control API on ")
+        .rsplit(' ')
+        .next()
+        .expect("an address after 'control API on'")
+        .to_owned();
+    (manager, manager_addr, control_addr)
+}
+
 impl Cluster {
+    /// Starts the manager, then every proxy, then every worker, and waits until every worker
+    /// is registered.
     pub fn start(scratch: &Scratch, spec: ClusterSpec<'_>) -> Cluster {
-        let mut margs = s(&[
-            "manager",
-            "--job-id",
-            spec.job,
-            "--nodes",
-            &spec.nodes.to_string(),
-            "--procs-per-node",
-            &spec.ppn.to_string(),
-            "--listen",
-            "127.0.0.1:0",
-        ]);
-        margs.extend(spec.manager_flags.iter().cloned());
-        margs.extend(spec.common.iter().cloned());
-        let mut manager = Proc::spawn(scratch, "manager", &margs);
-        let manager_addr = manager.listening_addr();
+        let (manager, manager_addr, control_addr) = spawn_manager(scratch, &spec);
         let mut proxies = Vec::new();
         let mut proxy_addrs = Vec::new();
         for k in 0..spec.nodes {
@@ -289,10 +311,10 @@ impl Cluster {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .expect("a runtime for the admin client");
-        let admin = rt
-            .block_on(AdminClient::connect(&manager_addr, spec.tls.as_ref()))
-            .expect("admin client connects");
+            .expect("a runtime for the control client");
+        let control = rt
+            .block_on(ControlClient::connect(&control_addr, spec.tls.as_ref()))
+            .expect("the control client connects");
         let mut c = Cluster {
             job: spec.job.to_owned(),
             nodes: spec.nodes,
@@ -303,14 +325,57 @@ impl Cluster {
             proxy_addrs,
             workers,
             rt,
-            admin,
+            control_addr,
+            control,
             common: spec.common,
         };
-        let status =
-            c.rt.block_on(c.admin.await_registered(None))
-                .expect("every worker registers");
-        assert_eq!(status.workers_registered, (spec.nodes * spec.ppn) as usize);
+        let status = c.wait_registered();
+        assert_eq!(status.workers_registered, spec.nodes * spec.ppn);
         c
+    }
+
+    /// Submits and waits for the result.
+    pub fn run(&mut self, cmd: &SwitchCommand) -> Result<OperationSummary, ClientError> {
+        self.rt.block_on(self.control.run(cmd))
+    }
+
+    /// Submits; the accepted operation, to follow with [`Cluster::until_phase`] and
+    /// [`Cluster::result`].
+    pub fn submit(&mut self, cmd: &SwitchCommand) -> Result<Switching, ClientError> {
+        self.rt.block_on(self.control.submit(cmd))
+    }
+
+    /// Follows `op` until `phase` started (the pause step it announces, for the pause); fails
+    /// the test if the operation finishes first.
+    pub fn until_phase(&self, op: &mut Switching, phase: &str) -> Option<u64> {
+        loop {
+            match self.rt.block_on(op.next()).expect("progress") {
+                Progress::Phase(p) if p.phase == phase && p.kind == "started" => {
+                    return p.pause_step
+                }
+                Progress::Phase(_) => continue,
+                Progress::Finished(r) => panic!("finished before {phase}: {r:?}"),
+            }
+        }
+    }
+
+    /// The result of `op`.
+    pub fn result(&self, op: Switching) -> OperationSummary {
+        self.rt.block_on(op.result()).expect("a result")
+    }
+
+    /// The job's status with `recent` past results.
+    pub fn status(&mut self, recent: u32) -> JobStatus {
+        self.rt
+            .block_on(self.control.status(&self.job, recent))
+            .expect("status")
+    }
+
+    /// Waits until every worker is registered.
+    pub fn wait_registered(&mut self) -> JobStatus {
+        self.rt
+            .block_on(self.control.wait_registered(&self.job, None))
+            .expect("every worker registers")
     }
 
     /// A command for this job: `(node index, device, use_backup)`.
@@ -331,8 +396,8 @@ impl Cluster {
 
     /// Stops every running process with SIGTERM and checks each exits cleanly (status 0).
     pub fn shutdown_cleanly(mut self) {
-        // Close the admin connection first: the manager's graceful stop waits for it.
-        drop(self.admin);
+        // Close the control connection first: the manager's graceful stop waits for it.
+        drop(self.control);
         drop(self.rt);
         let mut all: Vec<&mut Proc> = Vec::new();
         all.extend(self.workers.iter_mut().flatten());
@@ -371,7 +436,7 @@ pub fn worker_args(job: &str, r: u32, proxy: &str) -> Vec<String> {
 
 /// Writes a CA and one certificate for 127.0.0.1/localhost (server and client use) under
 /// `prefix` in the scratch directory; returns the file flags and the PEM contents.
-pub fn make_tls(scratch: &Scratch, prefix: &str) -> (Vec<String>, taskd::actors::net::TlsPem) {
+pub fn make_tls(scratch: &Scratch, prefix: &str) -> (Vec<String>, TlsPem) {
     use rcgen::{
         BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
         KeyPair, KeyUsagePurpose,
@@ -409,11 +474,10 @@ pub fn make_tls(scratch: &Scratch, prefix: &str) -> (Vec<String>, taskd::actors:
     let cert = write("node.pem", &leaf_cert.pem());
     let key = write("node.key", &leaf_key.serialize_pem());
     let flags = s(&["--tls-ca", &ca, "--tls-cert", &cert, "--tls-key", &key]);
-    let pem = taskd::actors::net::TlsPem {
-        ca: ca_cert.pem().into_bytes(),
-        cert: leaf_cert.pem().into_bytes(),
-        key: leaf_key.serialize_pem().into_bytes(),
-        domain: None,
-    };
+    let pem = TlsPem::mutual(
+        ca_cert.pem().into_bytes(),
+        leaf_cert.pem().into_bytes(),
+        leaf_key.serialize_pem().into_bytes(),
+    );
     (flags, pem)
 }

@@ -1,55 +1,109 @@
-//! Conversions between the manager's types and the control API's messages.
+//! Conversions between the manager's types and the control API's messages. A result travels as
+//! [`OperationSummary`] both ways, so `Control`, the CLI's JSON and the simulator's JSON are one
+//! shape.
 
 use super::proto;
 use crate::manager::ManagerStatus;
-use std::time::Duration;
 use taskd_core::operation::OperationReport;
+use taskd_core::summary::{PhasesMs, RankErrorSummary, TargetSummary};
+use taskd_core::verify::VerifyReport;
+use taskd_core::OperationSummary;
 
-fn ms(d: Duration) -> f64 {
-    (d.as_secs_f64() * 1e6).round() / 1e3
+impl From<&OperationSummary> for proto::OperationResult {
+    fn from(s: &OperationSummary) -> Self {
+        let p = s.phases_ms;
+        proto::OperationResult {
+            uuid: s.uuid.clone(),
+            direction: s.direction.clone(),
+            result: s.result.clone(),
+            error: s.error.clone().unwrap_or_default(),
+            rolled_back: s.rolled_back,
+            pause_step: s.pause_step,
+            phases: Some(proto::PhaseDurations {
+                pause_ms: p.pause,
+                switch_ms: p.switch,
+                resume_ms: p.resume,
+                rollback_ms: p.rollback,
+                total_ms: p.total,
+            }),
+            stall_ms: s.stall_ms,
+            targets: s
+                .targets
+                .iter()
+                .map(|t| proto::Target {
+                    node: t.node.clone(),
+                    device: t.device,
+                    use_backup: t.use_backup,
+                    rank: t.rank,
+                })
+                .collect(),
+            rank_errors: s
+                .rank_errors
+                .iter()
+                .map(|e| proto::RankError {
+                    rank: e.rank,
+                    phase: e.phase.clone(),
+                    group: e.group.clone(),
+                    hccl_code: e.hccl_code,
+                    message: e.message.clone(),
+                })
+                .collect(),
+            lost_ranks: s.lost_ranks.clone(),
+            job_state: s.job_state.clone(),
+            applied: s.applied,
+        }
+    }
+}
+
+impl From<&proto::OperationResult> for OperationSummary {
+    fn from(r: &proto::OperationResult) -> Self {
+        let p = r.phases.unwrap_or_default();
+        OperationSummary {
+            uuid: r.uuid.clone(),
+            direction: r.direction.clone(),
+            targets: r
+                .targets
+                .iter()
+                .map(|t| TargetSummary {
+                    node: t.node.clone(),
+                    device: t.device,
+                    rank: t.rank,
+                    use_backup: t.use_backup,
+                })
+                .collect(),
+            result: r.result.clone(),
+            error: Some(r.error.clone()).filter(|e| !e.is_empty()),
+            rolled_back: r.rolled_back,
+            pause_step: r.pause_step,
+            phases_ms: PhasesMs {
+                pause: p.pause_ms,
+                switch: p.switch_ms,
+                resume: p.resume_ms,
+                rollback: p.rollback_ms,
+                total: p.total_ms,
+            },
+            stall_ms: r.stall_ms,
+            job_state: r.job_state.clone(),
+            applied: r.applied,
+            rank_errors: r
+                .rank_errors
+                .iter()
+                .map(|e| RankErrorSummary {
+                    rank: e.rank,
+                    phase: e.phase.clone(),
+                    group: e.group.clone(),
+                    hccl_code: e.hccl_code,
+                    message: e.message.clone(),
+                })
+                .collect(),
+            lost_ranks: r.lost_ranks.clone(),
+        }
+    }
 }
 
 /// A final report as `Control` sends it.
 pub fn result(r: &OperationReport) -> proto::OperationResult {
-    proto::OperationResult {
-        uuid: r.id.to_string(),
-        direction: r.direction.as_str().into(),
-        result: r.outcome.as_str().into(),
-        error: r.error.as_ref().map(|e| e.to_string()).unwrap_or_default(),
-        rolled_back: r.rolled_back,
-        pause_step: r.pause_step,
-        phases: Some(proto::PhaseDurations {
-            pause_ms: r.phases.pause.map(ms),
-            switch_ms: r.phases.switch.map(ms),
-            resume_ms: r.phases.resume.map(ms),
-            rollback_ms: r.phases.rollback.map(ms),
-            total_ms: ms(r.phases.total),
-        }),
-        stall_ms: r.stall.map(ms),
-        targets: r
-            .targets
-            .iter()
-            .map(|t| proto::Target {
-                node: t.node.0.clone(),
-                device: t.device.0,
-                use_backup: t.use_backup,
-                rank: t.rank.0,
-            })
-            .collect(),
-        rank_errors: r
-            .rank_errors
-            .iter()
-            .map(|(rank, phase, e)| proto::RankError {
-                rank: rank.0,
-                phase: phase.as_str().into(),
-                group: e.group.clone().unwrap_or_default(),
-                hccl_code: e.hal.as_ref().and_then(|h| h.hccl_code()),
-                message: e.to_string(),
-            })
-            .collect(),
-        lost_ranks: r.lost_ranks.iter().map(|r| r.0).collect(),
-        job_state: r.job_state.as_str().into(),
-    }
+    (&OperationSummary::from(r)).into()
 }
 
 /// The manager's status as `Control` sends it.
@@ -67,38 +121,88 @@ pub fn status(s: &ManagerStatus) -> proto::JobStatus {
             pending_ranks: s.pending_ranks.iter().map(|r| r.0).collect(),
         }),
         recent: s.recent.iter().map(result).collect(),
+        lost_ranks: s
+            .lost_ranks
+            .iter()
+            .map(|l| proto::LostRank {
+                rank: l.rank.0,
+                reason: l.reason.clone(),
+            })
+            .collect(),
+        verified: s.verified,
+        last_verification: s.last_verification.as_ref().map(verification),
     }
 }
 
-/// A final report as one JSON object: the `msg` of ClusterD's `SwitchNicResponse`.
-pub fn result_json(r: &OperationReport) -> String {
-    result_value(&result(r)).to_string()
+/// A verification round for the wire.
+pub fn verification(v: &VerifyReport) -> proto::Verification {
+    let a = v.assessment.clone().unwrap_or_default();
+    proto::Verification {
+        uuid: v.id.to_string(),
+        summary: v.to_string(),
+        disagreements: a
+            .disagreements
+            .iter()
+            .map(|d| proto::Disagreement {
+                group: d.group.clone(),
+                ranks: d.ranks.iter().map(|r| r.0).collect(),
+                detail: d.detail.clone(),
+            })
+            .collect(),
+        released: v.released.iter().map(|o| o.to_string()).collect(),
+        missing: v.missing.iter().map(|r| r.0).collect(),
+        held: a.held.iter().map(|r| r.0).collect(),
+    }
 }
 
-/// A result as JSON, with the field names of `taskd sim --json`'s operations.
-pub fn result_value(r: &proto::OperationResult) -> serde_json::Value {
-    use serde_json::json;
-    let p = r.phases.unwrap_or_default();
-    json!({
-        "uuid": r.uuid,
-        "direction": r.direction,
-        "result": r.result,
-        "error": if r.error.is_empty() { None } else { Some(&r.error) },
-        "rolled_back": r.rolled_back,
-        "pause_step": r.pause_step,
-        "phases_ms": {
-            "pause": p.pause_ms, "switch": p.switch_ms, "resume": p.resume_ms,
-            "rollback": p.rollback_ms, "total": p.total_ms,
-        },
-        "stall_ms": r.stall_ms,
-        "targets": r.targets.iter().map(|t| json!({
-            "node": t.node, "device": t.device, "rank": t.rank, "use_backup": t.use_backup,
-        })).collect::<Vec<_>>(),
-        "rank_errors": r.rank_errors.iter().map(|e| json!({
-            "rank": e.rank, "phase": e.phase, "group": e.group, "hccl_code": e.hccl_code,
-            "message": e.message,
-        })).collect::<Vec<_>>(),
-        "lost_ranks": r.lost_ranks,
-        "job_state": r.job_state,
-    })
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_summary_survives_the_wire() {
+        let s = OperationSummary {
+            uuid: "8b1f8d36-0000-4000-8000-000000000001".into(),
+            direction: "to_backup".into(),
+            targets: vec![TargetSummary {
+                node: "node-0".into(),
+                device: 1,
+                rank: 1,
+                use_backup: true,
+            }],
+            result: "failed".into(),
+            error: Some("rank 1 failed in switch".into()),
+            rolled_back: true,
+            pause_step: Some(4),
+            phases_ms: PhasesMs {
+                pause: Some(1.5),
+                switch: Some(0.25),
+                resume: Some(0.125),
+                rollback: Some(0.5),
+                total: 2.375,
+            },
+            stall_ms: Some(2.0),
+            job_state: "running".into(),
+            applied: false,
+            rank_errors: vec![RankErrorSummary {
+                rank: 1,
+                phase: "switch".into(),
+                group: Some("dp_0".into()),
+                hccl_code: Some(19),
+                message: "group dp_0: network".into(),
+            }],
+            lost_ranks: vec![],
+        };
+        let wire = proto::OperationResult::from(&s);
+        assert_eq!(OperationSummary::from(&wire), s);
+        let none = OperationSummary {
+            error: None,
+            rank_errors: Vec::new(),
+            ..s
+        };
+        assert_eq!(
+            OperationSummary::from(&proto::OperationResult::from(&none)),
+            none
+        );
+    }
 }

@@ -1,17 +1,39 @@
-//! Who may use the control API: an optional bearer token and a per-client rate limit. (Mutual
-//! TLS is configured on the server itself, see [`super::ControlTls`].)
+//! Who may use the control API: an optional bearer token and a per-client rate limit, checked by
+//! one tonic [`Interceptor`] in front of every operator service (`Recover` and `Control`), so no
+//! method can forget it. (Mutual TLS is configured on the server itself, see
+//! [`super::ControlConfig::tls`].)
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
 /// A token bucket per client address: `burst` requests at once, refilled at `per_second`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RateLimit {
+    /// Requests a client may send at once.
     pub burst: u32,
+    /// Requests per second a client may send after its burst.
     pub per_second: f64,
+}
+
+impl RateLimit {
+    /// `Err` naming the value when the limit would refuse every request or is not a number.
+    pub fn check(&self) -> Result<(), String> {
+        if self.burst == 0 {
+            return Err("the rate limit's burst is 0: every request would be refused".into());
+        }
+        if !(self.per_second.is_finite() && self.per_second > 0.0) {
+            return Err(format!(
+                "the rate limit's refill of {} requests per second must be a positive number",
+                self.per_second
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for RateLimit {
@@ -25,10 +47,12 @@ impl Default for RateLimit {
     }
 }
 
+/// What [`Guard`] checks.
 #[derive(Clone, Debug, Default)]
 pub struct GuardConfig {
     /// When set, every request must carry `authorization: Bearer <token>`.
     pub token: Option<String>,
+    /// Each client address's token bucket.
     pub rate: RateLimit,
 }
 
@@ -37,22 +61,32 @@ struct Bucket {
     at: Instant,
 }
 
-/// Checks every request before it reaches the manager.
+/// Checks every request before it reaches the manager: the interceptor of every operator
+/// service. Clones share one set of buckets.
+#[derive(Clone)]
 pub struct Guard {
-    cfg: GuardConfig,
-    buckets: Mutex<HashMap<Option<IpAddr>, Bucket>>,
+    cfg: Arc<GuardConfig>,
+    buckets: Arc<Mutex<HashMap<Option<IpAddr>, Bucket>>>,
+}
+
+impl Interceptor for Guard {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        self.check(&req)?;
+        Ok(req)
+    }
 }
 
 impl Guard {
+    /// A guard with its own buckets.
     pub fn new(cfg: GuardConfig) -> Self {
         Guard {
-            cfg,
-            buckets: Mutex::new(HashMap::new()),
+            cfg: Arc::new(cfg),
+            buckets: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
     /// `Err` with `unauthenticated` or `resource_exhausted` when the request may not pass.
-    pub fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
+    fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
         if let Some(want) = &self.cfg.token {
             let got = req
                 .metadata()
@@ -131,6 +165,44 @@ mod tests {
         assert!(g.take(Some(IpAddr::from([10, 0, 0, 1])), t0).is_ok());
         assert!(g.take(ip, t0 + Duration::from_millis(1100)).is_ok());
         assert!(g.take(ip, t0 + Duration::from_millis(1100)).is_err());
+    }
+
+    #[test]
+    fn the_interceptor_wants_the_token_before_it_counts() {
+        let mut g = Guard::new(GuardConfig {
+            token: Some("s3cret".into()),
+            rate: RateLimit::default(),
+        });
+        let with = |auth: Option<&str>| {
+            let mut r = Request::new(());
+            if let Some(a) = auth {
+                r.metadata_mut().insert("authorization", a.parse().unwrap());
+            }
+            r
+        };
+        let e = g.call(with(None)).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated);
+        assert!(e.message().contains("Bearer"), "{}", e.message());
+        let e = g.call(with(Some("Bearer nope"))).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated);
+        assert!(g.call(with(Some("Bearer s3cret"))).is_ok());
+    }
+
+    #[test]
+    fn limits_that_refuse_everything_are_named() {
+        assert!(RateLimit::default().check().is_ok());
+        let zero = RateLimit {
+            burst: 0,
+            per_second: 1.0,
+        };
+        assert!(zero.check().unwrap_err().contains("burst is 0"));
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let r = RateLimit {
+                burst: 1,
+                per_second: bad,
+            };
+            assert!(r.check().is_err(), "{bad}");
+        }
     }
 
     #[test]

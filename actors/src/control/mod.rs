@@ -1,21 +1,28 @@
 //! The control API operators and AI platforms drive, served by the manager on its control
-//! port:
+//! port (the only operator surface: the transport port carries the job's own traffic only):
 //!
-//! - ClusterD's `Recover` service (`proto/recover.proto`), wire-compatible, so a platform
-//!   written against ClusterD works unchanged. Result codes: [`codes`].
+//! - ClusterD's `Recover` service (`proto/recover.proto`), wire-compatible and answering as
+//!   ClusterD does ([`clusterd`]), so a platform written against ClusterD works unchanged.
 //! - taskd's own `taskd.control.v1.Control` (`proto/control.proto`): job status with the NIC
-//!   table and past results, and submit-and-wait.
+//!   table, lost ranks and past results, waiting for registrations, and submit-and-wait with the
+//!   phases as they happen ([`ControlClient`] is its typed client).
 //!
-//! Both are guarded by [`guard::Guard`]: an optional bearer token, optional mutual TLS, and a
-//! per-client rate limit.
+//! Result codes: [`codes`]. Every service sits behind one [`guard::Guard`] interceptor (an
+//! optional bearer token and a per-client rate limit); TLS, optionally mutual, is the port's.
 
+pub mod client;
+pub mod clusterd;
 pub mod codes;
 pub mod convert;
 pub mod guard;
+pub mod retention;
 pub mod server;
+mod service;
 
-pub use guard::{GuardConfig, RateLimit};
-pub use server::{serve, ControlServer, ControlTls, ServeError};
+pub use client::{ClientError, ControlClient, Progress, Switching};
+pub use guard::{Guard, GuardConfig, RateLimit};
+pub use retention::{Clock, ManualClock, RESULT_RETENTION};
+pub use server::{serve, ControlConfig, ControlServer, ServeError};
 
 /// Generated from `proto/recover.proto` (no package, as ClusterD's).
 pub mod recover {

@@ -1,7 +1,7 @@
 //! The manager's process side of the transport: the [`Manager`] actor and the port its
-//! proxies connect to, with the [`admin`](super::admin) service beside it.
+//! proxies connect to. Nothing else is served there: operators use the control port
+//! ([`crate::control::serve`] in front of [`ManagerNode::manager`]).
 
-use super::admin::AdminService;
 use super::outbox::{self, Outbox};
 use super::server::{self, Admitted, Host, NetService, QueueDepth, Refusal, Registry};
 use super::session::Delivery;
@@ -70,14 +70,13 @@ impl ManagerNode {
         };
         let net = NetService::new(host, cfg.net.clone());
         let registry = net.registry();
-        let admin = AdminService::new(manager.clone()).into_server(cfg.net.max_message_bytes);
         let mut builder = tonic::transport::Server::builder();
         if let Some(tls) = &cfg.tls {
             builder = builder
-                .tls_config(tls.server_config())
+                .tls_config(tls.server_config()?)
                 .map_err(|e| super::tls::TlsError::Config(e.to_string()))?;
         }
-        let router = builder.add_service(net.into_server()).add_service(admin);
+        let router = builder.add_service(net.into_server());
         let (tx, rx) = oneshot::channel::<()>();
         let server = tokio::spawn(async move {
             let stop = async {

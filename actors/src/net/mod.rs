@@ -3,8 +3,9 @@
 //! [`Link`](crate::transport::Link)s and connection events exactly as the in-process transport
 //! ([`crate::local`]) does.
 //!
-//! - [`ManagerNode`]: the manager actor and the port its proxies connect to (default 9601),
-//!   with the small [`admin`] service beside it.
+//! - [`ManagerNode`]: the manager actor and the port its proxies connect to (default 9601).
+//!   Operators, tests and tools reach the manager through its control port instead
+//!   ([`crate::control`]), which has authentication.
 //! - [`ProxyNode`]: a node's proxy actor, connected to the manager, and the port the node's
 //!   workers connect to.
 //! - [`RemoteWorker`]: the library a training process links: a worker for one global rank,
@@ -20,7 +21,6 @@
 //! come back within the same time. Clients reconnect with [`backoff`]. Optional mutual
 //! [`tls`].
 
-pub mod admin;
 pub mod backoff;
 pub mod client;
 pub mod heartbeat;
@@ -33,10 +33,9 @@ pub mod tls;
 pub mod wire;
 pub mod worker_node;
 
-pub use admin::{AdminClient, AdminError};
 pub use manager_node::{ManagerNode, ManagerNodeConfig};
 pub use proxy_node::{ProxyNode, ProxyNodeConfig};
-pub use tls::{TlsError, TlsFiles, TlsPem};
+pub use tls::{PemIdentity, TlsError, TlsFiles, TlsPem};
 pub use worker_node::{RemoteWorker, RemoteWorkerConfig, WorkerRegistration};
 
 use std::time::Duration;

@@ -120,7 +120,7 @@ impl ProxyNode {
         let mut builder = tonic::transport::Server::builder();
         if let Some(tls) = &cfg.tls {
             builder = builder
-                .tls_config(tls.server_config())
+                .tls_config(tls.server_config()?)
                 .map_err(|e| super::tls::TlsError::Config(e.to_string()))?;
         }
         let router = builder.add_service(net.into_server());

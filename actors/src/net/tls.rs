@@ -1,22 +1,35 @@
-//! Mutual TLS for the transport: every process holds the job's CA certificate, and a
-//! certificate and key signed by that CA. Servers require a client certificate from that CA;
-//! clients verify the server's against it. One certificate can serve both ways (a proxy is a
-//! server for its workers and a client of the manager) when it allows both server and client
-//! authentication.
+//! TLS, one type ([`TlsPem`]) for every port. The transport is mutual: every process holds the
+//! job's CA certificate, and a certificate and key signed by that CA. Servers require a client
+//! certificate from that CA; clients verify the server's against it. One certificate can serve
+//! both ways (a proxy is a server for its workers and a client of the manager) when it allows
+//! both server and client authentication. The control port uses the same type, where the CA
+//! (mutual TLS) and a client's certificate are optional.
 
 use std::path::PathBuf;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 
+/// Why TLS could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
+    /// A PEM file could not be read.
     #[error("cannot read the TLS {what} {path}: {source}")]
     Read {
+        /// Which file: CA certificate, certificate or key.
         what: &'static str,
+        /// Where it was looked for.
         path: PathBuf,
+        /// What the system said.
         source: std::io::Error,
     },
+    /// A file holds no PEM block.
     #[error("the TLS {what} {path} holds no PEM block")]
-    NotPem { what: &'static str, path: PathBuf },
+    NotPem {
+        /// Which file.
+        what: &'static str,
+        /// Where it is.
+        path: PathBuf,
+    },
+    /// The material is incomplete or tonic refused it.
     #[error("TLS configuration: {0}")]
     Config(String),
 }
@@ -26,23 +39,40 @@ pub enum TlsError {
 pub struct TlsFiles {
     /// The CA that signs every certificate of the job.
     pub ca: PathBuf,
-    /// This process's certificate (PEM) and key.
+    /// This process's certificate (PEM).
     pub cert: PathBuf,
+    /// This process's private key (PEM).
     pub key: PathBuf,
     /// The name to verify in the server's certificate (default: the host of its address).
     pub domain: Option<String>,
 }
 
-/// The PEM contents.
+/// PEM material for one end of a TLS connection: the one TLS type of taskd, for the transport
+/// between the roles (always mutual: [`TlsPem::mutual`], [`TlsFiles::load`]) and for the
+/// control port and its clients (a CA and a client certificate are optional there).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TlsPem {
-    pub ca: Vec<u8>,
-    pub cert: Vec<u8>,
-    pub key: Vec<u8>,
+    /// The CA. A server with one requires client certificates signed by it (mutual TLS); a
+    /// client verifies the server's certificate against it.
+    pub ca: Option<Vec<u8>>,
+    /// This end's certificate and key: required for a server, presented by a client when set.
+    pub identity: Option<PemIdentity>,
+    /// The name a client verifies in the server's certificate (default: the host it connects
+    /// to).
     pub domain: Option<String>,
 }
 
+/// A certificate (PEM, with its chain) and its private key (PEM).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PemIdentity {
+    /// The certificate chain.
+    pub cert: Vec<u8>,
+    /// The private key.
+    pub key: Vec<u8>,
+}
+
 impl TlsFiles {
+    /// Reads the three files; each must hold a PEM block.
     pub fn load(&self) -> Result<TlsPem, TlsError> {
         let read = |what: &'static str, path: &PathBuf| -> Result<Vec<u8>, TlsError> {
             let bytes = std::fs::read(path).map_err(|source| TlsError::Read {
@@ -58,31 +88,52 @@ impl TlsFiles {
             }
             Ok(bytes)
         };
-        Ok(TlsPem {
-            ca: read("CA certificate", &self.ca)?,
-            cert: read("certificate", &self.cert)?,
-            key: read("key", &self.key)?,
-            domain: self.domain.clone(),
-        })
+        let mut pem = TlsPem::mutual(
+            read("CA certificate", &self.ca)?,
+            read("certificate", &self.cert)?,
+            read("key", &self.key)?,
+        );
+        pem.domain = self.domain.clone();
+        Ok(pem)
     }
 }
 
 impl TlsPem {
-    /// A server that requires client certificates signed by the CA.
-    pub fn server_config(&self) -> ServerTlsConfig {
-        ServerTlsConfig::new()
-            .identity(Identity::from_pem(&self.cert, &self.key))
-            .client_ca_root(Certificate::from_pem(&self.ca))
+    /// Mutual TLS: this CA on both sides, this certificate and key.
+    pub fn mutual(ca: Vec<u8>, cert: Vec<u8>, key: Vec<u8>) -> TlsPem {
+        TlsPem {
+            ca: Some(ca),
+            identity: Some(PemIdentity { cert, key }),
+            domain: None,
+        }
     }
 
-    /// A client that verifies the server against the CA and presents its own certificate.
-    /// `server` is the `HOST:PORT` it connects to.
+    /// A server presenting its certificate; with a CA, it requires client certificates signed
+    /// by that CA.
+    pub fn server_config(&self) -> Result<ServerTlsConfig, TlsError> {
+        let id = self
+            .identity
+            .as_ref()
+            .ok_or_else(|| TlsError::Config("a TLS server needs a certificate and a key".into()))?;
+        let mut c = ServerTlsConfig::new().identity(Identity::from_pem(&id.cert, &id.key));
+        if let Some(ca) = &self.ca {
+            c = c.client_ca_root(Certificate::from_pem(ca));
+        }
+        Ok(c)
+    }
+
+    /// A client that verifies the server against the CA and presents its own certificate
+    /// when it has one. `server` is the `HOST:PORT` it connects to.
     pub fn client_config(&self, server: &str) -> ClientTlsConfig {
         let domain = self.domain.clone().unwrap_or_else(|| host_of(server));
-        ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(&self.ca))
-            .identity(Identity::from_pem(&self.cert, &self.key))
-            .domain_name(domain)
+        let mut c = ClientTlsConfig::new().domain_name(domain);
+        if let Some(ca) = &self.ca {
+            c = c.ca_certificate(Certificate::from_pem(ca));
+        }
+        if let Some(id) = &self.identity {
+            c = c.identity(Identity::from_pem(&id.cert, &id.key));
+        }
+        c
     }
 }
 

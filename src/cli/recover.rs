@@ -1,0 +1,142 @@
+//! `taskd recover`: brings a job that is not running back (README "Recovery"). The ranks in
+//! doubt are re-stated to one side and training resumes, or, with nothing in doubt, a
+//! verification round establishes the job's state; either way a round confirms the result.
+
+use super::connect::ConnectArgs;
+use super::error::CliError;
+use clap::{Args, ValueEnum};
+use std::process::ExitCode;
+use taskd_actors::control::proto::{self, recover_reply::Outcome};
+use taskd_actors::control::ClientError;
+use taskd_core::OperationSummary;
+
+#[derive(Args, Debug)]
+pub struct RecoverArgs {
+    #[command(flatten)]
+    connect: ConnectArgs,
+    /// The job's id.
+    #[arg(long)]
+    job: String,
+    /// The side the ranks in doubt are re-stated to: their primary NIC, their backup NIC, or
+    /// the side the manager's NIC table has for each.
+    #[arg(long, value_enum, default_value_t = To::AsIs)]
+    to: To,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `--to`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum To {
+    Primary,
+    Backup,
+    AsIs,
+}
+
+impl To {
+    fn as_str(self) -> &'static str {
+        match self {
+            To::Primary => "primary",
+            To::Backup => "backup",
+            To::AsIs => "as-is",
+        }
+    }
+}
+
+/// Runs the recovery; exit 0 when it ran and the job runs afterwards, 1 when it was refused or
+/// the job does not run (the output says why), 2 for bad input, 3 when the control API cannot
+/// be reached.
+pub fn run(a: RecoverArgs) -> Result<ExitCode, CliError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Failed(e.to_string()))?;
+    let reply = rt.block_on(recover(&a))?;
+    if a.json {
+        println!("{:#}", reply_json(&reply));
+    } else {
+        print!("{}", reply_text(&reply, a.to));
+    }
+    let refused = matches!(reply.outcome, Some(Outcome::Refused(_)));
+    Ok(ExitCode::from(
+        if reply.job_state == "running" && !refused {
+            super::error::exit::OK
+        } else {
+            super::error::exit::FAILED
+        },
+    ))
+}
+
+async fn recover(a: &RecoverArgs) -> Result<proto::RecoverReply, CliError> {
+    let token = a
+        .connect
+        .token()
+        .map_err(|e| CliError::Usage(e.to_string()))?;
+    let mut client = a
+        .connect
+        .connect(token)
+        .await
+        .map_err(|e| CliError::Unreachable(e.to_string()))?;
+    client
+        .recover(&a.job, a.to.as_str())
+        .await
+        .map_err(|e| match e {
+            ClientError::Rpc(s) if s.code() == tonic::Code::NotFound => {
+                CliError::Failed(super::connect::explain(&s))
+            }
+            ClientError::Rpc(s) if s.code() == tonic::Code::InvalidArgument => {
+                CliError::Usage(super::connect::explain(&s))
+            }
+            ClientError::Rpc(s) => CliError::Unreachable(super::connect::explain(&s)),
+            other => CliError::Unreachable(other.to_string()),
+        })
+}
+
+fn reply_text(r: &proto::RecoverReply, to: To) -> String {
+    let what = match &r.outcome {
+        Some(Outcome::Operation(op)) => format!(
+            "re-stated the ranks in doubt to {}: {}\n",
+            to.as_str(),
+            OperationSummary::from(op)
+        ),
+        Some(Outcome::Verification(v)) => {
+            format!("nothing in doubt; verification: {}\n", v.summary)
+        }
+        Some(Outcome::Refused(f)) => format!(
+            "refused ({} {}): {}\n",
+            f.code,
+            taskd_actors::control::codes::name(f.code),
+            f.reason
+        ),
+        None => "no answer\n".to_owned(),
+    };
+    format!("{what}job {}\n", r.job_state)
+}
+
+fn reply_json(r: &proto::RecoverReply) -> serde_json::Value {
+    let outcome = match &r.outcome {
+        Some(Outcome::Operation(op)) => serde_json::json!({
+            "operation": OperationSummary::from(op),
+        }),
+        Some(Outcome::Verification(v)) => serde_json::json!({
+            "verification": {
+                "uuid": v.uuid,
+                "summary": v.summary,
+                "disagreements": v.disagreements.iter().map(|d| serde_json::json!({
+                    "group": d.group, "ranks": d.ranks, "detail": d.detail,
+                })).collect::<Vec<_>>(),
+                "released": v.released,
+                "missing": v.missing,
+                "held": v.held,
+            }
+        }),
+        Some(Outcome::Refused(f)) => serde_json::json!({
+            "refused": { "code": f.code, "reason": f.reason },
+        }),
+        None => serde_json::json!({}),
+    };
+    let mut v = outcome;
+    v["job_state"] = serde_json::Value::from(r.job_state.clone());
+    v
+}

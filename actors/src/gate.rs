@@ -6,7 +6,7 @@
 //! request is answered at once, from the worker's thread, even while the training thread waits
 //! in a collective for its peers.
 //!
-//! During an operation the gate runs the two-phase pause of DESIGN section 3:
+//! During an operation the gate runs the two-phase pause (`docs/protocol.md`):
 //!
 //! 1. **Sample** ([`StepGate::sample`]): the rank reports the step it is in, `c` (the last one
 //!    it completed, plus one), and from then on holds, at the latest, after finishing `c`.

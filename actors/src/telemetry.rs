@@ -1,4 +1,4 @@
-//! Metrics: the names (DESIGN section 8: dashboards depend on them; add, never rename), the
+//! Metrics: the names (README "Prometheus metrics": dashboards depend on them; add, never rename), the
 //! helpers that record them through the `metrics` facade, the Prometheus recorder and the
 //! `/metrics` HTTP endpoint every role serves.
 //!

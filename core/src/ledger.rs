@@ -1,6 +1,6 @@
 //! The manager's book of one job: who registered, which ranks use their backup NIC, the
 //! operation in flight and the results of past ones. It admits commands (every check of
-//! DESIGN section 3 that needs no round trip) and drives the [`Operation`] machine.
+//! rule of `docs/protocol.md` that needs no round trip) and drives the [`Operation`] machine.
 
 use crate::command::{RankTarget, SwitchCommand, ValidationError};
 use crate::display::short_list;

@@ -1,4 +1,4 @@
-//! Scripted tests of the operation state machine, one protocol story each (DESIGN section 3).
+//! Scripted tests of the operation state machine, one protocol story each (`docs/protocol.md`).
 //!
 //! The job is 2 nodes x 4 devices (ranks 0..8); the groups are `world`, `tp_0`/`tp_1` (per
 //! node) and `dp_0..dp_3` (per device index). The operation starts at t = 100 s; deadlines are

@@ -196,6 +196,54 @@ fn a_worker_killed_during_the_pause_fails_the_operation_and_is_reported_lost() {
 }
 
 #[test]
+fn a_manager_stopped_during_the_pause_resumes_every_rank_before_it_exits() {
+    let scratch = Scratch::new("net-drain");
+    const SLOW: u32 = 3;
+    let mut c = Cluster::start(
+        &scratch,
+        ClusterSpec {
+            job: "net-drain",
+            nodes: 2,
+            ppn: 2,
+            // The slow rank keeps the pause waiting long enough for the signal to land in it.
+            worker_flags: &|r| {
+                if r == SLOW {
+                    s(&["--step-ms", "1000"])
+                } else {
+                    Vec::new()
+                }
+            },
+            manager_flags: Vec::new(),
+            common: fast_heartbeats(),
+            tls: None,
+        },
+    );
+    let cmd = c.command(&[(0, 0, true)]);
+    let mut op = c.submit(&cmd).expect("admitted");
+    c.until_phase(&mut op, "pause");
+    c.manager.term();
+    // The operation ends safely before the manager goes: nothing was switched, every gate
+    // opened, one result.
+    let r = c.result(op);
+    assert_eq!(r.result, "failed", "{r:#?}");
+    let error = r.error.as_deref().unwrap_or_default();
+    assert!(
+        error.starts_with("aborted during pause: SIGTERM"),
+        "{error}"
+    );
+    assert!(!r.applied && !r.rolled_back);
+    assert_eq!(r.job_state, "running");
+    let st = c.manager.wait_exit();
+    assert!(st.success(), "{st}: {}", c.manager.stderr_tail());
+    assert!(
+        c.manager.stderr().contains("ended before stopping"),
+        "{}",
+        c.manager.stderr_tail()
+    );
+    c.shutdown_cleanly();
+}
+
+#[test]
 fn a_proxy_killed_during_the_pause_loses_its_node() {
     let scratch = Scratch::new("net-proxy-kill");
     let mut c = Cluster::start(

@@ -28,7 +28,7 @@ fn op() -> impl Strategy<Value = String> {
 }
 
 fn phase() -> impl Strategy<Value = i32> {
-    prop_oneof![4 => 1..=5i32, 1 => any::<i32>()]
+    prop_oneof![4 => 1..=6i32, 1 => any::<i32>()]
 }
 
 fn caps() -> impl Strategy<Value = Option<pb::Capabilities>> {

@@ -1,6 +1,7 @@
 //! The manager's book of one job: who registered, which ranks use their backup NIC, the
-//! operation in flight and the results of past ones. It admits commands (every check of
-//! DESIGN section 3 that needs no round trip) and drives the [`Operation`] machine.
+//! operation in flight and the results of past ones. It admits commands (every check that
+//! needs no round trip to the ranks: job, targets, registrations, capabilities, job state,
+//! verification) and drives the [`Operation`] machine.
 
 use crate::command::{SwitchCommand, ValidationError};
 use crate::display::short_list;

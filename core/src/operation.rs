@@ -308,8 +308,9 @@ pub struct OperationReport {
 
 /// One operation in flight.
 ///
-/// The operation is always in one [`Stage`], which carries what only that stage needs; what
-/// outlives a stage (the failures, the pause's record, the phase durations) sits beside it.
+/// The operation is always in one stage (sampling, pausing, applying, rolling back, resuming,
+/// done), which carries what only that stage needs; what outlives a stage (the failures, the
+/// pause's record, the phase durations) sits beside it.
 #[derive(Clone, Debug)]
 pub struct Operation {
     id: OperationId,

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use taskd::rig::{Rig, RigConfig, RigLibraries};
-use taskd_core::{plan_calls, DeviceId, GlobalRank, GroupInfo, PhaseDeadlines};
+use taskd_core::{plan_calls, DeviceId, GlobalRank, GroupInfo, NicSide, PhaseDeadlines};
 use taskd_hal_ascend::testing::{self, NicSetRecord, StubControl, StubInstall};
 
 fn fresh_stubs(test: &str) -> StubInstall {
@@ -95,12 +95,15 @@ fn recorded_by_rank(log: &[String], groups: &[GroupInfo]) -> BTreeMap<u32, Vec<(
 }
 
 /// What the planner says rank `rank` must call for `targets`.
-fn planned(groups_of_rank: &[GroupInfo], targets: &[(GlobalRank, bool)]) -> Vec<(String, String)> {
+fn planned(
+    groups_of_rank: &[GroupInfo],
+    targets: &[(GlobalRank, NicSide)],
+) -> Vec<(String, String)> {
     plan_calls(groups_of_rank, targets)
         .into_iter()
         .map(|c| {
             let ranks: Vec<u32> = c.ranks.iter().map(|r| r.0).collect();
-            (c.group.clone(), args(&ranks, &c.use_backup))
+            (c.group.clone(), args(&ranks, &c.use_backup()))
         })
         .collect()
 }
@@ -162,8 +165,14 @@ fn four_ranks_switch_to_backup_and_back_with_every_rank_calling_in_planner_order
         );
     }
     let recorded = recorded_by_rank(&log, &groups);
-    let to_backup = [(GlobalRank(0), true), (GlobalRank(2), true)];
-    let to_primary = [(GlobalRank(0), false), (GlobalRank(2), false)];
+    let to_backup = [
+        (GlobalRank(0), NicSide::Backup),
+        (GlobalRank(2), NicSide::Backup),
+    ];
+    let to_primary = [
+        (GlobalRank(0), NicSide::Primary),
+        (GlobalRank(2), NicSide::Primary),
+    ];
     for (r, mine) in rank_groups.iter().enumerate() {
         let mut want = planned(mine, &to_backup);
         want.extend(planned(mine, &to_primary));

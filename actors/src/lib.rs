@@ -19,6 +19,7 @@ pub mod gate;
 pub mod local;
 pub mod manager;
 pub mod net;
+mod observer;
 pub mod process;
 pub mod progress;
 pub mod proxy;

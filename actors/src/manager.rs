@@ -2,16 +2,16 @@
 //! state machine, carries out its actions (broadcasts, deadlines, the final report) and
 //! delivers each result to whoever waits for it.
 
-use crate::progress::{ProgressFeed, ProgressKind};
-use crate::telemetry;
+use crate::observer::{self, Observer};
+use crate::progress::ProgressFeed;
 use crate::transport::{Deliver, Link};
 use actix::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 use taskd_core::ledger::Submitted;
 use taskd_core::ledger::{RecoverTo, RecoveryStarted};
-use taskd_core::operation::{Action, Event, OperationReport, Outcome};
-use taskd_core::protocol::{Directive, DirectiveKind, Phase, ProxyToManager};
+use taskd_core::operation::{Action, Event, OperationReport};
+use taskd_core::protocol::{Directive, Phase, ProxyToManager};
 use taskd_core::verify::VerifyReport;
 use taskd_core::{
     GlobalRank, JobId, JobLedger, JobState, NodeName, OperationId, PhaseDeadlines, RankTable,
@@ -20,6 +20,10 @@ use taskd_core::{
 use tokio::sync::oneshot;
 use tracing::Span;
 
+/// The manager actor: the job's [`JobLedger`], the links to the nodes' proxies, the deadline
+/// armed and whoever waits for a result. What it shows of its work (spans, metrics, the
+/// progress feed) is the business of the observer it tells what happens
+/// (`actors/src/observer.rs`).
 pub struct Manager {
     ledger: JobLedger,
     epoch: Instant,
@@ -33,25 +37,13 @@ pub struct Manager {
     verify_waiters: HashMap<OperationId, Vec<oneshot::Sender<VerifyReport>>>,
     /// Ranks that registered and are gone, with why; a rank leaves when it registers again.
     lost: BTreeMap<GlobalRank, String>,
-    op_span: Option<Span>,
-    phase_span: Option<Span>,
-    progress: ProgressFeed,
-    /// The operation in flight: its id and start; the phase running and its start.
-    op_started: Option<(OperationId, Instant)>,
-    phase_started: Option<(Phase, Instant)>,
-    /// Ranks the phase in flight still waits for, as last published.
-    waiting: usize,
+    observer: Observer,
 }
 
 impl Manager {
+    /// A manager of job `job`, laid out as `table`, bounding each phase by `deadlines`.
     pub fn new(job: JobId, table: RankTable, deadlines: PhaseDeadlines) -> Self {
-        let expected = table.world_size();
-        metrics::gauge!(telemetry::WORKERS_EXPECTED).set(expected as f64);
-        metrics::gauge!(telemetry::WORKERS_REGISTERED).set(0.0);
-        metrics::gauge!(telemetry::OPERATION_IN_FLIGHT).set(0.0);
-        metrics::gauge!(telemetry::RANKS_ON_BACKUP).set(0.0);
-        metrics::gauge!(telemetry::OPERATION_PENDING_RANKS).set(0.0);
-        set_job_state(JobState::Running);
+        let observer = Observer::new(table.world_size());
         Manager {
             ledger: JobLedger::new(job, table, deadlines),
             epoch: Instant::now(),
@@ -61,12 +53,7 @@ impl Manager {
             registered_waiters: Vec::new(),
             verify_waiters: HashMap::new(),
             lost: BTreeMap::new(),
-            op_span: None,
-            phase_span: None,
-            progress: ProgressFeed::new(),
-            op_started: None,
-            phase_started: None,
-            waiting: 0,
+            observer,
         }
     }
 
@@ -74,41 +61,13 @@ impl Manager {
     /// the actor to subscribe from outside; [`SubscribeProgress`] does the same through the
     /// actor's address.
     pub fn progress(&self) -> ProgressFeed {
-        self.progress.clone()
+        self.observer.progress()
     }
 
-    fn publish(&self, kind: ProgressKind) {
-        if let Some((op, started)) = self.op_started {
-            self.progress.publish(op, started.elapsed(), kind);
-        }
-    }
-
-    /// Ends the phase running, if any: logs it and tells the progress feed.
-    fn end_phase(&mut self) {
-        let Some((phase, started)) = self.phase_started.take() else {
-            return;
-        };
-        let took = started.elapsed();
-        if let Some(span) = self.phase_span.take() {
-            span.in_scope(
-                || tracing::info!(%phase, took_ms = took.as_secs_f64() * 1e3, "phase finished"),
-            );
-        }
-        self.publish(ProgressKind::PhaseFinished { phase, took });
-    }
-
-    /// Publishes the in-flight phase's count of ranks still to answer, when it changed.
-    fn publish_waiting(&mut self) {
-        let Some(op) = self.ledger.in_flight() else {
-            return;
-        };
-        let (phase, waiting) = (op.phase(), op.pending().len());
-        // A phase that just ended is announced by the next one's broadcast instead.
-        let current = self.phase_started.map(|(p, _)| p);
-        if current == Some(phase) && waiting != self.waiting {
-            self.waiting = waiting;
-            metrics::gauge!(telemetry::OPERATION_PENDING_RANKS).set(waiting as f64);
-            self.publish(ProgressKind::Waiting { phase, waiting });
+    /// Tells the observer how many ranks the phase in flight still waits for.
+    fn observe_waiting(&mut self) {
+        if let Some(op) = self.ledger.in_flight() {
+            self.observer.waiting(op.phase(), op.pending().len());
         }
     }
 
@@ -125,8 +84,7 @@ impl Manager {
                         ctx.cancel_future(h);
                     }
                     let after = at.saturating_sub(self.now());
-                    let span = self.phase_span.clone().unwrap_or_else(Span::none);
-                    span.in_scope(|| tracing::debug!(%phase, ?after, "deadline armed"));
+                    self.observer.deadline_armed(phase, after);
                     self.deadline = Some(ctx.run_later(after, move |act, ctx| {
                         act.deadline = None;
                         let now = act.now();
@@ -147,7 +105,8 @@ impl Manager {
             return;
         }
         let id = OperationId(uuid::Uuid::new_v4());
-        tracing::info!(%id, ranks = self.ledger.registered(), "verifying what every rank applied");
+        self.observer
+            .verification_started(id, self.ledger.registered());
         let actions = self.ledger.start_verification(id, self.now());
         self.run(actions, ctx);
     }
@@ -156,61 +115,28 @@ impl Manager {
         if let Some(h) = self.deadline.take() {
             ctx.cancel_future(h);
         }
-        self.phase_started = None;
-        match report.job_state() {
-            Some(JobState::Running) => tracing::info!(%report, "verified: the job runs"),
-            Some(state) => tracing::error!(
-                %report,
-                job_state = state.as_str(),
-                "verification found groups that disagree on their NICs; run `taskd recover`"
-            ),
-            None => {
-                tracing::warn!(%report, "verification incomplete; asking again later");
-                // A rank that registered but does not answer: ask again after the deadline.
-                let again = self.ledger.deadlines().resume;
-                ctx.run_later(again, |act, ctx| act.maybe_verify(ctx));
-            }
+        self.observer.verification_done(&report);
+        if report.job_state().is_none() {
+            // A rank that registered but does not answer: ask again after the deadline.
+            let again = self.ledger.deadlines().resume;
+            ctx.run_later(again, |act, ctx| act.maybe_verify(ctx));
         }
         for w in self.verify_waiters.remove(&report.id).unwrap_or_default() {
             let _ = w.send(report.clone());
         }
-        self.update_gauges();
+        self.job_changed();
     }
 
     fn broadcast(&mut self, d: Directive, ctx: &mut Context<Self>) {
-        let phase = d.phase();
-        self.end_phase();
         let waiting = self
             .ledger
             .in_flight()
             .map(|op| op.pending().len())
             .unwrap_or(0);
-        let pause_step = match d.kind {
-            DirectiveKind::PauseAt { step } => Some(step),
-            _ => None,
-        };
-        if let Some(op) = &self.op_span {
-            let span = tracing::info_span!(
-                parent: op,
-                "phase",
-                uuid = %d.op,
-                phase = phase.as_str(),
-                role = "manager"
-            );
-            span.in_scope(|| tracing::info!(waiting, pause_step, "phase started"));
-            self.phase_span = Some(span);
-        }
-        self.phase_started = Some((phase, Instant::now()));
-        self.waiting = waiting;
-        metrics::gauge!(telemetry::OPERATION_PENDING_RANKS).set(waiting as f64);
-        self.publish(ProgressKind::PhaseStarted {
-            phase,
-            waiting,
-            pause_step,
-        });
+        self.observer.phase_started(&d, waiting);
         let mut gone = Vec::new();
         for (node, link) in &self.nodes {
-            telemetry::message("out", phase.as_str());
+            self.observer.sent(d.phase());
             if let Err(e) = link.send(d.clone()) {
                 gone.push((node.clone(), e));
             }
@@ -232,60 +158,24 @@ impl Manager {
                 self.run(actions, ctx);
             }
         }
-        self.publish_waiting();
-        self.update_gauges();
+        self.observe_waiting();
+        self.job_changed();
     }
 
     fn finish(&mut self, report: OperationReport, ctx: &mut Context<Self>) {
         if let Some(h) = self.deadline.take() {
             ctx.cancel_future(h);
         }
-        self.end_phase();
-        let span = self.op_span.take().unwrap_or_else(Span::none);
-        span.in_scope(|| match report.outcome {
-            Outcome::Succeeded => tracing::info!(%report, "operation finished"),
-            Outcome::Rejected => tracing::warn!(%report, "operation rejected"),
-            Outcome::Failed if report.job_state == JobState::Running => {
-                tracing::warn!(%report, "operation failed")
-            }
-            Outcome::Failed => tracing::error!(
-                %report,
-                job_state = report.job_state.as_str(),
-                "operation failed and the job is NOT running: groups may disagree on their NICs; operator action required"
-            ),
-        });
-        let direction = report.direction.as_str();
-        metrics::counter!(telemetry::OPERATIONS_TOTAL, "result" => report.outcome.as_str(), "direction" => direction)
-            .increment(1);
-        let phases = [
-            ("pause", report.phases.pause),
-            ("switch", report.phases.switch),
-            ("resume", report.phases.resume),
-            ("rollback", report.phases.rollback),
-            ("total", Some(report.phases.total)),
-        ];
-        for (phase, d) in phases {
-            if let Some(d) = d {
-                metrics::histogram!(telemetry::PHASE_DURATION, "phase" => phase)
-                    .record(d.as_secs_f64());
-            }
-        }
-        if let Some(stall) = report.stall {
-            metrics::histogram!(telemetry::TRAINING_STALL).record(stall.as_secs_f64());
-        }
-        self.update_gauges();
-        metrics::gauge!(telemetry::OPERATION_PENDING_RANKS).set(0.0);
-        self.publish(ProgressKind::Finished(Box::new(report.clone())));
-        self.op_started = None;
-        self.waiting = 0;
+        self.observer.operation_finished(&report, &self.ledger);
+        self.wake_registered();
         for w in self.waiters.remove(&report.id).unwrap_or_default() {
             let _ = w.send(report.clone());
         }
         self.maybe_verify(ctx);
     }
 
-    /// Book-keeping of an operation the ledger just started: spans, progress, gauges; then
-    /// carries out its first actions.
+    /// An operation the ledger just started under `span`: tells the observer, then carries
+    /// out its first actions.
     fn operation_started(
         &mut self,
         id: OperationId,
@@ -293,29 +183,21 @@ impl Manager {
         actions: Vec<Action>,
         ctx: &mut Context<Self>,
     ) {
-        let direction = self
-            .ledger
-            .in_flight()
-            .map(|op| op.plan().direction().as_str())
-            .unwrap_or("mixed");
-        span.record("direction", direction);
-        span.in_scope(|| tracing::info!(direction, "operation started"));
-        self.op_span = Some(span);
-        self.op_started = Some((id, Instant::now()));
-        self.phase_started = None;
-        if let Some(op) = self.ledger.in_flight() {
-            self.publish(ProgressKind::Started {
-                job: self.ledger.job().clone(),
-                direction: op.plan().direction(),
-                targets: op.plan().targets.clone(),
-                ranks: self.ledger.expected(),
-            });
-        }
-        self.update_gauges();
+        let plan = self.ledger.in_flight().map(|op| op.plan());
+        let (job, ranks) = (self.ledger.job(), self.ledger.expected());
+        self.observer.operation_started(id, span, job, plan, ranks);
+        self.job_changed();
         self.run(actions, ctx);
     }
 
-    fn update_gauges(&mut self) {
+    /// The job's registrations, operation, NIC table or state may have changed.
+    fn job_changed(&mut self) {
+        self.observer.job_changed(&self.ledger);
+        self.wake_registered();
+    }
+
+    /// Resolves the registration waiters whose condition holds.
+    fn wake_registered(&mut self) {
         let n = self.ledger.registered();
         let verified = self.ledger.is_verified() && self.ledger.verifying().is_none();
         let all = self.ledger.expected();
@@ -329,26 +211,6 @@ impl Manager {
         for (_, tx) in ready {
             let _ = tx.send(());
         }
-        metrics::gauge!(telemetry::WORKERS_REGISTERED).set(self.ledger.registered() as f64);
-        metrics::gauge!(telemetry::OPERATION_IN_FLIGHT).set(if self.ledger.in_flight().is_some() {
-            1.0
-        } else {
-            0.0
-        });
-        metrics::gauge!(telemetry::RANKS_ON_BACKUP)
-            .set(self.ledger.ranks_on_backup().count() as f64);
-        set_job_state(self.ledger.state());
-    }
-}
-
-/// `taskd_job_state{state}`: 1 for `state`, 0 for the others.
-fn set_job_state(state: JobState) {
-    for s in [JobState::Running, JobState::Paused, JobState::NeedsRecovery] {
-        metrics::gauge!(telemetry::JOB_STATE, "state" => s.as_str()).set(if s == state {
-            1.0
-        } else {
-            0.0
-        });
     }
 }
 
@@ -393,40 +255,34 @@ impl Handler<Deliver<ProxyToManager>> for Manager {
         let now = self.now();
         match m {
             ProxyToManager::WorkerUp(hello) => {
-                telemetry::message("in", "worker_up");
+                self.observer.received("worker_up");
                 let rank = hello.rank;
-                match self.ledger.register(hello) {
-                    Ok(()) => {
-                        self.lost.remove(&rank);
-                        tracing::debug!(rank = rank.0, "worker registered");
-                        if self.ledger.registered() == self.ledger.expected() {
-                            tracing::info!(
-                                workers = self.ledger.registered(),
-                                "every worker registered"
-                            );
-                        }
-                    }
-                    Err(e) => tracing::error!(error = %e, "registration refused"),
+                let res = self.ledger.register(hello);
+                if res.is_ok() {
+                    self.lost.remove(&rank);
                 }
-                self.update_gauges();
+                let (registered, expected) = (self.ledger.registered(), self.ledger.expected());
+                self.observer
+                    .registration(rank, res.as_ref().map(|_| ()), registered, expected);
+                self.job_changed();
                 self.maybe_verify(ctx);
             }
             ProxyToManager::WorkerLost { rank, reason } => {
-                telemetry::message("in", "worker_lost");
+                self.observer.received("worker_lost");
                 if self.ledger.is_registered(rank) {
                     self.lost.insert(rank, reason.clone());
                 }
                 let actions = self.ledger.worker_lost(rank, reason, now);
-                self.update_gauges();
-                self.publish_waiting();
+                self.job_changed();
+                self.observe_waiting();
                 self.run(actions, ctx);
                 self.maybe_verify(ctx);
             }
             ProxyToManager::Reply(nr) => {
-                telemetry::message("in", "node_reply");
-                let span = self.phase_span.clone().unwrap_or_else(Span::none);
+                self.observer.received("node_reply");
+                let span = self.observer.phase_span();
                 let actions = span.in_scope(|| self.ledger.handle(Event::Replies(nr), now));
-                self.publish_waiting();
+                self.observe_waiting();
                 self.run(actions, ctx);
             }
         }
@@ -464,14 +320,7 @@ impl Handler<Submit> for Manager {
     fn handle(&mut self, Submit(cmd): Submit, ctx: &mut Self::Context) -> Self::Result {
         let id = cmd.id.unwrap_or_else(|| OperationId(uuid::Uuid::new_v4()));
         let now = self.now();
-        let span = tracing::info_span!(
-            "operation",
-            uuid = %id,
-            job = %cmd.job,
-            targets = cmd.targets.len(),
-            direction = tracing::field::Empty,
-            role = "manager",
-        );
+        let span = observer::submit_span(id, &cmd);
         let res = span.in_scope(|| self.ledger.submit(&cmd, id, now));
         match res {
             Ok(Submitted::Started { id, actions }) => {
@@ -481,9 +330,7 @@ impl Handler<Submit> for Manager {
             Ok(Submitted::Known(r)) => Ok(Submission::Known(r)),
             Ok(Submitted::InFlight(id)) => Ok(Submission::InFlight(id)),
             Err(e) => {
-                span.in_scope(|| tracing::warn!(error = %e, "command refused"));
-                metrics::counter!(telemetry::OPERATIONS_TOTAL, "result" => "rejected", "direction" => "none")
-                    .increment(1);
+                self.observer.command_refused(&span, &e);
                 Err(e)
             }
         }
@@ -522,7 +369,7 @@ impl Handler<SubscribeProgress> for Manager {
     type Result = MessageResult<SubscribeProgress>;
 
     fn handle(&mut self, _: SubscribeProgress, _: &mut Self::Context) -> Self::Result {
-        MessageResult(self.progress.subscribe())
+        MessageResult(self.observer.progress().subscribe())
     }
 }
 
@@ -538,7 +385,7 @@ impl Handler<AwaitRegistered> for Manager {
     fn handle(&mut self, m: AwaitRegistered, _: &mut Self::Context) -> Self::Result {
         let (tx, rx) = oneshot::channel();
         self.registered_waiters.push((m.0, tx));
-        self.update_gauges();
+        self.wake_registered();
         Box::pin(async move {
             let _ = rx.await;
         })
@@ -647,15 +494,7 @@ impl Handler<Recover> for Manager {
 
     fn handle(&mut self, m: Recover, ctx: &mut Self::Context) -> Self::Result {
         let id = m.id.unwrap_or_else(|| OperationId(uuid::Uuid::new_v4()));
-        let span = tracing::info_span!(
-            "operation",
-            uuid = %id,
-            job = %self.ledger.job(),
-            targets = tracing::field::Empty,
-            direction = tracing::field::Empty,
-            role = "manager",
-            recover_to = m.to.as_str(),
-        );
+        let span = observer::recover_span(id, self.ledger.job(), m.to);
         let now = self.now();
         let res = span.in_scope(|| self.ledger.recover(m.to, id, now));
         match res {
@@ -667,7 +506,7 @@ impl Handler<Recover> for Manager {
             Ok(RecoveryStarted::Verification { id, actions }) => {
                 span.in_scope(|| tracing::warn!("recovery: nothing in doubt, verifying"));
                 self.run(actions, ctx);
-                self.update_gauges();
+                self.job_changed();
                 Ok(Recovery::Verification(id))
             }
             Err(e) => {

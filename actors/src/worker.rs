@@ -18,7 +18,7 @@ use taskd_core::protocol::{
     WorkerHello, WorkerReport, WorkerToProxy,
 };
 use taskd_core::{
-    plan_calls, GlobalRank, JobId, NodeName, OperationId, RankHal, SwitchCapabilities,
+    plan_calls, GlobalRank, JobId, NicSide, NodeName, OperationId, RankHal, SwitchCapabilities,
 };
 use tokio::sync::oneshot;
 use tracing::Span;
@@ -41,7 +41,7 @@ enum HalJob {
     /// What this rank has applied to each of its groups.
     Report(oneshot::Sender<Result<Vec<GroupView>, RankError>>),
     Apply {
-        targets: Vec<(GlobalRank, bool)>,
+        targets: Vec<(GlobalRank, NicSide)>,
         reply: oneshot::Sender<Result<Vec<AppliedCall>, RankError>>,
         /// The phase's span, entered on the HAL thread for the calls.
         span: Span,
@@ -431,7 +431,7 @@ fn report(hal: &mut dyn RankHal, applied: &Applied) -> Result<Vec<GroupView>, Ra
 fn apply(
     rank: GlobalRank,
     hal: &mut dyn RankHal,
-    targets: &[(GlobalRank, bool)],
+    targets: &[(GlobalRank, NicSide)],
     applied: &mut Applied,
 ) -> Result<Vec<AppliedCall>, RankError> {
     let started = Instant::now();
@@ -449,13 +449,13 @@ fn apply(
         .iter()
         .map(|g| (g.name.as_str(), g.members.len() as u32))
         .collect();
-    let wanted: BTreeMap<GlobalRank, bool> = targets.iter().copied().collect();
+    let wanted: BTreeMap<GlobalRank, NicSide> = targets.iter().copied().collect();
     let mut calls = Vec::new();
     let mut first_error = None;
     for call in plan_calls(&groups, targets) {
         let t = Instant::now();
         let res = tracing::debug_span!("hal_call", op = "set_working_nic", group = %call.group)
-            .in_scope(|| hal.set_working_nic(&call.group, &call.ranks, &call.use_backup));
+            .in_scope(|| hal.set_working_nic(&call.group, &call.ranks, &call.use_backup()));
         telemetry::hal_call("set_working_nic", res.is_ok(), t.elapsed());
         if let Err(e) = &res {
             telemetry::hal_error("set_working_nic", e);
@@ -467,10 +467,10 @@ fn apply(
                 let members = groups.iter().find(|g| g.name == call.group);
                 for m in members.iter().flat_map(|g| g.members.iter()) {
                     match wanted.get(m) {
-                        Some(true) => {
+                        Some(NicSide::Backup) => {
                             view.insert(*m);
                         }
-                        Some(false) => {
+                        Some(NicSide::Primary) => {
                             view.remove(m);
                         }
                         None => {}

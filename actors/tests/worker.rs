@@ -17,8 +17,8 @@ use taskd_core::protocol::{
     AppliedCall, Directive, DirectiveKind, Phase, RankError, ReplyBody, WorkerToProxy,
 };
 use taskd_core::{
-    GlobalRank, GroupCall, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCode, OperationId,
-    SwitchCapabilities,
+    GlobalRank, GroupCall, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCode, NicSide,
+    OperationId, SwitchCapabilities,
 };
 use taskd_hal_mock::{Expect, ScriptedRankHal};
 use tokio::sync::mpsc;
@@ -42,8 +42,11 @@ fn layout() -> Vec<GroupInfo> {
 }
 
 /// Ranks 1 and 3 to their backup NIC.
-fn to_backup() -> Vec<(GlobalRank, bool)> {
-    vec![(GlobalRank(1), true), (GlobalRank(3), true)]
+fn to_backup() -> Vec<(GlobalRank, NicSide)> {
+    vec![
+        (GlobalRank(1), NicSide::Backup),
+        (GlobalRank(3), NicSide::Backup),
+    ]
 }
 
 fn op(n: u128) -> OperationId {
@@ -160,7 +163,10 @@ fn call(group: &str, ranks: &[u32], use_backup: &[bool]) -> GroupCall {
     GroupCall {
         group: group.into(),
         ranks: ranks.iter().copied().map(GroupRank).collect(),
-        use_backup: use_backup.to_vec(),
+        sides: use_backup
+            .iter()
+            .map(|b| NicSide::from_use_backup(*b))
+            .collect(),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The operator's switch command and its resolution against the rank table.
 
 use crate::display::short_list;
+use crate::hal::NicSide;
 use crate::ids::{DeviceId, GlobalRank, JobId, NodeName, OperationId};
 use crate::rank_table::RankTable;
 use serde::{Deserialize, Serialize};
@@ -10,39 +11,60 @@ use std::fmt;
 /// One `(node, device) -> use_backup` entry of a command.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Target {
+    /// The node, by its rank-table name.
     pub node: NodeName,
+    /// The device on that node.
     pub device: DeviceId,
+    /// To the backup NIC (`true`) or back to the primary.
     pub use_backup: bool,
 }
 
 /// A request to move some devices onto their backup NIC (`use_backup = true`) or back.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SwitchCommand {
+    /// The job the command is for.
     pub job: JobId,
     /// Client-chosen id; the manager generates one when absent.
     pub id: Option<OperationId>,
+    /// The devices to move, in the operator's order.
     pub targets: Vec<Target>,
 }
 
 /// A target resolved to its global rank.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RankTarget {
+    /// The node.
     pub node: NodeName,
+    /// The device on that node.
     pub device: DeviceId,
+    /// The rank the device runs.
     pub rank: GlobalRank,
+    /// The command's flag, as the operator and the wire formats give it; the control plane
+    /// works with [`RankTarget::side`].
     pub use_backup: bool,
+}
+
+impl RankTarget {
+    /// The side the target is moved to.
+    pub fn side(&self) -> NicSide {
+        NicSide::from_use_backup(self.use_backup)
+    }
 }
 
 /// Which way a command moves traffic.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Direction {
+    /// Every target to its backup NIC.
     ToBackup,
+    /// Every target back to its primary NIC.
     ToPrimary,
+    /// Some each way.
     Mixed,
 }
 
 impl Direction {
+    /// The name used in logs, metrics labels and JSON.
     pub fn as_str(self) -> &'static str {
         match self {
             Direction::ToBackup => "to_backup",
@@ -61,10 +83,12 @@ impl fmt::Display for Direction {
 /// A command whose targets all exist, each rank once, in the operator's order.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SwitchPlan {
+    /// The resolved targets.
     pub targets: Vec<RankTarget>,
 }
 
 impl SwitchPlan {
+    /// Which way the plan moves traffic.
     pub fn direction(&self) -> Direction {
         let backup = self.targets.iter().filter(|t| t.use_backup).count();
         match backup {
@@ -74,50 +98,76 @@ impl SwitchPlan {
         }
     }
 
-    /// `(rank, use_backup)` pairs in the operator's order: the planner's input.
-    pub fn rank_flags(&self) -> Vec<(GlobalRank, bool)> {
-        self.targets
-            .iter()
-            .map(|t| (t.rank, t.use_backup))
-            .collect()
+    /// `(rank, side)` pairs in the operator's order: the planner's input.
+    pub fn rank_sides(&self) -> Vec<(GlobalRank, NicSide)> {
+        self.targets.iter().map(|t| (t.rank, t.side())).collect()
     }
 }
 
 /// A command that cannot run as given. Nothing was changed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum ValidationError {
+    /// The command names no target.
     #[error("the command has no targets: name at least one node and device")]
     NoTargets,
+    /// A target's node is not in the rank table.
     #[error("node \"{node}\" is not part of the job (known nodes: {known})")]
-    UnknownNode { node: NodeName, known: String },
+    UnknownNode {
+        /// The node named.
+        node: NodeName,
+        /// The job's nodes, as a short list.
+        known: String,
+    },
+    /// A target's device is not one of its node's.
     #[error("device {device} does not exist on node \"{node}\" (it has devices {devices})")]
     UnknownDevice {
+        /// The node.
         node: NodeName,
+        /// The device named.
         device: DeviceId,
+        /// The node's devices, as a short list.
         devices: String,
     },
+    /// A device string of ClusterD's form is not a number.
     #[error("device {value:?} of node \"{node}\" is not a device number")]
-    BadDevice { node: NodeName, value: String },
+    BadDevice {
+        /// The node.
+        node: NodeName,
+        /// The string given.
+        value: String,
+    },
+    /// ClusterD's form gives a node another number of ops than devices.
     #[error("node \"{node}\" lists {devs} devices but {ops} operations: give one op per dev")]
     LengthMismatch {
+        /// The node.
         node: NodeName,
+        /// How many devices it lists.
         devs: usize,
+        /// How many ops it lists.
         ops: usize,
     },
+    /// The two dies of one NPU are told opposite sides.
     #[error(
         "devices {node}:{first} and {node}:{second} are the two dies of one NPU (each is the other's backup NIC) and cannot be told opposite NICs in one command: HCCL refuses it; switch them the same way or in two commands"
     )]
     PartnerConflict {
+        /// The node.
         node: NodeName,
+        /// The lower device of the pair.
         first: DeviceId,
+        /// The higher device of the pair.
         second: DeviceId,
     },
+    /// One device is told both sides.
     #[error(
         "device {node}:{device} (rank {rank}) is listed twice, once to backup and once to primary"
     )]
     ConflictingTarget {
+        /// The node.
         node: NodeName,
+        /// The device.
         device: DeviceId,
+        /// Its rank.
         rank: GlobalRank,
     },
 }
@@ -249,8 +299,11 @@ mod tests {
             .resolve(&t)
             .unwrap();
         assert_eq!(
-            p.rank_flags(),
-            vec![(GlobalRank(6), true), (GlobalRank(0), true)]
+            p.rank_sides(),
+            vec![
+                (GlobalRank(6), NicSide::Backup),
+                (GlobalRank(0), NicSide::Backup)
+            ]
         );
         assert_eq!(p.direction(), Direction::ToBackup);
         let p = cmd(&[("node-1", 2, true), ("node-0", 0, false)])

@@ -77,19 +77,32 @@ impl SwitchCapabilities {
 }
 
 /// Which of a device's two NICs.
+///
+/// The control plane speaks of sides; HCCL's `HcclCommWorkingDevNicSet` takes one `useBackup`
+/// flag per rank, and so do the wire formats (`use_backup` in the protobuf and in the JSON of
+/// a command). [`NicSide::from_use_backup`] and [`NicSide::use_backup`] convert at those
+/// boundaries.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum NicSide {
+    /// The NIC a device uses by default (HCCL's default for a new group).
     Primary,
+    /// The other NIC of the device's pair, taken over when the primary fails.
     Backup,
 }
 
 impl NicSide {
+    /// The side a `use_backup` flag names.
     pub fn from_use_backup(use_backup: bool) -> Self {
         if use_backup {
             NicSide::Backup
         } else {
             NicSide::Primary
         }
+    }
+
+    /// HCCL's `useBackup` flag for this side.
+    pub fn use_backup(self) -> bool {
+        self == NicSide::Backup
     }
 }
 

@@ -1,10 +1,11 @@
 //! The manager's book of one job: who registered, which ranks use their backup NIC, the
-//! operation in flight and the results of past ones. It admits commands (every check of
-//! rule of `docs/protocol.md` that needs no round trip) and drives the [`Operation`] machine.
+//! operation in flight and the results of past ones. It admits commands (every check that
+//! needs no round trip to the ranks: job, targets, registrations, capabilities, job state,
+//! verification; `docs/protocol.md` states the rules) and drives the [`Operation`] machine.
 
 use crate::command::{RankTarget, SwitchCommand, ValidationError};
 use crate::display::short_list;
-use crate::hal::SwitchCapabilities;
+use crate::hal::{NicSide, SwitchCapabilities};
 use crate::ids::{GlobalRank, JobId, NodeName, OperationId};
 pub use crate::operation::JobState;
 use crate::operation::{Action, Event, Operation, OperationReport, Outcome, PhaseDeadlines};
@@ -369,6 +370,11 @@ impl JobLedger {
         self.on_backup.contains(&rank)
     }
 
+    /// The side the NIC table has for `rank`.
+    pub fn side_of(&self, rank: GlobalRank) -> NicSide {
+        NicSide::from_use_backup(self.uses_backup(rank))
+    }
+
     pub fn in_flight(&self) -> Option<&Operation> {
         self.in_flight.as_ref()
     }
@@ -419,9 +425,9 @@ impl JobLedger {
             .collect();
         if !unable.is_empty() {
             let ranks: Vec<GlobalRank> = unable.iter().map(|(r, _)| *r).collect();
-            // name what is missing on any of the ranks, not only on the first one
-            // (rank 2 without TSP and rank 5 without RDMA used to read "ranks 2, 5: MS_ENABLE_TFT
-            // without TSP:1", sending the operator to the wrong flag for rank 5).
+            // Name what is missing on any of the ranks, not only on the first one: with rank 2
+            // lacking TSP and rank 5 lacking RDMA, the message must send the operator to both
+            // flags.
             let common =
                 unable
                     .iter()
@@ -445,7 +451,7 @@ impl JobLedger {
         let previous = plan
             .targets
             .iter()
-            .map(|t| (t.rank, self.on_backup.contains(&t.rank)))
+            .map(|t| (t.rank, self.side_of(t.rank)))
             .collect();
         let (op, actions) = Operation::start(
             id,

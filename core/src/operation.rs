@@ -13,6 +13,11 @@
 //!                                                     ▼
 //!                                            done, job stays paused
 //! ```
+//!
+//! Each box is a stage of [`Operation`] with its own data: the sample's step range, the pause
+//! step, the tally of call digests per group (switch and rollback), the resume's refusals and
+//! stall. A [`OperationKind::Recovery`] has no way back: any failure before its resume ends it
+//! with the job held.
 
 use crate::command::{Direction, RankTarget, SwitchPlan};
 use crate::display::short_list;
@@ -31,8 +36,11 @@ use std::time::Duration;
 pub struct PhaseDeadlines {
     /// Each of the two pause parts (sample, pause): covers up to two training steps.
     pub pause: Duration,
+    /// Every rank's NIC-set calls for the switch.
     pub switch: Duration,
+    /// Every rank's NIC-set calls re-applying the previous state.
     pub rollback: Duration,
+    /// Every rank's gate opening (and a verification round).
     pub resume: Duration,
 }
 
@@ -66,12 +74,23 @@ pub enum Event {
     /// Replies from one node.
     Replies(NodeReply),
     /// A deadline armed by [`Action::ArmDeadline`] fired.
-    Deadline { token: u64 },
+    Deadline {
+        /// The armed deadline's token (a stale one is ignored).
+        token: u64,
+    },
     /// A worker is gone (connection closed, heartbeats missed).
-    WorkerLost { rank: GlobalRank, reason: String },
+    WorkerLost {
+        /// The rank whose worker is gone.
+        rank: GlobalRank,
+        /// Why, for the report.
+        reason: String,
+    },
     /// The manager is stopping: end the operation safely now (roll back what may have been
     /// switched, open the gates) instead of leaving ranks held.
-    Abort { reason: String },
+    Abort {
+        /// Why, for the report.
+        reason: String,
+    },
 }
 
 /// What an operation is for.
@@ -93,8 +112,11 @@ pub enum Action {
     Broadcast(Directive),
     /// Fire [`Event::Deadline`] with this token at `at` (replaces any earlier deadline).
     ArmDeadline {
+        /// The token the [`Event::Deadline`] carries back.
         token: u64,
+        /// The phase it bounds.
         phase: Phase,
+        /// When it fires, on the clock the caller hands in.
         at: Duration,
     },
     /// The one final result. Nothing follows it.
@@ -107,13 +129,16 @@ pub enum Action {
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
+    /// The targets' new NIC state is in effect on every group and every gate is open.
     Succeeded,
+    /// Something went wrong; the report says what and where the job stands.
     Failed,
     /// Refused before anything changed (validation, or a target NIC's link is down).
     Rejected,
 }
 
 impl Outcome {
+    /// The name used in logs, metrics labels and JSON.
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Succeeded => "succeeded",
@@ -143,6 +168,7 @@ impl fmt::Display for JobState {
 }
 
 impl JobState {
+    /// The name used in logs, metrics labels and JSON.
     pub fn as_str(self) -> &'static str {
         match self {
             JobState::Running => "running",
@@ -155,45 +181,78 @@ impl JobState {
 /// Why an operation failed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum OperationError {
+    /// A rank answered a directive with a failure.
     #[error("rank {rank} failed in {phase}: {error}")]
     RankFailed {
+        /// The rank that failed.
         rank: GlobalRank,
+        /// The phase whose directive failed.
         phase: Phase,
+        /// The rank's own account.
         error: RankError,
     },
+    /// A phase's deadline passed with ranks still to answer.
     #[error("{phase} phase passed its deadline of {deadline:?}; no answer from ranks {missing}")]
     Timeout {
+        /// The phase that ran out of time.
         phase: Phase,
+        /// Its deadline.
         deadline: Duration,
+        /// The ranks that did not answer, as a short list.
         missing: String,
     },
+    /// A rank's worker was lost while the operation ran.
     #[error("rank {rank} was lost during {phase}: {reason}")]
     WorkerLost {
+        /// The lost rank.
         rank: GlobalRank,
+        /// The phase running when it was lost.
         phase: Phase,
+        /// Why, as the transport tells it.
         reason: String,
     },
+    /// A target's link on the side it is to move to is down (found while sampling, before
+    /// anything changed).
     #[error("the {side} NIC link of {node}:{device} (rank {rank}) is down; switching onto it would fail")]
     LinkDown {
+        /// The target's node.
         node: NodeName,
+        /// The target's device.
         device: crate::ids::DeviceId,
+        /// The target's rank.
         rank: GlobalRank,
+        /// The side whose link is down.
         side: NicSide,
     },
+    /// The members of a group made different calls, not all of them reported theirs, or one
+    /// called groups out of the planned order.
     #[error("group {group} disagrees after {phase}: {detail}")]
     GroupDisagrees {
+        /// The group.
         group: String,
+        /// The switch or the rollback.
         phase: Phase,
+        /// What disagrees, with the digests and ranks.
         detail: String,
     },
+    /// A rank held after another step than the pause step.
     #[error("rank {rank} paused after step {got}, expected {expected}")]
     WrongPauseStep {
+        /// The rank.
         rank: GlobalRank,
+        /// The step it held after.
         got: u64,
+        /// The pause step.
         expected: u64,
     },
+    /// The manager stopped the operation ([`Event::Abort`]).
     #[error("aborted during {phase}: {reason}")]
-    Aborted { phase: Phase, reason: String },
+    Aborted {
+        /// The phase running.
+        phase: Phase,
+        /// Why the manager is stopping.
+        reason: String,
+    },
 }
 
 /// Time spent in each phase; `None` where the phase did not run.
@@ -201,18 +260,26 @@ pub enum OperationError {
 pub struct PhaseDurations {
     /// Sample and pause together: from the request until every rank held.
     pub pause: Option<Duration>,
+    /// The switch, from its broadcast until every rank answered or it failed.
     pub switch: Option<Duration>,
+    /// The rollback, likewise.
     pub rollback: Option<Duration>,
+    /// The resume, likewise.
     pub resume: Option<Duration>,
+    /// From the first broadcast to the report.
     pub total: Duration,
 }
 
 /// The final result of one operation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OperationReport {
+    /// The operation's id.
     pub id: OperationId,
+    /// Which way the targets moved.
     pub direction: Direction,
+    /// The targets, resolved, in the operator's order.
     pub targets: Vec<RankTarget>,
+    /// How it ended.
     pub outcome: Outcome,
     /// The first failure; later ones are in `rank_errors`.
     pub error: Option<OperationError>,
@@ -229,111 +296,244 @@ pub struct OperationReport {
     /// `(lowest, highest)` step the ranks reported being in when the pause was requested
     /// (ranks may be a step apart; the pause step is the highest).
     pub sampled_steps: Option<(u64, u64)>,
+    /// Time spent in each phase.
     pub phases: PhaseDurations,
     /// Longest time any rank's training was held at the gate, as the ranks reported it.
     pub stall: Option<Duration>,
     /// Ranks lost during the operation.
     pub lost_ranks: Vec<GlobalRank>,
+    /// Where the training job stands after the operation.
     pub job_state: JobState,
 }
 
 /// One operation in flight.
+///
+/// The operation is always in one stage (sampling, pausing, applying, rolling back, resuming,
+/// done), which carries what only that stage needs; what outlives a stage (the failures, the
+/// pause's record, the phase durations) sits beside it.
 #[derive(Clone, Debug)]
 pub struct Operation {
     id: OperationId,
     kind: OperationKind,
     plan: SwitchPlan,
-    previous: Vec<(GlobalRank, bool)>,
+    /// What a rollback re-applies: the targets whose side the switch changes, with the side
+    /// they had before.
+    previous: Vec<(GlobalRank, NicSide)>,
     deadlines: PhaseDeadlines,
+    /// Every rank of the job: every one answers every broadcast, unless it is lost.
     all_ranks: BTreeSet<GlobalRank>,
-    phase: Phase,
-    pending: BTreeSet<GlobalRank>,
+    /// Ranks lost so far, and why. A lost rank is owed no answer in any later phase.
     lost: BTreeMap<GlobalRank, String>,
-    max_step: u64,
-    min_step: Option<u64>,
-    pause_step: Option<u64>,
     started: Duration,
-    phase_started: Duration,
     durations: PhaseDurations,
+    /// The operation's cause of failure: the first one outside the rollback (which keeps its
+    /// own, see [`Stage::RollingBack`]).
     error: Option<OperationError>,
-    rollback_error: Option<OperationError>,
-    rank_errors: Vec<(GlobalRank, Phase, RankError)>,
-    /// Per group: digest -> reporting ranks, for the phase being applied.
-    digests: BTreeMap<String, (u32, BTreeMap<u64, Vec<GlobalRank>>)>,
-    /// A rank whose calls were not in the planner's order.
-    out_of_order: Option<(GlobalRank, String)>,
-    switch_sent: bool,
-    applied: bool,
-    rolled_back: bool,
+    rank_errors: RankErrors,
+    pause: PauseRecord,
+    round: Round,
+    stage: Stage,
+}
+
+/// Where an operation stands, with the data only that stage needs.
+#[derive(Clone, Debug)]
+enum Stage {
+    /// Every rank reports the step it is in: `(lowest, highest)` reported so far.
+    Sampling { steps: Option<(u64, u64)> },
+    /// Every rank finishes `step` and holds after it.
+    Pausing { step: u64 },
+    /// Every rank applies the switch and reports its calls.
+    Applying(Tally),
+    /// Every rank re-applies [`Operation::previous`] and reports its calls. `error` is the
+    /// rollback's own failure: it ends the operation with the job paused.
+    RollingBack {
+        tally: Tally,
+        error: Option<OperationError>,
+    },
+    /// Every rank opens its step gate.
+    Resuming(Resuming),
+    /// The report is out; `ended_in` is the phase the operation ended in.
+    Done { ended_in: Phase },
+}
+
+impl Stage {
+    fn phase(&self) -> Phase {
+        match self {
+            Stage::Sampling { .. } => Phase::Sample,
+            Stage::Pausing { .. } => Phase::Pause,
+            Stage::Applying(_) => Phase::Switch,
+            Stage::RollingBack { .. } => Phase::Rollback,
+            Stage::Resuming(_) => Phase::Resume,
+            Stage::Done { ended_in } => *ended_in,
+        }
+    }
+
+    /// The stages on the way to the switch. A failure in one of them is the operation's
+    /// cause; the rollback and the resume are already the way out of a failure.
+    fn is_forward(&self) -> bool {
+        matches!(
+            self,
+            Stage::Sampling { .. } | Stage::Pausing { .. } | Stage::Applying(_)
+        )
+    }
+}
+
+/// The resume stage's data.
+#[derive(Clone, Debug)]
+struct Resuming {
+    /// The NIC configuration the gates open on.
+    nic: NicChange,
+    /// Ranks that answered the resume with a failure: their gates are not known to be open,
+    /// so the job is not known to run.
+    refused: BTreeSet<GlobalRank>,
+    /// The longest time a rank reports its training was held.
     stall: Option<Duration>,
+}
+
+/// What an operation did to the targets' NICs, as it resumes.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum NicChange {
+    /// The pause failed: no rank was told to switch.
+    Unchanged,
+    /// Every group applied the switch and agrees on it.
+    Applied,
+    /// The switch failed and every group agrees on the restored previous state.
+    RolledBack,
+}
+
+/// What the pause established, for the report.
+#[derive(Copy, Clone, Debug, Default)]
+struct PauseRecord {
+    /// `(lowest, highest)` step the ranks were in, once every rank answered the sample.
+    sampled: Option<(u64, u64)>,
+    /// The step every rank holds after, once every rank confirmed it. The switch is broadcast
+    /// at that moment: this is `Some` exactly when the switch was sent.
+    held_after: Option<u64>,
+}
+
+/// One broadcast and the answers it still waits for.
+#[derive(Clone, Debug)]
+struct Round {
+    /// The token of the deadline armed for it. Each round arms a new one: a deadline with an
+    /// older token belongs to a phase that is over.
     token: u64,
-    finished: bool,
-    /// `(rank, phase)` of every failure already in `rank_errors`, so a duplicated
-    /// delivery of the same failure is reported once.
-    errored: BTreeSet<(GlobalRank, Phase)>,
-    /// a rank answered the resume with a failure: its gate is not known to be open.
-    resume_failed: bool,
+    started: Duration,
+    /// Ranks that owe an answer (lost ranks never do).
+    pending: BTreeSet<GlobalRank>,
+}
+
+/// The calls the members of each group reported for the switch or rollback in flight.
+#[derive(Clone, Debug, Default)]
+struct Tally {
+    groups: BTreeMap<String, GroupTally>,
+    /// The first rank whose calls were not in the planner's order (sorted by group name), and
+    /// the group where it showed.
+    out_of_order: Option<(GlobalRank, String)>,
+}
+
+/// One group's entry of a [`Tally`].
+#[derive(Clone, Debug, Default)]
+struct GroupTally {
+    /// The group's size, as its members report it.
+    size: u32,
+    /// Per digest of the call, the members that reported it.
+    by_digest: BTreeMap<u64, Vec<GlobalRank>>,
+}
+
+impl Tally {
+    fn record(&mut self, rank: GlobalRank, calls: &[AppliedCall]) {
+        for w in calls.windows(2) {
+            if w[0].group >= w[1].group && self.out_of_order.is_none() {
+                self.out_of_order = Some((rank, w[1].group.clone()));
+            }
+        }
+        for c in calls {
+            let g = self.groups.entry(c.group.clone()).or_default();
+            g.size = g.size.max(c.group_size);
+            g.by_digest.entry(c.digest).or_default().push(rank);
+        }
+    }
+
+    /// Every group called agrees: one digest, reported by every member, in the planned order.
+    fn check(&self, phase: Phase) -> Result<(), OperationError> {
+        let disagrees = |group: &str, detail: String| OperationError::GroupDisagrees {
+            group: group.to_owned(),
+            phase,
+            detail,
+        };
+        if let Some((rank, group)) = &self.out_of_order {
+            return Err(disagrees(
+                group,
+                format!("rank {rank} called it out of the planned order"),
+            ));
+        }
+        for (group, g) in &self.groups {
+            if g.by_digest.len() > 1 {
+                let detail = g
+                    .by_digest
+                    .iter()
+                    .map(|(d, ranks)| format!("{d:016x} from ranks {}", short_list(ranks)))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                return Err(disagrees(
+                    group,
+                    format!("members made different calls: {detail}"),
+                ));
+            }
+            let reporters: usize = g.by_digest.values().map(Vec::len).sum();
+            if reporters != g.size as usize {
+                return Err(disagrees(
+                    group,
+                    format!("{reporters} of {} members reported the call", g.size),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Every rank's own failure, in the order they arrived.
+#[derive(Clone, Debug, Default)]
+struct RankErrors {
+    list: Vec<(GlobalRank, Phase, RankError)>,
+    /// `(rank, phase)` of every entry of `list`: a transport that delivers a failure twice
+    /// must not double it in the report.
+    seen: BTreeSet<(GlobalRank, Phase)>,
+}
+
+impl RankErrors {
+    fn record(&mut self, rank: GlobalRank, phase: Phase, e: &RankError) {
+        if self.seen.insert((rank, phase)) {
+            self.list.push((rank, phase, e.clone()));
+        }
+    }
 }
 
 impl Operation {
     /// Starts an operation over `ranks` (every rank of the job). `previous` is the targets'
-    /// current state, `(rank, use_backup)`, used for rollback.
+    /// current side, used for rollback.
     pub fn start(
         id: OperationId,
         plan: SwitchPlan,
-        previous: Vec<(GlobalRank, bool)>,
+        previous: Vec<(GlobalRank, NicSide)>,
         ranks: impl IntoIterator<Item = GlobalRank>,
         deadlines: PhaseDeadlines,
         now: Duration,
     ) -> (Operation, Vec<Action>) {
-        let all_ranks: BTreeSet<GlobalRank> = ranks.into_iter().collect();
-        // Only targets whose state the switch changes are rolled back: re-stating an unchanged
-        // one could tell two dies of one NPU opposite sides in one call, which HCCL refuses.
-        let commanded: BTreeMap<GlobalRank, bool> = plan.rank_flags().into_iter().collect();
-        let previous: Vec<(GlobalRank, bool)> = previous
-            .into_iter()
-            .filter(|(r, was)| commanded.get(r) != Some(was))
-            .collect();
-        let mut op = Operation {
+        let ranks = ranks.into_iter().collect();
+        Operation::begin(
+            OperationKind::Switch,
             id,
-            kind: OperationKind::Switch,
             plan,
             previous,
+            ranks,
             deadlines,
-            pending: all_ranks.clone(),
-            all_ranks,
-            phase: Phase::Sample,
-            lost: BTreeMap::new(),
-            max_step: 0,
-            min_step: None,
-            pause_step: None,
-            started: now,
-            phase_started: now,
-            durations: PhaseDurations::default(),
-            error: None,
-            rollback_error: None,
-            rank_errors: Vec::new(),
-            digests: BTreeMap::new(),
-            out_of_order: None,
-            switch_sent: false,
-            applied: false,
-            rolled_back: false,
-            stall: None,
-            token: 0,
-            finished: false,
-            errored: BTreeSet::new(),
-            resume_failed: false,
-        };
-        let kind = DirectiveKind::Sample {
-            targets: op.plan.targets.clone(),
-        };
-        let actions = op.enter(Phase::Sample, kind, now);
-        (op, actions)
+            now,
+        )
     }
 
     /// Starts a recovery (see [`OperationKind::Recovery`]): `plan` re-states the ranks in
-    /// doubt; `previous` is what the rollback re-applies if the re-statement fails on some
-    /// rank before the others made their calls.
+    /// doubt. A failure ends it with every gate shut: nothing is rolled back.
     pub fn start_recovery(
         id: OperationId,
         plan: SwitchPlan,
@@ -341,11 +541,54 @@ impl Operation {
         deadlines: PhaseDeadlines,
         now: Duration,
     ) -> (Operation, Vec<Action>) {
-        let (mut op, actions) = Operation::start(id, plan, Vec::new(), ranks, deadlines, now);
-        op.kind = OperationKind::Recovery;
+        let ranks = ranks.into_iter().collect();
+        let kind = OperationKind::Recovery;
+        Operation::begin(kind, id, plan, Vec::new(), ranks, deadlines, now)
+    }
+
+    fn begin(
+        kind: OperationKind,
+        id: OperationId,
+        plan: SwitchPlan,
+        previous: Vec<(GlobalRank, NicSide)>,
+        all_ranks: BTreeSet<GlobalRank>,
+        deadlines: PhaseDeadlines,
+        now: Duration,
+    ) -> (Operation, Vec<Action>) {
+        // Only targets whose side the switch changes are rolled back: re-stating an unchanged
+        // one could tell two dies of one NPU opposite sides in one call, which HCCL refuses.
+        let commanded: BTreeMap<GlobalRank, NicSide> = plan.rank_sides().into_iter().collect();
+        let previous = previous
+            .into_iter()
+            .filter(|(r, was)| commanded.get(r) != Some(was))
+            .collect();
+        let targets = plan.targets.clone();
+        let mut op = Operation {
+            id,
+            kind,
+            plan,
+            previous,
+            deadlines,
+            round: Round {
+                token: 0,
+                started: now,
+                pending: all_ranks.clone(),
+            },
+            all_ranks,
+            lost: BTreeMap::new(),
+            started: now,
+            durations: PhaseDurations::default(),
+            error: None,
+            rank_errors: RankErrors::default(),
+            pause: PauseRecord::default(),
+            stage: Stage::Sampling { steps: None },
+        };
+        let sampling = Stage::Sampling { steps: None };
+        let actions = op.enter(sampling, DirectiveKind::Sample { targets }, now);
         (op, actions)
     }
 
+    /// The operation's id.
     pub fn id(&self) -> OperationId {
         self.id
     }
@@ -355,134 +598,145 @@ impl Operation {
         self.kind
     }
 
+    /// The phase running (after the finish: the phase the operation ended in).
     pub fn phase(&self) -> Phase {
-        self.phase
+        self.stage.phase()
     }
 
+    /// The targets, resolved.
     pub fn plan(&self) -> &SwitchPlan {
         &self.plan
     }
 
+    /// Whether the final report is out.
     pub fn is_finished(&self) -> bool {
-        self.finished
+        matches!(self.stage, Stage::Done { .. })
     }
 
     /// Ranks the current phase still waits for.
     pub fn pending(&self) -> &BTreeSet<GlobalRank> {
-        &self.pending
+        &self.round.pending
     }
 
     /// Feeds one event; returns what to do. After [`Action::Finish`] every event is ignored.
     pub fn handle(&mut self, event: Event, now: Duration) -> Vec<Action> {
-        if self.finished {
+        if self.is_finished() {
             return Vec::new();
         }
         match event {
             Event::Replies(nr) => self.on_replies(nr),
-            Event::Deadline { token } => {
-                if token != self.token {
-                    return Vec::new();
-                }
-                let missing = short_list(&self.pending);
-                self.fail(OperationError::Timeout {
-                    phase: self.phase,
-                    deadline: self.deadlines.for_phase(self.phase),
-                    missing,
-                });
-                return self.after_failure(now);
-            }
+            Event::Deadline { token } => return self.on_deadline(token, now),
             Event::WorkerLost { rank, reason } => {
                 if !self.all_ranks.contains(&rank) || self.lost.contains_key(&rank) {
                     return Vec::new();
                 }
-                self.pending.remove(&rank);
+                self.round.pending.remove(&rank);
                 self.lost.insert(rank, reason.clone());
+                let phase = self.phase();
                 self.fail(OperationError::WorkerLost {
                     rank,
-                    phase: self.phase,
+                    phase,
                     reason,
                 });
             }
             Event::Abort { reason } => {
-                // Not in the rollback or the resume: those are already the safe way out.
-                if matches!(self.phase, Phase::Sample | Phase::Pause | Phase::Switch) {
-                    self.fail(OperationError::Aborted {
-                        phase: self.phase,
-                        reason,
-                    });
+                if self.stage.is_forward() {
+                    let phase = self.phase();
+                    self.fail(OperationError::Aborted { phase, reason });
                 }
             }
         }
         self.advance(now)
     }
 
+    fn on_deadline(&mut self, token: u64, now: Duration) -> Vec<Action> {
+        if token != self.round.token {
+            return Vec::new();
+        }
+        let phase = self.phase();
+        self.fail(OperationError::Timeout {
+            phase,
+            deadline: self.deadlines.for_phase(phase),
+            missing: short_list(&self.round.pending),
+        });
+        self.after_failure(now)
+    }
+
     fn on_replies(&mut self, nr: NodeReply) {
         if nr.op != self.id {
             return;
         }
-        if nr.phase == Phase::Sample && self.phase == Phase::Sample {
+        if nr.phase == Phase::Sample && matches!(self.stage, Stage::Sampling { .. }) {
             self.check_health(&nr);
         }
         for r in nr.replies {
             if r.op != self.id {
                 continue;
             }
+            // Every failure of a rank of the job goes into the report, late ones too (a switch
+            // that fails while the rollback is queued), though they no longer steer anything.
             if let ReplyBody::Failed(e) = &r.body {
-                // Late failures (a switch that fails while the rollback is queued) are kept
-                // for the report even though they no longer steer the operation.
-                // only for ranks of the job, and once per rank and phase: a
-                // transport that delivers a message twice must not double the report.
-                if self.all_ranks.contains(&r.rank) && self.errored.insert((r.rank, r.phase)) {
-                    self.rank_errors.push((r.rank, r.phase, e.clone()));
+                if self.all_ranks.contains(&r.rank) {
+                    self.rank_errors.record(r.rank, r.phase, e);
                 }
             }
-            // a body that does not answer its phase's directive (say `Sampled`
-            // tagged `Pause`, or `Resumed` tagged `Switch`) is not an answer: before, it took
-            // the rank off `pending`, so the switch could be sent to a rank that never confirmed
-            // it held, or a switch be taken as applied by a rank that reported no calls. The
-            // rank stays pending; the phase's deadline covers it.
-            if !body_answers(r.phase, &r.body) {
+            // Only an answer to the directive in flight takes a rank off `pending`: a body
+            // that does not answer its phase (`Sampled` tagged `Pause`, `Resumed` tagged
+            // `Switch`) leaves it pending, so the switch goes only to ranks that confirmed
+            // they hold, and a switch counts as applied only by ranks that reported their
+            // calls. The phase's deadline covers a rank that never answers properly.
+            if !body_answers(r.phase, &r.body)
+                || r.phase != self.phase()
+                || !self.round.pending.remove(&r.rank)
+            {
                 continue;
             }
-            if r.phase != self.phase || !self.pending.remove(&r.rank) {
-                continue;
-            }
-            match r.body {
-                ReplyBody::Sampled { in_step } => {
-                    self.max_step = self.max_step.max(in_step);
-                    self.min_step = Some(self.min_step.map_or(in_step, |m| m.min(in_step)));
-                }
-                ReplyBody::Paused { step } => {
-                    let expected = self.pause_step.unwrap_or(self.max_step);
-                    if step != expected {
-                        self.fail(OperationError::WrongPauseStep {
-                            rank: r.rank,
-                            got: step,
-                            expected,
-                        });
-                    }
-                }
-                ReplyBody::Applied { calls } => self.record_calls(r.rank, &calls),
-                // Not an answer to any phase of an operation (`body_answers` filtered it).
-                ReplyBody::Verified(_) => {}
-                ReplyBody::Resumed { stalled } => {
-                    self.stall = Some(self.stall.map_or(stalled, |s| s.max(stalled)))
-                }
-                ReplyBody::Failed(error) => {
-                    // remember that a gate may have stayed shut (see `finish`).
-                    if r.phase == Phase::Resume {
-                        self.resume_failed = true;
-                    }
-                    self.fail(OperationError::RankFailed {
-                        rank: r.rank,
-                        phase: r.phase,
-                        error,
-                    })
-                }
-            }
+            self.on_answer(r.rank, r.body);
         }
     }
 
+    /// A rank's answer to the directive in flight (`body` answers it, see [`body_answers`]).
+    fn on_answer(&mut self, rank: GlobalRank, body: ReplyBody) {
+        let phase = self.phase();
+        let failure = match (&mut self.stage, body) {
+            (Stage::Sampling { steps }, ReplyBody::Sampled { in_step }) => {
+                *steps = Some(steps.map_or((in_step, in_step), |(lo, hi)| {
+                    (lo.min(in_step), hi.max(in_step))
+                }));
+                None
+            }
+            (Stage::Pausing { step }, ReplyBody::Paused { step: got }) => {
+                (got != *step).then_some(OperationError::WrongPauseStep {
+                    rank,
+                    got,
+                    expected: *step,
+                })
+            }
+            (Stage::Applying(tally), ReplyBody::Applied { calls })
+            | (Stage::RollingBack { tally, .. }, ReplyBody::Applied { calls }) => {
+                tally.record(rank, &calls);
+                None
+            }
+            (Stage::Resuming(r), ReplyBody::Resumed { stalled }) => {
+                r.stall = Some(r.stall.map_or(stalled, |s| s.max(stalled)));
+                None
+            }
+            (stage, ReplyBody::Failed(error)) => {
+                if let Stage::Resuming(r) = stage {
+                    r.refused.insert(rank);
+                }
+                Some(OperationError::RankFailed { rank, phase, error })
+            }
+            // No other body answers the phase in flight.
+            _ => None,
+        };
+        if let Some(e) = failure {
+            self.fail(e);
+        }
+    }
+
+    /// A node's link health, with its sample answers: a target whose new side's link is down
+    /// fails the operation before anything is switched.
     fn check_health(&mut self, nr: &NodeReply) {
         let down: Vec<OperationError> = nr
             .health
@@ -492,13 +746,12 @@ impl Operation {
                     .targets
                     .iter()
                     .filter(move |t| t.node == nr.node && t.device == h.device)
-                    .map(|t| (t, NicSide::from_use_backup(t.use_backup)))
-                    .filter(move |(_, side)| !h.is_up(*side))
-                    .map(|(t, side)| OperationError::LinkDown {
+                    .filter(move |t| !h.is_up(t.side()))
+                    .map(|t| OperationError::LinkDown {
                         node: t.node.clone(),
                         device: t.device,
                         rank: t.rank,
-                        side,
+                        side: t.side(),
                     })
             })
             .collect();
@@ -507,66 +760,23 @@ impl Operation {
         }
     }
 
-    fn record_calls(&mut self, rank: GlobalRank, calls: &[AppliedCall]) {
-        for w in calls.windows(2) {
-            if w[0].group >= w[1].group && self.out_of_order.is_none() {
-                self.out_of_order = Some((rank, w[1].group.clone()));
-            }
-        }
-        for c in calls {
-            let entry = self
-                .digests
-                .entry(c.group.clone())
-                .or_insert_with(|| (c.group_size, BTreeMap::new()));
-            entry.0 = entry.0.max(c.group_size);
-            entry.1.entry(c.digest).or_default().push(rank);
-        }
-    }
-
-    /// Every group called agrees: one digest, reported by every member.
-    fn check_agreement(&self) -> Result<(), OperationError> {
-        if let Some((rank, group)) = &self.out_of_order {
-            return Err(OperationError::GroupDisagrees {
-                group: group.clone(),
-                phase: self.phase,
-                detail: format!("rank {rank} called it out of the planned order"),
-            });
-        }
-        for (group, (size, by_digest)) in &self.digests {
-            if by_digest.len() > 1 {
-                let detail = by_digest
-                    .iter()
-                    .map(|(d, ranks)| format!("{d:016x} from ranks {}", short_list(ranks)))
-                    .collect::<Vec<_>>()
-                    .join("; ");
-                return Err(OperationError::GroupDisagrees {
-                    group: group.clone(),
-                    phase: self.phase,
-                    detail: format!("members made different calls: {detail}"),
-                });
-            }
-            let reporters: usize = by_digest.values().map(Vec::len).sum();
-            if reporters != *size as usize {
-                return Err(OperationError::GroupDisagrees {
-                    group: group.clone(),
-                    phase: self.phase,
-                    detail: format!("{reporters} of {size} members reported the call"),
-                });
-            }
-        }
-        Ok(())
-    }
-
     /// Records a failure. In the rollback it is the rollback's own; otherwise the first one
-    /// is the operation's cause and later ones only add to `rank_errors`.
+    /// is the operation's cause and later ones only add to the rank errors.
     fn fail(&mut self, e: OperationError) {
-        let slot = if self.phase == Phase::Rollback {
-            &mut self.rollback_error
-        } else {
-            &mut self.error
+        let slot = match &mut self.stage {
+            Stage::RollingBack { error, .. } => error,
+            _ => &mut self.error,
         };
-        if slot.is_none() {
-            *slot = Some(e);
+        slot.get_or_insert(e);
+    }
+
+    /// Whether a failure was recorded that the current stage is not already the answer to.
+    /// A failure during the resume only goes into the report: the gates open either way.
+    fn failure_unhandled(&self) -> bool {
+        match &self.stage {
+            Stage::RollingBack { error, .. } => error.is_some(),
+            Stage::Resuming(_) | Stage::Done { .. } => false,
+            _ => self.error.is_some(),
         }
     }
 
@@ -574,129 +784,130 @@ impl Operation {
         if self.failure_unhandled() {
             return self.after_failure(now);
         }
-        if !self.pending.is_empty() {
+        if !self.round.pending.is_empty() {
             return Vec::new();
         }
-        match self.phase {
-            Phase::Sample => {
-                let t = self.max_step;
-                self.pause_step = Some(t);
-                self.enter(Phase::Pause, DirectiveKind::PauseAt { step: t }, now)
+        let took = now - self.round.started;
+        match &self.stage {
+            Stage::Sampling { steps } => {
+                self.pause.sampled = *steps;
+                // The pause step is the highest any rank is in: every rank can reach it.
+                let step = steps.map_or(0, |(_, highest)| highest);
+                self.enter(
+                    Stage::Pausing { step },
+                    DirectiveKind::PauseAt { step },
+                    now,
+                )
             }
-            Phase::Pause => {
+            Stage::Pausing { step } => {
+                self.pause.held_after = Some(*step);
                 self.durations.pause = Some(now - self.started);
-                self.switch_sent = true;
-                let targets = self.plan.rank_flags();
-                self.enter(Phase::Switch, DirectiveKind::Switch { targets }, now)
+                let targets = self.plan.rank_sides();
+                let applying = Stage::Applying(Tally::default());
+                self.enter(applying, DirectiveKind::Switch { targets }, now)
             }
-            Phase::Switch => {
-                self.durations.switch = Some(now - self.phase_started);
-                match self.check_agreement() {
-                    Ok(()) => {
-                        self.applied = true;
-                        self.enter(Phase::Resume, DirectiveKind::Resume, now)
-                    }
+            Stage::Applying(tally) => {
+                self.durations.switch = Some(took);
+                match tally.check(Phase::Switch) {
+                    Ok(()) => self.resume(NicChange::Applied, now),
                     Err(e) => {
                         self.fail(e);
                         self.after_failure(now)
                     }
                 }
             }
-            Phase::Rollback => {
-                self.durations.rollback = Some(now - self.phase_started);
-                match self.check_agreement() {
-                    Ok(()) => {
-                        self.rolled_back = true;
-                        self.enter(Phase::Resume, DirectiveKind::Resume, now)
-                    }
+            Stage::RollingBack { tally, .. } => {
+                self.durations.rollback = Some(took);
+                match tally.check(Phase::Rollback) {
+                    Ok(()) => self.resume(NicChange::RolledBack, now),
                     Err(e) => {
                         self.fail(e);
                         self.finish(now)
                     }
                 }
             }
-            Phase::Resume => {
-                self.durations.resume = Some(now - self.phase_started);
+            Stage::Resuming(_) => {
+                self.durations.resume = Some(took);
                 self.finish(now)
             }
-            Phase::Verify => Vec::new(),
+            Stage::Done { .. } => Vec::new(),
         }
     }
 
-    /// Whether a failure was recorded that the current phase is not already the answer to.
-    /// A failure during the resume only goes into the report: the gates open either way.
-    fn failure_unhandled(&self) -> bool {
-        match self.phase {
-            Phase::Sample | Phase::Pause | Phase::Switch => self.error.is_some(),
-            Phase::Rollback => self.rollback_error.is_some(),
-            Phase::Resume | Phase::Verify => false,
-        }
-    }
-
+    /// The way out of a failure in the current stage.
     fn after_failure(&mut self, now: Duration) -> Vec<Action> {
-        if self.kind == OperationKind::Recovery
-            && matches!(self.phase, Phase::Sample | Phase::Pause | Phase::Switch)
-        {
+        let took = now - self.round.started;
+        if self.kind == OperationKind::Recovery && self.stage.is_forward() {
             // No consistent state to go back to: keep every gate shut for the operator.
-            self.record_failed_phase(now);
+            match self.stage {
+                Stage::Applying(_) => self.durations.switch = Some(took),
+                _ => self.durations.pause = Some(now - self.started),
+            }
             return self.finish(now);
         }
-        match self.phase {
-            // Nothing was changed yet: open the gates.
-            Phase::Sample | Phase::Pause => {
-                if self.phase == Phase::Pause {
-                    self.durations.pause = Some(now - self.started);
-                }
-                self.enter(Phase::Resume, DirectiveKind::Resume, now)
+        match self.stage {
+            // Nothing was changed yet: open the gates. (A failed sample records no pause
+            // time; a failed pause does.)
+            Stage::Sampling { .. } => self.resume(NicChange::Unchanged, now),
+            Stage::Pausing { .. } => {
+                self.durations.pause = Some(now - self.started);
+                self.resume(NicChange::Unchanged, now)
             }
-            Phase::Switch => {
-                self.durations.switch = Some(now - self.phase_started);
+            Stage::Applying(_) => {
+                self.durations.switch = Some(took);
+                let rolling_back = Stage::RollingBack {
+                    tally: Tally::default(),
+                    error: None,
+                };
                 let targets = self.previous.clone();
-                self.enter(Phase::Rollback, DirectiveKind::Rollback { targets }, now)
+                self.enter(rolling_back, DirectiveKind::Rollback { targets }, now)
             }
             // A rollback that fails leaves groups that may disagree: stay paused.
-            Phase::Rollback => {
-                self.durations.rollback = Some(now - self.phase_started);
+            Stage::RollingBack { .. } => {
+                self.durations.rollback = Some(took);
                 self.finish(now)
             }
             // The gates may not all be open: the job is not known to run.
-            Phase::Resume | Phase::Verify => {
-                self.durations.resume = Some(now - self.phase_started);
+            Stage::Resuming(_) => {
+                self.durations.resume = Some(took);
                 self.finish(now)
             }
+            Stage::Done { .. } => Vec::new(),
         }
     }
 
-    /// Records how long the phase that just failed ran.
-    fn record_failed_phase(&mut self, now: Duration) {
-        match self.phase {
-            Phase::Sample | Phase::Pause => self.durations.pause = Some(now - self.started),
-            Phase::Switch => self.durations.switch = Some(now - self.phase_started),
-            _ => {}
-        }
+    fn resume(&mut self, nic: NicChange, now: Duration) -> Vec<Action> {
+        let resuming = Stage::Resuming(Resuming {
+            nic,
+            refused: BTreeSet::new(),
+            stall: None,
+        });
+        self.enter(resuming, DirectiveKind::Resume, now)
     }
 
-    fn enter(&mut self, phase: Phase, kind: DirectiveKind, now: Duration) -> Vec<Action> {
-        self.phase = phase;
-        self.phase_started = now;
-        self.pending = self
-            .all_ranks
-            .iter()
-            .filter(|r| !self.lost.contains_key(r))
-            .copied()
-            .collect();
-        self.digests.clear();
-        self.out_of_order = None;
-        self.token += 1;
+    /// Moves to `stage` and broadcasts its directive to every rank not lost.
+    fn enter(&mut self, stage: Stage, kind: DirectiveKind, now: Duration) -> Vec<Action> {
+        let phase = stage.phase();
+        self.stage = stage;
+        self.round = Round {
+            token: self.round.token + 1,
+            started: now,
+            pending: self
+                .all_ranks
+                .iter()
+                .filter(|r| !self.lost.contains_key(r))
+                .copied()
+                .collect(),
+        };
         let directive = Directive { op: self.id, kind };
         let mut actions = vec![Action::Broadcast(directive)];
-        if self.pending.is_empty() {
+        if self.round.pending.is_empty() {
             // Every rank is gone: nobody can answer.
             actions.extend(self.finish(now));
             return actions;
         }
         actions.push(Action::ArmDeadline {
-            token: self.token,
+            token: self.round.token,
             phase,
             at: now + self.deadlines.for_phase(phase),
         });
@@ -704,15 +915,24 @@ impl Operation {
     }
 
     fn finish(&mut self, now: Duration) -> Vec<Action> {
-        self.finished = true;
+        let ended_in = self.phase();
+        let stage = std::mem::replace(&mut self.stage, Stage::Done { ended_in });
         self.durations.total = now - self.started;
-        // a rank that answered the resume with a failure is not known to train
-        // again, like one that did not answer before the deadline; before, the job was
-        // reported `running` (even after a switch that was not rolled back).
-        let resumed = self.phase == Phase::Resume && self.pending.is_empty() && !self.resume_failed;
+        let (nic, resumed, stall, rollback_error) = match stage {
+            // Running again needs every gate known open: an answered resume from every rank
+            // not lost, none of them a failure (a refusal is no better than no answer).
+            Stage::Resuming(r) => {
+                let resumed = self.round.pending.is_empty() && r.refused.is_empty();
+                (Some(r.nic), resumed, r.stall, None)
+            }
+            Stage::RollingBack { error, .. } => (None, false, None, error),
+            _ => (None, false, None, None),
+        };
         let outcome = match &self.error {
             None if resumed => Outcome::Succeeded,
-            Some(OperationError::LinkDown { .. }) if !self.switch_sent => Outcome::Rejected,
+            Some(OperationError::LinkDown { .. }) if self.pause.held_after.is_none() => {
+                Outcome::Rejected
+            }
             _ => Outcome::Failed,
         };
         let error = match (&self.error, resumed) {
@@ -720,20 +940,18 @@ impl Operation {
             (None, false) => Some(OperationError::Timeout {
                 phase: Phase::Resume,
                 deadline: self.deadlines.resume,
-                missing: short_list(&self.pending),
+                missing: short_list(&self.round.pending),
             }),
             (None, true) => None,
         };
         let job_state = if !self.lost.is_empty() {
             JobState::NeedsRecovery
-        } else if !resumed {
-            if self.phase == Phase::Resume {
-                JobState::NeedsRecovery
-            } else {
-                JobState::Paused
-            }
-        } else {
+        } else if resumed {
             JobState::Running
+        } else if ended_in == Phase::Resume {
+            JobState::NeedsRecovery
+        } else {
+            JobState::Paused
         };
         let report = OperationReport {
             id: self.id,
@@ -741,18 +959,14 @@ impl Operation {
             targets: self.plan.targets.clone(),
             outcome,
             error,
-            rollback_error: self.rollback_error.clone(),
-            rank_errors: std::mem::take(&mut self.rank_errors),
-            rolled_back: self.rolled_back,
-            applied: self.applied && !self.rolled_back,
-            // Only when every rank held there: the switch is sent after the last `paused`.
-            pause_step: self.pause_step.filter(|_| self.switch_sent),
-            sampled_steps: self
-                .min_step
-                .filter(|_| self.pause_step.is_some())
-                .map(|lo| (lo, self.max_step)),
+            rollback_error,
+            rank_errors: std::mem::take(&mut self.rank_errors.list),
+            rolled_back: nic == Some(NicChange::RolledBack),
+            applied: nic == Some(NicChange::Applied),
+            pause_step: self.pause.held_after,
+            sampled_steps: self.pause.sampled,
             phases: self.durations.clone(),
-            stall: self.stall,
+            stall,
             lost_ranks: self.lost.keys().copied().collect(),
             job_state,
         };
@@ -760,7 +974,7 @@ impl Operation {
     }
 }
 
-/// whether `body` is an answer to a directive of `phase` (a failure answers any).
+/// Whether `body` is an answer to a directive of `phase` (a failure answers any).
 fn body_answers(phase: Phase, body: &ReplyBody) -> bool {
     matches!(
         (phase, body),

@@ -6,53 +6,63 @@
 //! are visited sorted by name, so any two ranks agree on every group they share and on the
 //! relative order of those groups.
 
-use crate::hal::GroupInfo;
+use crate::hal::{GroupInfo, NicSide};
 use crate::ids::{GlobalRank, GroupRank};
 use serde::{Deserialize, Serialize};
 
-/// One `HcclCommWorkingDevNicSet` call.
+/// One `HcclCommWorkingDevNicSet` call: `ranks[i]` (group ranks) move to `sides[i]`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupCall {
+    /// The group's name.
     pub group: String,
+    /// The targets that are members of the group, as group ranks, in the operator's order.
     pub ranks: Vec<GroupRank>,
-    pub use_backup: Vec<bool>,
+    /// The side each of `ranks` moves to.
+    pub sides: Vec<NicSide>,
 }
 
 impl GroupCall {
-    /// A stable fingerprint of the call (FNV-1a 64 over name, ranks and flags). Members of a
-    /// group report it after a switch; the manager resumes only if they all agree.
+    /// The `useBackup` array of HCCL's C signature, one flag per rank: the one place a call
+    /// turns sides into flags, at the HAL boundary ([`crate::RankHal::set_working_nic`]).
+    pub fn use_backup(&self) -> Vec<bool> {
+        self.sides.iter().map(|s| s.use_backup()).collect()
+    }
+
+    /// A stable fingerprint of the call (FNV-1a 64 over name, ranks and `useBackup` flags, one
+    /// byte each). Members of a group report it after a switch; the manager resumes only if
+    /// they all agree. Workers of other builds compute it too: its bytes never change.
     pub fn digest(&self) -> u64 {
         let mut h = Fnv64::new();
         h.write(self.group.as_bytes());
         h.write(&[0xff]);
         h.write(&(self.ranks.len() as u32).to_le_bytes());
-        for (r, b) in self.ranks.iter().zip(&self.use_backup) {
+        for (r, side) in self.ranks.iter().zip(&self.sides) {
             h.write(&r.0.to_le_bytes());
-            h.write(&[*b as u8]);
+            h.write(&[u8::from(side.use_backup())]);
         }
         h.finish()
     }
 }
 
-/// Plans the calls for one process. `targets` are `(global rank, use_backup)` in the
-/// operator's order; `groups` are the process's groups in any order.
+/// Plans the calls for one process. `targets` are `(global rank, side)` in the operator's
+/// order; `groups` are the process's groups in any order.
 ///
 /// Per group (sorted by name): the targets that are members, in target order, translated to
 /// group ranks. Groups with no target are skipped.
-pub fn plan_calls(groups: &[GroupInfo], targets: &[(GlobalRank, bool)]) -> Vec<GroupCall> {
+pub fn plan_calls(groups: &[GroupInfo], targets: &[(GlobalRank, NicSide)]) -> Vec<GroupCall> {
     let mut sorted: Vec<&GroupInfo> = groups.iter().collect();
     sorted.sort_by(|a, b| a.name.cmp(&b.name));
     sorted
         .into_iter()
         .filter_map(|g| {
-            let (ranks, use_backup): (Vec<_>, Vec<_>) = targets
+            let (ranks, sides): (Vec<_>, Vec<_>) = targets
                 .iter()
-                .filter_map(|(r, b)| g.group_rank_of(*r).map(|gr| (gr, *b)))
+                .filter_map(|(r, side)| g.group_rank_of(*r).map(|gr| (gr, *side)))
                 .unzip();
             (!ranks.is_empty()).then(|| GroupCall {
                 group: g.name.clone(),
                 ranks,
-                use_backup,
+                sides,
             })
         })
         .collect()
@@ -96,22 +106,30 @@ mod tests {
             g("dp_1", &[1, 3]),
             g("dp_0", &[0, 2]),
         ];
-        let calls = plan_calls(&groups, &[(GlobalRank(3), true), (GlobalRank(1), false)]);
+        let targets = [
+            (GlobalRank(3), NicSide::Backup),
+            (GlobalRank(1), NicSide::Primary),
+        ];
+        let calls = plan_calls(&groups, &targets);
+        let sides = vec![NicSide::Backup, NicSide::Primary];
         assert_eq!(
             calls,
             vec![
                 GroupCall {
                     group: "dp_1".into(),
                     ranks: vec![GroupRank(1), GroupRank(0)],
-                    use_backup: vec![true, false]
+                    sides: sides.clone()
                 },
                 GroupCall {
                     group: "world".into(),
                     ranks: vec![GroupRank(3), GroupRank(1)],
-                    use_backup: vec![true, false]
+                    sides
                 },
             ]
         );
+        assert_eq!(calls[0].use_backup(), vec![true, false]);
+        // Workers of different builds compare digests: the bytes hashed never change.
+        assert_eq!(calls[0].digest(), 0x49d7_ed1f_e900_18a0);
     }
 
     #[test]
@@ -119,10 +137,10 @@ mod tests {
         let base = GroupCall {
             group: "g".into(),
             ranks: vec![GroupRank(1), GroupRank(2)],
-            use_backup: vec![true, false],
+            sides: vec![NicSide::Backup, NicSide::Primary],
         };
         let mut flag = base.clone();
-        flag.use_backup[1] = true;
+        flag.sides[1] = NicSide::Backup;
         let mut order = base.clone();
         order.ranks.reverse();
         let mut name = base.clone();
@@ -168,8 +186,10 @@ mod tests {
         /// visit the groups they share in the same relative order.
         #[test]
         fn members_agree_on_calls_and_order((tp, dp, targets, shuffle) in job()) {
-            let targets: Vec<(GlobalRank, bool)> =
-                targets.into_iter().map(|(r, b)| (GlobalRank(r), b)).collect();
+            let targets: Vec<(GlobalRank, NicSide)> = targets
+                .into_iter()
+                .map(|(r, b)| (GlobalRank(r), NicSide::from_use_backup(b)))
+                .collect();
             let mut per_group: BTreeMap<String, GroupCall> = BTreeMap::new();
             let mut sequences = Vec::new();
             for rank in 0..tp * dp {
@@ -180,7 +200,7 @@ mod tests {
                     } else {
                         per_group.insert(c.group.clone(), c.clone());
                     }
-                    prop_assert_eq!(c.ranks.len(), c.use_backup.len());
+                    prop_assert_eq!(c.ranks.len(), c.sides.len());
                     prop_assert!(!c.ranks.is_empty());
                 }
                 sequences.push(calls.into_iter().map(|c| c.group).collect::<Vec<_>>());

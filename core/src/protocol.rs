@@ -5,7 +5,7 @@
 //! the manager one [`NodeReply`] per node (early, with what it has, when a rank fails).
 
 use crate::command::RankTarget;
-use crate::hal::{HalError, LinkHealth, SwitchCapabilities};
+use crate::hal::{HalError, LinkHealth, NicSide, SwitchCapabilities};
 use crate::ids::{GlobalRank, JobId, NodeName, OperationId};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -75,10 +75,10 @@ pub enum DirectiveKind {
     Sample { targets: Vec<RankTarget> },
     /// Finish step `step` (no further) and hold at that boundary.
     PauseAt { step: u64 },
-    /// Plan and apply `(rank, use_backup)` on every group you share with a target.
-    Switch { targets: Vec<(GlobalRank, bool)> },
+    /// Plan and apply `(rank, side)` on every group you share with a target.
+    Switch { targets: Vec<(GlobalRank, NicSide)> },
     /// Same as `Switch`, with the previous NIC state of the targets.
-    Rollback { targets: Vec<(GlobalRank, bool)> },
+    Rollback { targets: Vec<(GlobalRank, NicSide)> },
     /// Open the step gate, if it serves this operation (a gate serving another operation
     /// stays as it is, and the rank answers how long it was held: zero).
     Resume,

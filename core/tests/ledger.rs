@@ -15,7 +15,7 @@ use taskd_core::protocol::{
 };
 use taskd_core::verify::VerifyReport;
 use taskd_core::{
-    Action, DeviceId, Event, GlobalRank, HcclCode, JobId, JobLedger, JobState, NodeName,
+    Action, DeviceId, Event, GlobalRank, HcclCode, JobId, JobLedger, JobState, NicSide, NodeName,
     OperationId, OperationReport, Outcome, SubmitError, SwitchCapabilities, SwitchCommand,
     ValidationError,
 };
@@ -339,7 +339,7 @@ fn a_good_switch_updates_the_nic_table_and_a_switch_back_restores_it() {
     assert_eq!(
         sent[3].kind,
         DirectiveKind::Rollback {
-            targets: vec![(GlobalRank(6), true)]
+            targets: vec![(GlobalRank(6), NicSide::Backup)]
         }
     );
     assert_eq!(backup_of(&l), vec![1, 6]);
@@ -358,7 +358,7 @@ fn a_good_switch_updates_the_nic_table_and_a_switch_back_restores_it() {
     assert_eq!(
         sent[2].kind,
         DirectiveKind::Switch {
-            targets: vec![(GlobalRank(6), false)]
+            targets: vec![(GlobalRank(6), NicSide::Primary)]
         }
     );
     assert_eq!(backup_of(&l), vec![1]);
@@ -710,7 +710,7 @@ fn after_a_failed_rollback_the_job_is_not_running_until_acknowledged() {
     assert_eq!(id, op_id(3));
     let (rec, sent) = drive(&mut l, &layout, actions, &mut now, |_, _| Answer::Correct);
     assert_eq!(rec.outcome, Outcome::Succeeded, "{rec}");
-    assert!(sent.iter().any(|d| matches!(&d.kind, DirectiveKind::Switch { targets } if targets.iter().any(|(r, b)| r.0 == 6 && !*b))));
+    assert!(sent.iter().any(|d| matches!(&d.kind, DirectiveKind::Switch { targets } if targets.iter().any(|(r, side)| r.0 == 6 && *side == NicSide::Primary))));
     assert_eq!(l.state(), JobState::Running);
     // A round confirms the recovery before the next switch is admitted.
     assert!(matches!(
@@ -909,7 +909,7 @@ fn a_restarted_manager_keeps_disagreeing_groups_held() {
             _ => None,
         })
         .expect("a switch");
-    assert_eq!(switch, vec![(GlobalRank(2), false)]);
+    assert_eq!(switch, vec![(GlobalRank(2), NicSide::Primary)]);
     assert_eq!(l.state(), JobState::Running);
 }
 

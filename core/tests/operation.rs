@@ -88,7 +88,10 @@ fn happy_path_samples_pauses_at_max_step_switches_and_resumes() {
         entered(
             id,
             DirectiveKind::Switch {
-                targets: vec![(GlobalRank(1), true), (GlobalRank(6), true)]
+                targets: vec![
+                    (GlobalRank(1), NicSide::Backup),
+                    (GlobalRank(6), NicSide::Backup)
+                ]
             },
             3,
             secs(124)
@@ -196,7 +199,10 @@ fn hal_failure_in_switch_rolls_back_with_previous_values_and_resumes() {
         entered(
             id,
             DirectiveKind::Rollback {
-                targets: vec![(GlobalRank(1), false), (GlobalRank(6), true)]
+                targets: vec![
+                    (GlobalRank(1), NicSide::Primary),
+                    (GlobalRank(6), NicSide::Backup)
+                ]
             },
             4,
             secs(130)
@@ -374,7 +380,10 @@ fn switch_deadline_rolls_back() {
         entered(
             h.id,
             DirectiveKind::Rollback {
-                targets: vec![(GlobalRank(1), false), (GlobalRank(6), true)]
+                targets: vec![
+                    (GlobalRank(1), NicSide::Primary),
+                    (GlobalRank(6), NicSide::Backup)
+                ]
             },
             4,
             secs(147)
@@ -629,7 +638,10 @@ fn switch_with(odd: u32, calls: Vec<taskd_core::protocol::AppliedCall>) -> Harne
     assert_eq!(
         broadcasts(&a)[0].kind,
         DirectiveKind::Rollback {
-            targets: vec![(GlobalRank(1), false), (GlobalRank(6), false)]
+            targets: vec![
+                (GlobalRank(1), NicSide::Primary),
+                (GlobalRank(6), NicSide::Primary)
+            ]
         },
         "{a:?}"
     );
@@ -774,7 +786,10 @@ fn worker_lost_in_switch_rolls_back_but_cannot_restore_its_groups() {
     assert_eq!(
         broadcasts(&a)[0].kind,
         DirectiveKind::Rollback {
-            targets: vec![(GlobalRank(1), false), (GlobalRank(6), false)]
+            targets: vec![
+                (GlobalRank(1), NicSide::Primary),
+                (GlobalRank(6), NicSide::Primary)
+            ]
         }
     );
     assert_eq!(h.pending(), vec![0, 1, 2, 4, 5, 6, 7]);

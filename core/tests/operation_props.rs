@@ -100,8 +100,8 @@ impl Window {
 struct World {
     layout: Layout,
     id: OperationId,
-    targets: Vec<(GlobalRank, bool)>,
-    previous: Vec<(GlobalRank, bool)>,
+    targets: Vec<(GlobalRank, NicSide)>,
+    previous: Vec<(GlobalRank, NicSide)>,
     plan_targets: Vec<taskd_core::command::RankTarget>,
     steps: BTreeMap<GlobalRank, u64>,
     dice: Dice,
@@ -170,11 +170,11 @@ impl World {
             started,
         );
         let mut w = World {
-            targets: plan.rank_flags(),
+            targets: plan.rank_sides(),
             // The rollback re-states only the targets the switch changes.
             previous: flags(&previous)
                 .into_iter()
-                .filter(|p| !plan.rank_flags().contains(p))
+                .filter(|p| !plan.rank_sides().contains(p))
                 .collect(),
             plan_targets: plan.targets,
             layout,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use support::{env, fresh, fresh_dir, install, Stub, StubControl};
 use taskd_core::{
     plan_calls, DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCode,
-    Library, NodeHal, RankHal, SwitchCapabilities, VendorCode,
+    Library, NicSide, NodeHal, RankHal, SwitchCapabilities, VendorCode,
 };
 use taskd_hal_ascend::result::{self, AclError};
 use taskd_hal_ascend::search::{self, LibrarySpec, LoadError, Origin};
@@ -690,13 +690,13 @@ mod rank_hal {
             vec!["world", "tp_1", "dp_1"]
         );
         let targets = [
-            (GlobalRank(5), true),
-            (GlobalRank(1), false),
-            (GlobalRank(6), true),
+            (GlobalRank(5), NicSide::Backup),
+            (GlobalRank(1), NicSide::Primary),
+            (GlobalRank(6), NicSide::Backup),
         ];
         let plan = plan_calls(&groups, &targets);
         for call in &plan {
-            hal.set_working_nic(&call.group, &call.ranks, &call.use_backup)
+            hal.set_working_nic(&call.group, &call.ranks, &call.use_backup())
                 .unwrap();
         }
         assert_eq!(

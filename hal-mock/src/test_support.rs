@@ -4,7 +4,7 @@
 use crate::{Fabric, FabricConfig, MockRankHal};
 use std::sync::Arc;
 use std::time::Duration;
-use taskd_core::{plan_calls, GlobalRank, HalError, HcclCode, RankHal};
+use taskd_core::{plan_calls, GlobalRank, HalError, HcclCode, NicSide, RankHal};
 
 /// A fabric with a 5 s HCCL timeout: a safety net so a broken test fails instead of hanging.
 pub fn fabric(nodes: u32, devices: u32, tp: u32) -> Arc<Fabric> {
@@ -97,14 +97,16 @@ pub fn switch_all(
     f: &Arc<Fabric>,
     targets: &[(u32, bool)],
 ) -> Vec<Vec<(String, Result<(), HalError>)>> {
-    let targets: Vec<(GlobalRank, bool)> =
-        targets.iter().map(|(r, b)| (GlobalRank(*r), *b)).collect();
+    let targets: Vec<(GlobalRank, NicSide)> = targets
+        .iter()
+        .map(|(r, b)| (GlobalRank(*r), NicSide::from_use_backup(*b)))
+        .collect();
     on_ranks(f, &all_ranks(f), |mut hal| {
         let groups = hal.groups().expect("groups of a live rank");
         plan_calls(&groups, &targets)
             .into_iter()
             .map(|c| {
-                let res = hal.set_working_nic(&c.group, &c.ranks, &c.use_backup);
+                let res = hal.set_working_nic(&c.group, &c.ranks, &c.use_backup());
                 (c.group, res)
             })
             .collect()

@@ -11,7 +11,7 @@ use taskd_core::protocol::{
     RankError, RankReply, ReplyBody, WorkerHello, WorkerReport, WorkerToProxy,
 };
 use taskd_core::{
-    DeviceId, GlobalRank, HalError, HalErrorKind, JobId, Library, LinkHealth, NodeName,
+    DeviceId, GlobalRank, HalError, HalErrorKind, JobId, Library, LinkHealth, NicSide, NodeName,
     OperationId, SwitchCapabilities, VendorCode,
 };
 
@@ -98,22 +98,23 @@ pub fn hello_from_pb(h: pb::WorkerHello) -> WorkerHello {
     }
 }
 
-fn flags_to_pb(targets: Vec<(GlobalRank, bool)>) -> pb::NicTargets {
+/// The wire keeps HCCL's `use_backup` flag per rank; the directive speaks of sides.
+fn flags_to_pb(targets: Vec<(GlobalRank, NicSide)>) -> pb::NicTargets {
     pb::NicTargets {
         targets: targets
             .into_iter()
-            .map(|(r, b)| pb::RankFlag {
+            .map(|(r, side)| pb::RankFlag {
                 rank: r.0,
-                use_backup: b,
+                use_backup: side.use_backup(),
             })
             .collect(),
     }
 }
 
-fn flags_from_pb(t: pb::NicTargets) -> Vec<(GlobalRank, bool)> {
+fn flags_from_pb(t: pb::NicTargets) -> Vec<(GlobalRank, NicSide)> {
     t.targets
         .into_iter()
-        .map(|f| (GlobalRank(f.rank), f.use_backup))
+        .map(|f| (GlobalRank(f.rank), NicSide::from_use_backup(f.use_backup)))
         .collect()
 }
 
@@ -591,10 +592,13 @@ mod tests {
             DirectiveKind::Sample { targets },
             DirectiveKind::PauseAt { step: 42 },
             DirectiveKind::Switch {
-                targets: vec![(GlobalRank(11), true), (GlobalRank(2), false)],
+                targets: vec![
+                    (GlobalRank(11), NicSide::Backup),
+                    (GlobalRank(2), NicSide::Primary),
+                ],
             },
             DirectiveKind::Rollback {
-                targets: vec![(GlobalRank(11), false)],
+                targets: vec![(GlobalRank(11), NicSide::Primary)],
             },
             DirectiveKind::Resume,
             DirectiveKind::Verify,

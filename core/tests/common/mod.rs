@@ -14,7 +14,7 @@ use taskd_core::protocol::{
     RankReply, ReplyBody, WorkerReport,
 };
 use taskd_core::{
-    plan_calls, Action, DeviceId, Event, GlobalRank, GroupInfo, HalError, HcclCode, JobId,
+    plan_calls, Action, DeviceId, Event, GlobalRank, GroupInfo, HalError, HcclCode, JobId, NicSide,
     NodeName, Operation, OperationId, OperationReport, PhaseDeadlines, RankTable, SwitchCommand,
     SwitchPlan,
 };
@@ -175,7 +175,7 @@ impl Layout {
     }
 
     /// What a correct worker of rank `r` reports after applying `targets`.
-    pub fn calls(&self, r: GlobalRank, targets: &[(GlobalRank, bool)]) -> Vec<AppliedCall> {
+    pub fn calls(&self, r: GlobalRank, targets: &[(GlobalRank, NicSide)]) -> Vec<AppliedCall> {
         let groups = self.groups_of(r);
         plan_calls(&groups, targets)
             .into_iter()
@@ -191,9 +191,9 @@ impl Layout {
             .collect()
     }
 
-    /// The operator's command for `(rank, use_backup)` pairs, in that order.
-    /// A command for `targets`. The two dies of one NPU are never told opposite sides (the
-    /// validation refuses that): a later partner follows the first one's flag.
+    /// The operator's command for `(rank, use_backup)` pairs, in that order. The two dies of
+    /// one NPU are never told opposite sides (the validation refuses that): a later partner
+    /// follows the first one's flag.
     pub fn command(&self, targets: &[(u32, bool)]) -> SwitchCommand {
         let mut seen: std::collections::BTreeMap<(NodeName, u32), bool> = Default::default();
         let targets = targets
@@ -224,8 +224,11 @@ impl Layout {
     }
 }
 
-pub fn flags(v: &[(u32, bool)]) -> Vec<(GlobalRank, bool)> {
-    v.iter().map(|(r, b)| (GlobalRank(*r), *b)).collect()
+/// `(rank, use_backup)` pairs as the `(rank, side)` pairs of directives.
+pub fn flags(v: &[(u32, bool)]) -> Vec<(GlobalRank, NicSide)> {
+    v.iter()
+        .map(|(r, b)| (GlobalRank(*r), NicSide::from_use_backup(*b)))
+        .collect()
 }
 
 pub fn ranks(v: &[u32]) -> Vec<GlobalRank> {
@@ -309,8 +312,8 @@ pub struct Harness {
     pub id: OperationId,
     pub op: Operation,
     pub plan: SwitchPlan,
-    pub targets: Vec<(GlobalRank, bool)>,
-    pub previous: Vec<(GlobalRank, bool)>,
+    pub targets: Vec<(GlobalRank, NicSide)>,
+    pub previous: Vec<(GlobalRank, NicSide)>,
     pub log: Vec<Action>,
 }
 
@@ -333,7 +336,7 @@ impl Harness {
             now,
         );
         let h = Harness {
-            targets: plan.rank_flags(),
+            targets: plan.rank_sides(),
             previous: flags(previous),
             layout,
             id,
@@ -435,7 +438,7 @@ impl Harness {
         })
     }
 
-    pub fn flags_for(&self, phase: Phase) -> Vec<(GlobalRank, bool)> {
+    pub fn flags_for(&self, phase: Phase) -> Vec<(GlobalRank, NicSide)> {
         match phase {
             Phase::Switch => self.targets.clone(),
             Phase::Rollback => self.previous.clone(),

@@ -1,0 +1,343 @@
+//! What the manager shows of its work: its spans, its metrics and its progress feed.
+//!
+//! The [`crate::manager::Manager`] actor keeps only the job's state and answers messages; it
+//! tells an [`Observer`] what happened (an operation started, a phase started, ranks
+//! answered, the report is out, a verification round ended, a worker registered) and the
+//! observer turns that into the `operation` and `phase` spans, the metrics named in
+//! [`crate::telemetry`] and the events of the [`ProgressFeed`]. The observer never changes
+//! the job; the actor never touches a span, a metric or the feed.
+
+use crate::progress::{ProgressFeed, ProgressKind};
+use crate::telemetry;
+use std::time::{Duration, Instant};
+use taskd_core::command::SwitchPlan;
+use taskd_core::ledger::{RecoverTo, RegisterError};
+use taskd_core::operation::{OperationReport, Outcome};
+use taskd_core::protocol::{Directive, DirectiveKind, Phase};
+use taskd_core::verify::VerifyReport;
+use taskd_core::{GlobalRank, JobId, JobLedger, JobState, OperationId, SubmitError, SwitchCommand};
+use tracing::Span;
+
+/// The manager's telemetry: the operation and phase being watched, and the feed.
+#[derive(Debug)]
+pub(crate) struct Observer {
+    progress: ProgressFeed,
+    /// The operation in flight.
+    op: Option<WatchedOperation>,
+    /// The phase whose directive went out last (an operation's or a verification round's).
+    phase: Option<WatchedPhase>,
+    /// Ranks the phase in flight still waits for, as last published.
+    waiting: usize,
+}
+
+#[derive(Debug)]
+struct WatchedOperation {
+    id: OperationId,
+    started: Instant,
+    span: Span,
+}
+
+#[derive(Debug)]
+struct WatchedPhase {
+    phase: Phase,
+    started: Instant,
+    /// A child of the operation's span (a verification round's phase has none).
+    span: Option<Span>,
+}
+
+/// The span of an operator's switch command; the ledger admits it inside it.
+pub(crate) fn submit_span(id: OperationId, cmd: &SwitchCommand) -> Span {
+    tracing::info_span!(
+        "operation",
+        uuid = %id,
+        job = %cmd.job,
+        targets = cmd.targets.len(),
+        direction = tracing::field::Empty,
+        role = "manager",
+    )
+}
+
+/// The span of a recovery; the ledger admits it inside it.
+pub(crate) fn recover_span(id: OperationId, job: &JobId, to: RecoverTo) -> Span {
+    tracing::info_span!(
+        "operation",
+        uuid = %id,
+        job = %job,
+        targets = tracing::field::Empty,
+        direction = tracing::field::Empty,
+        role = "manager",
+        recover_to = to.as_str(),
+    )
+}
+
+impl Observer {
+    /// An observer of a job of `expected` ranks: sets every gauge to its idle value.
+    pub(crate) fn new(expected: usize) -> Self {
+        metrics::gauge!(telemetry::WORKERS_EXPECTED).set(expected as f64);
+        metrics::gauge!(telemetry::WORKERS_REGISTERED).set(0.0);
+        metrics::gauge!(telemetry::OPERATION_IN_FLIGHT).set(0.0);
+        metrics::gauge!(telemetry::RANKS_ON_BACKUP).set(0.0);
+        metrics::gauge!(telemetry::OPERATION_PENDING_RANKS).set(0.0);
+        set_job_state(JobState::Running);
+        Observer {
+            progress: ProgressFeed::new(),
+            op: None,
+            phase: None,
+            waiting: 0,
+        }
+    }
+
+    /// The feed progress events are published on.
+    pub(crate) fn progress(&self) -> ProgressFeed {
+        self.progress.clone()
+    }
+
+    /// The span of the phase running, to enter while its answers are handled.
+    pub(crate) fn phase_span(&self) -> Span {
+        self.phase
+            .as_ref()
+            .and_then(|p| p.span.clone())
+            .unwrap_or_else(Span::none)
+    }
+
+    /// A control message came in.
+    pub(crate) fn received(&self, kind: &'static str) {
+        telemetry::message("in", kind);
+    }
+
+    /// The ledger's view of the job may have changed: registered workers, the operation in
+    /// flight, the NIC table, the job's state.
+    pub(crate) fn job_changed(&self, ledger: &JobLedger) {
+        metrics::gauge!(telemetry::WORKERS_REGISTERED).set(ledger.registered() as f64);
+        let in_flight = if ledger.in_flight().is_some() {
+            1.0
+        } else {
+            0.0
+        };
+        metrics::gauge!(telemetry::OPERATION_IN_FLIGHT).set(in_flight);
+        metrics::gauge!(telemetry::RANKS_ON_BACKUP).set(ledger.ranks_on_backup().count() as f64);
+        set_job_state(ledger.state());
+    }
+
+    /// A worker's registration was accepted or refused (`registered` of `expected` now).
+    pub(crate) fn registration(
+        &self,
+        rank: GlobalRank,
+        result: Result<(), &RegisterError>,
+        registered: usize,
+        expected: usize,
+    ) {
+        match result {
+            Ok(()) => {
+                tracing::debug!(rank = rank.0, "worker registered");
+                if registered == expected {
+                    tracing::info!(workers = registered, "every worker registered");
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "registration refused"),
+        }
+    }
+
+    /// A command was refused before it could run.
+    pub(crate) fn command_refused(&self, span: &Span, e: &SubmitError) {
+        span.in_scope(|| tracing::warn!(error = %e, "command refused"));
+        metrics::counter!(telemetry::OPERATIONS_TOTAL, "result" => "rejected", "direction" => "none")
+            .increment(1);
+    }
+
+    /// The ledger started operation `id` of `plan` (`None` if it is over already) under
+    /// `span`, over `ranks` ranks.
+    pub(crate) fn operation_started(
+        &mut self,
+        id: OperationId,
+        span: Span,
+        job: &JobId,
+        plan: Option<&SwitchPlan>,
+        ranks: usize,
+    ) {
+        let direction = plan.map_or("mixed", |p| p.direction().as_str());
+        span.record("direction", direction);
+        span.in_scope(|| tracing::info!(direction, "operation started"));
+        self.op = Some(WatchedOperation {
+            id,
+            started: Instant::now(),
+            span,
+        });
+        self.phase = None;
+        if let Some(plan) = plan {
+            self.publish(ProgressKind::Started {
+                job: job.clone(),
+                direction: plan.direction(),
+                targets: plan.targets.clone(),
+                ranks,
+            });
+        }
+    }
+
+    /// Directive `d` goes out to every node; `waiting` ranks must answer it. Ends the phase
+    /// before it.
+    pub(crate) fn phase_started(&mut self, d: &Directive, waiting: usize) {
+        let phase = d.phase();
+        self.end_phase();
+        let pause_step = match d.kind {
+            DirectiveKind::PauseAt { step } => Some(step),
+            _ => None,
+        };
+        let span = self.op.as_ref().map(|op| {
+            let span = tracing::info_span!(
+                parent: &op.span,
+                "phase",
+                uuid = %d.op,
+                phase = phase.as_str(),
+                role = "manager"
+            );
+            span.in_scope(|| tracing::info!(waiting, pause_step, "phase started"));
+            span
+        });
+        self.phase = Some(WatchedPhase {
+            phase,
+            started: Instant::now(),
+            span,
+        });
+        self.waiting = waiting;
+        metrics::gauge!(telemetry::OPERATION_PENDING_RANKS).set(waiting as f64);
+        self.publish(ProgressKind::PhaseStarted {
+            phase,
+            waiting,
+            pause_step,
+        });
+    }
+
+    /// The directive of `phase` was sent to one node.
+    pub(crate) fn sent(&self, phase: Phase) {
+        telemetry::message("out", phase.as_str());
+    }
+
+    /// The phase's deadline fires in `after`.
+    pub(crate) fn deadline_armed(&self, phase: Phase, after: Duration) {
+        self.phase_span()
+            .in_scope(|| tracing::debug!(%phase, ?after, "deadline armed"));
+    }
+
+    /// The operation in flight is in `phase` and waits for `waiting` ranks: published when
+    /// the count changed. A phase that just ended is announced by the next one's start
+    /// instead.
+    pub(crate) fn waiting(&mut self, phase: Phase, waiting: usize) {
+        let current = self.phase.as_ref().map(|p| p.phase);
+        if current == Some(phase) && waiting != self.waiting {
+            self.waiting = waiting;
+            metrics::gauge!(telemetry::OPERATION_PENDING_RANKS).set(waiting as f64);
+            self.publish(ProgressKind::Waiting { phase, waiting });
+        }
+    }
+
+    /// The operation's report is out; `ledger` has settled it.
+    pub(crate) fn operation_finished(&mut self, report: &OperationReport, ledger: &JobLedger) {
+        self.end_phase();
+        let span = self
+            .op
+            .as_ref()
+            .map_or_else(Span::none, |op| op.span.clone());
+        span.in_scope(|| log_report(report));
+        count_report(report);
+        self.job_changed(ledger);
+        metrics::gauge!(telemetry::OPERATION_PENDING_RANKS).set(0.0);
+        self.publish(ProgressKind::Finished(Box::new(report.clone())));
+        self.op = None;
+        self.waiting = 0;
+    }
+
+    /// A verification round `id` over `ranks` starts.
+    pub(crate) fn verification_started(&self, id: OperationId, ranks: usize) {
+        tracing::info!(%id, ranks, "verifying what every rank applied");
+    }
+
+    /// A verification round ended with `report`.
+    pub(crate) fn verification_done(&mut self, report: &VerifyReport) {
+        self.phase = None;
+        match report.job_state() {
+            Some(JobState::Running) => tracing::info!(%report, "verified: the job runs"),
+            Some(state) => tracing::error!(
+                %report,
+                job_state = state.as_str(),
+                "verification found groups that disagree on their NICs; run `taskd recover`"
+            ),
+            None => tracing::warn!(%report, "verification incomplete; asking again later"),
+        }
+    }
+
+    /// Ends the phase running, if any: logs it and tells the progress feed.
+    fn end_phase(&mut self) {
+        let Some(WatchedPhase {
+            phase,
+            started,
+            span,
+        }) = self.phase.take()
+        else {
+            return;
+        };
+        let took = started.elapsed();
+        if let Some(span) = span {
+            span.in_scope(
+                || tracing::info!(%phase, took_ms = took.as_secs_f64() * 1e3, "phase finished"),
+            );
+        }
+        self.publish(ProgressKind::PhaseFinished { phase, took });
+    }
+
+    /// Publishes `kind` for the operation in flight (nothing when none is).
+    fn publish(&self, kind: ProgressKind) {
+        if let Some(op) = &self.op {
+            self.progress.publish(op.id, op.started.elapsed(), kind);
+        }
+    }
+}
+
+fn log_report(report: &OperationReport) {
+    match report.outcome {
+        Outcome::Succeeded => tracing::info!(%report, "operation finished"),
+        Outcome::Rejected => tracing::warn!(%report, "operation rejected"),
+        Outcome::Failed if report.job_state == JobState::Running => {
+            tracing::warn!(%report, "operation failed")
+        }
+        Outcome::Failed => tracing::error!(
+            %report,
+            job_state = report.job_state.as_str(),
+            "operation failed and the job is NOT running: groups may disagree on their NICs; operator action required"
+        ),
+    }
+}
+
+/// The report's counter, phase durations and stall.
+fn count_report(report: &OperationReport) {
+    let direction = report.direction.as_str();
+    metrics::counter!(telemetry::OPERATIONS_TOTAL, "result" => report.outcome.as_str(), "direction" => direction)
+        .increment(1);
+    let phases = [
+        ("pause", report.phases.pause),
+        ("switch", report.phases.switch),
+        ("resume", report.phases.resume),
+        ("rollback", report.phases.rollback),
+        ("total", Some(report.phases.total)),
+    ];
+    for (phase, d) in phases {
+        if let Some(d) = d {
+            metrics::histogram!(telemetry::PHASE_DURATION, "phase" => phase)
+                .record(d.as_secs_f64());
+        }
+    }
+    if let Some(stall) = report.stall {
+        metrics::histogram!(telemetry::TRAINING_STALL).record(stall.as_secs_f64());
+    }
+}
+
+/// `taskd_job_state{state}`: 1 for `state`, 0 for the others.
+fn set_job_state(state: JobState) {
+    for s in [JobState::Running, JobState::Paused, JobState::NeedsRecovery] {
+        metrics::gauge!(telemetry::JOB_STATE, "state" => s.as_str()).set(if s == state {
+            1.0
+        } else {
+            0.0
+        });
+    }
+}

@@ -6,6 +6,7 @@
 //! rank). Phase times are when the progress events reached the simulator, on the same clock:
 //! microseconds after the manager published them.
 
+use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -13,12 +14,21 @@ use taskd_actors::progress::{ProgressEvent, ProgressKind};
 use taskd_core::protocol::Phase;
 use taskd_core::{OperationId, StepBoundary};
 
-/// When every rank completed each step, since the clock started.
+/// How many of the latest steps a [`StepClock`] keeps: the live simulator (`--serve`) trains
+/// for as long as it runs, and its memory must stay flat (1 MiB of steps at most).
+pub const STEPS_KEPT: usize = 1 << 16;
+
+/// When every rank completed each of the latest [`STEPS_KEPT`] steps, since the clock started.
 pub struct StepClock {
     start: Instant,
     world: u32,
-    /// Per step (index = step - 1): ranks that completed it, and when the last one did.
-    steps: Mutex<Vec<(u32, Duration)>>,
+    steps: Mutex<Steps>,
+}
+
+/// Per step from `first` on: ranks that completed it, and when the last one did.
+struct Steps {
+    first: u64,
+    v: VecDeque<(u32, Duration)>,
 }
 
 impl StepClock {
@@ -26,7 +36,10 @@ impl StepClock {
         Arc::new(StepClock {
             start: Instant::now(),
             world,
-            steps: Mutex::new(Vec::new()),
+            steps: Mutex::new(Steps {
+                first: 1,
+                v: VecDeque::new(),
+            }),
         })
     }
 
@@ -36,29 +49,41 @@ impl StepClock {
     }
 
     fn record(&self, step: u64) {
-        let Some(i) = (step as usize).checked_sub(1) else {
-            return;
-        };
         let now = self.elapsed();
         let mut steps = self.lock();
-        if steps.len() <= i {
-            steps.resize(i + 1, (0, Duration::ZERO));
+        // Steps older than the window (or 0) are not kept.
+        let Some(i) = step.checked_sub(steps.first) else {
+            return;
+        };
+        let i = i as usize;
+        if i >= STEPS_KEPT {
+            // Slide the window so that `step` is its newest entry.
+            let drop = (i + 1 - STEPS_KEPT).min(steps.v.len());
+            steps.v.drain(..drop);
+            steps.first = step + 1 - STEPS_KEPT as u64;
         }
-        steps[i].0 += 1;
-        steps[i].1 = steps[i].1.max(now);
+        let i = (step - steps.first) as usize;
+        if steps.v.len() <= i {
+            steps.v.resize(i + 1, (0, Duration::ZERO));
+        }
+        let e = &mut steps.v[i];
+        e.0 += 1;
+        e.1 = e.1.max(now);
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<(u32, Duration)>> {
+    fn lock(&self) -> MutexGuard<'_, Steps> {
         self.steps.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// `(step, when its last rank completed it)` for every step all ranks completed.
+    /// `(step, when its last rank completed it)` for every kept step all ranks completed.
     pub fn completed_steps(&self) -> Vec<(u64, Duration)> {
-        self.lock()
+        let steps = self.lock();
+        steps
+            .v
             .iter()
             .enumerate()
             .filter(|(_, (n, _))| *n >= self.world)
-            .map(|(i, (_, at))| (i as u64 + 1, *at))
+            .map(|(i, (_, at))| (steps.first + i as u64, *at))
             .collect()
     }
 
@@ -201,6 +226,27 @@ impl Timeline {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_clock_keeps_a_window_of_the_latest_steps() {
+        let clock = StepClock::new(2);
+        let total = STEPS_KEPT as u64 + 1000;
+        for step in 1..=total {
+            clock.record(step);
+            clock.record(step);
+        }
+        // A straggler's report of a step that left the window is ignored.
+        clock.record(3);
+        let done = clock.completed_steps();
+        assert_eq!(done.len(), STEPS_KEPT);
+        assert_eq!(done.first().unwrap().0, 1001);
+        assert_eq!(done.last().unwrap().0, total);
+        assert!(done.windows(2).all(|w| w[0].0 + 1 == w[1].0));
+        // A step far ahead slides the window past everything kept.
+        clock.record(total + 3 * STEPS_KEPT as u64);
+        clock.record(total + 3 * STEPS_KEPT as u64);
+        assert_eq!(clock.completed_steps().len(), 1);
+    }
 
     fn ms(v: u64) -> Duration {
         Duration::from_millis(v)

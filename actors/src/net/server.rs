@@ -298,49 +298,12 @@ impl<H: Host> pb::task_net_server::TaskNet for NetService<H> {
         req: Request<Streaming<pb::Up>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
         let inner = self.inner.clone();
-        let reg_ = &inner.registry;
-        let net = reg_.net.clone();
+        let net = inner.registry.net.clone();
         let remote = req.remote_addr();
         let mut inbound = req.into_inner();
-        let first = tokio::time::timeout(net.register_timeout, inbound.message())
-            .await
-            .map_err(|_| {
-                Status::deadline_exceeded(format!(
-                    "no registration within {:?} of connecting",
-                    net.register_timeout
-                ))
-            })??;
-        let reg = match first.and_then(|f| f.body) {
-            Some(pb::up::Body::Register(r)) => r,
-            _ => {
-                return Err(Status::invalid_argument(
-                    "the first frame of a connection must be a registration",
-                ))
-            }
-        };
+        let reg = read_registration(&mut inbound, &net).await?;
         let want = inner.host.role();
-        if reg.role != want as i32 {
-            let got = pb::Role::try_from(reg.role).unwrap_or(pb::Role::Unspecified);
-            let hint = match (want, got) {
-                (pb::Role::Proxy, pb::Role::Worker) => {
-                    ": workers register with the proxy of their node, not with the manager"
-                }
-                (pb::Role::Worker, pb::Role::Proxy) => {
-                    ": proxies register with the manager of the job, not with another proxy"
-                }
-                _ => "",
-            };
-            return Err(Status::invalid_argument(format!(
-                "a {} tried to register with a server that accepts only a {}{hint}",
-                role_name(got),
-                role_name(want)
-            )));
-        }
-        if reg.incarnation.is_empty() {
-            return Err(Status::invalid_argument(
-                "the registration carries no incarnation id",
-            ));
-        }
+        check_role(want, &reg)?;
         let admitted = inner
             .host
             .admit(&reg)
@@ -348,91 +311,24 @@ impl<H: Host> pb::task_net_server::TaskNet for NetService<H> {
         let key = admitted.key;
         let (control_tx, control_rx) = mpsc::channel(64);
         let (stop_tx, stop_rx) = watch::channel(false);
-        let mut replaced = None;
-        let (outbox, received, deliver_lock, epoch, conn, resumed) = {
-            let mut slots = reg_.slots.lock();
-            let decision = match slots.get(&key) {
-                None => Decision::New,
-                Some(s) if s.incarnation == reg.incarnation => {
-                    let resumable = reg
-                        .resume
-                        .as_ref()
-                        .is_some_and(|r| r.server_incarnation == reg_.incarnation);
-                    if resumable {
-                        Decision::Resume
-                    } else {
-                        Decision::Replace(s.incarnation.clone())
-                    }
-                }
-                Some(s) if s.connected => {
-                    let from = s.remote.map(|a| format!(" from {a}")).unwrap_or_default();
-                    return Err(Status::already_exists(format!(
-                        "{} {key} is already registered by another live process (incarnation {}, connected{from}); a second one is refused. If that process is gone, it is declared lost within {:?}: retry then",
-                        role_name(want),
-                        s.incarnation,
-                        net.loss_after()
-                    )));
-                }
-                Some(s) => Decision::Replace(s.incarnation.clone()),
-            };
-            if let Decision::Replace(old) = &decision {
-                let s = slots.remove(&key).expect("present above");
-                let reason = format!(
-                    "its process was replaced by a new one (incarnation {} after {old})",
-                    reg.incarnation
-                );
-                s.outbox.close(reason.clone());
-                replaced = Some(reason);
-            }
-            let slot = slots.entry(key.clone()).or_insert_with(|| Slot {
-                incarnation: reg.incarnation.clone(),
-                conn: 0,
-                connected: false,
-                remote: None,
-                outbox: Outbox::new(net.queue_capacity, None),
-                received: Arc::new(AtomicU64::new(0)),
-                deliver_lock: Default::default(),
-                control: None,
-                stop: None,
-            });
-            let resumed = matches!(decision, Decision::Resume);
-            if resumed {
-                if let Some(r) = &reg.resume {
-                    slot.outbox.ack(r.received);
-                }
-            }
-            slot.conn += 1;
-            slot.connected = true;
-            slot.remote = remote;
-            slot.control = Some(control_tx);
-            slot.stop = Some(stop_tx); // ends the previous connection, if any
-            let epoch = slot.outbox.attach();
-            (
-                slot.outbox.clone(),
-                slot.received.clone(),
-                slot.deliver_lock.clone(),
-                epoch,
-                slot.conn,
-                resumed,
-            )
-        };
+        let (claim, replaced) = inner.claim(&key, &reg, remote, control_tx, stop_tx)?;
         if let Some(reason) = replaced {
             inner.lose(&key, reason);
         }
-        if !resumed {
-            inner.host.connected(&key, outbox.clone());
+        if !claim.resumed {
+            inner.host.connected(&key, claim.outbox.clone());
         }
         tracing::info!(
             peer = %key,
             role = role_name(want),
             remote = ?remote,
-            resumed,
+            resumed = claim.resumed,
             "registered"
         );
         let mut ack = admitted.ack;
-        ack.server_incarnation = reg_.incarnation.clone();
-        ack.resumed = resumed;
-        ack.received = received.load(std::sync::atomic::Ordering::Acquire);
+        ack.server_incarnation = inner.registry.incarnation.clone();
+        ack.resumed = claim.resumed;
+        ack.received = claim.received.load(std::sync::atomic::Ordering::Acquire);
         ack.heartbeat_interval_ms = net.heartbeat_interval.as_millis() as u64;
         ack.missed_heartbeats = net.missed_heartbeats;
         let (tx, rx) = mpsc::channel::<pb::Down>(32);
@@ -445,10 +341,10 @@ impl<H: Host> pb::task_net_server::TaskNet for NetService<H> {
         let session = Session::<pb::Up, pb::Down> {
             inbound,
             outbound: tx,
-            outbox,
-            epoch,
-            received,
-            deliver_lock,
+            outbox: claim.outbox,
+            epoch: claim.epoch,
+            received: claim.received,
+            deliver_lock: claim.deliver_lock,
             control: control_rx,
             liveness: Arc::new(Liveness::new(net.heartbeat_interval, net.missed_heartbeats)),
             stop: stop_rx,
@@ -457,11 +353,151 @@ impl<H: Host> pb::task_net_server::TaskNet for NetService<H> {
             inner: inner.clone(),
             key: key.clone(),
         });
+        let conn = claim.conn;
         tokio::spawn(async move {
             let end = session.run(handler).await;
             inner.ended(key, conn, end);
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx).map(Ok))))
+    }
+}
+
+/// The first frame of a connection: its registration, within the registration timeout.
+async fn read_registration(
+    inbound: &mut Streaming<pb::Up>,
+    net: &NetConfig,
+) -> Result<pb::Register, Status> {
+    let first = tokio::time::timeout(net.register_timeout, inbound.message())
+        .await
+        .map_err(|_| {
+            Status::deadline_exceeded(format!(
+                "no registration within {:?} of connecting",
+                net.register_timeout
+            ))
+        })??;
+    match first.and_then(|f| f.body) {
+        Some(pb::up::Body::Register(r)) if !r.incarnation.is_empty() => Ok(r),
+        Some(pb::up::Body::Register(_)) => Err(Status::invalid_argument(
+            "the registration carries no incarnation id",
+        )),
+        _ => Err(Status::invalid_argument(
+            "the first frame of a connection must be a registration",
+        )),
+    }
+}
+
+/// Refuses a peer of the wrong role, saying where it should register instead.
+fn check_role(want: pb::Role, reg: &pb::Register) -> Result<(), Status> {
+    if reg.role == want as i32 {
+        return Ok(());
+    }
+    let got = pb::Role::try_from(reg.role).unwrap_or(pb::Role::Unspecified);
+    let hint = match (want, got) {
+        (pb::Role::Proxy, pb::Role::Worker) => {
+            ": workers register with the proxy of their node, not with the manager"
+        }
+        (pb::Role::Worker, pb::Role::Proxy) => {
+            ": proxies register with the manager of the job, not with another proxy"
+        }
+        _ => "",
+    };
+    Err(Status::invalid_argument(format!(
+        "a {} tried to register with a server that accepts only a {}{hint}",
+        role_name(got),
+        role_name(want)
+    )))
+}
+
+/// What a connection takes over from its peer's slot.
+struct Claim {
+    outbox: Arc<Outbox<pb::down::Body>>,
+    received: Arc<AtomicU64>,
+    deliver_lock: Arc<tokio::sync::Mutex<()>>,
+    epoch: u64,
+    conn: u64,
+    resumed: bool,
+}
+
+impl<H: Host> Inner<H> {
+    /// Gives the connection of `key` its slot: a new one, the same process's (resuming when
+    /// the peer says it talked to this server), or a forgotten or replaced process's (then
+    /// the reason the old one is lost comes back too). A second live process is refused.
+    fn claim(
+        &self,
+        key: &str,
+        reg: &pb::Register,
+        remote: Option<SocketAddr>,
+        control: mpsc::Sender<pb::down::Body>,
+        stop: watch::Sender<bool>,
+    ) -> Result<(Claim, Option<String>), Status> {
+        let reg_ = &self.registry;
+        let net = &reg_.net;
+        let mut slots = reg_.slots.lock();
+        let decision = match slots.get(key) {
+            None => Decision::New,
+            Some(s) if s.incarnation == reg.incarnation => {
+                let resumable = reg
+                    .resume
+                    .as_ref()
+                    .is_some_and(|r| r.server_incarnation == reg_.incarnation);
+                if resumable {
+                    Decision::Resume
+                } else {
+                    Decision::Replace(s.incarnation.clone())
+                }
+            }
+            Some(s) if s.connected => {
+                let from = s.remote.map(|a| format!(" from {a}")).unwrap_or_default();
+                return Err(Status::already_exists(format!(
+                    "{} {key} is already registered by another live process (incarnation {}, connected{from}); a second one is refused. If that process is gone, it is declared lost within {:?}: retry then",
+                    role_name(reg_.role),
+                    s.incarnation,
+                    net.loss_after()
+                )));
+            }
+            Some(s) => Decision::Replace(s.incarnation.clone()),
+        };
+        let mut replaced = None;
+        if let Decision::Replace(old) = &decision {
+            let s = slots.remove(key).expect("present above");
+            let reason = format!(
+                "its process was replaced by a new one (incarnation {} after {old})",
+                reg.incarnation
+            );
+            s.outbox.close(reason.clone());
+            replaced = Some(reason);
+        }
+        let slot = slots.entry(key.to_owned()).or_insert_with(|| Slot {
+            incarnation: reg.incarnation.clone(),
+            conn: 0,
+            connected: false,
+            remote: None,
+            outbox: Outbox::new(net.queue_capacity, None),
+            received: Arc::new(AtomicU64::new(0)),
+            deliver_lock: Default::default(),
+            control: None,
+            stop: None,
+        });
+        let resumed = matches!(decision, Decision::Resume);
+        if resumed {
+            if let Some(r) = &reg.resume {
+                slot.outbox.ack(r.received);
+            }
+        }
+        slot.conn += 1;
+        slot.connected = true;
+        slot.remote = remote;
+        slot.control = Some(control);
+        slot.stop = Some(stop); // ends the previous connection, if any
+        let claim = Claim {
+            epoch: slot.outbox.attach(),
+            outbox: slot.outbox.clone(),
+            received: slot.received.clone(),
+            deliver_lock: slot.deliver_lock.clone(),
+            conn: slot.conn,
+            resumed,
+        };
+        Ok((claim, replaced))
     }
 }
 

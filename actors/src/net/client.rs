@@ -58,6 +58,13 @@ pub struct Client {
     stop: watch::Sender<bool>,
 }
 
+/// A registered connection: the server's frames, ours, and its registration answer.
+struct Link {
+    inbound: tonic::Streaming<pb::Down>,
+    outbound: mpsc::Sender<pb::Up>,
+    ack: pb::RegisterAck,
+}
+
 enum Attempt {
     Retry(String),
     Conflict(String),
@@ -169,53 +176,17 @@ impl Client {
                 .attempt(tls.clone(), &net, &*host, &received, &server_incarnation)
                 .await;
             let error = match outcome {
-                Ok((inbound, outbound, ack)) => {
+                Ok(link) => {
                     first_conflict = None;
-                    let fresh = !ack.resumed;
-                    if fresh {
-                        received.store(0, Ordering::Release);
-                        if server_incarnation.is_some() {
-                            self.outbox.renew();
-                        }
-                    } else {
-                        self.outbox.ack(ack.received);
-                    }
-                    server_incarnation = Some(ack.server_incarnation.clone());
-                    let epoch = self.outbox.attach();
-                    let (control_tx, control_rx) = mpsc::channel(64);
-                    *self.control.lock() = Some(control_tx);
-                    let interval = Duration::from_millis(ack.heartbeat_interval_ms.max(1));
-                    let liveness = Arc::new(Liveness::new(interval, ack.missed_heartbeats));
-                    host.registered(&ack, fresh);
-                    self.state
-                        .send_replace(ClientState::Registered(Box::new(ack)));
                     backoff.reset();
                     attempts = 0;
-                    let session = Session::<pb::Down, pb::Up> {
-                        inbound,
-                        outbound,
-                        outbox: self.outbox.clone(),
-                        epoch,
-                        received: received.clone(),
-                        deliver_lock: deliver_lock.clone(),
-                        control: control_rx,
-                        liveness,
-                        stop: stop.clone(),
-                    };
-                    let handler = Arc::new(HostInbound(host.clone()));
-                    let end = session.run(handler).await;
-                    *self.control.lock() = None;
-                    self.state.send_replace(ClientState::Connecting {
-                        attempts: 0,
-                        last_error: Some(format!("{end:?}")),
-                    });
-                    if self.stopping() {
-                        break;
-                    }
-                    tracing::warn!(server = %self.server, ?end, "connection ended; reconnecting");
-                    match end {
-                        End::Goodbye(r) => format!("the server stopped: {r}"),
-                        other => format!("{other:?}"),
+                    let shared = (&received, &deliver_lock);
+                    match self
+                        .serve(link, &host, shared, &mut server_incarnation, &stop)
+                        .await
+                    {
+                        Some(why) => why,
+                        None => break,
                     }
                 }
                 Err(Attempt::Fatal(msg)) => {
@@ -249,6 +220,67 @@ impl Client {
         self.state.send_replace(ClientState::Stopped);
     }
 
+    /// Runs one registered connection until it ends; returns why (to retry), or `None` when
+    /// the client is stopping.
+    async fn serve(
+        &self,
+        link: Link,
+        host: &Arc<dyn ClientHost>,
+        (received, deliver_lock): (&Arc<AtomicU64>, &Arc<tokio::sync::Mutex<()>>),
+        server_incarnation: &mut Option<String>,
+        stop: &watch::Receiver<bool>,
+    ) -> Option<String> {
+        let Link {
+            inbound,
+            outbound,
+            ack,
+        } = link;
+        let fresh = !ack.resumed;
+        if fresh {
+            received.store(0, Ordering::Release);
+            if server_incarnation.is_some() {
+                self.outbox.renew();
+            }
+        } else {
+            self.outbox.ack(ack.received);
+        }
+        *server_incarnation = Some(ack.server_incarnation.clone());
+        let epoch = self.outbox.attach();
+        let (control_tx, control_rx) = mpsc::channel(64);
+        *self.control.lock() = Some(control_tx);
+        let interval = Duration::from_millis(ack.heartbeat_interval_ms.max(1));
+        let liveness = Arc::new(Liveness::new(interval, ack.missed_heartbeats));
+        host.registered(&ack, fresh);
+        self.state
+            .send_replace(ClientState::Registered(Box::new(ack)));
+        let session = Session::<pb::Down, pb::Up> {
+            inbound,
+            outbound,
+            outbox: self.outbox.clone(),
+            epoch,
+            received: received.clone(),
+            deliver_lock: deliver_lock.clone(),
+            control: control_rx,
+            liveness,
+            stop: stop.clone(),
+        };
+        let handler = Arc::new(HostInbound(host.clone()));
+        let end = session.run(handler).await;
+        *self.control.lock() = None;
+        self.state.send_replace(ClientState::Connecting {
+            attempts: 0,
+            last_error: Some(format!("{end:?}")),
+        });
+        if self.stopping() {
+            return None;
+        }
+        tracing::warn!(server = %self.server, ?end, "connection ended; reconnecting");
+        Some(match end {
+            End::Goodbye(r) => format!("the server stopped: {r}"),
+            other => format!("{other:?}"),
+        })
+    }
+
     async fn attempt(
         &self,
         tls: Option<ClientTlsConfig>,
@@ -256,14 +288,7 @@ impl Client {
         host: &dyn ClientHost,
         received: &AtomicU64,
         server_incarnation: &Option<String>,
-    ) -> Result<
-        (
-            tonic::Streaming<pb::Down>,
-            mpsc::Sender<pb::Up>,
-            pb::RegisterAck,
-        ),
-        Attempt,
-    > {
+    ) -> Result<Link, Attempt> {
         let scheme = if tls.is_some() { "https" } else { "http" };
         let mut endpoint = Endpoint::from_shared(format!("{scheme}://{}", self.server))
             .map_err(|e| Attempt::Fatal(format!("bad server address {:?}: {e}", self.server)))?
@@ -322,7 +347,11 @@ impl Client {
             Ok(Ok(Some(pb::Down {
                 body: Some(pb::down::Body::Registered(ack)),
                 ..
-            }))) => Ok((inbound, tx, ack)),
+            }))) => Ok(Link {
+                inbound,
+                outbound: tx,
+                ack,
+            }),
             Ok(Err(status)) => Err(Attempt::Retry(status.message().to_owned())),
             _ => Err(Attempt::Retry(
                 "the server did not acknowledge the registration".into(),

@@ -94,33 +94,16 @@ impl Assessment {
 /// side is compared across its groups. Pure and total: any set of reports gives an answer.
 pub fn assess(reports: &BTreeMap<GlobalRank, WorkerReport>) -> Assessment {
     let mut a = Assessment::default();
-    // group -> (size, on_backup view -> reporting ranks)
-    type Views<'a> = BTreeMap<&'a [GlobalRank], Vec<GlobalRank>>;
-    let mut groups: BTreeMap<&str, (u32, Views)> = BTreeMap::new();
+    let mut groups: BTreeMap<&str, GroupViews> = BTreeMap::new();
     for (rank, report) in reports {
-        // A rank is a member of each group it reports: its side must be the same in all.
-        let (on, off): (Vec<_>, Vec<_>) = report
-            .groups
-            .iter()
-            .partition(|v| v.on_backup.contains(rank));
-        if !on.is_empty() && !off.is_empty() {
-            let on: Vec<&str> = on.iter().map(|v| v.group.as_str()).collect();
-            let off: Vec<&str> = off.iter().map(|v| v.group.as_str()).collect();
-            a.disagreements.push(Disagreement {
-                group: format!("{} / {}", on.join(","), off.join(",")),
-                ranks: vec![*rank],
-                in_doubt: vec![*rank],
-                detail: format!(
-                    "rank {rank} is on its backup NIC in {} but on its primary in {}",
-                    on.join(", "),
-                    off.join(", ")
-                ),
-            });
-        }
+        a.disagreements.extend(sides_across_groups(*rank, report));
         for v in &report.groups {
             let e = groups.entry(v.group.as_str()).or_default();
-            e.0 = e.0.max(v.size);
-            e.1.entry(v.on_backup.as_slice()).or_default().push(*rank);
+            e.size = e.size.max(v.size);
+            e.views
+                .entry(v.on_backup.as_slice())
+                .or_default()
+                .push(*rank);
         }
         if let Some(op) = report.gate.op {
             a.gates.entry(op).or_default().push(*rank);
@@ -129,12 +112,36 @@ pub fn assess(reports: &BTreeMap<GlobalRank, WorkerReport>) -> Assessment {
             a.held.push(*rank);
         }
     }
-    for (group, (size, views)) in &groups {
+    for (group, g) in &groups {
         a.on_backup
-            .extend(views.keys().flat_map(|v| v.iter().copied()));
-        let reporters: usize = views.values().map(Vec::len).sum();
-        if views.len() > 1 {
-            let detail = views
+            .extend(g.views.keys().flat_map(|v| v.iter().copied()));
+        a.disagreements.extend(g.judge(group));
+    }
+    a
+}
+
+/// What the members of one group reported: the largest size any of them gave, and which
+/// members reported each view (the members on backup).
+#[derive(Default)]
+struct GroupViews<'a> {
+    size: u32,
+    views: BTreeMap<&'a [GlobalRank], Vec<GlobalRank>>,
+}
+
+impl GroupViews<'_> {
+    /// `None` when every member reported one view.
+    fn judge(&self, group: &str) -> Option<Disagreement> {
+        let reporters: Vec<GlobalRank> = self
+            .views
+            .values()
+            .flatten()
+            .copied()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if self.views.len() > 1 {
+            let detail = self
+                .views
                 .iter()
                 .map(|(v, rs)| {
                     let side = if v.is_empty() {
@@ -148,35 +155,54 @@ pub fn assess(reports: &BTreeMap<GlobalRank, WorkerReport>) -> Assessment {
                 .join("; ");
             // On backup in some view and not in all.
             let union: BTreeSet<GlobalRank> =
-                views.keys().flat_map(|v| v.iter().copied()).collect();
+                self.views.keys().flat_map(|v| v.iter().copied()).collect();
             let in_doubt = union
                 .into_iter()
-                .filter(|r| !views.keys().all(|v| v.contains(r)))
+                .filter(|r| !self.views.keys().all(|v| v.contains(r)))
                 .collect();
-            a.disagreements.push(Disagreement {
-                group: (*group).to_string(),
-                ranks: views
-                    .values()
-                    .flatten()
-                    .copied()
-                    .collect::<BTreeSet<_>>()
-                    .into_iter()
-                    .collect(),
+            return Some(Disagreement {
+                group: group.to_string(),
+                ranks: reporters,
                 in_doubt,
                 detail,
             });
-        } else if reporters < *size as usize {
-            a.disagreements.push(Disagreement {
-                group: (*group).to_string(),
-                ranks: views.values().flatten().copied().collect(),
-                // Every member agrees on the sides: nothing a re-statement could fix (a group
-                // of another size is a process started with another layout).
-                in_doubt: Vec::new(),
-                detail: format!("only {reporters} of {size} members reported the group"),
-            });
         }
+        (reporters.len() < self.size as usize).then(|| Disagreement {
+            group: group.to_string(),
+            detail: format!(
+                "only {} of {} members reported the group",
+                reporters.len(),
+                self.size
+            ),
+            ranks: reporters,
+            // Every member agrees on the sides: nothing a re-statement could fix (a group of
+            // another size is a process started with another layout).
+            in_doubt: Vec::new(),
+        })
     }
-    a
+}
+
+/// A rank is a member of each group it reports: its side must be the same in all.
+fn sides_across_groups(rank: GlobalRank, report: &WorkerReport) -> Option<Disagreement> {
+    let (on, off): (Vec<_>, Vec<_>) = report
+        .groups
+        .iter()
+        .partition(|v| v.on_backup.contains(&rank));
+    if on.is_empty() || off.is_empty() {
+        return None;
+    }
+    let on: Vec<&str> = on.iter().map(|v| v.group.as_str()).collect();
+    let off: Vec<&str> = off.iter().map(|v| v.group.as_str()).collect();
+    Some(Disagreement {
+        group: format!("{} / {}", on.join(","), off.join(",")),
+        ranks: vec![rank],
+        in_doubt: vec![rank],
+        detail: format!(
+            "rank {rank} is on its backup NIC in {} but on its primary in {}",
+            on.join(", "),
+            off.join(", ")
+        ),
+    })
 }
 
 /// One verification round in flight.

@@ -148,6 +148,52 @@ fn list<T: std::fmt::Display>(v: impl IntoIterator<Item = T>) -> String {
         .join(", ")
 }
 
+impl ManagerHost {
+    /// The node a registering proxy is: the one it names, or the one its node rank is; both
+    /// must agree with the rank table when both are given.
+    fn node_of(&self, reg: &pb::Register) -> Result<NodeName, Refusal> {
+        let nodes = self.table.nodes();
+        let by_rank = reg.node_rank.map(|k| {
+            nodes.get(k as usize).cloned().ok_or_else(|| {
+                Refusal::invalid(format!(
+                    "node rank {k} is out of range: job {} has {} nodes (0..{})",
+                    self.job,
+                    nodes.len(),
+                    nodes.len()
+                ))
+            })
+        });
+        if reg.node.is_empty() {
+            return by_rank.unwrap_or_else(|| {
+                Err(Refusal::invalid(
+                    "the proxy named neither its node nor its node rank",
+                ))
+            });
+        }
+        let named = NodeName(reg.node.clone());
+        if !self.table.has_node(&named) {
+            return Err(Refusal::invalid(format!(
+                "node {:?} is not in the rank table of job {} (nodes: {})",
+                named.0,
+                self.job,
+                list(nodes.iter().take(16).map(|n| &n.0))
+            )));
+        }
+        if let Some(Ok(n)) = &by_rank {
+            if *n != named {
+                return Err(Refusal::invalid(format!(
+                    "the proxy says it is node {:?} with node rank {}, but node rank {} is {:?} in the rank table",
+                    named.0,
+                    reg.node_rank.unwrap_or_default(),
+                    reg.node_rank.unwrap_or_default(),
+                    n.0
+                )));
+            }
+        }
+        Ok(named)
+    }
+}
+
 impl Host for ManagerHost {
     fn role(&self) -> pb::Role {
         pb::Role::Proxy
@@ -161,48 +207,7 @@ impl Host for ManagerHost {
             )));
         }
         let nodes = self.table.nodes();
-        let by_rank = reg.node_rank.map(|k| {
-            nodes.get(k as usize).cloned().ok_or_else(|| {
-                Refusal::invalid(format!(
-                    "node rank {k} is out of range: job {} has {} nodes (0..{})",
-                    self.job,
-                    nodes.len(),
-                    nodes.len()
-                ))
-            })
-        });
-        let node = if reg.node.is_empty() {
-            match by_rank {
-                Some(n) => n?,
-                None => {
-                    return Err(Refusal::invalid(
-                        "the proxy named neither its node nor its node rank",
-                    ))
-                }
-            }
-        } else {
-            let named = NodeName(reg.node.clone());
-            if !self.table.has_node(&named) {
-                return Err(Refusal::invalid(format!(
-                    "node {:?} is not in the rank table of job {} (nodes: {})",
-                    named.0,
-                    self.job,
-                    list(nodes.iter().take(16).map(|n| &n.0))
-                )));
-            }
-            if let Some(Ok(n)) = &by_rank {
-                if *n != named {
-                    return Err(Refusal::invalid(format!(
-                        "the proxy says it is node {:?} with node rank {}, but node rank {} is {:?} in the rank table",
-                        named.0,
-                        reg.node_rank.unwrap_or_default(),
-                        reg.node_rank.unwrap_or_default(),
-                        n.0
-                    )));
-                }
-            }
-            named
-        };
+        let node = self.node_of(reg)?;
         let expected = &self.ranks_of[&node];
         if !reg.ranks.is_empty() {
             let mut claimed: Vec<u32> = reg.ranks.clone();

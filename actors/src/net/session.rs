@@ -165,17 +165,17 @@ impl<In: Frame, Out: Frame> Session<In, Out> {
         liveness.heard();
         let ack_notify = Arc::new(Notify::new());
         let (reader_stop_tx, reader_stop_rx) = watch::channel(false);
-        let mut reader = tokio::spawn(read_loop::<In>(
-            inbound,
-            outbox.clone(),
-            received.clone(),
+        let reader = Reader {
+            outbox_of_peer_acks: outbox.clone(),
+            received: received.clone(),
             deliver_lock,
-            liveness.clone(),
-            inbound_handler,
-            ack_notify.clone(),
-            reader_stop_rx,
-            stop.clone(),
-        ));
+            liveness: liveness.clone(),
+            handler: inbound_handler,
+            ack_notify: ack_notify.clone(),
+            stop: reader_stop_rx,
+            session_stop: stop.clone(),
+        };
+        let mut reader = tokio::spawn(reader.run::<In>(inbound));
         let mut tick = tokio::time::interval(liveness.interval());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut pending: Option<Out> = None;
@@ -235,55 +235,62 @@ impl<In: Frame, Out: Frame> Session<In, Out> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn read_loop<In: Frame>(
-    mut inbound: tonic::Streaming<In>,
+/// The reading half of a session: delivers the peer's messages in order, once each.
+struct Reader<B> {
+    /// Where the acknowledgements the peer carries are applied.
     outbox_of_peer_acks: Arc<dyn AckSink>,
     received: Arc<AtomicU64>,
     deliver_lock: Arc<tokio::sync::Mutex<()>>,
     liveness: Arc<Liveness>,
-    handler: Arc<dyn Inbound<In::Body>>,
+    handler: Arc<dyn Inbound<B>>,
+    /// Told when a delivered message should be acknowledged.
     ack_notify: Arc<Notify>,
-    mut reader_stop: watch::Receiver<bool>,
-    mut stop: watch::Receiver<bool>,
-) -> End {
-    loop {
-        let msg = tokio::select! {
-            biased;
-            _ = reader_stop.changed() => return End::Stopped,
-            _ = stop.changed() => return End::Stopped,
-            m = inbound.message() => m,
-        };
-        let frame = match msg {
-            Err(status) => return End::Closed(status.message().to_owned()),
-            Ok(None) => return End::Closed("the peer closed the connection".into()),
-            Ok(Some(f)) => f,
-        };
-        liveness.heard();
-        let (seq, ack, body) = In::split(frame);
-        outbox_of_peer_acks.ack(ack);
-        let Some(body) = body else { continue };
-        if seq == 0 {
-            if !In::is_heartbeat(&body) {
-                handler.unsequenced(body);
+    /// Stops the reader between two messages (the session is ending).
+    stop: watch::Receiver<bool>,
+    /// The session's own stop (the connection must end).
+    session_stop: watch::Receiver<bool>,
+}
+
+impl<B: Send + 'static> Reader<B> {
+    async fn run<In: Frame<Body = B>>(mut self, mut inbound: tonic::Streaming<In>) -> End {
+        loop {
+            let msg = tokio::select! {
+                biased;
+                _ = self.stop.changed() => return End::Stopped,
+                _ = self.session_stop.changed() => return End::Stopped,
+                m = inbound.message() => m,
+            };
+            let frame = match msg {
+                Err(status) => return End::Closed(status.message().to_owned()),
+                Ok(None) => return End::Closed("the peer closed the connection".into()),
+                Ok(Some(f)) => f,
+            };
+            self.liveness.heard();
+            let (seq, ack, body) = In::split(frame);
+            self.outbox_of_peer_acks.ack(ack);
+            let Some(body) = body else { continue };
+            if seq == 0 {
+                if !In::is_heartbeat(&body) {
+                    self.handler.unsequenced(body);
+                }
+                continue;
             }
-            continue;
-        }
-        let _delivering = deliver_lock.lock().await;
-        if seq <= received.load(Ordering::Acquire) {
-            continue; // replayed after a reconnect: already delivered
-        }
-        if let Some(reason) = In::goodbye(&body) {
-            received.store(seq, Ordering::Release);
-            return End::Goodbye(reason);
-        }
-        liveness.set_busy(true);
-        let res = handler.deliver(body).await;
-        liveness.set_busy(false);
-        received.store(seq, Ordering::Release);
-        ack_notify.notify_one();
-        if let Err(e) = res {
-            return End::Protocol(e);
+            let _delivering = self.deliver_lock.lock().await;
+            if seq <= self.received.load(Ordering::Acquire) {
+                continue; // replayed after a reconnect: already delivered
+            }
+            if let Some(reason) = In::goodbye(&body) {
+                self.received.store(seq, Ordering::Release);
+                return End::Goodbye(reason);
+            }
+            self.liveness.set_busy(true);
+            let res = self.handler.deliver(body).await;
+            self.liveness.set_busy(false);
+            self.received.store(seq, Ordering::Release);
+            self.ack_notify.notify_one();
+            if let Err(e) = res {
+                return End::Protocol(e);
+            }
         }
     }
 }

@@ -150,6 +150,42 @@ impl Worker {
         }
     }
 
+    /// Hands `job` to the HAL thread and, when it answers on `rx`, replies to `(op, phase)`
+    /// with `ok(answer, self)`, or with the rank's failure; `ends_op` closes the operation's
+    /// spans after the reply (a verification is one round).
+    fn on_hal<T: 'static>(
+        &mut self,
+        ctx: &mut Context<Self>,
+        (op, phase): (OperationId, Phase),
+        job: HalJob,
+        rx: oneshot::Receiver<Result<T, RankError>>,
+        ends_op: bool,
+        ok: impl FnOnce(T, &mut Self) -> ReplyBody + 'static,
+    ) {
+        if self.hal.send(job).is_err() {
+            self.fail(op, phase, "the HAL thread is gone".into());
+            return;
+        }
+        ctx.spawn(
+            actix::fut::wrap_future::<_, Self>(rx).map(move |res, act, _| {
+                let body = match res {
+                    Ok(Ok(answer)) => ok(answer, act),
+                    Ok(Err(e)) => ReplyBody::Failed(e),
+                    Err(_) => ReplyBody::Failed(RankError {
+                        group: None,
+                        hal: None,
+                        message: "the HAL thread stopped during the call".into(),
+                    }),
+                };
+                act.reply(op, phase, body);
+                if ends_op {
+                    act.phase_span = Span::none();
+                    act.op_span = None;
+                }
+            }),
+        );
+    }
+
     /// Keeps `taskd_ranks_held` counting this rank once while its training is held.
     fn set_held(&mut self, held: bool) {
         if held != self.held {
@@ -262,49 +298,24 @@ impl Handler<Deliver<Directive>> for Worker {
                     reply: tx,
                     span: span.clone(),
                 };
-                if self.hal.send(job).is_err() {
-                    self.fail(op, phase, "the HAL thread is gone".into());
-                    return;
-                }
-                ctx.spawn(
-                    actix::fut::wrap_future::<_, Self>(rx).map(move |res, act, _| {
-                        let body = match res {
-                            Ok(Ok(calls)) => ReplyBody::Applied { calls },
-                            Ok(Err(e)) => ReplyBody::Failed(e),
-                            Err(_) => ReplyBody::Failed(RankError {
-                                group: None,
-                                hal: None,
-                                message: "the HAL thread stopped during the call".into(),
-                            }),
-                        };
-                        act.reply(op, phase, body);
-                    }),
-                );
+                self.on_hal(ctx, (op, phase), job, rx, false, |calls, _| {
+                    ReplyBody::Applied { calls }
+                });
             }
             DirectiveKind::Verify => {
                 let (tx, rx) = oneshot::channel();
-                if self.hal.send(HalJob::Report(tx)).is_err() {
-                    self.fail(op, phase, "the HAL thread is gone".into());
-                    return;
-                }
-                ctx.spawn(
-                    actix::fut::wrap_future::<_, Self>(rx).map(move |res, act, _| {
-                        let body = match res {
-                            Ok(Ok(groups)) => ReplyBody::Verified(WorkerReport {
-                                groups,
-                                gate: act.gate.report(),
-                            }),
-                            Ok(Err(e)) => ReplyBody::Failed(e),
-                            Err(_) => ReplyBody::Failed(RankError {
-                                group: None,
-                                hal: None,
-                                message: "the HAL thread stopped during the call".into(),
-                            }),
-                        };
-                        act.reply(op, phase, body);
-                        act.phase_span = Span::none();
-                        act.op_span = None;
-                    }),
+                self.on_hal(
+                    ctx,
+                    (op, phase),
+                    HalJob::Report(tx),
+                    rx,
+                    true,
+                    |groups, act| {
+                        ReplyBody::Verified(WorkerReport {
+                            groups,
+                            gate: act.gate.report(),
+                        })
+                    },
                 );
             }
             DirectiveKind::Resume => {

@@ -181,11 +181,7 @@ impl<In: Frame, Out: Frame> Session<In, Out> {
         let mut pending: Option<Out> = None;
         let mut control_open = true;
         let mut last_ack = 0u64;
-        let frame = |seq: u64, body: Out::Body, last_ack: &mut u64| {
-            let ack = received.load(Ordering::Acquire);
-            *last_ack = ack;
-            Out::make(seq, ack, body)
-        };
+        let frame = |seq, body, last_ack: &mut u64| stamped::<Out>(&received, seq, body, last_ack);
         let end = loop {
             tokio::select! {
                 biased;
@@ -233,6 +229,14 @@ impl<In: Frame, Out: Frame> Session<In, Out> {
         let _ = reader.await;
         end
     }
+}
+
+/// A frame to send, carrying the acknowledgement of everything received so far (remembered
+/// in `last_ack`).
+fn stamped<Out: Frame>(received: &AtomicU64, seq: u64, body: Out::Body, last_ack: &mut u64) -> Out {
+    let ack = received.load(Ordering::Acquire);
+    *last_ack = ack;
+    Out::make(seq, ack, body)
 }
 
 /// The reading half of a session: delivers the peer's messages in order, once each.

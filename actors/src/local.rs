@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use taskd_core::ledger::RecoverTo;
 use taskd_core::operation::OperationReport;
+use taskd_core::rank_table::RankSlot;
 use taskd_core::verify::VerifyReport;
 use taskd_core::{
     GlobalRank, JobId, NodeHal, OperationId, PhaseDeadlines, RankHal, RankTable, SubmitError,
@@ -77,6 +78,93 @@ pub enum RecoveryResult {
     Verification(VerifyReport),
 }
 
+/// The actors of a local job, as started on its actix system.
+struct Actors {
+    manager: Addr<Manager>,
+    progress: ProgressFeed,
+    proxies: Vec<Addr<Proxy>>,
+    workers: Vec<Addr<Worker>>,
+}
+
+impl Actors {
+    /// Starts the manager, a proxy per node and a worker per rank, wired in-process. Call it
+    /// inside the actix system.
+    fn start(
+        cfg: &LocalJobConfig,
+        nodes: Vec<Box<dyn NodeHal>>,
+        ranks: Vec<RankParts>,
+        gates: &[Arc<StepGate>],
+    ) -> Actors {
+        let table = &cfg.table;
+        let manager = Manager::new(cfg.job.clone(), table.clone(), cfg.deadlines);
+        let progress = manager.progress();
+        let manager = manager.start();
+        let mut proxies = Vec::new();
+        for (node, hal) in table.nodes().iter().zip(nodes) {
+            let proxy =
+                Proxy::new(cfg.job.clone(), node.clone(), hal, actor_link(&manager)).start();
+            manager.do_send(ProxyConnected {
+                node: node.clone(),
+                link: actor_link(&proxy),
+            });
+            proxies.push(proxy);
+        }
+        let workers = ranks
+            .into_iter()
+            .enumerate()
+            .map(|(r, parts)| {
+                let slot = table.slot(GlobalRank(r as u32)).expect("rank in table");
+                let node_idx = table
+                    .nodes()
+                    .iter()
+                    .position(|n| *n == slot.node)
+                    .expect("node in table");
+                start_worker(cfg, slot, parts, gates[r].clone(), &proxies[node_idx])
+            })
+            .collect();
+        Actors {
+            manager,
+            progress,
+            proxies,
+            workers,
+        }
+    }
+}
+
+/// Starts the worker of `slot` behind `proxy`; its stop tells the proxy its connection closed.
+fn start_worker(
+    cfg: &LocalJobConfig,
+    slot: &RankSlot,
+    parts: RankParts,
+    gate: Arc<StepGate>,
+    proxy: &Addr<Proxy>,
+) -> Addr<Worker> {
+    let farewell_proxy = proxy.clone();
+    let worker = Worker::new(
+        WorkerConfig {
+            job: cfg.job.clone(),
+            node: slot.node.clone(),
+            rank: slot.rank,
+            tsp: parts.tsp,
+        },
+        parts.hal,
+        gate,
+        actor_link(proxy),
+    )
+    .with_farewell(Box::new(move |rank| {
+        farewell_proxy.do_send(WorkerDisconnected {
+            rank,
+            reason: "worker process exited (connection closed)".into(),
+        })
+    }));
+    let addr = worker.start();
+    proxy.do_send(WorkerConnected {
+        rank: slot.rank,
+        link: actor_link(&addr),
+    });
+    addr
+}
+
 impl LocalJob {
     /// Starts the actors. `nodes[i]` is the HAL of the table's i-th node, `ranks[r]` the
     /// parts of global rank `r`.
@@ -111,61 +199,19 @@ impl LocalJob {
             .spawn(move || {
                 let sys = System::new();
                 sys.block_on(async move {
-                    let manager = Manager::new(cfg.job.clone(), table.clone(), cfg.deadlines);
-                    let progress = manager.progress();
-                    let manager = manager.start();
-                    let mut proxies = Vec::new();
-                    for (node, hal) in table.nodes().iter().zip(nodes) {
-                        let proxy =
-                            Proxy::new(cfg.job.clone(), node.clone(), hal, actor_link(&manager))
-                                .start();
-                        manager.do_send(ProxyConnected {
-                            node: node.clone(),
-                            link: actor_link(&proxy),
-                        });
-                        proxies.push(proxy);
-                    }
-                    let mut workers = Vec::new();
-                    for (r, parts) in ranks.into_iter().enumerate() {
-                        let slot = table.slot(GlobalRank(r as u32)).expect("rank in table");
-                        let node_idx = table
-                            .nodes()
-                            .iter()
-                            .position(|n| *n == slot.node)
-                            .expect("node in table");
-                        let proxy = proxies[node_idx].clone();
-                        let farewell_proxy = proxy.clone();
-                        let worker = Worker::new(
-                            WorkerConfig {
-                                job: cfg.job.clone(),
-                                node: slot.node.clone(),
-                                rank: slot.rank,
-                                tsp: parts.tsp,
-                            },
-                            parts.hal,
-                            worker_gates[r].clone(),
-                            actor_link(&proxy),
-                        )
-                        .with_farewell(Box::new(move |rank| {
-                            farewell_proxy.do_send(WorkerDisconnected {
-                                rank,
-                                reason: "worker process exited (connection closed)".into(),
-                            })
-                        }));
-                        let addr = worker.start();
-                        proxy.do_send(WorkerConnected {
-                            rank: slot.rank,
-                            link: actor_link(&addr),
-                        });
-                        workers.push(addr);
-                    }
-                    let _ = tx.send((System::current(), manager, proxies, workers, progress));
+                    let started = Actors::start(&cfg, nodes, ranks, &worker_gates);
+                    let _ = tx.send((System::current(), started));
                 });
                 sys.run().ok();
             })
             .expect("spawning the actor thread");
-        let (system, manager, proxies, workers, progress) =
-            rx.recv().map_err(|_| LocalJobError::SystemGone)?;
+        let (system, actors) = rx.recv().map_err(|_| LocalJobError::SystemGone)?;
+        let Actors {
+            manager,
+            progress,
+            proxies,
+            workers,
+        } = actors;
         let client = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()

@@ -5,15 +5,15 @@
 use std::net::SocketAddr;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
-use taskd::actors::control::{self, ControlClient, ControlConfig, ControlServer};
-use taskd::actors::net::server::Registry;
-use taskd::actors::net::{pb, wire, ManagerNode, ManagerNodeConfig, NetConfig};
-use taskd::core::command::Target;
-use taskd::core::protocol::{
+use taskd_actors::control::{self, ControlClient, ControlConfig, ControlServer};
+use taskd_actors::net::server::Registry;
+use taskd_actors::net::{pb, wire, ManagerNode, ManagerNodeConfig, NetConfig};
+use taskd_core::command::Target;
+use taskd_core::protocol::{
     DirectiveKind, NodeReply, Phase, ProxyToManager, RankError, RankReply, ReplyBody, WorkerHello,
     WorkerReport,
 };
-use taskd::core::{
+use taskd_core::{
     DeviceId, GlobalRank, JobId, NodeName, OperationId, PhaseDeadlines, RankTable,
     SwitchCapabilities, SwitchCommand,
 };

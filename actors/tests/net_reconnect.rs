@@ -6,19 +6,19 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
-use taskd::actors::control::{self, ControlClient, ControlConfig, ControlServer};
-use taskd::actors::net::proxy_node::NodeAssignment;
-use taskd::actors::net::{
+use taskd_actors::control::{self, ControlClient, ControlConfig, ControlServer};
+use taskd_actors::net::proxy_node::NodeAssignment;
+use taskd_actors::net::{
     ManagerNode, ManagerNodeConfig, NetConfig, ProxyNode, ProxyNodeConfig, RemoteWorker,
     RemoteWorkerConfig,
 };
-use taskd::actors::StepGate;
-use taskd::core::command::Target;
-use taskd::core::{
+use taskd_actors::StepGate;
+use taskd_core::command::Target;
+use taskd_core::{
     DeviceId, GlobalRank, JobId, NodeHal, NodeName, PhaseDeadlines, RankTable, StepBoundary,
     SwitchCommand,
 };
-use taskd::hal_mock::{SoloLayout, SoloNodeHal, SoloRank, SoloTraining, SoloTrainingOptions};
+use taskd_hal_mock::{SoloLayout, SoloNodeHal, SoloRank, SoloTraining, SoloTrainingOptions};
 use tokio::sync::Mutex as AsyncMutex;
 
 fn net() -> NetConfig {

@@ -180,6 +180,14 @@ pub enum OperationError {
         rank: GlobalRank,
         side: NicSide,
     },
+    #[error("the state of the {side} NIC link of {node}:{device} (rank {rank}) is unknown ({reason}); a switch onto it is refused")]
+    LinkUnknown {
+        node: NodeName,
+        device: crate::ids::DeviceId,
+        rank: GlobalRank,
+        side: NicSide,
+        reason: String,
+    },
     #[error("group {group} disagrees after {phase}: {detail}")]
     GroupDisagrees {
         group: String,
@@ -494,11 +502,20 @@ impl Operation {
                     .filter(move |t| t.node == nr.node && t.device == h.device)
                     .map(|t| (t, NicSide::from_use_backup(t.use_backup)))
                     .filter(move |(_, side)| !h.is_up(*side))
-                    .map(|(t, side)| OperationError::LinkDown {
-                        node: t.node.clone(),
-                        device: t.device,
-                        rank: t.rank,
-                        side,
+                    .map(move |(t, side)| match h.unknown(side) {
+                        Some(reason) => OperationError::LinkUnknown {
+                            node: t.node.clone(),
+                            device: t.device,
+                            rank: t.rank,
+                            side,
+                            reason: reason.to_owned(),
+                        },
+                        None => OperationError::LinkDown {
+                            node: t.node.clone(),
+                            device: t.device,
+                            rank: t.rank,
+                            side,
+                        },
                     })
             })
             .collect();
@@ -712,7 +729,11 @@ impl Operation {
         let resumed = self.phase == Phase::Resume && self.pending.is_empty() && !self.resume_failed;
         let outcome = match &self.error {
             None if resumed => Outcome::Succeeded,
-            Some(OperationError::LinkDown { .. }) if !self.switch_sent => Outcome::Rejected,
+            Some(OperationError::LinkDown { .. } | OperationError::LinkUnknown { .. })
+                if !self.switch_sent =>
+            {
+                Outcome::Rejected
+            }
             _ => Outcome::Failed,
         };
         let error = match (&self.error, resumed) {

@@ -33,7 +33,9 @@
 //!
 //! See [`hccl`] for the rendezvous semantics and the return code of each broken rule. Rule
 //! violations a correct control plane never commits are also recorded in
-//! [`Fabric::violations`].
+//! [`Fabric::violations`]. [`operator`] models HCCL's per-operator NIC rule (a NIC set reaches
+//! only the operators a group had issued; new operators start on the default NIC) and defines
+//! what "consistent" means under it.
 
 #![warn(missing_docs)]
 
@@ -41,6 +43,7 @@ pub mod fabric;
 pub mod fault;
 pub mod hccl;
 pub mod node_hal;
+pub mod operator;
 pub mod rank_hal;
 pub mod scripted;
 pub mod solo;
@@ -55,6 +58,7 @@ pub use fabric::{
 pub use fault::{NicSetFault, NicSetRecord};
 pub use hccl::{ALL_REDUCE_OP, NIC_SET_OP};
 pub use node_hal::MockNodeHal;
+pub use operator::{Collective, CollectiveKind};
 pub use rank_hal::MockRankHal;
 pub use scripted::{Expect, ScriptedRankHal};
 pub use solo::{SoloLayout, SoloNodeHal, SoloRank, SoloRankHal, SoloTraining, SoloTrainingOptions};

@@ -866,21 +866,27 @@ impl Starting {
     }
 }
 
-/// The proxy's node HAL, its description, and the physical id of each of the rig's devices
-/// (logical ids): through DCMI when it is there, else the logical ids taken as physical.
+/// The proxy's node HAL, what it is, and the physical id of each of the rig's devices.
+struct NodeSetup {
+    hal: Box<dyn NodeHal>,
+    description: String,
+    physical: Vec<DeviceId>,
+}
+
+/// The node's setup through DCMI when it is there, else every NIC reported up and the rig's
+/// (logical) device ids taken as physical.
 fn node_hal(
     dcmi: Result<DcmiLib, LoadError>,
     cfg: &RigConfig,
     env: EnvLookup<'_>,
-) -> Result<(Box<dyn NodeHal>, String, Vec<DeviceId>), RigError> {
-    let unmonitored = |why: String| {
-        let text =
-            format!("unmonitored: every NIC reported up ({why}); logical ids taken as physical");
-        (
-            Box::new(UnmonitoredNodeHal) as Box<dyn NodeHal>,
-            text.replace('\n', " "),
-            cfg.devices.clone(),
+) -> Result<NodeSetup, RigError> {
+    let unmonitored = |why: String| NodeSetup {
+        hal: Box::new(UnmonitoredNodeHal),
+        description: format!(
+            "unmonitored: every NIC reported up ({why}); logical ids taken as physical"
         )
+        .replace('\n', " "),
+        physical: cfg.devices.clone(),
     };
     let dcmi = match dcmi {
         Ok(d) => d,
@@ -898,7 +904,11 @@ fn node_hal(
         .map(|d| hal.physical_of_logical(d.0))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| RigError::Setup(format!("the physical ids of the rig's devices: {e}")))?;
-    Ok((Box::new(hal), format!("DCMI ({path})"), physical))
+    Ok(NodeSetup {
+        hal: Box::new(hal),
+        description: format!("DCMI ({path})"),
+        physical,
+    })
 }
 
 /// The rank table: this node's physical devices, rank `r` on the `r`-th.
@@ -1017,9 +1027,7 @@ fn wait_ready(cfg: &RigConfig, start: Starting) -> Result<(Starting, ReadyRanks)
 
 /// Everything [`Rig::start`] prepares before the actors start.
 struct Prepared {
-    node: Box<dyn NodeHal>,
-    node_hal: String,
-    physical: Vec<DeviceId>,
+    node: NodeSetup,
     table: RankTable,
     starting: Starting,
     ranks: ReadyRanks,
@@ -1034,14 +1042,12 @@ fn prepare(
     shared: &Arc<Shared>,
     env: EnvLookup<'_>,
 ) -> Result<Prepared, RigError> {
-    let (node, node_hal, physical) = node_hal(dcmi, cfg, env)?;
-    let table = rank_table(cfg, &physical)?;
+    let node = node_hal(dcmi, cfg, env)?;
+    let table = rank_table(cfg, &node.physical)?;
     let roots = root_infos(cfg, rt)?;
     let (starting, ranks) = wait_ready(cfg, spawn_ranks(cfg, rt, &roots, caps, shared))?;
     Ok(Prepared {
         node,
-        node_hal,
-        physical,
         table,
         starting,
         ranks,
@@ -1086,7 +1092,7 @@ impl Rig {
             table: p.table.clone(),
             deadlines: cfg.deadlines,
         };
-        let job = match LocalJob::start(config, vec![p.node], ranks) {
+        let job = match LocalJob::start(config, vec![p.node.hal], ranks) {
             Ok(j) => j,
             Err(e) => return Err(p.starting.abort(true, e.into())),
         };
@@ -1100,13 +1106,13 @@ impl Rig {
         let rig = Rig {
             cfg,
             table: p.table,
-            physical: p.physical,
+            physical: p.node.physical,
             acl: rt.acl,
             acl_init,
             job: Some(job),
             shared,
             threads: p.starting.threads,
-            node_hal: p.node_hal,
+            node_hal: p.node.description,
             rank_groups: p.ranks.1,
             operations: Vec::new(),
             admitted: 0,

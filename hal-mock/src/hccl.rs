@@ -405,14 +405,47 @@ impl Fabric {
         st.groups[gi].nic_round_id += 1;
         st.groups[gi].nic_left.iter_mut().for_each(|x| *x = false);
         let name = st.groups[gi].name.clone();
+        // `Err((code, detail))`: nobody applies; otherwise every member not faulted applies.
+        let verdict = self.nic_round_verdict(st, gi, &arrivals);
+        let g = &mut st.groups[gi];
+        for (m, a) in arrivals.iter().enumerate() {
+            let res = match (&verdict, a.fault) {
+                (_, Some(code)) => fail(code, "injected fault: the change was not applied"),
+                (Err((c, d)), None) => fail(*c, d.clone()),
+                (Ok(()), None) => {
+                    for (gr, b) in a.ranks.iter().zip(&a.use_backup) {
+                        g.views[m][gr.0 as usize] = *b;
+                        // HCCL re-links the operators issued so far; later ones start on the
+                        // default NIC (see crate::operator).
+                        operator::apply(&mut g.op_views[m], gr.0 as usize, *b);
+                    }
+                    NicResult {
+                        code: HcclCode::Success,
+                        detail: String::new(),
+                        applied: true,
+                    }
+                }
+            };
+            g.nic_results[m] = Some((round_id, res));
+        }
+        tracing::debug!(group = %name, round_id, ok = verdict.is_ok(), "sim HCCL: NIC-set round completed");
+    }
+
+    /// Whether a complete NIC-set round may apply: the members' arguments must match and no
+    /// rank may be moved onto a port that is down.
+    fn nic_round_verdict(
+        &self,
+        st: &mut Guard<'_>,
+        gi: usize,
+        arrivals: &[NicArrival],
+    ) -> Result<(), (HcclCode, String)> {
+        let name = st.groups[gi].name.clone();
         let members = st.groups[gi].members.clone();
         let first = &arrivals[0];
         let mismatch = arrivals
             .iter()
             .any(|a| a.ranks != first.ranks || a.use_backup != first.use_backup);
-
-        // `Err((code, detail))`: nobody applies; otherwise every member not faulted applies.
-        let verdict: Result<(), (HcclCode, String)> = if mismatch {
+        if mismatch {
             let desc: Vec<String> = arrivals
                 .iter()
                 .zip(&members)
@@ -425,11 +458,12 @@ impl Fabric {
                 "mismatched {NIC_SET_OP} arguments on group {name}: {}",
                 desc.join("; ")
             ));
-            Err((
+            return Err((
                 HcclCode::Para,
                 "members called with different ranks/useBackup".to_owned(),
-            ))
-        } else {
+            ));
+        }
+        {
             let g = &st.groups[gi];
             let mut down = Vec::new();
             for (gr, b) in first.ranks.iter().zip(&first.use_backup) {
@@ -455,30 +489,7 @@ impl Fabric {
                     ),
                 ))
             }
-        };
-
-        let g = &mut st.groups[gi];
-        for (m, a) in arrivals.iter().enumerate() {
-            let res = match (&verdict, a.fault) {
-                (_, Some(code)) => fail(code, "injected fault: the change was not applied"),
-                (Err((c, d)), None) => fail(*c, d.clone()),
-                (Ok(()), None) => {
-                    for (gr, b) in a.ranks.iter().zip(&a.use_backup) {
-                        g.views[m][gr.0 as usize] = *b;
-                        // HCCL re-links the operators issued so far; later ones start on the
-                        // default NIC (see crate::operator).
-                        operator::apply(&mut g.op_views[m], gr.0 as usize, *b);
-                    }
-                    NicResult {
-                        code: HcclCode::Success,
-                        detail: String::new(),
-                        applied: true,
-                    }
-                }
-            };
-            g.nic_results[m] = Some((round_id, res));
         }
-        tracing::debug!(group = %name, round_id, ok = verdict.is_ok(), "sim HCCL: NIC-set round completed");
     }
 
     /// One all-reduce (sum) of `value` by `rank` on `group` as the training operator
@@ -583,28 +594,34 @@ impl Fabric {
                 return Err(e);
             }
             if !self.wait(st, deadline) {
-                let g = &mut st.groups[gi];
-                let round = g
-                    .ar_rounds
-                    .get_mut(&seq)
-                    .expect("round exists until consumed");
-                let missing = g
-                    .members
-                    .iter()
-                    .zip(&round.values)
-                    .filter(|(_, v)| v.is_none())
-                    .map(|(r, _)| *r);
-                round.outcome = Some(Err((
-                    HcclCode::Timeout,
-                    format!(
-                        "all-reduce #{seq} waited {:?} for ranks {}",
-                        self.cfg.hccl_timeout,
-                        fmt_ranks(missing)
-                    ),
-                )));
+                self.time_out_collective(st, gi, seq);
                 return Self::consume_collective(st, gi, m, seq);
             }
         }
+    }
+
+    /// A member gave up waiting for round `seq`: the round fails with `HCCL_E_TIMEOUT` for
+    /// everyone, naming the members that never arrived.
+    fn time_out_collective(&self, st: &mut Guard<'_>, gi: usize, seq: u64) {
+        let g = &mut st.groups[gi];
+        let round = g
+            .ar_rounds
+            .get_mut(&seq)
+            .expect("round exists until consumed");
+        let missing = g
+            .members
+            .iter()
+            .zip(&round.values)
+            .filter(|(_, v)| v.is_none())
+            .map(|(r, _)| *r);
+        round.outcome = Some(Err((
+            HcclCode::Timeout,
+            format!(
+                "all-reduce #{seq} waited {:?} for ranks {}",
+                self.cfg.hccl_timeout,
+                fmt_ranks(missing)
+            ),
+        )));
     }
 
     /// Issues `op` for member `m` and puts its value into the group's next round; returns the

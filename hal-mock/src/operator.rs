@@ -104,13 +104,15 @@ pub(crate) fn on_default_nic(set_views: &[Vec<bool>], op_view: &[bool]) -> bool 
         .any(|set| set.iter().zip(op_view).any(|(s, o)| *s && !*o))
 }
 
+/// What the members that issued one operator hold for it: `(member, configuration)`.
+pub(crate) type Held = Vec<(usize, Vec<bool>)>;
+
 /// Disagreements about operators between `live` members (indices into `per_member`): for every
-/// operator some live member issued, the members that issued it and hold another
-/// configuration than the first one, as `(operator, [(member, view)])`.
+/// operator some live member issued and its holders do not all agree on, what each holds.
 pub(crate) fn disagreements(
     per_member: &[OperatorViews],
     live: &[usize],
-) -> Vec<(Collective, Vec<(usize, Vec<bool>)>)> {
+) -> Vec<(Collective, Held)> {
     let mut ops: BTreeMap<Collective, Vec<(usize, &Vec<bool>)>> = BTreeMap::new();
     for m in live {
         for (op, v) in &per_member[*m] {

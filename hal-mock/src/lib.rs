@@ -21,7 +21,8 @@
 //! ## The simulated hardware
 //!
 //! Rank `r` runs on node `r / D`, device `r % D` (node names `node-{i}`, as
-//! [`taskd_core::RankTable::uniform`] lays them out). Each device owns one physical NIC port:
+//! [`taskd_core::RankTable::uniform`] lays them out). Devices are physical ids, as everywhere in
+//! the control plane; the simulated nodes renumber nothing, so logical ids are the same. Each device owns one physical NIC port:
 //! its primary NIC. Its backup NIC is its partner die's port
 //! ([`taskd_core::DeviceId::partner`]); the last device of an odd-sized node has none. A rank on
 //! its backup NIC sends on its partner's port, so two partners both on backup swap ports.

@@ -341,18 +341,22 @@ fn a_probe_that_hangs_makes_its_side_unknown_and_the_doctor_still_answers() {
     let s = stubs("dcmi_hang");
     let dcmi = StubControl::attach(&s.dcmi);
     dcmi.dcmi_block_health(10, 1); // physical 1's NIC: device 1's primary, device 0's backup
-    let timeout = Duration::from_millis(100);
+                                   // Long enough for every call that does not hang, on a loaded machine.
+    let timeout = Duration::from_secs(2);
     let t = Instant::now();
     let checks = dcmi_checks(&s, timeout, &[]);
     let took = t.elapsed();
     assert!(dcmi.dcmi_wait_blocked(1, Duration::from_secs(5)));
     // One probe waited out its timeout; the second die sharing the chip did not wait again.
-    assert!(took >= timeout && took < Duration::from_secs(5), "{took:?}");
+    assert!(
+        took >= timeout && took < Duration::from_secs(20),
+        "{took:?}"
+    );
     let c = find(&checks, "dcmi:links");
     assert_eq!(c.status, Status::Warn, "{}", c.line());
     assert!(
         c.detail.contains("unknown: device 0 (backup:")
-            && c.detail.contains("did not answer within 100ms")
+            && c.detail.contains("did not answer within 2s")
             && c.detail.contains("1 (primary:")
             && c.detail.contains("has not returned since"),
         "{}",

@@ -339,7 +339,8 @@ fn a_link_probe_that_hangs_refuses_the_switch_with_that_reason_without_holding_t
     let dcmi = StubControl::attach(&stubs.dcmi);
     let hccl = StubControl::attach(&stubs.hccl);
     let mut env = env_for(&stubs);
-    env.insert("TASKD_DCMI_TIMEOUT_MS".into(), "100".into());
+    // Long enough for every call that does not hang, on a loaded machine.
+    env.insert("TASKD_DCMI_TIMEOUT_MS".into(), "2000".into());
     dcmi.dcmi_block_health(10, 1); // device 0's backup NIC: its probe never answers
     let libs = RigLibraries::open(&lookup(&env)).unwrap();
     let mut rig = Rig::start(config(2, false), libs, &lookup(&env)).unwrap();
@@ -349,10 +350,13 @@ fn a_link_probe_that_hangs_refuses_the_switch_with_that_reason_without_holding_t
     let error = op.error.clone().unwrap_or_default();
     assert!(
         error.contains("backup NIC link of node-0:0 (rank 0) is unknown")
-            && error.contains("did not answer within 100ms"),
+            && error.contains("did not answer within 2s"),
         "{error}"
     );
-    assert!(op.total_ms.unwrap() < 5_000.0, "{op:?}");
+    assert!(
+        op.total_ms.unwrap() < 20_000.0,
+        "bounded by the probe, not the phase deadline: {op:?}"
+    );
     // Training went on (the after-window was trained); asked again while DCMI still hangs,
     // the answer is immediate and the same refusal.
     let op = rig.switch(&[DeviceId(0)], true).unwrap().clone();

@@ -1129,7 +1129,8 @@ mod node_hal {
 
     #[test]
     fn a_probe_that_blocks_is_unknown_after_the_timeout_and_is_not_started_twice() {
-        let timeout = Duration::from_millis(100);
+        // Long enough for every call that does not hang, on a loaded machine.
+        let timeout = Duration::from_secs(2);
         let (mut hal, stub) = node_with("blocking", 2, 2, 10, &[], timeout);
         assert_eq!(hal.probe_timeout(), timeout);
         stub.dcmi_block_health(10, 1); // device 0's backup NIC: its partner's probe hangs
@@ -1140,11 +1141,16 @@ mod node_hal {
             stub.dcmi_wait_blocked(1, Duration::from_secs(5)),
             "the probe is stuck in DCMI"
         );
-        assert!(took >= timeout && took < Duration::from_secs(5), "{took:?}");
+        assert!(
+            took >= timeout && took < Duration::from_secs(20),
+            "{took:?}"
+        );
         assert!(h.primary_up && !h.backup_up);
         let why = h.unknown(NicSide::Backup).unwrap();
         assert!(
-            why.contains("dcmi_get_device_network_health(card_id=10, device_id=1) did not answer within 100ms"),
+            why.contains(
+                "dcmi_get_device_network_health(card_id=10, device_id=1) did not answer within 2s"
+            ),
             "{why}"
         );
         // Asked again while it hangs: unknown at once, and DCMI is not called a second time.

@@ -103,36 +103,30 @@ const HCCL_NAMES: [(HcclCode, &str); 25] = [
 /// Codes outside the contiguous range, with their numbers.
 const HCCL_SPARSE: [(HcclCode, i32, &str); 1] = [(HcclCode::InStatus, 1041, "HCCL_E_IN_STATUS")];
 
+/// Every named code with its number and name: the contiguous ones, then the sparse ones.
+fn hccl_table() -> impl Iterator<Item = (HcclCode, i32, &'static str)> {
+    let contiguous = HCCL_NAMES
+        .iter()
+        .enumerate()
+        .map(|(i, (c, n))| (*c, i as i32, *n));
+    contiguous.chain(HCCL_SPARSE.iter().copied())
+}
+
 impl HcclCode {
     /// Maps the numeric `HcclResult`.
     pub fn from_raw(code: i32) -> Self {
-        usize::try_from(code)
-            .ok()
-            .and_then(|i| HCCL_NAMES.get(i))
-            .map(|(c, _)| *c)
-            .or_else(|| {
-                HCCL_SPARSE
-                    .iter()
-                    .find(|(_, n, _)| *n == code)
-                    .map(|(c, _, _)| *c)
-            })
-            .unwrap_or(HcclCode::Other(code))
+        hccl_table()
+            .find(|(_, n, _)| *n == code)
+            .map_or(HcclCode::Other(code), |(c, _, _)| c)
     }
 
     /// The numeric `HcclResult`.
     pub fn raw(self) -> i32 {
         match self {
             HcclCode::Other(c) => c,
-            known => HCCL_NAMES
-                .iter()
-                .position(|(c, _)| *c == known)
-                .map(|i| i as i32)
-                .or_else(|| {
-                    HCCL_SPARSE
-                        .iter()
-                        .find(|(c, _, _)| *c == known)
-                        .map(|(_, n, _)| *n)
-                })
+            known => hccl_table()
+                .find(|(c, _, _)| *c == known)
+                .map(|(_, n, _)| n)
                 .expect("every named code is in a table"),
         }
     }
@@ -140,16 +134,7 @@ impl HcclCode {
     /// The name HCCL's headers and logs use, e.g. `HCCL_E_NETWORK`; `None` for
     /// [`HcclCode::Other`].
     pub fn name(self) -> Option<&'static str> {
-        HCCL_NAMES
-            .iter()
-            .find(|(c, _)| *c == self)
-            .map(|(_, n)| *n)
-            .or_else(|| {
-                HCCL_SPARSE
-                    .iter()
-                    .find(|(c, _, _)| *c == self)
-                    .map(|(_, _, n)| *n)
-            })
+        hccl_table().find(|(c, _, _)| *c == self).map(|(_, _, n)| n)
     }
 
     /// What the control plane can make of the code.

@@ -156,10 +156,12 @@ pub fn get_card_id_device_id_from_logicid(
     logic_id: u32,
 ) -> Result<(i32, i32), DcmiError> {
     let (code, card, device) = lib.get_card_id_device_id_from_logicid(logic_id);
-    check("dcmi_get_card_id_device_id_from_logicid", code, || {
-        format!("device_logic_id={logic_id}")
-    })
-    .map(|()| (card, device))
+    located(
+        "dcmi_get_card_id_device_id_from_logicid",
+        code,
+        (card, device),
+    )
+    .map_err(|e| with_args(e, format!("device_logic_id={logic_id}")))
 }
 
 /// `dcmi_get_card_id_device_id_from_phyid`: `(card_id, device_id)` of a physical id (the `N`
@@ -169,10 +171,23 @@ pub fn get_card_id_device_id_from_phyid(
     phy_id: u32,
 ) -> Result<(i32, i32), DcmiError> {
     let (code, card, device) = lib.get_card_id_device_id_from_phyid(phy_id);
-    check("dcmi_get_card_id_device_id_from_phyid", code, || {
-        format!("device_phy_id={phy_id}")
-    })
-    .map(|()| (card, device))
+    located(
+        "dcmi_get_card_id_device_id_from_phyid",
+        code,
+        (card, device),
+    )
+    .map_err(|e| with_args(e, format!("device_phy_id={phy_id}")))
+}
+
+/// `at` when `code` is `DCMI_OK`, else the error of `op` (its arguments filled in by the
+/// caller).
+fn located(op: &'static str, code: DcmiResult, at: (i32, i32)) -> Result<(i32, i32), DcmiError> {
+    check(op, code, String::new).map(|()| at)
+}
+
+fn with_args(mut e: DcmiError, args: String) -> DcmiError {
+    e.args = args;
+    e
 }
 
 /// `dcmi_get_device_phyid_from_logicid`: the physical id of a logical id.

@@ -17,10 +17,8 @@
  * until stub_dcmi_release(), as DCMI's probe does after a card drops; the test waits for the
  * call to be blocked with stub_dcmi_wait_blocked(), never by sleeping.
  */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#include "stub_common.h" /* first: it sets the POSIX feature level */
 #include <errno.h>
-#include <time.h>
-#include "stub_common.h"
 
 #define DCMI_ERR_CODE_INVALID_DEVICE_ID (-8007)
 #define DCMI_ERR_CODE_DEVICE_NOT_EXIST (-8008)
@@ -129,14 +127,7 @@ void stub_dcmi_release(void) {
 
 /* Waits until at least n probes are blocked, or timeout_ms passes: 0, or -1 on timeout. */
 int stub_dcmi_wait_blocked(int n, long timeout_ms) {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = stub_deadline_after_ms(timeout_ms);
     int rc = 0;
     pthread_mutex_lock(&g_mu);
     while (g_blocked < n && rc != ETIMEDOUT)

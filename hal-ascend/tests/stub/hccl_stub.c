@@ -37,11 +37,9 @@
  *       ("HcclAllReduce DEFAULT_NIC group=<name> count=<count>") and counted
  *       (stub_hccl_collectives_on_default_nic).
  */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime, strdup */
+#include "stub_common.h" /* first: it sets the POSIX feature level */
 #include <errno.h>
 #include <stdbool.h>
-#include <time.h>
-#include "stub_common.h"
 
 typedef int32_t HcclResult;
 typedef void *HcclComm;
@@ -467,14 +465,7 @@ static int group_all_reduce(struct stub_comm *c, const void *send, void *recv, u
         g->generation++;
         pthread_cond_broadcast(&g->done);
     } else {
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += g_collective_timeout_ms / 1000;
-        until.tv_nsec += (g_collective_timeout_ms % 1000) * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
+        struct timespec until = stub_deadline_after_ms(g_collective_timeout_ms);
         c->in_collective = 1;
         while (g->generation == mine && !g->broken) {
             if (pthread_cond_timedwait(&g->done, &g_mu, &until) == ETIMEDOUT && g->generation == mine) {

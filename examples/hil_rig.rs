@@ -14,8 +14,10 @@
 //! ```
 //!
 //! Each `--switch DEVS` is two operations: DEVS to their backup NIC, then back. Without
-//! `--switch` or `--stdin` the rig switches the first device and back. Exit status: 0 when
-//! every invariant held, 1 otherwise, 2 for bad input or a rig that could not start.
+//! `--switch` or `--stdin` the rig switches the first device and back. Devices are logical ids
+//! (what `aclrtSetDevice` takes); the rig sends the manager their physical ids, asked of DCMI.
+//! Exit status: 0 when every invariant held, 1 otherwise, 2 for bad input or a rig that could
+//! not start.
 
 use clap::Parser;
 use std::collections::HashMap;
@@ -55,6 +57,11 @@ struct Args {
     /// Steps per latency window (before / after each operation).
     #[arg(long, default_value_t = 10)]
     window: u64,
+    /// Every N steps, an evaluation all-reduce of a new size on the world communicator (an
+    /// operator HCCL has not issued before; 0: never). See the report's
+    /// collectives_on_default_nic.
+    #[arg(long, default_value_t = 0)]
+    eval_every: u64,
     /// This node's name in commands and reports.
     #[arg(long, default_value = "node-0")]
     node: String,
@@ -118,81 +125,52 @@ fn stubs(devices: &[DeviceId]) -> Result<Stubs, String> {
     })
 }
 
-fn main() -> ExitCode {
-    let a = Args::parse();
-    let devices = match parse_device_list(&a.devices) {
-        Ok(d) => d,
-        Err(e) => return bad(&e),
-    };
+/// Each `--switch DEVS` as two operations (to backup, back); the first device and back when
+/// there is neither `--switch` nor `--stdin`.
+fn script(a: &Args, devices: &[DeviceId]) -> Result<Vec<RigCommand>, String> {
     let mut script = Vec::new();
     for s in &a.switch {
-        match rig::parse_devices(s) {
-            Ok(d) => {
-                script.push(RigCommand::Switch {
-                    devices: d.clone(),
-                    use_backup: true,
-                });
-                script.push(RigCommand::Switch {
-                    devices: d,
-                    use_backup: false,
-                });
-            }
-            Err(e) => return bad(&e),
+        let d = rig::parse_devices(s)?;
+        for use_backup in [true, false] {
+            script.push(RigCommand::Switch {
+                devices: d.clone(),
+                use_backup,
+            });
         }
     }
     if script.is_empty() && !a.stdin {
-        script = vec![
-            RigCommand::Switch {
+        for use_backup in [true, false] {
+            script.push(RigCommand::Switch {
                 devices: vec![devices[0]],
-                use_backup: true,
-            },
-            RigCommand::Switch {
-                devices: vec![devices[0]],
-                use_backup: false,
-            },
-        ];
+                use_backup,
+            });
+        }
     }
+    Ok(script)
+}
 
-    let stub = if a.stubs {
-        match stubs(&devices) {
-            Ok(s) => Some(s),
-            Err(e) => return bad(&format!("cannot build the stub libraries: {e}")),
-        }
-    } else {
-        None
+/// The process environment, with the stubs' overrides and, with stubs only, the reference
+/// deployment's flags where unset (a real node must set them itself: see `taskd doctor`).
+fn env_of(stub: &Option<Stubs>, name: &str) -> Option<OsString> {
+    let Some(s) = stub else {
+        return std::env::var_os(name);
     };
-    // The process environment, with the stubs' overrides and, with stubs only, the reference
-    // deployment's flags where unset (a real node must set them itself: see `taskd doctor`).
-    let env = |name: &str| -> Option<OsString> {
-        if let Some(s) = &stub {
-            if let Some(v) = s.overrides.get(name) {
-                return Some(v.clone());
-            }
-            let default = match name {
-                env_names::HCCL_OP_RETRY_ENABLE => Some("L0:0, L1:1, L2:1"),
-                env_names::MS_ENABLE_TFT => Some("{TTP:1,TSP:1}"),
-                _ => None,
-            };
-            return std::env::var_os(name).or_else(|| default.map(OsString::from));
-        }
-        std::env::var_os(name)
+    if let Some(v) = s.overrides.get(name) {
+        return Some(v.clone());
+    }
+    let default = match name {
+        env_names::HCCL_OP_RETRY_ENABLE => Some("L0:0, L1:1, L2:1"),
+        env_names::MS_ENABLE_TFT => Some("{TTP:1,TSP:1}"),
+        _ => None,
     };
+    std::env::var_os(name).or_else(|| default.map(OsString::from))
+}
 
-    let libs = match RigLibraries::open(&env) {
-        Ok(l) => l,
-        Err(e) => {
-            return bad(&format!(
-                "{e}\n(no NPU here? run with --stubs to use the stub libraries)"
-            ))
-        }
-    };
+fn config(a: &Args, devices: Vec<DeviceId>, job: Option<OsString>) -> RigConfig {
     let n = devices.len();
-    let cfg = RigConfig {
-        job: JobId(
-            env(env_names::MINDX_TASK_ID)
-                .map(|v| v.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "hil-rig".into()),
-        ),
+    let phase = Duration::from_secs(a.phase_timeout_s);
+    RigConfig {
+        job: JobId(job.map_or_else(|| "hil-rig".into(), |v| v.to_string_lossy().into_owned())),
         node: NodeName(a.node.clone()),
         devices,
         extra_groups: if a.pairs {
@@ -203,14 +181,91 @@ fn main() -> ExitCode {
         elements: a.elements,
         compute: Duration::from_secs_f64(a.compute_ms.max(0.0) / 1e3),
         window: a.window,
+        eval_every: a.eval_every,
         deadlines: PhaseDeadlines {
-            pause: Duration::from_secs(a.phase_timeout_s),
-            switch: Duration::from_secs(a.phase_timeout_s),
-            rollback: Duration::from_secs(a.phase_timeout_s),
-            resume: Duration::from_secs(a.phase_timeout_s),
+            pause: phase,
+            switch: phase,
+            rollback: phase,
+            resume: phase,
         },
         progress_timeout: Duration::from_secs(a.phase_timeout_s.max(60)),
+    }
+}
+
+/// Runs one command, printing an operation's block; whether to go on.
+fn run(rig: &mut Rig, cmd: &RigCommand, n_op: &mut usize, err: &mut std::io::Stderr) -> bool {
+    match rig.execute(cmd) {
+        Ok(Some(op)) => {
+            *n_op += 1;
+            let _ = write!(err, "{}", op.to_text(*n_op));
+            true
+        }
+        Ok(None) => true,
+        Err(e) => {
+            let _ = writeln!(err, "{e}");
+            !matches!(e, rig::RigError::Stuck(..) | rig::RigError::Job(_))
+        }
+    }
+}
+
+/// The script, then (with `--stdin`) one command per line until EOF.
+fn run_commands(rig: &mut Rig, script: &[RigCommand], stdin: bool) {
+    let mut err = std::io::stderr();
+    let mut n_op = 0;
+    for cmd in script {
+        if !run(rig, cmd, &mut n_op, &mut err) {
+            return;
+        }
+    }
+    if !stdin {
+        return;
+    }
+    let _ = writeln!(
+        err,
+        "commands: switch DEVS | back DEVS | train N (end with EOF)"
+    );
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        if line.trim().is_empty() {
+            continue;
+        }
+        match RigCommand::parse(&line) {
+            Ok(cmd) => {
+                if !run(rig, &cmd, &mut n_op, &mut err) {
+                    break;
+                }
+            }
+            Err(e) => {
+                let _ = writeln!(err, "{e}");
+            }
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let a = Args::parse();
+    let devices = match parse_device_list(&a.devices) {
+        Ok(d) => d,
+        Err(e) => return bad(&e),
     };
+    let script = match script(&a, &devices) {
+        Ok(s) => s,
+        Err(e) => return bad(&e),
+    };
+    let stub = match a.stubs.then(|| stubs(&devices)).transpose() {
+        Ok(s) => s,
+        Err(e) => return bad(&format!("cannot build the stub libraries: {e}")),
+    };
+    let env = |name: &str| env_of(&stub, name);
+    let libs = match RigLibraries::open(&env) {
+        Ok(l) => l,
+        Err(e) => {
+            return bad(&format!(
+                "{e}\n(no NPU here? run with --stubs to use the stub libraries)"
+            ))
+        }
+    };
+    let cfg = config(&a, devices, env(env_names::MINDX_TASK_ID));
     let mut err = std::io::stderr();
     let _ = write!(err, "{}", rig::header_text(&cfg, &libs));
     if stub.is_some() {
@@ -224,62 +279,19 @@ fn main() -> ExitCode {
     if let Err(e) = rig.train(rig.config().window) {
         let _ = writeln!(err, "warm-up failed: {e}");
     }
-
-    let mut n_op = 0;
-    let mut run = |rig: &mut Rig, cmd: &RigCommand, err: &mut std::io::Stderr| -> bool {
-        match rig.execute(cmd) {
-            Ok(Some(op)) => {
-                n_op += 1;
-                let _ = write!(err, "{}", op.to_text(n_op));
-                true
-            }
-            Ok(None) => true,
-            Err(e) => {
-                let _ = writeln!(err, "{e}");
-                !matches!(e, rig::RigError::Stuck(..) | rig::RigError::Job(_))
-            }
-        }
-    };
-    for cmd in &script {
-        if !run(&mut rig, cmd, &mut err) {
-            break;
-        }
-    }
-    if a.stdin {
-        let _ = writeln!(
-            err,
-            "commands: switch DEVS | back DEVS | train N (end with EOF)"
-        );
-        for line in std::io::stdin().lock().lines() {
-            let Ok(line) = line else { break };
-            if line.trim().is_empty() {
-                continue;
-            }
-            match RigCommand::parse(&line) {
-                Ok(cmd) => {
-                    if !run(&mut rig, &cmd, &mut err) {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    let _ = writeln!(err, "{e}");
-                }
-            }
-        }
-    }
-
+    run_commands(&mut rig, &script, a.stdin);
     let report = rig.finish();
     if let Some(s) = &stub {
         let _ = writeln!(err, "{}", stub_summary(&s.hccl, &report.groups));
         // The loaded copies stay mapped; the files are no longer needed.
         let _ = std::fs::remove_dir_all(&s.dir);
     }
-    if a.json {
-        let text = serde_json::to_string_pretty(&report).expect("the report serializes");
-        let _ = writeln!(std::io::stdout(), "{text}");
+    let out = if a.json {
+        serde_json::to_string_pretty(&report).expect("the report serializes") + "\n"
     } else {
-        let _ = write!(std::io::stdout(), "{}", report.summary_text());
-    }
+        report.summary_text()
+    };
+    let _ = write!(std::io::stdout(), "{out}");
     if report.ok() {
         ExitCode::SUCCESS
     } else {

@@ -8,8 +8,9 @@
 //! |---|---|---|
 //! | `library:hccl`, `library:acl` | the library does not load, or lacks a function taskd binds | it loaded, but only after an earlier candidate failed |
 //! | `library:dcmi` | | it does not load or lacks a function (no link health) |
-//! | `dcmi:devices` (only if DCMI loaded) | | `dcmi_init` or the device count fails, or no device |
-//! | `dcmi:links` (only if DCMI counted devices) | | some device's primary or backup NIC is not reachable |
+//! | `dcmi:devices` (only if DCMI loaded) | | `dcmi_init` or listing the dies fails, no die, a bad `TASKD_DCMI_TIMEOUT_MS` |
+//! | `dcmi:partners` (only if DCMI listed dies) | | a die's partner die (the other die of its NPU, whose NIC is its backup NIC) is not visible to the job |
+//! | `dcmi:links` (only if DCMI listed dies) | | some die's primary or backup NIC is not reachable, or its probe gave no answer |
 //! | `env:HCCL_OP_RETRY_ENABLE` | no `L2:1` (HCCL would answer success and switch nothing) | |
 //! | `env:MS_ENABLE_TFT` | no `TSP:1` (the manager refuses every switch) | |
 //! | `env:PROCESS_RECOVER` | | not `on` |
@@ -28,15 +29,19 @@
 //! Every check reads the environment through an [`EnvLookup`] (the process environment in
 //! the binary, a map in tests) and finds the vendor libraries through the same search as the
 //! worker (`taskd_hal_ascend::search`), so what the doctor loads is what a worker would load.
+//! Devices are named by their physical ids (the rank table's, `/dev/davinciN`). Every DCMI
+//! call is bounded by the probe timeout (`TASKD_DCMI_TIMEOUT_MS`, default 1 s): a probe that
+//! hangs makes its side unknown, never the doctor stall.
 
 use serde::Serialize;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
+use std::time::Duration;
 use taskd_core::env::{self as flags, EnvLookup};
-use taskd_core::{DeviceId, NodeHal};
 use taskd_hal_ascend::search::{self, LibrarySpec, LoadError, Origin};
 use taskd_hal_ascend::sys::{self, LibraryProbe};
-use taskd_hal_ascend::AscendNodeHal;
+
+mod dcmi;
 
 /// The port of the taskd network in the reference deployment (container port `taskd-port`):
 /// the manager's port.
@@ -123,11 +128,16 @@ impl Check {
 pub struct DoctorConfig {
     /// The taskd port to try to bind.
     pub port: u16,
+    /// How long one DCMI call may take; `None`: `TASKD_DCMI_TIMEOUT_MS`, else 1 s.
+    pub probe_timeout: Option<Duration>,
 }
 
 impl Default for DoctorConfig {
     fn default() -> Self {
-        DoctorConfig { port: DEFAULT_PORT }
+        DoctorConfig {
+            port: DEFAULT_PORT,
+            probe_timeout: None,
+        }
     }
 }
 
@@ -139,11 +149,7 @@ pub fn run(cfg: &DoctorConfig, env: EnvLookup<'_>) -> Vec<Check> {
         library(Library::Dcmi, env),
     ];
     if out[2].status == Status::Pass {
-        let (devices, count) = dcmi_devices(env);
-        out.push(devices);
-        if let Some(n) = count {
-            out.push(dcmi_links(env, n));
-        }
+        out.extend(dcmi(cfg, env));
     }
     out.extend([
         l2_retry(env),
@@ -222,6 +228,15 @@ impl Library {
         }
     }
 
+    /// Functions bound when present (not needed: their absence is only mentioned).
+    fn optional(self) -> &'static [&'static str] {
+        match self {
+            Library::Hccl => sys::hccl::OPTIONAL_SYMBOLS,
+            Library::Acl => sys::acl::OPTIONAL_SYMBOLS,
+            Library::Dcmi => &[],
+        }
+    }
+
     fn check_name(self) -> &'static str {
         match self {
             Library::Hccl => "library:hccl",
@@ -246,14 +261,15 @@ impl Library {
         let spec = self.spec();
         match self {
             Library::Hccl | Library::Acl => format!(
-                "source the CANN environment (`source /usr/local/Ascend/ascend-toolkit/set_env.sh` \
-                 sets ASCEND_HOME_PATH and LD_LIBRARY_PATH), or set {}=/path/to/{} (the same file \
-                 the training framework loads)",
+                "source the CANN environment (`source /usr/local/Ascend/cann/set_env.sh` for \
+                 CANN 8.5 and later, `/usr/local/Ascend/ascend-toolkit/set_env.sh` before: it sets \
+                 ASCEND_HOME_PATH and LD_LIBRARY_PATH), or set {}=/path/to/{} (the same file the \
+                 training framework loads)",
                 spec.override_var, spec.file_name
             ),
             Library::Dcmi => format!(
-                "install the NPU driver (it ships {}), put its directory on LD_LIBRARY_PATH, or \
-                 set {}=/path/to/{}",
+                "install the NPU driver (it ships {} in /usr/local/Ascend/driver/lib64/driver, \
+                 which is searched), put its directory on LD_LIBRARY_PATH, or set {}=/path/to/{}",
                 spec.file_name, spec.override_var, spec.file_name
             ),
         }
@@ -286,7 +302,7 @@ pub fn library(lib: Library, env: EnvLookup<'_>) -> Check {
         detail,
         fix: Some(lib.fix()),
     };
-    match sys::probe_symbols(&spec, lib.symbols(), env) {
+    match sys::probe_symbols(&spec, lib.symbols(), lib.optional(), env) {
         Err(LoadError::NotFound {
             file_name,
             attempts,
@@ -346,89 +362,33 @@ pub fn library(lib: Library, env: EnvLookup<'_>) -> Check {
         Ok(p) => Check::pass(
             name,
             format!(
-                "{}, all {} functions present",
+                "{}, all {} functions present{}",
                 from_where(&p),
-                lib.symbols().len()
+                lib.symbols().len(),
+                optional_note(&p)
             ),
         ),
     }
 }
 
-/// `dcmi_init` and the device count. Returns the count when it could be read.
-pub fn dcmi_devices(env: EnvLookup<'_>) -> (Check, Option<u32>) {
-    let name = "dcmi:devices";
-    let fix = "check that the NPU driver is installed and loaded (`npu-smi info`) and that this \
-               process may open the devices (run as root or in the container with the devices \
-               mounted)";
-    let lib = match sys::dcmi::DcmiLib::open(env) {
-        Ok(l) => l,
-        Err(e) => return (Check::warn(name, e.to_string(), fix), None),
-    };
-    let hal = match AscendNodeHal::new(lib) {
-        Ok(h) => h,
-        Err(e) => return (Check::warn(name, e.to_string(), fix), None),
-    };
-    match hal.device_count() {
-        Ok(0) => (Check::warn(name, "DCMI reports no NPU", fix), None),
-        Ok(n) => (
-            Check::pass(name, format!("dcmi_init ok, {n} NPUs")),
-            Some(n),
-        ),
-        Err(e) => (Check::warn(name, e.to_string(), fix), None),
+/// `; optional, absent: X` when the library lacks a function taskd binds only if present.
+fn optional_note(p: &LibraryProbe) -> String {
+    if p.optional_missing.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; optional, absent (not needed): {}",
+            p.optional_missing.join(", ")
+        )
     }
 }
 
-/// Link health of both NICs of devices `0..count`, as the proxy reads it.
-pub fn dcmi_links(env: EnvLookup<'_>, count: u32) -> Check {
-    let name = "dcmi:links";
-    let hal = sys::dcmi::DcmiLib::open(env)
-        .map_err(|e| e.to_string())
-        .and_then(|l| AscendNodeHal::new(l).map_err(|e| e.to_string()));
-    let mut hal = match hal {
-        Ok(h) => h,
-        Err(e) => return Check::warn(name, e, "check the NPU driver (`npu-smi info`)".to_string()),
-    };
-    let mut down = Vec::new();
-    let mut errors = Vec::new();
-    for d in 0..count {
-        match hal.link_health(DeviceId(d)) {
-            Ok(h) => {
-                let mut sides = Vec::new();
-                if !h.primary_up {
-                    sides.push("primary");
-                }
-                if !h.backup_up {
-                    sides.push("backup");
-                }
-                if !sides.is_empty() {
-                    down.push(format!("{d} ({})", sides.join("+")));
-                }
-            }
-            Err(e) => errors.push(format!("{d}: {e}")),
-        }
-    }
-    if down.is_empty() && errors.is_empty() {
-        return Check::pass(
-            name,
-            format!("all {count} devices: primary and backup NIC reachable"),
-        );
-    }
-    let mut detail = Vec::new();
-    if !down.is_empty() {
-        detail.push(format!("not reachable: device {}", down.join(", ")));
-    }
-    if !errors.is_empty() {
-        detail.push(format!("could not read: {}", errors.join("; ")));
-    }
-    Check::warn(
-        name,
-        format!(
-            "{}; a switch to a NIC that is not reachable is refused",
-            detail.join("; ")
-        ),
-        "give every NIC a detect IP (`hccn_tool -i <device> -netdetect -s address <gateway>`) and \
-         check its link (`hccn_tool -i <device> -link -g`)",
-    )
+/// The DCMI checks: `dcmi:devices`, then, when DCMI listed the node's dies, `dcmi:partners`
+/// (both dies of each NPU visible) and `dcmi:links` (both NICs of each die reachable). Every
+/// DCMI call is bounded by the probe timeout, so a hanging probe makes a side unknown and never
+/// stalls the doctor.
+pub fn dcmi(cfg: &DoctorConfig, env: EnvLookup<'_>) -> Vec<Check> {
+    dcmi::checks(cfg, env)
 }
 
 // ---------------------------------------------------------------------------------------------

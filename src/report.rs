@@ -22,6 +22,11 @@ pub struct ScenarioReport {
     pub job_state: String,
     /// Invariants checked at the end; `ok` is false if any broke.
     pub invariants: Invariants,
+    /// Collectives that ran on the default (primary) NIC of a rank their group had switched to
+    /// its backup NIC: HCCL keeps a set NIC only for operators issued before the switch, and
+    /// runs every operator issued later (here the training loop's evaluations) on the default
+    /// NIC. Counted once per collective; not an invariant (the members agree).
+    pub collectives_on_default_nic: u64,
 }
 
 /// The checks behind the exit status.
@@ -68,6 +73,7 @@ impl ScenarioReport {
             ranks_on_backup: end.ranks_on_backup.iter().map(|r| r.0).collect(),
             groups_consistent: end.groups_consistent,
             job_state: end.job_state.as_str().into(),
+            collectives_on_default_nic: end.collectives_on_default_nic,
             invariants: Invariants {
                 ok,
                 collectives_on_inconsistent_groups: end.collectives_on_inconsistent_groups,
@@ -152,6 +158,12 @@ impl ScenarioReport {
             },
             if self.groups_consistent { "yes" } else { "NO" },
             self.job_state
+        );
+        let _ = writeln!(
+            s,
+            "collectives on the default NIC of a switched group: {} (operators first issued \
+             after a switch; see the README)",
+            self.collectives_on_default_nic
         );
         if !self.invariants.ok {
             let _ = writeln!(s, "INVARIANT BROKEN: {:#?}", self.invariants);

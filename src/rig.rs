@@ -48,7 +48,7 @@
 //! operation.
 
 use serde::Serialize;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -64,7 +64,8 @@ use taskd_core::{
     NodeName, OperationSummary, PhaseDeadlines, RankHal, RankTable, StepBoundary, SubmitError,
     SwitchCapabilities, SwitchCommand,
 };
-use taskd_hal_ascend::result;
+use taskd_hal_ascend::node;
+use taskd_hal_ascend::result::{self, acl::AclInit};
 use taskd_hal_ascend::sys::acl::{AclLib, MemMallocPolicy};
 use taskd_hal_ascend::sys::dcmi::DcmiLib;
 use taskd_hal_ascend::sys::hccl::{HcclDataType, HcclLib, HcclReduceOp};
@@ -78,8 +79,12 @@ pub struct RigConfig {
     pub job: JobId,
     /// This node's name in the rank table and in commands.
     pub node: NodeName,
-    /// Local devices (logical ids, as `aclrtSetDevice` takes them); rank `r` runs on
-    /// `devices[r]`.
+    /// Local devices, as *logical* ids (what `aclrtSetDevice` takes); rank `r` runs on
+    /// `devices[r]`. The rig's commands ([`Rig::switch`], `--switch`) name devices the same
+    /// way. The rank table and the commands sent to the manager carry each device's physical
+    /// id, which the rig asks DCMI for (`dcmi_get_device_phyid_from_logicid`); without DCMI
+    /// it takes the logical ids for physical ones, which holds on a host that does not
+    /// renumber its devices (no container).
     pub devices: Vec<DeviceId>,
     /// Communicators besides the world group, each as its members (global ranks) in group-rank
     /// order. Every rank joins the world group first, then its extra groups in this order.
@@ -91,6 +96,10 @@ pub struct RigConfig {
     pub compute: Duration,
     /// Steps per latency window.
     pub window: u64,
+    /// Every this many steps, training ends the step with an evaluation: an all-reduce on the
+    /// world communicator of an element count no recent step used, an operator HCCL has not
+    /// issued before (see [`RigReport::collectives_on_default_nic`]). 0: never.
+    pub eval_every: u64,
     pub deadlines: PhaseDeadlines,
     /// How long to wait for setup or for training to make progress before giving up.
     pub progress_timeout: Duration,
@@ -108,6 +117,7 @@ impl RigConfig {
             elements: 1024,
             compute: Duration::from_millis(2),
             window: 5,
+            eval_every: 0,
             deadlines: PhaseDeadlines::default(),
             progress_timeout: Duration::from_secs(120),
         }
@@ -198,11 +208,7 @@ pub struct UnmonitoredNodeHal;
 
 impl NodeHal for UnmonitoredNodeHal {
     fn link_health(&mut self, device: DeviceId) -> Result<LinkHealth, HalError> {
-        Ok(LinkHealth {
-            device,
-            primary_up: true,
-            backup_up: true,
-        })
+        Ok(LinkHealth::new(device, true, true))
     }
 }
 
@@ -274,6 +280,21 @@ struct Shared {
 }
 
 impl Shared {
+    fn new(n: usize) -> Self {
+        Shared {
+            state: Mutex::new(TrainState {
+                completed: vec![0; n],
+                started: vec![0; n],
+                latency: vec![Vec::new(); n],
+                stop_after: None,
+                exited: vec![false; n],
+                errors: Vec::new(),
+                wrong_results: 0,
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, TrainState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -368,6 +389,8 @@ struct RankSetup {
     caps: SwitchCapabilities,
     elements: usize,
     compute: Duration,
+    /// Every this many steps an evaluation all-reduce on the world communicator (0: never).
+    eval_every: u64,
     timeout: Duration,
 }
 
@@ -471,7 +494,6 @@ fn train(
 ) {
     let r = s.rank as usize;
     let _looping = LoopGuard(Arc::clone(shared), r);
-    let count = s.elements as u64;
     let mut host = vec![0u8; s.elements * std::mem::size_of::<f32>()];
     let mut step = 0u64;
     loop {
@@ -487,39 +509,20 @@ fn train(
             // Simulated compute: time passes, nothing is waited for.
             std::thread::sleep(s.compute);
         }
-        let mut took = Duration::ZERO;
-        let mut wrong = 0u64;
-        {
+        let done = {
             let h = lock(hal);
-            for ((comm, info), want) in h.comms().zip(expected) {
-                let t = Instant::now();
-                let res = comm
-                    .all_reduce(
-                        &dev.send,
-                        &mut dev.recv,
-                        count,
-                        HcclDataType::Fp32,
-                        HcclReduceOp::Sum,
-                        &dev.stream,
-                    )
-                    .and_then(|()| dev.stream.synchronize().map_err(HalError::from));
-                took += t.elapsed();
-                let res = res.and_then(|()| dev.recv.copy_to_host(&mut host).map_err(Into::into));
-                if let Err(e) = res {
-                    shared.lock().errors.push(format!(
-                        "rank {r} step {next}, group of {:?}: {e}",
-                        info.members.iter().map(|m| m.0).collect::<Vec<_>>()
-                    ));
-                    return;
-                }
-                let right = host
-                    .chunks_exact(4)
-                    .all(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")) == *want);
-                if !right {
-                    wrong += 1;
-                }
+            collectives(s, dev, &h, expected, &mut host, next)
+        };
+        let (took, wrong) = match done {
+            Ok(x) => x,
+            Err(e) => {
+                shared
+                    .lock()
+                    .errors
+                    .push(format!("rank {r} step {next}, {e}"));
+                return;
             }
-        }
+        };
         {
             let mut st = shared.lock();
             st.latency[r].push(took);
@@ -530,6 +533,79 @@ fn train(
         step = next;
         gate.step_completed(step);
     }
+}
+
+/// One step's collectives: the training all-reduce of every communicator (timed), then, on an
+/// evaluation step, the evaluation's. Returns the time the training all-reduces took and how
+/// many results were wrong.
+fn collectives(
+    s: &RankSetup,
+    dev: &mut RankDevice,
+    h: &AscendRankHal,
+    expected: &[f32],
+    host: &mut [u8],
+    step: u64,
+) -> Result<(Duration, u64), String> {
+    let mut took = Duration::ZERO;
+    let mut wrong = 0u64;
+    for ((comm, info), want) in h.comms().zip(expected) {
+        let t = Instant::now();
+        let res = all_reduce(comm, dev, s.elements as u64);
+        took += t.elapsed();
+        wrong += u64::from(!check_sum(res, dev, host, *want, info)?);
+    }
+    if let Some(count) = evaluation_count(s.eval_every, s.elements, step) {
+        let (world, info) = h.comms().next().expect("every rank is in the world group");
+        let res = all_reduce(world, dev, count);
+        let n = count as usize * std::mem::size_of::<f32>();
+        wrong += u64::from(!check_sum(res, dev, &mut host[..n], expected[0], info)?);
+    }
+    Ok((took, wrong))
+}
+
+/// `count` f32 of the send buffer all-reduced (sum) into the receive buffer, waited for.
+fn all_reduce(comm: &Comm, dev: &mut RankDevice, count: u64) -> Result<(), HalError> {
+    comm.all_reduce(
+        &dev.send,
+        &mut dev.recv,
+        count,
+        HcclDataType::Fp32,
+        HcclReduceOp::Sum,
+        &dev.stream,
+    )?;
+    dev.stream.synchronize().map_err(HalError::from)
+}
+
+/// Whether the first `host.len()` bytes received are all `want`; an error (naming the group)
+/// when the all-reduce or the copy failed.
+fn check_sum(
+    res: Result<(), HalError>,
+    dev: &RankDevice,
+    host: &mut [u8],
+    want: f32,
+    info: &GroupInfo,
+) -> Result<bool, String> {
+    let res = res.and_then(|()| dev.recv.copy_to_host(host).map_err(Into::into));
+    res.map_err(|e| {
+        let members: Vec<u32> = info.members.iter().map(|m| m.0).collect();
+        format!("group of {members:?}: {e}")
+    })?;
+    Ok(host
+        .chunks_exact(4)
+        .all(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")) == want))
+}
+
+/// The element count of the evaluation at `step`, if `step` is an evaluation step: the `n`-th
+/// evaluation all-reduces `elements - 1 - (n - 1) % (elements - 1)` values, a count training
+/// never uses and no recent evaluation used, so HCCL sees an operator it has not issued before
+/// (it repeats after `elements - 1` evaluations). None without evaluations or with one element.
+fn evaluation_count(eval_every: u64, elements: usize, step: u64) -> Option<u64> {
+    let sizes = (elements as u64).checked_sub(1).filter(|s| *s > 0)?;
+    if eval_every == 0 || step % eval_every != 0 {
+        return None;
+    }
+    let n = step / eval_every;
+    Some(sizes - (n - 1) % sizes)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -632,7 +708,10 @@ pub struct Invariant {
 /// The rig's final report.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RigReport {
+    /// The rig's devices, logical ids ([`RigConfig::devices`]).
     pub devices: Vec<u32>,
+    /// Their physical ids, as the rank table and the manager name them.
+    pub physical_devices: Vec<u32>,
     /// Every communicator (HCCL's name, members), in planner order.
     pub groups: Vec<GroupInfo>,
     /// Which node HAL the proxy used.
@@ -642,6 +721,12 @@ pub struct RigReport {
     pub steps_completed: u64,
     pub collective_errors: Vec<String>,
     pub wrong_results: u64,
+    /// Collectives that ran on the default NIC of a switched communicator, by HCCL's
+    /// documented per-operator rule: the evaluations ([`RigConfig::eval_every`]) issued while
+    /// a rank was on its backup NIC (a NIC set reaches only the operators issued before it).
+    /// What the rig's own bookkeeping predicts; HCCL cannot be asked. The HCCL stub counts
+    /// the same thing itself, which is what the tests compare.
+    pub collectives_on_default_nic: u64,
     /// The manager's NIC table at the end.
     pub ranks_on_backup: Vec<u32>,
     /// What the operations' results imply.
@@ -659,8 +744,12 @@ impl RigReport {
     /// The summary printed after the operations.
     pub fn summary_text(&self) -> String {
         let mut s = format!(
-            "steps completed: {}  ranks on backup: {:?}  job: {}\n",
-            self.steps_completed, self.ranks_on_backup, self.job_state
+            "steps completed: {}  ranks on backup: {:?}  job: {}  collectives on the default \
+             NIC of a switched group: {}\n",
+            self.steps_completed,
+            self.ranks_on_backup,
+            self.job_state,
+            self.collectives_on_default_nic
         );
         for i in &self.invariants {
             let _ = writeln!(
@@ -728,8 +817,11 @@ pub fn parse_devices(s: &str) -> Result<Vec<DeviceId>, String> {
 pub struct Rig {
     cfg: RigConfig,
     table: RankTable,
+    /// Per rank, the physical id of its device (the rank table's).
+    physical: Vec<DeviceId>,
     acl: Arc<AclLib>,
-    acl_initialised_here: bool,
+    /// How the rig holds the Ascend runtime, so that it lets go of its own reference only.
+    acl_init: AclInit,
     job: Option<LocalJob>,
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
@@ -740,7 +832,220 @@ pub struct Rig {
     /// Operations that reached the manager (not refused at submission).
     admitted: usize,
     on_backup: BTreeSet<GlobalRank>,
+    /// Operations whose NIC changes took effect: their pause step and targets.
+    applied: Vec<(u64, Vec<(GlobalRank, bool)>)>,
     steps_at_last_operation: u64,
+}
+
+/// The rank threads while they set up: their handles, how to hand each its gate, and where
+/// they report.
+struct Starting {
+    threads: Vec<JoinHandle<()>>,
+    gates: Vec<mpsc::Sender<Option<Arc<StepGate>>>>,
+    ready: mpsc::Receiver<(u32, Ready)>,
+}
+
+impl Starting {
+    /// Tells every rank thread there is no job, and joins them (when they can be joined).
+    fn abort(self, join: bool, e: RigError) -> RigError {
+        for tx in &self.gates {
+            let _ = tx.send(None);
+        }
+        if join {
+            for t in self.threads {
+                let _ = t.join();
+            }
+        }
+        e
+    }
+}
+
+/// The proxy's node HAL, what it is, and the physical id of each of the rig's devices.
+struct NodeSetup {
+    hal: Box<dyn NodeHal>,
+    description: String,
+    physical: Vec<DeviceId>,
+}
+
+/// The node's setup through DCMI when it is there, else every NIC reported up and the rig's
+/// (logical) device ids taken as physical.
+fn node_hal(
+    dcmi: Result<DcmiLib, LoadError>,
+    cfg: &RigConfig,
+    env: EnvLookup<'_>,
+) -> Result<NodeSetup, RigError> {
+    let unmonitored = |why: String| NodeSetup {
+        hal: Box::new(UnmonitoredNodeHal),
+        description: format!(
+            "unmonitored: every NIC reported up ({why}); logical ids taken as physical"
+        )
+        .replace('\n', " "),
+        physical: cfg.devices.clone(),
+    };
+    let dcmi = match dcmi {
+        Ok(d) => d,
+        Err(e) => return Ok(unmonitored(format!("DCMI not loaded: {e}"))),
+    };
+    let path = dcmi.path().display().to_string();
+    let timeout = node::probe_timeout_from_env(env).map_err(|e| RigError::Setup(e.to_string()))?;
+    let hal = match AscendNodeHal::with_timeout(dcmi, timeout) {
+        Ok(h) => h,
+        Err(e) => return Ok(unmonitored(e.to_string())),
+    };
+    let physical = cfg
+        .devices
+        .iter()
+        .map(|d| hal.physical_of_logical(d.0))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| RigError::Setup(format!("the physical ids of the rig's devices: {e}")))?;
+    Ok(NodeSetup {
+        hal: Box::new(hal),
+        description: format!("DCMI ({path})"),
+        physical,
+    })
+}
+
+/// The rank table: this node's physical devices, rank `r` on the `r`-th.
+fn rank_table(cfg: &RigConfig, physical: &[DeviceId]) -> Result<RankTable, RigError> {
+    RankTable::new(
+        physical
+            .iter()
+            .enumerate()
+            .map(|(r, d)| taskd_core::rank_table::RankSlot {
+                node: cfg.node.clone(),
+                device: *d,
+                rank: GlobalRank(r as u32),
+            })
+            .collect(),
+    )
+    .map_err(|e| RigError::Setup(e.to_string()))
+}
+
+/// HCCL and ACL, which every rank uses.
+struct Runtime {
+    hccl: Arc<HcclLib>,
+    acl: Arc<AclLib>,
+}
+
+/// One root info per communicator, made on the device of its first member.
+fn root_infos(cfg: &RigConfig, rt: &Runtime) -> Result<Vec<RootInfo>, RigError> {
+    let mut roots = Vec::new();
+    for g in cfg.all_groups() {
+        let device = cfg.devices[g[0].0 as usize];
+        result::acl::set_device(&rt.acl, device.0 as i32)
+            .map_err(|e| RigError::Setup(e.to_string()))?;
+        roots.push(RootInfo::generate(&rt.hccl).map_err(|e| RigError::Setup(e.to_string()))?);
+    }
+    Ok(roots)
+}
+
+/// Starts one thread per rank; each sets its device up and joins its communicators.
+fn spawn_ranks(
+    cfg: &RigConfig,
+    rt: &Runtime,
+    roots: &[RootInfo],
+    caps: SwitchCapabilities,
+    shared: &Arc<Shared>,
+) -> Starting {
+    let groups = cfg.all_groups();
+    let (ready_tx, ready) = mpsc::channel();
+    let mut start = Starting {
+        threads: Vec::new(),
+        gates: Vec::new(),
+        ready,
+    };
+    for (r, device) in cfg.devices.iter().enumerate() {
+        let setup = RankSetup {
+            rank: r as u32,
+            device: *device,
+            hccl: Arc::clone(&rt.hccl),
+            acl: Arc::clone(&rt.acl),
+            groups: groups
+                .iter()
+                .zip(roots)
+                .filter(|(g, _)| g.contains(&GlobalRank(r as u32)))
+                .map(|(g, root)| (root.clone(), g.clone()))
+                .collect(),
+            caps,
+            elements: cfg.elements,
+            compute: cfg.compute,
+            eval_every: cfg.eval_every,
+            timeout: cfg.progress_timeout,
+        };
+        let (gate_tx, gate_rx) = mpsc::channel();
+        start.gates.push(gate_tx);
+        let (ready, shared) = (ready_tx.clone(), Arc::clone(shared));
+        start.threads.push(
+            std::thread::Builder::new()
+                .name(format!("rig-rank-{r}"))
+                .spawn(move || rank_thread(setup, ready, gate_rx, shared))
+                .expect("spawning a rank thread"),
+        );
+    }
+    start
+}
+
+/// Every rank's HAL and groups, once each reported ready.
+type ReadyRanks = (Vec<Arc<Mutex<AscendRankHal>>>, Vec<Vec<GroupInfo>>);
+
+/// Waits for every rank to report ready.
+fn wait_ready(cfg: &RigConfig, start: Starting) -> Result<(Starting, ReadyRanks), RigError> {
+    let n = cfg.devices.len();
+    let mut hals: Vec<Option<Arc<Mutex<AscendRankHal>>>> = vec![None; n];
+    let mut rank_groups: Vec<Vec<GroupInfo>> = vec![Vec::new(); n];
+    for _ in 0..n {
+        match start.ready.recv_timeout(cfg.progress_timeout) {
+            Ok((r, Ok((hal, groups)))) => {
+                hals[r as usize] = Some(hal);
+                rank_groups[r as usize] = groups;
+            }
+            Ok((r, Err(error))) => {
+                let device = cfg.devices[r as usize].0;
+                let e = RigError::RankInit {
+                    rank: r,
+                    device,
+                    error,
+                };
+                return Err(start.abort(true, e));
+            }
+            // Ranks stuck in HcclCommInitRootInfo cannot be stopped: leave them.
+            Err(_) => return Err(start.abort(false, RigError::Stuck(cfg.progress_timeout, 0))),
+        }
+    }
+    let hals = hals
+        .into_iter()
+        .map(|h| h.expect("every rank reported"))
+        .collect();
+    Ok((start, (hals, rank_groups)))
+}
+
+/// Everything [`Rig::start`] prepares before the actors start.
+struct Prepared {
+    node: NodeSetup,
+    table: RankTable,
+    starting: Starting,
+    ranks: ReadyRanks,
+}
+
+/// The node HAL and the rank table, then every rank set up and joined to its communicators.
+fn prepare(
+    cfg: &RigConfig,
+    rt: &Runtime,
+    dcmi: Result<DcmiLib, LoadError>,
+    caps: SwitchCapabilities,
+    shared: &Arc<Shared>,
+    env: EnvLookup<'_>,
+) -> Result<Prepared, RigError> {
+    let node = node_hal(dcmi, cfg, env)?;
+    let table = rank_table(cfg, &node.physical)?;
+    let roots = root_infos(cfg, rt)?;
+    let (starting, ranks) = wait_ready(cfg, spawn_ranks(cfg, rt, &roots, caps, shared))?;
+    Ok(Prepared {
+        node,
+        table,
+        starting,
+        ranks,
+    })
 }
 
 impl Rig {
@@ -748,174 +1053,65 @@ impl Rig {
     /// (HCCL refuses a NIC switch on a group that never ran a collective).
     ///
     /// `env` gives the ranks' switch capabilities as a worker reads them:
-    /// `HCCL_OP_RETRY_ENABLE` (`L2:1`), `TASKD_HCCL_RDMA` and `MS_ENABLE_TFT` (`TSP:1`).
+    /// `HCCL_OP_RETRY_ENABLE` (`L2:1`), `TASKD_HCCL_RDMA` and `MS_ENABLE_TFT` (`TSP:1`), and
+    /// the DCMI probe timeout (`TASKD_DCMI_TIMEOUT_MS`).
     pub fn start(cfg: RigConfig, libs: RigLibraries, env: EnvLookup<'_>) -> Result<Rig, RigError> {
         cfg.validate()?;
-        let n = cfg.devices.len();
-        let table = RankTable::new(
-            cfg.devices
-                .iter()
-                .enumerate()
-                .map(|(r, d)| taskd_core::rank_table::RankSlot {
-                    node: cfg.node.clone(),
-                    device: *d,
-                    rank: GlobalRank(r as u32),
-                })
-                .collect(),
-        )
-        .map_err(|e| RigError::Setup(e.to_string()))?;
         let caps = taskd_hal_ascend::rank::capabilities_from_env(env);
         let tsp = flags::tsp_enabled(flags::get(env, flags::MS_ENABLE_TFT).as_deref());
-        let acl_err = |e: result::AclError| RigError::Setup(e.to_string());
-        let acl_initialised_here = result::acl::init(&libs.acl).map_err(acl_err)?;
-
-        // One root info per communicator, made on the device of its first member.
-        let groups = cfg.all_groups();
-        let mut roots = Vec::new();
-        for g in &groups {
-            let device = cfg.devices[g[0].0 as usize];
-            result::acl::set_device(&libs.acl, device.0 as i32).map_err(acl_err)?;
-            roots.push(RootInfo::generate(&libs.hccl).map_err(|e| RigError::Setup(e.to_string()))?);
-        }
-
-        let shared = Arc::new(Shared {
-            state: Mutex::new(TrainState {
-                completed: vec![0; n],
-                started: vec![0; n],
-                latency: vec![Vec::new(); n],
-                stop_after: None,
-                exited: vec![false; n],
-                errors: Vec::new(),
-                wrong_results: 0,
-            }),
-            cv: Condvar::new(),
-        });
-        let (ready_tx, ready_rx) = mpsc::channel();
-        let mut gate_txs = Vec::new();
-        let mut threads = Vec::new();
-        for (r, device) in cfg.devices.iter().enumerate() {
-            let mine: Vec<(RootInfo, Vec<GlobalRank>)> = groups
-                .iter()
-                .zip(&roots)
-                .filter(|(g, _)| g.contains(&GlobalRank(r as u32)))
-                .map(|(g, root)| (root.clone(), g.clone()))
-                .collect();
-            let setup = RankSetup {
-                rank: r as u32,
-                device: *device,
-                hccl: Arc::clone(&libs.hccl),
-                acl: Arc::clone(&libs.acl),
-                groups: mine,
-                caps,
-                elements: cfg.elements,
-                compute: cfg.compute,
-                timeout: cfg.progress_timeout,
-            };
-            let (gate_tx, gate_rx) = mpsc::channel();
-            gate_txs.push(gate_tx);
-            let ready = ready_tx.clone();
-            let shared = Arc::clone(&shared);
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("rig-rank-{r}"))
-                    .spawn(move || rank_thread(setup, ready, gate_rx, shared))
-                    .expect("spawning a rank thread"),
-            );
-        }
-        drop(ready_tx);
-
-        let abort = |threads: Vec<JoinHandle<()>>, gate_txs: &[mpsc::Sender<_>], e: RigError| {
-            for tx in gate_txs {
-                let _ = tx.send(None);
-            }
-            for t in threads {
-                let _ = t.join();
-            }
-            e
+        let acl_init = result::acl::init(&libs.acl).map_err(|e| RigError::Setup(e.to_string()))?;
+        let shared = Arc::new(Shared::new(cfg.devices.len()));
+        let rt = Runtime {
+            hccl: libs.hccl,
+            acl: libs.acl,
         };
-        let mut hals: Vec<Option<Arc<Mutex<AscendRankHal>>>> = vec![None; n];
-        let mut rank_groups: Vec<Vec<GroupInfo>> = vec![Vec::new(); n];
-        for _ in 0..n {
-            match ready_rx.recv_timeout(cfg.progress_timeout) {
-                Ok((r, Ok((hal, groups)))) => {
-                    hals[r as usize] = Some(hal);
-                    rank_groups[r as usize] = groups;
-                }
-                Ok((r, Err(error))) => {
-                    let e = RigError::RankInit {
-                        rank: r,
-                        device: cfg.devices[r as usize].0,
-                        error,
-                    };
-                    return Err(abort(threads, &gate_txs, e));
-                }
-                Err(_) => {
-                    // Ranks stuck in HcclCommInitRootInfo cannot be stopped: leave them.
-                    for tx in &gate_txs {
-                        let _ = tx.send(None);
-                    }
-                    return Err(RigError::Stuck(cfg.progress_timeout, 0));
-                }
+        let p = match prepare(&cfg, &rt, libs.dcmi, caps, &shared, env) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = result::acl::release(&rt.acl, acl_init);
+                return Err(e);
             }
-        }
-
-        let (node, node_hal): (Box<dyn NodeHal>, String) = match libs.dcmi {
-            Ok(dcmi) => {
-                let path = dcmi.path().display().to_string();
-                match AscendNodeHal::new(dcmi) {
-                    Ok(h) => (Box::new(h), format!("DCMI ({path})")),
-                    Err(e) => (
-                        Box::new(UnmonitoredNodeHal),
-                        format!("unmonitored: every NIC reported up ({e})"),
-                    ),
-                }
-            }
-            Err(e) => (
-                Box::new(UnmonitoredNodeHal),
-                format!("unmonitored: every NIC reported up (DCMI not loaded: {e})")
-                    .replace('\n', " "),
-            ),
         };
-        let ranks = hals
+        let ranks = p
+            .ranks
+            .0
             .into_iter()
             .map(|h| RankParts {
-                hal: Box::new(SharedRankHal(h.expect("every rank reported"))) as Box<dyn RankHal>,
+                hal: Box::new(SharedRankHal(h)) as Box<dyn RankHal>,
                 tsp,
             })
             .collect();
-        let job = LocalJob::start(
-            LocalJobConfig {
-                job: cfg.job.clone(),
-                table: table.clone(),
-                deadlines: cfg.deadlines,
-            },
-            vec![node],
-            ranks,
-        );
-        let job = match job {
+        let config = LocalJobConfig {
+            job: cfg.job.clone(),
+            table: p.table.clone(),
+            deadlines: cfg.deadlines,
+        };
+        let job = match LocalJob::start(config, vec![p.node.hal], ranks) {
             Ok(j) => j,
-            Err(e) => return Err(abort(threads, &gate_txs, e.into())),
+            Err(e) => return Err(p.starting.abort(true, e.into())),
         };
         if let Err(e) = job.wait_registered(cfg.progress_timeout) {
             job.shutdown();
-            return Err(abort(threads, &gate_txs, e.into()));
+            return Err(p.starting.abort(true, e.into()));
         }
-        for (r, tx) in gate_txs.iter().enumerate() {
+        for (r, tx) in p.starting.gates.iter().enumerate() {
             let _ = tx.send(Some(job.gate(GlobalRank(r as u32))));
         }
         let rig = Rig {
             cfg,
-            table,
-            acl: libs.acl,
-            acl_initialised_here,
+            table: p.table,
+            physical: p.node.physical,
+            acl: rt.acl,
+            acl_init,
             job: Some(job),
             shared,
-            threads,
-            node_hal,
-            rank_groups,
+            threads: p.starting.threads,
+            node_hal: p.node.description,
+            rank_groups: p.ranks.1,
             operations: Vec::new(),
             admitted: 0,
             on_backup: BTreeSet::new(),
+            applied: Vec::new(),
             steps_at_last_operation: 0,
         };
         rig.train(1)?;
@@ -1002,18 +1198,7 @@ impl Rig {
     ) -> Result<&OperationRecord, RigError> {
         let window = self.cfg.window;
         let s0 = self.shared.max_steps();
-        let cmd = SwitchCommand {
-            job: self.cfg.job.clone(),
-            id: None,
-            targets: devices
-                .iter()
-                .map(|d| Target {
-                    node: self.cfg.node.clone(),
-                    device: *d,
-                    use_backup,
-                })
-                .collect(),
-        };
+        let cmd = self.command(devices, use_backup);
         let report: Result<OperationReport, SubmitError> = match self.job().run(cmd.clone()) {
             Ok(r) => {
                 self.admitted += 1;
@@ -1047,15 +1232,7 @@ impl Rig {
         ];
         let summary = match report {
             Ok(r) => {
-                if r.applied {
-                    for t in &r.targets {
-                        if t.use_backup {
-                            self.on_backup.insert(t.rank);
-                        } else {
-                            self.on_backup.remove(&t.rank);
-                        }
-                    }
-                }
+                self.note_applied(&r);
                 OperationSummary::from(&r)
             }
             Err(refusal) => OperationSummary {
@@ -1071,6 +1248,78 @@ impl Rig {
         };
         self.operations.push(record);
         Ok(self.operations.last().expect("just pushed"))
+    }
+
+    /// A command moving `devices` (logical ids, as the rig names them) to their backup NIC or
+    /// back, naming each by its physical id as the manager's rank table does. A device that is
+    /// not one of the rig's keeps its number (the manager then refuses it, naming it).
+    fn command(&self, devices: &[DeviceId], use_backup: bool) -> SwitchCommand {
+        let physical = |d: &DeviceId| {
+            let r = self.cfg.devices.iter().position(|x| x == d);
+            r.map_or(*d, |r| self.physical[r])
+        };
+        SwitchCommand {
+            job: self.cfg.job.clone(),
+            id: None,
+            targets: devices
+                .iter()
+                .map(|d| Target {
+                    node: self.cfg.node.clone(),
+                    device: physical(d),
+                    use_backup,
+                })
+                .collect(),
+        }
+    }
+
+    /// Follows an operation whose NIC changes took effect: the NIC table it implies, and when
+    /// (its pause step) for [`RigReport::collectives_on_default_nic`].
+    fn note_applied(&mut self, r: &OperationReport) {
+        if !r.applied {
+            return;
+        }
+        for t in &r.targets {
+            if t.use_backup {
+                self.on_backup.insert(t.rank);
+            } else {
+                self.on_backup.remove(&t.rank);
+            }
+        }
+        let step = r.pause_step.unwrap_or_else(|| self.shared.max_steps());
+        let targets = r.targets.iter().map(|t| (t.rank, t.use_backup)).collect();
+        self.applied.push((step, targets));
+    }
+
+    /// The collectives that ran on the default NIC of a switched communicator, by HCCL's
+    /// per-operator rule (README, "On a real Atlas A3 node"): only the evaluations, each an
+    /// operator not issued since the count last came round, on the world communicator. One
+    /// at step `s` whose count was first issued at step `first` ran with rank `r` on its
+    /// default NIC when `r` was on its backup NIC at `s` by a switch applied before `first`
+    /// (after the pause step `t < first`: the operator did not exist yet).
+    fn collectives_on_default_nic(&self, steps: u64) -> u64 {
+        let (every, elements) = (self.cfg.eval_every, self.cfg.elements);
+        let mut first_issue: std::collections::HashMap<u64, u64> = Default::default();
+        let mut count = 0;
+        for step in 1..=steps {
+            let Some(size) = evaluation_count(every, elements, step) else {
+                continue;
+            };
+            // The operator (this count) exists since its first issue; a switch applied after
+            // a step reaches the operators issued by then.
+            let first = *first_issue.entry(size).or_insert(step);
+            let mut switched_at: BTreeMap<GlobalRank, u64> = BTreeMap::new();
+            for (t, targets) in self.applied.iter().filter(|(t, _)| *t < step) {
+                for (rank, backup) in targets {
+                    if *backup {
+                        switched_at.insert(*rank, *t);
+                    } else {
+                        switched_at.remove(rank);
+                    }
+                }
+            }
+            count += u64::from(switched_at.values().any(|t| *t < first));
+        }
+        count
     }
 
     fn window(&self, label: &'static str, first: u64, last: u64) -> LatencyWindow {
@@ -1096,7 +1345,8 @@ impl Rig {
     }
 
     /// Stops training at a common step (nobody is left inside a collective), stops the actors,
-    /// releases every communicator, stream and buffer on its rank's thread, and reports.
+    /// releases every communicator, stream and buffer on its rank's thread, lets go of its
+    /// reference to the Ascend runtime, and reports.
     pub fn finish(mut self) -> RigReport {
         let job = self.job.take().expect("finish once");
         let status = job.status(usize::MAX).ok();
@@ -1114,20 +1364,47 @@ impl Rig {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
-        if self.acl_initialised_here {
-            if let Err(e) = result::acl::finalize(&self.acl) {
-                self.shared.lock().errors.push(e.to_string());
-            }
+        if let Err(e) = result::acl::release(&self.acl, self.acl_init) {
+            self.shared.lock().errors.push(e.to_string());
         }
-        let st = self.shared.lock();
-        let steps_completed = st.completed.iter().copied().min().unwrap_or(0);
+        let steps_completed = self.shared.min_steps();
         let ranks_on_backup: Vec<u32> = status
             .as_ref()
             .map(|s| s.ranks_on_backup.iter().map(|r| r.0).collect())
             .unwrap_or_default();
-        let expected_on_backup: Vec<u32> = self.on_backup.iter().map(|r| r.0).collect();
         let results = status.as_ref().map_or(0, |s| s.recent.len());
-        let invariants = vec![
+        let invariants = self.invariants(&ranks_on_backup, results, state, progressed);
+        let st = self.shared.lock();
+        RigReport {
+            devices: self.cfg.devices.iter().map(|d| d.0).collect(),
+            physical_devices: self.physical.iter().map(|d| d.0).collect(),
+            groups: self.groups(),
+            node_hal: self.node_hal.clone(),
+            operations: std::mem::take(&mut self.operations),
+            steps_completed,
+            collective_errors: st.errors.clone(),
+            wrong_results: st.wrong_results,
+            collectives_on_default_nic: self.collectives_on_default_nic(steps_completed),
+            ranks_on_backup,
+            expected_on_backup: self.on_backup.iter().map(|r| r.0).collect(),
+            job_state: state.as_str().into(),
+            invariants,
+        }
+    }
+
+    /// The invariants of [`RigReport::invariants`], from the manager's final status.
+    fn invariants(
+        &self,
+        ranks_on_backup: &[u32],
+        results: usize,
+        state: JobState,
+        progressed: bool,
+    ) -> Vec<Invariant> {
+        let st = self.shared.lock();
+        let steps_completed = st.completed.iter().copied().min().unwrap_or(0);
+        let expected_on_backup: Vec<u32> = self.on_backup.iter().map(|r| r.0).collect();
+        let clean = st.errors.is_empty() && st.wrong_results == 0;
+        vec![
             Invariant {
                 name: "one final result per operation",
                 ok: results == self.admitted,
@@ -1138,15 +1415,12 @@ impl Rig {
             },
             Invariant {
                 name: "collectives succeeded with the right sums",
-                ok: st.errors.is_empty() && st.wrong_results == 0,
-                detail: if st.errors.is_empty() && st.wrong_results == 0 {
+                ok: clean,
+                detail: if clean {
                     "every all-reduce succeeded and returned the sum of its members".into()
                 } else {
-                    format!(
-                        "{} wrong sums; errors: {}",
-                        st.wrong_results,
-                        st.errors.join("; ")
-                    )
+                    let errors = st.errors.join("; ");
+                    format!("{} wrong sums; errors: {errors}", st.wrong_results)
                 },
             },
             Invariant {
@@ -1171,20 +1445,7 @@ impl Rig {
                     self.steps_at_last_operation
                 ),
             },
-        ];
-        RigReport {
-            devices: self.cfg.devices.iter().map(|d| d.0).collect(),
-            groups: self.groups(),
-            node_hal: self.node_hal.clone(),
-            operations: std::mem::take(&mut self.operations),
-            steps_completed,
-            collective_errors: st.errors.clone(),
-            wrong_results: st.wrong_results,
-            ranks_on_backup,
-            expected_on_backup,
-            job_state: state.as_str().into(),
-            invariants,
-        }
+        ]
     }
 
     /// The rank table (node, device, rank).

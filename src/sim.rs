@@ -51,6 +51,10 @@ pub struct SimConfig {
     pub step_time: Duration,
     /// Steps trained before, between and after the operations.
     pub steps_between: u64,
+    /// Every this many steps a rank's step ends with an evaluation, an all-reduce of a size
+    /// never used before (a new HCCL operator, which after a switch runs on the default NIC;
+    /// `taskd_hal_mock::operator`). 0: never.
+    pub eval_every: u64,
 }
 
 impl Default for SimConfig {
@@ -72,6 +76,7 @@ impl Default for SimConfig {
             },
             step_time: Duration::from_millis(2),
             steps_between: 3,
+            eval_every: 3,
         }
     }
 }
@@ -179,6 +184,7 @@ impl Simulation {
             hooks,
             TrainingOptions {
                 step_time: cfg.step_time,
+                eval_every: cfg.eval_every,
             },
         );
         let sim = Simulation {
@@ -269,6 +275,7 @@ impl Simulation {
             groups_consistent: consistency.is_consistent(),
             consistency: consistency.to_string(),
             collectives_on_inconsistent_groups: self.fabric.collectives_on_inconsistent_groups(),
+            collectives_on_default_nic: self.fabric.collectives_on_default_nic(),
             collective_failures,
             violations: self.fabric.violations(),
             job_state: state,
@@ -286,6 +293,9 @@ pub struct FinalState {
     pub groups_consistent: bool,
     pub consistency: String,
     pub collectives_on_inconsistent_groups: u64,
+    /// Collectives that ran on the default NIC of a switched group (HCCL's per-operator rule;
+    /// not a broken invariant).
+    pub collectives_on_default_nic: u64,
     pub collective_failures: u64,
     pub violations: Vec<String>,
     pub job_state: JobState,

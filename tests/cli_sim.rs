@@ -56,6 +56,10 @@ fn default_scenario_switches_to_backup_and_back() {
         );
     }
     assert!(v["steps_completed"].as_u64().unwrap() > ops[1]["pause_step"].as_u64().unwrap());
+    // The evaluations of the steps trained on backup were new operators: on the default NIC.
+    let on_default = v["collectives_on_default_nic"].as_u64().expect("a count");
+    assert!(on_default >= 1, "{v:#}");
+    assert_eq!(v["invariants"]["ok"], true);
 }
 
 #[test]

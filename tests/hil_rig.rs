@@ -291,3 +291,166 @@ fn without_dcmi_the_rig_still_switches_and_without_l2_retry_it_is_refused() {
     assert!(report.ok(), "{}", report.summary_text());
     assert!(hccl.calls("HcclCommWorkingDevNicSet").is_empty());
 }
+
+#[test]
+fn a_container_that_renumbers_its_dies_is_switched_by_physical_id() {
+    let stubs = fresh_stubs("renumbered");
+    let dcmi = StubControl::attach(&stubs.dcmi);
+    let hccl = StubControl::attach(&stubs.hccl);
+    // Eight dies on four cards (ids 10..13); the container has physical 6, 7 and 2 as its
+    // logical 0, 1 and 2. Physical 7 (card 13, chip 1) is physical 6's backup NIC: down.
+    dcmi.dcmi_topology(4, 2, 10);
+    dcmi.dcmi_visible(&[6, 7, 2]);
+    dcmi.dcmi_health(13, 1, 3);
+    let env = env_for(&stubs);
+    let libs = RigLibraries::open(&lookup(&env)).unwrap();
+    let mut rig = Rig::start(config(3, false), libs, &lookup(&env)).unwrap();
+    let devices: Vec<u32> = rig.table().slots().iter().map(|s| s.device.0).collect();
+    assert_eq!(devices, [6, 7, 2], "the rank table holds physical ids");
+    // Logical device 0 is physical 6: its backup NIC is down, so the switch is refused.
+    let op = rig.switch(&[DeviceId(0)], true).unwrap().clone();
+    assert_eq!(op.summary.result, "rejected", "{op:?}");
+    let error = op.summary.error.clone().unwrap_or_default();
+    assert!(
+        error.contains("backup NIC link of node-0:6 (rank 0) is down"),
+        "{error}"
+    );
+    assert!(dcmi
+        .calls("dcmi_get_device_network_health")
+        .iter()
+        .all(|l| l.contains("card_id=13")));
+    // Logical 2 is physical 2, whose partner (physical 3) is not the job's: refused up front.
+    let op = rig.switch(&[DeviceId(2)], true).unwrap().clone();
+    assert_eq!(op.summary.result, "rejected", "{op:?}");
+    let error = op.summary.error.clone().unwrap_or_default();
+    assert!(
+        error.contains("node-0:2") && error.contains("partner die node-0:3"),
+        "{error}"
+    );
+    // The link is repaired: logical 0 moves, by its physical id, and back.
+    dcmi.dcmi_health(13, 1, 0);
+    assert_eq!(
+        rig.switch(&[DeviceId(0)], true).unwrap().summary.result,
+        "succeeded"
+    );
+    assert_eq!(
+        rig.switch(&[DeviceId(0)], false).unwrap().summary.result,
+        "succeeded"
+    );
+    let report = rig.finish();
+    assert!(report.ok(), "{}", report.summary_text());
+    assert_eq!(
+        (report.devices, report.physical_devices),
+        (vec![0, 1, 2], vec![6, 7, 2])
+    );
+    assert_eq!(hccl.calls("HcclCommWorkingDevNicSet").len(), 2 * 3);
+}
+
+#[test]
+fn a_link_probe_that_hangs_refuses_the_switch_with_that_reason_without_holding_training() {
+    let stubs = fresh_stubs("probe_hangs");
+    let dcmi = StubControl::attach(&stubs.dcmi);
+    let hccl = StubControl::attach(&stubs.hccl);
+    let mut env = env_for(&stubs);
+    // Long enough for every call that does not hang, on a loaded machine.
+    env.insert("TASKD_DCMI_TIMEOUT_MS".into(), "2000".into());
+    dcmi.dcmi_block_health(10, 1); // device 0's backup NIC: its probe never answers
+    let libs = RigLibraries::open(&lookup(&env)).unwrap();
+    let mut rig = Rig::start(config(2, false), libs, &lookup(&env)).unwrap();
+    let op = rig.switch(&[DeviceId(0)], true).unwrap().clone();
+    assert!(dcmi.dcmi_wait_blocked(1, Duration::from_secs(5)));
+    assert_eq!(op.summary.result, "rejected", "{op:?}");
+    let error = op.summary.error.clone().unwrap_or_default();
+    assert!(
+        error.contains("backup NIC link of node-0:0 (rank 0) is unknown")
+            && error.contains("did not answer within 2s"),
+        "{error}"
+    );
+    assert!(
+        op.summary.phases_ms.total < 20_000.0,
+        "bounded by the probe, not the phase deadline: {op:?}"
+    );
+    // Training went on (the after-window was trained); asked again while DCMI still hangs,
+    // the answer is immediate and the same refusal.
+    let op = rig.switch(&[DeviceId(0)], true).unwrap().clone();
+    assert_eq!(op.summary.result, "rejected", "{op:?}");
+    assert!(op
+        .summary
+        .error
+        .unwrap_or_default()
+        .contains("has not returned since"));
+    dcmi.dcmi_release();
+    let report = rig.finish();
+    assert!(report.ok(), "{}", report.summary_text());
+    assert!(hccl.calls("HcclCommWorkingDevNicSet").is_empty());
+}
+
+#[test]
+fn evaluations_on_a_switched_world_run_on_the_default_nic_as_the_rule_predicts() {
+    let stubs = fresh_stubs("default_nic");
+    let hccl = StubControl::attach(&stubs.hccl);
+    let env = env_for(&stubs);
+    let libs = RigLibraries::open(&lookup(&env)).unwrap();
+    let mut cfg = config(4, true);
+    cfg.eval_every = 2;
+    let mut rig = Rig::start(cfg, libs, &lookup(&env)).unwrap();
+    rig.train(4).unwrap();
+    assert_eq!(
+        rig.switch(&[DeviceId(0), DeviceId(1)], true)
+            .unwrap()
+            .summary
+            .result,
+        "succeeded"
+    );
+    rig.train(6).unwrap();
+    assert_eq!(
+        rig.switch(&[DeviceId(0), DeviceId(1)], false)
+            .unwrap()
+            .summary
+            .result,
+        "succeeded"
+    );
+    rig.train(4).unwrap();
+    let report = rig.finish();
+    assert!(report.ok(), "{}", report.summary_text());
+    // The rig's prediction by HCCL's documented rule equals what the HCCL stub counted.
+    assert!(
+        report.collectives_on_default_nic >= 3,
+        "{}",
+        report.summary_text()
+    );
+    assert_eq!(
+        report.collectives_on_default_nic,
+        hccl.hccl_collectives_on_default_nic()
+    );
+    assert!(report.summary_text().contains(&format!(
+        "default NIC of a switched group: {}",
+        report.collectives_on_default_nic
+    )));
+    let log = hccl.log();
+    assert!(log
+        .iter()
+        .all(|l| !l.starts_with("HcclAllReduce NIC_DISAGREE")));
+}
+
+#[test]
+fn the_rig_gives_back_only_its_own_reference_to_the_ascend_runtime() {
+    let stubs = fresh_stubs("acl_refs");
+    let acl = StubControl::attach(&stubs.acl);
+    // A framework in the process initialised the runtime first.
+    let framework = taskd_hal_ascend::sys::acl::AclLib::open_path(&stubs.acl).unwrap();
+    taskd_hal_ascend::result::acl::init(&framework).unwrap();
+    let env = env_for(&stubs);
+    let libs = RigLibraries::open(&lookup(&env)).unwrap();
+    let mut rig = Rig::start(config(2, false), libs, &lookup(&env)).unwrap();
+    assert_eq!(acl.acl_refs(), 2);
+    assert_eq!(
+        rig.switch(&[DeviceId(0)], true).unwrap().summary.result,
+        "succeeded"
+    );
+    let report = rig.finish();
+    assert!(report.ok(), "{}", report.summary_text());
+    assert_eq!(acl.acl_refs(), 1, "the framework's reference is left");
+    assert_eq!(acl.calls("aclFinalizeReference").len(), 1);
+    assert!(acl.calls("aclFinalize").iter().all(|l| l != "aclFinalize"));
+}

@@ -435,7 +435,13 @@ fn a_worker_lost_mid_operation_fails_it_and_asks_for_recovery() {
 
 #[test]
 fn a_failed_swap_of_two_partner_dies_rolls_back_cleanly() {
-    let sim = Simulation::start(&small()).unwrap();
+    // Without evaluations: an operator first issued between the two operations would be left
+    // split by this rollback (see the next test); here only the training operator runs.
+    let sim = Simulation::start(&SimConfig {
+        eval_every: 0,
+        ..small()
+    })
+    .unwrap();
     let r = run(&sim, cmd(&[("node-0", 0, true)]));
     assert_eq!(r.outcome, Outcome::Succeeded, "{r}");
     // Both dies of NPU 0 to backup: they swap ports. Rank 3 fails its first call.
@@ -465,6 +471,53 @@ fn a_failed_swap_of_two_partner_dies_rolls_back_cleanly() {
     let end = sim.finish();
     assert_consistent_end(&end);
     assert!(end.violations.is_empty(), "{:?}", end.violations);
+}
+
+/// HCCL applies a NIC set to the operators a group issued so far. Operation 2 re-lists rank 0
+/// (already on backup) with its partner; rank 3's call fails, the others apply, and the
+/// rollback re-states rank 1 only (telling the two dies opposite sides in one call is refused).
+/// Every member's set configuration agrees again, and so does the training operator's, but an
+/// operator first issued between the two operations now has rank 0 on its backup NIC on every
+/// member except rank 3: re-issued later, it would run on members that disagree. The
+/// consistency check reports such a split instead of calling the job consistent.
+#[test]
+fn an_operator_split_left_by_a_partial_failure_is_reported() {
+    // An evaluation every step: every step between the operations issues a new operator.
+    let sim = Simulation::start(&SimConfig {
+        eval_every: 1,
+        ..small()
+    })
+    .unwrap();
+    let r = run(&sim, cmd(&[("node-0", 0, true)]));
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r}");
+    sim.train(2).unwrap();
+    let fabric = sim.fabric().clone();
+    assert!(
+        fabric.check_consistency().is_consistent(),
+        "new operators alone split nothing"
+    );
+    assert!(fabric.collectives_on_default_nic() >= 2);
+    fabric.inject_nic_set_fault(GlobalRank(3), NicSetFault::Fail(HcclCode::Internal));
+    let r = run(&sim, cmd(&[("node-0", 0, true), ("node-0", 1, true)]));
+    assert_eq!((r.outcome, r.rolled_back), (Outcome::Failed, true), "{r}");
+    let report = fabric.check_consistency();
+    assert!(!report.is_consistent());
+    for d in &report.disagreements {
+        assert_eq!(d.group, taskd::hal_mock::WORLD_GROUP, "{report}");
+        assert!(
+            d.detail.starts_with("operator allreduce(")
+                && d.detail.contains("rank 3 has none on backup")
+                && d.detail.contains("rank 2 has group ranks [0] on backup"),
+            "{report}"
+        );
+    }
+    // The workers' reports (the set configurations) and the training operator agree; no
+    // collective ran on a split operator (each evaluation is issued once).
+    assert_eq!(fabric.ranks_on_backup(), ranks(&[0]));
+    let end = sim.finish();
+    assert_eq!(end.collectives_on_inconsistent_groups, 0);
+    assert_eq!(end.ranks_on_backup, end.manager_on_backup);
+    assert!(!end.groups_consistent, "{}", end.consistency);
 }
 
 /// Ranks one step apart when the pause is requested: rank 1 has finished step 5 and waits in
@@ -637,4 +690,113 @@ fn progress_events_follow_the_operation_phase_by_phase() {
         }
     }
     assert_consistent_end(&sim.finish());
+}
+
+/// HCCL keeps a NIC set for the operators issued before it; the training loop's evaluations
+/// (each a new operator) run on the default NIC while ranks are switched. That is no
+/// disagreement: every member issued them alike, the invariant holds, and they are counted.
+#[test]
+fn evaluations_after_a_switch_run_on_the_default_nic_and_every_group_stays_consistent() {
+    let sim = Simulation::start(&SimConfig {
+        eval_every: 2,
+        ..small()
+    })
+    .unwrap();
+    sim.train(4).unwrap();
+    assert_eq!(
+        sim.fabric().collectives_on_default_nic(),
+        0,
+        "nothing switched yet"
+    );
+    let r = run(&sim, cmd(&[("node-1", 0, true), ("node-1", 1, true)]));
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r}");
+    sim.train(6).unwrap();
+    let while_switched = sim.fabric().collectives_on_default_nic();
+    assert!(while_switched >= 2, "{while_switched}");
+    assert!(sim.fabric().check_consistency().is_consistent());
+    let r = run(&sim, cmd(&[("node-1", 0, false), ("node-1", 1, false)]));
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r}");
+    sim.train(6).unwrap();
+    // Switched back: new operators and old ones use the same (default) NIC again. At most the
+    // evaluation of the step the pause held after ran before the switch back.
+    assert!(sim.fabric().collectives_on_default_nic() <= while_switched + 1);
+    let end = sim.finish();
+    assert_consistent_end(&end);
+    assert_eq!(end.collective_failures, 0);
+    assert!(end.violations.is_empty(), "{:?}", end.violations);
+}
+
+/// What an operator meets who moves traffic off a NIC for maintenance: once the port is down,
+/// every collective of an operator issued before the switch keeps running on the backup NIC,
+/// but a new operator (an evaluation) runs on the default NIC and fails there. taskd cannot
+/// move it: HCCL offers no call to set the NIC of operators issued later.
+#[test]
+fn maintenance_on_a_switched_nic_fails_only_operators_first_issued_after_the_switch() {
+    let sim = Simulation::start(&SimConfig {
+        eval_every: 2,
+        ..small()
+    })
+    .unwrap();
+    let r = run(&sim, cmd(&[("node-1", 2, true)]));
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r}");
+    // Maintenance takes node-1/dev-2's port down.
+    sim.fabric().set_link(1, DeviceId(2), false);
+    sim.train(6).unwrap();
+    let failures = sim.training().collective_failures();
+    let on_default = sim.fabric().collectives_on_default_nic();
+    assert!(on_default >= 2, "{on_default}");
+    // Each evaluation failed on every one of the world group's 8 members; training did not.
+    assert_eq!(failures % 8, 0, "{failures}");
+    assert!(
+        failures >= 8 * (on_default - 1),
+        "{failures} failures, {on_default} on default"
+    );
+    assert!(sim.fabric().check_consistency().is_consistent());
+    // Switching back onto the port that is down is refused.
+    let r = run(&sim, cmd(&[("node-1", 2, false)]));
+    assert_eq!(r.outcome, Outcome::Rejected, "{r}");
+    assert!(
+        matches!(r.error, Some(OperationError::LinkDown { .. })),
+        "{r:?}"
+    );
+    sim.fabric().set_link(1, DeviceId(2), true);
+    let r = run(&sim, cmd(&[("node-1", 2, false)]));
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r}");
+    let end = sim.finish();
+    assert_consistent_end(&end);
+    assert!(end.violations.is_empty(), "{:?}", end.violations);
+}
+
+/// HCCL switches a die only when both dies of its NPU are visible to the job: a die whose
+/// partner is not in the job's rank table is refused at submission, naming both, and nothing
+/// runs.
+#[test]
+fn a_die_whose_partner_is_not_in_the_job_is_refused_naming_both() {
+    let sim = Simulation::start(&SimConfig {
+        devices_per_node: 3,
+        ..small()
+    })
+    .unwrap();
+    let e = sim.job().submit(cmd(&[("node-1", 2, true)])).unwrap_err();
+    match &e {
+        LocalJobError::Refused(SubmitError::Invalid(ValidationError::PartnerNotInJob {
+            device,
+            partner,
+            ..
+        })) => assert_eq!((*device, *partner), (DeviceId(2), DeviceId(3))),
+        other => panic!("{other}"),
+    }
+    assert!(e.to_string().contains("partner die node-1:3"), "{e}");
+    assert!(sim.fabric().nic_set_log().is_empty());
+    // Its partner-less die can still go back to (stay on) its own NIC; the others switch.
+    assert_eq!(
+        run(&sim, cmd(&[("node-1", 2, false)])).outcome,
+        Outcome::Succeeded
+    );
+    assert_eq!(
+        run(&sim, cmd(&[("node-1", 0, true)])).outcome,
+        Outcome::Succeeded
+    );
+    let end = sim.finish();
+    assert_consistent_end(&end);
 }

@@ -93,12 +93,15 @@ fn rank_reply() -> impl Strategy<Value = pb::RankReply> {
 }
 
 fn node_reply() -> impl Strategy<Value = pb::NodeReply> {
-    let health =
-        (any::<u32>(), any::<bool>(), any::<bool>()).prop_map(|(d, p, b)| pb::LinkHealth {
+    let health = (any::<u32>(), any::<bool>(), any::<bool>(), text()).prop_map(|(d, p, b, why)| {
+        pb::LinkHealth {
             device: d,
             primary_up: p,
             backup_up: b,
-        });
+            primary_unknown: String::new(),
+            backup_unknown: why,
+        }
+    });
     (
         text(),
         op(),

@@ -13,7 +13,7 @@ use std::fmt;
 pub struct Target {
     /// The node, by its rank-table name.
     pub node: NodeName,
-    /// The device on that node.
+    /// The die's physical id, as in the rank table ([`DeviceId`]).
     pub device: DeviceId,
     /// To the backup NIC (`true`) or back to the primary.
     pub use_backup: bool,
@@ -160,6 +160,15 @@ pub enum ValidationError {
     },
     /// One device is told both sides.
     #[error(
+        "device {node}:{device} (rank {rank}) cannot move to its backup NIC: that NIC is its partner die {node}:{partner}'s, and the partner is not part of the job. HCCL switches only when both dies of an NPU are visible to the job (a partner in another job would have its NIC borrowed); give the job both dies of the NPU"
+    )]
+    PartnerNotInJob {
+        node: NodeName,
+        device: DeviceId,
+        rank: GlobalRank,
+        partner: DeviceId,
+    },
+    #[error(
         "device {node}:{device} (rank {rank}) is listed twice, once to backup and once to primary"
     )]
     ConflictingTarget {
@@ -174,7 +183,8 @@ pub enum ValidationError {
 
 impl SwitchCommand {
     /// Builds a command from ClusterD's `SwitchNics` form: per node, device strings and their
-    /// ops (`true` = backup). Nodes are taken in name order.
+    /// ops (`true` = backup). Nodes are taken in name order. ClusterD's `dev` strings are
+    /// physical device ids, like the rank table's ([`DeviceId`]).
     pub fn from_nic_ops(
         job: JobId,
         id: Option<OperationId>,
@@ -208,7 +218,15 @@ impl SwitchCommand {
     }
 
     /// Resolves every target to its rank. A rank listed twice with the same op is kept once;
-    /// with different ops it is refused.
+    /// with different ops it is refused. Devices are physical ids, as in the rank table
+    /// ([`DeviceId`]).
+    ///
+    /// A target moving to its backup NIC must have its partner die ([`DeviceId::partner`]) in
+    /// the job too: HCCL documents that the switch cannot run unless both dies of the NPU are
+    /// visible to the job, and that when they belong to two jobs the switch borrows the other
+    /// job's NIC. The rank table lists every die the job has, so a partner missing from it is
+    /// refused here ([`ValidationError::PartnerNotInJob`]), before anything runs. (A move back
+    /// to the primary NIC uses the die's own NIC and is never refused for this.)
     pub fn resolve(&self, table: &RankTable) -> Result<SwitchPlan, ValidationError> {
         if self.targets.is_empty() {
             return Err(ValidationError::NoTargets);
@@ -230,6 +248,15 @@ impl SwitchCommand {
                         device: t.device,
                         devices: short_list(table.devices_of(&t.node).map(|(d, _)| d)),
                     })?;
+            let partner = t.device.partner();
+            if t.use_backup && table.rank_of(&t.node, partner).is_none() {
+                return Err(ValidationError::PartnerNotInJob {
+                    node: t.node.clone(),
+                    device: t.device,
+                    rank,
+                    partner,
+                });
+            }
             match seen.insert(rank, t.use_backup) {
                 Some(prev) if prev != t.use_backup => {
                     return Err(ValidationError::ConflictingTarget {
@@ -362,6 +389,41 @@ mod tests {
             .resolve(&t)
             .unwrap();
         assert_eq!(p.targets.len(), 1);
+    }
+
+    #[test]
+    fn a_move_to_backup_needs_the_partner_die_in_the_job() {
+        // node-0 has physical dies 0, 1 and 2: die 2's partner, 3, is not the job's.
+        let slots = (0..3)
+            .map(|d| crate::rank_table::RankSlot {
+                node: "node-0".into(),
+                device: DeviceId(d),
+                rank: GlobalRank(d),
+            })
+            .collect();
+        let t = RankTable::new(slots).unwrap();
+        let e = cmd(&[("node-0", 1, true), ("node-0", 2, true)])
+            .resolve(&t)
+            .unwrap_err();
+        assert_eq!(
+            e,
+            ValidationError::PartnerNotInJob {
+                node: "node-0".into(),
+                device: DeviceId(2),
+                rank: GlobalRank(2),
+                partner: DeviceId(3)
+            }
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.contains("node-0:2") && msg.contains("partner die node-0:3"),
+            "{msg}"
+        );
+        // Its own NIC needs no partner; dies whose partner is in the job switch either way.
+        assert!(cmd(&[("node-0", 2, false)]).resolve(&t).is_ok());
+        assert!(cmd(&[("node-0", 0, true), ("node-0", 1, true)])
+            .resolve(&t)
+            .is_ok());
     }
 
     #[test]

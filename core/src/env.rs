@@ -55,6 +55,13 @@ pub const TASKD_CONTROL_TOKEN: &str = "TASKD_CONTROL_TOKEN";
 pub const TASKD_LOG_FORMAT: &str = "TASKD_LOG_FORMAT";
 /// The proxy a worker started by hand connects to (`examples/remote_worker.rs`).
 pub const TASKD_PROXY: &str = "TASKD_PROXY";
+/// How long one DCMI probe may take before its answer counts as unknown, in milliseconds
+/// (default 1000; `taskd_hal_ascend::node`).
+pub const TASKD_DCMI_TIMEOUT_MS: &str = "TASKD_DCMI_TIMEOUT_MS";
+/// The dies the Ascend runtime lets a process use: a comma-separated list of the logical ids
+/// this container sees, which the runtime renumbers from 0 in the listed order. HCCL switches a
+/// die to its backup NIC only when both dies of the NPU are visible.
+pub const ASCEND_RT_VISIBLE_DEVICES: &str = "ASCEND_RT_VISIBLE_DEVICES";
 
 // ---------------------------------------------------------------------------------------------
 // Reading

@@ -116,18 +116,62 @@ impl fmt::Display for NicSide {
 }
 
 /// Link state of one device's two NICs.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// A side is *up*, *down*, or *unknown*: its probe did not answer in time, failed, or the die
+/// whose NIC it is cannot be seen from this node. An unknown side is reported not up, with the
+/// reason in `primary_unknown` / `backup_unknown`, so that a switch onto it is refused with
+/// that reason rather than as a link that is down (and rather than going ahead blind).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LinkHealth {
+    /// The device, by the rank table's (physical) id; see [`DeviceId`].
     pub device: DeviceId,
+    /// The device's own NIC is up.
     pub primary_up: bool,
+    /// Its backup NIC (its partner die's NIC) is up.
     pub backup_up: bool,
+    /// Why the primary side's state is not known, when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_unknown: Option<String>,
+    /// Why the backup side's state is not known, when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_unknown: Option<String>,
 }
 
 impl LinkHealth {
+    /// Both sides known: up or down as given.
+    pub fn new(device: DeviceId, primary_up: bool, backup_up: bool) -> Self {
+        LinkHealth {
+            device,
+            primary_up,
+            backup_up,
+            primary_unknown: None,
+            backup_unknown: None,
+        }
+    }
+
+    /// `side` is unknown, for `reason` (and so not up).
+    pub fn with_unknown(mut self, side: NicSide, reason: impl Into<String>) -> Self {
+        let reason = Some(reason.into());
+        match side {
+            NicSide::Primary => (self.primary_up, self.primary_unknown) = (false, reason),
+            NicSide::Backup => (self.backup_up, self.backup_unknown) = (false, reason),
+        }
+        self
+    }
+
+    /// Whether `side` is known to be up.
     pub fn is_up(&self, side: NicSide) -> bool {
         match side {
             NicSide::Primary => self.primary_up,
             NicSide::Backup => self.backup_up,
+        }
+    }
+
+    /// Why `side`'s state is not known; `None` when it is (up or down).
+    pub fn unknown(&self, side: NicSide) -> Option<&str> {
+        match side {
+            NicSide::Primary => self.primary_unknown.as_deref(),
+            NicSide::Backup => self.backup_unknown.as_deref(),
         }
     }
 }
@@ -158,7 +202,11 @@ pub trait RankHal: Send {
 /// devices is a preflight question, answered by the DCMI HAL itself
 /// (`taskd_hal_ascend::AscendNodeHal::device_count`).
 pub trait NodeHal: Send {
-    /// Link state of both NICs of one device.
+    /// Link state of both NICs of one device. `device` is the rank table's id of the die, its
+    /// *physical* id (`/dev/davinciN`), whatever the renumbering inside the container.
+    ///
+    /// A call must return within a bounded time: a side whose probe does not answer is
+    /// reported unknown ([`LinkHealth::with_unknown`]), never waited for without end.
     fn link_health(&mut self, device: DeviceId) -> Result<LinkHealth, HalError>;
 }
 
@@ -171,6 +219,26 @@ pub trait StepBoundary: Send + Sync {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unknown_side_is_not_up_and_says_why() {
+        let h = LinkHealth::new(DeviceId(4), true, true)
+            .with_unknown(NicSide::Backup, "probe did not answer within 1s");
+        assert!(h.is_up(NicSide::Primary) && !h.is_up(NicSide::Backup));
+        assert_eq!(h.unknown(NicSide::Primary), None);
+        assert_eq!(
+            h.unknown(NicSide::Backup),
+            Some("probe did not answer within 1s")
+        );
+        // Known sides serialize as before; an unknown side adds its reason.
+        let known = serde_json::to_value(LinkHealth::new(DeviceId(1), true, false)).unwrap();
+        assert_eq!(
+            known,
+            serde_json::json!({"device": 1, "primary_up": true, "backup_up": false})
+        );
+        let back: LinkHealth = serde_json::from_value(serde_json::to_value(&h).unwrap()).unwrap();
+        assert_eq!(back, h);
+    }
 
     #[test]
     fn capabilities_name_what_is_missing() {

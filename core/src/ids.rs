@@ -11,16 +11,27 @@ pub struct JobId(pub String);
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct NodeName(pub String);
 
-/// An NPU die on a node, numbered from 0 as the driver numbers them.
+/// An NPU die on a node, by its **physical** id: the `N` of `/dev/davinciN`, the id HCCL's rank
+/// table (`device_id`) and ClusterD's `dev` strings carry, and the one operators see in
+/// `npu-smi info -m` ("Phy-ID"). Everything in the control plane (commands, the rank table,
+/// the NIC table, [`crate::NodeHal::link_health`]) speaks physical ids.
+///
+/// It is *not* the logical id `aclrtSetDevice` and `ASCEND_RT_VISIBLE_DEVICES` take: inside a
+/// container the visible dies are renumbered from 0, so logical `0` may be physical `6`. Code
+/// that holds a logical id (a training process, the hardware rig, DCMI's `*_from_logicid`
+/// calls) converts at its edge and says so; `taskd_hal_ascend::AscendNodeHal` resolves a
+/// physical id with DCMI's `dcmi_get_card_id_device_id_from_phyid`.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct DeviceId(pub u32);
 
 impl DeviceId {
-    /// The other die of the same NPU: ids `2k` and `2k + 1` are the two dies of one NPU (Atlas
-    /// A3: two dies per card), so the partner of `d` is `d ^ 1`. A die's backup NIC is its
-    /// partner's NIC, which is why a switch moves traffic between partners and why the two dies
-    /// of one NPU must not be told opposite NICs. Whether the partner exists (the last die of a
-    /// node with an odd count has none) is the caller's to check against its topology.
+    /// The other die of the same NPU, in physical ids: `2k` and `2k + 1` are the two dies of
+    /// one NPU (Atlas A3: two dies per card, DCMI's chips 0 and 1 of one card), so the partner
+    /// of `d` is `d ^ 1`. This holds for physical ids only; a logical id's partner must be
+    /// found through DCMI (`(card, chip ^ 1)`). A die's backup NIC is its partner's NIC, which
+    /// is why a switch moves traffic between partners and why the two dies of one NPU must not
+    /// be told opposite NICs. Whether the partner exists (the last die of a node with an odd
+    /// count has none) and is part of the job is the caller's to check against its topology.
     pub fn partner(self) -> DeviceId {
         DeviceId(self.0 ^ 1)
     }

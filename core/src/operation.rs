@@ -224,6 +224,20 @@ pub enum OperationError {
         /// The side whose link is down.
         side: NicSide,
     },
+    /// A target's NIC link state could not be read (the probe failed or timed out).
+    #[error("the state of the {side} NIC link of {node}:{device} (rank {rank}) is unknown ({reason}); a switch onto it is refused")]
+    LinkUnknown {
+        /// The target's node.
+        node: NodeName,
+        /// The target's device.
+        device: crate::ids::DeviceId,
+        /// The target's rank.
+        rank: GlobalRank,
+        /// The side whose link state is unknown.
+        side: NicSide,
+        /// Why the state could not be read.
+        reason: String,
+    },
     /// The members of a group made different calls, not all of them reported theirs, or one
     /// called groups out of the planned order.
     #[error("group {group} disagrees after {phase}: {detail}")]
@@ -747,11 +761,20 @@ impl Operation {
                     .iter()
                     .filter(move |t| t.node == nr.node && t.device == h.device)
                     .filter(move |t| !h.is_up(t.side()))
-                    .map(|t| OperationError::LinkDown {
-                        node: t.node.clone(),
-                        device: t.device,
-                        rank: t.rank,
-                        side: t.side(),
+                    .map(move |t| match h.unknown(t.side()) {
+                        Some(reason) => OperationError::LinkUnknown {
+                            node: t.node.clone(),
+                            device: t.device,
+                            rank: t.rank,
+                            side: t.side(),
+                            reason: reason.to_owned(),
+                        },
+                        None => OperationError::LinkDown {
+                            node: t.node.clone(),
+                            device: t.device,
+                            rank: t.rank,
+                            side: t.side(),
+                        },
                     })
             })
             .collect();
@@ -930,7 +953,9 @@ impl Operation {
         };
         let outcome = match &self.error {
             None if resumed => Outcome::Succeeded,
-            Some(OperationError::LinkDown { .. }) if self.pause.held_after.is_none() => {
+            Some(OperationError::LinkDown { .. } | OperationError::LinkUnknown { .. })
+                if self.pause.held_after.is_none() =>
+            {
                 Outcome::Rejected
             }
             _ => Outcome::Failed,

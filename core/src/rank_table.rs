@@ -1,4 +1,6 @@
-//! The job's rank table: which `(node, device)` runs which global rank.
+//! The job's rank table: which `(node, device)` runs which global rank. Devices are the
+//! physical ids of HCCL's rank table (`device_id`, `/dev/davinciN`; see [`DeviceId`]), never a
+//! container's logical renumbering.
 //!
 //! Every table is built through [`RankTable::new`] (or [`RankTable::try_uniform`]), which
 //! enforces the largest job taskd manages: [`MAX_RANKS`] ranks on at most [`MAX_NODES`] nodes,

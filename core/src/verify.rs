@@ -19,6 +19,17 @@
 //!   is repeated when the rank registers again.
 //!
 //! [`Verification`] is the round as a pure machine, driven by the ledger like an operation.
+//!
+//! **What a report describes.** A rank reports, per group, the members the NIC-set calls it
+//! applied put on their backup NIC: the group's *set* configuration. HCCL applies such a call
+//! to the operators the communicator had issued by then; an operator (a collective type and
+//! its parameters) first issued later runs on the default NIC (CANN's
+//! `HcclCommWorkingDevNicSet` documentation). Every member issues a group's operators in the
+//! same order, so members that agree on the set configuration also agree on every operator's
+//! configuration: a new operator on the default NIC is not a disagreement, and a round neither
+//! reports nor needs to report it. `hal-mock/src/operator.rs` writes the rule down and defines
+//! "consistent" under it; the simulator counts collectives that ran on the default NIC of a
+//! switched group apart from disagreements.
 
 use crate::display::short_list;
 use crate::ids::{GlobalRank, OperationId};

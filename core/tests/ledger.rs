@@ -381,11 +381,7 @@ fn a_rejected_or_paused_operation_leaves_the_nic_table_alone() {
         op: op_id(1),
         phase: Phase::Sample,
         replies: vec![],
-        health: vec![taskd_core::LinkHealth {
-            device: DeviceId(1),
-            primary_up: true,
-            backup_up: false,
-        }],
+        health: vec![taskd_core::LinkHealth::new(DeviceId(1), true, false)],
     };
     assert!(!first.is_empty());
     let a = l.handle(Event::Replies(nr), now);
@@ -1014,7 +1010,8 @@ fn a_reused_id_with_another_request_is_refused_naming_it() {
 
 #[test]
 fn the_history_keeps_the_last_results() {
-    let layout = Layout::new(1, 1);
+    // Two dies: a die moves to its backup NIC only with its partner in the job.
+    let layout = Layout::new(1, 2);
     let mut l = ledger(&layout);
     let mut now = secs(0);
     for i in 0..=HISTORY_LEN as u128 {

@@ -522,11 +522,7 @@ fn a_rank_that_fails_to_resume_leaves_the_job_not_running() {
 // ---------------------------------------------------------------------------------------------
 
 fn health(device: u32, primary_up: bool, backup_up: bool) -> LinkHealth {
-    LinkHealth {
-        device: DeviceId(device),
-        primary_up,
-        backup_up,
-    }
+    LinkHealth::new(DeviceId(device), primary_up, backup_up)
 }
 
 fn sample_with_health(
@@ -589,6 +585,46 @@ fn link_down_in_the_sample_phase_rejects_and_reopens_the_gates() {
             ..
         })
     ));
+}
+
+#[test]
+fn an_unknown_target_link_rejects_with_the_reason_not_as_down() {
+    let (mut h, _) = to_backup();
+    // node-1's DCMI probe of device 2's backup NIC did not answer in time.
+    let unknown = health(2, true, true).with_unknown(
+        NicSide::Backup,
+        "dcmi_get_device_network_health of card 1 chip 1 did not answer within 1s",
+    );
+    let a = sample_with_health(&mut h, 1, &NODE1, vec![unknown]);
+    assert_eq!(a, entered(h.id, DirectiveKind::Resume, 2, secs(111)));
+    h.resumed(secs(102), &ALL);
+    let r = h.report();
+    assert_eq!(r.outcome, Outcome::Rejected);
+    assert_eq!(
+        r.error,
+        Some(OperationError::LinkUnknown {
+            node: "node-1".into(),
+            device: DeviceId(2),
+            rank: GlobalRank(6),
+            side: NicSide::Backup,
+            reason: "dcmi_get_device_network_health of card 1 chip 1 did not answer within 1s"
+                .into(),
+        })
+    );
+    let msg = r.error.as_ref().unwrap().to_string();
+    assert!(
+        msg.contains("backup NIC link of node-1:2") && msg.contains("within 1s"),
+        "{msg}"
+    );
+    assert!(!r.applied && !r.rolled_back);
+
+    // An unknown primary does not stop a move to backup: the primary is what is left.
+    let (mut h, _) = to_backup();
+    let primary_unknown = health(2, true, true).with_unknown(NicSide::Primary, "probe failed");
+    assert_eq!(
+        sample_with_health(&mut h, 1, &NODE1, vec![primary_unknown]),
+        vec![]
+    );
 }
 
 #[test]
@@ -860,7 +896,8 @@ fn losses_of_unknown_or_already_lost_ranks_are_ignored() {
 
 #[test]
 fn when_every_rank_is_lost_the_operation_finishes_at_once() {
-    let (mut h, _) = Harness::start(Layout::new(1, 1), &[(0, true)], &[(0, false)], secs(100));
+    // A one-die job moves back to primary (to backup would need the partner die in the job).
+    let (mut h, _) = Harness::start(Layout::new(1, 1), &[(0, false)], &[(0, true)], secs(100));
     let a = h.lose(secs(101), 0);
     // The resume is still sent (a reconnecting worker may read it), then the result.
     assert_eq!(broadcast_phases(&a), vec![Phase::Resume]);

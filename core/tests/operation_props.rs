@@ -520,11 +520,10 @@ impl World {
                 NicSide::Primary => (target_up, other_up),
                 NicSide::Backup => (other_up, target_up),
             };
-            by_node.entry(t.node.clone()).or_default().push(LinkHealth {
-                device: t.device,
-                primary_up,
-                backup_up,
-            });
+            by_node
+                .entry(t.node.clone())
+                .or_default()
+                .push(LinkHealth::new(t.device, primary_up, backup_up));
         }
         for (node, health) in by_node {
             self.queue.push(Event::Replies(NodeReply {

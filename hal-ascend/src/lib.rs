@@ -8,8 +8,17 @@
 //! **Verification status: this crate has been run only against stub libraries** that the
 //! tests compile from `tests/stub/*.c` (same symbols, recording every call). It has not run
 //! against real `libhccl.so`, `libascendcl.so` or `libdcmi.so`, nor on an Atlas A3 node. The
-//! prototypes, enum values and error codes are transcribed from the vendor documentation
-//! cited on each item; a first run on hardware should be treated as the real test.
+//! prototypes, enum values, error codes and sizes were checked against public copies of the
+//! vendor headers (`hccl.h`, `hccl_types.h`, `acl_base.h`, `acl_rt.h`,
+//! `dcmi_interface_api.h`) and the Atlas A3 DCMI reference; how ids, results and timing behave
+//! on a node is what a first run on hardware must confirm.
+//!
+//! ## Device numbering
+//!
+//! A `DeviceId` in this crate's control-plane API ([`AscendNodeHal`]'s `link_health`) is a
+//! die's **physical** id, the rank table's (see `taskd_core::DeviceId`). Logical ids (what
+//! `aclrtSetDevice` takes; renumbered from 0 in a container) appear only where a call takes
+//! them, and the names say so (`set_device`, `locate_logical`, `physical_of_logical`).
 //!
 //! ## Layers
 //!
@@ -48,7 +57,14 @@
 //! | 2. | `$ASCEND_HOME_PATH/lib64/libhccl.so` | `…/libascendcl.so` | `…/libdcmi.so` |
 //! | 3. | `$ASCEND_TOOLKIT_HOME/lib64/libhccl.so` | `…/libascendcl.so` | `…/libdcmi.so` |
 //! | 4. loader default path | `libhccl.so` | `libascendcl.so` | `libdcmi.so` |
-//! | 5. vendor locations | | | `/usr/local/dcmi/libdcmi.so`, `/usr/local/Ascend/driver/lib64/driver/libdcmi.so` |
+//! | 5. vendor locations | | | `/usr/local/dcmi/libdcmi.so`, `/usr/local/Ascend/driver/lib64/driver/libdcmi.so` (where the driver installs it) |
+//!
+//! Rows 2 and 3 are where CANN installs HCCL and ACL; DCMI comes with the NPU driver, not CANN,
+//! and is tried there only for installs that copy it next to the toolkit.
+//!
+//! Functions a library may lack are bound as optional (`HcclCommResume`, documented as
+//! reserved; `aclFinalizeReference`, absent from older runtimes): the `open` functions do not
+//! require them.
 //!
 //! A library that cannot be loaded is a [`LoadError::NotFound`] listing every candidate with
 //! the loader's message; a missing function is a [`LoadError::MissingSymbol`] naming the
@@ -58,9 +74,11 @@
 //!
 //! ## On a real A3 node
 //!
-//! - `source /usr/local/Ascend/ascend-toolkit/set_env.sh` (sets `ASCEND_HOME_PATH`, so HCCL
-//!   and ACL are found), and the driver's library directories on `LD_LIBRARY_PATH` as the
-//!   driver install guide says (or rely on the DCMI vendor locations above).
+//! - `source /usr/local/Ascend/cann/set_env.sh` (CANN 8.5 and later; earlier releases:
+//!   `/usr/local/Ascend/ascend-toolkit/set_env.sh`): sets `ASCEND_HOME_PATH`, so HCCL and ACL
+//!   are found. DCMI is found at the driver's own location (row 5 above).
+//! - `TASKD_DCMI_TIMEOUT_MS`: how long one DCMI probe may take (default 1000); see
+//!   [`node::probe_timeout_from_env`].
 //! - `HCCL_OP_RETRY_ENABLE="L0:0, L1:1, L2:1"`: without `L2:1`, `HcclCommWorkingDevNicSet`
 //!   answers success and switches nothing; [`AscendRankHal`] reports `l2_retry: false` then.
 //! - `TASKD_HCCL_RDMA=0` only if the job has no RoCE links (HCCL cannot be asked; the HAL

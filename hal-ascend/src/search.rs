@@ -11,7 +11,10 @@
 //!    an operator who names a file wants that file, and falling back to another copy would hide
 //!    a typo or load a second HCCL next to the framework's;
 //! 2. `$ASCEND_HOME_PATH/lib64/<file>`;
-//! 3. `$ASCEND_TOOLKIT_HOME/lib64/<file>`;
+//! 3. `$ASCEND_TOOLKIT_HOME/lib64/<file>`. These are where CANN puts HCCL and ACL. DCMI is not
+//!    part of CANN (the NPU driver installs it, see 5.); the two candidates are tried for it
+//!    too, for installs that copy it next to the toolkit, but a standard node has no
+//!    `libdcmi.so` there;
 //! 4. the plain file name, resolved by the dynamic loader (`LD_LIBRARY_PATH`, `ld.so.cache`,
 //!    the `DT_RUNPATH` of the executable, the system directories);
 //! 5. for DCMI only, the places the driver and `npu-smi` install it, which are often not on the

@@ -16,10 +16,18 @@
 //!   is not inside one, and its k-th call has the same `ranks` and `useBackup` as every other
 //!   member's k-th call. Communicators made by [`StubControl::new_comm`] stand for a
 //!   framework's and have no peers: their all-reduce is the identity.
-//! - **ACL.** Device memory is host memory; streams are tokens.
+//!   It also applies HCCL's per-operator NIC rule: a NIC set reaches the operators a member
+//!   had issued, a new operator starts on the default NIC; collectives that run on the default
+//!   NIC of a switched communicator are counted ([`StubControl::hccl_collectives_on_default_nic`]).
+//! - **ACL.** Device memory is host memory; streams are tokens. `aclInit` is reference-counted
+//!   with `aclFinalizeReference`, as in recent CANN ([`Stub::AclLegacy`]: an older runtime,
+//!   without it).
 //! - **DCMI.** A configurable card/die topology ([`StubControl::dcmi_topology`], default two
-//!   cards of two dies, card ids from 10) whose network health is `DCMI_RDFX_DETECT_OK` until
-//!   set with [`StubControl::dcmi_health`].
+//!   cards of two dies, card ids from 10; physical id `card_index * dies + chip`) of which a
+//!   node sees some dies, renumbered as logical ids ([`StubControl::dcmi_visible`]; default
+//!   all, logical = physical). Network health is `DCMI_RDFX_DETECT_OK` until set with
+//!   [`StubControl::dcmi_health`]; a probe can be made to block until the test releases it
+//!   ([`StubControl::dcmi_block_health`]).
 //!
 //! Nothing here reads or writes the process environment.
 
@@ -39,21 +47,30 @@ const DCMI_STUB_C: &str = include_str!("../tests/stub/dcmi_stub.c");
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Stub {
     Hccl,
-    /// HCCL without `HcclCommResume` (for missing-symbol tests).
+    /// HCCL without `HcclCommResume` (an optional function).
     HcclWithoutResume,
     Acl,
+    /// An older ACL: no `aclFinalizeReference`, a repeated `aclInit` answers
+    /// `ACL_ERROR_REPEAT_INITIALIZE`.
+    AclLegacy,
     Dcmi,
 }
 
 impl Stub {
     /// Every variant.
-    pub const ALL: [Stub; 4] = [Stub::Hccl, Stub::HcclWithoutResume, Stub::Acl, Stub::Dcmi];
+    pub const ALL: [Stub; 5] = [
+        Stub::Hccl,
+        Stub::HcclWithoutResume,
+        Stub::Acl,
+        Stub::AclLegacy,
+        Stub::Dcmi,
+    ];
 
     /// The vendor's file name, e.g. `libhccl.so`.
     pub fn file_name(self) -> &'static str {
         match self {
             Stub::Hccl | Stub::HcclWithoutResume => "libhccl.so",
-            Stub::Acl => "libascendcl.so",
+            Stub::Acl | Stub::AclLegacy => "libascendcl.so",
             Stub::Dcmi => "libdcmi.so",
         }
     }
@@ -64,6 +81,7 @@ impl Stub {
             Stub::Hccl => "hccl.so",
             Stub::HcclWithoutResume => "hccl_without_resume.so",
             Stub::Acl => "acl.so",
+            Stub::AclLegacy => "acl_legacy.so",
             Stub::Dcmi => "dcmi.so",
         }
     }
@@ -73,6 +91,7 @@ impl Stub {
             Stub::Hccl => ("hccl_stub.c", HCCL_STUB_C, &[]),
             Stub::HcclWithoutResume => ("hccl_stub.c", HCCL_STUB_C, &["-DSTUB_OMIT_COMM_RESUME"]),
             Stub::Acl => ("acl_stub.c", ACL_STUB_C, &[]),
+            Stub::AclLegacy => ("acl_stub.c", ACL_STUB_C, &["-DSTUB_ACL_LEGACY"]),
             Stub::Dcmi => ("dcmi_stub.c", DCMI_STUB_C, &[]),
         }
     }
@@ -142,7 +161,7 @@ impl StubInstall {
     pub fn path(&self, stub: Stub) -> &Path {
         match stub {
             Stub::Hccl | Stub::HcclWithoutResume => &self.hccl,
-            Stub::Acl => &self.acl,
+            Stub::Acl | Stub::AclLegacy => &self.acl,
             Stub::Dcmi => &self.dcmi,
         }
     }
@@ -193,6 +212,10 @@ type FnNewCommFull = unsafe extern "C" fn(c_char, u32, u32) -> *mut c_void;
 type FnTopology = unsafe extern "C" fn(c_int, c_int, c_int);
 type FnHealth = unsafe extern "C" fn(c_int, c_int, c_int) -> c_int;
 type FnTimeout = unsafe extern "C" fn(c_long);
+type FnVisible = unsafe extern "C" fn(*const c_int, c_int) -> c_int;
+type FnChip = unsafe extern "C" fn(c_int, c_int) -> c_int;
+type FnWaitBlocked = unsafe extern "C" fn(c_int, c_long) -> c_int;
+type FnCount = unsafe extern "C" fn() -> u64;
 
 impl StubControl {
     /// Opens the same file the code under test opened: the loader returns the same instance.
@@ -308,6 +331,64 @@ impl StubControl {
         let f: FnTopology = self.func("stub_dcmi_set_topology");
         // SAFETY: plain values.
         unsafe { f(cards, dies, card_base) }
+    }
+
+    /// The dies the node sees, by physical id, in logical order: logical id `i` is
+    /// `physical[i]` (DCMI stub only; a topology change resets it to all, logical = physical).
+    ///
+    /// # Panics
+    ///
+    /// If a physical id is outside the topology.
+    pub fn dcmi_visible(&self, physical: &[u32]) {
+        let f: FnVisible = self.func("stub_dcmi_set_visible");
+        let ids: Vec<c_int> = physical.iter().map(|p| *p as c_int).collect();
+        // SAFETY: `ids` is valid for `ids.len()` reads for the call's duration.
+        let rc = unsafe { f(ids.as_ptr(), ids.len() as c_int) };
+        assert_eq!(rc, 0, "physical ids {physical:?} outside the topology");
+    }
+
+    /// From now on, `dcmi_get_device_network_health` of this chip blocks until
+    /// [`StubControl::dcmi_release`] (DCMI stub only).
+    ///
+    /// # Panics
+    ///
+    /// If the chip is outside the topology.
+    pub fn dcmi_block_health(&self, card_id: i32, device_id: i32) {
+        let f: FnChip = self.func("stub_dcmi_block_health");
+        // SAFETY: plain values.
+        let rc = unsafe { f(card_id, device_id) };
+        assert_eq!(rc, 0, "chip ({card_id}, {device_id}) out of range");
+    }
+
+    /// Waits until at least `n` health probes are blocked in the stub; `false` if `timeout`
+    /// passed first (DCMI stub only).
+    pub fn dcmi_wait_blocked(&self, n: i32, timeout: std::time::Duration) -> bool {
+        let f: FnWaitBlocked = self.func("stub_dcmi_wait_blocked");
+        let ms = c_long::try_from(timeout.as_millis()).unwrap_or(c_long::MAX);
+        // SAFETY: plain values.
+        unsafe { f(n, ms) == 0 }
+    }
+
+    /// Lets every blocked probe answer and clears every block (DCMI stub only).
+    pub fn dcmi_release(&self) {
+        let f: FnVoid = self.func("stub_dcmi_release");
+        // SAFETY: no arguments.
+        unsafe { f() }
+    }
+
+    /// The runtime's `aclInit` references now (ACL stub only; the legacy stub: 1 while
+    /// initialised).
+    pub fn acl_refs(&self) -> u64 {
+        let f: FnCount = self.func("stub_acl_refs");
+        // SAFETY: no arguments.
+        unsafe { f() }
+    }
+
+    /// Collectives that ran on the default NIC of a switched communicator (HCCL stub only).
+    pub fn hccl_collectives_on_default_nic(&self) -> u64 {
+        let f: FnCount = self.func("stub_hccl_collectives_on_default_nic");
+        // SAFETY: no arguments.
+        unsafe { f() }
     }
 
     /// The `dcmi_rdfx_detect_result` of one chip (DCMI stub only).

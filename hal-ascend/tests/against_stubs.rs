@@ -10,7 +10,7 @@ use std::sync::Arc;
 use support::{env, fresh, fresh_dir, install, Stub, StubControl};
 use taskd_core::{
     plan_calls, DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCode,
-    Library, NicSide, NodeHal, RankHal, SwitchCapabilities, VendorCode,
+    Library, LinkHealth, NicSide, NodeHal, RankHal, SwitchCapabilities,
 };
 use taskd_hal_ascend::result::{self, AclError};
 use taskd_hal_ascend::search::{self, LibrarySpec, LoadError, Origin};
@@ -198,7 +198,8 @@ mod loading {
 
     #[test]
     fn a_missing_symbol_names_the_symbol_and_the_file() {
-        let path = fresh(Stub::HcclWithoutResume, "no_resume");
+        // The DCMI stub has none of HCCL's functions: the first required one is named.
+        let path = fresh(Stub::Dcmi, "no_hccl_symbols");
         let err = HcclLib::open_path(&path).err().expect("must fail");
         let LoadError::MissingSymbol {
             symbol,
@@ -208,14 +209,37 @@ mod loading {
         else {
             panic!("{err:?}")
         };
-        assert_eq!(*symbol, "HcclCommResume");
+        assert_eq!(*symbol, "HcclCommWorkingDevNicSet");
         assert_eq!(file, &path);
-        assert!(message.contains("HcclCommResume"), "{message}");
+        assert!(message.contains("HcclCommWorkingDevNicSet"), "{message}");
         let text = err.to_string();
         assert!(
-            text.contains("`HcclCommResume`") && text.contains(&path.display().to_string()),
+            text.contains("`HcclCommWorkingDevNicSet`")
+                && text.contains(&path.display().to_string()),
             "{text}"
         );
+    }
+
+    #[test]
+    fn hccl_without_the_reserved_resume_loads_and_answers_not_supported() {
+        let path = fresh(Stub::HcclWithoutResume, "no_resume");
+        let lib = Arc::new(HcclLib::open_path(&path).expect("HcclCommResume is optional"));
+        let stub = StubControl::attach(&path);
+        let comm = framework_comm(&lib, &stub, "g", 1, 0);
+        let e = comm.resume().unwrap_err();
+        assert_eq!(
+            (e.op.as_str(), e.kind, e.vendor.library, e.vendor.code),
+            (
+                "HcclCommResume",
+                HalErrorKind::NotSupported,
+                Library::Hccl,
+                None
+            )
+        );
+        assert!(e.detail.contains("has no HcclCommResume"), "{e}");
+        // Everything else works.
+        assert_eq!(comm.name().unwrap(), "g");
+        assert!(stub.calls("HcclCommResume").is_empty());
     }
 
     #[test]
@@ -334,7 +358,7 @@ mod hccl {
                 Box::new(|| result::hccl::get_comm_name(&lib, h).map(drop)),
             ),
         ];
-        let codes: Vec<i32> = (0..=24).chain([25, 99, 1_000_000, -1]).collect();
+        let codes: Vec<i32> = (0..=24).chain([25, 99, 1041, 1_000_000, -1]).collect();
         for (name, call) in calls.iter_mut() {
             for &code in &codes {
                 stub.set_result(name, code);
@@ -346,7 +370,8 @@ mod hccl {
                         assert_eq!(e.hccl(), Some(HcclCode::from_raw(code)));
                         assert_eq!(e.vendor.code, Some(code));
                         assert_eq!(e.kind, HcclCode::from_raw(code).kind());
-                        assert_eq!(e.vendor.name.is_none(), !(0..=24).contains(&code));
+                        let named = (0..=24).contains(&code) || code == 1041;
+                        assert_eq!(e.vendor.name.is_none(), !named, "{code}");
                     }
                 }
             }
@@ -360,6 +385,10 @@ mod hccl {
             e.to_string(),
             "HcclCommResume failed with HCCL_E_SUSPENDING (22): "
         );
+        stub.set_result("HcclCommResume", 1041);
+        let e = comm.resume().unwrap_err();
+        assert_eq!(e.hccl(), Some(HcclCode::InStatus));
+        assert_eq!(e.vendor.name.as_deref(), Some("HCCL_E_IN_STATUS"));
     }
 
     #[test]
@@ -619,26 +648,59 @@ mod acl {
 
 mod acl_init {
     use super::*;
+    use taskd_hal_ascend::result::acl::AclInit;
 
     #[test]
-    fn init_once_then_repeat_is_reported_not_failed() {
-        let (acl, stub) = acl("acl_init");
-        assert!(result::acl::init(&acl).unwrap(), "this call initialised");
-        assert!(!result::acl::init(&acl).unwrap(), "already initialised");
-        result::acl::finalize(&acl).unwrap();
-        assert!(result::acl::init(&acl).unwrap());
-        stub.set_result("aclInit", 100_003);
-        assert_eq!(result::acl::init(&acl).unwrap_err().code, 100_003);
+    fn a_reference_counted_runtime_is_released_with_its_own_reference_only() {
+        let (acl, stub) = acl("acl_init_counted");
+        // A framework initialised the runtime first; taskd takes a reference of its own.
+        assert_eq!(result::acl::init(&acl).unwrap(), AclInit::Counted);
+        let ours = result::acl::init(&acl).unwrap();
+        assert_eq!(ours, AclInit::Counted);
+        assert_eq!(stub.acl_refs(), 2);
+        // Releasing ours leaves the framework's: the runtime stays initialised.
+        assert_eq!(result::acl::release(&acl, ours).unwrap(), Some(1));
+        assert_eq!(stub.acl_refs(), 1);
         assert_eq!(
             stub.log(),
             vec![
                 "aclInit configPath=NULL",
                 "aclInit configPath=NULL",
-                "aclFinalize",
-                "aclInit configPath=NULL",
-                "aclInit configPath=NULL",
+                "aclFinalizeReference",
             ]
         );
+        assert!(stub.calls("aclFinalize").iter().all(|l| l != "aclFinalize"));
+        stub.set_result("aclInit", 100_003);
+        assert_eq!(result::acl::init(&acl).unwrap_err().code, 100_003);
+        assert_eq!(stub.acl_refs(), 1);
+    }
+
+    #[test]
+    fn an_older_runtime_is_finalized_only_by_whoever_initialised_it() {
+        let path = fresh(Stub::AclLegacy, "acl_init_legacy");
+        let acl = AclLib::open_path(&path).unwrap();
+        let stub = StubControl::attach(&path);
+        assert!(!acl.has_finalize_reference());
+        let first = result::acl::init(&acl).unwrap();
+        assert_eq!(first, AclInit::Owned);
+        // A second caller (taskd after a framework) borrows it and leaves it alone.
+        let second = result::acl::init(&acl).unwrap();
+        assert_eq!(second, AclInit::Borrowed);
+        assert_eq!(result::acl::release(&acl, second).unwrap(), None);
+        assert_eq!(stub.acl_refs(), 1, "still initialised");
+        assert_eq!(result::acl::release(&acl, first).unwrap(), None);
+        assert_eq!(stub.acl_refs(), 0);
+        assert_eq!(
+            stub.log(),
+            vec![
+                "aclInit configPath=NULL",
+                "aclInit configPath=NULL",
+                "aclFinalize"
+            ]
+        );
+        // A counted release on a runtime without the function is refused, not attempted.
+        let e = result::acl::release(&acl, AclInit::Counted).unwrap_err();
+        assert_eq!(e.op, "aclFinalizeReference");
     }
 }
 
@@ -879,13 +941,38 @@ mod rank_hal {
 
 mod node_hal {
     use super::*;
+    use std::time::{Duration, Instant};
+    use taskd_core::NicSide;
+    use taskd_hal_ascend::node::{DcmiLocation, ProbeError, VisibleDie};
 
     fn node(test: &str, cards: i32, dies: i32, card_base: i32) -> (AscendNodeHal, StubControl) {
+        node_with(test, cards, dies, card_base, &[], Duration::from_secs(5))
+    }
+
+    /// A node whose DCMI sees `visible` (physical ids, in logical order; empty: every die).
+    fn node_with(
+        test: &str,
+        cards: i32,
+        dies: i32,
+        card_base: i32,
+        visible: &[u32],
+        timeout: Duration,
+    ) -> (AscendNodeHal, StubControl) {
         let path = fresh(Stub::Dcmi, test);
         let stub = StubControl::attach(&path);
         stub.dcmi_topology(cards, dies, card_base);
-        let hal = AscendNodeHal::new(DcmiLib::open_path(&path).unwrap()).unwrap();
+        if !visible.is_empty() {
+            stub.dcmi_visible(visible);
+        }
+        let hal = AscendNodeHal::with_timeout(DcmiLib::open_path(&path).unwrap(), timeout).unwrap();
         (hal, stub)
+    }
+
+    /// The health probes in the log, sorted (own and partner run at once).
+    fn health_calls(stub: &StubControl) -> Vec<String> {
+        let mut v = stub.calls("dcmi_get_device_network_health");
+        v.sort();
+        v
     }
 
     #[test]
@@ -905,83 +992,241 @@ mod node_hal {
     }
 
     #[test]
-    fn link_health_reads_the_own_die_then_the_partner_die() {
+    fn link_health_resolves_the_physical_id_then_probes_the_die_and_its_partner() {
         let (mut hal, stub) = node("health", 2, 2, 10);
         stub.dcmi_health(10, 1, 3); // DCMI_RDFX_DETECT_UNREACH
-        stub.dcmi_health(11, 0, 6); // DCMI_RDFX_DETECT_INIT
         stub.clear_log();
         let h0 = hal.link_health(DeviceId(0)).unwrap();
+        assert_eq!(h0, LinkHealth::new(DeviceId(0), true, false));
         assert_eq!(
-            (h0.device, h0.primary_up, h0.backup_up),
-            (DeviceId(0), true, false)
+            stub.log()[0],
+            "dcmi_get_card_id_device_id_from_phyid device_phy_id=0"
         );
         assert_eq!(
-            stub.log(),
+            health_calls(&stub),
             vec![
-                "dcmi_get_card_id_device_id_from_logicid device_logic_id=0",
-                "dcmi_get_card_id_device_id_from_logicid device_logic_id=1",
                 "dcmi_get_device_network_health card_id=10 device_id=0",
                 "dcmi_get_device_network_health card_id=10 device_id=1",
             ]
         );
+        assert!(stub
+            .calls("dcmi_get_card_id_device_id_from_logicid")
+            .is_empty());
         let h1 = hal.link_health(DeviceId(1)).unwrap();
         assert_eq!((h1.primary_up, h1.backup_up), (false, true));
-        let h2 = hal.link_health(DeviceId(2)).unwrap();
         assert_eq!(
-            (h2.primary_up, h2.backup_up),
-            (false, true),
-            "initialising is not up"
-        );
-        let h3 = hal.link_health(DeviceId(3)).unwrap();
-        assert_eq!((h3.primary_up, h3.backup_up), (true, false));
-        assert_eq!(
-            stub.calls("dcmi_get_device_network_health").last().unwrap(),
-            "dcmi_get_device_network_health card_id=11 device_id=0"
+            h1.unknown(NicSide::Primary),
+            None,
+            "down is known, not unknown"
         );
     }
 
     #[test]
-    fn only_detect_ok_counts_as_up() {
+    fn detect_ok_and_detect_init_count_as_up_and_nothing_else() {
         let (mut hal, stub) = node("detect_values", 1, 2, 0);
         for v in (0..=8).chain([0xFF, 42]) {
             stub.dcmi_health(0, 0, v);
             stub.dcmi_health(0, 1, v);
             let h = hal.link_health(DeviceId(0)).unwrap();
-            assert_eq!((h.primary_up, h.backup_up), (v == 0, v == 0), "result {v}");
+            let up = v == 0 || v == 6; // DCMI_RDFX_DETECT_OK, DCMI_RDFX_DETECT_INIT
+            assert_eq!((h.primary_up, h.backup_up), (up, up), "result {v}");
         }
+    }
+
+    #[test]
+    fn physical_ids_resolve_through_dcmi_when_the_container_renumbers_its_dies() {
+        // Four dies; this container lists them as logical 0..3 = physical 2, 3, 0, 1.
+        let (mut hal, stub) = node_with(
+            "renumbered",
+            2,
+            2,
+            10,
+            &[2, 3, 0, 1],
+            Duration::from_secs(5),
+        );
+        stub.dcmi_health(10, 1, 3); // physical 1 (card 10, chip 1): unreachable
+        stub.clear_log();
+        // Physical 0 is card 10 chip 0: its backup NIC (physical 1) is down. Read through its
+        // logical id 0, it would have been card 11's dies, both up.
+        let h = hal.link_health(DeviceId(0)).unwrap();
+        assert_eq!(h, LinkHealth::new(DeviceId(0), true, false));
+        assert_eq!(
+            health_calls(&stub),
+            vec![
+                "dcmi_get_device_network_health card_id=10 device_id=0",
+                "dcmi_get_device_network_health card_id=10 device_id=1",
+            ]
+        );
+        let at = |c, d| DcmiLocation {
+            card_id: c,
+            device_id: d,
+        };
+        assert_eq!(hal.locate_physical(DeviceId(3)).unwrap(), at(11, 1));
+        assert_eq!(hal.locate_logical(0).unwrap(), at(11, 0));
+        assert_eq!(hal.physical_of_logical(2).unwrap(), DeviceId(0));
+        let dies = hal.visible_dies().unwrap();
+        assert_eq!(
+            dies.iter()
+                .map(|d| (d.logical, d.physical.0))
+                .collect::<Vec<_>>(),
+            vec![(0, 2), (1, 3), (2, 0), (3, 1)]
+        );
+        assert_eq!(
+            dies[2],
+            VisibleDie {
+                logical: 2,
+                physical: DeviceId(0),
+                location: at(10, 0)
+            }
+        );
+    }
+
+    #[test]
+    fn a_partner_die_this_node_cannot_see_is_an_unknown_backup() {
+        // Physical 7 (card 13, chip 1) is not in this container.
+        let (mut hal, _stub) = node_with("invisible", 4, 2, 10, &[6, 2, 3], Duration::from_secs(5));
+        let h = hal.link_health(DeviceId(6)).unwrap();
+        assert!(h.primary_up && !h.backup_up);
+        let why = h.unknown(NicSide::Backup).expect("unknown, not down");
+        assert!(
+            why.contains("card 13 chip 1")
+                && why.contains("DCMI_ERR_CODE_DEVICE_NOT_EXIST (-8008)")
+                && why.contains("not visible here"),
+            "{why}"
+        );
+        // The invisible die itself is not on this node at all.
+        let e = hal.link_health(DeviceId(7)).unwrap_err();
+        assert_eq!(
+            (e.vendor.code, e.vendor.name.as_deref(), e.kind),
+            (
+                Some(-8008),
+                Some("DCMI_ERR_CODE_DEVICE_NOT_EXIST"),
+                HalErrorKind::InvalidArgument
+            )
+        );
+        assert!(e.detail.contains("device_phy_id=7"), "{e}");
+    }
+
+    #[test]
+    fn a_die_without_a_partner_chip_has_an_unknown_backup() {
+        // One die per card (not an A3): the partner chip does not exist.
+        let (mut hal, stub) = node("one_die_per_card", 4, 1, 0);
+        let h = hal.link_health(DeviceId(2)).unwrap();
+        assert!(h.primary_up && !h.backup_up);
+        let why = h.unknown(NicSide::Backup).unwrap();
+        assert!(
+            why.contains("card 2 chip 1") && why.contains("DCMI_ERR_CODE_INVALID_DEVICE_ID"),
+            "{why}"
+        );
+        assert_eq!(
+            health_calls(&stub),
+            vec![
+                "dcmi_get_device_network_health card_id=2 device_id=0",
+                "dcmi_get_device_network_health card_id=2 device_id=1",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_probe_that_blocks_is_unknown_after_the_timeout_and_is_not_started_twice() {
+        // Long enough for every call that does not hang, on a loaded machine.
+        let timeout = Duration::from_secs(2);
+        let (mut hal, stub) = node_with("blocking", 2, 2, 10, &[], timeout);
+        assert_eq!(hal.probe_timeout(), timeout);
+        stub.dcmi_block_health(10, 1); // device 0's backup NIC: its partner's probe hangs
+        let t = Instant::now();
+        let h = hal.link_health(DeviceId(0)).unwrap();
+        let took = t.elapsed();
+        assert!(
+            stub.dcmi_wait_blocked(1, Duration::from_secs(5)),
+            "the probe is stuck in DCMI"
+        );
+        assert!(
+            took >= timeout && took < Duration::from_secs(20),
+            "{took:?}"
+        );
+        assert!(h.primary_up && !h.backup_up);
+        let why = h.unknown(NicSide::Backup).unwrap();
+        assert!(
+            why.contains(
+                "dcmi_get_device_network_health(card_id=10, device_id=1) did not answer within 2s"
+            ),
+            "{why}"
+        );
+        // Asked again while it hangs: unknown at once, and DCMI is not called a second time.
+        let t = Instant::now();
+        let h = hal.link_health(DeviceId(0)).unwrap();
+        assert!(t.elapsed() < timeout, "{:?}", t.elapsed());
+        assert!(h
+            .unknown(NicSide::Backup)
+            .unwrap()
+            .contains("has not returned since"));
+        let stuck = "dcmi_get_device_network_health card_id=10 device_id=1";
+        assert_eq!(stub.calls(stuck).len(), 1);
+        assert_eq!(hal.probes_in_flight().len(), 1);
+        // Nothing is held while it hangs: another die answers normally.
+        assert_eq!(
+            hal.link_health(DeviceId(2)).unwrap(),
+            LinkHealth::new(DeviceId(2), true, true)
+        );
+        // Once DCMI returns, the die is probed again and reads up.
+        stub.dcmi_release();
+        assert!(hal.wait_probes_returned(Duration::from_secs(5)));
+        assert_eq!(
+            hal.link_health(DeviceId(0)).unwrap(),
+            LinkHealth::new(DeviceId(0), true, true)
+        );
+        assert_eq!(stub.calls(stuck).len(), 2);
     }
 
     #[test]
     fn dcmi_failures_keep_their_code_and_call() {
         let (mut hal, stub) = node("dcmi_codes", 2, 2, 10);
-        stub.set_result("dcmi_get_device_network_health", -8005);
-        let e = hal.link_health(DeviceId(2)).unwrap_err();
-        assert_eq!(
-            (e.op.as_str(), e.vendor.library, e.vendor.code),
-            ("dcmi_get_device_network_health", Library::Dcmi, Some(-8005))
+        // A probe that answers with an error: both sides unknown, with DCMI's code named.
+        stub.set_result("dcmi_get_device_network_health", -8023);
+        let h = hal.link_health(DeviceId(2)).unwrap();
+        assert!(!h.primary_up && !h.backup_up);
+        let why = h.unknown(NicSide::Primary).unwrap();
+        assert!(
+            why.contains("card 11 chip 0")
+                && why.contains("DCMI_ERR_CODE_CONFIG_INFO_NOT_EXIST (-8023)"),
+            "{why}"
         );
-        assert_eq!((e.kind, e.hccl_code()), (HalErrorKind::Other, None));
-        assert_eq!(
-            e.to_string(),
-            "dcmi_get_device_network_health failed with DCMI_ERR_CODE_INNER_ERR (-8005): \
-             card_id=11, device_id=0"
-        );
+        match hal.network_health(DcmiLocation {
+            card_id: 11,
+            device_id: 0,
+        }) {
+            Err(ProbeError::Dcmi(e)) => assert_eq!(
+                e.to_string(),
+                "dcmi_get_device_network_health(card_id=11, device_id=0) failed with \
+                 DCMI_ERR_CODE_CONFIG_INFO_NOT_EXIST (-8023)"
+            ),
+            other => panic!("{other:?}"),
+        }
         stub.set_result("dcmi_get_device_network_health", 0);
 
-        let e = hal.link_health(DeviceId(4)).unwrap_err(); // no such logical id
+        let e = hal.link_health(DeviceId(4)).unwrap_err(); // no such physical id
         assert_eq!(
-            (e.vendor.code, e.vendor.name.as_deref(), e.kind),
             (
+                e.op.as_str(),
+                e.vendor.code,
+                e.vendor.name.as_deref(),
+                e.kind
+            ),
+            (
+                "dcmi_get_card_id_device_id_from_phyid",
                 Some(-8007),
                 Some("DCMI_ERR_CODE_INVALID_DEVICE_ID"),
                 HalErrorKind::InvalidArgument
             )
         );
-        assert!(e.detail.contains("device_logic_id=4"), "{e}");
+        assert!(e.detail.contains("device_phy_id=4"), "{e}");
 
         stub.set_result("dcmi_get_card_list", -8013);
-        let e = hal.device_count().unwrap_err();
-        assert_eq!((e.op, e.code), ("dcmi_get_card_list", -8013));
+        match hal.device_count().unwrap_err() {
+            ProbeError::Dcmi(e) => assert_eq!((e.op, e.code), ("dcmi_get_card_list", -8013)),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -992,23 +1237,14 @@ mod node_hal {
         let e = AscendNodeHal::new(DcmiLib::open_path(&path).unwrap())
             .err()
             .unwrap();
-        assert_eq!((e.op, e.code), ("dcmi_init", -8002));
         assert_eq!(
             e.to_string(),
             "dcmi_init() failed with DCMI_ERR_CODE_OPER_NOT_PERMITTED (-8002)"
         );
-    }
-
-    #[test]
-    fn a_partner_die_on_another_card_is_refused() {
-        let (mut hal, stub) = node("one_die_per_card", 4, 1, 0);
-        let e = hal.link_health(DeviceId(0)).unwrap_err();
-        assert_eq!(
-            (e.kind, &*e.vendor),
-            (HalErrorKind::NotSupported, &VendorCode::none(Library::Dcmi))
+        assert!(
+            matches!(e, ProbeError::Dcmi(ref d) if d.code == -8002),
+            "{e:?}"
         );
-        assert!(e.detail.contains("partner die 1"), "{e}");
-        assert!(stub.calls("dcmi_get_device_network_health").is_empty());
     }
 }
 
@@ -1018,10 +1254,20 @@ mod preflight_probe {
 
     #[test]
     fn a_complete_library_has_no_missing_symbols_and_says_where_it_came_from() {
-        for (stub, spec, symbols) in [
-            (Stub::Hccl, search::HCCL, sys_hccl::SYMBOLS),
-            (Stub::Acl, search::ACL, sys_acl::SYMBOLS),
-            (Stub::Dcmi, search::DCMI, sys_dcmi::SYMBOLS),
+        for (stub, spec, symbols, optional) in [
+            (
+                Stub::Hccl,
+                search::HCCL,
+                sys_hccl::SYMBOLS,
+                sys_hccl::OPTIONAL_SYMBOLS,
+            ),
+            (
+                Stub::Acl,
+                search::ACL,
+                sys_acl::SYMBOLS,
+                sys_acl::OPTIONAL_SYMBOLS,
+            ),
+            (Stub::Dcmi, search::DCMI, sys_dcmi::SYMBOLS, &[][..]),
         ] {
             let root = fresh_dir("probe_complete");
             std::fs::create_dir_all(root.join("home/lib64")).unwrap();
@@ -1030,10 +1276,15 @@ mod preflight_probe {
                 ("ASCEND_HOME_PATH", &root.join("home")),
                 ("ASCEND_TOOLKIT_HOME", &root.join("toolkit")),
             ]);
-            let p = sys::probe_symbols(&spec, symbols, &e).unwrap();
+            let p = sys::probe_symbols(&spec, symbols, optional, &e).unwrap();
             assert_eq!(p.loaded.path, toolkit, "{stub:?}");
             assert_eq!(p.loaded.origin, Origin::AscendToolkitHome);
             assert!(p.missing.is_empty(), "{stub:?}: {:?}", p.missing);
+            assert!(
+                p.optional_missing.is_empty(),
+                "{stub:?}: {:?}",
+                p.optional_missing
+            );
             assert_eq!(p.skipped.len(), 1, "ASCEND_HOME_PATH had no file");
             assert_eq!(p.skipped[0].candidate.origin, Origin::AscendHomePath);
         }
@@ -1043,22 +1294,38 @@ mod preflight_probe {
     fn every_missing_symbol_is_listed() {
         let path = fresh(Stub::HcclWithoutResume, "probe_no_resume");
         let e = env(&[("TASKD_HCCL_LIBRARY", &path)]);
-        let p = sys::probe_symbols(&search::HCCL, sys_hccl::SYMBOLS, &e).unwrap();
-        assert_eq!(p.missing, vec!["HcclCommResume"]);
+        let optional = sys_hccl::OPTIONAL_SYMBOLS;
+        let p = sys::probe_symbols(&search::HCCL, sys_hccl::SYMBOLS, optional, &e).unwrap();
+        assert!(p.missing.is_empty(), "{:?}", p.missing);
+        assert_eq!(p.optional_missing, vec!["HcclCommResume"]);
         assert_eq!(p.loaded.origin, Origin::Override("TASKD_HCCL_LIBRARY"));
+        let legacy = fresh(Stub::AclLegacy, "probe_acl_legacy");
+        let e = env(&[("TASKD_ACL_LIBRARY", &legacy)]);
+        let p = sys::probe_symbols(
+            &search::ACL,
+            sys_acl::SYMBOLS,
+            sys_acl::OPTIONAL_SYMBOLS,
+            &e,
+        )
+        .unwrap();
+        assert_eq!(
+            (p.missing.len(), p.optional_missing),
+            (0, vec!["aclFinalizeReference"])
+        );
 
         // The wrong library lacks all of them.
         let acl = fresh(Stub::Acl, "probe_wrong");
         let e = env(&[("TASKD_HCCL_LIBRARY", &acl)]);
-        let p = sys::probe_symbols(&search::HCCL, sys_hccl::SYMBOLS, &e).unwrap();
+        let p = sys::probe_symbols(&search::HCCL, sys_hccl::SYMBOLS, optional, &e).unwrap();
         assert_eq!(p.missing, sys_hccl::SYMBOLS.to_vec());
+        assert_eq!(p.optional_missing, optional.to_vec());
     }
 
     #[test]
     fn a_library_that_does_not_load_is_the_search_error() {
         let root = fresh_dir("probe_absent");
         let e = env(&[("TASKD_DCMI_LIBRARY", &root.join("nope/libdcmi.so"))]);
-        match sys::probe_symbols(&search::DCMI, sys_dcmi::SYMBOLS, &e).unwrap_err() {
+        match sys::probe_symbols(&search::DCMI, sys_dcmi::SYMBOLS, &[], &e).unwrap_err() {
             LoadError::NotFound { attempts, .. } => assert_eq!(attempts.len(), 1),
             other => panic!("{other:?}"),
         }
@@ -1208,6 +1475,79 @@ mod stub_groups {
                 (1, "stubcomm_1", "nRanks=1 ranks=[1] useBackup=[0]"),
             ]
         );
+    }
+
+    /// Every member all-reduces `count` (1 or 2) elements at once; each member's result.
+    fn all_reduce_all(members: &mut [Member], count: u64) -> Vec<Result<(), HalError>> {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = members
+                .iter_mut()
+                .map(|m| {
+                    s.spawn(move || {
+                        m.comm.all_reduce(
+                            &m.send,
+                            &mut m.recv,
+                            count,
+                            HcclDataType::Fp32,
+                            HcclReduceOp::Sum,
+                            &m.stream,
+                        )
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn a_nic_set_reaches_only_the_operators_issued_before_it() {
+        let (_lib, stub, mut members) = group("group_per_operator", 2);
+        assert!(all_reduce_all(&mut members, 2).iter().all(Result::is_ok));
+        for m in &members {
+            m.comm.set_working_nic(&[1], &[true]).unwrap();
+        }
+        // The operator issued before the call keeps it.
+        assert!(all_reduce_all(&mut members, 2).iter().all(Result::is_ok));
+        assert_eq!(stub.hccl_collectives_on_default_nic(), 0);
+        // A new operator (another count) starts on the default NIC, on every member alike.
+        assert!(all_reduce_all(&mut members, 1).iter().all(Result::is_ok));
+        assert_eq!(stub.hccl_collectives_on_default_nic(), 1);
+        assert_eq!(
+            stub.calls("HcclAllReduce DEFAULT_NIC"),
+            vec!["HcclAllReduce DEFAULT_NIC group=stubcomm_1 count=1"]
+        );
+        // A later call reaches it too.
+        for m in &members {
+            m.comm.set_working_nic(&[0], &[false]).unwrap();
+        }
+        assert!(all_reduce_all(&mut members, 1).iter().all(Result::is_ok));
+        assert_eq!(
+            stub.hccl_collectives_on_default_nic(),
+            2,
+            "rank 1 is still switched"
+        );
+        for m in &members {
+            m.comm.set_working_nic(&[1], &[false]).unwrap();
+        }
+        assert!(all_reduce_all(&mut members, 1).iter().all(Result::is_ok));
+        assert_eq!(
+            stub.hccl_collectives_on_default_nic(),
+            2,
+            "nothing switched any more"
+        );
+        assert!(stub.calls("HcclAllReduce NIC_DISAGREE").is_empty());
+    }
+
+    #[test]
+    fn members_holding_different_configurations_of_an_operator_fail_its_collective() {
+        let (_lib, stub, mut members) = group("group_disagree", 2);
+        assert!(all_reduce_all(&mut members, 2).iter().all(Result::is_ok));
+        // Only member 0 switches: the control plane broke HCCL's rule.
+        members[0].comm.set_working_nic(&[1], &[true]).unwrap();
+        for r in all_reduce_all(&mut members, 2) {
+            assert_eq!(r.unwrap_err().hccl(), Some(HcclCode::Internal));
+        }
+        assert_eq!(stub.calls("HcclAllReduce NIC_DISAGREE").len(), 1);
     }
 
     #[test]

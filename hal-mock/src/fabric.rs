@@ -7,6 +7,7 @@
 
 use crate::fault::{NicSetFault, NicSetRecord};
 use crate::node_hal::MockNodeHal;
+use crate::operator::{self, Collective, OperatorViews};
 use crate::rank_hal::MockRankHal;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -151,17 +152,20 @@ pub(crate) struct NicResult {
     pub applied: bool,
 }
 
-/// One all-reduce round of a group, keyed by sequence number.
+/// One collective round of a group, keyed by sequence number.
 #[derive(Clone, Debug)]
 pub(crate) struct CollectiveRound {
+    /// The operator the first member to arrive issued.
+    pub op: Collective,
     pub values: Vec<Option<f64>>,
     pub outcome: Option<Result<f64, (HcclCode, String)>>,
     pub consumed: Vec<bool>,
 }
 
 impl CollectiveRound {
-    pub fn new(n: usize) -> Self {
+    pub fn new(n: usize, op: Collective) -> Self {
         CollectiveRound {
+            op,
             values: vec![None; n],
             outcome: None,
             consumed: vec![false; n],
@@ -174,8 +178,11 @@ impl CollectiveRound {
 pub(crate) struct GroupState {
     pub name: String,
     pub members: Vec<GlobalRank>,
-    /// `views[m][gr]`: whether member `m` believes group rank `gr` uses its backup NIC.
+    /// `views[m][gr]`: whether the NIC-set calls member `m` applied put group rank `gr` on its
+    /// backup NIC: the group's set configuration as `m` holds it (see [`crate::operator`]).
     pub views: Vec<Vec<bool>>,
+    /// Per member, the configuration of each operator it issued on this group.
+    pub op_views: Vec<OperatorViews>,
     /// Whether member `m`'s communicator ran at least one collective.
     pub ran_op: Vec<bool>,
     /// The open NIC-set round: one slot per member.
@@ -199,6 +206,7 @@ impl GroupState {
             name,
             members,
             views: vec![vec![false; n]; n],
+            op_views: vec![OperatorViews::new(); n],
             ran_op: vec![false; n],
             nic_round: vec![None; n],
             nic_round_id: 0,
@@ -241,6 +249,7 @@ pub(crate) struct State {
     pub violations: Vec<String>,
     pub violations_dropped: u64,
     pub inconsistent_collectives: u64,
+    pub default_nic_collectives: u64,
 }
 
 impl State {
@@ -283,6 +292,19 @@ fn build_groups(cfg: &FabricConfig) -> Vec<GroupState> {
         ));
     }
     groups
+}
+
+/// `backup = [1, 4]` (group ranks on backup) or `none on backup`.
+pub(crate) fn fmt_backup(v: &[bool]) -> String {
+    let on: Vec<String> = (0..v.len())
+        .filter(|i| v[*i])
+        .map(|i| i.to_string())
+        .collect();
+    if on.is_empty() {
+        "none on backup".to_owned()
+    } else {
+        format!("group ranks [{}] on backup", on.join(", "))
+    }
 }
 
 /// `now + d`, or `None` (wait forever) when that overflows.
@@ -336,6 +358,7 @@ impl Fabric {
                 violations: Vec::new(),
                 violations_dropped: 0,
                 inconsistent_collectives: 0,
+                default_nic_collectives: 0,
             }),
             cv: Condvar::new(),
         })
@@ -498,16 +521,30 @@ impl Fabric {
         self.state.lock().shut_down
     }
 
-    /// Member `rank`'s view of `group`'s NIC configuration (`use_backup` per group rank), or
-    /// `None` if it is not a member.
+    /// Member `rank`'s view of `group`'s set NIC configuration (`use_backup` per group rank:
+    /// what the NIC-set calls it applied say), or `None` if it is not a member.
     pub fn view(&self, group: &str, rank: GlobalRank) -> Option<Vec<bool>> {
         let st = self.state.lock();
         let g = &st.groups[*st.by_name.get(group)?];
         Some(g.views[g.member_index(rank)?].clone())
     }
 
-    /// Checks that every group's live members hold identical views, and that all groups of a
-    /// rank agree about that rank's NIC.
+    /// Member `rank`'s configuration of operator `op` on `group`: `None` if it is not a member
+    /// or has not issued `op` there (see [`crate::operator`]).
+    pub fn operator_view(
+        &self,
+        group: &str,
+        rank: GlobalRank,
+        op: Collective,
+    ) -> Option<Vec<bool>> {
+        let st = self.state.lock();
+        let g = &st.groups[*st.by_name.get(group)?];
+        g.op_views[g.member_index(rank)?].get(&op).cloned()
+    }
+
+    /// Checks the three conditions of "consistent" ([`crate::operator`]): every group's live
+    /// members hold identical set configurations, and identical configurations of every
+    /// operator they issued; all groups of a rank agree about that rank's NIC.
     pub fn check_consistency(&self) -> ConsistencyReport {
         let st = self.state.lock();
         let mut disagreements = Vec::new();
@@ -545,6 +582,7 @@ impl Fabric {
                 });
             }
         }
+        disagreements.extend(Self::operator_disagreements(&st));
         for (rank, s) in says.iter().enumerate() {
             if s.iter().any(|x| x.1) && s.iter().any(|x| !x.1) {
                 let side = |b: bool| if b { "backup" } else { "primary" };
@@ -568,6 +606,27 @@ impl Fabric {
             groups_checked: st.groups.len(),
             disagreements,
         }
+    }
+
+    /// Live members of a group holding different configurations of one operator.
+    fn operator_disagreements(st: &State) -> Vec<GroupDisagreement> {
+        let mut out = Vec::new();
+        for g in &st.groups {
+            let live: Vec<usize> = (0..g.members.len())
+                .filter(|m| !st.dead[g.members[*m].0 as usize])
+                .collect();
+            for (op, held) in operator::disagreements(&g.op_views, &live) {
+                let who: Vec<String> = held
+                    .iter()
+                    .map(|(m, v)| format!("rank {} has {}", g.members[*m], fmt_backup(v)))
+                    .collect();
+                out.push(GroupDisagreement {
+                    group: g.name.clone(),
+                    detail: format!("operator {op}: {}", who.join(", ")),
+                });
+            }
+        }
+        out
     }
 
     /// Ranks that every live member of every one of their groups sees on the backup NIC,
@@ -623,6 +682,13 @@ impl Fabric {
     /// failed with `HCCL_E_INTERNAL`; on real hardware they hang or corrupt data).
     pub fn collectives_on_inconsistent_groups(&self) -> u64 {
         self.state.lock().inconsistent_collectives
+    }
+
+    /// How many collectives ran with a rank on its default (primary) NIC that their group's
+    /// set configuration had on its backup NIC: operators first issued after the switch, which
+    /// HCCL runs on the default NIC (see [`crate::operator`]). Counted once per collective.
+    pub fn collectives_on_default_nic(&self) -> u64 {
+        self.state.lock().default_nic_collectives
     }
 
     /// A snapshot of who is waiting where.

@@ -19,11 +19,15 @@
 //! - switching a rank onto a NIC whose port is down: `HCCL_E_ROCE_CONNECT` for every member
 //!   (nothing applied), as the reference system refuses it too;
 //! - a collective whose member sends on a down port: `HCCL_E_ROCE_TRANSFER`; on a group
-//!   whose members disagree about its NICs: `HCCL_E_INTERNAL`;
+//!   whose members hold different configurations of its operator: `HCCL_E_INTERNAL`; members
+//!   issuing different operators in one round: `HCCL_E_PARA`;
 //! - simulation shut down: `HCCL_E_UNAVAIL`.
 
-use crate::fabric::{deadline_after, CollectiveRound, Fabric, NicArrival, NicResult, State};
+use crate::fabric::{
+    deadline_after, fmt_backup, CollectiveRound, Fabric, NicArrival, NicResult, State,
+};
 use crate::fault::{NicSetFault, NicSetRecord};
+use crate::operator::{self, Collective};
 use parking_lot::MutexGuard;
 use taskd_core::{GlobalRank, GroupRank, HalError, HcclCode};
 
@@ -401,14 +405,47 @@ impl Fabric {
         st.groups[gi].nic_round_id += 1;
         st.groups[gi].nic_left.iter_mut().for_each(|x| *x = false);
         let name = st.groups[gi].name.clone();
+        // `Err((code, detail))`: nobody applies; otherwise every member not faulted applies.
+        let verdict = self.nic_round_verdict(st, gi, &arrivals);
+        let g = &mut st.groups[gi];
+        for (m, a) in arrivals.iter().enumerate() {
+            let res = match (&verdict, a.fault) {
+                (_, Some(code)) => fail(code, "injected fault: the change was not applied"),
+                (Err((c, d)), None) => fail(*c, d.clone()),
+                (Ok(()), None) => {
+                    for (gr, b) in a.ranks.iter().zip(&a.use_backup) {
+                        g.views[m][gr.0 as usize] = *b;
+                        // HCCL re-links the operators issued so far; later ones start on the
+                        // default NIC (see crate::operator).
+                        operator::apply(&mut g.op_views[m], gr.0 as usize, *b);
+                    }
+                    NicResult {
+                        code: HcclCode::Success,
+                        detail: String::new(),
+                        applied: true,
+                    }
+                }
+            };
+            g.nic_results[m] = Some((round_id, res));
+        }
+        tracing::debug!(group = %name, round_id, ok = verdict.is_ok(), "sim HCCL: NIC-set round completed");
+    }
+
+    /// Whether a complete NIC-set round may apply: the members' arguments must match and no
+    /// rank may be moved onto a port that is down.
+    fn nic_round_verdict(
+        &self,
+        st: &mut Guard<'_>,
+        gi: usize,
+        arrivals: &[NicArrival],
+    ) -> Result<(), (HcclCode, String)> {
+        let name = st.groups[gi].name.clone();
         let members = st.groups[gi].members.clone();
         let first = &arrivals[0];
         let mismatch = arrivals
             .iter()
             .any(|a| a.ranks != first.ranks || a.use_backup != first.use_backup);
-
-        // `Err((code, detail))`: nobody applies; otherwise every member not faulted applies.
-        let verdict: Result<(), (HcclCode, String)> = if mismatch {
+        if mismatch {
             let desc: Vec<String> = arrivals
                 .iter()
                 .zip(&members)
@@ -421,11 +458,12 @@ impl Fabric {
                 "mismatched {NIC_SET_OP} arguments on group {name}: {}",
                 desc.join("; ")
             ));
-            Err((
+            return Err((
                 HcclCode::Para,
                 "members called with different ranks/useBackup".to_owned(),
-            ))
-        } else {
+            ));
+        }
+        {
             let g = &st.groups[gi];
             let mut down = Vec::new();
             for (gr, b) in first.ranks.iter().zip(&first.use_backup) {
@@ -451,41 +489,35 @@ impl Fabric {
                     ),
                 ))
             }
-        };
-
-        let g = &mut st.groups[gi];
-        for (m, a) in arrivals.iter().enumerate() {
-            let res = match (&verdict, a.fault) {
-                (_, Some(code)) => fail(code, "injected fault: the change was not applied"),
-                (Err((c, d)), None) => fail(*c, d.clone()),
-                (Ok(()), None) => {
-                    for (gr, b) in a.ranks.iter().zip(&a.use_backup) {
-                        g.views[m][gr.0 as usize] = *b;
-                    }
-                    NicResult {
-                        code: HcclCode::Success,
-                        detail: String::new(),
-                        applied: true,
-                    }
-                }
-            };
-            g.nic_results[m] = Some((round_id, res));
         }
-        tracing::debug!(group = %name, round_id, ok = verdict.is_ok(), "sim HCCL: NIC-set round completed");
     }
 
-    /// One all-reduce (sum) of `value` by `rank` on `group`: the collective the simulated
-    /// training runs. Rounds are matched by each member's call count on the group, as HCCL
-    /// matches operations by order. On completion the group counts as having run an
-    /// operation; the round succeeds only if all members' views agree and every member's
-    /// working port (by its own view of itself) is up; otherwise every member gets the same
-    /// error. A member that times out aborts the round: every member, including late
-    /// arrivals, then gets `HCCL_E_TIMEOUT` for it, so call counts stay aligned.
+    /// One all-reduce (sum) of `value` by `rank` on `group` as the training operator
+    /// ([`Collective::TRAINING`]); see [`Fabric::collective`].
     ///
     /// Why public: a rig can drive its own training loop instead of [`crate::SimTraining`].
     pub fn all_reduce(&self, group: &str, rank: GlobalRank, value: f64) -> Result<f64, HalError> {
+        self.collective(group, rank, Collective::TRAINING, value)
+    }
+
+    /// One collective `op` (an all-reduce, sum) of `value` by `rank` on `group`. Rounds are
+    /// matched by each member's call count on the group, as HCCL matches operations by order,
+    /// and every member of a round must issue the same operator. The member's first call of
+    /// `op` on the group issues the operator on the default NIC ([`crate::operator`]). On
+    /// completion the group counts as having run an operation; the round succeeds only if all
+    /// members hold the same configuration of `op` and every member's working port (by that
+    /// configuration of itself) is up; otherwise every member gets the same error. A member
+    /// that times out aborts the round: every member, including late arrivals, then gets
+    /// `HCCL_E_TIMEOUT` for it, so call counts stay aligned.
+    pub fn collective(
+        &self,
+        group: &str,
+        rank: GlobalRank,
+        op: Collective,
+        value: f64,
+    ) -> Result<f64, HalError> {
         let mut st = self.state.lock();
-        let res = self.all_reduce_locked(&mut st, group, rank, value);
+        let res = self.all_reduce_locked(&mut st, group, rank, op, value);
         self.bump(&mut st);
         drop(st);
         res.map_err(|(code, detail)| {
@@ -502,6 +534,7 @@ impl Fabric {
         st: &mut Guard<'_>,
         group: &str,
         rank: GlobalRank,
+        op: Collective,
         value: f64,
     ) -> Result<f64, (HcclCode, String)> {
         if st.shut_down {
@@ -535,21 +568,7 @@ impl Fabric {
         if let Some(peer) = st.any_member_dead(gi) {
             return Err(peer_lost(peer));
         }
-        let seq = {
-            let g = &mut st.groups[gi];
-            let seq = g.ar_next_seq[m];
-            g.ar_next_seq[m] += 1;
-            let n = g.members.len();
-            let round = g
-                .ar_rounds
-                .entry(seq)
-                .or_insert_with(|| CollectiveRound::new(n));
-            if round.outcome.is_none() {
-                round.values[m] = Some(value);
-                g.ar_in_flight[m] = true;
-            }
-            seq
-        };
+        let seq = self.join_collective(st, gi, m, op, value);
         let complete = {
             let round = &st.groups[gi].ar_rounds[&seq];
             round.outcome.is_none() && round.values.iter().all(Option::is_some)
@@ -575,28 +594,69 @@ impl Fabric {
                 return Err(e);
             }
             if !self.wait(st, deadline) {
-                let g = &mut st.groups[gi];
-                let round = g
-                    .ar_rounds
-                    .get_mut(&seq)
-                    .expect("round exists until consumed");
-                let missing = g
-                    .members
-                    .iter()
-                    .zip(&round.values)
-                    .filter(|(_, v)| v.is_none())
-                    .map(|(r, _)| *r);
-                round.outcome = Some(Err((
-                    HcclCode::Timeout,
-                    format!(
-                        "all-reduce #{seq} waited {:?} for ranks {}",
-                        self.cfg.hccl_timeout,
-                        fmt_ranks(missing)
-                    ),
-                )));
+                self.time_out_collective(st, gi, seq);
                 return Self::consume_collective(st, gi, m, seq);
             }
         }
+    }
+
+    /// A member gave up waiting for round `seq`: the round fails with `HCCL_E_TIMEOUT` for
+    /// everyone, naming the members that never arrived.
+    fn time_out_collective(&self, st: &mut Guard<'_>, gi: usize, seq: u64) {
+        let g = &mut st.groups[gi];
+        let round = g
+            .ar_rounds
+            .get_mut(&seq)
+            .expect("round exists until consumed");
+        let missing = g
+            .members
+            .iter()
+            .zip(&round.values)
+            .filter(|(_, v)| v.is_none())
+            .map(|(r, _)| *r);
+        round.outcome = Some(Err((
+            HcclCode::Timeout,
+            format!(
+                "all-reduce #{seq} waited {:?} for ranks {}",
+                self.cfg.hccl_timeout,
+                fmt_ranks(missing)
+            ),
+        )));
+    }
+
+    /// Issues `op` for member `m` and puts its value into the group's next round; returns the
+    /// round's sequence number.
+    fn join_collective(
+        &self,
+        st: &mut Guard<'_>,
+        gi: usize,
+        m: usize,
+        op: Collective,
+        value: f64,
+    ) -> u64 {
+        let g = &mut st.groups[gi];
+        let n = g.members.len();
+        operator::issue(&mut g.op_views[m], op, n);
+        let seq = g.ar_next_seq[m];
+        g.ar_next_seq[m] += 1;
+        let round = g
+            .ar_rounds
+            .entry(seq)
+            .or_insert_with(|| CollectiveRound::new(n, op));
+        let mismatch = round.op != op && round.outcome.is_none();
+        if round.outcome.is_none() {
+            round.values[m] = Some(value);
+            g.ar_in_flight[m] = true;
+        }
+        if mismatch {
+            let msg = format!(
+                "collective #{seq} on group {}: rank {} issued {op} but a peer issued {}",
+                g.name, g.members[m], round.op
+            );
+            round.outcome = Some(Err((HcclCode::Para, msg.clone())));
+            st.violation(msg);
+        }
+        seq
     }
 
     fn consume_collective(
@@ -621,16 +681,18 @@ impl Fabric {
 
     fn complete_collective(&self, st: &mut Guard<'_>, gi: usize, seq: u64) {
         let g = &st.groups[gi];
-        let agree = g.views.iter().all(|v| *v == g.views[0]);
-        let outcome = if !agree {
+        let op = g.ar_rounds[&seq].op;
+        // Every member of the round issued `op`, so each holds a configuration of it.
+        let views: Vec<&Vec<bool>> = g.op_views.iter().map(|v| &v[&op]).collect();
+        let outcome = if views.iter().any(|v| *v != views[0]) {
             let desc: Vec<String> = g
                 .members
                 .iter()
-                .zip(&g.views)
+                .zip(&views)
                 .map(|(r, v)| format!("rank {r} sees {}", fmt_view(v)))
                 .collect();
             let msg = format!(
-                "all-reduce on group {} while its members disagree on its NICs: {}",
+                "{op} on group {} while its members disagree on its NICs: {}",
                 g.name,
                 desc.join(", ")
             );
@@ -638,22 +700,12 @@ impl Fabric {
             st.violation(msg.clone());
             Err((HcclCode::Internal, msg))
         } else {
-            let down: Vec<String> = g
-                .members
-                .iter()
-                .enumerate()
-                .filter_map(|(m, r)| match self.working_port(*r, g.views[m][m]) {
-                    Some(p) if st.ports_up[p] => None,
-                    Some(p) => Some(format!("rank {r} sends on {} (down)", self.port_name(p))),
-                    None => Some(format!("rank {r} uses a backup NIC it does not have")),
-                })
-                .collect();
-            if down.is_empty() {
-                let round = &g.ar_rounds[&seq];
-                Ok(round.values.iter().map(|v| v.unwrap_or(0.0)).sum())
-            } else {
-                Err((HcclCode::RoceTransfer, down.join(", ")))
+            if operator::on_default_nic(&g.views, views[0]) {
+                tracing::debug!(group = %g.name, %op, "sim HCCL: a collective ran on the default NIC of a switched group");
+                st.default_nic_collectives += 1;
             }
+            let g = &st.groups[gi];
+            self.collective_outcome(st, gi, seq, &g.op_views[0][&op].clone())
         };
         let g = &mut st.groups[gi];
         g.ran_op.iter_mut().for_each(|x| *x = true);
@@ -661,6 +713,37 @@ impl Fabric {
             .get_mut(&seq)
             .expect("round being completed exists")
             .outcome = Some(outcome);
+    }
+
+    /// The result of a round whose members agree on `view`: the sum, unless a member sends on
+    /// a port that is down (or on a backup NIC it does not have).
+    fn collective_outcome(
+        &self,
+        st: &State,
+        gi: usize,
+        seq: u64,
+        view: &[bool],
+    ) -> Result<f64, (HcclCode, String)> {
+        let g = &st.groups[gi];
+        let down: Vec<String> = g
+            .members
+            .iter()
+            .enumerate()
+            .filter_map(|(m, r)| match self.working_port(*r, view[m]) {
+                Some(p) if st.ports_up[p] => None,
+                Some(p) => Some(format!("rank {r} sends on {} (down)", self.port_name(p))),
+                None => Some(format!("rank {r} uses a backup NIC it does not have")),
+            })
+            .collect();
+        if down.is_empty() {
+            let round = &g.ar_rounds[&seq];
+            Ok(round.values.iter().map(|v| v.unwrap_or(0.0)).sum())
+        } else {
+            Err((
+                HcclCode::RoceTransfer,
+                format!("{} ({})", down.join(", "), fmt_backup(view)),
+            ))
+        }
     }
 }
 
@@ -709,7 +792,7 @@ pub(crate) fn check_nic_set_arguments(
 #[cfg(test)]
 mod tests {
     use crate::test_support::*;
-    use crate::{Fabric, FabricConfig, NicSetFault, WORLD_GROUP};
+    use crate::{Collective, Fabric, FabricConfig, NicSetFault, WORLD_GROUP};
     use proptest::prelude::*;
     use std::time::{Duration, Instant};
     use taskd_core::{GlobalRank, GroupRank, HcclCode, RankHal};
@@ -1025,6 +1108,106 @@ mod tests {
         }
         assert!(f.check_consistency().is_consistent());
         assert!(f.ranks_on_backup().is_empty());
+    }
+
+    /// Every rank runs `op` once on the world group; the results, by rank.
+    fn world(f: &std::sync::Arc<Fabric>, op: Collective) -> Vec<Result<f64, taskd_core::HalError>> {
+        on_ranks(f, &all_ranks(f), |hal| {
+            f.collective(WORLD_GROUP, hal.rank(), op, 1.0)
+        })
+    }
+
+    #[test]
+    fn only_operators_issued_before_a_switch_keep_it() {
+        let f = fabric(1, 2, 2);
+        warm_up(&f); // issues the training operator on every group
+        let before = Collective::evaluation(1);
+        assert!(world(&f, before).iter().all(Result::is_ok));
+        assert_all_ok(&switch_all(&f, &[(0, true)]));
+        // Issued before the call: switched; issued after: on the default NIC, on every member.
+        let after = Collective::evaluation(2);
+        assert!(world(&f, after).iter().all(Result::is_ok));
+        for rank in [0, 1] {
+            let view = |op| f.operator_view(WORLD_GROUP, r(rank), op).unwrap();
+            assert_eq!(view(Collective::TRAINING), [true, false]);
+            assert_eq!(view(before), [true, false]);
+            assert_eq!(view(after), [false, false]);
+        }
+        assert_eq!(f.collectives_on_default_nic(), 1, "the new operator, once");
+        // Running them again: the old ones on the switch, the new one on the default NIC.
+        for op in [Collective::TRAINING, before, after] {
+            assert!(world(&f, op).iter().all(Result::is_ok));
+        }
+        assert_eq!(f.collectives_on_default_nic(), 2);
+        // A later call reaches the new operator too; switching back leaves nothing on default.
+        assert_all_ok(&switch_all(&f, &[(0, false)]));
+        assert!(world(&f, after).iter().all(Result::is_ok));
+        assert_eq!(f.collectives_on_default_nic(), 2);
+        // None of this is a disagreement: the invariant holds throughout.
+        assert!(f.check_consistency().is_consistent());
+        assert_eq!(f.collectives_on_inconsistent_groups(), 0);
+        assert!(f.violations().is_empty(), "{:?}", f.violations());
+    }
+
+    #[test]
+    fn a_new_operator_fails_on_the_primary_an_operator_took_down_for_maintenance() {
+        let f = fabric(1, 2, 2);
+        warm_up(&f);
+        assert_all_ok(&switch_all(&f, &[(0, true)]));
+        // The operator moved rank 0 off its NIC (dev-0) and takes that port down.
+        f.set_link(0, taskd_core::DeviceId(0), false);
+        assert!(world(&f, Collective::TRAINING).iter().all(Result::is_ok));
+        let res = world(&f, Collective::evaluation(1));
+        for x in &res {
+            assert_eq!(code(x), HcclCode::RoceTransfer);
+        }
+        let detail = &res[0].as_ref().unwrap_err().detail;
+        assert!(
+            detail.contains("rank 0 sends on node-0/dev-0 (down)")
+                && detail.contains("none on backup"),
+            "{detail}"
+        );
+        assert_eq!(f.collectives_on_default_nic(), 1);
+        assert!(f.check_consistency().is_consistent());
+    }
+
+    #[test]
+    fn members_issuing_different_operators_in_one_round_fail_it() {
+        let f = fabric(1, 2, 2);
+        let res = on_ranks(&f, &[0, 1], |hal| {
+            let op = Collective::evaluation(u64::from(hal.rank().0) + 1);
+            f.collective(WORLD_GROUP, hal.rank(), op, 1.0)
+        });
+        for x in &res {
+            assert_eq!(code(x), HcclCode::Para);
+        }
+        let v = f.violations();
+        assert!(v.len() == 1 && v[0].contains("issued allreduce"), "{v:?}");
+        // Each kept the operator it issued, on the default NIC: nothing disagrees.
+        assert!(f.check_consistency().is_consistent());
+    }
+
+    #[test]
+    fn members_holding_different_configurations_of_an_operator_are_inconsistent() {
+        let f = fabric(1, 2, 2);
+        warm_up(&f);
+        // Rank 1's world call fails: the training operator is switched on rank 0 only.
+        f.inject_nic_set_fault(r(1), NicSetFault::Fail(HcclCode::Network));
+        switch_all(&f, &[(0, true)]);
+        let report = f.check_consistency();
+        let op_line = report
+            .disagreements
+            .iter()
+            .find(|d| d.detail.starts_with("operator allreduce"))
+            .unwrap_or_else(|| panic!("{report}"));
+        assert_eq!(op_line.group, WORLD_GROUP);
+        assert!(
+            op_line
+                .detail
+                .contains("rank 0 has group ranks [0] on backup")
+                && op_line.detail.contains("rank 1 has none on backup"),
+            "{report}"
+        );
     }
 
     #[test]

@@ -21,7 +21,8 @@
 //! ## The simulated hardware
 //!
 //! Rank `r` runs on node `r / D`, device `r % D` (node names `node-{i}`, as
-//! [`taskd_core::RankTable::uniform`] lays them out). Each device owns one physical NIC port:
+//! [`taskd_core::RankTable::uniform`] lays them out). Devices are physical ids, as everywhere in
+//! the control plane; the simulated nodes renumber nothing, so logical ids are the same. Each device owns one physical NIC port:
 //! its primary NIC. Its backup NIC is its partner die's port
 //! ([`taskd_core::DeviceId::partner`]); the last device of an odd-sized node has none. A rank on
 //! its backup NIC sends on its partner's port, so two partners both on backup swap ports.
@@ -33,7 +34,9 @@
 //!
 //! See [`hccl`] for the rendezvous semantics and the return code of each broken rule. Rule
 //! violations a correct control plane never commits are also recorded in
-//! [`Fabric::violations`].
+//! [`Fabric::violations`]. [`operator`] models HCCL's per-operator NIC rule (a NIC set reaches
+//! only the operators a group had issued; new operators start on the default NIC) and defines
+//! what "consistent" means under it.
 
 #![warn(missing_docs)]
 
@@ -41,6 +44,7 @@ pub mod fabric;
 pub mod fault;
 pub mod hccl;
 pub mod node_hal;
+pub mod operator;
 pub mod rank_hal;
 pub mod scripted;
 pub mod solo;
@@ -55,6 +59,7 @@ pub use fabric::{
 pub use fault::{NicSetFault, NicSetRecord};
 pub use hccl::{ALL_REDUCE_OP, NIC_SET_OP};
 pub use node_hal::MockNodeHal;
+pub use operator::{Collective, CollectiveKind};
 pub use rank_hal::MockRankHal;
 pub use scripted::{Expect, ScriptedRankHal};
 pub use solo::{SoloLayout, SoloNodeHal, SoloRank, SoloRankHal, SoloTraining, SoloTrainingOptions};

@@ -61,11 +61,11 @@ impl NodeHal for MockNodeHal {
             ));
         }
         let partner = device.partner();
-        Ok(LinkHealth {
+        Ok(LinkHealth::new(
             device,
-            primary_up: self.fabric.link_up(self.node_index, device),
-            backup_up: partner.0 < d && self.fabric.link_up(self.node_index, partner),
-        })
+            self.fabric.link_up(self.node_index, device),
+            partner.0 < d && self.fabric.link_up(self.node_index, partner),
+        ))
     }
 }
 
@@ -83,11 +83,7 @@ mod tests {
         assert!(!f.link_up(1, DeviceId(2)));
         assert_eq!(
             node.link_health(DeviceId(2)).unwrap(),
-            LinkHealth {
-                device: DeviceId(2),
-                primary_up: false,
-                backup_up: true
-            }
+            LinkHealth::new(DeviceId(2), false, true)
         );
         let partner = node.link_health(DeviceId(3)).unwrap();
         assert!(partner.primary_up && !partner.backup_up);

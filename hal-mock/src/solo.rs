@@ -461,11 +461,7 @@ impl NodeHal for SoloNodeHal {
             .get(device.partner().0 as usize)
             .copied()
             .unwrap_or(false);
-        Ok(LinkHealth {
-            device,
-            primary_up: primary,
-            backup_up: backup,
-        })
+        Ok(LinkHealth::new(device, primary, backup))
     }
 }
 

@@ -1,11 +1,14 @@
 //! A simulated training job: one thread per rank, each step a blocking all-reduce on every
-//! group of the rank, then the step-boundary hook (where a pause holds the rank).
+//! group of the rank (the training operator, [`Collective::TRAINING`]), every few steps an
+//! evaluation all-reduce on the world group (an operator of a size not issued before,
+//! [`Collective::evaluation`]), then the step-boundary hook (where a pause holds the rank).
 //!
 //! It reproduces what makes pausing hard on real hardware: a rank that stops calling
 //! collectives leaves its peers blocked inside one (until the HCCL timeout), so a wrong pause
 //! protocol deadlocks the simulation just as it would a real job.
 
-use crate::fabric::{deadline_after, Fabric};
+use crate::fabric::{deadline_after, Fabric, WORLD_GROUP};
+use crate::operator::Collective;
 use parking_lot::{Condvar, Mutex};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -19,12 +22,18 @@ use taskd_core::{GlobalRank, HalErrorKind, StepBoundary};
 pub struct TrainingOptions {
     /// Simulated compute per step, spent before the step's collectives. Default 2 ms.
     pub step_time: Duration,
+    /// Every this many steps, the step ends with an evaluation: an all-reduce on the world
+    /// group of a size no earlier step used, so HCCL sees an operator it has not issued
+    /// before, which after a switch runs on the default NIC ([`crate::operator`]). Default 3;
+    /// 0 never evaluates.
+    pub eval_every: u64,
 }
 
 impl Default for TrainingOptions {
     fn default() -> Self {
         TrainingOptions {
             step_time: Duration::from_millis(2),
+            eval_every: 3,
         }
     }
 }
@@ -165,12 +174,12 @@ impl SimTraining {
                 let rank = GlobalRank(r as u32);
                 let fabric = Arc::clone(&fabric);
                 let shared = Arc::clone(&shared);
-                let step_time = opts.step_time;
+                let opts = opts.clone();
                 std::thread::Builder::new()
                     .name(format!("sim-rank-{r}"))
                     .spawn(move || {
                         let running = Running(shared);
-                        run_rank(&fabric, &running.0, hook.as_ref(), rank, step_time)
+                        run_rank(&fabric, &running.0, hook.as_ref(), rank, &opts)
                     })
                     .expect("spawning a simulated rank thread")
             })
@@ -288,7 +297,7 @@ fn run_rank(
     shared: &Shared,
     hook: &dyn StepBoundary,
     rank: GlobalRank,
-    step_time: Duration,
+    opts: &TrainingOptions,
 ) -> RankExit {
     let r = rank.0 as usize;
     let groups: Vec<String> = fabric.groups_of(rank).into_iter().map(|g| g.name).collect();
@@ -302,23 +311,19 @@ fn run_rank(
             }
             st.started[r] = next;
         }
-        if !step_time.is_zero() {
-            std::thread::sleep(step_time); // simulated compute, not synchronisation
+        if !opts.step_time.is_zero() {
+            std::thread::sleep(opts.step_time); // simulated compute, not synchronisation
         }
-        for g in &groups {
-            if let Err(e) = fabric.all_reduce(g, rank, 1.0) {
-                if fabric.is_shut_down() {
-                    return RankExit::Shutdown;
-                }
-                shared.state.lock().failures += 1;
-                shared.cv.notify_all();
-                if fabric.is_dead(rank) {
-                    return RankExit::Killed;
-                }
-                if e.kind == HalErrorKind::PeerLost {
-                    return RankExit::PeerLost;
-                }
-                tracing::debug!(rank = rank.0, step = next, error = %e, "sim training: collective failed");
+        let mut calls: Vec<(&str, Collective)> = groups
+            .iter()
+            .map(|g| (g.as_str(), Collective::TRAINING))
+            .collect();
+        if opts.eval_every > 0 && next % opts.eval_every == 0 {
+            calls.push((WORLD_GROUP, Collective::evaluation(next / opts.eval_every)));
+        }
+        for (g, op) in calls {
+            if let Err(exit) = collective(fabric, shared, rank, next, g, op) {
+                return exit;
             }
         }
         step = next;
@@ -330,6 +335,34 @@ fn run_rank(
     }
 }
 
+/// One collective of a step. A failure is counted and the step carries on, unless it ends the
+/// rank (shutdown, killed, a peer lost).
+fn collective(
+    fabric: &Fabric,
+    shared: &Shared,
+    rank: GlobalRank,
+    step: u64,
+    group: &str,
+    op: Collective,
+) -> Result<(), RankExit> {
+    let Err(e) = fabric.collective(group, rank, op, 1.0) else {
+        return Ok(());
+    };
+    if fabric.is_shut_down() {
+        return Err(RankExit::Shutdown);
+    }
+    shared.state.lock().failures += 1;
+    shared.cv.notify_all();
+    if fabric.is_dead(rank) {
+        return Err(RankExit::Killed);
+    }
+    if e.kind == HalErrorKind::PeerLost {
+        return Err(RankExit::PeerLost);
+    }
+    tracing::debug!(rank = rank.0, step, error = %e, "sim training: collective failed");
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -339,6 +372,7 @@ mod tests {
     fn fast() -> TrainingOptions {
         TrainingOptions {
             step_time: Duration::from_millis(1),
+            ..TrainingOptions::default()
         }
     }
 
@@ -433,14 +467,18 @@ mod tests {
         assert_eq!(summary.collective_failures, 0);
     }
 
-    #[test]
-    fn pause_at_a_step_boundary_switch_and_resume_loses_nothing() {
+    /// Starts `opts` training on a 2 x 4 fabric, holds every rank after step 5, moves rank 2
+    /// (node-0/dev-2, whose port then goes down) to its backup NIC, trains to step 10 or
+    /// later. Returns the fabric, the summary and the step training stopped after.
+    fn switch_at_step_5_with_the_primary_down(
+        opts: TrainingOptions,
+    ) -> (Arc<Fabric>, TrainingSummary, u64) {
         let f = fabric(2, 4, 4);
         let gate = Gate::new(5);
         let hooks: Vec<Arc<dyn StepBoundary>> = (0..8)
             .map(|_| gate.clone() as Arc<dyn StepBoundary>)
             .collect();
-        let t = SimTraining::start(Arc::clone(&f), hooks, fast());
+        let t = SimTraining::start(Arc::clone(&f), hooks, opts);
         // Every rank finishes step 5 and waits at the boundary: no collective in flight.
         assert!(gate.wait_held(8));
         assert_eq!(f.activity().waiting_in_collective, []);
@@ -450,12 +488,52 @@ mod tests {
         assert!(f.check_consistency().is_consistent());
         gate.release();
         assert!(t.wait_min_steps(10, Duration::from_secs(5)));
-        t.stop_after(10);
-        let summary = t.join();
+        let stop = t.stop_after(10);
+        (f, t.join(), stop)
+    }
+
+    #[test]
+    fn pause_at_a_step_boundary_switch_and_resume_loses_nothing() {
+        let opts = TrainingOptions {
+            eval_every: 0,
+            ..fast()
+        };
+        let (f, summary, _) = switch_at_step_5_with_the_primary_down(opts);
         assert_eq!(summary.collective_failures, 0);
         assert_eq!(summary.min_steps(), summary.max_steps());
         assert_eq!(f.ranks_on_backup(), [r(2)]);
+        assert_eq!(f.collectives_on_default_nic(), 0);
         assert!(f.violations().is_empty(), "{:?}", f.violations());
+    }
+
+    #[test]
+    fn evaluations_after_a_switch_run_on_the_default_nic_and_fail_where_it_is_down() {
+        // Evaluations at steps 3, 6, 9, ...: each a new operator. The one at step 3 (before
+        // the switch) and every later one start on the default NIC.
+        let (f, summary, stop) = switch_at_step_5_with_the_primary_down(fast());
+        let after_switch = (6..=stop).filter(|s| s % 3 == 0).count() as u64;
+        assert!(after_switch >= 2, "stopped after {stop}");
+        // Training's operator kept the switch: only the evaluations failed, on every member of
+        // the world group, because rank 2 sends them on its primary port, which is down.
+        assert_eq!(summary.collective_failures, 8 * after_switch);
+        assert_eq!(f.collectives_on_default_nic(), after_switch);
+        assert_eq!(summary.min_steps(), summary.max_steps());
+        // The members agree about every operator: nothing is inconsistent, nothing violated.
+        let report = f.check_consistency();
+        assert!(report.is_consistent(), "{report}");
+        assert_eq!(f.collectives_on_inconsistent_groups(), 0);
+        assert!(f.violations().is_empty(), "{:?}", f.violations());
+        assert_eq!(f.ranks_on_backup(), [r(2)]);
+        let eval = Collective::evaluation(stop / 3);
+        assert_eq!(
+            f.operator_view(WORLD_GROUP, r(2), eval).unwrap(),
+            [false; 8],
+            "a new operator is on the default NIC"
+        );
+        let training = f
+            .operator_view(WORLD_GROUP, r(2), Collective::TRAINING)
+            .unwrap();
+        assert!(training[2], "the training operator kept the switch");
     }
 
     #[test]

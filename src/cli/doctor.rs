@@ -18,7 +18,11 @@ pub struct DoctorArgs {
 
 /// Exit status 0 when no check failed, 1 otherwise.
 pub fn run(a: DoctorArgs) -> ExitCode {
-    let checks = doctor::run(&DoctorConfig { port: a.port }, &process_env);
+    let cfg = DoctorConfig {
+        port: a.port,
+        ..DoctorConfig::default()
+    };
+    let checks = doctor::run(&cfg, &process_env);
     let text = if a.json {
         serde_json::to_string_pretty(&checks).expect("checks serialize") + "\n"
     } else {

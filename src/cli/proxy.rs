@@ -48,14 +48,15 @@ pub struct ProxyArgs {
     net: NetArgs,
 }
 
-/// Link health from DCMI when the library is there; otherwise unknown (the proxy then lets
-/// HCCL decide, as without a probe).
-fn hardware_node_hal() -> Box<dyn NodeHal> {
+/// Link health from DCMI when the library is there, each probe bounded by `timeout`;
+/// otherwise unknown (the proxy then lets HCCL decide, as without a probe).
+fn hardware_node_hal(timeout: std::time::Duration) -> Box<dyn NodeHal> {
     use taskd_hal_ascend::sys::dcmi::DcmiLib;
     match DcmiLib::open(&process_env)
         .map_err(|e| e.to_string())
-        .and_then(|l| taskd_hal_ascend::AscendNodeHal::new(l).map_err(|e| e.to_string()))
-    {
+        .and_then(|l| {
+            taskd_hal_ascend::AscendNodeHal::with_timeout(l, timeout).map_err(|e| e.to_string())
+        }) {
         Ok(h) => Box::new(h),
         Err(e) => {
             eprintln!("taskd proxy: no link health on this node ({e}); switches go ahead without the link check");
@@ -97,20 +98,24 @@ impl ProxyArgs {
         Ok(addr)
     }
 
-    /// The node's HAL: simulated with `--sim`, DCMI otherwise.
-    fn node_hal(&self) -> NodeHalFactory {
+    /// The node's HAL: simulated with `--sim`, DCMI otherwise (its probes bounded by
+    /// `TASKD_DCMI_TIMEOUT_MS`, default 1 s; a value that is not a number is refused).
+    fn node_hal(&self) -> Result<NodeHalFactory, CliError> {
         if !self.sim {
-            return Box::new(|_: &NodeAssignment| hardware_node_hal());
+            let timeout = taskd_hal_ascend::node::probe_timeout_from_env(&process_env)?;
+            return Ok(Box::new(move |_: &NodeAssignment| {
+                hardware_node_hal(timeout)
+            }));
         }
         let down = self.sim_link_down.clone();
-        Box::new(move |n: &NodeAssignment| {
+        Ok(Box::new(move |n: &NodeAssignment| {
             let devices = n.ranks.values().map(|d| d.0 + 1).max().unwrap_or(0);
             let hal = SoloNodeHal::new(devices);
             for d in down {
                 hal.set_link(DeviceId(d), false);
             }
             Box::new(hal) as Box<dyn NodeHal>
-        })
+        }))
     }
 
     /// The proxy's configuration, or why these flags and this environment cannot run.
@@ -141,7 +146,7 @@ impl ProxyArgs {
             node_rank: id.node_rank,
             ranks: id.ranks,
             listen: self.listen,
-            node_hal: self.node_hal(),
+            node_hal: self.node_hal()?,
             tls: self.tls.load()?,
             net: self.net.config(),
         })

@@ -23,7 +23,8 @@ pub struct SwitchArgs {
     /// A node to switch; give --dev and --to after each --node (repeatable).
     #[arg(long = "node", value_name = "NODE", required = true)]
     nodes: Vec<String>,
-    /// Devices of the preceding --node, comma-separated (e.g. 0,8).
+    /// Devices of the preceding --node, comma-separated physical ids as in the rank table (e.g.
+    /// 0,8).
     #[arg(long = "dev", value_name = "DEV[,DEV...]", required = true)]
     devs: Vec<String>,
     /// Which NIC the preceding --node's devices use from now on.

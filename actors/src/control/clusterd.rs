@@ -78,7 +78,9 @@ fn failure_string(r: &OperationReport) -> &'static str {
         | Some(OperationError::GroupDisagrees { phase, .. })
         | Some(OperationError::Aborted { phase, .. }) => by_phase(*phase, false),
         Some(OperationError::WrongPauseStep { .. }) => PAUSE_FAILED,
-        Some(OperationError::LinkDown { .. }) | None => SWITCH_FAILED,
+        Some(OperationError::LinkDown { .. } | OperationError::LinkUnknown { .. }) | None => {
+            SWITCH_FAILED
+        }
     }
 }
 

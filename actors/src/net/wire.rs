@@ -383,6 +383,8 @@ pub fn node_reply_to_pb(n: NodeReply) -> pb::NodeReply {
                 device: h.device.0,
                 primary_up: h.primary_up,
                 backup_up: h.backup_up,
+                primary_unknown: h.primary_unknown.unwrap_or_default(),
+                backup_unknown: h.backup_unknown.unwrap_or_default(),
             })
             .collect(),
     }
@@ -406,6 +408,8 @@ pub fn node_reply_from_pb(n: pb::NodeReply) -> Result<NodeReply, WireError> {
                 device: DeviceId(h.device),
                 primary_up: h.primary_up,
                 backup_up: h.backup_up,
+                primary_unknown: Some(h.primary_unknown).filter(|r| !r.is_empty()),
+                backup_unknown: Some(h.backup_unknown).filter(|r| !r.is_empty()),
             })
             .collect(),
     })
@@ -673,11 +677,11 @@ mod tests {
                 op: op(),
                 phase: Phase::Switch,
                 replies: vec![r.clone()],
-                health: vec![LinkHealth {
-                    device: DeviceId(1),
-                    primary_up: false,
-                    backup_up: true,
-                }],
+                health: vec![
+                    LinkHealth::new(DeviceId(1), false, true),
+                    LinkHealth::new(DeviceId(2), true, true)
+                        .with_unknown(taskd_core::NicSide::Backup, "probe timed out"),
+                ],
             };
             let w = WorkerToProxy::Reply(r);
             assert_eq!(worker_msg_from_pb(worker_msg_to_pb(w.clone())).unwrap(), w);

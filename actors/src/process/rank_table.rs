@@ -150,6 +150,7 @@ pub fn parse(text: &str) -> Result<RankTable, RankTableParseError> {
         for d in s.device {
             slots.push(RankSlot {
                 node: node.clone(),
+                // HCCL's `device_id` is the die's physical id (`/dev/davinciN`).
                 device: DeviceId(d.device_id.get("device_id")?),
                 rank: GlobalRank(d.rank_id.get("rank_id")?),
             });

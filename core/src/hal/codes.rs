@@ -64,11 +64,14 @@ pub enum HcclCode {
     OpretryFail,
     /// `HCCL_E_OOM` (24): out of memory.
     Oom,
+    /// `HCCL_E_IN_STATUS` (1041): the error information is in the status an asynchronous call
+    /// reports (recent `hccl_types.h`; outside the contiguous 0..=24 range).
+    InStatus,
     /// A code this build does not know, kept as HCCL returned it.
     Other(i32),
 }
 
-/// In `HcclResult` order: the index is the numeric code.
+/// In `HcclResult` order: the index is the numeric code (0 to 24).
 const HCCL_NAMES: [(HcclCode, &str); 25] = [
     (HcclCode::Success, "HCCL_SUCCESS"),
     (HcclCode::Para, "HCCL_E_PARA"),
@@ -97,31 +100,41 @@ const HCCL_NAMES: [(HcclCode, &str); 25] = [
     (HcclCode::Oom, "HCCL_E_OOM"),
 ];
 
+/// Codes outside the contiguous range, with their numbers.
+const HCCL_SPARSE: [(HcclCode, i32, &str); 1] = [(HcclCode::InStatus, 1041, "HCCL_E_IN_STATUS")];
+
+/// Every named code with its number and name: the contiguous ones, then the sparse ones.
+fn hccl_table() -> impl Iterator<Item = (HcclCode, i32, &'static str)> {
+    let contiguous = HCCL_NAMES
+        .iter()
+        .enumerate()
+        .map(|(i, (c, n))| (*c, i as i32, *n));
+    contiguous.chain(HCCL_SPARSE.iter().copied())
+}
+
 impl HcclCode {
     /// Maps the numeric `HcclResult`.
     pub fn from_raw(code: i32) -> Self {
-        usize::try_from(code)
-            .ok()
-            .and_then(|i| HCCL_NAMES.get(i))
-            .map(|(c, _)| *c)
-            .unwrap_or(HcclCode::Other(code))
+        hccl_table()
+            .find(|(_, n, _)| *n == code)
+            .map_or(HcclCode::Other(code), |(c, _, _)| c)
     }
 
     /// The numeric `HcclResult`.
     pub fn raw(self) -> i32 {
         match self {
             HcclCode::Other(c) => c,
-            known => HCCL_NAMES
-                .iter()
-                .position(|(c, _)| *c == known)
-                .expect("every named code is in the table") as i32,
+            known => hccl_table()
+                .find(|(c, _, _)| *c == known)
+                .map(|(_, n, _)| n)
+                .expect("every named code is in a table"),
         }
     }
 
     /// The name HCCL's headers and logs use, e.g. `HCCL_E_NETWORK`; `None` for
     /// [`HcclCode::Other`].
     pub fn name(self) -> Option<&'static str> {
-        HCCL_NAMES.iter().find(|(c, _)| *c == self).map(|(_, n)| *n)
+        hccl_table().find(|(c, _, _)| *c == self).map(|(_, _, n)| n)
     }
 
     /// What the control plane can make of the code.
@@ -135,7 +148,8 @@ impl HcclCode {
     /// - the communicator cannot serve now (`UNAVAIL`, `AGAIN`, `SUSPENDING`):
     ///   [`HalErrorKind::Unavailable`]; `NOT_SUPPORT`: [`HalErrorKind::NotSupported`];
     /// - everything else (memory, internal, system call, runtime, driver, ..., and codes a
-    ///   newer HCCL adds): [`HalErrorKind::Other`].
+    ///   newer HCCL adds), and `IN_STATUS` (the failure is described by a status the caller
+    ///   reads separately, so its kind is not known from the code): [`HalErrorKind::Other`].
     pub fn kind(self) -> HalErrorKind {
         use HcclCode::*;
         match self {
@@ -148,7 +162,7 @@ impl HcclCode {
             Unavail | Again | Suspending => HalErrorKind::Unavailable,
             NotSupport => HalErrorKind::NotSupported,
             Success | Memory | Internal | Syscall | OpenFileFailure | Runtime | Drv | Profiling
-            | Cce | Oom | Other(_) => HalErrorKind::Other,
+            | Cce | Oom | InStatus | Other(_) => HalErrorKind::Other,
         }
     }
 }
@@ -166,9 +180,10 @@ use HalErrorKind::{InvalidArgument as Arg, NotSupported as NoSup, Other, Timeout
 
 /// DCMI's error codes (`dcmi_interface_api.h`, `DCMI_ERROR_CODE_BASE` = -8000). Kinds: the
 /// caller's arguments (parameter, device id, no such device), `TIME_OUT`, not ready, upgrading
-/// or occupied (try later), not supported (also: not in a container); the rest is
+/// or occupied (try later), not supported (also: not in a container, and a configuration the
+/// call needs that was never made, `CONFIG_INFO_NOT_EXIST`); the rest is
 /// [`HalErrorKind::Other`] (the driver's own messaging, memory, files, resets).
-const DCMI: [(i32, &str, HalErrorKind); 20] = [
+const DCMI: [(i32, &str, HalErrorKind); 21] = [
     (-8001, "DCMI_ERR_CODE_INVALID_PARAMETER", Arg),
     (-8002, "DCMI_ERR_CODE_OPER_NOT_PERMITTED", Other),
     (-8003, "DCMI_ERR_CODE_MEM_OPERATE_FAIL", Other),
@@ -188,6 +203,7 @@ const DCMI: [(i32, &str, HalErrorKind); 20] = [
     (-8017, "DCMI_ERR_CODE_IS_UPGRADING", Unavailable),
     (-8020, "DCMI_ERR_CODE_RESOURCE_OCCUPIED", Unavailable),
     (-8022, "DCMI_ERR_CODE_PARTITION_NOT_RIGHT", Other),
+    (-8023, "DCMI_ERR_CODE_CONFIG_INFO_NOT_EXIST", NoSup),
     (-8255, "DCMI_ERR_CODE_NOT_SUPPORT", NoSup),
 ];
 
@@ -279,6 +295,12 @@ mod tests {
         assert_eq!(HcclCode::Oom.raw(), 24);
         assert_eq!(HcclCode::Network.to_string(), "HCCL_E_NETWORK (19)");
         assert_eq!(HcclCode::Other(99).to_string(), "HCCL code 99");
+        // The one code outside 0..=24.
+        assert_eq!(HcclCode::from_raw(1041), HcclCode::InStatus);
+        assert_eq!(HcclCode::InStatus.raw(), 1041);
+        assert_eq!(HcclCode::InStatus.name(), Some("HCCL_E_IN_STATUS"));
+        assert_eq!(HcclCode::InStatus.kind(), HalErrorKind::Other);
+        assert_eq!(HcclCode::from_raw(25), HcclCode::Other(25));
     }
 
     #[test]
@@ -320,6 +342,17 @@ mod tests {
                 "ACL_ERROR_RT_INVALID_DEVICEID",
                 HalErrorKind::InvalidArgument
             ))
+        );
+        assert_eq!(
+            lookup(Library::Dcmi, -8023),
+            Some((
+                "DCMI_ERR_CODE_CONFIG_INFO_NOT_EXIST",
+                HalErrorKind::NotSupported
+            ))
+        );
+        assert_eq!(
+            lookup(Library::Hccl, 1041),
+            Some(("HCCL_E_IN_STATUS", HalErrorKind::Other))
         );
         // Numbers are read in their own library's numbering only.
         assert_eq!(lookup(Library::Dcmi, 19), None);

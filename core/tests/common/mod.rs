@@ -191,9 +191,9 @@ impl Layout {
             .collect()
     }
 
-    /// The operator's command for `(rank, use_backup)` pairs, in that order. The two dies of
-    /// one NPU are never told opposite sides (the validation refuses that): a later partner
-    /// follows the first one's flag.
+    /// The operator's command for `(rank, use_backup)` pairs, in that order. The two dies of one NPU are never told opposite sides (the
+    /// validation refuses that): a later partner follows the first one's flag. A die whose
+    /// partner is not in the job (an odd die count) never goes to backup (refused too).
     pub fn command(&self, targets: &[(u32, bool)]) -> SwitchCommand {
         let mut seen: std::collections::BTreeMap<(NodeName, u32), bool> = Default::default();
         let targets = targets
@@ -201,6 +201,8 @@ impl Layout {
             .map(|(r, b)| {
                 let node = self.node_of(GlobalRank(*r));
                 let device = self.device_of(GlobalRank(*r));
+                let partnered = self.table.rank_of(&node, device.partner()).is_some();
+                let b = &(*b && partnered);
                 let use_backup = *seen.get(&(node.clone(), device.partner().0)).unwrap_or(b);
                 seen.entry((node.clone(), device.0)).or_insert(use_backup);
                 Target {

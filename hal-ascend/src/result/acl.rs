@@ -34,20 +34,66 @@ fn check(op: &'static str, code: AclResult) -> Result<(), AclError> {
     }
 }
 
-/// `ACL_ERROR_REPEAT_INITIALIZE` in `acl_base.h`: `aclInit` was already called.
+/// `ACL_ERROR_REPEAT_INITIALIZE` in `acl_base.h`: an older runtime's answer to a second
+/// `aclInit`.
 pub const ACL_ERROR_REPEAT_INITIALIZE: i32 = 100_002;
 
-/// `aclInit(NULL)`, once per process before any other ACL call. `Ok(true)` if this call
-/// initialised the runtime, `Ok(false)` if it already was (a framework in the same process did
-/// it: `ACL_ERROR_REPEAT_INITIALIZE`), in which case the caller must not finalize it.
-pub fn init(lib: &AclLib) -> Result<bool, AclError> {
+/// How this process holds the Ascend runtime after [`init`], and so how [`release`] lets go.
+///
+/// Recent CANN counts references: every `aclInit` adds one and `aclFinalizeReference` takes
+/// one away, deinitialising only when none is left, while `aclFinalize` deinitialises at
+/// once whatever the count. A tool that shares the process with a training framework must
+/// therefore pair `aclInit` with `aclFinalizeReference`: calling `aclFinalize` would pull the
+/// runtime from under the framework. Older runtimes have no `aclFinalizeReference`; their
+/// second `aclInit` answers `ACL_ERROR_REPEAT_INITIALIZE`, and only the first caller may
+/// finalize.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum AclInit {
+    /// A reference-counted runtime: this call took a reference, [`release`] gives it back
+    /// with `aclFinalizeReference`.
+    Counted,
+    /// An older runtime this call initialised: [`release`] calls `aclFinalize`.
+    Owned,
+    /// An older runtime someone in the process had initialised before (the second `aclInit`
+    /// answered `ACL_ERROR_REPEAT_INITIALIZE`): [`release`] leaves it alone.
+    Borrowed,
+}
+
+/// `aclInit(NULL)`, before any other ACL call of this caller; see [`AclInit`] for what the
+/// answer means.
+pub fn init(lib: &AclLib) -> Result<AclInit, AclError> {
     match lib.init() {
-        ACL_ERROR_REPEAT_INITIALIZE => Ok(false),
-        code => check("aclInit", code).map(|()| true),
+        ACL_ERROR_REPEAT_INITIALIZE => Ok(AclInit::Borrowed),
+        code => check("aclInit", code).map(|()| {
+            if lib.has_finalize_reference() {
+                AclInit::Counted
+            } else {
+                AclInit::Owned
+            }
+        }),
     }
 }
 
-/// `aclFinalize`, after every stream and allocation was released.
+/// Lets go of what [`init`] took, after every stream and allocation of the caller was
+/// released: `aclFinalizeReference` for [`AclInit::Counted`] (returning the references left
+/// in the process), `aclFinalize` for [`AclInit::Owned`], nothing for [`AclInit::Borrowed`].
+pub fn release(lib: &AclLib, how: AclInit) -> Result<Option<u64>, AclError> {
+    match how {
+        AclInit::Counted => match lib.finalize_reference() {
+            Some((code, left)) => check("aclFinalizeReference", code).map(|()| Some(left)),
+            None => Err(AclError {
+                op: "aclFinalizeReference",
+                code: ACL_ERROR_INVALID_PARAM,
+                detail: "this libascendcl.so has no aclFinalizeReference; not called".into(),
+            }),
+        },
+        AclInit::Owned => finalize(lib).map(|()| None),
+        AclInit::Borrowed => Ok(None),
+    }
+}
+
+/// `aclFinalize`: deinitialises the runtime at once, whatever its reference count. Only for a
+/// runtime this process alone uses; see [`release`].
 pub fn finalize(lib: &AclLib) -> Result<(), AclError> {
     check("aclFinalize", lib.finalize())
 }

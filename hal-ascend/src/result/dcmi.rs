@@ -89,6 +89,7 @@ impl NetworkHealth {
         NetworkHealth::IpSet,
     ];
 
+    /// The enum value DCMI wrote; [`NetworkHealth::Other`] for any value outside 0..=8.
     pub fn from_raw(v: i32) -> Self {
         usize::try_from(v)
             .ok()
@@ -96,6 +97,7 @@ impl NetworkHealth {
             .unwrap_or(NetworkHealth::Other(v))
     }
 
+    /// The numeric `dcmi_rdfx_detect_result`.
     pub fn raw(self) -> i32 {
         match self {
             NetworkHealth::Other(v) => v,
@@ -103,10 +105,17 @@ impl NetworkHealth {
         }
     }
 
-    /// Only `DCMI_RDFX_DETECT_OK` counts as up. A probe still initialising or being
-    /// configured has not shown the link works, and a switch must not move traffic onto it.
+    /// Where taskd decides what "up" means: `DCMI_RDFX_DETECT_OK` and `DCMI_RDFX_DETECT_INIT`.
+    ///
+    /// This follows MindCluster's own tools, which count both as healthy: its device plugin
+    /// reports a die's network healthy for OK and INIT and unhealthy for every other value,
+    /// and its npu-exporter does the same. INIT is what the probe reports while its detect
+    /// task starts (after a driver load or a detect IP change), on links that carry traffic;
+    /// reading it as down refused switches onto working NICs. Every other value (socket or
+    /// thread failures, no answer, unreachable, the detect IP being set, unknown values)
+    /// counts as down.
     pub fn is_up(self) -> bool {
-        self == NetworkHealth::Ok
+        matches!(self, NetworkHealth::Ok | NetworkHealth::Init)
     }
 }
 
@@ -147,10 +156,47 @@ pub fn get_card_id_device_id_from_logicid(
     logic_id: u32,
 ) -> Result<(i32, i32), DcmiError> {
     let (code, card, device) = lib.get_card_id_device_id_from_logicid(logic_id);
-    check("dcmi_get_card_id_device_id_from_logicid", code, || {
-        format!("device_logic_id={logic_id}")
+    located(
+        "dcmi_get_card_id_device_id_from_logicid",
+        code,
+        (card, device),
+    )
+    .map_err(|e| with_args(e, format!("device_logic_id={logic_id}")))
+}
+
+/// `dcmi_get_card_id_device_id_from_phyid`: `(card_id, device_id)` of a physical id (the `N`
+/// of `/dev/davinciN`, the rank table's id).
+pub fn get_card_id_device_id_from_phyid(
+    lib: &DcmiLib,
+    phy_id: u32,
+) -> Result<(i32, i32), DcmiError> {
+    let (code, card, device) = lib.get_card_id_device_id_from_phyid(phy_id);
+    located(
+        "dcmi_get_card_id_device_id_from_phyid",
+        code,
+        (card, device),
+    )
+    .map_err(|e| with_args(e, format!("device_phy_id={phy_id}")))
+}
+
+/// `at` when `code` is `DCMI_OK`, else the error of `op` (its arguments filled in by the
+/// caller).
+fn located(op: &'static str, code: DcmiResult, at: (i32, i32)) -> Result<(i32, i32), DcmiError> {
+    check(op, code, String::new).map(|()| at)
+}
+
+fn with_args(mut e: DcmiError, args: String) -> DcmiError {
+    e.args = args;
+    e
+}
+
+/// `dcmi_get_device_phyid_from_logicid`: the physical id of a logical id.
+pub fn get_device_phyid_from_logicid(lib: &DcmiLib, logic_id: u32) -> Result<u32, DcmiError> {
+    let (code, phy) = lib.get_device_phyid_from_logicid(logic_id);
+    check("dcmi_get_device_phyid_from_logicid", code, || {
+        format!("logicid={logic_id}")
     })
-    .map(|()| (card, device))
+    .map(|()| phy)
 }
 
 /// `dcmi_get_device_network_health`: the RoCE NIC's connectivity probe on one chip.
@@ -171,13 +217,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn detect_results_round_trip_and_only_ok_is_up() {
+    fn detect_results_round_trip_and_ok_and_init_are_up() {
         for v in 0..=8 {
             let h = NetworkHealth::from_raw(v);
             assert_eq!(h.raw(), v);
             assert!(!matches!(h, NetworkHealth::Other(_)));
-            assert_eq!(h.is_up(), v == 0);
+            assert_eq!(h.is_up(), v == 0 || v == 6, "{h}");
         }
+        assert!(NetworkHealth::Init.is_up());
+        assert!(!NetworkHealth::IpSet.is_up());
         assert_eq!(NetworkHealth::from_raw(3), NetworkHealth::Unreach);
         assert_eq!(NetworkHealth::from_raw(0xFF), NetworkHealth::Other(0xFF));
         assert_eq!(NetworkHealth::from_raw(-1), NetworkHealth::Other(-1));

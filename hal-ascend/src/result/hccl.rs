@@ -5,7 +5,7 @@ use crate::sys::hccl::{
     CommHandle, HcclDataType, HcclLib, HcclReduceOp, HcclResult, HcclRootInfo,
     HCCL_COMM_NAME_MAX_LENGTH,
 };
-use taskd_core::{HalError, HcclCode};
+use taskd_core::{HalError, HalErrorKind, HcclCode, Library};
 
 pub const OP_WORKING_DEV_NIC_SET: &str = "HcclCommWorkingDevNicSet";
 pub const OP_GET_ROOT_INFO: &str = "HcclGetRootInfo";
@@ -134,9 +134,18 @@ pub fn all_reduce(
     })
 }
 
-/// `HcclCommResume`.
+/// `HcclCommResume` (documented as reserved; taskd's worker never calls it). A library
+/// without the function answers [`HalErrorKind::NotSupported`].
 pub fn comm_resume(lib: &HcclLib, comm: &CommHandle) -> Result<(), HalError> {
-    check(OP_COMM_RESUME, lib.comm_resume(comm), String::new)
+    match lib.comm_resume(comm) {
+        Some(code) => check(OP_COMM_RESUME, code, String::new),
+        None => Err(HalError::uncoded(
+            OP_COMM_RESUME,
+            Library::Hccl,
+            HalErrorKind::NotSupported,
+            format!("{} has no {OP_COMM_RESUME}", lib.path().display()),
+        )),
+    }
 }
 
 /// `HcclCommDestroy`. The handle is gone whatever the result.

@@ -68,6 +68,7 @@ impl DevicePtr {
 
 type FnInit = unsafe extern "C" fn(*const c_char) -> AclResult;
 type FnFinalize = unsafe extern "C" fn() -> AclResult;
+type FnFinalizeReference = unsafe extern "C" fn(*mut u64) -> AclResult;
 type FnSetDevice = unsafe extern "C" fn(i32) -> AclResult;
 type FnCreateStream = unsafe extern "C" fn(*mut *mut c_void) -> AclResult;
 type FnStream = unsafe extern "C" fn(*mut c_void) -> AclResult;
@@ -89,6 +90,10 @@ pub const SYMBOLS: &[&str] = &[
     "aclFinalize",
 ];
 
+/// Functions bound when the library has them: `aclFinalizeReference`, the release half of the
+/// reference-counted `aclInit` of recent CANN (older runtimes lack it).
+pub const OPTIONAL_SYMBOLS: &[&str] = &["aclFinalizeReference"];
+
 /// The ACL function table.
 pub struct AclLib {
     set_device: FnSetDevice,
@@ -100,6 +105,7 @@ pub struct AclLib {
     memcpy: FnMemcpy,
     init: FnInit,
     finalize: FnFinalize,
+    finalize_reference: Option<FnFinalizeReference>,
     // Keeps the library mapped for as long as the pointers above exist.
     loaded: Loaded,
 }
@@ -135,6 +141,7 @@ impl AclLib {
                 memcpy: loaded.function("aclrtMemcpy")?,
                 init: loaded.function("aclInit")?,
                 finalize: loaded.function("aclFinalize")?,
+                finalize_reference: loaded.optional_function("aclFinalizeReference"),
                 loaded,
             })
         }
@@ -146,10 +153,26 @@ impl AclLib {
         unsafe { (self.init)(std::ptr::null()) }
     }
 
-    /// `aclFinalize()`.
+    /// `aclFinalize()`: deinitialises the runtime whatever its reference count.
     pub fn finalize(&self) -> AclResult {
         // SAFETY: no arguments.
         unsafe { (self.finalize)() }
+    }
+
+    /// Whether the runtime has `aclFinalizeReference` (and so a reference-counted `aclInit`).
+    pub fn has_finalize_reference(&self) -> bool {
+        self.finalize_reference.is_some()
+    }
+
+    /// `aclFinalizeReference(&refCount)`: the status and the count left; `None` when this
+    /// `libascendcl.so` has no such function.
+    pub fn finalize_reference(&self) -> Option<(AclResult, u64)> {
+        let f = self.finalize_reference?;
+        let mut count = 0u64;
+        // SAFETY: `count` is a valid out slot (the documented input is ignored, the output is
+        // the count left).
+        let code = unsafe { f(&mut count) };
+        Some((code, count))
     }
 
     /// `aclrtSetDevice(deviceId)`.

@@ -1,5 +1,5 @@
-//! `libdcmi.so`: the device management calls that map a logical NPU to its (card, device) and
-//! read RoCE link health.
+//! `libdcmi.so`: the device management calls that map a die's physical or logical id to DCMI's
+//! `(card_id, device_id)` and read RoCE link health.
 //!
 //! Sources followed (Huawei's DCMI API reference on hiascend.com, 设备管理接口 section, and the
 //! driver header `dcmi_interface_api.h`):
@@ -11,6 +11,11 @@
 //! - `int dcmi_get_device_num_in_card(int card_id, int *device_num)`, header.
 //! - `int dcmi_get_card_id_device_id_from_logicid(int *card_id, int *device_id, unsigned int
 //!   device_logic_id)` (`re/api/api_102.html`).
+//! - `int dcmi_get_card_id_device_id_from_phyid(int *card_id, int *device_id, unsigned int
+//!   device_phy_id)` (`re/api/api_101.html`): the physical id is the `N` of `/dev/davinciN`,
+//!   the id HCCL's rank table carries.
+//! - `int dcmi_get_device_phyid_from_logicid(unsigned int logicid, unsigned int *phyid)`
+//!   (`re/api/api_099.html`; HDK A2DCMI `dcmi_113.html`).
 //! - `int dcmi_get_device_network_health(int card_id, int device_id, enum
 //!   dcmi_rdfx_detect_result *result)` (`re/api/api_074.html`; HDK A2DCMI `dcmi_088.html`):
 //!   "查询RoCE网卡的IP地址的连通状态", the connectivity of the RoCE NIC's IP, with `result` one of
@@ -21,10 +26,11 @@
 //! `device_id` is the chip index inside a card ("通过dcmi_get_device_id_in_card接口获取"). Every
 //! call returns 0 (`DCMI_OK`) or a negative `DCMI_ERR_CODE_*`.
 //!
-//! Not confirmed: the pages above are the Atlas 200I A2 and A2 HDK editions (the 200I A2 page
-//! even marks the network-health call unsupported on that product). The Atlas A3 (Ascend
-//! 910_93) DCMI reference exists but was not checked for these two calls; Huawei's own
-//! npu-exporter binds `dcmi_get_device_network_health` for its 910 collectors.
+//! The Atlas A3 DCMI reference lists `dcmi_init`, `dcmi_get_card_list`,
+//! `dcmi_get_device_num_in_card`, `dcmi_get_card_id_device_id_from_logicid` and
+//! `dcmi_get_device_network_health` as supported on every A3 product, in unprivileged
+//! containers too. The two physical-id calls were followed in the A2-series editions (bare
+//! metal and containers: supported) and have not been checked against the A3 edition.
 
 use super::Loaded;
 use crate::search::{EnvLookup, LoadError, DCMI};
@@ -40,6 +46,8 @@ type FnInit = unsafe extern "C" fn() -> DcmiResult;
 type FnGetCardList = unsafe extern "C" fn(*mut i32, *mut i32, i32) -> DcmiResult;
 type FnGetDeviceNumInCard = unsafe extern "C" fn(i32, *mut i32) -> DcmiResult;
 type FnFromLogicId = unsafe extern "C" fn(*mut i32, *mut i32, u32) -> DcmiResult;
+type FnFromPhyId = unsafe extern "C" fn(*mut i32, *mut i32, u32) -> DcmiResult;
+type FnPhyIdFromLogicId = unsafe extern "C" fn(u32, *mut u32) -> DcmiResult;
 type FnNetworkHealth = unsafe extern "C" fn(i32, i32, *mut i32) -> DcmiResult;
 
 /// Every function the table binds, in binding order: what a preflight looks for
@@ -49,15 +57,20 @@ pub const SYMBOLS: &[&str] = &[
     "dcmi_get_card_list",
     "dcmi_get_device_num_in_card",
     "dcmi_get_card_id_device_id_from_logicid",
+    "dcmi_get_card_id_device_id_from_phyid",
+    "dcmi_get_device_phyid_from_logicid",
     "dcmi_get_device_network_health",
 ];
 
-/// The DCMI function table.
+/// The DCMI function table. `Send + Sync`: the calls carry no handle and DCMI serves them from
+/// any thread, so the node HAL runs each probe on a thread of its own (to bound it in time).
 pub struct DcmiLib {
     init: FnInit,
     get_card_list: FnGetCardList,
     get_device_num_in_card: FnGetDeviceNumInCard,
     card_id_device_id_from_logicid: FnFromLogicId,
+    card_id_device_id_from_phyid: FnFromPhyId,
+    device_phyid_from_logicid: FnPhyIdFromLogicId,
     device_network_health: FnNetworkHealth,
     // Keeps the library mapped for as long as the pointers above exist.
     loaded: Loaded,
@@ -90,6 +103,9 @@ impl DcmiLib {
                 get_device_num_in_card: loaded.function("dcmi_get_device_num_in_card")?,
                 card_id_device_id_from_logicid: loaded
                     .function("dcmi_get_card_id_device_id_from_logicid")?,
+                card_id_device_id_from_phyid: loaded
+                    .function("dcmi_get_card_id_device_id_from_phyid")?,
+                device_phyid_from_logicid: loaded.function("dcmi_get_device_phyid_from_logicid")?,
                 device_network_health: loaded.function("dcmi_get_device_network_health")?,
                 loaded,
             })
@@ -128,6 +144,22 @@ impl DcmiLib {
         let code =
             unsafe { (self.card_id_device_id_from_logicid)(&mut card, &mut device, logic_id) };
         (code, card, device)
+    }
+
+    /// `dcmi_get_card_id_device_id_from_phyid(&card_id, &device_id, device_phy_id)`.
+    pub fn get_card_id_device_id_from_phyid(&self, phy_id: u32) -> (DcmiResult, i32, i32) {
+        let (mut card, mut device) = (0i32, 0i32);
+        // SAFETY: both are valid out slots.
+        let code = unsafe { (self.card_id_device_id_from_phyid)(&mut card, &mut device, phy_id) };
+        (code, card, device)
+    }
+
+    /// `dcmi_get_device_phyid_from_logicid(logicid, &phyid)`.
+    pub fn get_device_phyid_from_logicid(&self, logic_id: u32) -> (DcmiResult, u32) {
+        let mut phy = 0u32;
+        // SAFETY: `phy` is a valid out slot.
+        let code = unsafe { (self.device_phyid_from_logicid)(logic_id, &mut phy) };
+        (code, phy)
     }
 
     /// `dcmi_get_device_network_health(card_id, device_id, &result)`; the result is the raw

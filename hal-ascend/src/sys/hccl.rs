@@ -113,7 +113,7 @@ type FnAllReduce = unsafe extern "C" fn(
 type FnComm = unsafe extern "C" fn(*mut c_void) -> HcclResult;
 type FnGetCommName = unsafe extern "C" fn(*mut c_void, *mut c_char) -> HcclResult;
 
-/// Every function the table binds, in binding order: what a preflight looks for
+/// Every function the table requires, in binding order: what a preflight looks for
 /// ([`super::probe_symbols`]).
 pub const SYMBOLS: &[&str] = &[
     "HcclCommWorkingDevNicSet",
@@ -122,10 +122,13 @@ pub const SYMBOLS: &[&str] = &[
     "HcclGetRankId",
     "HcclGetRankSize",
     "HcclAllReduce",
-    "HcclCommResume",
     "HcclCommDestroy",
     "HcclGetCommName",
 ];
+
+/// Functions bound when the library has them. `HcclCommResume` is documented as reserved and
+/// the worker never calls it, so a `libhccl.so` without it loads all the same.
+pub const OPTIONAL_SYMBOLS: &[&str] = &["HcclCommResume"];
 
 /// The HCCL function table.
 pub struct HcclLib {
@@ -135,7 +138,7 @@ pub struct HcclLib {
     get_rank_id: FnCommU32,
     get_rank_size: FnCommU32,
     all_reduce: FnAllReduce,
-    comm_resume: FnComm,
+    comm_resume: Option<FnComm>,
     comm_destroy: FnComm,
     get_comm_name: FnGetCommName,
     // Keeps the library mapped for as long as the pointers above exist.
@@ -143,7 +146,8 @@ pub struct HcclLib {
 }
 
 impl HcclLib {
-    /// Searches for `libhccl.so` (see [`crate::search`]) and binds every function.
+    /// Searches for `libhccl.so` (see [`crate::search`]) and binds every function
+    /// ([`SYMBOLS`] must all be there, [`OPTIONAL_SYMBOLS`] when present).
     pub fn open(env: EnvLookup<'_>) -> Result<Self, LoadError> {
         Self::bind(Loaded::search(&HCCL, env)?)
     }
@@ -170,7 +174,7 @@ impl HcclLib {
                 get_rank_id: loaded.function("HcclGetRankId")?,
                 get_rank_size: loaded.function("HcclGetRankSize")?,
                 all_reduce: loaded.function("HcclAllReduce")?,
-                comm_resume: loaded.function("HcclCommResume")?,
+                comm_resume: loaded.optional_function("HcclCommResume"),
                 comm_destroy: loaded.function("HcclCommDestroy")?,
                 get_comm_name: loaded.function("HcclGetCommName")?,
                 loaded,
@@ -286,10 +290,11 @@ impl HcclLib {
         }
     }
 
-    /// `HcclCommResume(comm)`.
-    pub fn comm_resume(&self, comm: &CommHandle) -> HcclResult {
+    /// `HcclCommResume(comm)`; `None` when this `libhccl.so` has no such function.
+    pub fn comm_resume(&self, comm: &CommHandle) -> Option<HcclResult> {
+        let f = self.comm_resume?;
         // SAFETY: `comm` is live.
-        unsafe { (self.comm_resume)(comm.as_raw()) }
+        Some(unsafe { f(comm.as_raw()) })
     }
 
     /// `HcclCommDestroy(comm)`. Consumes the handle whatever the result.

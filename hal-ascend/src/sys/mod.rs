@@ -29,28 +29,34 @@ pub struct LibraryProbe {
     pub loaded: Candidate,
     /// Earlier candidates that did not load, with the loader's message.
     pub skipped: Vec<Attempt>,
-    /// Symbols of `symbols` not found in the file, in the order given.
+    /// Required symbols not found in the file, in the order given: the `open` functions fail.
     pub missing: Vec<&'static str>,
+    /// Optional symbols not found in the file: bound when present, never required.
+    pub optional_missing: Vec<&'static str>,
 }
 
-/// Runs the search for `spec`, then looks up each of `symbols` (e.g. [`hccl::SYMBOLS`]) in the
-/// file that loaded, without calling anything, and unloads it. Unlike the `open` functions,
-/// which stop at the first missing symbol, this reports all of them.
+/// Runs the search for `spec`, then looks up each of `symbols` (e.g. [`hccl::SYMBOLS`]) and of
+/// `optional` (e.g. [`hccl::OPTIONAL_SYMBOLS`]) in the file that loaded, without calling
+/// anything, and unloads it. Unlike the `open` functions, which stop at the first missing
+/// symbol, this reports all of them.
 pub fn probe_symbols(
     spec: &LibrarySpec,
     symbols: &[&'static str],
+    optional: &[&'static str],
     env: EnvLookup<'_>,
 ) -> Result<LibraryProbe, LoadError> {
     let (loaded, candidate, skipped) = Loaded::search_reporting(spec, env)?;
-    let missing = symbols
-        .iter()
-        .copied()
-        .filter(|s| !loaded.has_symbol(s))
-        .collect();
+    let absent = |list: &[&'static str]| {
+        list.iter()
+            .copied()
+            .filter(|s| !loaded.has_symbol(s))
+            .collect()
+    };
     Ok(LibraryProbe {
         loaded: candidate,
         skipped,
-        missing,
+        missing: absent(symbols),
+        optional_missing: absent(optional),
     })
 }
 
@@ -122,6 +128,17 @@ impl Loaded {
         // SAFETY: the pointer is only tested for presence and dropped at once: no call, no
         // dereference, so its type does not matter.
         unsafe { self.lib.get::<*const std::ffi::c_void>(symbol.as_bytes()) }.is_ok()
+    }
+
+    /// As [`Loaded::function`], but `None` when the library does not export `symbol`: for
+    /// functions some versions of a library have and others do not.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Loaded::function`].
+    pub(crate) unsafe fn optional_function<T: Copy>(&self, symbol: &'static str) -> Option<T> {
+        // SAFETY: the caller's guarantees are those `function` needs.
+        unsafe { self.function(symbol) }.ok()
     }
 
     /// Copies the function pointer named `symbol` out of the library.

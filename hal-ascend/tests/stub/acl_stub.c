@@ -2,6 +2,13 @@
  * Stub libascendcl.so: device, stream and memory calls, recording every call. "Device" memory
  * is host memory with a header naming it buf#<id>; streams are logged as stream#<id>. Safe to
  * call from several threads at once (ids are handed out under a lock).
+ *
+ * aclInit follows recent CANN by default: it is reference-counted. Each aclInit adds a
+ * reference; aclFinalizeReference takes one away and reports how many are left (the runtime is
+ * deinitialised when none is); aclFinalize deinitialises at once and clears the count. Built
+ * with -DSTUB_ACL_LEGACY it is an older runtime instead: no aclFinalizeReference, and a second
+ * aclInit without aclFinalize answers ACL_ERROR_REPEAT_INITIALIZE. stub_acl_refs() reads the
+ * count (legacy: 1 while initialised, else 0).
  */
 #include "stub_common.h"
 
@@ -9,12 +16,13 @@ typedef int aclError;
 typedef void *aclrtStream;
 
 #define ACL_ERROR_INVALID_PARAM 100000
+#define ACL_ERROR_UNINITIALIZE 100001
 #define ACL_ERROR_REPEAT_INITIALIZE 100002
 
 static struct stub_rc g_rc[] = {
     {"aclrtSetDevice", 0}, {"aclrtCreateStream", 0}, {"aclrtDestroyStream", 0},
     {"aclrtSynchronizeStream", 0}, {"aclrtMalloc", 0}, {"aclrtFree", 0},
-    {"aclrtMemcpy", 0}, {"aclInit", 0}, {"aclFinalize", 0}, {0, 0},
+    {"aclrtMemcpy", 0}, {"aclInit", 0}, {"aclFinalize", 0}, {"aclFinalizeReference", 0}, {0, 0},
 };
 static struct stub_rc *stub_rc_table(void) { return g_rc; }
 
@@ -30,17 +38,28 @@ static int next_id(int *counter) {
     return id;
 }
 
-static int g_initialized;
+static unsigned long long g_refs;
 
-/* A second aclInit without aclFinalize answers ACL_ERROR_REPEAT_INITIALIZE, as ACL does. */
+unsigned long long stub_acl_refs(void) {
+    pthread_mutex_lock(&g_ids_mu);
+    unsigned long long r = g_refs;
+    pthread_mutex_unlock(&g_ids_mu);
+    return r;
+}
+
 aclError aclInit(const char *configPath) {
     stub_record("aclInit configPath=%s", configPath ? configPath : "NULL");
     int rc = stub_rc_of(__func__);
     if (rc)
         return rc;
     pthread_mutex_lock(&g_ids_mu);
-    int again = g_initialized;
-    g_initialized = 1;
+#ifdef STUB_ACL_LEGACY
+    int again = g_refs > 0;
+    g_refs = 1;
+#else
+    int again = 0;
+    g_refs++;
+#endif
     pthread_mutex_unlock(&g_ids_mu);
     return again ? ACL_ERROR_REPEAT_INITIALIZE : 0;
 }
@@ -51,10 +70,28 @@ aclError aclFinalize(void) {
     if (rc)
         return rc;
     pthread_mutex_lock(&g_ids_mu);
-    g_initialized = 0;
+    g_refs = 0;
     pthread_mutex_unlock(&g_ids_mu);
     return 0;
 }
+
+#ifndef STUB_ACL_LEGACY
+aclError aclFinalizeReference(uint64_t *refCount) {
+    stub_record("aclFinalizeReference");
+    int rc = stub_rc_of(__func__);
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&g_ids_mu);
+    if (g_refs == 0)
+        rc = ACL_ERROR_UNINITIALIZE;
+    else
+        g_refs--;
+    if (refCount)
+        *refCount = g_refs;
+    pthread_mutex_unlock(&g_ids_mu);
+    return rc;
+}
+#endif
 
 aclError aclrtSetDevice(int32_t deviceId) {
     stub_record("aclrtSetDevice deviceId=%d", deviceId);

@@ -27,12 +27,19 @@
  *       useBackup from the k-th call of the member that made it first ("NICSET_MISMATCH"; the
  *       k-th call counts the calls that passed the two checks before).
  *       Its log line ends with " group=<name> rank=<group rank>".
+ *     - HCCL's per-operator NIC rule (CANN's HcclCommWorkingDevNicSet page): a NIC set that
+ *       succeeds reaches the member's set configuration and every operator (all-reduce of one
+ *       count, dataType and op) the member had issued on the communicator; an operator first
+ *       issued later starts on the default NIC (every rank primary). A collective whose members
+ *       hold different configurations of its operator fails for all of them with
+ *       HCCL_E_INTERNAL ("HcclAllReduce NIC_DISAGREE"); one that runs with a rank on its default
+ *       NIC that a member's set configuration has on its backup NIC is logged
+ *       ("HcclAllReduce DEFAULT_NIC group=<name> count=<count>") and counted
+ *       (stub_hccl_collectives_on_default_nic).
  */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime, strdup */
+#include "stub_common.h" /* first: it sets the POSIX feature level */
 #include <errno.h>
 #include <stdbool.h>
-#include <time.h>
-#include "stub_common.h"
 
 typedef int32_t HcclResult;
 typedef void *HcclComm;
@@ -43,6 +50,7 @@ typedef struct {
 
 #define HCCL_E_PARA 1
 #define HCCL_E_PTR 2
+#define HCCL_E_MEMORY 3
 #define HCCL_E_INTERNAL 4
 #define HCCL_E_NOT_SUPPORT 5
 #define HCCL_E_TIMEOUT 9
@@ -61,8 +69,18 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static long g_collective_timeout_ms = 60000;
 
 #define MAX_NICSET_CALLS 256
+#define MAX_OPS 64
 
 struct stub_group;
+
+/* One operator a member issued, and its NIC configuration (useBackup per group rank). */
+struct stub_op {
+    uint64_t count;
+    int dtype, op;
+    unsigned char *view;
+};
+
+static uint64_t g_default_nic;
 
 #define COMM_MAGIC 0x434f4d4du
 struct stub_comm {
@@ -77,6 +95,10 @@ struct stub_comm {
     uint64_t collectives_done;
     int in_collective;
     uint32_t nicset_calls;
+    /* The set configuration: what the NIC sets this member applied say, per group rank. */
+    unsigned char *set_view;
+    struct stub_op ops[MAX_OPS];
+    int nops;
 };
 
 struct stub_group {
@@ -94,6 +116,8 @@ struct stub_group {
     unsigned char *accum, *result;
     size_t cap;
     pthread_cond_t done;
+    /* The result every member of the round that completed last gets. */
+    int round_rc;
     /* The first-made signature of each member's k-th NIC set. */
     char *nicset_sig[MAX_NICSET_CALLS];
     struct stub_group *next;
@@ -161,6 +185,42 @@ static int comm_ok(HcclComm comm) {
         }                                                                                   \
     } while (0)
 
+/* Test helper: collectives that ran on the default NIC of a switched communicator. */
+uint64_t stub_hccl_collectives_on_default_nic(void) {
+    pthread_mutex_lock(&g_mu);
+    uint64_t n = g_default_nic;
+    pthread_mutex_unlock(&g_mu);
+    return n;
+}
+
+/* Caller holds g_mu. A NIC set that succeeded on member c: its set configuration and every
+ * operator it issued take the change. */
+static void apply_nicset(struct stub_comm *c, const uint32_t *ranks, const bool *useBackup, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        if (ranks[i] >= c->size)
+            continue;
+        c->set_view[ranks[i]] = useBackup[i] ? 1 : 0;
+        for (int o = 0; o < c->nops; o++)
+            c->ops[o].view[ranks[i]] = useBackup[i] ? 1 : 0;
+    }
+}
+
+/* Caller holds g_mu. Member c's configuration of an operator, issued now (on the default NIC)
+ * if it is new; NULL when c has issued MAX_OPS operators already. */
+static unsigned char *issue_op(struct stub_comm *c, uint64_t count, int dtype, int op) {
+    for (int o = 0; o < c->nops; o++)
+        if (c->ops[o].count == count && c->ops[o].dtype == dtype && c->ops[o].op == op)
+            return c->ops[o].view;
+    if (c->nops == MAX_OPS)
+        return NULL;
+    struct stub_op *n = &c->ops[c->nops++];
+    n->count = count;
+    n->dtype = dtype;
+    n->op = op;
+    n->view = calloc(c->size, 1);
+    return n->view;
+}
+
 HcclResult HcclCommWorkingDevNicSet(HcclComm comm, uint32_t *ranks, bool *useBackup, uint32_t nRanks) {
     char args[8192];
     size_t off = 0;
@@ -207,8 +267,12 @@ HcclResult HcclCommWorkingDevNicSet(HcclComm comm, uint32_t *ranks, bool *useBac
             rc = HCCL_E_PARA;
         }
     }
+    if (!rc)
+        rc = stub_rc_of(__func__);
+    if (!rc)
+        apply_nicset(c, ranks, useBackup, nRanks);
     pthread_mutex_unlock(&g_mu);
-    return rc ? rc : stub_rc_of(__func__);
+    return rc;
 }
 
 static int g_root_infos;
@@ -265,6 +329,7 @@ HcclResult HcclCommInitRootInfo(uint32_t nRanks, const HcclRootInfo *rootInfo, u
     g->members[rank] = c;
     g->joined++;
     c->group = g;
+    c->set_view = calloc(nRanks, 1);
     *comm = c;
     stub_record("HcclCommInitRootInfo nRanks=%u rank=%u root_hash=%u -> comm=#%d", nRanks, rank, sum, c->id);
     pthread_mutex_unlock(&g_mu);
@@ -330,6 +395,30 @@ static void break_group(struct stub_group *g) {
     pthread_cond_broadcast(&g->done);
 }
 
+/* Caller holds g_mu. The round of operator (count, dtype, op) just completed: every member
+ * issued it, so each holds a configuration of it. Members that disagree fail the round;
+ * agreeing ones that leave a switched rank on its default NIC are counted. */
+static int judge_round(struct stub_group *g, uint64_t count, int dtype, int op) {
+    unsigned char *first = issue_op(g->members[0], count, dtype, op);
+    int on_default = 0;
+    for (uint32_t m = 0; m < g->size; m++) {
+        struct stub_comm *c = g->members[m];
+        unsigned char *v = issue_op(c, count, dtype, op);
+        if (!v || !first || memcmp(v, first, g->size) != 0) {
+            stub_record("HcclAllReduce NIC_DISAGREE group=%s rank=%u count=%llu", g->name, m,
+                        (unsigned long long)count);
+            return HCCL_E_INTERNAL;
+        }
+        for (uint32_t r = 0; r < g->size; r++)
+            on_default |= c->set_view[r] && !first[r];
+    }
+    if (on_default) {
+        g_default_nic++;
+        stub_record("HcclAllReduce DEFAULT_NIC group=%s count=%llu", g->name, (unsigned long long)count);
+    }
+    return 0;
+}
+
 /* The collective of a root-info communicator. Caller holds g_mu; returns with it held. */
 static int group_all_reduce(struct stub_comm *c, const void *send, void *recv, uint64_t count, int dtype,
                             int op) {
@@ -348,6 +437,8 @@ static int group_all_reduce(struct stub_comm *c, const void *send, void *recv, u
                     c->rank, (unsigned long long)g->count, (unsigned long long)count, g->dtype, dtype, g->op, op);
         return HCCL_E_PARA;
     }
+    if (!issue_op(c, count, dtype, op))
+        return HCCL_E_MEMORY;
     if (g->arrived == 0) {
         if (g->cap < bytes) {
             free(g->accum);
@@ -370,17 +461,11 @@ static int group_all_reduce(struct stub_comm *c, const void *send, void *recv, u
         g->accum = g->result;
         g->result = done;
         g->arrived = 0;
+        g->round_rc = judge_round(g, count, dtype, op);
         g->generation++;
         pthread_cond_broadcast(&g->done);
     } else {
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += g_collective_timeout_ms / 1000;
-        until.tv_nsec += (g_collective_timeout_ms % 1000) * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
+        struct timespec until = stub_deadline_after_ms(g_collective_timeout_ms);
         c->in_collective = 1;
         while (g->generation == mine && !g->broken) {
             if (pthread_cond_timedwait(&g->done, &g_mu, &until) == ETIMEDOUT && g->generation == mine) {
@@ -396,10 +481,12 @@ static int group_all_reduce(struct stub_comm *c, const void *send, void *recv, u
             return HCCL_E_REMOTE;
         }
     }
-    /* Nobody can complete the next collective before this member joins it, so `result` still
-     * holds this one's. */
-    memcpy(recv, g->result, bytes);
+    /* Nobody can complete the next collective before this member joins it, so `result` and
+     * `round_rc` still hold this one's. */
     c->collectives_done++;
+    if (g->round_rc)
+        return g->round_rc;
+    memcpy(recv, g->result, bytes);
     return 0;
 }
 

@@ -12,12 +12,16 @@
 #ifndef TASKD_STUB_COMMON_H
 #define TASKD_STUB_COMMON_H
 
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, strdup */
+#endif
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define STUB_LOG_CAP (1 << 22)
 
@@ -64,6 +68,19 @@ static int stub_rc_of(const char *fn) {
         }
     pthread_mutex_unlock(&g_log_mu);
     return code;
+}
+
+/* The CLOCK_REALTIME instant `ms` milliseconds from now, for pthread_cond_timedwait. */
+static inline struct timespec stub_deadline_after_ms(long ms) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += ms / 1000;
+    until.tv_nsec += (ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    return until;
 }
 
 /* Copies the log (NUL-terminated, truncated to cap) and returns its full length. */

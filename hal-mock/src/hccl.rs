@@ -169,27 +169,48 @@ impl Fabric {
             }
         }
 
-        // Immediate checks: nothing is waited for and nothing changes.
+        let gi = match self.nic_set_checks(st, rank, group, ranks, use_backup, fault_code) {
+            Ok(gi) => gi,
+            Err(answer) => return answer,
+        };
+        self.join_nic_round(st, rank, gi, ranks, use_backup, fault_code)
+    }
+
+    /// HCCL's immediate checks: nothing is waited for and nothing changes. `Ok(group index)`
+    /// to go on to the rendezvous, or the call's answer.
+    fn nic_set_checks(
+        &self,
+        st: &mut Guard<'_>,
+        rank: GlobalRank,
+        group: &str,
+        ranks: &[GroupRank],
+        use_backup: &[bool],
+        fault_code: Option<HcclCode>,
+    ) -> Result<usize, NicResult> {
+        let r = rank.0 as usize;
         let Some(&gi) = st.by_name.get(group) else {
-            return fail(
+            return Err(fail(
                 HcclCode::NotFound,
                 format!("no communication group {group:?}"),
-            );
+            ));
         };
         let Some(m) = st.groups[gi].member_index(rank) else {
-            return fail(HcclCode::NotFound, "this rank is not a member of the group");
+            return Err(fail(
+                HcclCode::NotFound,
+                "this rank is not a member of the group",
+            ));
         };
         if let Err(detail) = self.check_arguments(st, gi, ranks, use_backup) {
-            return fail(HcclCode::Para, detail);
+            return Err(fail(HcclCode::Para, detail));
         }
         if !st.groups[gi].ran_op[m] {
             st.violation(format!(
                 "{NIC_SET_OP} by rank {rank} on group {group}, which has not run any collective yet"
             ));
-            return fail(
+            return Err(fail(
                 HcclCode::Internal,
                 "the group has not run any collective yet (no transport links to switch)",
-            );
+            ));
         }
         if st.groups[gi].ar_in_flight[m] {
             st.violation(format!(
@@ -208,21 +229,37 @@ impl Fabric {
                 group,
                 "sim HCCL: {NIC_SET_OP} does nothing because {why}; returning success"
             );
-            return match fault_code {
+            return Err(match fault_code {
                 Some(c) => fail(c, "injected fault"),
                 None => NicResult {
                     code: HcclCode::Success,
                     detail: format!("no-op: {why}"),
                     applied: false,
                 },
-            };
+            });
         }
         if let Some(peer) = st.any_member_dead(gi) {
             let (c, d) = peer_lost(peer);
-            return fail(fault_code.unwrap_or(c), d);
+            return Err(fail(fault_code.unwrap_or(c), d));
         }
 
-        // Join the rendezvous.
+        Ok(gi)
+    }
+
+    /// Joins the group's NIC-set rendezvous and waits for its outcome (or a reason to leave).
+    fn join_nic_round(
+        &self,
+        st: &mut Guard<'_>,
+        rank: GlobalRank,
+        gi: usize,
+        ranks: &[GroupRank],
+        use_backup: &[bool],
+        fault_code: Option<HcclCode>,
+    ) -> NicResult {
+        let r = rank.0 as usize;
+        let m = st.groups[gi]
+            .member_index(rank)
+            .expect("checked by nic_set_checks");
         let round_id = st.groups[gi].nic_round_id;
         {
             let g = &mut st.groups[gi];

@@ -1,6 +1,6 @@
 //! `libhccl.so`: the HCCL entry points taskd and a hardware rig need.
 //!
-//! Prototypes are those of CANN's `hccl.h` / `hccl_types.h`, as listed in DESIGN.md section 5.
+//! Prototypes are those of CANN's `hccl.h` / `hccl_types.h` (`docs/hal.md` lists the calls taskd makes).
 //! `HcclResult`, `HcclDataType` and `HcclReduceOp` are C enums, passed as `int`.
 
 use super::acl::{DevicePtr, StreamHandle};

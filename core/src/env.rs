@@ -53,8 +53,13 @@ pub const ASCEND_TOOLKIT_HOME: &str = "ASCEND_TOOLKIT_HOME";
 pub const TASKD_CONTROL_TOKEN: &str = "TASKD_CONTROL_TOKEN";
 /// The `taskd` binary's log format (`text` or `json`).
 pub const TASKD_LOG_FORMAT: &str = "TASKD_LOG_FORMAT";
-/// The proxy a worker started by hand connects to (`examples/remote_worker.rs`).
+/// The proxy a worker started by hand connects to (`examples/remote_worker.rs`), and the
+/// proxy of an embedded worker (`taskd-capi`, the Python package).
 pub const TASKD_PROXY: &str = "TASKD_PROXY";
+/// The control API address of an embedded manager whose configuration does not name one.
+pub const TASKD_CONTROL_ADDR: &str = "TASKD_CONTROL_ADDR";
+/// The proxies' port of an embedded manager whose configuration does not name one.
+pub const TASKD_MANAGER_LISTEN: &str = "TASKD_MANAGER_LISTEN";
 
 // ---------------------------------------------------------------------------------------------
 // Reading

@@ -39,7 +39,11 @@ pub fn to_args(
     let mut args = Vec::new();
     for (key, value) in map {
         if keys.ignored.contains(&key.as_str()) {
-            tracing::info!(role, key, "configuration key accepted and not used by taskd");
+            tracing::info!(
+                role,
+                key,
+                "configuration key accepted and not used by taskd"
+            );
             continue;
         }
         let flag_key = keys
@@ -61,7 +65,14 @@ pub fn to_args(
                 ),
             })?;
         let takes_value = arg.get_action().takes_values();
-        push_value(role, key, &format!("--{long}"), takes_value, value, &mut args)?;
+        push_value(
+            role,
+            key,
+            &format!("--{long}"),
+            takes_value,
+            value,
+            &mut args,
+        )?;
     }
     Ok(args)
 }
@@ -136,6 +147,19 @@ pub fn parse_error(role: &'static str, cmd: &Command, e: &clap::Error) -> CapiEr
     for long in longs {
         message = message.replace(&format!("--{long}"), &long.replace('-', "_"));
     }
+    if e.kind() == clap::error::ErrorKind::MissingRequiredArgument {
+        for arg in cmd.get_arguments() {
+            if let (Some(long), Some(var)) = (arg.get_long(), arg.get_env()) {
+                if message.contains(&long.replace('-', "_")) {
+                    let key = long.replace('-', "_");
+                    message.push_str(&format!(
+                        " ({key} may also come from ${})",
+                        var.to_string_lossy()
+                    ));
+                }
+            }
+        }
+    }
     CapiError::Config { role, message }
 }
 
@@ -154,7 +178,11 @@ mod tests {
             .no_binary_name(true)
             .arg(Arg::new("nodes").long("nodes").action(ArgAction::Set))
             .arg(Arg::new("force").long("force").action(ArgAction::SetTrue))
-            .arg(Arg::new("dev").long("sim-link-down").action(ArgAction::Append))
+            .arg(
+                Arg::new("dev")
+                    .long("sim-link-down")
+                    .action(ArgAction::Append),
+            )
             .arg(Arg::new("tsp").long("tsp").action(ArgAction::Set))
     }
 
@@ -177,7 +205,10 @@ mod tests {
         assert!(e.contains("unknown key \"nodes_unused\""), "{e}");
         assert!(e.contains("nodes, force, sim_link_down, tsp"), "{e}");
         let one = |json: &str| args(json).unwrap();
-        assert_eq!(one(r#"{"node_nums": 2, "plugin_dir": "/x"}"#), ["--nodes=2"]);
+        assert_eq!(
+            one(r#"{"node_nums": 2, "plugin_dir": "/x"}"#),
+            ["--nodes=2"]
+        );
         assert_eq!(one(r#"{"force": true}"#), ["--force"]);
         assert_eq!(
             one(r#"{"sim_link_down": [1, "3"]}"#),

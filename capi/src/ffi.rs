@@ -44,12 +44,11 @@ pub const TASKD_ADDR_CONTROL: i32 = 1;
 /// Bytes a switch function may write as its reason.
 const SWITCH_ERR_LEN: usize = 1024;
 
-static VERSION: &CStr = match CStr::from_bytes_with_nul(
-    concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes(),
-) {
-    Ok(v) => v,
-    Err(_) => panic!("the version has no NUL inside"),
-};
+static VERSION: &CStr =
+    match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+        Ok(v) => v,
+        Err(_) => panic!("the version has no NUL inside"),
+    };
 
 /// Text from C: not null, UTF-8.
 ///
@@ -150,7 +149,10 @@ pub extern "C" fn taskd_last_error() -> *const c_char {
 /// # Safety
 /// Both arguments are NUL-terminated strings.
 #[no_mangle]
-pub unsafe extern "C" fn taskd_check_config(role: *const c_char, config_json: *const c_char) -> i32 {
+pub unsafe extern "C" fn taskd_check_config(
+    role: *const c_char,
+    config_json: *const c_char,
+) -> i32 {
     guard(|| {
         // SAFETY: strings by the caller's contract.
         let (role, json) = unsafe { (text(role, "role")?, text(config_json, "config_json")?) };
@@ -291,7 +293,11 @@ pub unsafe extern "C" fn taskd_proxy_start(
 /// # Safety
 /// `p` is a live handle; `buf` is writable for `len` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn taskd_proxy_addr(p: *const TaskdProxy, buf: *mut c_char, len: usize) -> i32 {
+pub unsafe extern "C" fn taskd_proxy_addr(
+    p: *const TaskdProxy,
+    buf: *mut c_char,
+    len: usize,
+) -> i32 {
     guard(|| {
         // SAFETY: a live handle by the caller's contract.
         let addr = unsafe { handle(p)? }.0.local_addr().to_string();
@@ -314,7 +320,9 @@ pub unsafe extern "C" fn taskd_proxy_wait_registered(
 ) -> i32 {
     guard(|| {
         // SAFETY: a live handle by the caller's contract.
-        let a = unsafe { handle(p)? }.0.wait_registered(timeout_ms(timeout_ms_))?;
+        let a = unsafe { handle(p)? }
+            .0
+            .wait_registered(timeout_ms(timeout_ms_))?;
         // SAFETY: null or writable for `node_len` bytes by the caller's contract.
         unsafe { write_optional(node, node_len, &a.node) }
     })
@@ -421,9 +429,7 @@ pub unsafe extern "C" fn taskd_worker_step_completed(w: *const TaskdWorker, step
     // SAFETY: null or a live handle by the caller's contract.
     if let Some(w) = unsafe { w.as_ref() } {
         // The gate never panics on this path; a bug there must still not unwind into C.
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            w.0.step_completed(step)
-        }));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.0.step_completed(step)));
         if let Err(p) = r {
             error::record(&CapiError::from_panic(p));
         }
@@ -444,7 +450,9 @@ pub unsafe extern "C" fn taskd_worker_wait_registered(
 ) -> i32 {
     guard(|| {
         // SAFETY: a live handle by the caller's contract.
-        let r = unsafe { handle(w)? }.0.wait_registered(timeout_ms(timeout_ms_))?;
+        let r = unsafe { handle(w)? }
+            .0
+            .wait_registered(timeout_ms(timeout_ms_))?;
         // SAFETY: null or writable for `node_len` bytes by the caller's contract.
         unsafe { write_optional(node, node_len, &r.node.0) }
     })

@@ -16,8 +16,7 @@
 //! it returns `False` (a failed call, and a rollback) unless every group succeeded.
 
 use taskd_core::{
-    GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, Library, RankHal,
-    SwitchCapabilities,
+    GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, Library, RankHal, SwitchCapabilities,
 };
 
 /// The one group a framework HAL reports: every rank of the job, group rank = global rank.
@@ -99,14 +98,16 @@ impl RankHal for FrameworkHal {
         }
         // Group rank = global rank in the framework group.
         let global: Vec<u32> = ranks.iter().map(|r| r.0).collect();
-        self.switch.switch_nic(&global, use_backup).map_err(|reason| {
-            HalError::uncoded(
-                "_comm_switch_nic",
-                Library::Hccl,
-                HalErrorKind::Other,
-                reason,
-            )
-        })
+        self.switch
+            .switch_nic(&global, use_backup)
+            .map_err(|reason| {
+                HalError::uncoded(
+                    "_comm_switch_nic",
+                    Library::Hccl,
+                    HalErrorKind::Other,
+                    reason,
+                )
+            })
     }
 
     fn capabilities(&mut self) -> SwitchCapabilities {
@@ -148,7 +149,11 @@ mod tests {
         assert_eq!(groups.len(), 1);
         assert_eq!(groups[0].members.len(), 8);
         // Targets on other nodes, in the operator's order: the plan is one call, unchanged.
-        let targets = [(GlobalRank(6), true), (GlobalRank(2), true), (GlobalRank(3), false)];
+        let targets = [
+            (GlobalRank(6), true),
+            (GlobalRank(2), true),
+            (GlobalRank(3), false),
+        ];
         let plan = plan_calls(&groups, &targets);
         assert_eq!(plan.len(), 1);
         for call in &plan {
@@ -172,7 +177,9 @@ mod tests {
             e.to_string(),
             "_comm_switch_nic failed (other): _comm_switch_nic returned False"
         );
-        let e = h.set_working_nic("tp-0", &[GroupRank(1)], &[true]).unwrap_err();
+        let e = h
+            .set_working_nic("tp-0", &[GroupRank(1)], &[true])
+            .unwrap_err();
         assert_eq!(e.kind, HalErrorKind::InvalidArgument);
         let (mut unregistered, _) = hal(None, false);
         assert_eq!(

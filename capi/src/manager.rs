@@ -28,7 +28,12 @@ struct ManagerCmd {
 /// `--procs-per-node`; the rest configure what taskd does not do.
 const KEYS: Keys<'static> = Keys {
     renamed: &[("node_nums", "nodes"), ("proc_per_node", "procs_per_node")],
-    ignored: &["plugin_dir", "fault_recover", "taskd_enable", "cluster_infos"],
+    ignored: &[
+        "plugin_dir",
+        "fault_recover",
+        "taskd_enable",
+        "cluster_infos",
+    ],
 };
 
 /// The manager's flags from its JSON configuration. A missing `control_addr` or `listen` is
@@ -263,16 +268,22 @@ mod tests {
     fn bad_values_are_named_by_key() {
         let e = check(r#"{"job_id": "j", "node_nums": 2, "proc_per_node": 0}"#).unwrap_err();
         assert!(
-            e.to_string().contains("invalid value '0' for 'procs_per_node"),
+            e.to_string()
+                .contains("invalid value '0' for 'procs_per_node"),
             "{e}"
         );
-        let e = check(r#"{"job_id": "j", "node_nums": 2, "proc_per_node": 1, "switch_timeout_ms": "soon"}"#)
-            .unwrap_err();
-        assert!(e.to_string().contains("'soon' for 'switch_timeout_ms"), "{e}");
+        let e = check(
+            r#"{"job_id": "j", "node_nums": 2, "proc_per_node": 1, "switch_timeout_ms": "soon"}"#,
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("'soon' for 'switch_timeout_ms"),
+            "{e}"
+        );
         let e = check(r#"{"job_id": "", "nodes": 1, "procs_per_node": 1}"#).unwrap_err();
         assert!(e.to_string().contains("job_id"), "{e}");
-        let e = check(r#"{"job_id": "j", "nodes": 1, "procs_per_node": 1, "help": true}"#)
-            .unwrap_err();
+        let e =
+            check(r#"{"job_id": "j", "nodes": 1, "procs_per_node": 1, "help": true}"#).unwrap_err();
         assert!(e.to_string().contains("unknown key \"help\""), "{e}");
     }
 }

@@ -173,12 +173,14 @@ impl EmbeddedProxy {
     /// Waits until the manager admitted this proxy (which node it is), refused it for good,
     /// the proxy stopped, or `timeout` passed.
     pub fn wait_registered(&self, timeout: Option<Duration>) -> Result<Assignment, CapiError> {
-        let r = self.state.wait_for(timeout, |s| match (&s.assigned, &s.stopped) {
-            (Some(Ok(a)), _) => Some(Ok(a.clone())),
-            (Some(Err(why)), _) => Some(Err(CapiError::Refused(why.clone()))),
-            (None, Some(why)) => Some(Err(CapiError::Stopped(why.clone()))),
-            (None, None) => None,
-        });
+        let r = self
+            .state
+            .wait_for(timeout, |s| match (&s.assigned, &s.stopped) {
+                (Some(Ok(a)), _) => Some(Ok(a.clone())),
+                (Some(Err(why)), _) => Some(Err(CapiError::Refused(why.clone()))),
+                (None, Some(why)) => Some(Err(CapiError::Stopped(why.clone()))),
+                (None, None) => None,
+            });
         r.unwrap_or(Err(CapiError::Timeout(
             timeout.unwrap_or_default(),
             "the manager to admit the proxy",
@@ -239,7 +241,10 @@ async fn run(
     admission.abort();
     let _ = admission.await;
     match Rc::try_unwrap(proxy) {
-        Ok(p) => p.shutdown(&format!("the proxy was stopped ({reason})")).await,
+        Ok(p) => {
+            p.shutdown(&format!("the proxy was stopped ({reason})"))
+                .await
+        }
         Err(_) => tracing::error!("the proxy is still in use; it stops with its thread"),
     }
     reason

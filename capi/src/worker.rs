@@ -89,9 +89,7 @@ impl WorkerOptions {
             rank,
             proxy: self.proxy.clone(),
             node,
-            tsp: self
-                .tsp
-                .unwrap_or_else(|| env::tsp_enabled(tft.as_deref())),
+            tsp: self.tsp.unwrap_or_else(|| env::tsp_enabled(tft.as_deref())),
             tls: self.tls.load().map_err(|e| bad(e.to_string()))?,
             net: self.net.config(),
         })
@@ -120,7 +118,10 @@ impl EmbeddedWorker {
     /// Starts the worker of the configuration `json`, switching through `switch`. Returns at
     /// once; the worker connects to its proxy in the background (with retries), and the gate
     /// lets every step pass until an operation arms it.
-    pub fn start(json: &str, switch: Box<dyn FrameworkSwitch>) -> Result<EmbeddedWorker, CapiError> {
+    pub fn start(
+        json: &str,
+        switch: Box<dyn FrameworkSwitch>,
+    ) -> Result<EmbeddedWorker, CapiError> {
         crate::init_logging();
         let opts = WorkerOptions::parse(json)?;
         let cfg = opts.config()?;
@@ -240,7 +241,10 @@ mod tests {
         )
         .unwrap();
         let c = o.config().unwrap();
-        assert_eq!((c.rank, c.proxy.as_str(), c.tsp), (GlobalRank(3), "[fd00::2]:9602", true));
+        assert_eq!(
+            (c.rank, c.proxy.as_str(), c.tsp),
+            (GlobalRank(3), "[fd00::2]:9602", true)
+        );
         let e = check(r#"{"job_id": "j"}"#).unwrap_err();
         assert!(e.to_string().contains("rank"), "{e}");
         let e = check(r#"{"job_id": "j", "rank": 0, "proxy": "nowhere"}"#).unwrap_err();

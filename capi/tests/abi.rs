@@ -180,11 +180,23 @@ fn the_header_declares_what_the_library_exports() {
         assert_eq!(Some(sig), c.get(name), "the signature of {name}");
     }
     // The switch function's type.
-    let fn_type = src.split("pub type TaskdSwitchFn = unsafe extern \"C\" fn(").nth(1).unwrap();
+    let fn_type = src
+        .split("pub type TaskdSwitchFn = unsafe extern \"C\" fn(")
+        .nth(1)
+        .unwrap();
     let (params, rest) = fn_type.split_once(')').unwrap();
     assert!(rest.trim_start().starts_with("-> bool;"));
-    let typedef = header.split("typedef bool (*taskd_switch_fn)(").nth(1).unwrap();
-    let c_params: Vec<String> = typedef.split_once(')').unwrap().0.split(',').map(c_param).collect();
+    let typedef = header
+        .split("typedef bool (*taskd_switch_fn)(")
+        .nth(1)
+        .unwrap();
+    let c_params: Vec<String> = typedef
+        .split_once(')')
+        .unwrap()
+        .0
+        .split(',')
+        .map(c_param)
+        .collect();
     assert_eq!(rust_params(params), c_params);
     // Opaque handles.
     for (rust_name, c_name) in [
@@ -206,12 +218,18 @@ fn the_header_declares_what_the_library_exports() {
 
 #[test]
 fn the_parsers_read_both_sides_of_a_declaration() {
-    let c = c_functions("int32_t taskd_x(const char *a,\n uint32_t b, taskd_w **out); /* c */ void taskd_y(void);");
+    let c = c_functions(
+        "int32_t taskd_x(const char *a,\n uint32_t b, taskd_w **out); /* c */ void taskd_y(void);",
+    );
     assert_eq!(
         c["taskd_x"],
         (
             "int32_t".to_owned(),
-            vec!["const char *".into(), "uint32_t".into(), "taskd_w **".into()]
+            vec![
+                "const char *".into(),
+                "uint32_t".into(),
+                "taskd_w **".into()
+            ]
         )
     );
     assert_eq!(c["taskd_y"], ("void".to_owned(), vec![]));
@@ -222,7 +240,11 @@ fn the_parsers_read_both_sides_of_a_declaration() {
         r["taskd_x"],
         (
             "int32_t".to_owned(),
-            vec!["const char *".into(), "uint32_t".into(), "taskd_worker **".into()]
+            vec![
+                "const char *".into(),
+                "uint32_t".into(),
+                "taskd_worker **".into()
+            ]
         )
     );
 }
@@ -258,13 +280,24 @@ fn bad_arguments_are_codes_with_a_message() {
     let json = CString::new(r#"{"job_id": "j", "rank": 1, "proxy": "host"}"#).unwrap();
     let code = unsafe { ffi::taskd_check_config(role.as_ptr(), json.as_ptr()) };
     assert_eq!(code, TASKD_ERR_CONFIG);
-    assert!(last_error().contains("'host' for 'proxy"), "{}", last_error());
+    assert!(
+        last_error().contains("'host' for 'proxy"),
+        "{}",
+        last_error()
+    );
     let json = CString::new(r#"{"job_id": "j", "rank": 1}"#).unwrap();
     assert_eq!(
         unsafe { ffi::taskd_check_config(role.as_ptr(), json.as_ptr()) },
         TASKD_OK
     );
-    let code = unsafe { ffi::taskd_worker_start(json.as_ptr(), None, std::ptr::null_mut(), &mut std::ptr::null_mut()) };
+    let code = unsafe {
+        ffi::taskd_worker_start(
+            json.as_ptr(),
+            None,
+            std::ptr::null_mut(),
+            &mut std::ptr::null_mut(),
+        )
+    };
     assert_eq!(code, TASKD_ERR_ARGUMENT);
     assert!(last_error().starts_with("switch_fn is a null pointer"));
     // A null worker is a no-op; freeing null is too.
@@ -282,26 +315,43 @@ fn bad_arguments_are_codes_with_a_message() {
 
 #[test]
 fn a_buffer_too_small_is_refused_naming_the_size() {
-    let json = CString::new(r#"{"job_id": "buf", "nodes": 1, "procs_per_node": 1, "listen": "127.0.0.1:0"}"#).unwrap();
+    let json = CString::new(
+        r#"{"job_id": "buf", "nodes": 1, "procs_per_node": 1, "listen": "127.0.0.1:0"}"#,
+    )
+    .unwrap();
     let mut m = std::ptr::null_mut();
     // SAFETY: live strings and locals; the handle is freed once, last.
     unsafe {
         assert_eq!(ffi::taskd_manager_start(json.as_ptr(), 0, &mut m), TASKD_OK);
         let mut small = [0i8; 4];
-        let code = ffi::taskd_manager_addr(m, ffi::TASKD_ADDR_LISTEN, small.as_mut_ptr(), small.len());
+        let code =
+            ffi::taskd_manager_addr(m, ffi::TASKD_ADDR_LISTEN, small.as_mut_ptr(), small.len());
         assert_eq!(code, TASKD_ERR_ARGUMENT);
-        assert!(last_error().contains("the buffer of 4 bytes is too small"), "{}", last_error());
+        assert!(
+            last_error().contains("the buffer of 4 bytes is too small"),
+            "{}",
+            last_error()
+        );
         let mut buf = [0i8; 64];
         let code = ffi::taskd_manager_addr(m, ffi::TASKD_ADDR_LISTEN, buf.as_mut_ptr(), buf.len());
         assert_eq!(code, TASKD_OK);
         let addr = CStr::from_ptr(buf.as_ptr()).to_str().unwrap().to_owned();
-        assert!(addr.starts_with("127.0.0.1:") && !addr.ends_with(":0"), "{addr}");
+        assert!(
+            addr.starts_with("127.0.0.1:") && !addr.ends_with(":0"),
+            "{addr}"
+        );
         let code = ffi::taskd_manager_addr(m, ffi::TASKD_ADDR_CONTROL, buf.as_mut_ptr(), buf.len());
         assert_eq!((code, buf[0]), (TASKD_OK, 0), "no control API: empty");
         assert_eq!(ffi::taskd_manager_stop(m), TASKD_OK);
         let mut why = [0i8; 64];
-        assert_eq!(ffi::taskd_manager_wait(m, 10_000, why.as_mut_ptr(), why.len()), TASKD_OK);
-        assert_eq!(CStr::from_ptr(why.as_ptr()).to_str().unwrap(), "taskd_manager_stop");
+        assert_eq!(
+            ffi::taskd_manager_wait(m, 10_000, why.as_mut_ptr(), why.len()),
+            TASKD_OK
+        );
+        assert_eq!(
+            CStr::from_ptr(why.as_ptr()).to_str().unwrap(),
+            "taskd_manager_stop"
+        );
         ffi::taskd_manager_free(m);
     }
 }
@@ -329,14 +379,19 @@ fn start_rank(job: &str, rank: u32, proxy: &str, stop: Arc<AtomicBool>) -> Rank 
     let fw = framework.clone();
     let switch = move |ranks: &[u32], flags: &[bool]| {
         let in_step = fw.in_step.load(Ordering::SeqCst);
-        fw.calls.lock().unwrap().push((ranks.to_vec(), flags.to_vec(), in_step));
+        fw.calls
+            .lock()
+            .unwrap()
+            .push((ranks.to_vec(), flags.to_vec(), in_step));
         if fw.fail.swap(false, Ordering::SeqCst) {
             Err("_comm_switch_nic returned False".to_owned())
         } else {
             Ok(())
         }
     };
-    let cfg = format!(r#"{{"job_id": "{job}", "rank": {rank}, "proxy": "{proxy}", "tsp": true, "heartbeat_ms": 100}}"#);
+    let cfg = format!(
+        r#"{{"job_id": "{job}", "rank": {rank}, "proxy": "{proxy}", "tsp": true, "heartbeat_ms": 100}}"#
+    );
     let worker = Arc::new(EmbeddedWorker::start(&cfg, Box::new(switch)).unwrap());
     let steps = Arc::new(AtomicU64::new(0));
     let (w, fw, n) = (worker.clone(), framework.clone(), steps.clone());
@@ -397,28 +452,52 @@ fn an_embedded_job_switches_through_the_frameworks_function() {
     }
     let stop = Arc::new(AtomicBool::new(false));
     let ranks: Vec<Rank> = (0..4)
-        .map(|r| start_rank(job, r, &proxies[r as usize / 2].local_addr().to_string(), stop.clone()))
+        .map(|r| {
+            start_rank(
+                job,
+                r,
+                &proxies[r as usize / 2].local_addr().to_string(),
+                stop.clone(),
+            )
+        })
         .collect();
     for r in &ranks {
-        let reg = r.worker.wait_registered(Some(Duration::from_secs(30))).unwrap();
+        let reg = r
+            .worker
+            .wait_registered(Some(Duration::from_secs(30)))
+            .unwrap();
         assert_eq!(reg.world_size, 4);
     }
     manager.wait_ready(Some(Duration::from_secs(30))).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let mut admin = rt.block_on(AdminClient::connect(&listen, None)).unwrap();
 
     // To the backup NIC and back: one call per operation on every rank, the whole list.
     for (use_backup, flags) in [(true, vec![true, true]), (false, vec![false, false])] {
-        let before: Vec<u64> = ranks.iter().map(|r| r.steps.load(Ordering::SeqCst)).collect();
-        let report = rt.block_on(admin.run(&command(job, &[1, 0], use_backup))).unwrap();
+        let before: Vec<u64> = ranks
+            .iter()
+            .map(|r| r.steps.load(Ordering::SeqCst))
+            .collect();
+        let report = rt
+            .block_on(admin.run(&command(job, &[1, 0], use_backup)))
+            .unwrap();
         assert_eq!(report.outcome, Outcome::Succeeded, "{report:?}");
         for (i, r) in ranks.iter().enumerate() {
             let calls = r.framework.calls.lock().unwrap();
-            assert_eq!(calls.last().unwrap(), &(vec![3, 2], flags.clone(), false), "rank {i}");
+            assert_eq!(
+                calls.last().unwrap(),
+                &(vec![3, 2], flags.clone(), false),
+                "rank {i}"
+            );
             assert!(r.steps.load(Ordering::SeqCst) >= before[i], "rank {i}");
         }
     }
-    assert!(ranks.iter().all(|r| r.framework.calls.lock().unwrap().len() == 2));
+    assert!(ranks
+        .iter()
+        .all(|r| r.framework.calls.lock().unwrap().len() == 2));
 
     // Rank 1's framework answers False: the operation fails naming rank 1 and rolls back,
     // which calls every framework again with the previous state.
@@ -428,7 +507,10 @@ fn an_embedded_job_switches_through_the_frameworks_function() {
     assert!(report.rolled_back, "{report:?}");
     let (rank, _, err) = &report.rank_errors[0];
     assert_eq!(rank.0, 1);
-    assert!(err.to_string().contains("_comm_switch_nic returned False"), "{err}");
+    assert!(
+        err.to_string().contains("_comm_switch_nic returned False"),
+        "{err}"
+    );
     for r in &ranks {
         let calls = r.framework.calls.lock().unwrap();
         assert_eq!(calls.len(), 4);
@@ -437,7 +519,10 @@ fn an_embedded_job_switches_through_the_frameworks_function() {
     }
 
     // Training went on after each operation.
-    let after: Vec<u64> = ranks.iter().map(|r| r.steps.load(Ordering::SeqCst)).collect();
+    let after: Vec<u64> = ranks
+        .iter()
+        .map(|r| r.steps.load(Ordering::SeqCst))
+        .collect();
     let wanted: Vec<u64> = after.iter().map(|s| s + 3).collect();
     for (r, want) in ranks.iter().zip(&wanted) {
         while r.steps.load(Ordering::SeqCst) < *want {
@@ -461,5 +546,8 @@ fn an_embedded_job_switches_through_the_frameworks_function() {
         p.stop("test over");
     }
     manager.stop("test over");
-    assert_eq!(manager.wait(Some(Duration::from_secs(30))).unwrap(), "test over");
+    assert_eq!(
+        manager.wait(Some(Duration::from_secs(30))).unwrap(),
+        "test over"
+    );
 }

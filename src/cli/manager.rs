@@ -11,10 +11,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 use taskd_actors::control::GuardConfig;
 use taskd_actors::net::{ManagerNodeConfig, DEFAULT_MANAGER_PORT};
-use taskd_actors::telemetry::MetricsServer;
 use taskd_actors::process::{
     rank_table, ControlEndpoint, ManagerProcess, ManagerProcessConfig, ShutdownSignals,
 };
+use taskd_actors::telemetry::MetricsServer;
 use taskd_core::env::{self, process_env};
 use taskd_core::rank_table::{MAX_NODES, MAX_RANKS};
 use taskd_core::{JobId, PhaseDeadlines, RankTable};

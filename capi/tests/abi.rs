@@ -93,9 +93,7 @@ fn rust_functions(src: &str) -> BTreeMap<String, (String, Vec<String>)> {
 /// A C parameter without its name: `const char *config_json` -> `const char *`.
 fn c_param(p: &str) -> String {
     let p = norm(p);
-    let cut = p
-        .rfind(|c: char| c == '*' || c == ' ')
-        .map_or(p.len(), |i| i + 1);
+    let cut = p.rfind(['*', ' ']).map_or(p.len(), |i| i + 1);
     norm(&p[..cut])
 }
 
@@ -125,7 +123,7 @@ fn c_functions(h: &str) -> BTreeMap<String, (String, Vec<String>)> {
         }
         let open = decl.find('(').unwrap();
         let head = norm(&decl[..open]);
-        let name_at = head.rfind(|c: char| c == ' ' || c == '*').unwrap() + 1;
+        let name_at = head.rfind([' ', '*']).unwrap() + 1;
         let (ret, name) = (norm(&head[..name_at]), head[name_at..].to_owned());
         let params = &decl[open + 1..decl.len() - 1];
         let params = if params.trim() == "void" {
@@ -359,10 +357,13 @@ fn a_buffer_too_small_is_refused_naming_the_size() {
 // ---------------------------------------------------------------------------------------------
 // A whole job in this process
 
+/// One call of a framework's switch function: ranks, flags, whether a training step ran.
+type Call = (Vec<u32>, Vec<bool>, bool);
+
 /// What one rank's framework was told: every call, and whether a training step ran then.
 #[derive(Default)]
 struct Framework {
-    calls: Mutex<Vec<(Vec<u32>, Vec<bool>, bool)>>,
+    calls: Mutex<Vec<Call>>,
     in_step: AtomicBool,
     fail: AtomicBool,
 }

@@ -7,6 +7,7 @@ the step gate lets the worker's thread call the framework's switch function.
 """
 
 import ctypes
+import functools
 import json
 import os
 import threading
@@ -196,13 +197,9 @@ class Worker:
         _check(lib().taskd_worker_start(_json(config), switch_fn, None, ctypes.byref(self._h)))
 
     def gate(self):
-        """The step gate as a one-argument function: ``gate(step)``."""
-        fn, h = lib().taskd_worker_step_completed, self._h
-
-        def step_completed(step):
-            fn(h, step)
-
-        return step_completed
+        """The step gate as a one-argument function: ``gate(step)`` (no Python frame of its own:
+        a training loop pays for the ctypes call only)."""
+        return functools.partial(lib().taskd_worker_step_completed, self._h)
 
     def wait_registered(self, timeout_ms=FOREVER):
         """The node's name once the proxy admitted the worker."""

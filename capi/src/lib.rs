@@ -23,6 +23,7 @@ pub mod ffi;
 pub mod framework;
 pub mod manager;
 pub mod proxy;
+pub mod role;
 pub mod state;
 pub mod worker;
 
@@ -59,23 +60,5 @@ fn from_cli(role: &'static str, e: taskd::cli::CliError) -> CapiError {
             role,
             message: e.to_string(),
         },
-    }
-}
-
-/// Waits until the role is told to stop (through `stop`, or by a signal when `signals` are
-/// watched) and says why.
-async fn stop_requested(
-    stop: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
-    signals: Option<&mut taskd_actors::process::ShutdownSignals>,
-) -> String {
-    let signal = async {
-        match signals {
-            Some(s) => s.recv().await.to_owned(),
-            None => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        r = stop.recv() => r.unwrap_or_else(|| "its handle was dropped".to_owned()),
-        s = signal => s,
     }
 }

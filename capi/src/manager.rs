@@ -3,19 +3,18 @@
 
 use crate::config::{self, Keys};
 use crate::error::CapiError;
+use crate::role::{stop_requested, RoleStart, RoleThread};
 use crate::state::Shared;
 use clap::{CommandFactory, Parser};
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 use taskd::cli::manager::ManagerArgs;
 use taskd_actors::manager::AwaitRegistered;
 use taskd_actors::process::{ManagerProcess, ManagerProcessConfig, ShutdownSignals};
 use taskd_actors::telemetry::MetricsServer;
 use taskd_core::env::{TASKD_CONTROL_ADDR, TASKD_MANAGER_LISTEN};
-use tokio::sync::mpsc;
 
 #[derive(Parser)]
 #[command(name = "manager", no_binary_name = true)]
@@ -91,9 +90,8 @@ struct ManagerState {
 /// A running manager. Every method may be called from any thread, concurrently.
 pub struct EmbeddedManager {
     info: ManagerInfo,
-    stop: mpsc::UnboundedSender<String>,
     state: Arc<Shared<ManagerState>>,
-    thread: parking_lot::Mutex<Option<JoinHandle<()>>>,
+    role: RoleThread,
     _metrics: Option<MetricsServer>,
 }
 
@@ -109,34 +107,18 @@ impl EmbeddedManager {
             .serve_metrics()
             .map_err(|e| crate::from_cli("manager", e))?;
         let state = Arc::new(Shared::new(ManagerState::default()));
-        let (stop, stop_rx) = mpsc::unbounded_channel();
-        let (started_tx, started_rx) = std::sync::mpsc::channel();
-        let thread_state = state.clone();
-        let thread = std::thread::Builder::new()
-            .name("taskd-manager".into())
-            .spawn(move || {
-                let sys = actix_rt::System::new();
-                let reason = sys.block_on(run(cfg, signals, stop_rx, started_tx, &thread_state));
-                thread_state.update(|s| s.stopped = Some(reason));
-            })
-            .map_err(|e| start_error(e.to_string()))?;
-        match started_rx.recv() {
-            Ok(Ok(info)) => Ok(EmbeddedManager {
-                info,
-                stop,
-                state,
-                thread: parking_lot::Mutex::new(Some(thread)),
-                _metrics: metrics,
-            }),
-            Ok(Err(e)) => {
-                let _ = thread.join();
-                Err(e)
-            }
-            Err(_) => {
-                let _ = thread.join();
-                Err(start_error("its thread ended before it listened".into()))
-            }
-        }
+        let (ready, stopped) = (state.clone(), state.clone());
+        let (role, info) = RoleThread::spawn(
+            "manager",
+            move |start| run(cfg, signals, start, ready),
+            move |why| stopped.update(|s| s.stopped = Some(why)),
+        )?;
+        Ok(EmbeddedManager {
+            info,
+            state,
+            role,
+            _metrics: metrics,
+        })
     }
 
     /// Where it listens, and for what job.
@@ -173,23 +155,7 @@ impl EmbeddedManager {
     /// Asks the manager to stop (it ends the operation in flight safely first); returns at
     /// once. [`EmbeddedManager::wait`] waits for the end.
     pub fn stop(&self, reason: &str) {
-        let _ = self.stop.send(reason.to_owned());
-    }
-}
-
-impl Drop for EmbeddedManager {
-    fn drop(&mut self) {
-        self.stop("its handle was freed");
-        if let Some(t) = self.thread.lock().take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn start_error(message: String) -> CapiError {
-    CapiError::Start {
-        role: "manager",
-        message,
+        self.role.request_stop(reason);
     }
 }
 
@@ -198,17 +164,20 @@ fn start_error(message: String) -> CapiError {
 async fn run(
     cfg: ManagerProcessConfig,
     want_signals: bool,
-    mut stop: mpsc::UnboundedReceiver<String>,
-    started: std::sync::mpsc::Sender<Result<ManagerInfo, CapiError>>,
-    state: &Arc<Shared<ManagerState>>,
+    mut start: RoleStart<ManagerInfo>,
+    state: Arc<Shared<ManagerState>>,
 ) -> String {
+    let fail = |message: String| {
+        let _ = start.started.send(Err(CapiError::Start {
+            role: "manager",
+            message: message.clone(),
+        }));
+        message
+    };
     // Installed before the manager starts, so that an early signal is not lost.
     let mut signals = match want_signals.then(ShutdownSignals::install).transpose() {
         Ok(s) => s,
-        Err(e) => {
-            let _ = started.send(Err(start_error(e.to_string())));
-            return e.to_string();
-        }
+        Err(e) => return fail(e.to_string()),
     };
     let (job, nodes, ranks) = (
         cfg.node.job.0.clone(),
@@ -217,10 +186,7 @@ async fn run(
     );
     let manager = match ManagerProcess::start(cfg).await {
         Ok(m) => m,
-        Err(e) => {
-            let _ = started.send(Err(start_error(e.to_string())));
-            return e.to_string();
-        }
+        Err(e) => return fail(e.to_string()),
     };
     let info = ManagerInfo {
         listen: manager.local_addr(),
@@ -230,15 +196,14 @@ async fn run(
         ranks,
     };
     tracing::info!(listen = %info.listen, job = %info.job, "embedded manager listening");
-    let _ = started.send(Ok(info));
+    let _ = start.started.send(Ok(info));
     let actor = manager.node().manager().clone();
-    let ready = state.clone();
     actix_rt::spawn(async move {
         if actor.send(AwaitRegistered(None)).await.is_ok() {
-            ready.update(|s| s.ready = true);
+            state.update(|s| s.ready = true);
         }
     });
-    let reason = crate::stop_requested(&mut stop, signals.as_mut()).await;
+    let reason = stop_requested(&mut start.stop, signals.as_mut()).await;
     tracing::info!(%reason, "embedded manager stopping");
     manager.shutdown().await;
     reason

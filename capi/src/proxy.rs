@@ -3,18 +3,17 @@
 
 use crate::config::{self, Keys};
 use crate::error::CapiError;
+use crate::role::{stop_requested, RoleStart, RoleThread};
 use crate::state::Shared;
 use clap::{CommandFactory, Parser};
 use serde_json::{Map, Value};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 use taskd::cli::proxy::ProxyArgs;
 use taskd_actors::net::{ProxyNode, ProxyNodeConfig, DEFAULT_MANAGER_PORT, DEFAULT_PROXY_PORT};
 use taskd_actors::telemetry::MetricsServer;
-use tokio::sync::mpsc;
 
 #[derive(Parser)]
 #[command(name = "proxy", no_binary_name = true)]
@@ -118,9 +117,8 @@ struct ProxyState {
 /// A running proxy. Every method may be called from any thread, concurrently.
 pub struct EmbeddedProxy {
     addr: SocketAddr,
-    stop: mpsc::UnboundedSender<String>,
     state: Arc<Shared<ProxyState>>,
-    thread: parking_lot::Mutex<Option<JoinHandle<()>>>,
+    role: RoleThread,
     _metrics: Option<MetricsServer>,
 }
 
@@ -135,34 +133,18 @@ impl EmbeddedProxy {
             .serve_metrics()
             .map_err(|e| crate::from_cli("proxy", e))?;
         let state = Arc::new(Shared::new(ProxyState::default()));
-        let (stop, stop_rx) = mpsc::unbounded_channel();
-        let (started_tx, started_rx) = std::sync::mpsc::channel();
-        let thread_state = state.clone();
-        let thread = std::thread::Builder::new()
-            .name("taskd-proxy".into())
-            .spawn(move || {
-                let sys = actix_rt::System::new();
-                let reason = sys.block_on(run(cfg, stop_rx, started_tx, &thread_state));
-                thread_state.update(|s| s.stopped = Some(reason));
-            })
-            .map_err(|e| start_error(e.to_string()))?;
-        match started_rx.recv() {
-            Ok(Ok(addr)) => Ok(EmbeddedProxy {
-                addr,
-                stop,
-                state,
-                thread: parking_lot::Mutex::new(Some(thread)),
-                _metrics: metrics,
-            }),
-            Ok(Err(e)) => {
-                let _ = thread.join();
-                Err(e)
-            }
-            Err(_) => {
-                let _ = thread.join();
-                Err(start_error("its thread ended before it listened".into()))
-            }
-        }
+        let (admitted, stopped) = (state.clone(), state.clone());
+        let (role, addr) = RoleThread::spawn(
+            "proxy",
+            move |start| run(cfg, start, admitted),
+            move |why| stopped.update(|s| s.stopped = Some(why)),
+        )?;
+        Ok(EmbeddedProxy {
+            addr,
+            state,
+            role,
+            _metrics: metrics,
+        })
     }
 
     /// Where the node's workers connect.
@@ -190,43 +172,29 @@ impl EmbeddedProxy {
     /// Stops the proxy (its workers and the manager are told it is leaving, with `reason`)
     /// and waits until it has.
     pub fn stop(&self, reason: &str) {
-        let _ = self.stop.send(reason.to_owned());
+        self.role.request_stop(reason);
         self.state.wait_for(None, |s| s.stopped.clone());
-    }
-}
-
-impl Drop for EmbeddedProxy {
-    fn drop(&mut self) {
-        let _ = self.stop.send("its handle was freed".to_owned());
-        if let Some(t) = self.thread.lock().take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn start_error(message: String) -> CapiError {
-    CapiError::Start {
-        role: "proxy",
-        message,
     }
 }
 
 /// The proxy's thread: start, announce, follow its admission, wait to be stopped, shut down.
 async fn run(
     cfg: ProxyNodeConfig,
-    mut stop: mpsc::UnboundedReceiver<String>,
-    started: std::sync::mpsc::Sender<Result<SocketAddr, CapiError>>,
-    state: &Arc<Shared<ProxyState>>,
+    mut start: RoleStart<SocketAddr>,
+    state: Arc<Shared<ProxyState>>,
 ) -> String {
     let proxy = match ProxyNode::spawn(cfg).await {
         Ok(p) => Rc::new(p),
         Err(e) => {
-            let _ = started.send(Err(start_error(e.to_string())));
+            let _ = start.started.send(Err(CapiError::Start {
+                role: "proxy",
+                message: e.to_string(),
+            }));
             return e.to_string();
         }
     };
-    let _ = started.send(Ok(proxy.local_addr()));
-    let (watched, admitted) = (proxy.clone(), state.clone());
+    let _ = start.started.send(Ok(proxy.local_addr()));
+    let watched = proxy.clone();
     let admission = actix_rt::spawn(async move {
         let r = watched.assigned().await;
         let r = r
@@ -235,9 +203,9 @@ async fn run(
                 ranks: n.ranks.keys().map(|r| r.0).collect(),
             })
             .map_err(|e| e.to_string());
-        admitted.update(|s| s.assigned = Some(r));
+        state.update(|s| s.assigned = Some(r));
     });
-    let reason = crate::stop_requested(&mut stop, None).await;
+    let reason = stop_requested(&mut start.stop, None).await;
     admission.abort();
     let _ = admission.await;
     match Rc::try_unwrap(proxy) {

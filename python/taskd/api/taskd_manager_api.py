@@ -13,6 +13,7 @@ import signal
 import threading
 
 from taskd.python.cython_api import cython_api
+from taskd.python.utils.convention import returns_bool
 from taskd.python.utils.log import get_logger
 
 _config = None
@@ -28,21 +29,19 @@ def _with_reference_env(config):
     return cfg
 
 
+@returns_bool
 def init_taskd_manager(config):
     """Checks and keeps the manager's configuration (a dict)."""
     global _config
-    log = get_logger()
-    try:
-        if not isinstance(config, dict):
-            raise TypeError("config must be a dict, got %s" % type(config).__name__)
-        cfg = _with_reference_env(config)
-        cython_api.check_config("manager", cfg)
-        _config = cfg
-        log.info("taskd manager initialised for job %s", cfg.get("job_id") or "$MINDX_TASK_ID")
-        return True
-    except Exception as e:
-        log.error("init_taskd_manager failed: %s", e)
-        return False
+    if not isinstance(config, dict):
+        raise TypeError("config must be a dict, got %s" % type(config).__name__)
+    cfg = _with_reference_env(config)
+    cython_api.check_config("manager", cfg)
+    _config = cfg
+    get_logger().info(
+        "taskd manager initialised for job %s", cfg.get("job_id") or "$MINDX_TASK_ID"
+    )
+    return True
 
 
 class _PythonSignals:
@@ -72,31 +71,27 @@ def _log_ready(manager, log):
         pass
 
 
+@returns_bool
 def start_taskd_manager():
     """Runs the manager until SIGTERM or SIGINT (or SIGHUP), then returns ``True``. Blocks, with
     the GIL released."""
     log = get_logger()
     if _config is None:
-        log.error("start_taskd_manager: init_taskd_manager has not succeeded")
-        return False
-    try:
-        with _PythonSignals():
-            manager = cython_api.Manager(_config, signals=True)
-            try:
-                log.info("taskd manager listening on %s", manager.addr(cython_api.TASKD_ADDR_LISTEN))
-                control = manager.addr(cython_api.TASKD_ADDR_CONTROL)
-                if control:
-                    log.info("taskd manager control API on %s", control)
-                ready = threading.Thread(
-                    target=_log_ready, args=(manager, log), name="taskd-ready", daemon=True
-                )
-                ready.start()
-                why = manager.wait()
-                ready.join()
-                log.info("taskd manager stopped: %s", why)
-            finally:
-                manager.free()
-        return True
-    except Exception as e:
-        log.error("start_taskd_manager failed: %s", e)
-        return False
+        raise RuntimeError("init_taskd_manager has not succeeded")
+    with _PythonSignals():
+        manager = cython_api.Manager(_config, signals=True)
+        try:
+            log.info("taskd manager listening on %s", manager.addr(cython_api.TASKD_ADDR_LISTEN))
+            control = manager.addr(cython_api.TASKD_ADDR_CONTROL)
+            if control:
+                log.info("taskd manager control API on %s", control)
+            ready = threading.Thread(
+                target=_log_ready, args=(manager, log), name="taskd-ready", daemon=True
+            )
+            ready.start()
+            why = manager.wait()
+            ready.join()
+            log.info("taskd manager stopped: %s", why)
+        finally:
+            manager.free()
+    return True

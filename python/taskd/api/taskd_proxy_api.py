@@ -10,6 +10,7 @@ import os
 import threading
 
 from taskd.python.cython_api import cython_api
+from taskd.python.utils.convention import returns_bool
 from taskd.python.utils.log import get_logger
 
 _lock = threading.Lock()
@@ -44,50 +45,42 @@ def _with_defaults(config):
     return cfg
 
 
+@returns_bool
 def init_taskd_proxy(config):
     """Starts this node's proxy and blocks until the manager admitted it (run it on a daemon
     thread). A second call in the same process does nothing and returns ``True``."""
     global _proxy
     log = get_logger()
+    if not isinstance(config, dict):
+        raise TypeError("config must be a dict, got %s" % type(config).__name__)
+    with _lock:
+        if _proxy is not None:
+            log.info("init_taskd_proxy: the proxy already runs")
+            return True
+        cfg = _with_defaults(config)
+        proxy = cython_api.Proxy(cfg)
+        _proxy = proxy
+    log.info("taskd proxy listening on %s (manager %s:%s)", proxy.addr(),
+             cfg.get("UpstreamAddr", cfg.get("manager")), cfg.get("UpstreamPort", ""))
     try:
-        if not isinstance(config, dict):
-            raise TypeError("config must be a dict, got %s" % type(config).__name__)
-        with _lock:
-            if _proxy is not None:
-                log.info("init_taskd_proxy: the proxy already runs")
-                return True
-            cfg = _with_defaults(config)
-            proxy = cython_api.Proxy(cfg)
-            _proxy = proxy
-        log.info("taskd proxy listening on %s (manager %s:%s)", proxy.addr(),
-                 cfg.get("UpstreamAddr", cfg.get("manager")), cfg.get("UpstreamPort", ""))
         node = proxy.wait_registered()
-        log.info("taskd proxy registered as %s", node)
-        return True
     except cython_api.TaskdError as e:
-        log.error("init_taskd_proxy failed: %s", e)
         if e.code == cython_api.TASKD_ERR_REFUSED:
             destroy_taskd_proxy()
-        return False
-    except Exception as e:
-        log.error("init_taskd_proxy failed: %s", e)
-        return False
+        raise
+    log.info("taskd proxy registered as %s", node)
+    return True
 
 
+@returns_bool
 def destroy_taskd_proxy():
     """Stops this process's proxy (its workers and the manager are told)."""
     global _proxy
-    log = get_logger()
-    try:
-        with _lock:
-            proxy, _proxy = _proxy, None
-            if proxy is None:
-                log.warning("destroy_taskd_proxy: no proxy runs")
-                return False
-            _retired.append(proxy)
-        proxy.stop()
-        log.info("taskd proxy destroyed")
-        return True
-    except Exception as e:
-        log.error("destroy_taskd_proxy failed: %s", e)
-        return False
+    with _lock:
+        proxy, _proxy = _proxy, None
+        if proxy is None:
+            raise RuntimeError("no proxy runs")
+        _retired.append(proxy)
+    proxy.stop()
+    get_logger().info("taskd proxy destroyed")
+    return True

@@ -13,6 +13,7 @@ import threading
 
 from taskd.python.cython_api import cython_api
 from taskd.python.framework import mindspore_hook, switch, torch_hook
+from taskd.python.utils.convention import returns_bool
 from taskd.python.utils.log import get_logger
 
 FRAMEWORKS = ("pt", "ms")
@@ -62,26 +63,24 @@ def _worker_config(rank, node_rank):
     return {"rank": rank, "node_rank": node_rank}
 
 
+@returns_bool
 def init_taskd_worker(rank_id, upper_limit_of_disk_in_mb=5000, framework="pt"):
     """Prepares the worker of global rank ``rank_id``. ``upper_limit_of_disk_in_mb`` is the
     reference's profiling quota (validated, unused). ``framework``: ``"pt"`` or ``"ms"``."""
-    log = get_logger()
-    try:
-        rank = _non_negative_int("rank_id", rank_id)
-        quota = _non_negative_int("upper_limit_of_disk_in_mb", upper_limit_of_disk_in_mb)
-        if framework not in FRAMEWORKS:
-            raise ValueError("framework must be 'pt' or 'ms', got %r" % (framework,))
-        node_rank = _node_rank(framework)
-        cython_api.check_config("worker", _worker_config(rank, node_rank))
-        with _state.lock:
-            if _state.worker is not None:
-                raise ValueError("a worker already runs in this process (rank %d)" % _state.config[0])
-            _state.config = (rank, quota, framework, node_rank)
-        log.info("taskd worker initialised: rank %d, node rank %d, framework %s", rank, node_rank, framework)
-        return True
-    except Exception as e:
-        log.error("init_taskd_worker failed: %s", e)
-        return False
+    rank = _non_negative_int("rank_id", rank_id)
+    quota = _non_negative_int("upper_limit_of_disk_in_mb", upper_limit_of_disk_in_mb)
+    if framework not in FRAMEWORKS:
+        raise ValueError("framework must be 'pt' or 'ms', got %r" % (framework,))
+    node_rank = _node_rank(framework)
+    cython_api.check_config("worker", _worker_config(rank, node_rank))
+    with _state.lock:
+        if _state.worker is not None:
+            raise ValueError("a worker already runs in this process (rank %d)" % _state.config[0])
+        _state.config = (rank, quota, framework, node_rank)
+    get_logger().info(
+        "taskd worker initialised: rank %d, node rank %d, framework %s", rank, node_rank, framework
+    )
+    return True
 
 
 def _hook_gate(step):
@@ -122,57 +121,50 @@ def _log_registration(worker, rank):
             log.error("taskd worker rank %d: %s", rank, e)
 
 
+@returns_bool
 def start_taskd_worker():
     """Starts the initialised worker on background threads; returns at once."""
     log = get_logger()
-    try:
-        with _state.lock:
-            if _state.config is None:
-                raise RuntimeError("init_taskd_worker has not succeeded")
-            if _state.worker is not None:
-                log.warning("start_taskd_worker: the worker already runs")
-                return True
-            rank, _, framework, node_rank = _state.config
-            name, function = switch.resolve(framework)
-            worker = cython_api.Worker(
-                _worker_config(rank, node_rank), switch.callback(name, function, log)
-            )
-            try:
-                _state.undo = _install_hooks(framework, log)
-            except Exception:
-                worker.stop()
-                raise
-            _state.worker, _state.gate = worker, worker.gate()
-        threading.Thread(
-            target=_log_registration, args=(worker, rank), name="taskd-registration", daemon=True
-        ).start()
-        log.info("taskd worker rank %d started (switches through %s)", rank, name)
-        return True
-    except Exception as e:
-        log.error("start_taskd_worker failed: %s", e)
-        return False
+    with _state.lock:
+        if _state.config is None:
+            raise RuntimeError("init_taskd_worker has not succeeded")
+        if _state.worker is not None:
+            log.warning("start_taskd_worker: the worker already runs")
+            return True
+        rank, _, framework, node_rank = _state.config
+        name, function = switch.resolve(framework)
+        worker = cython_api.Worker(
+            _worker_config(rank, node_rank), switch.callback(name, function, log)
+        )
+        try:
+            _state.undo = _install_hooks(framework, log)
+        except Exception:
+            worker.stop()
+            raise
+        _state.worker, _state.gate = worker, worker.gate()
+    threading.Thread(
+        target=_log_registration, args=(worker, rank), name="taskd-registration", daemon=True
+    ).start()
+    log.info("taskd worker rank %d started (switches through %s)", rank, name)
+    return True
 
 
+@returns_bool
 def destroy_taskd_worker():
     """Stops the worker (a training thread held in the gate is let go)."""
-    log = get_logger()
-    try:
-        with _state.lock:
-            if _state.config is None:
-                raise RuntimeError("no worker was initialised")
-            worker, undo = _state.worker, _state.undo
-            _state.config, _state.worker, _state.gate, _state.undo = None, None, None, []
-            if worker is not None:
-                _state.retired.append(worker)
-        for fn in undo:
-            fn()
+    with _state.lock:
+        if _state.config is None:
+            raise RuntimeError("no worker was initialised")
+        worker, undo = _state.worker, _state.undo
+        _state.config, _state.worker, _state.gate, _state.undo = None, None, None, []
         if worker is not None:
-            worker.stop()
-        log.info("taskd worker destroyed")
-        return True
-    except Exception as e:
-        log.error("destroy_taskd_worker failed: %s", e)
-        return False
+            _state.retired.append(worker)
+    for fn in undo:
+        fn()
+    if worker is not None:
+        worker.stop()
+    get_logger().info("taskd worker destroyed")
+    return True
 
 
 def step_completed(step):

@@ -15,6 +15,7 @@
 //! `libtaskd_capi.so`, its SONAME `libtaskd.so`).
 
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod config;
 pub mod error;

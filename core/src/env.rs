@@ -53,7 +53,8 @@ pub const ASCEND_TOOLKIT_HOME: &str = "ASCEND_TOOLKIT_HOME";
 pub const TASKD_CONTROL_TOKEN: &str = "TASKD_CONTROL_TOKEN";
 /// The `taskd` binary's log format (`text` or `json`).
 pub const TASKD_LOG_FORMAT: &str = "TASKD_LOG_FORMAT";
-/// The proxy a worker started by hand connects to (`examples/remote_worker.rs`).
+/// The proxy a worker started by hand connects to (`examples/remote_worker.rs`), and the
+/// proxy of an embedded worker (`taskd-capi`, the Python package).
 pub const TASKD_PROXY: &str = "TASKD_PROXY";
 /// How long one DCMI probe may take before its answer counts as unknown, in milliseconds
 /// (default 1000; `taskd_hal_ascend::node`).
@@ -62,6 +63,10 @@ pub const TASKD_DCMI_TIMEOUT_MS: &str = "TASKD_DCMI_TIMEOUT_MS";
 /// this container sees, which the runtime renumbers from 0 in the listed order. HCCL switches a
 /// die to its backup NIC only when both dies of the NPU are visible.
 pub const ASCEND_RT_VISIBLE_DEVICES: &str = "ASCEND_RT_VISIBLE_DEVICES";
+/// The control API address of an embedded manager whose configuration does not name one.
+pub const TASKD_CONTROL_ADDR: &str = "TASKD_CONTROL_ADDR";
+/// The proxies' port of an embedded manager whose configuration does not name one.
+pub const TASKD_MANAGER_LISTEN: &str = "TASKD_MANAGER_LISTEN";
 
 // ---------------------------------------------------------------------------------------------
 // Reading

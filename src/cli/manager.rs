@@ -12,6 +12,7 @@ use std::time::Duration;
 use taskd_actors::control::{ControlConfig, GuardConfig, RateLimit};
 use taskd_actors::net::{ManagerNodeConfig, DEFAULT_MANAGER_PORT};
 use taskd_actors::process::{rank_table, ManagerProcess, ManagerProcessConfig, ShutdownSignals};
+use taskd_actors::telemetry::MetricsServer;
 use taskd_core::env::{self, process_env};
 use taskd_core::rank_table::{MAX_NODES, MAX_RANKS};
 use taskd_core::{JobId, PhaseDeadlines, RankTable};
@@ -72,7 +73,8 @@ pub struct ManagerArgs {
 
 impl ManagerArgs {
     /// The process's configuration, or why these flags and this environment cannot run.
-    fn config(&self) -> Result<ManagerProcessConfig, CliError> {
+    /// (Also what the embedded manager of `taskd-capi` runs, from its JSON configuration.)
+    pub fn config(&self) -> Result<ManagerProcessConfig, CliError> {
         let sched = env::get(&process_env, env::MS_SCHED_HOST);
         if !self.force {
             if let (Some(sched), Some(pod)) = (&sched, env::get(&process_env, env::POD_IP)) {
@@ -131,6 +133,11 @@ impl ManagerArgs {
         })
     }
 
+    /// Starts the metrics endpoint when `--metrics-addr` was given (keep it while the role runs).
+    pub fn serve_metrics(&self) -> Result<Option<MetricsServer>, CliError> {
+        self.net.serve_metrics("manager")
+    }
+
     fn deadlines(&self) -> PhaseDeadlines {
         let d = PhaseDeadlines::default();
         let ms = |v: Option<u64>, default: Duration| v.map_or(default, Duration::from_millis);
@@ -155,7 +162,7 @@ fn default_listen(sched_host: Option<&str>) -> SocketAddr {
 
 /// Runs the manager until SIGINT, SIGTERM or SIGHUP.
 pub fn run(a: ManagerArgs) -> Result<ExitCode, CliError> {
-    let _metrics = a.net.serve_metrics("manager")?;
+    let _metrics = a.serve_metrics()?;
     let cfg = a.config()?;
     let (job, nodes, ranks) = (
         cfg.node.job.clone(),

@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use taskd_actors::net::proxy_node::{NodeAssignment, NodeHalFactory};
 use taskd_actors::net::{ProxyNode, ProxyNodeConfig, DEFAULT_MANAGER_PORT, DEFAULT_PROXY_PORT};
 use taskd_actors::process::{rank_table, ProxyIdentity, ShutdownSignals};
+use taskd_actors::telemetry::MetricsServer;
 use taskd_core::env::{self, process_env};
 use taskd_core::{
     DeviceId, GlobalRank, HalError, HalErrorKind, JobId, Library, LinkHealth, NodeHal, NodeName,
@@ -118,8 +119,14 @@ impl ProxyArgs {
         }))
     }
 
+    /// Starts the metrics endpoint when `--metrics-addr` was given (keep it while the role runs).
+    pub fn serve_metrics(&self) -> Result<Option<MetricsServer>, CliError> {
+        self.net.serve_metrics("proxy")
+    }
+
     /// The proxy's configuration, or why these flags and this environment cannot run.
-    fn config(&self) -> Result<ProxyNodeConfig, CliError> {
+    /// (Also what the embedded proxy of `taskd-capi` runs, from its JSON configuration.)
+    pub fn config(&self) -> Result<ProxyNodeConfig, CliError> {
         let node_rank = match self.node_rank {
             Some(k) => Some(k),
             None => env::node_rank(&process_env)?,
@@ -156,7 +163,7 @@ impl ProxyArgs {
 /// Runs the proxy until SIGINT, SIGTERM or SIGHUP (exit 0), or until the manager refuses the
 /// node for good (exit 2).
 pub fn run(a: ProxyArgs) -> Result<ExitCode, CliError> {
-    let _metrics = a.net.serve_metrics("proxy")?;
+    let _metrics = a.serve_metrics()?;
     let cfg = a.config()?;
     let manager = cfg.manager.clone();
     actix_rt::System::new().block_on(async move {

@@ -456,6 +456,18 @@ impl RemoteWorker {
         }
     }
 
+    /// The registration and the connection's state as watch channels, to wait on from any
+    /// runtime without holding the worker. The registration is published on the worker's
+    /// actix thread before any directive of the proxy is handed to the worker.
+    pub fn watch(
+        &self,
+    ) -> (
+        watch::Receiver<Option<WorkerRegistration>>,
+        watch::Receiver<ClientState>,
+    ) {
+        self.watches.clone()
+    }
+
     /// The refusal, if the proxy refused this worker for good.
     pub fn refused(&self) -> Option<String> {
         self.status.0.lock().refused.clone()

@@ -1,0 +1,486 @@
+//! The C ABI (`capi/include/taskd.h` declares it; `capi/tests/abi.rs` checks the header
+//! against this file). The only module of the crate with `unsafe` code: every block reads or
+//! writes memory the C caller handed in, under the rules the header states.
+//!
+//! Conventions: functions return a status code (`TASKD_OK` or a `TASKD_ERR_*` of
+//! [`crate::error`]); on failure `taskd_last_error()` has the message, per thread. Every entry
+//! point runs under `catch_unwind`: no panic crosses into C. Handles are opaque; every function
+//! taking a handle may be called from any thread, concurrently, except `taskd_*_free`, which
+//! must be the last call on its handle.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+use crate::error::{self, guard, CapiError};
+use crate::framework::FrameworkSwitch;
+use crate::state::timeout_ms;
+use crate::{manager, proxy, worker, EmbeddedManager, EmbeddedProxy, EmbeddedWorker};
+use std::ffi::{c_char, c_void, CStr};
+
+/// A manager (opaque to C).
+pub struct TaskdManager(EmbeddedManager);
+/// A proxy (opaque to C).
+pub struct TaskdProxy(EmbeddedProxy);
+/// A worker (opaque to C).
+pub struct TaskdWorker(EmbeddedWorker);
+
+/// The framework's switch function: `ranks[i]` (global ranks) use their backup NIC when
+/// `use_backup[i]`, for `n` targets. Returns whether every communicator switched; on `false`
+/// it may write a NUL-terminated reason of at most `err_len` bytes into `err`.
+pub type TaskdSwitchFn = unsafe extern "C" fn(
+    ranks: *const u32,
+    use_backup: *const bool,
+    n: usize,
+    user: *mut c_void,
+    err: *mut c_char,
+    err_len: usize,
+) -> bool;
+
+/// `taskd_manager_start` flag: SIGINT, SIGTERM and SIGHUP stop the manager, not the process.
+pub const TASKD_MANAGER_SIGNALS: u32 = 1;
+/// `taskd_manager_addr`: the port proxies connect to.
+pub const TASKD_ADDR_LISTEN: i32 = 0;
+/// `taskd_manager_addr`: the operators' control API (empty when not served).
+pub const TASKD_ADDR_CONTROL: i32 = 1;
+/// Bytes a switch function may write as its reason.
+const SWITCH_ERR_LEN: usize = 1024;
+
+static VERSION: &CStr =
+    match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+        Ok(v) => v,
+        Err(_) => panic!("the version has no NUL inside"),
+    };
+
+/// Text from C: not null, UTF-8.
+///
+/// # Safety
+/// `p` is null or a NUL-terminated string that lives for the call.
+unsafe fn text<'a>(p: *const c_char, what: &str) -> Result<&'a str, CapiError> {
+    if p.is_null() {
+        return Err(CapiError::Argument(format!("{what} is a null pointer")));
+    }
+    // SAFETY: not null, and NUL-terminated for the call by the caller's contract.
+    let c = unsafe { CStr::from_ptr(p) };
+    c.to_str()
+        .map_err(|e| CapiError::Argument(format!("{what} is not UTF-8: {e}")))
+}
+
+/// The object behind a handle.
+///
+/// # Safety
+/// `p` is null or a handle returned by the matching `_start` and not freed.
+unsafe fn handle<'a, T>(p: *const T) -> Result<&'a T, CapiError> {
+    // SAFETY: a live handle by the caller's contract; null is refused.
+    unsafe { p.as_ref() }.ok_or_else(|| CapiError::Argument("the handle is a null pointer".into()))
+}
+
+/// Writes `s` and a NUL into `buf`, refusing a buffer too small for it.
+///
+/// # Safety
+/// `buf` is null or writable for `len` bytes.
+unsafe fn write_text(buf: *mut c_char, len: usize, s: &str) -> Result<(), CapiError> {
+    if buf.is_null() || len <= s.len() {
+        return Err(CapiError::Argument(format!(
+            "the buffer of {len} bytes is too small: {:?} needs {}",
+            s,
+            s.len() + 1
+        )));
+    }
+    // SAFETY: `buf` is writable for `len` > `s.len()` bytes; the regions cannot overlap
+    // (`s` is Rust-owned).
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.as_ptr(), buf.cast::<u8>(), s.len());
+        *buf.add(s.len()) = 0;
+    }
+    Ok(())
+}
+
+/// Writes `s` into an optional buffer: nothing when `buf` is null.
+///
+/// # Safety
+/// As [`write_text`].
+unsafe fn write_optional(buf: *mut c_char, len: usize, s: &str) -> Result<(), CapiError> {
+    if buf.is_null() {
+        return Ok(());
+    }
+    // SAFETY: forwarded contract.
+    unsafe { write_text(buf, len, s) }
+}
+
+/// Stores a new handle in `*out`.
+///
+/// # Safety
+/// `out` is null or writable.
+unsafe fn put<T>(out: *mut *mut T, value: T) -> Result<(), CapiError> {
+    if out.is_null() {
+        return Err(CapiError::Argument("the output pointer is null".into()));
+    }
+    // SAFETY: not null and writable by the caller's contract.
+    unsafe { *out = Box::into_raw(Box::new(value)) };
+    Ok(())
+}
+
+/// Frees a handle.
+///
+/// # Safety
+/// `p` is null or a live handle that no other thread uses any more.
+unsafe fn free<T>(p: *mut T) {
+    if !p.is_null() {
+        // SAFETY: created by `Box::into_raw` in `put`, freed once by the caller's contract.
+        drop(unsafe { Box::from_raw(p) });
+    }
+}
+
+/// The library's version, a static string.
+#[no_mangle]
+pub extern "C" fn taskd_version() -> *const c_char {
+    VERSION.as_ptr()
+}
+
+/// The calling thread's last error message ("" if none): valid until the thread's next failing
+/// call into the library.
+#[no_mangle]
+pub extern "C" fn taskd_last_error() -> *const c_char {
+    error::with_last_error(|m| m.as_ptr())
+}
+
+/// Checks the configuration of a role (`"manager"`, `"proxy"` or `"worker"`) without starting
+/// anything.
+///
+/// # Safety
+/// Both arguments are NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn taskd_check_config(
+    role: *const c_char,
+    config_json: *const c_char,
+) -> i32 {
+    guard(|| {
+        // SAFETY: strings by the caller's contract.
+        let (role, json) = unsafe { (text(role, "role")?, text(config_json, "config_json")?) };
+        match role {
+            "manager" => manager::check(json),
+            "proxy" => proxy::check(json),
+            "worker" => worker::check(json),
+            other => Err(CapiError::Argument(format!(
+                "unknown role {other:?}: manager, proxy or worker"
+            ))),
+        }
+    })
+}
+
+/// Starts a manager; returns once it listens.
+///
+/// # Safety
+/// `config_json` is a NUL-terminated string; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn taskd_manager_start(
+    config_json: *const c_char,
+    flags: u32,
+    out: *mut *mut TaskdManager,
+) -> i32 {
+    guard(|| {
+        // SAFETY: a string by the caller's contract.
+        let json = unsafe { text(config_json, "config_json")? };
+        if flags & !TASKD_MANAGER_SIGNALS != 0 {
+            return Err(CapiError::Argument(format!("unknown flags {flags:#x}")));
+        }
+        let m = EmbeddedManager::start(json, flags & TASKD_MANAGER_SIGNALS != 0)?;
+        // SAFETY: `out` is writable by the caller's contract.
+        unsafe { put(out, TaskdManager(m)) }
+    })
+}
+
+/// Writes one of the manager's addresses (`TASKD_ADDR_LISTEN`, `TASKD_ADDR_CONTROL`) as text.
+///
+/// # Safety
+/// `m` is a live handle; `buf` is writable for `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn taskd_manager_addr(
+    m: *const TaskdManager,
+    which: i32,
+    buf: *mut c_char,
+    len: usize,
+) -> i32 {
+    guard(|| {
+        // SAFETY: a live handle by the caller's contract.
+        let info = unsafe { handle(m)? }.0.info();
+        let addr = match which {
+            TASKD_ADDR_LISTEN => info.listen.to_string(),
+            TASKD_ADDR_CONTROL => info.control.map(|a| a.to_string()).unwrap_or_default(),
+            other => return Err(CapiError::Argument(format!("unknown address {other}"))),
+        };
+        // SAFETY: writable for `len` bytes by the caller's contract.
+        unsafe { write_text(buf, len, &addr) }
+    })
+}
+
+/// Waits until every expected worker registered and the job is verified.
+///
+/// # Safety
+/// `m` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn taskd_manager_wait_ready(m: *const TaskdManager, timeout_ms_: u64) -> i32 {
+    guard(|| {
+        // SAFETY: a live handle by the caller's contract.
+        unsafe { handle(m)? }.0.wait_ready(timeout_ms(timeout_ms_))
+    })
+}
+
+/// Waits until the manager stopped; writes why into `why` (may be null).
+///
+/// # Safety
+/// `m` is a live handle; `why` is null or writable for `why_len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn taskd_manager_wait(
+    m: *const TaskdManager,
+    timeout_ms_: u64,
+    why: *mut c_char,
+    why_len: usize,
+) -> i32 {
+    guard(|| {
+        // SAFETY: a live handle by the caller's contract.
+        let reason = unsafe { handle(m)? }.0.wait(timeout_ms(timeout_ms_))?;
+        // SAFETY: null or writable for `why_len` bytes by the caller's contract.
+        unsafe { write_optional(why, why_len, &reason) }
+    })
+}
+
+/// Asks the manager to stop; returns at once.
+///
+/// # Safety
+/// `m` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn taskd_manager_stop(m: *const TaskdManager) -> i32 {
+    guard(|| {
+        // SAFETY: a live handle by the caller's contract.
+        unsafe { handle(m)? }.0.stop("taskd_manager_stop");
+        Ok(())
+    })
+}
+
+/// Stops the manager if it runs, waits for it, and frees the handle.
+///
+/// # Safety
+/// `m` is null or a live handle no other thread uses any more.
+#[no_mangle]
+pub unsafe extern "C" fn taskd_manager_free(m: *mut TaskdManager) {
+    let _ = guard(|| {
+        // SAFETY: forwarded contract.
+        unsafe { free(m) };
+        Ok(())
+    });
+}
+
+/// Starts a proxy; returns once it listens (it joins the manager in the background).
+///
+/// # Safety
+/// `config_json` is a NUL-terminated string; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn taskd_proxy_start(
+    config_json: *const c_char,
+    out: *mut *mut TaskdProxy,
+) -> i32 {
+    guard(|| {
+        // SAFETY: a string by the caller's contract.
+        let json = unsafe { text(config_json, "config_json")? };
+        let p = EmbeddedProxy::start(json)?;
+        // SAFETY: `out` is writable by the caller's contract.
+        unsafe { put(out, TaskdProxy(p)) }
+    })
+}
+
+/// Writes the address the node's workers connect to.
+///
+/// # Safety
+/// `p` is a live handle; `buf` is writable for `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn taskd_proxy_addr(
+    p: *const TaskdProxy,
+    buf: *mut c_char,
+    len: usize,
+) -> i32 {
+    guard(|| {
+        // SAFETY: a live handle by the caller's contract.
+        let addr = unsafe { handle(p)? }.0.local_addr().to_string();
+        // SAFETY: writable for `len` bytes by the caller's contract.
+        unsafe { write_text(buf, len, &addr) }
+    })
+}
+
+/// Waits until the manager admitted the proxy; writes the node's name into `node` (may be
+/// null).
+///
+/// # Safety
+/// `p` is a live handle; `node` is null or writable for `node_len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn taskd_proxy_wait_registered(
+    p: *const TaskdProxy,
+    timeout_ms_: u64,
+    node: *mut c_char,
+    node_len: usize,
+) -> i32 {
+    guard(|| {
+        // SAFETY: a live handle by the caller's contract.
+        let a = unsafe { handle(p)? }
+            .0
+            .wait_registered(timeout_ms(timeout_ms_))?;
+        // SAFETY: null or writable for `node_len` bytes by the caller's contract.
+        unsafe { write_optional(node, node_len, &a.node) }
+    })
+}
+
+/// Stops the proxy and waits until it has.
+///
+/// # Safety
+/// `p` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn taskd_proxy_stop(p: *const TaskdProxy) -> i32 {
+    guard(|| {
+        // SAFETY: a live handle by the caller's contract.
+        unsafe { handle(p)? }.0.stop("taskd_proxy_stop");
+        Ok(())
+    })
+}
+
+/// Stops the proxy if it runs and frees the handle.
+///
+/// # Safety
+/// `p` is null or a live handle no other thread uses any more.
+#[no_mangle]
+pub unsafe extern "C" fn taskd_proxy_free(p: *mut TaskdProxy) {
+    let _ = guard(|| {
+        // SAFETY: forwarded contract.
+        unsafe { free(p) };
+        Ok(())
+    });
+}
+
+/// A switch function and its `user` pointer, called on the worker's HAL thread.
+struct CSwitch {
+    f: TaskdSwitchFn,
+    user: *mut c_void,
+}
+
+// SAFETY: the header tells the caller of `taskd_worker_start` that the switch function is
+// called with `user` from a thread of the worker's, never two calls at once; the pointer is
+// only passed back to that function.
+unsafe impl Send for CSwitch {}
+
+impl FrameworkSwitch for CSwitch {
+    fn switch_nic(&mut self, ranks: &[u32], use_backup: &[bool]) -> Result<(), String> {
+        let mut err = vec![0u8; SWITCH_ERR_LEN];
+        let n = ranks.len().min(use_backup.len());
+        // SAFETY: `ranks` and `use_backup` hold at least `n` elements and `err` is writable
+        // for its length, all for the duration of the call; `f` and `user` come from the
+        // caller of `taskd_worker_start`, who vouches for them.
+        let ok = unsafe {
+            (self.f)(
+                ranks.as_ptr(),
+                use_backup.as_ptr(),
+                n,
+                self.user,
+                err.as_mut_ptr().cast::<c_char>(),
+                err.len(),
+            )
+        };
+        if ok {
+            return Ok(());
+        }
+        let end = err.iter().position(|b| *b == 0).unwrap_or(err.len());
+        let reason = String::from_utf8_lossy(&err[..end]).trim().to_owned();
+        Err(if reason.is_empty() {
+            "the framework's switch function returned false".to_owned()
+        } else {
+            reason
+        })
+    }
+}
+
+/// Starts a worker that switches through `switch_fn` (with `user`); returns at once.
+///
+/// # Safety
+/// `config_json` is a NUL-terminated string; `out` is writable; `switch_fn` may be called
+/// with `user` from a thread of the worker's until `taskd_worker_stop`/`_free` returned.
+#[no_mangle]
+pub unsafe extern "C" fn taskd_worker_start(
+    config_json: *const c_char,
+    switch_fn: Option<TaskdSwitchFn>,
+    user: *mut c_void,
+    out: *mut *mut TaskdWorker,
+) -> i32 {
+    guard(|| {
+        // SAFETY: a string by the caller's contract.
+        let json = unsafe { text(config_json, "config_json")? };
+        let f = switch_fn.ok_or_else(|| {
+            CapiError::Argument("switch_fn is a null pointer: the worker needs one".into())
+        })?;
+        let w = EmbeddedWorker::start(json, Box::new(CSwitch { f, user }))?;
+        // SAFETY: `out` is writable by the caller's contract.
+        unsafe { put(out, TaskdWorker(w)) }
+    })
+}
+
+/// The step gate: the training loop completed `step`. Returns at once unless an operation
+/// holds the rank here; a null handle is a no-op.
+///
+/// # Safety
+/// `w` is null or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn taskd_worker_step_completed(w: *const TaskdWorker, step: u64) {
+    // SAFETY: null or a live handle by the caller's contract.
+    if let Some(w) = unsafe { w.as_ref() } {
+        // The gate never panics on this path; a bug there must still not unwind into C.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.0.step_completed(step)));
+        if let Err(p) = r {
+            error::record(&CapiError::from_panic(p));
+        }
+    }
+}
+
+/// Waits until the proxy admitted the worker; writes the node's name into `node` (may be
+/// null).
+///
+/// # Safety
+/// `w` is a live handle; `node` is null or writable for `node_len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn taskd_worker_wait_registered(
+    w: *const TaskdWorker,
+    timeout_ms_: u64,
+    node: *mut c_char,
+    node_len: usize,
+) -> i32 {
+    guard(|| {
+        // SAFETY: a live handle by the caller's contract.
+        let r = unsafe { handle(w)? }
+            .0
+            .wait_registered(timeout_ms(timeout_ms_))?;
+        // SAFETY: null or writable for `node_len` bytes by the caller's contract.
+        unsafe { write_optional(node, node_len, &r.node.0) }
+    })
+}
+
+/// Stops the worker (the gate opens for good) and waits until it has; the handle stays valid
+/// and later steps pass at once.
+///
+/// # Safety
+/// `w` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn taskd_worker_stop(w: *const TaskdWorker) -> i32 {
+    guard(|| {
+        // SAFETY: a live handle by the caller's contract.
+        unsafe { handle(w)? }.0.stop("taskd_worker_stop");
+        Ok(())
+    })
+}
+
+/// Stops the worker if it runs and frees the handle.
+///
+/// # Safety
+/// `w` is null or a live handle no other thread uses any more.
+#[no_mangle]
+pub unsafe extern "C" fn taskd_worker_free(w: *mut TaskdWorker) {
+    let _ = guard(|| {
+        // SAFETY: forwarded contract.
+        unsafe { free(w) };
+        Ok(())
+    });
+}

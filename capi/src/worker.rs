@@ -1,0 +1,255 @@
+//! The worker inside a training process: [`taskd_actors::RemoteWorker`] over a
+//! [`FrameworkHal`], configured by a JSON object, with the step gate the training loop calls.
+
+use crate::config::{self, Keys};
+use crate::error::CapiError;
+use crate::framework::{FrameworkHal, FrameworkSwitch};
+use crate::state::Shared;
+use clap::{CommandFactory, Parser};
+use parking_lot::Mutex;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use taskd::cli::flags;
+use taskd::cli::net_common::{NetArgs, TlsArgs};
+use taskd_actors::net::client::ClientState;
+use taskd_actors::net::{RemoteWorker, RemoteWorkerConfig, WorkerRegistration, DEFAULT_PROXY_PORT};
+use taskd_actors::process::rank_table;
+use taskd_actors::telemetry::MetricsServer;
+use taskd_actors::StepGate;
+use taskd_core::env::{self, process_env};
+use taskd_core::{GlobalRank, JobId};
+use tokio::sync::watch;
+
+/// An embedded worker's settings: the keys of its JSON configuration.
+#[derive(Parser)]
+#[command(name = "worker", no_binary_name = true)]
+pub struct WorkerOptions {
+    /// The job (default: $MINDX_TASK_ID).
+    #[arg(long, value_name = "JOB", env = env::MINDX_TASK_ID, value_parser = flags::non_empty)]
+    job_id: String,
+    /// This process's global rank.
+    #[arg(long, value_name = "R")]
+    rank: u32,
+    /// This node's proxy, HOST:PORT (default: $TASKD_PROXY, else 127.0.0.1:9602).
+    #[arg(long, value_name = "HOST:PORT", env = env::TASKD_PROXY,
+          default_value_t = format!("127.0.0.1:{DEFAULT_PROXY_PORT}"), value_parser = flags::host_port)]
+    proxy: String,
+    /// This process's node rank as its launcher sets it (logged; the proxy places the rank).
+    #[arg(long, value_name = "K")]
+    node_rank: Option<u32>,
+    /// The HCCL rank table: the node this rank must be on (the proxy checks it).
+    #[arg(long, value_name = "FILE")]
+    rank_table: Option<PathBuf>,
+    /// Whether this rank runs with TSP:1 (default: from $MS_ENABLE_TFT).
+    #[arg(long)]
+    tsp: Option<bool>,
+    #[command(flatten)]
+    tls: TlsArgs,
+    #[command(flatten)]
+    net: NetArgs,
+}
+
+impl WorkerOptions {
+    /// The settings of the JSON configuration `json`.
+    pub fn parse(json: &str) -> Result<WorkerOptions, CapiError> {
+        let map = config::object("worker", json)?;
+        let cmd = WorkerOptions::command();
+        let no_reference_keys = Keys {
+            renamed: &[],
+            ignored: &[],
+        };
+        let argv = config::to_args("worker", &cmd, &map, &no_reference_keys)?;
+        WorkerOptions::try_parse_from(argv).map_err(|e| config::parse_error("worker", &cmd, &e))
+    }
+
+    /// The worker's configuration, or why these settings cannot run.
+    pub fn config(&self) -> Result<RemoteWorkerConfig, CapiError> {
+        let bad = |message: String| CapiError::Config {
+            role: "worker",
+            message,
+        };
+        let rank = GlobalRank(self.rank);
+        let node = match &self.rank_table {
+            None => None,
+            Some(path) => {
+                let table = rank_table::load(path).map_err(|e| bad(e.to_string()))?;
+                let slot = table.slot(rank).ok_or_else(|| {
+                    bad(format!(
+                        "rank {rank} is not in the rank table {}",
+                        path.display()
+                    ))
+                })?;
+                Some(slot.node.clone())
+            }
+        };
+        let tft = env::get(&process_env, env::MS_ENABLE_TFT);
+        Ok(RemoteWorkerConfig {
+            job: JobId(self.job_id.clone()),
+            rank,
+            proxy: self.proxy.clone(),
+            node,
+            tsp: self.tsp.unwrap_or_else(|| env::tsp_enabled(tft.as_deref())),
+            tls: self.tls.load().map_err(|e| bad(e.to_string()))?,
+            net: self.net.config(),
+        })
+    }
+}
+
+/// Checks a worker configuration without starting anything.
+pub fn check(json: &str) -> Result<(), CapiError> {
+    WorkerOptions::parse(json)?.config().map(drop)
+}
+
+type Registrations = watch::Receiver<Option<WorkerRegistration>>;
+
+/// A running worker. [`EmbeddedWorker::step_completed`] is for the training thread; every
+/// other method may be called from any thread, concurrently with it.
+pub struct EmbeddedWorker {
+    rank: GlobalRank,
+    gate: Arc<StepGate>,
+    watches: (Registrations, watch::Receiver<ClientState>),
+    stopping: watch::Sender<bool>,
+    worker: Mutex<Option<RemoteWorker>>,
+    _metrics: Option<MetricsServer>,
+}
+
+impl EmbeddedWorker {
+    /// Starts the worker of the configuration `json`, switching through `switch`. Returns at
+    /// once; the worker connects to its proxy in the background (with retries), and the gate
+    /// lets every step pass until an operation arms it.
+    pub fn start(
+        json: &str,
+        switch: Box<dyn FrameworkSwitch>,
+    ) -> Result<EmbeddedWorker, CapiError> {
+        crate::init_logging();
+        let opts = WorkerOptions::parse(json)?;
+        let cfg = opts.config()?;
+        let metrics = opts
+            .net
+            .serve_metrics("worker")
+            .map_err(|e| crate::from_cli("worker", e))?;
+        let rank = cfg.rank;
+        let caps = taskd_hal_ascend::rank::capabilities_from_env(&process_env);
+        // The HAL asks for the job's size only for a directive, which comes after the
+        // registration; the registration's channel exists once the worker has started.
+        let handoff: Arc<Shared<Option<Registrations>>> = Arc::new(Shared::new(None));
+        let source = handoff.clone();
+        let world = Box::new(move || {
+            let reg = source.wait_for(None, Clone::clone)?;
+            let size = reg.borrow().as_ref().map(|r| r.world_size);
+            size
+        });
+        let hal = FrameworkHal::new(switch, world, caps);
+        let worker = RemoteWorker::start(cfg, Box::new(hal)).map_err(|e| CapiError::Start {
+            role: "worker",
+            message: e.to_string(),
+        })?;
+        let watches = worker.watch();
+        handoff.update(|h| *h = Some(watches.0.clone()));
+        tracing::info!(rank = rank.0, node_rank = ?opts.node_rank, proxy = %opts.proxy, "embedded worker started");
+        Ok(EmbeddedWorker {
+            rank,
+            gate: worker.gate(),
+            watches,
+            stopping: watch::channel(false).0,
+            worker: Mutex::new(Some(worker)),
+            _metrics: metrics,
+        })
+    }
+
+    /// This worker's global rank.
+    pub fn rank(&self) -> GlobalRank {
+        self.rank
+    }
+
+    /// The training loop completed `step`: returns at once unless an operation holds the rank
+    /// here. One training thread calls it.
+    #[inline]
+    pub fn step_completed(&self, step: u64) {
+        self.gate.step_completed(step)
+    }
+
+    /// Waits until the proxy admitted this rank, refused it for good, the worker stopped, or
+    /// `timeout` passed.
+    pub fn wait_registered(
+        &self,
+        timeout: Option<Duration>,
+    ) -> Result<WorkerRegistration, CapiError> {
+        let (mut reg, mut conn) = self.watches.clone();
+        let mut stopping = self.stopping.subscribe();
+        let wait = async move {
+            loop {
+                if let Some(r) = reg.borrow_and_update().clone() {
+                    return Ok(r);
+                }
+                if let ClientState::Refused(why) = &*conn.borrow_and_update() {
+                    return Err(CapiError::Refused(why.clone()));
+                }
+                if *stopping.borrow_and_update() {
+                    return Err(CapiError::Stopped("the worker was stopped".into()));
+                }
+                let gone = tokio::select! {
+                    r = reg.changed() => r.is_err(),
+                    r = conn.changed() => r.is_err(),
+                    r = stopping.changed() => r.is_err(),
+                };
+                if gone {
+                    return Err(CapiError::Stopped("the worker stopped".into()));
+                }
+            }
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .map_err(|e| CapiError::Stopped(format!("cannot wait: {e}")))?;
+        rt.block_on(async {
+            match timeout {
+                None => wait.await,
+                Some(t) => tokio::time::timeout(t, wait)
+                    .await
+                    .unwrap_or(Err(CapiError::Timeout(t, "the proxy to admit the worker"))),
+            }
+        })
+    }
+
+    /// Stops the worker: the gate opens for good (a training thread held in it returns), the
+    /// proxy is told the rank is leaving (`reason`), and the worker's threads end. Later calls
+    /// of [`EmbeddedWorker::step_completed`] return at once.
+    pub fn stop(&self, reason: &str) {
+        self.stopping.send_replace(true);
+        if let Some(w) = self.worker.lock().take() {
+            w.stop_with(reason);
+        }
+    }
+}
+
+impl Drop for EmbeddedWorker {
+    fn drop(&mut self) {
+        self.stop("the training process freed its worker");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_and_their_defaults() {
+        let o = WorkerOptions::parse(
+            r#"{"job_id": "j", "rank": 3, "proxy": "[fd00::2]:9602", "node_rank": 1, "tsp": true}"#,
+        )
+        .unwrap();
+        let c = o.config().unwrap();
+        assert_eq!(
+            (c.rank, c.proxy.as_str(), c.tsp),
+            (GlobalRank(3), "[fd00::2]:9602", true)
+        );
+        let e = check(r#"{"job_id": "j"}"#).unwrap_err();
+        assert!(e.to_string().contains("rank"), "{e}");
+        let e = check(r#"{"job_id": "j", "rank": 0, "proxy": "nowhere"}"#).unwrap_err();
+        assert!(e.to_string().contains("'nowhere' for 'proxy"), "{e}");
+        let e = check(r#"{"job_id": "j", "rank": -1}"#).unwrap_err();
+        assert!(e.to_string().contains("'-1' for 'rank"), "{e}");
+    }
+}

@@ -1,0 +1,97 @@
+"""The job's manager (the reference's ``manager.py``): ``init_taskd_manager`` and
+``start_taskd_manager``.
+
+The configuration's keys are the reference's (``job_id``, ``node_nums``, ``proc_per_node``;
+``plugin_dir``, ``fault_recover``, ``taskd_enable``, ``cluster_infos`` are accepted and not used)
+and every flag of ``taskd manager`` with underscores (``listen``, ``control_addr``,
+``metrics_addr``, ``rank_table``, ``switch_timeout_ms``, ...). ``$TASKD_CONTROL_ADDR`` and
+``$TASKD_MANAGER_LISTEN`` give ``control_addr`` and ``listen`` when the keys are absent.
+"""
+
+import os
+import signal
+import threading
+
+from taskd.python.cython_api import cython_api
+from taskd.python.utils.convention import returns_bool
+from taskd.python.utils.log import get_logger
+
+_config = None
+_SIGNALS = [s for s in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, s)]
+
+
+def _with_reference_env(config):
+    cfg = dict(config)
+    if os.environ.get("PROCESS_RECOVER", "").strip().lower() == "on":
+        cfg["fault_recover"] = "on"
+    off = os.environ.get("TASKD_PROCESS_ENABLE", "").strip().lower() == "off"
+    cfg["taskd_enable"] = "off" if off else "on"
+    return cfg
+
+
+@returns_bool
+def init_taskd_manager(config):
+    """Checks and keeps the manager's configuration (a dict)."""
+    global _config
+    if not isinstance(config, dict):
+        raise TypeError("config must be a dict, got %s" % type(config).__name__)
+    cfg = _with_reference_env(config)
+    cython_api.check_config("manager", cfg)
+    _config = cfg
+    get_logger().info(
+        "taskd manager initialised for job %s", cfg.get("job_id") or "$MINDX_TASK_ID"
+    )
+    return True
+
+
+class _PythonSignals:
+    """While the native manager owns SIGINT, SIGTERM and SIGHUP, Python's own handlers (which
+    run once the call returns) must not raise KeyboardInterrupt; restored afterwards."""
+
+    def __enter__(self):
+        self.saved = {}
+        if threading.current_thread() is threading.main_thread():
+            for name in _SIGNALS:
+                sig = getattr(signal, name)
+                self.saved[sig] = signal.getsignal(sig)
+                signal.signal(sig, lambda *_: None)
+        return self
+
+    def __exit__(self, *_):
+        for sig, handler in self.saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
+def _log_ready(manager, log):
+    try:
+        manager.wait_ready()
+        log.info("taskd manager: every worker registered, the job is verified")
+    except cython_api.TaskdError:
+        pass
+
+
+@returns_bool
+def start_taskd_manager():
+    """Runs the manager until SIGTERM or SIGINT (or SIGHUP), then returns ``True``. Blocks, with
+    the GIL released."""
+    log = get_logger()
+    if _config is None:
+        raise RuntimeError("init_taskd_manager has not succeeded")
+    with _PythonSignals():
+        manager = cython_api.Manager(_config, signals=True)
+        try:
+            log.info("taskd manager listening on %s", manager.addr(cython_api.TASKD_ADDR_LISTEN))
+            control = manager.addr(cython_api.TASKD_ADDR_CONTROL)
+            if control:
+                log.info("taskd manager control API on %s", control)
+            ready = threading.Thread(
+                target=_log_ready, args=(manager, log), name="taskd-ready", daemon=True
+            )
+            ready.start()
+            why = manager.wait()
+            ready.join()
+            log.info("taskd manager stopped: %s", why)
+        finally:
+            manager.free()
+    return True

@@ -1,0 +1,192 @@
+"""The worker of a training process: ``init_taskd_worker``, ``start_taskd_worker``,
+``destroy_taskd_worker`` and the step gate ``step_completed``.
+
+The worker connects to its node's proxy at ``$TASKD_PROXY`` (``HOST:PORT``, default
+``127.0.0.1:9602``) for the job ``$MINDX_TASK_ID``; ``TSP`` comes from ``$MS_ENABLE_TFT``. When
+the manager switches NICs, the worker holds training at the step gate and calls its framework's
+``_comm_switch_nic`` with the whole target list (``taskd.python.framework.switch``).
+"""
+
+import atexit
+import os
+import threading
+
+from taskd.python.cython_api import cython_api
+from taskd.python.framework import mindspore_hook, switch, torch_hook
+from taskd.python.utils.convention import returns_bool
+from taskd.python.utils.log import get_logger
+
+FRAMEWORKS = ("pt", "ms")
+
+
+class _State:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.config = None  # (rank, disk quota, framework, node rank) once initialised
+        self.worker = None
+        self.gate = None  # the native gate while a worker runs: gate(step)
+        self.undo = []  # how to remove the framework hooks
+        self.hook_gates = True  # the optimizer hook gates until an explicit call
+        self.retired = []  # stopped workers: their handles stay valid for late callers
+
+
+_state = _State()
+
+
+def _non_negative_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError("%s must be an int >= 0, got %r" % (name, value))
+    return value
+
+
+def _env_int(name):
+    value = os.environ.get(name, "").strip()
+    if not value:
+        raise ValueError("$%s is not set" % name)
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError("$%s=%r is not an integer" % (name, value))
+
+
+def _node_rank(framework):
+    """``"ms"``: ``$MS_NODE_RANK``; ``"pt"``: ``$RANK // $LOCAL_WORLD_SIZE``."""
+    if framework == "ms":
+        return _env_int("MS_NODE_RANK")
+    local = _env_int("LOCAL_WORLD_SIZE")
+    if local <= 0:
+        raise ValueError("$LOCAL_WORLD_SIZE=%d is not positive" % local)
+    return _env_int("RANK") // local
+
+
+def _worker_config(rank, node_rank):
+    return {"rank": rank, "node_rank": node_rank}
+
+
+@returns_bool
+def init_taskd_worker(rank_id, upper_limit_of_disk_in_mb=5000, framework="pt"):
+    """Prepares the worker of global rank ``rank_id``. ``upper_limit_of_disk_in_mb`` is the
+    reference's profiling quota (validated, unused). ``framework``: ``"pt"`` or ``"ms"``."""
+    rank = _non_negative_int("rank_id", rank_id)
+    quota = _non_negative_int("upper_limit_of_disk_in_mb", upper_limit_of_disk_in_mb)
+    if framework not in FRAMEWORKS:
+        raise ValueError("framework must be 'pt' or 'ms', got %r" % (framework,))
+    node_rank = _node_rank(framework)
+    cython_api.check_config("worker", _worker_config(rank, node_rank))
+    with _state.lock:
+        if _state.worker is not None:
+            raise ValueError("a worker already runs in this process (rank %d)" % _state.config[0])
+        _state.config = (rank, quota, framework, node_rank)
+    get_logger().info(
+        "taskd worker initialised: rank %d, node rank %d, framework %s", rank, node_rank, framework
+    )
+    return True
+
+
+def _hook_gate(step):
+    """The gate as the framework hooks call it: the running worker's, or nothing."""
+    gate = _state.gate
+    if gate is not None:
+        gate(step)
+
+
+def _install_hooks(framework, log):
+    if framework == "ms":
+        if not mindspore_hook.enabled():
+            log.info("%s=off: the training loop calls taskd.api.step_completed", mindspore_hook.ENV_SWITCH)
+            return []
+        return [mindspore_hook.install(_hook_gate)]
+    if not torch_hook.enabled():
+        return []
+    _state.hook_gates = True
+    remove = torch_hook.install(_hook_gate, lambda: _state.hook_gates)
+    if remove is None:
+        log.warning(
+            "this torch has no global optimizer step hook: the training loop must call "
+            "taskd.api.step_completed(step) after every step"
+        )
+        return []
+    return [remove]
+
+
+def _log_registration(worker, rank):
+    log = get_logger()
+    try:
+        node = worker.wait_registered()
+        log.info("taskd worker rank %d registered on %s", rank, node)
+    except cython_api.TaskdError as e:
+        if e.code == cython_api.TASKD_ERR_STOPPED:
+            log.info("taskd worker rank %d stopped before it registered", rank)
+        else:
+            log.error("taskd worker rank %d: %s", rank, e)
+
+
+@returns_bool
+def start_taskd_worker():
+    """Starts the initialised worker on background threads; returns at once."""
+    log = get_logger()
+    with _state.lock:
+        if _state.config is None:
+            raise RuntimeError("init_taskd_worker has not succeeded")
+        if _state.worker is not None:
+            log.warning("start_taskd_worker: the worker already runs")
+            return True
+        rank, _, framework, node_rank = _state.config
+        name, function = switch.resolve(framework)
+        worker = cython_api.Worker(
+            _worker_config(rank, node_rank), switch.callback(name, function, log)
+        )
+        try:
+            _state.undo = _install_hooks(framework, log)
+        except Exception:
+            worker.stop()
+            raise
+        _state.worker, _state.gate = worker, worker.gate()
+    threading.Thread(
+        target=_log_registration, args=(worker, rank), name="taskd-registration", daemon=True
+    ).start()
+    log.info("taskd worker rank %d started (switches through %s)", rank, name)
+    return True
+
+
+@returns_bool
+def destroy_taskd_worker():
+    """Stops the worker (a training thread held in the gate is let go)."""
+    with _state.lock:
+        if _state.config is None:
+            raise RuntimeError("no worker was initialised")
+        worker, undo = _state.worker, _state.undo
+        _state.config, _state.worker, _state.gate, _state.undo = None, None, None, []
+        if worker is not None:
+            _state.retired.append(worker)
+    for fn in undo:
+        fn()
+    if worker is not None:
+        worker.stop()
+    get_logger().info("taskd worker destroyed")
+    return True
+
+
+def step_completed(step):
+    """The training loop finished ``step``: returns at once unless taskd holds training here
+    for a NIC switch. Without a running worker it does nothing. Never raises."""
+    gate = _state.gate
+    if gate is None:
+        return False
+    _state.hook_gates = False
+    try:
+        gate(step)
+        return True
+    except Exception as e:
+        get_logger().error("step_completed(%r) failed: %s", step, e)
+        return False
+
+
+@atexit.register
+def _stop_at_exit():
+    worker = _state.worker
+    if worker is not None:
+        try:
+            worker.stop()
+        except Exception:
+            pass

@@ -1,0 +1,1 @@
+"""taskd's internals: the native library (``cython_api``), logging and the frameworks' hooks."""

@@ -1,0 +1,1 @@
+"""What taskd does inside a training framework: its switch function and its step gate hooks."""

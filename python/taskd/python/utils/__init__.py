@@ -1,0 +1,1 @@
+"""Logging of the ``taskd`` logger."""

@@ -1,0 +1,3 @@
+"""FAKE ``torch.optim``."""
+
+from torch.optim.optimizer import Optimizer, SGD  # noqa: F401

@@ -1,0 +1,133 @@
+"""The manager and the proxy through the API: ``start_taskd_manager`` blocks until SIGTERM or
+SIGINT and returns True; ``init_taskd_proxy`` blocks until admitted, once per process; a refusal
+or a ``destroy_taskd_proxy`` ends it with False; the MindSpore agent starts the proxy."""
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+
+import support
+import taskd.api as api
+from taskd.api import taskd_agent_api
+from taskd.python.cython_api import cython_api
+
+PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WAIT = 60  # seconds: a bound on what must happen long before
+
+
+def lines(stream, q):
+    for line in iter(stream.readline, b""):
+        q.put(line.decode())
+    q.put(None)
+
+
+def wait_line(q, text):
+    seen = []
+    while True:
+        line = q.get(timeout=WAIT)
+        if line is None:
+            raise AssertionError("%r never came; got:\n%s" % (text, "".join(seen)))
+        seen.append(line)
+        if text in line:
+            return line
+
+
+MANAGER = textwrap.dedent("""
+    import os
+    from taskd.api import init_taskd_manager, start_taskd_manager
+    init_taskd_manager({"job_id": os.getenv("MINDX_TASK_ID"), "node_nums": 1, "proc_per_node": 1})
+    print("returned", start_taskd_manager(), flush=True)
+""")
+
+
+class ManagerProcess(support.TaskdTestCase):
+    def run_manager_until(self, sig):
+        with tempfile.TemporaryDirectory() as tmp:
+            env = dict(os.environ, TASKD_MANAGER_LISTEN="127.0.0.1:0",
+                       TASKD_CONTROL_ADDR="127.0.0.1:0", TASKD_LOG_PATH=tmp,
+                       TASKD_STD_LOG_LEVEL="INFO", PYTHONPATH=PYTHON_DIR)
+            p = subprocess.Popen([sys.executable, "-c", MANAGER], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            q = queue.Queue()
+            threading.Thread(target=lines, args=(p.stderr, q), daemon=True).start()
+            wait_line(q, "taskd manager listening on 127.0.0.1:")
+            wait_line(q, "taskd manager control API on 127.0.0.1:")
+            p.send_signal(sig)
+            code = p.wait(WAIT)  # bounded: a manager that does not stop fails the test
+            out = p.stdout.read().decode()  # stderr is the reader thread's
+            self.assertEqual((code, out), (0, "returned True\n"))
+            wait_line(q, "taskd manager stopped: %s" % sig.name)
+
+    def test_sigterm_ends_start_taskd_manager_with_true(self):
+        self.run_manager_until(signal.SIGTERM)
+
+    def test_sigint_ends_it_the_same_way(self):
+        self.run_manager_until(signal.SIGINT)
+
+
+class Proxy(support.TaskdTestCase):
+    def setUp(self):
+        super().setUp()
+        self.manager = cython_api.Manager(
+            {"job_id": "pytest-job", "nodes": 1, "procs_per_node": 1, "listen": "127.0.0.1:0"},
+            signals=False,
+        )
+        self.port = self.manager.addr(cython_api.TASKD_ADDR_LISTEN).rsplit(":", 1)[1]
+
+    def tearDown(self):
+        api.destroy_taskd_proxy()
+        self.manager.free()
+        super().tearDown()
+
+    def config(self, **extra):
+        cfg = {"UpstreamAddr": "127.0.0.1", "UpstreamPort": self.port,
+               "ListenAddr": "127.0.0.1", "ListenPort": "0", "ServerRank": "0"}
+        cfg.update(extra)
+        return cfg
+
+    def test_init_blocks_until_admitted_and_runs_once(self):
+        with self.assertLogs("taskd", "INFO") as logs:
+            self.assertTrue(api.init_taskd_proxy(self.config()))
+        self.assertIn("taskd proxy registered as node-0", "\n".join(logs.output))
+        self.assertTrue(api.init_taskd_proxy(self.config(ListenPort="1")), "a no-op")
+        self.assertTrue(api.destroy_taskd_proxy())
+        with self.assertLogs("taskd", "WARNING"):
+            self.assertFalse(api.destroy_taskd_proxy())
+
+    def test_a_refused_proxy_returns_false_with_the_reason(self):
+        with self.assertLogs("taskd", "ERROR") as logs:
+            self.assertFalse(api.init_taskd_proxy(self.config(job_id="another-job")))
+        self.assertIn("refused", "\n".join(logs.output))
+        self.assertIn("another-job", "\n".join(logs.output))
+
+    def test_destroy_ends_an_init_still_waiting_for_the_manager(self):
+        self.manager.free()  # nobody to join
+        result = []
+        t = threading.Thread(target=lambda: result.append(api.init_taskd_proxy(self.config())))
+        t.start()
+        proxy = None
+        while proxy is None:  # init publishes its proxy before it blocks
+            proxy = getattr(api.taskd_proxy_api, "_proxy")
+            if proxy is None and not t.is_alive():
+                self.fail("init_taskd_proxy returned without waiting")
+        self.assertTrue(api.destroy_taskd_proxy())
+        t.join(WAIT)
+        self.assertEqual(result, [False])
+        self.manager = cython_api.Manager(
+            {"job_id": "x", "nodes": 1, "procs_per_node": 1, "listen": "127.0.0.1:0"}, False)
+
+    def test_the_mindspore_agent_starts_the_proxy_from_the_launchers_environment(self):
+        os.environ.update(MS_SCHED_HOST="127.0.0.1", MS_NODE_RANK="0")
+        started = queue.Queue()
+        real = taskd_agent_api.init_taskd_proxy
+        taskd_agent_api.init_taskd_proxy = started.put
+        try:
+            self.assertTrue(api.init_taskd_agent({"Framework": "MindSpore"}))
+        finally:
+            taskd_agent_api.init_taskd_proxy = real
+        self.assertEqual(started.get(timeout=WAIT), {"UpstreamAddr": "127.0.0.1", "ServerRank": "0"})

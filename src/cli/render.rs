@@ -152,7 +152,26 @@ pub fn status_json(s: &proto::JobStatus) -> Value {
             "missing": v.missing,
             "held": v.held,
         })),
+        "clusterd": s.clusterd.as_ref().map(|c| json!({
+            "addr": c.addr,
+            "connected": c.connected,
+            "detail": c.detail,
+            "driving": (!c.driving.is_empty()).then_some(&c.driving),
+        })),
     })
+}
+
+/// The `clusterd` line of `taskd status`: connected or not, and the pause it drives.
+fn clusterd_text(c: &proto::ClusterdLink) -> String {
+    let mut t = if c.connected {
+        format!("connected to {}", c.addr)
+    } else {
+        format!("NOT connected to {} ({})", c.addr, c.detail)
+    };
+    if !c.driving.is_empty() {
+        let _ = write!(t, "; driving pause {}", c.driving);
+    }
+    t
 }
 
 /// `taskd status` for people.
@@ -195,6 +214,10 @@ pub fn status_text(s: &proto::JobStatus) -> String {
         "no (switches wait for every rank's report)"
     };
     let _ = writeln!(out, "verified   {verified}");
+    // Only a manager that is ClusterD's client has the line.
+    if let Some(c) = &s.clusterd {
+        let _ = writeln!(out, "clusterd   {}", clusterd_text(c));
+    }
     if let Some(v) = s
         .last_verification
         .as_ref()

@@ -71,7 +71,11 @@ fn finished(
 
 /// The invariant every scenario ends with.
 fn assert_consistent_end(end: &FinalState) {
-    assert!(end.groups_consistent, "groups disagree: {}", end.consistency);
+    assert!(
+        end.groups_consistent,
+        "groups disagree: {}",
+        end.consistency
+    );
     assert_eq!(end.collectives_on_inconsistent_groups, 0);
     assert_eq!(end.ranks_on_backup, end.manager_on_backup);
     assert!(end.violations.is_empty(), "{:?}", end.violations);
@@ -243,7 +247,10 @@ fn a_duplicate_switch_rank_list_neither_switches_nor_answers_twice() {
     // The next switch finds its slot empty (a second answer would sit there) and switches
     // back with as many calls as the first: the duplicate made none.
     assert!(fake.switch_nic(&[3, 5], &[false, false]));
-    assert_eq!(sim.fabric().nic_set_log().len() - calls_before, 2 * one_switch);
+    assert_eq!(
+        sim.fabric().nic_set_log().len() - calls_before,
+        2 * one_switch
+    );
     assert!(sim.fabric().ranks_on_backup().is_empty());
     sim.train(2).unwrap();
     fake.assert_clean();

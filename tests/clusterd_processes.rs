@@ -35,7 +35,10 @@ fn a_job_of_processes_is_switched_and_back_by_clusterd() {
     assert_eq!(code, 0, "{info}");
     // The control API beside it sees ClusterD's operation and its link.
     let st = c.status(0);
-    let link = st.clusterd.clone().expect("the status has the ClusterD link");
+    let link = st
+        .clusterd
+        .clone()
+        .expect("the status has the ClusterD link");
     assert!(link.connected, "{link:?}");
     assert_eq!(link.driving, uuid);
     assert!(st.in_flight.is_some());
@@ -52,7 +55,11 @@ fn a_job_of_processes_is_switched_and_back_by_clusterd() {
     assert!(fake.switch_nic(&[1, 2], &[false, false]));
     let st = c.status(2);
     assert!(st.ranks_on_backup.is_empty());
-    assert!(st.recent.iter().all(|r| r.result == "succeeded"), "{:?}", st.recent);
+    assert!(
+        st.recent.iter().all(|r| r.result == "succeeded"),
+        "{:?}",
+        st.recent
+    );
     fake.assert_clean();
     c.shutdown_cleanly();
 }
@@ -84,7 +91,10 @@ fn manager(args: &[&str], envs: &[(&str, &str)]) -> (String, String, Option<i32>
     ] {
         cmd.env_remove(v);
     }
-    let mut child = cmd.envs(envs.iter().copied()).spawn().expect("taskd starts");
+    let mut child = cmd
+        .envs(envs.iter().copied())
+        .spawn()
+        .expect("taskd starts");
     let out = child.stdout.take().unwrap();
     let (tx, lines) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -107,7 +117,11 @@ fn manager(args: &[&str], envs: &[(&str, &str)]) -> (String, String, Option<i32>
         };
         text.push_str(&line);
         text.push('\n');
-        let last = if client { "ClusterD's client at" } else { "listening on" };
+        let last = if client {
+            "ClusterD's client at"
+        } else {
+            "listening on"
+        };
         if line.contains(last) {
             let _ = Command::new("kill")
                 .args(["-TERM", &child.id().to_string()])
@@ -136,19 +150,31 @@ fn the_manager_finds_clusterd_as_taskd_does_and_the_flags_override_it() {
     let (out, _, _) = manager(&[], &[(env::MINDX_SERVER_IP, "fd00::7")]);
     assert!(out.contains("ClusterD's client at [fd00::7]:8899"), "{out}");
     let (out, _, _) = manager(&["--clusterd", "127.0.0.1:18899"], &both);
-    assert!(out.contains("ClusterD's client at 127.0.0.1:18899"), "{out}");
+    assert!(
+        out.contains("ClusterD's client at 127.0.0.1:18899"),
+        "{out}"
+    );
     let (out, _, code) = manager(&["--no-clusterd"], &both);
     assert_eq!(code, Some(0));
-    assert!(out.contains("listening on") && !out.contains("ClusterD"), "{out}");
+    assert!(
+        out.contains("listening on") && !out.contains("ClusterD"),
+        "{out}"
+    );
     let (out, _, _) = manager(&[], &[]);
-    assert!(!out.contains("ClusterD"), "standalone without the environment: {out}");
+    assert!(
+        !out.contains("ClusterD"),
+        "standalone without the environment: {out}"
+    );
 }
 
 #[test]
 fn bad_clusterd_addresses_are_refused_naming_them() {
     let (_, err, code) = manager(&["--clusterd", "clusterd-svc"], &[]);
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("clusterd-svc") && err.contains("--clusterd"), "{err}");
+    assert!(
+        err.contains("clusterd-svc") && err.contains("--clusterd"),
+        "{err}"
+    );
     let (_, err, code) = manager(&["--clusterd", "a:1", "--no-clusterd"], &[]);
     assert_eq!(code, Some(2), "{err}");
     let (_, err, code) = manager(&[], &[(env::MINDX_SERVER_IP, "not an address")]);

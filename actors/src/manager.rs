@@ -4,7 +4,9 @@
 
 mod clusterd;
 
-pub use clusterd::{AttachClusterd, ClusterdLink, ClusterdLinkChanged, ClusterdSignal, ClusterdSwitch};
+pub use clusterd::{
+    AttachClusterd, ClusterdLink, ClusterdLinkChanged, ClusterdSignal, ClusterdSwitch,
+};
 
 use crate::observer::{self, Observer};
 use crate::progress::ProgressFeed;

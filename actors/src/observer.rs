@@ -248,7 +248,9 @@ impl Observer {
 
     /// The span of the operation in flight (none when idle).
     pub(crate) fn operation_span(&self) -> Span {
-        self.op.as_ref().map_or_else(Span::none, |op| op.span.clone())
+        self.op
+            .as_ref()
+            .map_or_else(Span::none, |op| op.span.clone())
     }
 
     /// The operation in flight learnt its targets (ClusterD's switch).
@@ -273,7 +275,10 @@ impl Observer {
                 tracing::info!(step, "every rank holds; waiting for ClusterD's switch")
             }
             HoldPoint::Switched { applied } => {
-                tracing::info!(applied, "switch over; every rank holds; waiting for ClusterD's continue")
+                tracing::info!(
+                    applied,
+                    "switch over; every rank holds; waiting for ClusterD's continue"
+                )
             }
         });
     }

@@ -83,7 +83,10 @@ impl Shared {
                 return r;
             }
             if self.changed.wait_until(&mut s, deadline).timed_out() {
-                panic!("the fake ClusterD waited {WAIT:?} for {what}; violations: {:?}", s.violations);
+                panic!(
+                    "the fake ClusterD waited {WAIT:?} for {what}; violations: {:?}",
+                    s.violations
+                );
             }
         }
     }
@@ -282,10 +285,9 @@ impl FakeClusterd {
 
     /// Waits until both streams have been subscribed `n` times in all (one per session).
     pub fn wait_sessions(&self, n: usize) {
-        self.shared
-            .wait_until(&format!("session {n}"), |s| {
-                (s.signal_subs >= n && s.switch_subs >= n).then_some(())
-            });
+        self.shared.wait_until(&format!("session {n}"), |s| {
+            (s.signal_subs >= n && s.switch_subs >= n).then_some(())
+        });
     }
 
     /// Sessions so far (both streams subscribed).
@@ -431,8 +433,9 @@ impl FakeClusterd {
     fn expect_empty(&self, what: &str, slot: fn(&mut State) -> &mut Option<Got>) {
         let mut s = self.shared.state.lock();
         if let Some(stale) = slot(&mut s).clone() {
-            s.violations
-                .push(format!("{what}: {stale:?} waited in its slot before the request"));
+            s.violations.push(format!(
+                "{what}: {stale:?} waited in its slot before the request"
+            ));
         }
     }
 

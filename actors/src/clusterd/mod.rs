@@ -92,7 +92,10 @@ pub struct ClusterdClient {
 impl ClusterdClient {
     /// Makes `manager` ClusterD's client and starts the session on a thread of its own (it
     /// connects in the background and keeps trying). Callable from any thread.
-    pub fn start(manager: Addr<Manager>, cfg: ClusterdConfig) -> Result<ClusterdClient, ClusterdError> {
+    pub fn start(
+        manager: Addr<Manager>,
+        cfg: ClusterdConfig,
+    ) -> Result<ClusterdClient, ClusterdError> {
         check_host_port(&cfg.addr)?;
         let (reports_tx, reports) = tokio::sync::mpsc::unbounded_channel();
         manager.do_send(AttachClusterd {

@@ -64,7 +64,9 @@ pub(super) async fn run(
             };
             let wait = match end {
                 End::Reset(which) => {
-                    link.down(format!("ClusterD ended the {which} stream; subscribing again"));
+                    link.down(format!(
+                        "ClusterD ended the {which} stream; subscribing again"
+                    ));
                     backoff.reset();
                     cfg.retry_min
                 }
@@ -212,20 +214,37 @@ impl Session<'_> {
 
     /// Sends one report. ClusterD's answer, whatever its code, means it took it; a failed
     /// call keeps it for the next session.
-    async fn deliver(&mut self, client: &mut RecoverClient<Channel>, r: &Report) -> Result<(), String> {
+    async fn deliver(
+        &mut self,
+        client: &mut RecoverClient<Channel>,
+        r: &Report,
+    ) -> Result<(), String> {
         let job = self.cfg.job.0.clone();
         let sent = match r {
             Report::StopComplete { code, info } => {
-                let status = Some(proto::Status { code: *code, info: info.clone() });
-                let req = proto::StopCompleteRequest { job_id: job, status, fault_ranks: vec![] };
+                let status = Some(proto::Status {
+                    code: *code,
+                    info: info.clone(),
+                });
+                let req = proto::StopCompleteRequest {
+                    job_id: job,
+                    status,
+                    fault_ranks: vec![],
+                };
                 client.report_stop_complete(req).await
             }
             Report::SwitchResult { ok } => {
-                let req = proto::SwitchResult { job_id: job, result: *ok };
+                let req = proto::SwitchResult {
+                    job_id: job,
+                    result: *ok,
+                };
                 client.reply_switch_nic_result(req).await
             }
             Report::RecoverStatus { code, info } => {
-                let status = Some(proto::Status { code: *code, info: info.clone() });
+                let status = Some(proto::Status {
+                    code: *code,
+                    info: info.clone(),
+                });
                 let req = proto::RecoverStatusRequest {
                     job_id: job,
                     status,
@@ -252,7 +271,9 @@ impl Session<'_> {
             Err(s) => {
                 metrics::counter!(telemetry::CLUSTERD_REPORTS_TOTAL, "report" => kind, "result" => "error")
                     .increment(1);
-                Err(format!("{kind} report not delivered (kept for the next session): {s}"))
+                Err(format!(
+                    "{kind} report not delivered (kept for the next session): {s}"
+                ))
             }
         }
     }

@@ -170,8 +170,15 @@ impl Observer {
         plan: Option<&SwitchPlan>,
         ranks: usize,
     ) {
-        let direction = plan.map_or("mixed", |p| p.direction().as_str());
-        span.record("direction", direction);
+        // An operation ClusterD drives learns its targets with its switch (`targets_known`).
+        let direction = match plan {
+            Some(p) if p.targets.is_empty() => None,
+            Some(p) => Some(p.direction().as_str()),
+            None => Some("mixed"),
+        };
+        if let Some(direction) = direction {
+            span.record("direction", direction);
+        }
         span.in_scope(|| tracing::info!(direction, "operation started"));
         self.op = Some(WatchedOperation {
             id,

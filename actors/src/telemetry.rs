@@ -8,7 +8,8 @@
 //!
 //! **Cardinality.** No metric has a label that takes a rank, node, group, job or operation id:
 //! every label has a small fixed set of values (`result`, `direction`, `phase`, `op`, `code`,
-//! `kind`, `state`), so one process exports well under 200 series whatever the size of the job.
+//! `kind`, `state`, `type`, `report`), so one process exports well under 200 series whatever the
+//! size of the job.
 //! Which job and which process a series comes from is the scrape target's business (Prometheus
 //! adds `job` and `instance`). Per-rank detail belongs in logs (spans carry the rank), not in
 //! series: a job can have tens of thousands of ranks.

@@ -28,6 +28,22 @@ fn sim() -> Simulation {
     .expect("the simulated job starts")
 }
 
+/// A simulated job, a fake ClusterD and the job's manager as its client, first session up.
+fn setup() -> (Simulation, FakeClusterd, ClusterdClient) {
+    let sim = sim();
+    let fake = FakeClusterd::start("sim");
+    let c = client(&sim, &fake);
+    (sim, fake, c)
+}
+
+/// Training goes on, ClusterD saw no rule broken, and every group agrees on its NICs.
+fn end(sim: Simulation, fake: &FakeClusterd, c: ClusterdClient) {
+    sim.train(2).unwrap();
+    fake.assert_clean();
+    c.shutdown();
+    assert_consistent_end(&sim.finish());
+}
+
 /// The manager of `sim` as the client of ClusterD at `fake`, reconnecting fast.
 fn client(sim: &Simulation, fake: &FakeClusterd) -> ClusterdClient {
     let mut cfg = ClusterdConfig::new(fake.addr().to_string(), JobId("sim".into()));
@@ -83,9 +99,7 @@ fn assert_consistent_end(end: &FinalState) {
 
 #[test]
 fn a_switch_and_back_as_clusterd_runs_them() {
-    let sim = sim();
-    let fake = FakeClusterd::start("sim");
-    let c = client(&sim, &fake);
+    let (sim, fake, c) = setup();
 
     // Step by step, checking what the job holds at each one.
     let uuid = fake.pause();
@@ -124,17 +138,12 @@ fn a_switch_and_back_as_clusterd_runs_them() {
     assert!(fake.switch_nic(&[1, 6], &[false, false]));
     fake.wait_sessions(3);
     assert!(sim.fabric().ranks_on_backup().is_empty());
-    sim.train(2).unwrap();
-    fake.assert_clean();
-    c.shutdown();
-    assert_consistent_end(&sim.finish());
+    end(sim, &fake, c);
 }
 
 #[test]
 fn a_failed_nic_set_answers_false_after_the_rollback_and_the_job_stays_consistent() {
-    let sim = sim();
-    let fake = FakeClusterd::start("sim");
-    let c = client(&sim, &fake);
+    let (sim, fake, c) = setup();
     sim.fabric()
         .inject_nic_set_fault(GlobalRank(5), NicSetFault::Fail(HcclCode::Network));
     let uuid = fake.pause();
@@ -164,17 +173,12 @@ fn a_failed_nic_set_answers_false_after_the_rollback_and_the_job_stays_consisten
         other => panic!("{other:?}"),
     }
     assert_eq!(sim.job().status(0).unwrap().state, JobState::Running);
-    sim.train(2).unwrap();
-    fake.assert_clean();
-    c.shutdown();
-    assert_consistent_end(&sim.finish());
+    end(sim, &fake, c);
 }
 
 #[test]
 fn clusterd_restarted_between_two_switches() {
-    let sim = sim();
-    let fake = FakeClusterd::start("sim");
-    let c = client(&sim, &fake);
+    let (sim, fake, c) = setup();
     assert!(fake.switch_nic(&[2], &[true]));
     fake.assert_clean();
     let addr = fake.kill();
@@ -183,17 +187,12 @@ fn clusterd_restarted_between_two_switches() {
     fake.wait_sessions(1);
     assert!(fake.switch_nic(&[2, 7], &[false, true]));
     assert_eq!(sim.fabric().ranks_on_backup(), ranks(&[7]));
-    sim.train(2).unwrap();
-    fake.assert_clean();
-    c.shutdown();
-    assert_consistent_end(&sim.finish());
+    end(sim, &fake, c);
 }
 
 #[test]
 fn the_switch_stream_cut_while_paused_is_subscribed_again_and_the_switch_goes_on() {
-    let sim = sim();
-    let fake = FakeClusterd::start("sim");
-    let c = client(&sim, &fake);
+    let (sim, fake, c) = setup();
     let uuid = fake.pause();
     let (code, info) = fake.stop_complete();
     assert_eq!(code, 0, "{info}");
@@ -219,18 +218,13 @@ fn the_switch_stream_cut_while_paused_is_subscribed_again_and_the_switch_goes_on
     assert_eq!(fake.recover_status().0, 0);
     let r = sim.job().status(1).unwrap().recent[0].clone();
     assert_eq!(r.pause_step, Some(held));
-    sim.train(2).unwrap();
     assert_eq!(sim.fabric().ranks_on_backup(), ranks(&[0]));
-    fake.assert_clean();
-    c.shutdown();
-    assert_consistent_end(&sim.finish());
+    end(sim, &fake, c);
 }
 
 #[test]
 fn a_duplicate_switch_rank_list_neither_switches_nor_answers_twice() {
-    let sim = sim();
-    let fake = FakeClusterd::start("sim");
-    let c = client(&sim, &fake);
+    let (sim, fake, c) = setup();
     let calls_before = sim.fabric().nic_set_log().len();
     let uuid = fake.pause();
     assert_eq!(fake.stop_complete().0, 0);
@@ -252,17 +246,12 @@ fn a_duplicate_switch_rank_list_neither_switches_nor_answers_twice() {
         2 * one_switch
     );
     assert!(sim.fabric().ranks_on_backup().is_empty());
-    sim.train(2).unwrap();
-    fake.assert_clean();
-    c.shutdown();
-    assert_consistent_end(&sim.finish());
+    end(sim, &fake, c);
 }
 
 #[test]
 fn a_pause_then_kill_master_keeps_every_rank_held_and_answers_nothing() {
-    let sim = sim();
-    let fake = FakeClusterd::start("sim");
-    let c = client(&sim, &fake);
+    let (sim, fake, c) = setup();
     fake.pause();
     assert_eq!(fake.stop_complete().0, 0);
     let mut progress = sim.job().subscribe_progress();
@@ -285,17 +274,12 @@ fn a_pause_then_kill_master_keeps_every_rank_held_and_answers_nothing() {
         sim.job().recover(RecoverTo::AsIs).unwrap(),
         RecoveryResult::Verification(_)
     ));
-    sim.train(2).unwrap();
-    fake.assert_clean();
-    c.shutdown();
-    assert_consistent_end(&sim.finish());
+    end(sim, &fake, c);
 }
 
 #[test]
 fn a_pause_while_an_operator_switch_runs_is_refused_as_busy() {
-    let sim = sim();
-    let fake = FakeClusterd::start("sim");
-    let c = client(&sim, &fake);
+    let (sim, fake, c) = setup();
     // An operator's switch whose NIC-set hangs a while: it is in flight when ClusterD pauses.
     sim.fabric().inject_nic_set_fault(
         GlobalRank(0),
@@ -312,8 +296,5 @@ fn a_pause_while_an_operator_switch_runs_is_refused_as_busy() {
     assert!(info.contains(&id.to_string()), "{info}");
     let r = sim.job().wait(id).unwrap();
     assert!(r.rolled_back, "{r}");
-    sim.train(2).unwrap();
-    fake.assert_clean();
-    c.shutdown();
-    assert_consistent_end(&sim.finish());
+    end(sim, &fake, c);
 }

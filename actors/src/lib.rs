@@ -15,6 +15,7 @@
 //! [`process`] starts and stops each role as a process of its own. In a MindCluster cluster
 //! the manager is also ClusterD's client ([`clusterd`]).
 
+mod background;
 pub mod clusterd;
 pub mod control;
 pub mod gate;

@@ -299,6 +299,15 @@ impl Step {
     }
 }
 
+/// What handling one signal works with: the ledger, an unused operation id, the time, and the
+/// step being decided.
+struct Cx<'a> {
+    ledger: &'a mut JobLedger,
+    fresh: OperationId,
+    now: Duration,
+    step: Step,
+}
+
 /// A report owed to ClusterD, in the order of the requests.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Owed {
@@ -389,17 +398,24 @@ impl Sequencer {
             );
             return step;
         }
+        let mut cx = Cx {
+            ledger,
+            fresh,
+            now,
+            step,
+        };
         match signal {
             Signal::KeepAlive => {}
-            Signal::Pause { uuid } => self.pause(uuid, ledger, fresh, now, &mut step),
-            Signal::StopTrain { uuid } => self.stop(uuid, ledger, fresh, now, &mut step),
-            Signal::KillMaster { uuid } => self.kill(uuid, ledger, now, &mut step),
-            Signal::Continue { uuid } => self.resume(uuid, ledger, now, &mut step),
-            Signal::Other { detail } => step.note(
+            Signal::Pause { uuid } => self.pause(uuid, &mut cx),
+            Signal::StopTrain { uuid } => self.stop(uuid, &mut cx),
+            Signal::KillMaster { uuid } => self.kill(uuid, &mut cx),
+            Signal::Continue { uuid } => self.resume(uuid, &mut cx),
+            Signal::Other { detail } => cx.step.note(
                 Level::Warn,
                 format!("ClusterD signal not acted on (taskd switches NICs only): {detail}"),
             ),
         }
+        let step = cx.step;
         if let Some(key) = key.filter(|_| !step.reports.is_empty()) {
             if self.answered.len() == ANSWERED {
                 self.answered.pop_front();
@@ -409,17 +425,10 @@ impl Sequencer {
         step
     }
 
-    fn pause(
-        &mut self,
-        uuid: &str,
-        ledger: &mut JobLedger,
-        fresh: OperationId,
-        now: Duration,
-        step: &mut Step,
-    ) {
+    fn pause(&mut self, uuid: &str, cx: &mut Cx<'_>) {
         if let Some(cur) = &self.current {
             if cur.uuid == uuid {
-                step.note(
+                cx.step.note(
                     Level::Warn,
                     format!("pause {uuid} delivered again: already in effect, not answered twice"),
                 );
@@ -428,8 +437,8 @@ impl Sequencer {
                     "pause {uuid} refused: pause {} (operation {}) is in effect",
                     cur.uuid, cur.op
                 );
-                step.note(Level::Error, info.clone());
-                step.reports.push(Report::StopComplete {
+                cx.step.note(Level::Error, info.clone());
+                cx.step.reports.push(Report::StopComplete {
                     code: CODE_FAILED,
                     info,
                 });
@@ -437,25 +446,25 @@ impl Sequencer {
             return;
         }
         if self.last.as_ref().is_some_and(|l| l.uuid == uuid) {
-            step.note(
+            cx.step.note(
                 Level::Warn,
                 format!("pause {uuid} delivered again after its operation ended: not a new pause"),
             );
             return;
         }
-        match ledger.start_sequenced(fresh, self.hold, None, now) {
+        match cx.ledger.start_sequenced(cx.fresh, self.hold, None, cx.now) {
             Ok(actions) => {
-                step.note(
+                cx.step.note(
                     Level::Info,
-                    format!("pause {uuid}: operation {fresh} pauses every rank"),
+                    format!("pause {uuid}: operation {} pauses every rank", cx.fresh),
                 );
-                self.drive(uuid, fresh, Owed::StopComplete);
-                step.actions = actions;
+                self.drive(uuid, cx.fresh, Owed::StopComplete);
+                cx.step.actions = actions;
             }
             Err(e) => {
                 let info = format!("pause {uuid} refused: {e}");
-                step.note(Level::Error, info.clone());
-                step.reports.push(Report::StopComplete {
+                cx.step.note(Level::Error, info.clone());
+                cx.step.reports.push(Report::StopComplete {
                     code: CODE_FAILED,
                     info,
                 });
@@ -475,133 +484,133 @@ impl Sequencer {
         self.owed.push(owed);
     }
 
-    fn stop(
-        &mut self,
-        uuid: &str,
-        ledger: &mut JobLedger,
-        fresh: OperationId,
-        now: Duration,
-        step: &mut Step,
-    ) {
+    fn stop(&mut self, uuid: &str, cx: &mut Cx<'_>) {
         let reason = format!("ClusterD stop_train {uuid}");
         let told = |d: &Option<Driven>| d.as_ref().is_some_and(|d| d.stops.contains(uuid));
         if told(&self.current) || (self.current.is_none() && told(&self.last)) {
-            step.note(
+            cx.step.note(
                 Level::Warn,
                 format!("stop_train {uuid} delivered again: not answered twice"),
             );
             return;
         }
         if let Some(cur) = self.current.as_mut() {
-            match ledger.stop_sequenced(reason, now) {
+            match cx.ledger.stop_sequenced(reason, cx.now) {
                 Ok(actions) => {
                     cur.stops.insert(uuid.to_owned());
-                    step.note(
+                    cx.step.note(
                         Level::Warn,
                         format!("stop_train {uuid}: training stays held at the next hold point"),
                     );
                     self.owed.push(Owed::StopComplete);
-                    step.actions = actions;
+                    cx.step.actions = actions;
                 }
                 Err(SequenceError::Command(CommandError::Resuming(_))) => {
-                    step.note(
+                    cx.step.note(
                         Level::Warn,
                         format!("stop_train {uuid} came while resuming: pausing again after"),
                     );
                     self.stop_after = Some(uuid.to_owned());
                 }
-                Err(e) => refuse_stop(uuid, &e.to_string(), step),
+                Err(e) => refuse_stop(uuid, &e.to_string(), &mut cx.step),
             }
             return;
         }
-        match ledger.state() {
+        match cx.ledger.state() {
             JobState::Paused => {
                 let info = format!("training is held at the step gates (job paused): {uuid}");
-                step.note(Level::Warn, format!("stop_train: {info}"));
-                step.reports.push(Report::StopComplete {
+                cx.step.note(Level::Warn, format!("stop_train: {info}"));
+                cx.step.reports.push(Report::StopComplete {
                     code: CODE_OK,
                     info,
                 });
             }
-            _ => match ledger.start_sequenced(fresh, self.hold, Some(reason), now) {
+            _ => match cx
+                .ledger
+                .start_sequenced(cx.fresh, self.hold, Some(reason), cx.now)
+            {
                 Ok(actions) => {
-                    step.note(
+                    cx.step.note(
                         Level::Warn,
-                        format!("stop_train {uuid}: operation {fresh} pauses every rank and keeps them held"),
+                        format!(
+                            "stop_train {uuid}: operation {} pauses every rank and keeps them held",
+                            cx.fresh
+                        ),
                     );
-                    self.drive(uuid, fresh, Owed::StopComplete);
+                    self.drive(uuid, cx.fresh, Owed::StopComplete);
                     if let Some(cur) = self.current.as_mut() {
                         cur.stops.insert(uuid.to_owned());
                     }
-                    step.actions = actions;
+                    cx.step.actions = actions;
                 }
-                Err(e) => refuse_stop(uuid, &e.to_string(), step),
+                Err(e) => refuse_stop(uuid, &e.to_string(), &mut cx.step),
             },
         }
     }
 
-    fn kill(&mut self, uuid: &str, ledger: &mut JobLedger, now: Duration, step: &mut Step) {
+    fn kill(&mut self, uuid: &str, cx: &mut Cx<'_>) {
         self.stop_after = None;
         for owed in self.owed.drain(..) {
-            step.note(
+            cx.step.note(
                 Level::Warn,
                 format!("killMaster {uuid}: the {owed:?} report is no longer awaited; not sent"),
             );
         }
         if self.current.is_none() {
-            step.note(
+            cx.step.note(
                 Level::Warn,
                 format!("killMaster {uuid}: ClusterD restarts the job; nothing held here"),
             );
             return;
         }
         let reason = format!("ClusterD killMaster {uuid}: the job restarts");
-        match ledger.stop_sequenced(reason, now) {
+        match cx.ledger.stop_sequenced(reason, cx.now) {
             Ok(actions) => {
-                step.note(
+                cx.step.note(
                     Level::Warn,
                     format!("killMaster {uuid}: every rank stays held until the job restarts"),
                 );
-                step.actions = actions;
+                cx.step.actions = actions;
             }
-            Err(e) => step.note(
+            Err(e) => cx.step.note(
                 Level::Warn,
                 format!("killMaster {uuid}: the operation cannot stop ({e}); it ends by itself"),
             ),
         }
     }
 
-    fn resume(&mut self, uuid: &str, ledger: &mut JobLedger, now: Duration, step: &mut Step) {
+    fn resume(&mut self, uuid: &str, cx: &mut Cx<'_>) {
         let current = self.current.as_mut();
         match current {
             Some(cur) if cur.uuid == uuid => {
                 if cur.continued {
-                    step.note(
+                    cx.step.note(
                         Level::Warn,
                         format!("continue {uuid} delivered again: not answered twice"),
                     );
                     return;
                 }
                 cur.continued = true;
-                match ledger.resume_sequenced(now) {
+                match cx.ledger.resume_sequenced(cx.now) {
                     Ok(actions) => {
-                        step.note(Level::Info, format!("continue {uuid}: resuming"));
+                        cx.step
+                            .note(Level::Info, format!("continue {uuid}: resuming"));
                         self.owed.push(Owed::RecoverStatus);
-                        step.actions = actions;
+                        cx.step.actions = actions;
                     }
-                    Err(e) => refuse_continue(uuid, &e.to_string(), step),
+                    Err(e) => refuse_continue(uuid, &e.to_string(), &mut cx.step),
                 }
             }
             Some(cur) => {
                 let why = format!("pause {} (operation {}) holds training", cur.uuid, cur.op);
-                refuse_continue(uuid, &why, step);
+                refuse_continue(uuid, &why, &mut cx.step);
             }
             None if self
                 .last
                 .as_ref()
                 .is_some_and(|l| l.uuid == uuid && l.continued) =>
             {
-                step.note(
+                cx.step.note(
                     Level::Warn,
                     format!("continue {uuid} delivered again: not answered twice"),
                 );
@@ -610,16 +619,17 @@ impl Sequencer {
                 if let Some(last) = self.last.as_mut().filter(|l| l.uuid == uuid) {
                     last.continued = true;
                 }
-                let (code, info) = if ledger.state() == JobState::Running {
+                let (code, info) = if cx.ledger.state() == JobState::Running {
                     (CODE_OK, format!("continue {uuid}: training runs"))
                 } else {
-                    let state = ledger.state();
+                    let state = cx.ledger.state();
                     (CODE_FAILED, format!("continue {uuid}: the job is {state}"))
                 };
                 let late = self.last.as_ref().is_some_and(|l| l.uuid == uuid);
                 let level = if late { Level::Warn } else { Level::Error };
-                step.note(level, format!("{info} (no pause of that uuid in effect)"));
-                step.reports.push(Report::RecoverStatus { code, info });
+                cx.step
+                    .note(level, format!("{info} (no pause of that uuid in effect)"));
+                cx.step.reports.push(Report::RecoverStatus { code, info });
             }
         }
     }

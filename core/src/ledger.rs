@@ -551,12 +551,7 @@ impl JobLedger {
 
     /// Resumes the sequenced operation in flight (at once if it holds, else at its next hold).
     pub fn resume_sequenced(&mut self, now: Duration) -> Result<Vec<Action>, SequenceError> {
-        let op = self
-            .in_flight
-            .as_mut()
-            .ok_or(SequenceError::NothingInFlight)?;
-        let actions = op.command_resume(now)?;
-        Ok(self.settle(actions))
+        self.command(|op| op.command_resume(now))
     }
 
     /// Stops the sequenced operation in flight at a hold point, every rank held (at once if it
@@ -566,11 +561,19 @@ impl JobLedger {
         reason: String,
         now: Duration,
     ) -> Result<Vec<Action>, SequenceError> {
+        self.command(|op| op.command_stop(reason, now))
+    }
+
+    /// Gives the operation in flight a command and settles what it did.
+    fn command(
+        &mut self,
+        f: impl FnOnce(&mut Operation) -> Result<Vec<Action>, CommandError>,
+    ) -> Result<Vec<Action>, SequenceError> {
         let op = self
             .in_flight
             .as_mut()
             .ok_or(SequenceError::NothingInFlight)?;
-        let actions = op.command_stop(reason, now)?;
+        let actions = f(op)?;
         Ok(self.settle(actions))
     }
 

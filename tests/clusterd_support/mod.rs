@@ -107,6 +107,29 @@ impl Shared {
 
 struct Svc(Arc<Shared>);
 
+impl Svc {
+    /// A subscription: refused with ClusterD's "not registed" before `Register`, else the
+    /// new stream replaces the old one (`keep` records its sender).
+    fn subscribe<T>(
+        &self,
+        r: Request<ClientInfo>,
+        keep: impl FnOnce(&mut State, Sender<T>),
+    ) -> Result<Response<Stream<T>>, tonic::Status> {
+        let job = r.into_inner().job_id;
+        let (tx, rx) = unbounded_channel();
+        let registered = self.0.update(|s| {
+            if s.registered {
+                keep(s, tx);
+            }
+            s.registered
+        });
+        if !registered {
+            return Err(tonic::Status::unknown(format!("jobId={job} not registed")));
+        }
+        Ok(Response::new(UnboundedReceiverStream::new(rx)))
+    }
+}
+
 fn ok(info: &str) -> Result<Response<Status>, tonic::Status> {
     Ok(Response::new(Status {
         code: 0,
@@ -159,19 +182,10 @@ impl Recover for Svc {
         &self,
         r: Request<ClientInfo>,
     ) -> Result<Response<Self::SubscribeProcessManageSignalStream>, tonic::Status> {
-        let job = r.into_inner().job_id;
-        let (tx, rx) = unbounded_channel();
-        let registered = self.0.update(|s| {
-            if s.registered {
-                s.signals = Some(tx);
-                s.signal_subs += 1;
-            }
-            s.registered
-        });
-        if !registered {
-            return Err(tonic::Status::unknown(format!("jobId={job} not registed")));
-        }
-        Ok(Response::new(UnboundedReceiverStream::new(rx)))
+        self.subscribe(r, |s, tx| {
+            s.signals = Some(tx);
+            s.signal_subs += 1;
+        })
     }
 
     type SubscribeNotifySwitchStream = Stream<SwitchRankList>;
@@ -180,21 +194,10 @@ impl Recover for Svc {
         &self,
         r: Request<ClientInfo>,
     ) -> Result<Response<Self::SubscribeNotifySwitchStream>, tonic::Status> {
-        let job = r.into_inner().job_id;
-        let (tx, rx) = unbounded_channel();
-        let registered = self.0.update(|s| {
-            if s.registered {
-                s.switches = Some(tx);
-                s.switch_subs += 1;
-            }
-            s.registered
-        });
-        if !registered {
-            return Err(tonic::Status::unknown(format!(
-                "jobId={job} not registed, please wait agent register"
-            )));
-        }
-        Ok(Response::new(UnboundedReceiverStream::new(rx)))
+        self.subscribe(r, |s, tx| {
+            s.switches = Some(tx);
+            s.switch_subs += 1;
+        })
     }
 
     async fn report_stop_complete(

@@ -19,6 +19,7 @@
 
 mod session;
 
+use crate::background::Background;
 use crate::manager::{AttachClusterd, Manager};
 use crate::telemetry;
 use actix::Addr;
@@ -26,7 +27,6 @@ use std::time::Duration;
 use taskd_core::env::{check_host_port, AddressError};
 use taskd_core::external::DEFAULT_HOLD;
 use taskd_core::JobId;
-use tokio::sync::oneshot;
 
 /// Generated from `proto/clusterd/recover.proto` (no package, as ClusterD's).
 pub mod proto {
@@ -85,8 +85,7 @@ pub enum ClusterdError {
 
 /// A running ClusterD client. Dropping it stops it.
 pub struct ClusterdClient {
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    thread: Background,
 }
 
 impl ClusterdClient {
@@ -104,40 +103,15 @@ impl ClusterdClient {
             reports: reports_tx,
         });
         metrics::gauge!(telemetry::CLUSTERD_CONNECTED).set(0.0);
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("taskd-clusterd")
-            .enable_all()
-            .build()
-            .map_err(ClusterdError::Runtime)?;
-        let (stop_tx, stop) = oneshot::channel();
-        let thread = std::thread::Builder::new()
-            .name("taskd-clusterd".into())
-            .spawn(move || runtime.block_on(session::run(manager, cfg, reports, stop)))
-            .map_err(ClusterdError::Runtime)?;
-        Ok(ClusterdClient {
-            stop: Some(stop_tx),
-            thread: Some(thread),
+        let thread = Background::spawn("taskd-clusterd", move |stop| {
+            session::run(manager, cfg, reports, stop)
         })
+        .map_err(ClusterdError::Runtime)?;
+        Ok(ClusterdClient { thread })
     }
 
     /// Ends the session and waits for the client's thread.
     pub fn shutdown(mut self) {
-        self.stop();
-    }
-
-    fn stop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for ClusterdClient {
-    fn drop(&mut self) {
-        self.stop();
+        self.thread.stop();
     }
 }

@@ -220,15 +220,17 @@ impl Session<'_> {
         r: &Report,
     ) -> Result<(), String> {
         let job = self.cfg.job.0.clone();
+        let status = |code: &i32, info: &String| {
+            Some(proto::Status {
+                code: *code,
+                info: info.clone(),
+            })
+        };
         let sent = match r {
             Report::StopComplete { code, info } => {
-                let status = Some(proto::Status {
-                    code: *code,
-                    info: info.clone(),
-                });
                 let req = proto::StopCompleteRequest {
                     job_id: job,
-                    status,
+                    status: status(code, info),
                     fault_ranks: vec![],
                 };
                 client.report_stop_complete(req).await
@@ -241,13 +243,9 @@ impl Session<'_> {
                 client.reply_switch_nic_result(req).await
             }
             Report::RecoverStatus { code, info } => {
-                let status = Some(proto::Status {
-                    code: *code,
-                    info: info.clone(),
-                });
                 let req = proto::RecoverStatusRequest {
                     job_id: job,
-                    status,
+                    status: status(code, info),
                     strategy: CONTINUE_STRATEGY.into(),
                     isolate_rank_ids: vec![],
                 };
@@ -255,27 +253,22 @@ impl Session<'_> {
             }
         };
         let kind = r.kind();
-        match sent {
-            Ok(answer) => {
-                let a = answer.into_inner();
-                let result = if r.ok() { "ok" } else { "failed" };
-                metrics::counter!(telemetry::CLUSTERD_REPORTS_TOTAL, "report" => kind, "result" => result)
-                    .increment(1);
-                if a.code == external::CODE_OK {
-                    tracing::info!(report = kind, ok = r.ok(), "reported to ClusterD");
-                } else {
-                    tracing::warn!(report = kind, ok = r.ok(), code = a.code, info = %a.info, "ClusterD took the report with an error code");
-                }
-                Ok(())
-            }
-            Err(s) => {
-                metrics::counter!(telemetry::CLUSTERD_REPORTS_TOTAL, "report" => kind, "result" => "error")
-                    .increment(1);
-                Err(format!(
-                    "{kind} report not delivered (kept for the next session): {s}"
-                ))
-            }
+        let result = match (&sent, r.ok()) {
+            (Err(_), _) => "error",
+            (Ok(_), true) => "ok",
+            (Ok(_), false) => "failed",
+        };
+        metrics::counter!(telemetry::CLUSTERD_REPORTS_TOTAL, "report" => kind, "result" => result)
+            .increment(1);
+        let a = sent
+            .map_err(|s| format!("{kind} report not delivered (kept for the next session): {s}"))?
+            .into_inner();
+        if a.code == external::CODE_OK {
+            tracing::info!(report = kind, ok = r.ok(), "reported to ClusterD");
+        } else {
+            tracing::warn!(report = kind, ok = r.ok(), code = a.code, info = %a.info, "ClusterD took the report with an error code");
         }
+        Ok(())
     }
 }
 

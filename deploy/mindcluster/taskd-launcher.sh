@@ -26,17 +26,23 @@ host() {
 
 mkdir -p "$LOG_DIR/taskd"
 pids=()
+# Starts a taskd role in the background, its output in $LOG_DIR/taskd/LOG, and says so.
+start() {
+    local log="$1"
+    shift
+    echo "taskd-launcher: starting $* (log: $LOG_DIR/taskd/$log)" >&2
+    "$@" >>"$LOG_DIR/taskd/$log" 2>&1 &
+    pids+=("$!")
+}
 if [[ "$(host "$MS_SCHED_HOST")" == "$(host "$POD_IP")" ]]; then
     # The job's manager: its id from MINDX_TASK_ID, ClusterD from MINDX_SERVER_IP (port 8899),
     # its proxies on port 9601 (the container port taskd-port).
-    "$TASKD" manager --nodes "$((MS_WORKER_NUM / MS_LOCAL_WORKER))" \
-        --procs-per-node "$MS_LOCAL_WORKER" >>"$LOG_DIR/taskd/manager.log" 2>&1 &
-    pids+=("$!")
+    start manager.log "$TASKD" manager --nodes "$((MS_WORKER_NUM / MS_LOCAL_WORKER))" \
+        --procs-per-node "$MS_LOCAL_WORKER"
 fi
 # This pod's proxy: its node rank from MS_NODE_RANK, the manager at $MS_SCHED_HOST:9601; the
 # training processes' workers reach it at 127.0.0.1:9602.
-"$TASKD" proxy >>"$LOG_DIR/taskd/proxy-$MS_NODE_RANK.log" 2>&1 &
-pids+=("$!")
+start "proxy-$MS_NODE_RANK.log" "$TASKD" proxy
 
 # taskd ends what it runs safely on SIGTERM (an operation in flight rolls back and resumes).
 stop_taskd() {

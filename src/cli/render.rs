@@ -252,3 +252,40 @@ pub fn status_text(s: &proto::JobStatus) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_clusterd_line_shows_only_on_a_clusterd_client() {
+        let mut s = proto::JobStatus {
+            job_id: "j".into(),
+            state: "running".into(),
+            ..proto::JobStatus::default()
+        };
+        assert!(!status_text(&s).contains("clusterd"));
+        assert!(status_json(&s)["clusterd"].is_null());
+        s.clusterd = Some(proto::ClusterdLink {
+            addr: "10.96.0.7:8899".into(),
+            connected: true,
+            detail: "session up".into(),
+            driving: "U".into(),
+        });
+        assert!(
+            status_text(&s).contains("clusterd   connected to 10.96.0.7:8899; driving pause U\n"),
+            "{}",
+            status_text(&s)
+        );
+        assert_eq!(status_json(&s)["clusterd"]["driving"], "U");
+        s.clusterd = Some(proto::ClusterdLink {
+            addr: "10.96.0.7:8899".into(),
+            connected: false,
+            detail: "cannot connect".into(),
+            driving: String::new(),
+        });
+        assert!(status_text(&s).contains("NOT connected to 10.96.0.7:8899 (cannot connect)"));
+        assert!(status_json(&s)["clusterd"]["driving"].is_null());
+        assert_eq!(status_json(&s)["clusterd"]["connected"], false);
+    }
+}

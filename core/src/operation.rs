@@ -697,6 +697,11 @@ impl Operation {
                 }
             }
             Event::Abort { reason } => {
+                // A sequenced operation does not hold again for its driver: it resumes at its
+                // next hold point.
+                if let Some(seq) = self.seq.as_mut() {
+                    seq.resume_at_hold();
+                }
                 if self.stage.is_forward() || self.is_holding() {
                     let phase = self.phase();
                     self.fail(OperationError::Aborted { phase, reason });

@@ -326,3 +326,31 @@ fn both_paths_share_one_operation_at_a_time() {
     assert_eq!(w.ledger.in_flight().map(|o| o.id()), Some(id));
     let _ = Phase::Switch;
 }
+
+#[test]
+fn a_stopping_manager_resumes_a_held_job_and_answers_what_is_owed() {
+    let mut w = world();
+    paused(&mut w, "u1");
+    w.switch(&ids(&[2]), &[true]);
+    // The switch is in flight when the manager is told to stop: it ends safely (the switch
+    // completes or rolls back, then the gates open) and ClusterD still gets its one answer.
+    let actions = w.ledger.abort("SIGTERM".into(), w.now);
+    let got = w.run_actions(actions);
+    assert!(got.is_empty(), "{got:?}");
+    assert!(matches!(
+        w.pending.as_ref().map(|d| &d.kind),
+        Some(DirectiveKind::Rollback { .. })
+    ));
+    let got = w.settle();
+    assert_eq!(got, vec![Report::SwitchResult { ok: false }], "{got:?}");
+    let r = w.ledger.history().last().unwrap().clone();
+    assert!(
+        matches!(r.error, Some(OperationError::Aborted { .. })),
+        "{r}"
+    );
+    assert!(r.rolled_back, "{r}");
+    assert_eq!(w.ledger.state(), JobState::Running);
+    assert_eq!(w.table(), Vec::<u32>::new());
+    // ClusterD's continue now finds training running.
+    one(w.signal(resume("u1")), recover_status(CODE_OK));
+}

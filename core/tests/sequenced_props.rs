@@ -5,7 +5,7 @@
 //! each awaited report in a one-slot buffer, as the real one does. Between its steps the world
 //! does random things: ranks answer correctly, fail, stay silent or apply without answering;
 //! deadlines fire (ClusterD or a rank is slow); ClusterD delivers its last message again or
-//! sends killMaster. Random rank lists include bad ones.
+//! sends killMaster; the manager is told to stop. Random rank lists include bad ones.
 //!
 //! Properties: every report is the one ClusterD awaits, and there is no report when it awaits
 //! none (exactly one per request, never unsolicited); once the world goes quiet every awaited
@@ -35,6 +35,8 @@ enum Move {
     Answer(u64),
     /// The deadline armed last fires.
     Fire,
+    /// The manager is stopping (SIGTERM): the operation in flight ends safely.
+    Abort,
 }
 
 fn moves() -> impl Strategy<Value = Vec<Move>> {
@@ -44,6 +46,7 @@ fn moves() -> impl Strategy<Value = Vec<Move>> {
         1 => Just(Move::Again),
         1 => Just(Move::Kill),
         1 => Just(Move::Fire),
+        1 => Just(Move::Abort),
     ];
     prop::collection::vec(m, 0..60)
 }
@@ -260,6 +263,10 @@ fn play(nodes: u32, per_node: u32, lists: Vec<(Vec<String>, Vec<bool>)>, script:
             Move::Kill => cd.kill(w),
             Move::Answer(seed) => w.answer(|_, r| reply(*seed, r)),
             Move::Fire => w.fire(),
+            Move::Abort => {
+                let actions = w.ledger.abort("stopping".into(), w.now);
+                w.run_actions(actions)
+            }
         };
         for r in &reports {
             cd.receive(w, r);

@@ -32,6 +32,13 @@ pub(super) struct Commands {
     switched: bool,
 }
 
+impl Commands {
+    /// Resume at the next hold point instead of waiting there (the manager is stopping).
+    pub(super) fn resume_at_hold(&mut self) {
+        self.resume = true;
+    }
+}
+
 /// What a holding sequenced operation waits for.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Awaiting {

@@ -163,6 +163,11 @@ impl World {
         self.run(actions)
     }
 
+    /// Carries out actions the test got from the ledger itself; returns the reports.
+    pub fn run_actions(&mut self, actions: Vec<Action>) -> Vec<Report> {
+        self.run(actions)
+    }
+
     fn take(&mut self, step: Step) -> Vec<Report> {
         let mut out = step.reports;
         self.reports.extend(out.iter().cloned());

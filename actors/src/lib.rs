@@ -12,8 +12,11 @@
 //! Actors talk only through [`transport::Link`]s, so the same actors run in one process
 //! ([`LocalJob`], the simulator's and tests' default) or across machines ([`net`]: gRPC,
 //! one process per role, and [`RemoteWorker`], the worker API for training processes).
-//! [`process`] starts and stops each role as a process of its own.
+//! [`process`] starts and stops each role as a process of its own. In a MindCluster cluster
+//! the manager is also ClusterD's client ([`clusterd`]).
 
+mod background;
+pub mod clusterd;
 pub mod control;
 pub mod gate;
 pub mod local;

@@ -2,6 +2,12 @@
 //! state machine, carries out its actions (broadcasts, deadlines, the final report) and
 //! delivers each result to whoever waits for it.
 
+mod clusterd;
+
+pub use clusterd::{
+    AttachClusterd, ClusterdLink, ClusterdLinkChanged, ClusterdSignal, ClusterdSwitch,
+};
+
 use crate::observer::{self, Observer};
 use crate::progress::ProgressFeed;
 use crate::transport::{Deliver, Link};
@@ -38,6 +44,8 @@ pub struct Manager {
     /// Ranks that registered and are gone, with why; a rank leaves when it registers again.
     lost: BTreeMap<GlobalRank, String>,
     observer: Observer,
+    /// ClusterD's side, when the manager is its client (`manager/clusterd.rs`).
+    clusterd: Option<clusterd::Side>,
 }
 
 impl Manager {
@@ -54,6 +62,7 @@ impl Manager {
             verify_waiters: HashMap::new(),
             lost: BTreeMap::new(),
             observer,
+            clusterd: None,
         }
     }
 
@@ -76,6 +85,7 @@ impl Manager {
     }
 
     fn run(&mut self, actions: Vec<Action>, ctx: &mut Context<Self>) {
+        let followed = self.clusterd_follow(&actions);
         for a in actions {
             match a {
                 Action::Broadcast(d) => self.broadcast(d, ctx),
@@ -94,7 +104,11 @@ impl Manager {
                 }
                 Action::Finish(report) => self.finish(*report, ctx),
                 Action::Verified(report) => self.verified(*report, ctx),
+                Action::Held(at) => self.observer.held(at),
             }
+        }
+        if let Some(f) = followed {
+            self.clusterd_after(f, ctx);
         }
     }
 
@@ -423,6 +437,9 @@ pub struct ManagerStatus {
     /// The last verification round: what it found (groups that disagree, gates it opened).
     #[serde(default)]
     pub last_verification: Option<VerifyReport>,
+    /// The ClusterD client's link, when the manager is ClusterD's client.
+    #[serde(default)]
+    pub clusterd: Option<ClusterdLink>,
 }
 
 /// Ask for a [`ManagerStatus`] with up to `recent` past results.
@@ -456,6 +473,7 @@ impl Handler<GetStatus> for Manager {
                 .unwrap_or_default(),
             verified: l.is_verified(),
             last_verification: l.last_verification().cloned(),
+            clusterd: self.clusterd.as_ref().map(clusterd::Side::status),
             recent: history.into_iter().rev().collect(),
             lost_ranks: self
                 .lost

@@ -12,7 +12,7 @@ use crate::telemetry;
 use std::time::{Duration, Instant};
 use taskd_core::command::SwitchPlan;
 use taskd_core::ledger::{RecoverTo, RegisterError};
-use taskd_core::operation::{OperationReport, Outcome};
+use taskd_core::operation::{HoldPoint, OperationReport, Outcome};
 use taskd_core::protocol::{Directive, DirectiveKind, Phase};
 use taskd_core::verify::VerifyReport;
 use taskd_core::{GlobalRank, JobId, JobLedger, JobState, OperationId, SubmitError, SwitchCommand};
@@ -67,6 +67,21 @@ pub(crate) fn recover_span(id: OperationId, job: &JobId, to: RecoverTo) -> Span 
         direction = tracing::field::Empty,
         role = "manager",
         recover_to = to.as_str(),
+    )
+}
+
+/// The span of an operation ClusterD drives (its pause `clusterd_uuid`); the targets come with
+/// its switch ([`Observer::targets_known`]).
+pub(crate) fn clusterd_span(id: OperationId, job: &JobId, clusterd_uuid: &str) -> Span {
+    tracing::info_span!(
+        "operation",
+        uuid = %id,
+        job = %job,
+        targets = tracing::field::Empty,
+        direction = tracing::field::Empty,
+        role = "manager",
+        driver = "clusterd",
+        clusterd_uuid,
     )
 }
 
@@ -155,8 +170,15 @@ impl Observer {
         plan: Option<&SwitchPlan>,
         ranks: usize,
     ) {
-        let direction = plan.map_or("mixed", |p| p.direction().as_str());
-        span.record("direction", direction);
+        // An operation ClusterD drives learns its targets with its switch (`targets_known`).
+        let direction = match plan {
+            Some(p) if p.targets.is_empty() => None,
+            Some(p) => Some(p.direction().as_str()),
+            None => Some("mixed"),
+        };
+        if let Some(direction) = direction {
+            span.record("direction", direction);
+        }
         span.in_scope(|| tracing::info!(direction, "operation started"));
         self.op = Some(WatchedOperation {
             id,
@@ -229,6 +251,43 @@ impl Observer {
             metrics::gauge!(telemetry::OPERATION_PENDING_RANKS).set(waiting as f64);
             self.publish(ProgressKind::Waiting { phase, waiting });
         }
+    }
+
+    /// The span of the operation in flight (none when idle).
+    pub(crate) fn operation_span(&self) -> Span {
+        self.op
+            .as_ref()
+            .map_or_else(Span::none, |op| op.span.clone())
+    }
+
+    /// The operation in flight learnt its targets (ClusterD's switch).
+    pub(crate) fn targets_known(&self, plan: &SwitchPlan) {
+        if plan.targets.is_empty() {
+            return;
+        }
+        if let Some(op) = &self.op {
+            let direction = plan.direction().as_str();
+            op.span.record("direction", direction);
+            op.span.record("targets", plan.targets.len());
+        }
+    }
+
+    /// Every rank holds; the operation waits for its driver's next command.
+    pub(crate) fn held(&mut self, at: HoldPoint) {
+        self.end_phase();
+        self.waiting = 0;
+        metrics::gauge!(telemetry::OPERATION_PENDING_RANKS).set(0.0);
+        self.operation_span().in_scope(|| match at {
+            HoldPoint::Paused { step } => {
+                tracing::info!(step, "every rank holds; waiting for ClusterD's switch")
+            }
+            HoldPoint::Switched { applied } => {
+                tracing::info!(
+                    applied,
+                    "switch over; every rank holds; waiting for ClusterD's continue"
+                )
+            }
+        });
     }
 
     /// The operation's report is out; `ledger` has settled it.

@@ -3,7 +3,8 @@
 //! the binaries only parse flags, print and map errors to exit codes.
 //!
 //! - [`ManagerProcess`]: the manager node (its proxies' port) and, optionally, the operators'
-//!   control API in front of the same manager actor; one start, one shutdown.
+//!   control API and ClusterD's client in front of the same manager actor; one start, one
+//!   shutdown.
 //! - [`ProxyIdentity`]: which node a proxy is, from its flags, its environment and the job's
 //!   rank table, refused with a typed [`IdentityError`] before anything starts.
 //! - [`LateRankHal`]: a rank HAL that exists before the job's shape is known and is filled in
@@ -13,6 +14,7 @@
 
 pub mod rank_table;
 
+use crate::clusterd::{ClusterdClient, ClusterdConfig, ClusterdError};
 use crate::control::{self, ControlConfig, ControlServer, ServeError};
 use crate::manager::Drain;
 use crate::net::{ManagerNode, ManagerNodeConfig, NetError};
@@ -35,6 +37,9 @@ pub enum ProcessError {
     /// The control API could not start.
     #[error("control API: {0}")]
     Control(#[from] ServeError),
+    /// ClusterD's client could not start.
+    #[error(transparent)]
+    Clusterd(#[from] ClusterdError),
     /// The signal handlers could not be installed.
     #[error("cannot install the signal handlers: {0}")]
     Signals(std::io::Error),
@@ -93,12 +98,17 @@ pub struct ManagerProcessConfig {
     pub node: ManagerNodeConfig,
     /// The operators' control API, when served (in front of the same manager actor).
     pub control: Option<ControlConfig>,
+    /// ClusterD, when the manager is its client (beside the control API: both drive the same
+    /// manager, one operation at a time).
+    pub clusterd: Option<ClusterdConfig>,
 }
 
-/// A running manager process: the manager node and its control API. Lives on an actix system.
+/// A running manager process: the manager node, its control API and its ClusterD client.
+/// Lives on an actix system.
 pub struct ManagerProcess {
     node: ManagerNode,
     control: Option<ControlServer>,
+    clusterd: Option<(String, ClusterdClient)>,
 }
 
 impl ManagerProcess {
@@ -119,7 +129,32 @@ impl ManagerProcess {
                 }
             }
         };
-        Ok(ManagerProcess { node, control })
+        let clusterd = match cfg.clusterd {
+            None => None,
+            Some(c) => {
+                let addr = c.addr.clone();
+                match ClusterdClient::start(node.manager().clone(), c) {
+                    Ok(client) => Some((addr, client)),
+                    Err(e) => {
+                        if let Some(c) = control {
+                            c.shutdown();
+                        }
+                        node.shutdown().await;
+                        return Err(e.into());
+                    }
+                }
+            }
+        };
+        Ok(ManagerProcess {
+            node,
+            control,
+            clusterd,
+        })
+    }
+
+    /// ClusterD's address, when the manager is its client.
+    pub fn clusterd_addr(&self) -> Option<&str> {
+        self.clusterd.as_ref().map(|(a, _)| a.as_str())
     }
 
     /// The address proxies connect to.
@@ -151,8 +186,12 @@ impl ManagerProcess {
             .flatten()
     }
 
-    /// Stops the control API, then the manager node and every connection.
+    /// Stops ClusterD's client and the control API, then the manager node and every
+    /// connection.
     pub async fn shutdown(mut self) {
+        if let Some((_, c)) = self.clusterd.take() {
+            c.shutdown();
+        }
         if let Some(c) = self.control.take() {
             c.shutdown();
         }

@@ -8,7 +8,8 @@
 //!
 //! **Cardinality.** No metric has a label that takes a rank, node, group, job or operation id:
 //! every label has a small fixed set of values (`result`, `direction`, `phase`, `op`, `code`,
-//! `kind`, `state`), so one process exports well under 200 series whatever the size of the job.
+//! `kind`, `state`, `type`, `report`), so one process exports well under 200 series whatever the
+//! size of the job.
 //! Which job and which process a series comes from is the scrape target's business (Prometheus
 //! adds `job` and `instance`). Per-rank detail belongs in logs (spans carry the rank), not in
 //! series: a job can have tens of thousands of ranks.
@@ -67,6 +68,17 @@ pub const BUILD_INFO: &str = "taskd_build_info";
 /// no operation in flight (`taskd_operation_in_flight` 0) mean a manager went away: they stay
 /// held, which is safe, until the next manager's verification round releases them.
 pub const RANKS_HELD: &str = "taskd_ranks_held";
+/// Gauge: 1 while the manager's ClusterD client has a session (Init and Register answered,
+/// both subscriptions open), 0 while it reconnects. Only a manager that is a ClusterD client
+/// exports it.
+pub const CLUSTERD_CONNECTED: &str = "taskd_clusterd_connected";
+/// Counter `{type}`: what ClusterD sent: `keep_alive`, `pause_train`, `stop_train`,
+/// `kill_master`, `continue`, `other` (a `ProcessManageSignal`), `switch` (a `SwitchRankList`).
+pub const CLUSTERD_SIGNALS_TOTAL: &str = "taskd_clusterd_signals_total";
+/// Counter `{report, result}`: reports to ClusterD (`stop_complete`, `switch_result`,
+/// `recover_status`) by what they said (`ok`, `failed`), or `error` when ClusterD could not be
+/// told.
+pub const CLUSTERD_REPORTS_TOTAL: &str = "taskd_clusterd_reports_total";
 
 /// Every metric name this crate exports.
 pub const ALL: &[&str] = &[
@@ -85,6 +97,9 @@ pub const ALL: &[&str] = &[
     OPERATION_PENDING_RANKS,
     BUILD_INFO,
     RANKS_HELD,
+    CLUSTERD_CONNECTED,
+    CLUSTERD_SIGNALS_TOTAL,
+    CLUSTERD_REPORTS_TOTAL,
 ];
 
 /// Buckets (seconds) of the phase and stall histograms: a millisecond (a simulated step) up
@@ -195,6 +210,21 @@ fn describe() {
         RANKS_HELD,
         Unit::Count,
         "Ranks whose training is held at the step gate now"
+    );
+    describe_gauge!(
+        CLUSTERD_CONNECTED,
+        Unit::Count,
+        "1 while the manager's ClusterD client has a session"
+    );
+    describe_counter!(
+        CLUSTERD_SIGNALS_TOTAL,
+        Unit::Count,
+        "Signals received from ClusterD by type"
+    );
+    describe_counter!(
+        CLUSTERD_REPORTS_TOTAL,
+        Unit::Count,
+        "Reports sent to ClusterD by kind and result"
     );
     describe_gauge!(
         BUILD_INFO,

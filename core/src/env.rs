@@ -67,6 +67,11 @@ pub const ASCEND_RT_VISIBLE_DEVICES: &str = "ASCEND_RT_VISIBLE_DEVICES";
 pub const TASKD_CONTROL_ADDR: &str = "TASKD_CONTROL_ADDR";
 /// The proxies' port of an embedded manager whose configuration does not name one.
 pub const TASKD_MANAGER_LISTEN: &str = "TASKD_MANAGER_LISTEN";
+/// ClusterD's address (Ascend Operator sets it on every pod); the manager connects to it on
+/// port 8899 unless told otherwise.
+pub const MINDX_SERVER_IP: &str = "MINDX_SERVER_IP";
+/// `on`: ClusterD is reached through a local proxy at `127.0.0.1:8899`.
+pub const LOCAL_PROXY_ENABLE: &str = "LOCAL_PROXY_ENABLE";
 
 // ---------------------------------------------------------------------------------------------
 // Reading
@@ -203,6 +208,16 @@ pub fn host_port(host: &str, port: u16) -> String {
     }
 }
 
+/// Where ClusterD is, from the environment, as TaskD finds it: `127.0.0.1:PORT` when
+/// `LOCAL_PROXY_ENABLE=on`, else `$MINDX_SERVER_IP:PORT` (an IPv6 address in brackets), else
+/// `None` (no ClusterD: a standalone job).
+pub fn clusterd_addr(env: EnvLookup<'_>, port: u16) -> Option<String> {
+    if get(env, LOCAL_PROXY_ENABLE).is_some_and(|v| v == "on") {
+        return Some(host_port("127.0.0.1", port));
+    }
+    get(env, MINDX_SERVER_IP).map(|ip| host_port(&ip, port))
+}
+
 /// Why a `HOST:PORT` is not one.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{addr:?} is not HOST:PORT: {why}")]
@@ -299,6 +314,27 @@ mod tests {
         );
         let e = rank(&map(&[(RANK, "seven")])).unwrap_err();
         assert_eq!((e.var, e.value.as_str()), (RANK, "seven"));
+    }
+
+    #[test]
+    fn clusterd_is_found_as_taskd_finds_it() {
+        let at = |pairs: &[(&str, &str)]| clusterd_addr(&map(pairs), 8899);
+        assert_eq!(at(&[]), None);
+        assert_eq!(at(&[(MINDX_SERVER_IP, " ")]), None);
+        assert_eq!(
+            at(&[(MINDX_SERVER_IP, "10.96.0.7")]).as_deref(),
+            Some("10.96.0.7:8899")
+        );
+        assert_eq!(
+            at(&[(MINDX_SERVER_IP, "fd00::7")]).as_deref(),
+            Some("[fd00::7]:8899")
+        );
+        // The local proxy wins over the service address, as in TaskD.
+        let both = [(MINDX_SERVER_IP, "10.96.0.7"), (LOCAL_PROXY_ENABLE, "on")];
+        assert_eq!(at(&both).as_deref(), Some("127.0.0.1:8899"));
+        let off = [(MINDX_SERVER_IP, "10.96.0.7"), (LOCAL_PROXY_ENABLE, "off")];
+        assert_eq!(at(&off).as_deref(), Some("10.96.0.7:8899"));
+        assert_eq!(at(&[(LOCAL_PROXY_ENABLE, "off")]), None);
     }
 
     #[test]

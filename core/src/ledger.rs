@@ -3,12 +3,14 @@
 //! needs no round trip to the ranks: job, targets, registrations, capabilities, job state,
 //! verification; `docs/protocol.md` states the rules) and drives the [`Operation`] machine.
 
-use crate::command::{RankTarget, SwitchCommand, ValidationError};
+use crate::command::{RankTarget, SwitchCommand, SwitchPlan, ValidationError};
 use crate::display::short_list;
 use crate::hal::{NicSide, SwitchCapabilities};
 use crate::ids::{GlobalRank, JobId, NodeName, OperationId};
 pub use crate::operation::JobState;
-use crate::operation::{Action, Event, Operation, OperationReport, Outcome, PhaseDeadlines};
+use crate::operation::{
+    Action, CommandError, Event, Operation, OperationKind, OperationReport, Outcome, PhaseDeadlines,
+};
 use crate::protocol::{Phase, WorkerHello};
 use crate::rank_table::RankTable;
 use crate::verify::{Assessment, Verification, VerifyReport, VerifyStep};
@@ -48,6 +50,20 @@ pub enum SubmitError {
         /// The reused id.
         id: OperationId,
     },
+}
+
+/// Why a command to a sequenced operation was not carried out. Nothing was changed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SequenceError {
+    /// No operation runs.
+    #[error("no operation is in flight")]
+    NothingInFlight,
+    /// The targets cannot be switched (see [`SubmitError`]).
+    #[error(transparent)]
+    Refused(#[from] SubmitError),
+    /// The operation cannot take this command now.
+    #[error(transparent)]
+    Command(#[from] CommandError),
 }
 
 /// Why a registration was refused.
@@ -416,7 +432,30 @@ impl JobLedger {
         if self.state != JobState::Running {
             return Err(SubmitError::NotRunning { state: self.state });
         }
-        // Every rank calls HCCL (not only targets), so every rank must be able to switch.
+        self.check_capabilities()?;
+        if !self.verified {
+            return Err(self.unverified());
+        }
+        let previous = plan
+            .targets
+            .iter()
+            .map(|t| (t.rank, self.side_of(t.rank)))
+            .collect();
+        let (op, actions) = Operation::start(
+            id,
+            plan,
+            previous,
+            self.table.all_ranks(),
+            self.deadlines,
+            now,
+        );
+        self.in_flight = Some(op);
+        let actions = self.settle(actions);
+        Ok(Submitted::Started { id, actions })
+    }
+
+    /// Every rank calls HCCL in a switch (not only targets), so every rank must be able to.
+    fn check_capabilities(&self) -> Result<(), SubmitError> {
         let unable: Vec<(GlobalRank, SwitchCapabilities)> = self
             .workers
             .values()
@@ -441,29 +480,101 @@ impl JobLedger {
                 missing: common.missing().join(", "),
             });
         }
-        if !self.verified {
-            let why = match &self.last_verification {
-                Some(v) if !v.missing.is_empty() => v.to_string(),
-                _ => "the round runs once every rank is registered".to_string(),
-            };
-            return Err(SubmitError::Unverified { why });
+        Ok(())
+    }
+
+    fn unverified(&self) -> SubmitError {
+        let why = match &self.last_verification {
+            Some(v) if !v.missing.is_empty() => v.to_string(),
+            _ => "the round runs once every rank is registered".to_string(),
+        };
+        SubmitError::Unverified { why }
+    }
+
+    /// Starts a sequenced operation under `id` (an outside driver's pause, see
+    /// [`crate::operation::OperationKind::Sequenced`]): admitted like a switch, except that its
+    /// targets come later ([`JobLedger::switch_sequenced`]). Each hold waits at most `hold`;
+    /// with `stop`, it ends at its first hold, every rank held.
+    pub fn start_sequenced(
+        &mut self,
+        id: OperationId,
+        hold: Duration,
+        stop: Option<String>,
+        now: Duration,
+    ) -> Result<Vec<Action>, SubmitError> {
+        if let Some(op) = &self.in_flight {
+            return Err(SubmitError::Busy { in_flight: op.id() });
         }
+        if let Some(v) = &self.verifying {
+            return Err(SubmitError::Busy { in_flight: v.id() });
+        }
+        self.check_registered()?;
+        if self.state != JobState::Running {
+            return Err(SubmitError::NotRunning { state: self.state });
+        }
+        if !self.verified {
+            return Err(self.unverified());
+        }
+        let ranks = self.table.all_ranks();
+        let (op, actions) = Operation::start_sequenced(id, ranks, self.deadlines, hold, stop, now);
+        self.in_flight = Some(op);
+        Ok(self.settle(actions))
+    }
+
+    /// The targets of the sequenced operation in flight: checked like a command's (the two
+    /// dies of one NPU, every rank able to switch), then switched from the NIC table's state.
+    pub fn switch_sequenced(
+        &mut self,
+        plan: SwitchPlan,
+        now: Duration,
+    ) -> Result<Vec<Action>, SequenceError> {
+        let Some(op) = &self.in_flight else {
+            return Err(SequenceError::NothingInFlight);
+        };
+        if op.kind() != OperationKind::Sequenced {
+            return Err(CommandError::NotSequenced(op.id()).into());
+        }
+        if plan.targets.is_empty() {
+            return Err(SequenceError::Refused(ValidationError::NoTargets.into()));
+        }
+        crate::command::check_partners(&plan.targets).map_err(SubmitError::from)?;
+        self.check_capabilities()?;
         let previous = plan
             .targets
             .iter()
             .map(|t| (t.rank, self.side_of(t.rank)))
             .collect();
-        let (op, actions) = Operation::start(
-            id,
-            plan,
-            previous,
-            self.table.all_ranks(),
-            self.deadlines,
-            now,
-        );
-        self.in_flight = Some(op);
-        let actions = self.settle(actions);
-        Ok(Submitted::Started { id, actions })
+        let op = self.in_flight.as_mut().expect("checked above");
+        let actions = op.command_switch(plan, previous, now)?;
+        Ok(self.settle(actions))
+    }
+
+    /// Resumes the sequenced operation in flight (at once if it holds, else at its next hold).
+    pub fn resume_sequenced(&mut self, now: Duration) -> Result<Vec<Action>, SequenceError> {
+        self.command(|op| op.command_resume(now))
+    }
+
+    /// Stops the sequenced operation in flight at a hold point, every rank held (at once if it
+    /// holds, else at its next hold).
+    pub fn stop_sequenced(
+        &mut self,
+        reason: String,
+        now: Duration,
+    ) -> Result<Vec<Action>, SequenceError> {
+        self.command(|op| op.command_stop(reason, now))
+    }
+
+    /// Gives the operation in flight a command and settles what it did.
+    fn command(
+        &mut self,
+        f: impl FnOnce(&mut Operation) -> Result<Vec<Action>, CommandError>,
+    ) -> Result<Vec<Action>, SequenceError> {
+        let op = self
+            .in_flight
+            .as_mut()
+            .ok_or(SequenceError::NothingInFlight)?;
+        let actions = f(op)?;
+        Ok(self.settle(actions))
     }
 
     /// The answer for an id that ran or runs: its result or the operation in flight when `cmd`

@@ -16,6 +16,8 @@
 //! - [`display`]: how lists appear in messages for people.
 //! - [`env`]: the environment variables taskd reads, one lookup type for them, and how their
 //!   values are interpreted.
+//! - [`external`]: ClusterD as the driver of a job's switches: its signals, the reports it is
+//!   owed, and the sequencer that ties them to one externally sequenced operation.
 //!
 //! No I/O (but [`env::process_env`], the lookup the binaries hand in), no runtime, no clock: time enters as [`std::time::Duration`] values handed in by the
 //! caller, so every interleaving can be replayed in a unit or property test.
@@ -23,6 +25,7 @@
 pub mod command;
 pub mod display;
 pub mod env;
+pub mod external;
 pub mod hal;
 pub mod ids;
 pub mod ledger;

@@ -18,6 +18,11 @@
 //! step, the tally of call digests per group (switch and rollback), the resume's refusals and
 //! stall. A [`OperationKind::Recovery`] has no way back: any failure before its resume ends it
 //! with the job held.
+//!
+//! A [`OperationKind::Sequenced`] operation (ClusterD's client, `core/src/external.rs`) runs the
+//! same stages, but an outside driver sequences them: after the pause, and again after the
+//! switch (or its rollback), it *holds* every rank and waits for its next command (the targets,
+//! the resume, a stop), with a deadline. Its commands are in `operation/sequenced.rs`.
 
 use crate::command::{Direction, RankTarget, SwitchPlan};
 use crate::display::short_list;
@@ -30,6 +35,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
+
+mod sequenced;
+pub use sequenced::{Awaiting, CommandError};
 
 /// How long each phase may take before the operation fails.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -103,6 +111,11 @@ pub enum OperationKind {
     /// configuration for the ranks in doubt. A failure never resumes (there is no consistent
     /// state to go back to): the job stays held for the operator.
     Recovery,
+    /// A pause, a switch and a resume each started by an outside driver (ClusterD): the
+    /// operation holds every rank between them, waiting for the next command (see
+    /// [`Action::Held`]). A failed switch rolls back and holds again; a hold that outlives
+    /// its deadline resumes.
+    Sequenced,
 }
 
 /// Output of the machine, to be carried out in order.
@@ -123,6 +136,27 @@ pub enum Action {
     Finish(Box<OperationReport>),
     /// A verification round ended (see [`crate::verify`]); the ledger has applied it.
     Verified(Box<crate::verify::VerifyReport>),
+    /// A [`OperationKind::Sequenced`] operation holds every rank and waits for its next
+    /// command.
+    Held(HoldPoint),
+}
+
+/// Where a [`OperationKind::Sequenced`] operation holds (see [`Action::Held`]).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HoldPoint {
+    /// Every rank holds after `step`; the operation waits for its targets or its resume.
+    Paused {
+        /// The step every rank holds after.
+        step: u64,
+    },
+    /// The switch is over and every group agrees; the operation waits for its resume.
+    /// `applied`: the new NIC state is in effect; `false`: the switch failed and the rollback
+    /// restored the previous one.
+    Switched {
+        /// Whether the new NIC state is in effect.
+        applied: bool,
+    },
 }
 
 /// How an operation ended.
@@ -267,6 +301,24 @@ pub enum OperationError {
         /// Why the manager is stopping.
         reason: String,
     },
+    /// A [`OperationKind::Sequenced`] operation held past its hold deadline without its next
+    /// command: it resumed on the NIC state the groups agree on.
+    #[error("held {held:?} waiting for {awaiting}, which never came; resumed")]
+    HoldExpired {
+        /// The hold deadline.
+        held: Duration,
+        /// What it waited for ("its targets", "its resume").
+        awaiting: String,
+    },
+    /// A [`OperationKind::Sequenced`] operation was told to stop: it ended at a hold point
+    /// without resuming, so training stays held on groups that agree.
+    #[error("stopped in {phase}: {reason}; training stays held")]
+    Stopped {
+        /// The phase it stopped in.
+        phase: Phase,
+        /// Who stopped it and why.
+        reason: String,
+    },
 }
 
 /// Time spent in each phase; `None` where the phase did not run.
@@ -347,6 +399,8 @@ pub struct Operation {
     pause: PauseRecord,
     round: Round,
     stage: Stage,
+    /// A [`OperationKind::Sequenced`] operation's commands and hold deadline.
+    seq: Option<sequenced::Commands>,
 }
 
 /// Where an operation stands, with the data only that stage needs.
@@ -366,6 +420,9 @@ enum Stage {
     },
     /// Every rank opens its step gate.
     Resuming(Resuming),
+    /// Every rank holds; a [`OperationKind::Sequenced`] operation waits for its next command.
+    /// `nic` is what it did to the targets' NICs so far.
+    Holding { nic: NicChange },
     /// The report is out; `ended_in` is the phase the operation ended in.
     Done { ended_in: Phase },
 }
@@ -378,6 +435,8 @@ impl Stage {
             Stage::Applying(_) => Phase::Switch,
             Stage::RollingBack { .. } => Phase::Rollback,
             Stage::Resuming(_) => Phase::Resume,
+            // The job is paused while it holds.
+            Stage::Holding { .. } => Phase::Pause,
             Stage::Done { ended_in } => *ended_in,
         }
     }
@@ -569,13 +628,7 @@ impl Operation {
         deadlines: PhaseDeadlines,
         now: Duration,
     ) -> (Operation, Vec<Action>) {
-        // Only targets whose side the switch changes are rolled back: re-stating an unchanged
-        // one could tell two dies of one NPU opposite sides in one call, which HCCL refuses.
-        let commanded: BTreeMap<GlobalRank, NicSide> = plan.rank_sides().into_iter().collect();
-        let previous = previous
-            .into_iter()
-            .filter(|(r, was)| commanded.get(r) != Some(was))
-            .collect();
+        let previous = changed_only(&plan, previous);
         let targets = plan.targets.clone();
         let mut op = Operation {
             id,
@@ -596,6 +649,7 @@ impl Operation {
             rank_errors: RankErrors::default(),
             pause: PauseRecord::default(),
             stage: Stage::Sampling { steps: None },
+            seq: None,
         };
         let sampling = Stage::Sampling { steps: None };
         let actions = op.enter(sampling, DirectiveKind::Sample { targets }, now);
@@ -652,11 +706,22 @@ impl Operation {
                     phase,
                     reason,
                 });
+                if self.is_holding() {
+                    return self.leave_hold(now);
+                }
             }
             Event::Abort { reason } => {
-                if self.stage.is_forward() {
+                // A sequenced operation does not hold again for its driver: it resumes at its
+                // next hold point.
+                if let Some(seq) = self.seq.as_mut() {
+                    seq.resume_at_hold();
+                }
+                if self.stage.is_forward() || self.is_holding() {
                     let phase = self.phase();
                     self.fail(OperationError::Aborted { phase, reason });
+                }
+                if self.is_holding() {
+                    return self.leave_hold(now);
                 }
             }
         }
@@ -666,6 +731,9 @@ impl Operation {
     fn on_deadline(&mut self, token: u64, now: Duration) -> Vec<Action> {
         if token != self.round.token {
             return Vec::new();
+        }
+        if self.is_holding() {
+            return self.hold_expired(now);
         }
         let phase = self.phase();
         self.fail(OperationError::Timeout {
@@ -798,7 +866,10 @@ impl Operation {
     fn failure_unhandled(&self) -> bool {
         match &self.stage {
             Stage::RollingBack { error, .. } => error.is_some(),
-            Stage::Resuming(_) | Stage::Done { .. } => false,
+            // A hold is left by a command, a lost rank, an abort or its deadline, each of which
+            // leaves it at once; a failure recorded before it (a switch that was rolled back)
+            // is already answered.
+            Stage::Resuming(_) | Stage::Holding { .. } | Stage::Done { .. } => false,
             _ => self.error.is_some(),
         }
     }
@@ -825,6 +896,10 @@ impl Operation {
             Stage::Pausing { step } => {
                 self.pause.held_after = Some(*step);
                 self.durations.pause = Some(now - self.started);
+                if self.kind == OperationKind::Sequenced {
+                    let at = HoldPoint::Paused { step: *step };
+                    return self.hold(NicChange::Unchanged, at, now);
+                }
                 let targets = self.plan.rank_sides();
                 let applying = Stage::Applying(Tally::default());
                 self.enter(applying, DirectiveKind::Switch { targets }, now)
@@ -832,7 +907,7 @@ impl Operation {
             Stage::Applying(tally) => {
                 self.durations.switch = Some(took);
                 match tally.check(Phase::Switch) {
-                    Ok(()) => self.resume(NicChange::Applied, now),
+                    Ok(()) => self.resume_or_hold(NicChange::Applied, now),
                     Err(e) => {
                         self.fail(e);
                         self.after_failure(now)
@@ -842,7 +917,7 @@ impl Operation {
             Stage::RollingBack { tally, .. } => {
                 self.durations.rollback = Some(took);
                 match tally.check(Phase::Rollback) {
-                    Ok(()) => self.resume(NicChange::RolledBack, now),
+                    Ok(()) => self.resume_or_hold(NicChange::RolledBack, now),
                     Err(e) => {
                         self.fail(e);
                         self.finish(now)
@@ -853,7 +928,8 @@ impl Operation {
                 self.durations.resume = Some(took);
                 self.finish(now)
             }
-            Stage::Done { .. } => Vec::new(),
+            // Holding waits for a command, not for ranks.
+            Stage::Holding { .. } | Stage::Done { .. } => Vec::new(),
         }
     }
 
@@ -895,6 +971,7 @@ impl Operation {
                 self.durations.resume = Some(took);
                 self.finish(now)
             }
+            Stage::Holding { .. } => self.leave_hold(now),
             Stage::Done { .. } => Vec::new(),
         }
     }
@@ -949,6 +1026,8 @@ impl Operation {
                 (Some(r.nic), resumed, r.stall, None)
             }
             Stage::RollingBack { error, .. } => (None, false, None, error),
+            // Stopped while holding: the groups agree on `nic`, the gates stay shut.
+            Stage::Holding { nic } => (Some(nic), false, None, None),
             _ => (None, false, None, None),
         };
         let outcome = match &self.error {
@@ -997,6 +1076,20 @@ impl Operation {
         };
         vec![Action::Finish(Box::new(report))]
     }
+}
+
+/// The targets of `previous` whose side `plan` changes, with the side they had: what a
+/// rollback re-applies. Re-stating an unchanged one could tell two dies of one NPU opposite
+/// sides in one call, which HCCL refuses.
+fn changed_only(
+    plan: &SwitchPlan,
+    previous: Vec<(GlobalRank, NicSide)>,
+) -> Vec<(GlobalRank, NicSide)> {
+    let commanded: BTreeMap<GlobalRank, NicSide> = plan.rank_sides().into_iter().collect();
+    previous
+        .into_iter()
+        .filter(|(r, was)| commanded.get(r) != Some(was))
+        .collect()
 }
 
 /// Whether `body` is an answer to a directive of `phase` (a failure answers any).

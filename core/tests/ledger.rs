@@ -186,6 +186,7 @@ fn drive(
                 Action::ArmDeadline { token: t, .. } => token = Some(*t),
                 Action::Broadcast(d) => sent.push(d.clone()),
                 Action::Verified(v) => panic!("no verification runs during an operation: {v}"),
+                Action::Held(h) => panic!("only a sequenced operation holds: {h:?}"),
             }
         }
         let d = sent.last().expect("a directive was sent").clone();

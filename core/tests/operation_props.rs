@@ -260,6 +260,7 @@ impl World {
                 }
                 Action::Finish(r) => self.reports.push((*r, self.now)),
                 Action::Verified(v) => panic!("an operation never verifies: {v}"),
+                Action::Held(h) => panic!("only a sequenced operation holds: {h:?}"),
             }
         }
     }

@@ -1,5 +1,6 @@
 //! `taskd manager`: the job's manager, serving its proxies (and, with `--control-addr`, the
-//! operators' control API). Starting and stopping it is [`ManagerProcess`]'s.
+//! operators' control API; in a MindCluster cluster, as ClusterD's client). Starting and
+//! stopping it is [`ManagerProcess`]'s.
 
 use super::error::CliError;
 use super::flags;
@@ -9,11 +10,13 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
+use taskd_actors::clusterd::ClusterdConfig;
 use taskd_actors::control::{ControlConfig, GuardConfig, RateLimit};
 use taskd_actors::net::{ManagerNodeConfig, DEFAULT_MANAGER_PORT};
 use taskd_actors::process::{rank_table, ManagerProcess, ManagerProcessConfig, ShutdownSignals};
 use taskd_actors::telemetry::MetricsServer;
 use taskd_core::env::{self, process_env};
+use taskd_core::external;
 use taskd_core::rank_table::{MAX_NODES, MAX_RANKS};
 use taskd_core::{JobId, PhaseDeadlines, RankTable};
 
@@ -49,6 +52,17 @@ pub struct ManagerArgs {
     /// Requests per second a client of the control API may send after its burst.
     #[arg(long, value_name = "N", default_value_t = RateLimit::default().per_second)]
     control_rate_per_sec: f64,
+    /// Be ClusterD's client at HOST:PORT (default: $MINDX_SERVER_IP:8899, or 127.0.0.1:8899
+    /// when LOCAL_PROXY_ENABLE=on; not a client when neither is set).
+    #[arg(long, value_name = "HOST:PORT", value_parser = flags::host_port, conflicts_with = "no_clusterd")]
+    clusterd: Option<String>,
+    /// Not ClusterD's client, whatever the environment says.
+    #[arg(long)]
+    no_clusterd: bool,
+    /// How long a pause ClusterD started holds waiting for its next signal before training
+    /// resumes (default 900000: ClusterD's own wait for each answer).
+    #[arg(long, value_name = "MS", value_parser = flags::deadline_ms())]
+    clusterd_hold_ms: Option<u64>,
     /// Start even though MS_SCHED_HOST differs from POD_IP (the manager belongs on the
     /// scheduler host).
     #[arg(long)]
@@ -120,6 +134,7 @@ impl ManagerArgs {
         let listen = self
             .listen
             .unwrap_or_else(|| default_listen(sched.as_deref()));
+        let clusterd = self.clusterd_config(&job)?;
         Ok(ManagerProcessConfig {
             node: ManagerNodeConfig {
                 job,
@@ -130,12 +145,39 @@ impl ManagerArgs {
                 net: self.net.config(),
             },
             control,
+            clusterd,
         })
     }
 
     /// Starts the metrics endpoint when `--metrics-addr` was given (keep it while the role runs).
     pub fn serve_metrics(&self) -> Result<Option<MetricsServer>, CliError> {
         self.net.serve_metrics("manager")
+    }
+
+    /// ClusterD's client: `--clusterd`, else the environment (`--no-clusterd`: none).
+    fn clusterd_config(&self, job: &JobId) -> Result<Option<ClusterdConfig>, CliError> {
+        let addr = match (&self.clusterd, self.no_clusterd) {
+            (Some(a), _) => a.clone(),
+            (None, true) => return Ok(None),
+            (None, false) => match env::clusterd_addr(&process_env, external::DEFAULT_PORT) {
+                None => return Ok(None),
+                Some(a) => {
+                    env::check_host_port(&a).map_err(|e| {
+                        CliError::usage(format!(
+                            "{} or {}: ClusterD's address {e}",
+                            env::MINDX_SERVER_IP,
+                            env::LOCAL_PROXY_ENABLE
+                        ))
+                    })?;
+                    a
+                }
+            },
+        };
+        let mut cfg = ClusterdConfig::new(addr, job.clone());
+        if let Some(ms) = self.clusterd_hold_ms {
+            cfg.hold = Duration::from_millis(ms);
+        }
+        Ok(Some(cfg))
     }
 
     fn deadlines(&self) -> PhaseDeadlines {
@@ -178,6 +220,9 @@ pub fn run(a: ManagerArgs) -> Result<ExitCode, CliError> {
         ));
         if let Some(addr) = manager.control_addr() {
             say(format!("taskd manager control API on {addr}"));
+        }
+        if let Some(addr) = manager.clusterd_addr() {
+            say(format!("taskd manager is ClusterD's client at {addr}"));
         }
         let sig = signals.recv().await;
         eprintln!("taskd manager: {sig}: shutting down");

@@ -152,7 +152,26 @@ pub fn status_json(s: &proto::JobStatus) -> Value {
             "missing": v.missing,
             "held": v.held,
         })),
+        "clusterd": s.clusterd.as_ref().map(|c| json!({
+            "addr": c.addr,
+            "connected": c.connected,
+            "detail": c.detail,
+            "driving": (!c.driving.is_empty()).then_some(&c.driving),
+        })),
     })
+}
+
+/// The `clusterd` line of `taskd status`: connected or not, and the pause it drives.
+fn clusterd_text(c: &proto::ClusterdLink) -> String {
+    let mut t = if c.connected {
+        format!("connected to {}", c.addr)
+    } else {
+        format!("NOT connected to {} ({})", c.addr, c.detail)
+    };
+    if !c.driving.is_empty() {
+        let _ = write!(t, "; driving pause {}", c.driving);
+    }
+    t
 }
 
 /// `taskd status` for people.
@@ -195,6 +214,10 @@ pub fn status_text(s: &proto::JobStatus) -> String {
         "no (switches wait for every rank's report)"
     };
     let _ = writeln!(out, "verified   {verified}");
+    // Only a manager that is ClusterD's client has the line.
+    if let Some(c) = &s.clusterd {
+        let _ = writeln!(out, "clusterd   {}", clusterd_text(c));
+    }
     if let Some(v) = s
         .last_verification
         .as_ref()
@@ -228,4 +251,41 @@ pub fn status_text(s: &proto::JobStatus) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_clusterd_line_shows_only_on_a_clusterd_client() {
+        let mut s = proto::JobStatus {
+            job_id: "j".into(),
+            state: "running".into(),
+            ..proto::JobStatus::default()
+        };
+        assert!(!status_text(&s).contains("clusterd"));
+        assert!(status_json(&s)["clusterd"].is_null());
+        s.clusterd = Some(proto::ClusterdLink {
+            addr: "10.96.0.7:8899".into(),
+            connected: true,
+            detail: "session up".into(),
+            driving: "U".into(),
+        });
+        assert!(
+            status_text(&s).contains("clusterd   connected to 10.96.0.7:8899; driving pause U\n"),
+            "{}",
+            status_text(&s)
+        );
+        assert_eq!(status_json(&s)["clusterd"]["driving"], "U");
+        s.clusterd = Some(proto::ClusterdLink {
+            addr: "10.96.0.7:8899".into(),
+            connected: false,
+            detail: "cannot connect".into(),
+            driving: String::new(),
+        });
+        assert!(status_text(&s).contains("NOT connected to 10.96.0.7:8899 (cannot connect)"));
+        assert!(status_json(&s)["clusterd"]["driving"].is_null());
+        assert_eq!(status_json(&s)["clusterd"]["connected"], false);
+    }
 }

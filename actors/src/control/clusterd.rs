@@ -78,6 +78,9 @@ fn failure_string(r: &OperationReport) -> &'static str {
         | Some(OperationError::GroupDisagrees { phase, .. })
         | Some(OperationError::Aborted { phase, .. }) => by_phase(*phase, false),
         Some(OperationError::WrongPauseStep { .. }) => PAUSE_FAILED,
+        // Operations ClusterD drives (the manager as its client) end these ways.
+        Some(OperationError::HoldExpired { .. }) => PAUSE_TIMEOUT,
+        Some(OperationError::Stopped { phase, .. }) => by_phase(*phase, false),
         Some(OperationError::LinkDown { .. } | OperationError::LinkUnknown { .. }) | None => {
             SWITCH_FAILED
         }

@@ -131,6 +131,12 @@ pub fn status(s: &ManagerStatus) -> proto::JobStatus {
             .collect(),
         verified: s.verified,
         last_verification: s.last_verification.as_ref().map(verification),
+        clusterd: s.clusterd.as_ref().map(|c| proto::ClusterdLink {
+            addr: c.addr.clone(),
+            connected: c.connected,
+            detail: c.detail.clone(),
+            driving: c.driving.clone().unwrap_or_default(),
+        }),
     }
 }
 

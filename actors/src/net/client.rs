@@ -361,7 +361,7 @@ impl Client {
 }
 
 /// The whole chain of a transport error ("transport error: tcp connect error: refused").
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut src = e.source();
     while let Some(x) = src {

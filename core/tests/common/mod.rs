@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod world;
+
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -1,0 +1,117 @@
+//! The manager as ClusterD's client, as TaskD's manager is (README "In a MindCluster cluster").
+//!
+//! In a MindCluster cluster the operators' platform calls ClusterD, and ClusterD drives each
+//! job's manager over gRPC (service `Recover`, no package: `proto/clusterd/recover.proto`). The
+//! client keeps a session with ClusterD: `Init`, `Register`, then two server streams,
+//! `SubscribeProcessManageSignal` (pause, stop, continue, killMaster, a keep-alive every 5 s)
+//! and `SubscribeNotifySwitch` (the ranks to switch). It hands every signal to the manager
+//! actor (`actors/src/manager/clusterd.rs`, where `core/src/external.rs` decides) and sends the
+//! reports the manager owes: `ReportStopComplete`, `ReplySwitchNicResult`,
+//! `ReportRecoverStatus`, in the order they are owed, each once.
+//!
+//! Every stream end is normal (ClusterD ends both after each switch): the client starts again
+//! from `Init`, and after a failure waits with a jittered backoff, forever, logging each change
+//! of its link once. A report that could not be sent is kept and sent on the next session.
+//! A session that hears nothing (not even a keep-alive) for [`ClusterdConfig::silence`] is
+//! given up. Metrics: `taskd_clusterd_connected`, `taskd_clusterd_signals_total{type}`,
+//! `taskd_clusterd_reports_total{report, result}`; spans `clusterd` (the client) and
+//! `clusterd_signal` (the manager's handling of one signal).
+
+mod session;
+
+use crate::background::Background;
+use crate::manager::{AttachClusterd, Manager};
+use crate::telemetry;
+use actix::Addr;
+use std::time::Duration;
+use taskd_core::env::{check_host_port, AddressError};
+use taskd_core::external::DEFAULT_HOLD;
+use taskd_core::JobId;
+
+/// Generated from `proto/clusterd/recover.proto` (no package, as ClusterD's).
+pub mod proto {
+    #![allow(clippy::all, missing_docs)]
+    include!(concat!(env!("OUT_DIR"), "/clusterd/_.rs"));
+}
+
+/// How the client reaches ClusterD and how patient it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterdConfig {
+    /// ClusterD's `HOST:PORT` (`$MINDX_SERVER_IP:8899` in a cluster).
+    pub addr: String,
+    /// The job (`ClientInfo.jobId`).
+    pub job: JobId,
+    /// How long a hold waits for ClusterD's next signal before the job resumes.
+    pub hold: Duration,
+    /// The first wait before reconnecting after a failure (and after ClusterD ends the
+    /// streams); it doubles up to [`ClusterdConfig::retry_max`].
+    pub retry_min: Duration,
+    /// The longest wait between two attempts.
+    pub retry_max: Duration,
+    /// How long connecting may take.
+    pub connect_timeout: Duration,
+    /// A session that receives nothing for this long (ClusterD sends a keep-alive every 5 s)
+    /// is given up and started again.
+    pub silence: Duration,
+}
+
+impl ClusterdConfig {
+    /// ClusterD at `addr` for `job`, with the defaults: holds of 15 minutes (ClusterD's own
+    /// wait for each report), reconnecting after 1 s up to 30 s, 5 s to connect, 30 s of
+    /// silence.
+    pub fn new(addr: impl Into<String>, job: JobId) -> ClusterdConfig {
+        ClusterdConfig {
+            addr: addr.into(),
+            job,
+            hold: DEFAULT_HOLD,
+            retry_min: Duration::from_secs(1),
+            retry_max: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(5),
+            silence: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Why the client could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterdError {
+    /// The address is not `HOST:PORT`.
+    #[error("ClusterD address: {0}")]
+    Address(#[from] AddressError),
+    /// No thread or runtime for the client.
+    #[error("cannot start the ClusterD client's runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// A running ClusterD client. Dropping it stops it.
+pub struct ClusterdClient {
+    thread: Background,
+}
+
+impl ClusterdClient {
+    /// Makes `manager` ClusterD's client and starts the session on a thread of its own (it
+    /// connects in the background and keeps trying). Callable from any thread.
+    pub fn start(
+        manager: Addr<Manager>,
+        cfg: ClusterdConfig,
+    ) -> Result<ClusterdClient, ClusterdError> {
+        check_host_port(&cfg.addr)?;
+        let (reports_tx, reports) = tokio::sync::mpsc::unbounded_channel();
+        manager.do_send(AttachClusterd {
+            addr: cfg.addr.clone(),
+            hold: cfg.hold,
+            reports: reports_tx,
+        });
+        metrics::gauge!(telemetry::CLUSTERD_CONNECTED).set(0.0);
+        let thread = Background::spawn("taskd-clusterd", move |stop| {
+            session::run(manager, cfg, reports, stop)
+        })
+        .map_err(ClusterdError::Runtime)?;
+        Ok(ClusterdClient { thread })
+    }
+
+    /// Ends the session and waits for the client's thread.
+    pub fn shutdown(mut self) {
+        self.thread.stop();
+    }
+}

@@ -1,0 +1,903 @@
+//! ClusterD as the driver of a job's switches: its signals, the three reports the manager owes
+//! it, and the [`Sequencer`] that ties them to one
+//! [`OperationKind::Sequenced`](crate::operation::OperationKind::Sequenced) operation.
+//!
+//! In a MindCluster cluster the platform calls ClusterD, which drives the job's manager in three
+//! steps (README "In a MindCluster cluster"):
+//!
+//! 1. `ProcessManageSignal{stopTrain, [pause_train], uuid U}`: pause every rank at one step
+//!    boundary, then `ReportStopComplete` (code 0, or [`CODE_FAILED`]).
+//! 2. `SwitchRankList{rankID, op}` on another stream: switch, then `ReplySwitchNicResult`
+//!    (`true`, or `false` once the rollback has run).
+//! 3. `ProcessManageSignal{changeStrategy, [change_strategy], "continue", uuid U}`: resume, then
+//!    `ReportRecoverStatus` (code 0, or [`CODE_FAILED`]).
+//!
+//! The rules the sequencer keeps, because ClusterD keeps each report in a one-slot buffer that
+//! the *next* request reads: exactly one report per request, never one without a request; a
+//! duplicate delivery (the same pause uuid, the same rank list within one pause) is not a new
+//! request and gets no second report; a switch result is reported only when every group agrees
+//! again (after the switch, or after its rollback) or the operation is over. `stop_train` and
+//! `killMaster` never release ranks onto groups that may disagree: the operation stops at a
+//! hold point with every gate shut.
+//!
+//! Pure like the rest of `core`: it takes signals, the ledger and the time, and returns the
+//! ledger's actions to carry out, the reports to send and notes to log.
+
+use crate::command::{RankTarget, SwitchPlan};
+use crate::ids::{GlobalRank, OperationId};
+use crate::ledger::{JobLedger, JobState, SequenceError};
+use crate::operation::{Action, CommandError, HoldPoint, OperationReport};
+use crate::rank_table::RankTable;
+use crate::summary::OperationSummary;
+use std::collections::{BTreeSet, VecDeque};
+use std::time::Duration;
+
+// ---------------------------------------------------------------------------------------------
+// ClusterD's names and numbers
+
+/// `ProcessManageSignal.signalType` of the keep-alive ClusterD sends every 5 s.
+pub const KEEP_ALIVE: &str = "keep-alive";
+/// `signalType` of a pause or stop (the action says which).
+pub const STOP_TRAIN_SIGNAL: &str = "stopTrain";
+/// `signalType` of a strategy change (`continue` resumes).
+pub const CHANGE_STRATEGY_SIGNAL: &str = "changeStrategy";
+/// `signalType` telling the job it is about to be restarted.
+pub const KILL_MASTER_SIGNAL: &str = "killMaster";
+/// The action of a pause: hold training at a step boundary until told to continue.
+pub const PAUSE_TRAIN_ACTION: &str = "pause_train";
+/// The action of a stop: stop training (ClusterD's recovery follows).
+pub const STOP_TRAIN_ACTION: &str = "stop_train";
+/// The action of a strategy change.
+pub const CHANGE_STRATEGY_ACTION: &str = "change_strategy";
+/// The strategy that resumes training after a pause.
+pub const CONTINUE_STRATEGY: &str = "continue";
+/// `ClientInfo.role` the manager registers with (ClusterD only logs it).
+pub const ROLE: &str = "taskd";
+/// A report's `Status.code` for success.
+pub const CODE_OK: i32 = 0;
+/// A report's `Status.code` for "pause failed" / "resume failed" (ClusterD's
+/// `UnRecoverTrainError`: it then stops and restarts the job).
+pub const CODE_FAILED: i32 = 499;
+/// ClusterD's gRPC port (`clusterd-grpc-svc`).
+pub const DEFAULT_PORT: u16 = 8899;
+/// How long a hold waits for ClusterD's next signal: ClusterD's own wait for each report.
+pub const DEFAULT_HOLD: Duration = Duration::from_secs(15 * 60);
+
+// ---------------------------------------------------------------------------------------------
+// Signals
+
+/// One `ProcessManageSignal`, as the manager acts on it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Signal {
+    /// ClusterD is alive; nothing to do.
+    KeepAlive,
+    /// Pause every rank (`stopTrain` + `pause_train`).
+    Pause {
+        /// ClusterD's id of the flow; `continue` names it again.
+        uuid: String,
+    },
+    /// Stop training (`stopTrain` + `stop_train`).
+    StopTrain {
+        /// ClusterD's id of the flow.
+        uuid: String,
+    },
+    /// The job is about to be restarted (`killMaster`).
+    KillMaster {
+        /// ClusterD's id of the flow.
+        uuid: String,
+    },
+    /// Resume after a pause (`changeStrategy` + `change_strategy` + `continue`).
+    Continue {
+        /// The pause's uuid.
+        uuid: String,
+    },
+    /// Anything else (other strategies, other flows): logged, not answered.
+    Other {
+        /// What it was, for the log.
+        detail: String,
+    },
+}
+
+impl Signal {
+    /// Reads a `ProcessManageSignal`'s fields.
+    pub fn parse(signal_type: &str, actions: &[String], strategy: &str, uuid: &str) -> Signal {
+        let has = |a: &str| actions.iter().any(|x| x == a);
+        let uuid = uuid.to_owned();
+        match signal_type {
+            KEEP_ALIVE => Signal::KeepAlive,
+            KILL_MASTER_SIGNAL => Signal::KillMaster { uuid },
+            STOP_TRAIN_SIGNAL if has(PAUSE_TRAIN_ACTION) => Signal::Pause { uuid },
+            STOP_TRAIN_SIGNAL if has(STOP_TRAIN_ACTION) => Signal::StopTrain { uuid },
+            CHANGE_STRATEGY_SIGNAL if has(CHANGE_STRATEGY_ACTION) && strategy == CONTINUE_STRATEGY => {
+                Signal::Continue { uuid }
+            }
+            _ => Signal::Other {
+                detail: format!(
+                    "signalType {signal_type:?}, actions {actions:?}, changeStrategy {strategy:?}, uuid {uuid:?}"
+                ),
+            },
+        }
+    }
+
+    /// Its name in logs and the `type` label of `taskd_clusterd_signals_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Signal::KeepAlive => "keep_alive",
+            Signal::Pause { .. } => "pause_train",
+            Signal::StopTrain { .. } => "stop_train",
+            Signal::KillMaster { .. } => "kill_master",
+            Signal::Continue { .. } => "continue",
+            Signal::Other { .. } => "other",
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The switch's targets
+
+/// Why a `SwitchRankList` cannot be switched. Nothing was changed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RankListError {
+    /// No rank at all.
+    #[error("the rank list is empty")]
+    Empty,
+    /// `rankID` and `op` differ in length.
+    #[error("{ranks} rank ids but {ops} ops: ClusterD sends one op per rank")]
+    LengthMismatch {
+        /// `rankID`'s length.
+        ranks: usize,
+        /// `op`'s length.
+        ops: usize,
+    },
+    /// A rank id that is not a number.
+    #[error("rank id {0:?} is not a global rank number")]
+    NotANumber(String),
+    /// A rank the rank table does not have.
+    #[error("rank {rank} is not in the job's rank table (ranks 0..{world})")]
+    UnknownRank {
+        /// The rank.
+        rank: GlobalRank,
+        /// The job's world size.
+        world: usize,
+    },
+    /// The same rank twice.
+    #[error("rank {0} is listed twice")]
+    Duplicate(GlobalRank),
+}
+
+/// The targets of a `SwitchRankList` (global rank ids, `op[i]` true: to the backup NIC),
+/// resolved against the job's rank table.
+pub fn plan_rank_list(
+    table: &RankTable,
+    ranks: &[String],
+    ops: &[bool],
+) -> Result<SwitchPlan, RankListError> {
+    if ranks.len() != ops.len() {
+        return Err(RankListError::LengthMismatch {
+            ranks: ranks.len(),
+            ops: ops.len(),
+        });
+    }
+    if ranks.is_empty() {
+        return Err(RankListError::Empty);
+    }
+    let mut seen = BTreeSet::new();
+    let mut targets = Vec::with_capacity(ranks.len());
+    for (id, &use_backup) in ranks.iter().zip(ops) {
+        let rank = id
+            .trim()
+            .parse::<u32>()
+            .map(GlobalRank)
+            .map_err(|_| RankListError::NotANumber(id.clone()))?;
+        let slot = table.slot(rank).ok_or(RankListError::UnknownRank {
+            rank,
+            world: table.world_size(),
+        })?;
+        if !seen.insert(rank) {
+            return Err(RankListError::Duplicate(rank));
+        }
+        targets.push(RankTarget {
+            node: slot.node.clone(),
+            device: slot.device,
+            rank,
+            use_backup,
+        });
+    }
+    Ok(SwitchPlan { targets })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reports
+
+/// One report to ClusterD.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Report {
+    /// `ReportStopComplete{status{code, info}}`: the answer to a pause or a stop.
+    StopComplete {
+        /// [`CODE_OK`] or [`CODE_FAILED`].
+        code: i32,
+        /// What happened, for ClusterD's log.
+        info: String,
+    },
+    /// `ReplySwitchNicResult{result}`: the answer to a `SwitchRankList`.
+    SwitchResult {
+        /// Whether the new NIC state is in effect.
+        ok: bool,
+    },
+    /// `ReportRecoverStatus{status{code, info}, strategy: "continue"}`: the answer to a
+    /// `continue`.
+    RecoverStatus {
+        /// [`CODE_OK`] or [`CODE_FAILED`].
+        code: i32,
+        /// What happened, for ClusterD's log.
+        info: String,
+    },
+}
+
+impl Report {
+    /// Its name in logs and the `report` label of `taskd_clusterd_reports_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Report::StopComplete { .. } => "stop_complete",
+            Report::SwitchResult { .. } => "switch_result",
+            Report::RecoverStatus { .. } => "recover_status",
+        }
+    }
+
+    /// Whether it reports success.
+    pub fn ok(&self) -> bool {
+        match self {
+            Report::StopComplete { code, .. } | Report::RecoverStatus { code, .. } => {
+                *code == CODE_OK
+            }
+            Report::SwitchResult { ok } => *ok,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The sequencer
+
+/// How loud a [`Note`] is.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Level {
+    /// The normal course.
+    Info,
+    /// Not the normal course, handled.
+    Warn,
+    /// A refusal or a request that cannot be honoured.
+    Error,
+}
+
+/// Something for the log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    /// How loud.
+    pub level: Level,
+    /// What happened.
+    pub text: String,
+}
+
+/// What one input led to: the ledger's actions to carry out (their holds and results come
+/// back through [`Sequencer::on_actions`]), the reports to send in order, notes to log.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Step {
+    /// The ledger's actions.
+    pub actions: Vec<Action>,
+    /// Reports to ClusterD, in order.
+    pub reports: Vec<Report>,
+    /// For the log.
+    pub notes: Vec<Note>,
+}
+
+impl Step {
+    fn note(&mut self, level: Level, text: impl Into<String>) {
+        self.notes.push(Note {
+            level,
+            text: text.into(),
+        });
+    }
+}
+
+/// What handling one signal works with: the ledger, an unused operation id, the time, and the
+/// step being decided.
+struct Cx<'a> {
+    ledger: &'a mut JobLedger,
+    fresh: OperationId,
+    now: Duration,
+    step: Step,
+}
+
+/// A report owed to ClusterD, in the order of the requests.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Owed {
+    StopComplete,
+    SwitchResult,
+    RecoverStatus,
+}
+
+/// `(rankID, op)` of a `SwitchRankList`.
+type RankList = (Vec<String>, Vec<bool>);
+
+/// The sequenced operation ClusterD drives, and its requests so far.
+#[derive(Clone, Debug)]
+struct Driven {
+    uuid: String,
+    op: OperationId,
+    switch: Option<RankList>,
+    continued: bool,
+    /// The `stop_train` uuids it was told (a stop delivered again is not a new request).
+    stops: BTreeSet<String>,
+}
+
+/// The ClusterD side of the manager: which sequenced operation ClusterD drives and which
+/// reports it is owed.
+#[derive(Clone, Debug)]
+pub struct Sequencer {
+    hold: Duration,
+    current: Option<Driven>,
+    owed: Vec<Owed>,
+    /// The last operation ClusterD drove, once over (a late duplicate or `continue` names it).
+    last: Option<Driven>,
+    /// A `stop_train` that came while the gates were opening: it pauses again once they are.
+    stop_after: Option<String>,
+    /// Signals answered at once (refused, or nothing to do), newest last: delivered again,
+    /// they are not answered twice.
+    answered: VecDeque<(&'static str, String)>,
+    /// The last rank list answered with no pause in effect (one delivered again is not a new
+    /// request: only a new pause comes before a new switch).
+    orphan_list: Option<RankList>,
+}
+
+/// How many signals answered at once the sequencer remembers.
+const ANSWERED: usize = 64;
+
+impl Sequencer {
+    /// A sequencer whose holds wait at most `hold` for ClusterD's next signal.
+    pub fn new(hold: Duration) -> Sequencer {
+        Sequencer {
+            hold,
+            current: None,
+            owed: Vec::new(),
+            last: None,
+            stop_after: None,
+            answered: VecDeque::new(),
+            orphan_list: None,
+        }
+    }
+
+    /// The pause uuid and operation ClusterD drives now.
+    pub fn current(&self) -> Option<(&str, OperationId)> {
+        self.current.as_ref().map(|d| (d.uuid.as_str(), d.op))
+    }
+
+    /// How many reports are owed.
+    pub fn owed(&self) -> usize {
+        self.owed.len()
+    }
+
+    /// A `ProcessManageSignal`. `fresh` is an unused operation id, taken if an operation starts.
+    pub fn on_signal(
+        &mut self,
+        signal: &Signal,
+        ledger: &mut JobLedger,
+        fresh: OperationId,
+        now: Duration,
+    ) -> Step {
+        let mut step = Step::default();
+        let key = match signal {
+            Signal::Pause { uuid } | Signal::StopTrain { uuid } | Signal::Continue { uuid } => {
+                Some((signal.kind(), uuid.clone()))
+            }
+            _ => None,
+        };
+        if let Some(key) = key.as_ref().filter(|k| self.answered.contains(k)) {
+            step.note(
+                Level::Warn,
+                format!("{} {} delivered again: answered already", key.0, key.1),
+            );
+            return step;
+        }
+        let mut cx = Cx {
+            ledger,
+            fresh,
+            now,
+            step,
+        };
+        match signal {
+            Signal::KeepAlive => {}
+            Signal::Pause { uuid } => self.pause(uuid, &mut cx),
+            Signal::StopTrain { uuid } => self.stop(uuid, &mut cx),
+            Signal::KillMaster { uuid } => self.kill(uuid, &mut cx),
+            Signal::Continue { uuid } => self.resume(uuid, &mut cx),
+            Signal::Other { detail } => cx.step.note(
+                Level::Warn,
+                format!("ClusterD signal not acted on (taskd switches NICs only): {detail}"),
+            ),
+        }
+        let step = cx.step;
+        if let Some(key) = key.filter(|_| !step.reports.is_empty()) {
+            if self.answered.len() == ANSWERED {
+                self.answered.pop_front();
+            }
+            self.answered.push_back(key);
+        }
+        step
+    }
+
+    fn pause(&mut self, uuid: &str, cx: &mut Cx<'_>) {
+        if let Some(cur) = &self.current {
+            if cur.uuid == uuid {
+                cx.step.note(
+                    Level::Warn,
+                    format!("pause {uuid} delivered again: already in effect, not answered twice"),
+                );
+            } else {
+                let info = format!(
+                    "pause {uuid} refused: pause {} (operation {}) is in effect",
+                    cur.uuid, cur.op
+                );
+                cx.step.note(Level::Error, info.clone());
+                cx.step.reports.push(Report::StopComplete {
+                    code: CODE_FAILED,
+                    info,
+                });
+            }
+            return;
+        }
+        if self.last.as_ref().is_some_and(|l| l.uuid == uuid) {
+            cx.step.note(
+                Level::Warn,
+                format!("pause {uuid} delivered again after its operation ended: not a new pause"),
+            );
+            return;
+        }
+        match cx.ledger.start_sequenced(cx.fresh, self.hold, None, cx.now) {
+            Ok(actions) => {
+                cx.step.note(
+                    Level::Info,
+                    format!("pause {uuid}: operation {} pauses every rank", cx.fresh),
+                );
+                self.drive(uuid, cx.fresh, Owed::StopComplete);
+                cx.step.actions = actions;
+            }
+            Err(e) => {
+                let info = format!("pause {uuid} refused: {e}");
+                cx.step.note(Level::Error, info.clone());
+                cx.step.reports.push(Report::StopComplete {
+                    code: CODE_FAILED,
+                    info,
+                });
+            }
+        }
+    }
+
+    fn drive(&mut self, uuid: &str, op: OperationId, owed: Owed) {
+        self.orphan_list = None;
+        self.current = Some(Driven {
+            uuid: uuid.to_owned(),
+            op,
+            switch: None,
+            continued: false,
+            stops: BTreeSet::new(),
+        });
+        self.owed.push(owed);
+    }
+
+    fn stop(&mut self, uuid: &str, cx: &mut Cx<'_>) {
+        let reason = format!("ClusterD stop_train {uuid}");
+        let told = |d: &Option<Driven>| d.as_ref().is_some_and(|d| d.stops.contains(uuid));
+        if told(&self.current) || (self.current.is_none() && told(&self.last)) {
+            cx.step.note(
+                Level::Warn,
+                format!("stop_train {uuid} delivered again: not answered twice"),
+            );
+            return;
+        }
+        if let Some(cur) = self.current.as_mut() {
+            match cx.ledger.stop_sequenced(reason, cx.now) {
+                Ok(actions) => {
+                    cur.stops.insert(uuid.to_owned());
+                    cx.step.note(
+                        Level::Warn,
+                        format!("stop_train {uuid}: training stays held at the next hold point"),
+                    );
+                    self.owed.push(Owed::StopComplete);
+                    cx.step.actions = actions;
+                }
+                Err(SequenceError::Command(CommandError::Resuming(_))) => {
+                    cx.step.note(
+                        Level::Warn,
+                        format!("stop_train {uuid} came while resuming: pausing again after"),
+                    );
+                    self.stop_after = Some(uuid.to_owned());
+                }
+                Err(e) => refuse_stop(uuid, &e.to_string(), &mut cx.step),
+            }
+            return;
+        }
+        match cx.ledger.state() {
+            JobState::Paused => {
+                let info = format!("training is held at the step gates (job paused): {uuid}");
+                cx.step.note(Level::Warn, format!("stop_train: {info}"));
+                cx.step.reports.push(Report::StopComplete {
+                    code: CODE_OK,
+                    info,
+                });
+            }
+            _ => match cx
+                .ledger
+                .start_sequenced(cx.fresh, self.hold, Some(reason), cx.now)
+            {
+                Ok(actions) => {
+                    cx.step.note(
+                        Level::Warn,
+                        format!(
+                            "stop_train {uuid}: operation {} pauses every rank and keeps them held",
+                            cx.fresh
+                        ),
+                    );
+                    self.drive(uuid, cx.fresh, Owed::StopComplete);
+                    if let Some(cur) = self.current.as_mut() {
+                        cur.stops.insert(uuid.to_owned());
+                    }
+                    cx.step.actions = actions;
+                }
+                Err(e) => refuse_stop(uuid, &e.to_string(), &mut cx.step),
+            },
+        }
+    }
+
+    fn kill(&mut self, uuid: &str, cx: &mut Cx<'_>) {
+        self.stop_after = None;
+        for owed in self.owed.drain(..) {
+            cx.step.note(
+                Level::Warn,
+                format!("killMaster {uuid}: the {owed:?} report is no longer awaited; not sent"),
+            );
+        }
+        if self.current.is_none() {
+            cx.step.note(
+                Level::Warn,
+                format!("killMaster {uuid}: ClusterD restarts the job; nothing held here"),
+            );
+            return;
+        }
+        let reason = format!("ClusterD killMaster {uuid}: the job restarts");
+        match cx.ledger.stop_sequenced(reason, cx.now) {
+            Ok(actions) => {
+                cx.step.note(
+                    Level::Warn,
+                    format!("killMaster {uuid}: every rank stays held until the job restarts"),
+                );
+                cx.step.actions = actions;
+            }
+            Err(e) => cx.step.note(
+                Level::Warn,
+                format!("killMaster {uuid}: the operation cannot stop ({e}); it ends by itself"),
+            ),
+        }
+    }
+
+    fn resume(&mut self, uuid: &str, cx: &mut Cx<'_>) {
+        let current = self.current.as_mut();
+        match current {
+            Some(cur) if cur.uuid == uuid => {
+                if cur.continued {
+                    cx.step.note(
+                        Level::Warn,
+                        format!("continue {uuid} delivered again: not answered twice"),
+                    );
+                    return;
+                }
+                cur.continued = true;
+                match cx.ledger.resume_sequenced(cx.now) {
+                    Ok(actions) => {
+                        cx.step
+                            .note(Level::Info, format!("continue {uuid}: resuming"));
+                        self.owed.push(Owed::RecoverStatus);
+                        cx.step.actions = actions;
+                    }
+                    Err(e) => refuse_continue(uuid, &e.to_string(), &mut cx.step),
+                }
+            }
+            Some(cur) => {
+                let why = format!("pause {} (operation {}) holds training", cur.uuid, cur.op);
+                refuse_continue(uuid, &why, &mut cx.step);
+            }
+            None if self
+                .last
+                .as_ref()
+                .is_some_and(|l| l.uuid == uuid && l.continued) =>
+            {
+                cx.step.note(
+                    Level::Warn,
+                    format!("continue {uuid} delivered again: not answered twice"),
+                );
+            }
+            None => {
+                if let Some(last) = self.last.as_mut().filter(|l| l.uuid == uuid) {
+                    last.continued = true;
+                }
+                let (code, info) = if cx.ledger.state() == JobState::Running {
+                    (CODE_OK, format!("continue {uuid}: training runs"))
+                } else {
+                    let state = cx.ledger.state();
+                    (CODE_FAILED, format!("continue {uuid}: the job is {state}"))
+                };
+                let late = self.last.as_ref().is_some_and(|l| l.uuid == uuid);
+                let level = if late { Level::Warn } else { Level::Error };
+                cx.step
+                    .note(level, format!("{info} (no pause of that uuid in effect)"));
+                cx.step.reports.push(Report::RecoverStatus { code, info });
+            }
+        }
+    }
+
+    /// A `SwitchRankList`.
+    pub fn on_switch(
+        &mut self,
+        ranks: &[String],
+        ops: &[bool],
+        ledger: &mut JobLedger,
+        now: Duration,
+    ) -> Step {
+        let mut step = Step::default();
+        let list = (ranks.to_vec(), ops.to_vec());
+        let Some(cur) = self.current.as_mut() else {
+            let known = self.last.as_ref().and_then(|l| l.switch.as_ref()) == Some(&list)
+                || self.orphan_list.as_ref() == Some(&list);
+            if known {
+                step.note(
+                    Level::Warn,
+                    "SwitchRankList delivered again after its operation ended: not a new switch, not answered",
+                );
+            } else {
+                step.note(
+                    Level::Error,
+                    format!("SwitchRankList {ranks:?} refused: no pause is in effect (switches need ClusterD's pause first); result false"),
+                );
+                step.reports.push(Report::SwitchResult { ok: false });
+                self.orphan_list = Some(list);
+            }
+            return step;
+        };
+        if let Some(first) = &cur.switch {
+            let (level, text) = if *first == list {
+                (Level::Warn, "delivered again: already switched in this pause, not switched or answered twice")
+            } else {
+                (Level::Error, "ignored: ClusterD sends one switch per pause and has its answer; a second answer would be read by its next switch")
+            };
+            step.note(level, format!("SwitchRankList {ranks:?} {text}"));
+            return step;
+        }
+        cur.switch = Some(list);
+        let result = plan_rank_list(ledger.table(), ranks, ops)
+            .map_err(|e| e.to_string())
+            .and_then(|plan| {
+                ledger
+                    .switch_sequenced(plan, now)
+                    .map_err(|e| e.to_string())
+            });
+        match result {
+            Ok(actions) => {
+                step.note(
+                    Level::Info,
+                    format!("SwitchRankList {ranks:?} {ops:?}: switching"),
+                );
+                self.owed.push(Owed::SwitchResult);
+                step.actions = actions;
+            }
+            Err(e) => {
+                step.note(
+                    Level::Error,
+                    format!("SwitchRankList {ranks:?} {ops:?} refused, nothing changed: {e}; result false"),
+                );
+                step.reports.push(Report::SwitchResult { ok: false });
+            }
+        }
+        step
+    }
+
+    /// Actions the ledger produced (from any input): a hold or the end of the driven
+    /// operation settles the reports owed. `fresh` is an unused id for a pause that a
+    /// `stop_train` left owed.
+    pub fn on_actions(
+        &mut self,
+        actions: &[Action],
+        ledger: &mut JobLedger,
+        fresh: OperationId,
+        now: Duration,
+    ) -> Step {
+        let mut step = Step::default();
+        for a in actions {
+            match a {
+                Action::Held(at) => self.held(*at, &mut step),
+                Action::Finish(r) if self.current.as_ref().is_some_and(|c| c.op == r.id) => {
+                    self.finished(r, &mut step)
+                }
+                _ => {}
+            }
+        }
+        if let Some(uuid) = self.stop_after.take().filter(|_| self.current.is_none()) {
+            let mut again = self.on_signal(&Signal::StopTrain { uuid }, ledger, fresh, now);
+            step.actions.append(&mut again.actions);
+            step.reports.append(&mut again.reports);
+            step.notes.append(&mut again.notes);
+        }
+        step
+    }
+
+    /// Only the sequencer starts sequenced operations, and one runs at a time: a hold is the
+    /// driven operation's.
+    fn held(&mut self, at: HoldPoint, step: &mut Step) {
+        if self.current.is_none() {
+            return;
+        }
+        let (owed, report) = match at {
+            HoldPoint::Paused { step: s } => (
+                Owed::StopComplete,
+                Report::StopComplete {
+                    code: CODE_OK,
+                    info: format!("every rank holds after step {s}"),
+                },
+            ),
+            HoldPoint::Switched { applied } => {
+                (Owed::SwitchResult, Report::SwitchResult { ok: applied })
+            }
+        };
+        if let Some(i) = self.owed.iter().position(|o| *o == owed) {
+            self.owed.remove(i);
+            step.reports.push(report);
+        }
+    }
+
+    fn finished(&mut self, r: &OperationReport, step: &mut Step) {
+        let summary = OperationSummary::from(r).to_string();
+        for owed in std::mem::take(&mut self.owed) {
+            let report = match owed {
+                Owed::StopComplete => {
+                    let held = r.pause_step.is_some() && r.job_state == JobState::Paused;
+                    Report::StopComplete {
+                        code: if held { CODE_OK } else { CODE_FAILED },
+                        info: summary.clone(),
+                    }
+                }
+                Owed::SwitchResult => Report::SwitchResult { ok: r.applied },
+                Owed::RecoverStatus => Report::RecoverStatus {
+                    code: if r.job_state == JobState::Running {
+                        CODE_OK
+                    } else {
+                        CODE_FAILED
+                    },
+                    info: summary.clone(),
+                },
+            };
+            step.reports.push(report);
+        }
+        let level = if r.job_state == JobState::Running {
+            Level::Info
+        } else {
+            Level::Error
+        };
+        step.note(level, format!("ClusterD's operation ended: {summary}"));
+        self.last = self.current.take();
+    }
+}
+
+fn refuse_stop(uuid: &str, why: &str, step: &mut Step) {
+    let info = format!("stop_train {uuid}: training could not be stopped: {why}");
+    step.note(Level::Error, info.clone());
+    step.reports.push(Report::StopComplete {
+        code: CODE_FAILED,
+        info,
+    });
+}
+
+fn refuse_continue(uuid: &str, why: &str, step: &mut Step) {
+    let info = format!("continue {uuid} refused: {why}");
+    step.note(Level::Error, info.clone());
+    step.reports.push(Report::RecoverStatus {
+        code: CODE_FAILED,
+        info,
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn signals_read_as_clusterd_sends_them() {
+        let p = |t: &str, a: &[&str], s: &str| Signal::parse(t, &strings(a), s, "U");
+        assert_eq!(p("keep-alive", &[], ""), Signal::KeepAlive);
+        assert_eq!(
+            p("stopTrain", &["pause_train"], ""),
+            Signal::Pause { uuid: "U".into() }
+        );
+        assert_eq!(
+            p("stopTrain", &["stop_train"], ""),
+            Signal::StopTrain { uuid: "U".into() }
+        );
+        assert_eq!(
+            p("changeStrategy", &["change_strategy"], "continue"),
+            Signal::Continue { uuid: "U".into() }
+        );
+        assert_eq!(
+            p("killMaster", &[], ""),
+            Signal::KillMaster { uuid: "U".into() }
+        );
+        // Other strategies and flows are not ours; the casing is ClusterD's exactly.
+        for (t, a, s) in [
+            ("changeStrategy", &["change_strategy"][..], "retry"),
+            ("changeStrategy", &[][..], "continue"),
+            ("stoptrain", &["pause_train"][..], ""),
+            ("hotSwitch", &["pause_train"][..], ""),
+        ] {
+            assert!(matches!(p(t, a, s), Signal::Other { .. }), "{t} {a:?} {s}");
+        }
+        assert_eq!(p("keep-alive", &[], "").kind(), "keep_alive");
+        assert_eq!(p("stopTrain", &["pause_train"], "").kind(), "pause_train");
+    }
+
+    #[test]
+    fn rank_lists_resolve_against_the_table() {
+        let t = RankTable::uniform(2, 8);
+        let plan = plan_rank_list(&t, &strings(&["0", " 8", "15"]), &[true, true, false]).unwrap();
+        let got: Vec<_> = plan
+            .targets
+            .iter()
+            .map(|x| (x.node.0.as_str(), x.device.0, x.rank.0, x.use_backup))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("node-0", 0, 0, true),
+                ("node-1", 0, 8, true),
+                ("node-1", 7, 15, false)
+            ]
+        );
+        let e = |r: &[&str], o: &[bool]| plan_rank_list(&t, &strings(r), o).unwrap_err();
+        assert_eq!(e(&[], &[]), RankListError::Empty);
+        assert_eq!(
+            e(&["1"], &[true, false]),
+            RankListError::LengthMismatch { ranks: 1, ops: 2 }
+        );
+        assert_eq!(e(&["-1"], &[true]), RankListError::NotANumber("-1".into()));
+        assert_eq!(
+            e(&["16"], &[true]),
+            RankListError::UnknownRank {
+                rank: GlobalRank(16),
+                world: 16
+            }
+        );
+        assert_eq!(
+            e(&["3", "3"], &[true, true]),
+            RankListError::Duplicate(GlobalRank(3))
+        );
+        assert_eq!(
+            e(&["16"], &[true]).to_string(),
+            "rank 16 is not in the job's rank table (ranks 0..16)"
+        );
+    }
+
+    #[test]
+    fn a_report_knows_its_kind_and_result() {
+        let r = Report::StopComplete {
+            code: CODE_FAILED,
+            info: String::new(),
+        };
+        assert_eq!((r.kind(), r.ok()), ("stop_complete", false));
+        let r = Report::SwitchResult { ok: true };
+        assert_eq!((r.kind(), r.ok()), ("switch_result", true));
+        let r = Report::RecoverStatus {
+            code: CODE_OK,
+            info: String::new(),
+        };
+        assert_eq!((r.kind(), r.ok()), ("recover_status", true));
+    }
+}

@@ -1,0 +1,356 @@
+//! Scripted tests of a switch driven by ClusterD: the sequenced operation, the ledger's checks
+//! and the sequencer's reports, against a world of ranks (`common/world.rs`) that fails the
+//! test if the gates ever open onto ranks that disagree.
+//!
+//! The job is `job-a`, 2 nodes x 4 devices (ranks 0..8).
+
+mod common;
+
+use common::world::{ids, Reply, World};
+use common::*;
+use taskd_core::external::{Report, Signal, CODE_FAILED, CODE_OK};
+use taskd_core::operation::{Awaiting, OperationError};
+use taskd_core::protocol::{DirectiveKind, Phase};
+use taskd_core::{GlobalRank, JobState, OperationId, Outcome, SubmitError};
+
+fn world() -> World {
+    World::new(Layout::new(2, 4), secs(900))
+}
+
+fn pause(u: &str) -> Signal {
+    Signal::Pause { uuid: u.into() }
+}
+
+fn resume(u: &str) -> Signal {
+    Signal::Continue { uuid: u.into() }
+}
+
+fn stop_complete(code: i32) -> impl Fn(&Report) -> bool {
+    move |r| matches!(r, Report::StopComplete { code: c, .. } if *c == code)
+}
+
+fn recover_status(code: i32) -> impl Fn(&Report) -> bool {
+    move |r| matches!(r, Report::RecoverStatus { code: c, .. } if *c == code)
+}
+
+fn one(reports: Vec<Report>, want: impl Fn(&Report) -> bool) {
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    assert!(want(&reports[0]), "{reports:?}");
+}
+
+/// Pause `u` and hold: ClusterD gets its StopComplete only once every rank holds.
+fn paused(w: &mut World, u: &str) {
+    assert!(w.signal(pause(u)).is_empty(), "no report before the pause");
+    assert!(
+        w.answer(|_, _| Reply::Correct).is_empty(),
+        "sampled: not yet"
+    );
+    one(w.answer(|_, _| Reply::Correct), stop_complete(CODE_OK));
+    let op = w.ledger.in_flight().expect("the operation holds");
+    assert_eq!(op.awaiting(), Some(Awaiting::Targets));
+    assert!(w.pending.is_none(), "nothing is broadcast while holding");
+}
+
+#[test]
+fn pause_switch_continue_reports_once_each_and_updates_the_table() {
+    let mut w = world();
+    paused(&mut w, "u1");
+    assert!(w.switch(&ids(&[1, 5]), &[true, true]).is_empty());
+    let sw = w.pending.clone().expect("the switch is broadcast");
+    assert!(matches!(sw.kind, DirectiveKind::Switch { .. }));
+    one(w.answer(|_, _| Reply::Correct), |r| {
+        *r == Report::SwitchResult { ok: true }
+    });
+    assert_eq!(w.view(), vec![1, 5]);
+    assert_eq!(
+        w.ledger.in_flight().and_then(|o| o.awaiting()),
+        Some(Awaiting::Resume)
+    );
+    // Still held: the table follows once the operation is over.
+    assert!(w.signal(resume("u1")).is_empty());
+    one(w.settle(), recover_status(CODE_OK));
+    assert_eq!(w.table(), vec![1, 5]);
+    assert_eq!(w.ledger.state(), JobState::Running);
+    let r = w.ledger.history().last().expect("a result").clone();
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r}");
+    assert!(r.applied && r.pause_step == Some(10));
+    assert_eq!(w.reports.len(), 3);
+    // And back, in a second flow.
+    paused(&mut w, "u2");
+    w.switch(&ids(&[1, 5]), &[false, false]);
+    one(w.settle(), |r| *r == Report::SwitchResult { ok: true });
+    w.signal(resume("u2"));
+    one(w.settle(), recover_status(CODE_OK));
+    assert_eq!(w.table(), Vec::<u32>::new());
+    assert_eq!(w.view(), Vec::<u32>::new());
+}
+
+#[test]
+fn a_failed_switch_reports_false_only_after_the_rollback() {
+    let mut w = world();
+    paused(&mut w, "u1");
+    w.switch(&ids(&[2]), &[true]);
+    // Rank 6 fails its NIC-set: the answer is not yet false, the rollback runs first.
+    let got = w.answer(|_, r| {
+        if r == GlobalRank(6) {
+            Reply::Failed
+        } else {
+            Reply::Correct
+        }
+    });
+    assert!(got.is_empty(), "{got:?}");
+    let rb = w.pending.clone().expect("the rollback is broadcast");
+    assert!(matches!(rb.kind, DirectiveKind::Rollback { .. }), "{rb:?}");
+    one(w.answer(|_, _| Reply::Correct), |r| {
+        *r == Report::SwitchResult { ok: false }
+    });
+    assert_eq!(w.view(), Vec::<u32>::new(), "rolled back everywhere");
+    // ClusterD continues (or stops); either way the job is consistent and runs after continue.
+    w.signal(resume("u1"));
+    one(w.settle(), recover_status(CODE_OK));
+    let r = w.ledger.history().last().unwrap().clone();
+    assert_eq!(r.outcome, Outcome::Failed);
+    assert!(r.rolled_back && !r.applied);
+    assert_eq!((w.ledger.state(), w.table()), (JobState::Running, vec![]));
+}
+
+#[test]
+fn a_failed_rollback_reports_false_and_keeps_every_gate_shut() {
+    let mut w = world();
+    paused(&mut w, "u1");
+    w.switch(&ids(&[2]), &[true]);
+    w.answer(|_, r| {
+        if r == GlobalRank(6) {
+            Reply::Failed
+        } else {
+            Reply::Correct
+        }
+    });
+    // The rollback fails on rank 3: the groups may disagree; nothing resumes.
+    one(
+        w.answer(|_, r| {
+            if r == GlobalRank(3) {
+                Reply::Failed
+            } else {
+                Reply::Correct
+            }
+        }),
+        |r| *r == Report::SwitchResult { ok: false },
+    );
+    assert!(w.ledger.in_flight().is_none());
+    assert_eq!(w.ledger.state(), JobState::Paused);
+    assert!(!w.sent.iter().any(|d| d.kind == DirectiveKind::Resume));
+    // A continue now is answered truthfully: training does not run.
+    one(w.signal(resume("u1")), recover_status(CODE_FAILED));
+    // stop_train: training is held, which is what ClusterD asks for.
+    one(
+        w.signal(Signal::StopTrain { uuid: "s1".into() }),
+        stop_complete(CODE_OK),
+    );
+    assert!(w.signal(Signal::StopTrain { uuid: "s1".into() }).is_empty());
+}
+
+#[test]
+fn duplicates_are_not_answered_twice() {
+    let mut w = world();
+    paused(&mut w, "u1");
+    assert!(w.signal(pause("u1")).is_empty(), "the pause again");
+    w.switch(&ids(&[0]), &[true]);
+    one(w.settle(), |r| *r == Report::SwitchResult { ok: true });
+    let sent = w.sent.len();
+    assert!(w.switch(&ids(&[0]), &[true]).is_empty(), "the same list");
+    assert!(
+        w.switch(&ids(&[0, 4]), &[true, true]).is_empty(),
+        "another list"
+    );
+    assert_eq!(w.sent.len(), sent, "nothing switched again");
+    w.signal(resume("u1"));
+    assert!(w.signal(resume("u1")).is_empty(), "the continue again");
+    one(w.settle(), recover_status(CODE_OK));
+    // After the operation ended, the same list is still a duplicate; a new one has no pause.
+    assert!(w.switch(&ids(&[0]), &[true]).is_empty());
+    one(w.switch(&ids(&[4]), &[true]), |r| {
+        *r == Report::SwitchResult { ok: false }
+    });
+    assert_eq!(w.reports.len(), 4);
+    assert_eq!(w.table(), vec![0]);
+}
+
+#[test]
+fn bad_rank_lists_are_refused_with_false_and_change_nothing() {
+    for (ranks, ops) in [
+        (ids(&[8]), vec![true]),             // not in the table
+        (ids(&[1, 1]), vec![true, true]),    // twice
+        (ids(&[1, 2]), vec![true]),          // lengths differ
+        (vec!["x".to_string()], vec![true]), // not a number
+        (vec![], vec![]),                    // empty
+        (ids(&[0, 1]), vec![true, false]),   // two dies of one NPU, opposite sides
+    ] {
+        let mut w = world();
+        paused(&mut w, "u1");
+        let sent = w.sent.len();
+        one(w.switch(&ranks, &ops), |r| {
+            *r == Report::SwitchResult { ok: false }
+        });
+        assert_eq!(w.sent.len(), sent, "{ranks:?}: nothing broadcast");
+        let op = w.ledger.in_flight().expect("still holding");
+        assert_eq!(op.awaiting(), Some(Awaiting::Targets), "{ranks:?}");
+        w.signal(resume("u1"));
+        one(w.settle(), recover_status(CODE_OK));
+        assert_eq!(w.table(), Vec::<u32>::new());
+    }
+}
+
+#[test]
+fn stop_and_kill_while_paused_keep_every_rank_held() {
+    // stop_train while holding: the operation ends, every gate stays shut, one report.
+    let mut w = world();
+    paused(&mut w, "u1");
+    one(
+        w.signal(Signal::StopTrain { uuid: "s1".into() }),
+        stop_complete(CODE_OK),
+    );
+    assert!(w.ledger.in_flight().is_none());
+    assert_eq!(w.ledger.state(), JobState::Paused);
+    assert!(!w.sent.iter().any(|d| d.kind == DirectiveKind::Resume));
+    let r = w.ledger.history().last().unwrap().clone();
+    assert!(
+        matches!(r.error, Some(OperationError::Stopped { .. })),
+        "{r}"
+    );
+    assert!(
+        w.signal(Signal::StopTrain { uuid: "s1".into() }).is_empty(),
+        "the stop again"
+    );
+
+    // killMaster after the switch: the owed answers are dropped, the ranks stay held on
+    // the switched state (the groups agree), the table follows.
+    let mut w = world();
+    paused(&mut w, "u1");
+    w.switch(&ids(&[4]), &[true]);
+    one(w.settle(), |r| *r == Report::SwitchResult { ok: true });
+    assert!(w
+        .signal(Signal::KillMaster { uuid: "u1".into() })
+        .is_empty());
+    assert_eq!(w.ledger.state(), JobState::Paused);
+    assert_eq!(w.table(), vec![4]);
+    assert_eq!(w.view(), vec![4]);
+
+    // killMaster while the switch runs: it finishes (a rollback if it fails) and stops at the
+    // hold, never resuming; no report is sent for the switch ClusterD gave up on.
+    let mut w = world();
+    paused(&mut w, "u1");
+    w.switch(&ids(&[4]), &[true]);
+    assert!(w
+        .signal(Signal::KillMaster { uuid: "u1".into() })
+        .is_empty());
+    assert!(w.settle().is_empty());
+    assert_eq!(w.ledger.state(), JobState::Paused);
+    assert!(!w.sent.iter().any(|d| d.kind == DirectiveKind::Resume));
+    assert_eq!(
+        w.reports.len(),
+        1,
+        "only the pause's answer: {:?}",
+        w.reports
+    );
+}
+
+#[test]
+fn stop_train_with_nothing_held_pauses_and_keeps_holding() {
+    let mut w = world();
+    assert!(w.signal(Signal::StopTrain { uuid: "s1".into() }).is_empty());
+    one(w.settle(), stop_complete(CODE_OK));
+    assert_eq!(w.ledger.state(), JobState::Paused);
+    assert!(!w.sent.iter().any(|d| d.kind == DirectiveKind::Resume));
+}
+
+#[test]
+fn a_hold_without_a_command_resumes_at_its_deadline() {
+    let mut w = world();
+    paused(&mut w, "u1");
+    assert!(w.fire().is_empty(), "no request is open: nothing to report");
+    assert!(matches!(
+        w.pending.as_ref().map(|d| &d.kind),
+        Some(DirectiveKind::Resume)
+    ));
+    w.settle();
+    let r = w.ledger.history().last().unwrap().clone();
+    assert!(
+        matches!(&r.error, Some(OperationError::HoldExpired { awaiting, .. }) if awaiting == "its targets"),
+        "{r}"
+    );
+    assert_eq!(w.ledger.state(), JobState::Running);
+    // ClusterD's late switch has no pause to run in; its late continue finds training running.
+    one(w.switch(&ids(&[0]), &[true]), |r| {
+        *r == Report::SwitchResult { ok: false }
+    });
+    one(w.signal(resume("u1")), recover_status(CODE_OK));
+}
+
+#[test]
+fn a_pause_that_fails_answers_499_and_resumes() {
+    let mut w = world();
+    w.signal(pause("u1"));
+    w.answer(|_, _| Reply::Correct);
+    // Rank 7 never confirms it holds: the pause deadline passes.
+    assert!(w
+        .answer(|_, r| if r == GlobalRank(7) {
+            Reply::Silent
+        } else {
+            Reply::Correct
+        })
+        .is_empty());
+    w.fire();
+    one(w.settle(), stop_complete(CODE_FAILED));
+    assert_eq!(w.ledger.state(), JobState::Running);
+    assert!(w.ledger.in_flight().is_none());
+}
+
+#[test]
+fn both_paths_share_one_operation_at_a_time() {
+    let mut w = world();
+    paused(&mut w, "u1");
+    let held = w.seq.current().map(|(_, id)| id).unwrap();
+    let cmd = w.layout.command(&[(2, true)]);
+    let got = w
+        .ledger
+        .submit(&cmd, OperationId(uuid::Uuid::from_u128(77)), w.now);
+    assert_eq!(got, Err(SubmitError::Busy { in_flight: held }));
+    // The other way round: an operator's switch in flight refuses ClusterD's pause.
+    w.signal(resume("u1"));
+    w.settle();
+    let id = OperationId(uuid::Uuid::from_u128(78));
+    w.ledger.submit(&cmd, id, w.now).expect("admitted");
+    one(w.signal(pause("u2")), stop_complete(CODE_FAILED));
+    assert!(w.seq.current().is_none());
+    assert_eq!(w.ledger.in_flight().map(|o| o.id()), Some(id));
+    let _ = Phase::Switch;
+}
+
+#[test]
+fn a_stopping_manager_resumes_a_held_job_and_answers_what_is_owed() {
+    let mut w = world();
+    paused(&mut w, "u1");
+    w.switch(&ids(&[2]), &[true]);
+    // The switch is in flight when the manager is told to stop: it ends safely (the switch
+    // completes or rolls back, then the gates open) and ClusterD still gets its one answer.
+    let actions = w.ledger.abort("SIGTERM".into(), w.now);
+    let got = w.run_actions(actions);
+    assert!(got.is_empty(), "{got:?}");
+    assert!(matches!(
+        w.pending.as_ref().map(|d| &d.kind),
+        Some(DirectiveKind::Rollback { .. })
+    ));
+    let got = w.settle();
+    assert_eq!(got, vec![Report::SwitchResult { ok: false }], "{got:?}");
+    let r = w.ledger.history().last().unwrap().clone();
+    assert!(
+        matches!(r.error, Some(OperationError::Aborted { .. })),
+        "{r}"
+    );
+    assert!(r.rolled_back, "{r}");
+    assert_eq!(w.ledger.state(), JobState::Running);
+    assert_eq!(w.table(), Vec::<u32>::new());
+    // ClusterD's continue now finds training running.
+    one(w.signal(resume("u1")), recover_status(CODE_OK));
+}

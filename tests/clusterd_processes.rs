@@ -1,0 +1,186 @@
+//! `taskd manager` as ClusterD's client, as a process: the flags, the address found in the
+//! environment, and one switch and back driven by a fake ClusterD through a job whose roles are
+//! processes of their own, while the manager's control API answers beside it.
+
+mod clusterd_support;
+mod net_support;
+
+use clusterd_support::FakeClusterd;
+use net_support::{fast_heartbeats, s, Cluster, ClusterSpec, Scratch};
+use std::process::{Command, Stdio};
+use taskd::core::env;
+
+#[test]
+fn a_job_of_processes_is_switched_and_back_by_clusterd() {
+    let scratch = Scratch::new("clusterd-processes");
+    let fake = FakeClusterd::start("cd-job");
+    let mut c = Cluster::start(
+        &scratch,
+        ClusterSpec {
+            job: "cd-job",
+            nodes: 2,
+            ppn: 2,
+            worker_flags: &|_| Vec::new(),
+            manager_flags: s(&["--clusterd", &fake.addr().to_string()]),
+            common: fast_heartbeats(),
+            tls: None,
+        },
+    );
+    let line = c.manager.wait_line("ClusterD's client at");
+    assert!(line.ends_with(&fake.addr().to_string()), "{line}");
+    fake.wait_sessions(1);
+
+    let uuid = fake.pause();
+    let (code, info) = fake.stop_complete();
+    assert_eq!(code, 0, "{info}");
+    // The control API beside it sees ClusterD's operation and its link.
+    let st = c.status(0);
+    let link = st
+        .clusterd
+        .clone()
+        .expect("the status has the ClusterD link");
+    assert!(link.connected, "{link:?}");
+    assert_eq!(link.driving, uuid);
+    assert!(st.in_flight.is_some());
+    fake.switch(&[1, 2], &[true, true]);
+    assert!(fake.switch_result());
+    fake.resume(&uuid);
+    assert_eq!(fake.recover_status().0, 0);
+    fake.reset_streams();
+    fake.wait_sessions(2);
+    let st = c.status(1);
+    assert_eq!(st.ranks_on_backup, vec![1, 2]);
+    assert_eq!(st.state, "running");
+
+    assert!(fake.switch_nic(&[1, 2], &[false, false]));
+    let st = c.status(2);
+    assert!(st.ranks_on_backup.is_empty());
+    assert!(
+        st.recent.iter().all(|r| r.result == "succeeded"),
+        "{:?}",
+        st.recent
+    );
+    fake.assert_clean();
+    c.shutdown_cleanly();
+}
+
+/// `taskd manager` for one rank on port 0 with `args` and `envs`; waits for its lines and
+/// stops it with SIGTERM. Returns stdout, stderr and the exit code.
+fn manager(args: &[&str], envs: &[(&str, &str)]) -> (String, String, Option<i32>) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_taskd"));
+    cmd.args([
+        "manager",
+        "--job-id",
+        "j",
+        "--nodes",
+        "1",
+        "--procs-per-node",
+        "1",
+        "--listen",
+        "127.0.0.1:0",
+    ])
+    .args(args)
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    for v in [
+        env::MINDX_SERVER_IP,
+        env::LOCAL_PROXY_ENABLE,
+        env::MS_SCHED_HOST,
+        env::POD_IP,
+    ] {
+        cmd.env_remove(v);
+    }
+    let mut child = cmd
+        .envs(envs.iter().copied())
+        .spawn()
+        .expect("taskd starts");
+    let out = child.stdout.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufRead::lines(std::io::BufReader::new(out)).map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    // Until its last startup line ("listening on", then the ClusterD line when it is a
+    // client), or its exit (the channel closes).
+    let client = !args.contains(&"--no-clusterd") && (!envs.is_empty() || !args.is_empty());
+    let mut text = String::new();
+    loop {
+        let line = match lines.recv_timeout(std::time::Duration::from_secs(30)) {
+            Ok(line) => line,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                panic!("taskd manager {args:?} printed no more lines in 30 s: {text}");
+            }
+        };
+        text.push_str(&line);
+        text.push('\n');
+        let last = if client {
+            "ClusterD's client at"
+        } else {
+            "listening on"
+        };
+        if line.contains(last) {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+        }
+    }
+    let status = child.wait().expect("taskd exits");
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    (text, err, status.code())
+}
+
+#[test]
+fn the_manager_finds_clusterd_as_taskd_does_and_the_flags_override_it() {
+    let (out, _, code) = manager(&[], &[(env::MINDX_SERVER_IP, "127.0.0.1")]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("ClusterD's client at 127.0.0.1:8899"), "{out}");
+    let both = [
+        (env::MINDX_SERVER_IP, "10.1.2.3"),
+        (env::LOCAL_PROXY_ENABLE, "on"),
+    ];
+    let (out, _, _) = manager(&[], &both);
+    assert!(out.contains("ClusterD's client at 127.0.0.1:8899"), "{out}");
+    let (out, _, _) = manager(&[], &[(env::MINDX_SERVER_IP, "fd00::7")]);
+    assert!(out.contains("ClusterD's client at [fd00::7]:8899"), "{out}");
+    let (out, _, _) = manager(&["--clusterd", "127.0.0.1:18899"], &both);
+    assert!(
+        out.contains("ClusterD's client at 127.0.0.1:18899"),
+        "{out}"
+    );
+    let (out, _, code) = manager(&["--no-clusterd"], &both);
+    assert_eq!(code, Some(0));
+    assert!(
+        out.contains("listening on") && !out.contains("ClusterD"),
+        "{out}"
+    );
+    let (out, _, _) = manager(&[], &[]);
+    assert!(
+        !out.contains("ClusterD"),
+        "standalone without the environment: {out}"
+    );
+}
+
+#[test]
+fn bad_clusterd_addresses_are_refused_naming_them() {
+    let (_, err, code) = manager(&["--clusterd", "clusterd-svc"], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("clusterd-svc") && err.contains("--clusterd"),
+        "{err}"
+    );
+    let (_, err, code) = manager(&["--clusterd", "a:1", "--no-clusterd"], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    let (_, err, code) = manager(&[], &[(env::MINDX_SERVER_IP, "not an address")]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("MINDX_SERVER_IP") && err.contains("not an address"),
+        "{err}"
+    );
+}

@@ -1,6 +1,11 @@
 //! The manager: one per job. It admits commands through the [`JobLedger`], runs the operation
 //! state machine, carries out its actions (broadcasts, deadlines, the final report) and
-//! delivers each result to whoever waits for it.
+//! delivers each result to whoever waits for it. With automatic failover on, it also runs the
+//! policy's decisions (`manager/auto.rs`).
+
+mod auto;
+
+pub use auto::AwaitAutoSettled;
 
 use crate::observer::{self, Observer};
 use crate::progress::ProgressFeed;
@@ -38,6 +43,8 @@ pub struct Manager {
     /// Ranks that registered and are gone, with why; a rank leaves when it registers again.
     lost: BTreeMap<GlobalRank, String>,
     observer: Observer,
+    /// Automatic failover, when on ([`Manager::with_auto`]).
+    auto: Option<auto::Auto>,
 }
 
 impl Manager {
@@ -54,6 +61,7 @@ impl Manager {
             verify_waiters: HashMap::new(),
             lost: BTreeMap::new(),
             observer,
+            auto: None,
         }
     }
 
@@ -125,6 +133,7 @@ impl Manager {
             let _ = w.send(report.clone());
         }
         self.job_changed();
+        self.auto_evaluate(ctx);
     }
 
     fn broadcast(&mut self, d: Directive, ctx: &mut Context<Self>) {
@@ -172,6 +181,7 @@ impl Manager {
             let _ = w.send(report.clone());
         }
         self.maybe_verify(ctx);
+        self.auto_finished(&report, ctx);
     }
 
     /// An operation the ledger just started under `span`: tells the observer, then carries
@@ -285,6 +295,7 @@ impl Handler<Deliver<ProxyToManager>> for Manager {
                 self.observe_waiting();
                 self.run(actions, ctx);
             }
+            ProxyToManager::Links(report) => self.auto_links(report, ctx),
         }
     }
 }
@@ -553,6 +564,8 @@ impl Handler<Drain> for Manager {
     type Result = ResponseFuture<Option<OperationReport>>;
 
     fn handle(&mut self, m: Drain, ctx: &mut Self::Context) -> Self::Result {
+        // A stopping manager starts nothing new.
+        self.auto = None;
         let Some(id) = self.ledger.in_flight().map(|op| op.id()) else {
             // A verification round changes nothing: drop it.
             let actions = self.ledger.abort(m.reason, self.now());

@@ -14,12 +14,14 @@
 pub mod rank_table;
 
 use crate::control::{self, ControlConfig, ControlServer, ServeError};
-use crate::manager::Drain;
+use crate::manager::{Drain, Manager};
 use crate::net::{ManagerNode, ManagerNodeConfig, NetError};
+use actix::Actor as _;
 use parking_lot::Mutex;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use taskd_core::auto::AutoConfig;
 use taskd_core::operation::OperationReport;
 use taskd_core::{
     GlobalRank, GroupInfo, GroupRank, HalError, HcclCode, NodeName, RankHal, RankTable,
@@ -93,6 +95,9 @@ pub struct ManagerProcessConfig {
     pub node: ManagerNodeConfig,
     /// The operators' control API, when served (in front of the same manager actor).
     pub control: Option<ControlConfig>,
+    /// Automatic failover, when on: the manager runs the policy and tells its proxies to
+    /// probe their links every `link_probe`.
+    pub auto: Option<AutoConfig>,
 }
 
 /// A running manager process: the manager node and its control API. Lives on an actix system.
@@ -105,7 +110,17 @@ impl ManagerProcess {
     /// Starts the manager, listens for proxies and serves the control API. Nothing is left
     /// running when it fails. Call it from inside an actix system.
     pub async fn start(cfg: ManagerProcessConfig) -> Result<ManagerProcess, ProcessError> {
-        let node = ManagerNode::spawn(cfg.node.clone()).await?;
+        let mut node_cfg = cfg.node.clone();
+        let mut manager = Manager::new(
+            node_cfg.job.clone(),
+            node_cfg.table.clone(),
+            node_cfg.deadlines,
+        );
+        if let Some(auto) = cfg.auto {
+            node_cfg.net.link_probe = Some(auto.link_probe);
+            manager = manager.with_auto(auto);
+        }
+        let node = ManagerNode::spawn_with(node_cfg, manager.start()).await?;
         let control = match cfg.control {
             None => None,
             Some(c) => {

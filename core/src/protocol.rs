@@ -207,7 +207,10 @@ pub struct LinkReport {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ProxyToManager {
     WorkerUp(WorkerHello),
-    WorkerLost { rank: GlobalRank, reason: String },
+    WorkerLost {
+        rank: GlobalRank,
+        reason: String,
+    },
     Reply(NodeReply),
     /// A device's links changed (only proxies asked to probe send it).
     Links(LinkReport),

@@ -67,6 +67,10 @@ impl ManagerNode {
             table: cfg.table.clone(),
             ranks_of,
             epoch_unix_ms: unix_ms(),
+            link_probe_ms: cfg
+                .net
+                .link_probe
+                .map_or(0, |d| d.as_millis().max(1) as u64),
         };
         let net = NetService::new(host, cfg.net.clone());
         let registry = net.registry();
@@ -139,6 +143,8 @@ struct ManagerHost {
     table: RankTable,
     ranks_of: BTreeMap<NodeName, Vec<GlobalRank>>,
     epoch_unix_ms: u64,
+    /// Told to every proxy (0: do not probe links).
+    link_probe_ms: u64,
 }
 
 fn list<T: std::fmt::Display>(v: impl IntoIterator<Item = T>) -> String {
@@ -231,6 +237,7 @@ impl Host for ManagerHost {
             world_size: self.table.world_size() as u32,
             node_count: nodes.len() as u32,
             job_epoch_unix_ms: self.epoch_unix_ms,
+            link_probe_ms: self.link_probe_ms,
             ..Default::default()
         };
         Ok(Admitted { key: node.0, ack })
@@ -255,6 +262,7 @@ impl Host for ManagerHost {
                 ProxyToManager::WorkerUp(h) => h.node == node,
                 ProxyToManager::Reply(r) => r.node == node,
                 ProxyToManager::WorkerLost { rank, .. } => self.ranks_of[&node].contains(rank),
+                ProxyToManager::Links(l) => l.node == node,
             };
             if from_node {
                 Ok(m)

@@ -471,7 +471,8 @@ impl LocalJob {
         on_progress: impl FnMut(&ProgressEvent),
     ) -> Result<(), LocalJobError> {
         let settled = self.manager().send(AwaitAutoSettled { links });
-        let bounded = tokio::time::timeout(timeout, settled);
+        // The timer is created inside the client's runtime.
+        let bounded = async { tokio::time::timeout(timeout, settled).await };
         match self.drive(bounded, events, on_progress) {
             Ok(Ok(true)) => Ok(()),
             Ok(Ok(false)) => Err(LocalJobError::AutoOff),

@@ -1,6 +1,7 @@
 //! `taskd manager`: the job's manager, serving its proxies (and, with `--control-addr`, the
 //! operators' control API). Starting and stopping it is [`ManagerProcess`]'s.
 
+use super::auto::AutoArgs;
 use super::error::CliError;
 use super::flags;
 use super::net_common::{say, NetArgs, TlsArgs};
@@ -65,6 +66,8 @@ pub struct ManagerArgs {
     #[arg(long, value_name = "MS", value_parser = flags::deadline_ms())]
     resume_timeout_ms: Option<u64>,
     #[command(flatten)]
+    auto: AutoArgs,
+    #[command(flatten)]
     tls: TlsArgs,
     #[command(flatten)]
     net: NetArgs,
@@ -128,6 +131,7 @@ impl ManagerArgs {
                 net: self.net.config(),
             },
             control,
+            auto: self.auto.config(),
         })
     }
 
@@ -157,10 +161,11 @@ fn default_listen(sched_host: Option<&str>) -> SocketAddr {
 pub fn run(a: ManagerArgs) -> Result<ExitCode, CliError> {
     let _metrics = a.net.serve_metrics("manager")?;
     let cfg = a.config()?;
-    let (job, nodes, ranks) = (
+    let (job, nodes, ranks, auto) = (
         cfg.node.job.clone(),
         cfg.node.table.nodes().len(),
         cfg.node.table.world_size(),
+        cfg.auto,
     );
     actix_rt::System::new().block_on(async move {
         let mut signals = ShutdownSignals::install()?;
@@ -171,6 +176,12 @@ pub fn run(a: ManagerArgs) -> Result<ExitCode, CliError> {
         ));
         if let Some(addr) = manager.control_addr() {
             say(format!("taskd manager control API on {addr}"));
+        }
+        if let Some(a) = auto {
+            say(format!(
+                "taskd manager: automatic failover on (links probed every {} ms)",
+                a.link_probe.as_millis()
+            ));
         }
         let sig = signals.recv().await;
         eprintln!("taskd manager: {sig}: shutting down");

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 use taskd_actors::control::proto::{self, switch_event::Event};
 use taskd_actors::progress::{ProgressEvent, ProgressKind};
+use taskd_core::operation::Trigger;
 use taskd_core::protocol::Phase;
 use taskd_core::{OperationId, OperationSummary};
 
@@ -155,6 +156,51 @@ pub fn status_json(s: &proto::JobStatus) -> Value {
     })
 }
 
+/// The recent results of a status, one row each; a `trigger` column when the automatic
+/// failover started any of them.
+fn recent_text(out: &mut String, recent: &[proto::OperationResult]) {
+    if recent.is_empty() {
+        return;
+    }
+    let auto = recent.iter().any(|r| r.trigger == Trigger::Auto.as_str());
+    let trigger = |t: &str| {
+        if auto {
+            format!("{t:<8}  ")
+        } else {
+            String::new()
+        }
+    };
+    let _ = writeln!(
+        out,
+        "\n{:<36}  {:<10}  {}{:<9}  {:>10}  {:<8}  error",
+        "uuid",
+        "direction",
+        trigger("trigger"),
+        "result",
+        "total ms",
+        "rolled"
+    );
+    for r in recent {
+        let total = r.phases.as_ref().map(|p| p.total_ms).unwrap_or_default();
+        let who = if r.trigger.is_empty() {
+            Trigger::Operator.as_str()
+        } else {
+            &r.trigger
+        };
+        let _ = writeln!(
+            out,
+            "{:<36}  {:<10}  {}{:<9}  {:>10.3}  {:<8}  {}",
+            r.uuid,
+            r.direction,
+            trigger(who),
+            r.result,
+            total,
+            if r.rolled_back { "yes" } else { "no" },
+            r.error
+        );
+    }
+}
+
 /// `taskd status` for people.
 pub fn status_text(s: &proto::JobStatus) -> String {
     let mut out = String::new();
@@ -207,25 +253,6 @@ pub fn status_text(s: &proto::JobStatus) -> String {
         let label = if i == 0 { "lost" } else { "" };
         let _ = writeln!(out, "{label:<10} rank {}: {}", l.rank, l.reason);
     }
-    if !s.recent.is_empty() {
-        let _ = writeln!(
-            out,
-            "\n{:<36}  {:<10}  {:<9}  {:>10}  {:<8}  error",
-            "uuid", "direction", "result", "total ms", "rolled"
-        );
-        for r in &s.recent {
-            let total = r.phases.as_ref().map(|p| p.total_ms).unwrap_or_default();
-            let _ = writeln!(
-                out,
-                "{:<36}  {:<10}  {:<9}  {:>10.3}  {:<8}  {}",
-                r.uuid,
-                r.direction,
-                r.result,
-                total,
-                if r.rolled_back { "yes" } else { "no" },
-                r.error
-            );
-        }
-    }
+    recent_text(&mut out, &s.recent);
     out
 }

@@ -11,8 +11,9 @@
 //!   `down_after` consecutive probes moves to its other NIC if that link is up; if it is not
 //!   up either, nothing moves and the decision says so. A link whose state is unknown (its probe
 //!   failed or did not answer) counts as not up.
-//! - A device on its backup NIC whose primary link has been up for `switchback_after`
-//!   continuously moves back.
+//! - A device the policy moved to its backup NIC whose primary link has been up for
+//!   `switchback_after` continuously moves back. A device an operator put on its backup NIC
+//!   stays there (the operator decided; the policy does not undo it).
 //! - A device with more than `max_flaps` link changes in the last `flap_window` stays where it
 //!   is until its links calm down.
 //! - Moves that fall due within `coalesce` of the first one go in one operation; no operation
@@ -28,7 +29,7 @@
 use crate::hal::{LinkHealth, NicSide};
 use crate::ids::{DeviceId, NodeName, OperationId};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::time::Duration;
 
@@ -460,6 +461,9 @@ struct Track {
     flapping: bool,
     /// An automatic operation moving it failed; cleared when its links change.
     failed: bool,
+    /// It is on its backup NIC because the policy moved it there (only such a device is
+    /// switched back when its primary recovers).
+    moved_by_policy: bool,
     /// The reason of the last hold reported, so it is not repeated.
     held: Option<AutoReason>,
 }
@@ -535,7 +539,7 @@ fn rule(t: &Track, side: NicSide, cfg: &AutoConfig, now: Duration) -> Rule {
             Rule::Stuck(missing)
         };
     }
-    if side == NicSide::Backup && t.links.primary.is_up() {
+    if side == NicSide::Backup && t.moved_by_policy && t.links.primary.is_up() {
         let due = t.primary_since + cfg.switchback_after;
         return if now < due {
             Rule::Later(due)
@@ -566,8 +570,9 @@ pub struct AutoPolicy {
     devices: BTreeMap<DeviceKey, Track>,
     /// When the last automatic operation started.
     last_start: Option<Duration>,
-    /// The devices of the automatic operation started and not finished.
-    in_flight: BTreeSet<DeviceKey>,
+    /// The devices of the automatic operation started and not finished, and the side each
+    /// moves to.
+    in_flight: BTreeMap<DeviceKey, NicSide>,
 }
 
 impl AutoPolicy {
@@ -577,7 +582,7 @@ impl AutoPolicy {
             cfg,
             devices: BTreeMap::new(),
             last_start: None,
-            in_flight: BTreeSet::new(),
+            in_flight: BTreeMap::new(),
         }
     }
 
@@ -610,6 +615,7 @@ impl AutoPolicy {
                     changes: VecDeque::new(),
                     flapping: false,
                     failed: false,
+                    moved_by_policy: false,
                     held: None,
                 },
             );
@@ -682,6 +688,8 @@ impl AutoPolicy {
         let mut wants = Vec::new();
         for (key, t) in self.devices.iter_mut() {
             let Some(side) = side_of(key) else { continue };
+            // On its primary, whoever moved it: nothing of the policy's to undo.
+            t.moved_by_policy &= side == NicSide::Backup;
             t.prune(now, cfg.flap_window);
             if t.changes.len() > cfg.max_flaps as usize {
                 if !t.flapping {
@@ -706,7 +714,7 @@ impl AutoPolicy {
                     eval.wake(at);
                 }
                 Rule::Stuck(reason) => hold_once(key, t, reason, now, eval),
-                Rule::Move { .. } if self.in_flight.contains(key) => {}
+                Rule::Move { .. } if self.in_flight.contains_key(key) => {}
                 // A refusal already said why.
                 Rule::Move { .. } if t.failed => {
                     if t.held != Some(AutoReason::Refused) {
@@ -763,32 +771,43 @@ impl AutoPolicy {
         self.hold_all(&deferred, AutoReason::PartnerConflict, now, eval);
         eval.decisions.sort_by_key(AutoDecision::key);
         self.last_start = Some(now);
-        self.in_flight = chosen.into_keys().collect();
+        self.in_flight = chosen;
     }
 
-    /// The automatic operation started for `devices` ended; `succeeded` says whether its new
-    /// NIC state is in effect. A device of an operation that did not succeed is not moved
-    /// again until its links change.
-    pub fn finished<'a>(
-        &mut self,
-        devices: impl IntoIterator<Item = &'a DeviceKey>,
-        succeeded: bool,
-    ) {
-        for key in devices {
-            self.in_flight.remove(key);
-            if let Some(t) = self.devices.get_mut(key).filter(|_| !succeeded) {
+    /// The automatic operation it asked for ended; `succeeded` says whether its new NIC state
+    /// is in effect. A device of an operation that did not succeed is not moved again until
+    /// its links change.
+    pub fn finished(&mut self, succeeded: bool) {
+        for (key, side) in std::mem::take(&mut self.in_flight) {
+            let Some(t) = self.devices.get_mut(&key) else {
+                continue;
+            };
+            if succeeded {
+                t.moved_by_policy = side == NicSide::Backup;
+            } else {
                 t.failed = true;
                 t.held = None;
             }
         }
     }
 
-    /// The manager refused the automatic operation started for `devices` at `now`: like a
-    /// failure, and a hold decision for each.
-    pub fn refused(&mut self, devices: &[DeviceKey], now: Duration) -> Vec<AutoDecision> {
-        self.finished(devices, false);
-        let mut out = Vec::new();
+    /// An operator's operation moved `devices` (its new state is in effect): whatever side
+    /// they are on now is the operator's choice, which a switchback does not undo.
+    pub fn operator_moved<'a>(&mut self, devices: impl IntoIterator<Item = &'a DeviceKey>) {
         for key in devices {
+            if let Some(t) = self.devices.get_mut(key) {
+                t.moved_by_policy = false;
+            }
+        }
+    }
+
+    /// The manager refused the automatic operation it asked for at `now`: like a failure,
+    /// and a hold decision for each of its devices.
+    pub fn refused(&mut self, now: Duration) -> Vec<AutoDecision> {
+        let keys: Vec<DeviceKey> = self.in_flight.keys().cloned().collect();
+        self.finished(false);
+        let mut out = Vec::new();
+        for key in &keys {
             if let Some(t) = self.devices.get_mut(key) {
                 t.held = Some(AutoReason::Refused);
                 out.push(decision(key, t, AutoAction::Hold, AutoReason::Refused, now));
@@ -834,6 +853,7 @@ fn hold_once(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     const MS: Duration = Duration::from_millis(1);
 
@@ -895,14 +915,13 @@ mod tests {
 
         /// Applies the moves of `e` as a successful operation would.
         fn apply(&mut self, e: &Evaluation) {
-            let keys: Vec<DeviceKey> = e.moves().map(AutoDecision::key).collect();
             for d in e.moves() {
                 match d.action {
                     AutoAction::ToBackup => self.backup.insert(d.key()),
                     _ => self.backup.remove(&d.key()),
                 };
             }
-            self.policy.finished(&keys, true);
+            self.policy.finished(true);
         }
     }
 
@@ -995,6 +1014,29 @@ mod tests {
     }
 
     #[test]
+    fn a_device_an_operator_put_on_backup_stays_there() {
+        let mut job = Job::new(cfg());
+        // The policy moved node-1:0; an operator moved node-1:2 (and later node-1:0 back and
+        // to backup again).
+        job.policy.link_changed(key(1, 0), links(false, true), Duration::ZERO);
+        let e = job.eval(25 * MS);
+        job.apply(&e);
+        job.backup.insert(key(1, 2));
+        job.policy.operator_moved([&key(1, 2)]);
+        job.policy.link_changed(key(1, 0), links(true, true), 100 * MS);
+        let e = job.eval(1105 * MS);
+        assert_eq!(summary(&e), ["node-1:0 to_primary primary_recovered"]);
+        job.apply(&e);
+        job.backup.insert(key(1, 0));
+        job.policy.operator_moved([&key(1, 0)]);
+        assert_eq!(job.eval(5000 * MS), Evaluation::default());
+        // A failing backup still sends it back, whoever put it there.
+        job.policy.link_changed(key(1, 2), links(true, false), 5000 * MS);
+        let e = job.eval(5025 * MS);
+        assert_eq!(summary(&e), ["node-1:2 to_primary backup_down"]);
+    }
+
+    #[test]
     fn a_failed_backup_sends_the_device_back_to_a_primary_that_is_up() {
         let mut job = Job::new(cfg());
         job.backup.insert(key(0, 3));
@@ -1068,7 +1110,7 @@ mod tests {
             .link_changed(key(0, 0), links(false, true), Duration::ZERO);
         let e = job.eval(25 * MS);
         assert_eq!(e.moves().count(), 1);
-        job.policy.finished(&[key(0, 0)], false);
+        job.policy.finished(false);
         let e = job.eval(500 * MS);
         assert_eq!(summary(&e), ["node-0:0 hold failed_before"]);
         assert_eq!(e.wake_at, None);
@@ -1080,7 +1122,7 @@ mod tests {
         let e = job.eval(616 * MS);
         assert_eq!(summary(&e), ["node-0:0 to_backup primary_down"]);
         // A refusal counts as a failure and says so.
-        let refused = job.policy.refused(&[key(0, 0)], 617 * MS);
+        let refused = job.policy.refused(617 * MS);
         assert_eq!(refused[0].reason, AutoReason::Refused);
         assert!(
             job.eval(900 * MS).decisions.is_empty(),
@@ -1130,10 +1172,17 @@ mod tests {
         assert_eq!(summary(&e), ["node-0:1 to_primary backup_down"]);
         // The same way is a swap, which HCCL allows.
         let mut job = Job::new(cfg());
-        job.backup.insert(key(1, 0));
-        job.backup.insert(key(1, 1));
         job.policy
-            .link_changed(key(1, 0), links(true, true), Duration::ZERO);
+            .link_changed(key(1, 0), links(false, true), Duration::ZERO);
+        job.policy
+            .link_changed(key(1, 1), links(false, true), Duration::ZERO);
+        let e = job.eval(25 * MS);
+        job.apply(&e);
+        assert_eq!(job.backup.len(), 2);
+        job.policy
+            .link_changed(key(1, 0), links(true, true), 100 * MS);
+        job.policy
+            .link_changed(key(1, 1), links(true, true), 100 * MS);
         let e = job.eval(2000 * MS);
         assert_eq!(
             summary(&e),

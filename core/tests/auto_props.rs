@@ -7,7 +7,7 @@
 //! own record of every link change, to check every decision against the rules.
 
 use proptest::prelude::*;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 use taskd_core::auto::{
     AutoAction, AutoConfig, AutoDecision, AutoPolicy, AutoReason, DeviceKey, JobGate, LinkState,
@@ -51,6 +51,8 @@ enum Happening {
     Links { device: u8, primary: u8, backup: u8 },
     /// An operator's operation (or a verification round) starts or ends.
     OperatorOp,
+    /// An operator's operation moved a device (it ended a moment ago).
+    OperatorMove { device: u8, backup: bool },
     /// The job stops running (or runs again).
     JobState,
     /// Nothing but time.
@@ -65,6 +67,8 @@ fn happening() -> impl Strategy<Value = Happening> {
             backup
         }),
         1 => Just(Happening::OperatorOp),
+        1 => (0u8..8, any::<bool>())
+            .prop_map(|(device, backup)| Happening::OperatorMove { device, backup }),
         1 => Just(Happening::JobState),
         2 => Just(Happening::Idle),
     ]
@@ -92,6 +96,8 @@ struct World {
     starts: Vec<Duration>,
     /// Devices whose automatic operation failed, and their change count at that time.
     failed: BTreeMap<DeviceKey, usize>,
+    /// Devices on backup because an automatic operation put them there.
+    moved_by_policy: BTreeSet<DeviceKey>,
     last_hold: BTreeMap<DeviceKey, AutoReason>,
     wake_at: Option<Duration>,
     decisions: Vec<AutoDecision>,
@@ -126,6 +132,7 @@ impl World {
             auto: None,
             starts: Vec::new(),
             failed: BTreeMap::new(),
+            moved_by_policy: BTreeSet::new(),
             last_hold: BTreeMap::new(),
             wake_at: None,
             decisions: Vec::new(),
@@ -249,6 +256,7 @@ impl World {
                         );
                     }
                     AutoReason::PrimaryRecovered => {
+                        assert!(self.moved_by_policy.contains(&k), "an operator's choice undone: {d}");
                         let up = self.since[&(k.clone(), NicSide::Primary)];
                         assert!(self.links[&k].primary.is_up());
                         assert!(self.now >= up + cfg().switchback_after, "too early: {d}");
@@ -288,6 +296,11 @@ impl World {
             for (k, s) in &op.moves {
                 self.sides.insert(k.clone(), *s);
                 self.failed.remove(k);
+                if *s == NicSide::Backup {
+                    self.moved_by_policy.insert(k.clone());
+                } else {
+                    self.moved_by_policy.remove(k);
+                }
             }
         } else {
             for k in &keys {
@@ -296,7 +309,7 @@ impl World {
                 self.last_hold.remove(k);
             }
         }
-        self.policy.finished(&keys, op.succeeds);
+        self.policy.finished(op.succeeds);
         true
     }
 
@@ -342,6 +355,16 @@ impl World {
                 self.report(key(*device), links);
             }
             Happening::OperatorOp => self.operator_op = !self.operator_op,
+            Happening::OperatorMove { device, backup } => {
+                if self.auto.is_none() && !self.operator_op {
+                    let k = key(*device);
+                    self.sides.insert(k.clone(), NicSide::from_use_backup(*backup));
+                    self.moved_by_policy.remove(&k);
+                    // Another side: a hold may be said again.
+                    self.last_hold.remove(&k);
+                    self.policy.operator_moved([&k]);
+                }
+            }
             Happening::JobState => self.not_running = !self.not_running,
             Happening::Idle => {}
         }

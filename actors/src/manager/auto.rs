@@ -24,8 +24,8 @@ pub(super) struct Auto {
     policy: AutoPolicy,
     /// The wake-up armed, and when it fires.
     timer: Option<(Duration, SpawnHandle)>,
-    /// The automatic operation in flight and its devices.
-    op: Option<(OperationId, Vec<DeviceKey>)>,
+    /// The automatic operation in flight.
+    op: Option<OperationId>,
     /// Waiters for [`AwaitAutoSettled`].
     settled: Vec<(Vec<(DeviceKey, Links)>, oneshot::Sender<bool>)>,
 }
@@ -87,15 +87,26 @@ impl Manager {
         self.auto_evaluate(ctx);
     }
 
-    /// An operation ended: the policy learns how its own did, and may act now.
+    /// An operation ended: the policy learns how its own did, or what an operator moved,
+    /// and may act now.
     pub(super) fn auto_finished(&mut self, report: &OperationReport, ctx: &mut Context<Self>) {
         let Some(auto) = self.auto.as_mut() else {
             return;
         };
-        if auto.op.as_ref().is_some_and(|(id, _)| *id == report.id) {
-            let (_, keys) = auto.op.take().expect("just checked");
-            let ok = report.outcome == Outcome::Succeeded && report.applied;
-            auto.policy.finished(&keys, ok);
+        if auto.op == Some(report.id) {
+            auto.op = None;
+            auto.policy
+                .finished(report.outcome == Outcome::Succeeded && report.applied);
+        } else if report.applied {
+            let keys: Vec<DeviceKey> = report
+                .targets
+                .iter()
+                .map(|t| DeviceKey {
+                    node: t.node.clone(),
+                    device: t.device,
+                })
+                .collect();
+            auto.policy.operator_moved(&keys);
         }
         self.auto_evaluate(ctx);
     }
@@ -159,7 +170,6 @@ impl Manager {
                 })
                 .collect(),
         };
-        let keys: Vec<DeviceKey> = eval.moves().map(AutoDecision::key).collect();
         let id = OperationId(uuid::Uuid::new_v4());
         let span = auto_span(id, &cmd);
         let res = span.in_scope(|| self.ledger.submit_by(Trigger::Auto, &cmd, id, now));
@@ -170,7 +180,7 @@ impl Manager {
                 }
                 self.publish_decisions(&eval.decisions);
                 if let Some(a) = self.auto.as_mut() {
-                    a.op = Some((id, keys));
+                    a.op = Some(id);
                 }
                 self.operation_started(id, span, actions, ctx);
             }
@@ -183,7 +193,7 @@ impl Manager {
                 span.in_scope(|| tracing::warn!(error = %why, "automatic operation refused"));
                 self.publish_decisions(&eval.decisions);
                 let refused = match self.auto.as_mut() {
-                    Some(a) => a.policy.refused(&keys, now),
+                    Some(a) => a.policy.refused(now),
                     None => Vec::new(),
                 };
                 self.publish_decisions(&refused);

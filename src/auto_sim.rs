@@ -84,12 +84,22 @@ pub(crate) fn run(
     let mut steps_ok = train(&sim, cfg.steps_between);
     inject_faults(&sim, cfg);
     for use_backup in [true, false].into_iter().filter(|_| !cfg.switch.is_empty()) {
-        operator_operation(&sim, cfg, &table, use_backup, &mut events, &mut log, &mut on_progress)?;
+        operator_operation(
+            &sim,
+            cfg,
+            &table,
+            use_backup,
+            &mut events,
+            &mut log,
+            &mut on_progress,
+        )?;
         steps_ok = steps_ok && train(&sim, cfg.steps_between);
     }
     let job = sim.job();
-    job.drive(script.done, &mut events, |ev| log.observe(ev, &mut on_progress))
-        .map_err(|_| SimError::Setup("the link script stopped".into()))?;
+    job.drive(script.done, &mut events, |ev| {
+        log.observe(ev, &mut on_progress)
+    })
+    .map_err(|_| SimError::Setup("the link script stopped".into()))?;
     let links = final_links(cfg);
     let limit = settle_limit(cfg);
     job.await_auto_settled(links, limit, &mut events, |ev| {
@@ -103,7 +113,10 @@ pub(crate) fn run(
         .entries
         .into_iter()
         .filter_map(|e| match e {
-            Entry::Admitted(id) => history.iter().find(|r| r.id == id).map(OperationSummary::from),
+            Entry::Admitted(id) => history
+                .iter()
+                .find(|r| r.id == id)
+                .map(OperationSummary::from),
             Entry::Refused(s) => Some(s),
         })
         .collect();

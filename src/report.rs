@@ -4,9 +4,9 @@
 use crate::sim::{FinalState, SimConfig};
 use serde::Serialize;
 use std::fmt::Write as _;
+use taskd_core::auto::AutoDecision;
 /// One operation as the report shows it: the summary every reader of a result shares.
 pub use taskd_core::summary::{OperationSummary, PhasesMs, TargetSummary};
-use taskd_core::auto::AutoDecision;
 use taskd_core::RankTable;
 
 /// The whole run, as `taskd sim --json` prints it.

@@ -4,6 +4,9 @@
 //! decisions, results), never on the clock; the policy's knobs are milliseconds. Every test
 //! ends with the invariant: every communication group agrees on its NIC configuration.
 
+mod net_support;
+
+use net_support::{fast_heartbeats, s, worker_args, Proc, Scratch};
 use std::time::Duration;
 use taskd::actors::{ProgressEvent, ProgressKind};
 use taskd::core::auto::{
@@ -12,7 +15,7 @@ use taskd::core::auto::{
 use taskd::core::command::Target;
 use taskd::core::operation::{JobState, OperationReport, Outcome, Trigger};
 use taskd::core::protocol::Phase;
-use taskd::core::{Direction, DeviceId, GlobalRank, HcclCode, JobId, NodeName, SwitchCommand};
+use taskd::core::{DeviceId, Direction, GlobalRank, HcclCode, JobId, NodeName, SwitchCommand};
 use taskd::hal_mock::NicSetFault;
 use taskd::sim::{FinalState, SimConfig, Simulation};
 use tokio::sync::broadcast::{error::RecvError, Receiver};
@@ -258,7 +261,10 @@ fn devices_of_two_nodes_failing_together_move_in_one_operation() {
             "node-1:1 to_backup primary_down"
         ]
     );
-    assert_eq!(sim.fabric().ranks_on_backup(), [GlobalRank(2), GlobalRank(5)]);
+    assert_eq!(
+        sim.fabric().ranks_on_backup(),
+        [GlobalRank(2), GlobalRank(5)]
+    );
     sim.train(2).unwrap();
     assert_consistent_end(&sim.finish());
 }
@@ -297,7 +303,10 @@ fn a_flapping_link_is_held_and_causes_no_operation_storm() {
         ]
     );
     let moved = feed.decisions()[2].at;
-    assert!(moved >= first + window, "moved {moved:?}, first change {first:?}");
+    assert!(
+        moved >= first + window,
+        "moved {moved:?}, first change {first:?}"
+    );
     feed.settled(
         &sim,
         vec![
@@ -345,16 +354,22 @@ fn a_link_failing_during_an_operators_operation_is_acted_on_after_it() {
     let r = feed.auto_result();
     assert_eq!(targets(&r), [("node-1".into(), 2, true)]);
     let operator_done = feed.position(|ev| ev.op == operator && ev.report().is_some());
-    let auto_decided = feed.position(|ev| {
-        matches!(&ev.kind, ProgressKind::Decision(d) if d.action == AutoAction::ToBackup)
-    });
-    assert!(operator_done < auto_decided, "acted on after the operator's");
+    let auto_decided = feed.position(
+        |ev| matches!(&ev.kind, ProgressKind::Decision(d) if d.action == AutoAction::ToBackup),
+    );
+    assert!(
+        operator_done < auto_decided,
+        "acted on after the operator's"
+    );
     let mine = sim.job().wait(operator).unwrap();
     assert_eq!(
         (mine.outcome, mine.trigger),
         (Outcome::Succeeded, Trigger::Operator)
     );
-    assert_eq!(sim.fabric().ranks_on_backup(), [GlobalRank(1), GlobalRank(6)]);
+    assert_eq!(
+        sim.fabric().ranks_on_backup(),
+        [GlobalRank(1), GlobalRank(6)]
+    );
     sim.train(2).unwrap();
     assert_consistent_end(&sim.finish());
 }
@@ -447,11 +462,198 @@ fn an_operators_move_to_backup_is_not_undone() {
             }],
         })
         .unwrap();
-    assert_eq!((r.outcome, r.trigger), (Outcome::Succeeded, Trigger::Operator));
+    assert_eq!(
+        (r.outcome, r.trigger),
+        (Outcome::Succeeded, Trigger::Operator)
+    );
     // Its primary has been up all along, far longer than the hold time: still nothing.
     feed.settled(&sim, vec![(key(0, 3), links(true, true))]);
     assert!(feed.decisions().is_empty(), "{:#?}", feed.decisions());
     assert_eq!(sim.fabric().ranks_on_backup(), [GlobalRank(3)]);
     sim.train(2).unwrap();
     assert_consistent_end(&sim.finish());
+}
+
+/// The roles as processes: `taskd manager --auto-failover` tells its proxy to probe; the
+/// proxy's simulated port 0 is down from the start, so the manager moves device 0 to its
+/// backup NIC by itself once the job is verified, and says so on stdout.
+#[test]
+fn a_manager_process_with_automatic_failover_moves_a_device_whose_link_is_down() {
+    let scratch = Scratch::new("auto-process");
+    let job = "auto-process";
+    let mut manager = Proc::spawn(
+        &scratch,
+        "manager",
+        &[
+            s(&[
+                "manager",
+                "--job-id",
+                job,
+                "--nodes",
+                "1",
+                "--procs-per-node",
+                "2",
+                "--listen",
+                "127.0.0.1:0",
+                "--auto-failover",
+                "--link-probe-ms",
+                "10",
+                "--down-after",
+                "2",
+                "--coalesce-ms",
+                "10",
+            ]),
+            fast_heartbeats(),
+        ]
+        .concat(),
+    );
+    let addr = manager.listening_addr();
+    manager.wait_line("automatic failover on (links probed every 10 ms)");
+    let mut proxy = Proc::spawn(
+        &scratch,
+        "proxy",
+        &[
+            s(&[
+                "proxy",
+                "--job-id",
+                job,
+                "--node-rank",
+                "0",
+                "--manager",
+                &addr,
+            ]),
+            s(&["--listen", "127.0.0.1:0", "--sim", "--sim-link-down", "0"]),
+            fast_heartbeats(),
+        ]
+        .concat(),
+    );
+    let proxy_addr = proxy.listening_addr();
+    let mut workers: Vec<Proc> = (0..2)
+        .map(|r| {
+            let args = [worker_args(job, r, &proxy_addr), fast_heartbeats()].concat();
+            Proc::spawn(&scratch, &format!("worker-{r}"), &args)
+        })
+        .collect();
+    for w in &mut workers {
+        w.wait_line("registered on");
+    }
+    let line = manager.wait_line("taskd manager: automatic operation");
+    assert!(
+        line.contains("(to_backup, 1 targets): succeeded"),
+        "{line}; manager stderr:\n{}",
+        manager.stderr_tail()
+    );
+    let log = manager.stderr();
+    assert!(
+        log.contains("automatic failover: node-0:0 to_backup"),
+        "{}",
+        manager.stderr_tail()
+    );
+    for p in workers.iter().chain([&proxy, &manager]) {
+        p.term();
+    }
+    for p in workers.iter_mut().chain([&mut proxy, &mut manager]) {
+        let st = p.wait_exit();
+        assert!(
+            st.success(),
+            "{} exited with {st}: {}",
+            p.name,
+            p.stderr_tail()
+        );
+    }
+}
+
+/// `taskd sim --auto-failover` as a user runs it: link events instead of operator operations,
+/// and the JSON report lists every operation with its trigger, and every decision.
+#[test]
+fn taskd_sim_runs_link_events_and_reports_triggers_and_decisions() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_taskd"))
+        .args(["sim", "--json", "--nodes", "2", "--devices-per-node", "4"])
+        .args([
+            "--auto-failover",
+            "--link-probe-ms",
+            "5",
+            "--down-after",
+            "20",
+        ])
+        .args(["--coalesce-ms", "20", "--switchback-after-ms", "200"])
+        .args(["--min-interval-ms", "50"])
+        .args(["--link-down", "node-1:0@0", "--link-up", "node-1:0@1500"])
+        .args(["--link-down", "node-0:2@0", "--link-down", "node-0:3@0"])
+        .output()
+        .expect("taskd runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    assert_eq!(out.status.code(), Some(0), "{err}\n{v:#}");
+    assert_eq!(v["invariants"]["ok"], true, "{v:#}");
+    assert_eq!(v["groups_consistent"], true);
+    assert_eq!(v["ranks_on_backup"], serde_json::json!([]));
+    let ops = v["operations"].as_array().unwrap();
+    let got: Vec<(&str, &str, &str)> = ops
+        .iter()
+        .map(|o| {
+            (
+                o["trigger"].as_str().unwrap(),
+                o["direction"].as_str().unwrap(),
+                o["result"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("auto", "to_backup", "succeeded"),
+            ("auto", "to_primary", "succeeded")
+        ]
+    );
+    let mut decisions: Vec<String> = v["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            format!(
+                "{}:{} {} {} {}",
+                d["node"].as_str().unwrap(),
+                d["device"],
+                d["action"].as_str().unwrap(),
+                d["reason"].as_str().unwrap(),
+                d["operation"].is_string()
+            )
+        })
+        .collect();
+    decisions.sort();
+    assert_eq!(
+        decisions,
+        [
+            "node-0:2 hold backup_down false",
+            "node-0:3 hold backup_down false",
+            "node-1:0 to_backup primary_down true",
+            "node-1:0 to_primary primary_recovered true",
+        ]
+    );
+    assert_eq!(v["decisions"][0]["primary"], "down");
+}
+
+#[test]
+fn taskd_sim_refuses_link_events_it_cannot_run_naming_them() {
+    let sim = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_taskd"))
+            .arg("sim")
+            .args(args)
+            .output()
+            .expect("taskd runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = sim(&["--link-down", "node-1:0@5"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--auto-failover"), "{err}");
+    let (code, err) = sim(&["--auto-failover", "--link-down", "node-9:0@5"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("node-9:0"), "{err}");
+    let (code, err) = sim(&["--auto-failover", "--max-flaps", "0"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--max-flaps"), "{err}");
 }

@@ -510,7 +510,11 @@ fn every_metric_the_dashboard_queries_is_exported_and_scraped() {
 fn automatic_failover_counts_each_decision_by_action_and_reason() {
     let run = run();
     let auto = telemetry::AUTO_DECISIONS_TOTAL;
-    assert_eq!(run.end.sum(auto, &[]), 0.0, "nothing before automatic failover");
+    assert_eq!(
+        run.end.sum(auto, &[]),
+        0.0,
+        "nothing before automatic failover"
+    );
     let s = &run.auto;
     let count = |action, reason| s.value(auto, &[("action", action), ("reason", reason)]);
     assert_eq!(count("to_backup", "primary_down"), 1.0);

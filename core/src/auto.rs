@@ -1018,12 +1018,14 @@ mod tests {
         let mut job = Job::new(cfg());
         // The policy moved node-1:0; an operator moved node-1:2 (and later node-1:0 back and
         // to backup again).
-        job.policy.link_changed(key(1, 0), links(false, true), Duration::ZERO);
+        job.policy
+            .link_changed(key(1, 0), links(false, true), Duration::ZERO);
         let e = job.eval(25 * MS);
         job.apply(&e);
         job.backup.insert(key(1, 2));
         job.policy.operator_moved([&key(1, 2)]);
-        job.policy.link_changed(key(1, 0), links(true, true), 100 * MS);
+        job.policy
+            .link_changed(key(1, 0), links(true, true), 100 * MS);
         let e = job.eval(1105 * MS);
         assert_eq!(summary(&e), ["node-1:0 to_primary primary_recovered"]);
         job.apply(&e);
@@ -1031,7 +1033,8 @@ mod tests {
         job.policy.operator_moved([&key(1, 0)]);
         assert_eq!(job.eval(5000 * MS), Evaluation::default());
         // A failing backup still sends it back, whoever put it there.
-        job.policy.link_changed(key(1, 2), links(true, false), 5000 * MS);
+        job.policy
+            .link_changed(key(1, 2), links(true, false), 5000 * MS);
         let e = job.eval(5025 * MS);
         assert_eq!(summary(&e), ["node-1:2 to_primary backup_down"]);
     }

@@ -256,7 +256,10 @@ impl World {
                         );
                     }
                     AutoReason::PrimaryRecovered => {
-                        assert!(self.moved_by_policy.contains(&k), "an operator's choice undone: {d}");
+                        assert!(
+                            self.moved_by_policy.contains(&k),
+                            "an operator's choice undone: {d}"
+                        );
                         let up = self.since[&(k.clone(), NicSide::Primary)];
                         assert!(self.links[&k].primary.is_up());
                         assert!(self.now >= up + cfg().switchback_after, "too early: {d}");
@@ -358,7 +361,8 @@ impl World {
             Happening::OperatorMove { device, backup } => {
                 if self.auto.is_none() && !self.operator_op {
                     let k = key(*device);
-                    self.sides.insert(k.clone(), NicSide::from_use_backup(*backup));
+                    self.sides
+                        .insert(k.clone(), NicSide::from_use_backup(*backup));
                     self.moved_by_policy.remove(&k);
                     // Another side: a hold may be said again.
                     self.last_hold.remove(&k);

@@ -11,9 +11,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use taskd_actors::control::{ControlConfig, GuardConfig, RateLimit};
+use taskd_actors::manager::SubscribeProgress;
 use taskd_actors::net::{ManagerNodeConfig, DEFAULT_MANAGER_PORT};
 use taskd_actors::process::{rank_table, ManagerProcess, ManagerProcessConfig, ShutdownSignals};
 use taskd_core::env::{self, process_env};
+use taskd_core::operation::Trigger;
 use taskd_core::rank_table::{MAX_NODES, MAX_RANKS};
 use taskd_core::{JobId, PhaseDeadlines, RankTable};
 
@@ -147,6 +149,28 @@ impl ManagerArgs {
     }
 }
 
+/// Prints one line on stdout for every automatic operation's result, as it comes (the
+/// decisions themselves are in the log).
+async fn say_automatic_results(manager: &ManagerProcess) {
+    use tokio::sync::broadcast::error::RecvError;
+    let Ok(mut rx) = manager.node().manager().send(SubscribeProgress).await else {
+        return;
+    };
+    actix_rt::spawn(async move {
+        loop {
+            match rx.recv().await {
+                Ok(ev) => {
+                    if let Some(r) = ev.report().filter(|r| r.trigger == Trigger::Auto) {
+                        say(format!("taskd manager: automatic {r}"));
+                    }
+                }
+                Err(RecvError::Lagged(_)) => continue,
+                Err(RecvError::Closed) => return,
+            }
+        }
+    });
+}
+
 /// Every address of the manager's port, in the family of `MS_SCHED_HOST` (the address its
 /// proxies connect to): `[::]:9601` for IPv6, else `0.0.0.0:9601`.
 fn default_listen(sched_host: Option<&str>) -> SocketAddr {
@@ -182,6 +206,7 @@ pub fn run(a: ManagerArgs) -> Result<ExitCode, CliError> {
                 "taskd manager: automatic failover on (links probed every {} ms)",
                 a.link_probe.as_millis()
             ));
+            say_automatic_results(&manager).await;
         }
         let sig = signals.recv().await;
         eprintln!("taskd manager: {sig}: shutting down");

@@ -1,9 +1,9 @@
 //! `taskd sim`: a simulated job in this process, through a switch to backup and back.
 
+use super::auto::AutoArgs;
 use super::error::CliError;
 use super::flags;
 use crate::progress::{self, ProgressPrinter};
-use super::auto::AutoArgs;
 use crate::sim::{
     run_scenario_observed, LinkEvent, ScenarioRun, SimConfig, SimError, MAX_SIM_RANKS,
 };

@@ -37,7 +37,7 @@ enum Entry {
     /// An operation the manager admitted: its result is in the manager's history.
     Admitted(OperationId),
     /// An operator's command refused before it ran.
-    Refused(OperationSummary),
+    Refused(Box<OperationSummary>),
 }
 
 impl Log {
@@ -117,7 +117,7 @@ pub(crate) fn run(
                 .iter()
                 .find(|r| r.id == id)
                 .map(OperationSummary::from),
-            Entry::Refused(s) => Some(s),
+            Entry::Refused(s) => Some(*s),
         })
         .collect();
     let end = sim.finish();
@@ -165,7 +165,7 @@ fn operator_operation(
         Err(LocalJobError::Refused(e)) => {
             // An automatic operation may be running: the operator's is refused like any other.
             let refused = OperationSummary::rejected(&cmd, table, &e);
-            log.entries.push(Entry::Refused(refused));
+            log.entries.push(Entry::Refused(Box::new(refused)));
             return Ok(());
         }
         Err(e) => return Err(e.into()),

@@ -220,6 +220,33 @@ pub fn fmt_ms(ms: f64) -> String {
     }
 }
 
+/// Operation `n`'s row of the final table.
+fn row(n: usize, op: &OperationSummary) -> Vec<String> {
+    let dur = |v: Option<f64>| v.map(fmt_ms).unwrap_or_else(|| "-".into());
+    let ran = op.result != Outcome::Rejected.as_str() || op.phases_ms.total > 0.0;
+    vec![
+        n.to_string(),
+        op.uuid.chars().take(8).collect(),
+        // An automatic operation says so; an operator's table reads as before.
+        if op.is_auto() {
+            format!("{} (auto)", op.direction)
+        } else {
+            op.direction.clone()
+        },
+        op.targets.len().to_string(),
+        op.result.clone(),
+        op.pause_step
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| "-".into()),
+        dur(op.phases_ms.pause),
+        dur(op.phases_ms.switch),
+        dur(op.phases_ms.rollback),
+        dur(op.phases_ms.resume),
+        dur(ran.then_some(op.phases_ms.total)),
+        dur(op.stall_ms),
+    ]
+}
+
 /// The final table: one row per operation, then the reason of each that did not succeed.
 pub fn table(ops: &[OperationSummary]) -> String {
     let header = [
@@ -236,34 +263,10 @@ pub fn table(ops: &[OperationSummary]) -> String {
         "total",
         "stall",
     ];
-    let dur = |v: Option<f64>| v.map(fmt_ms).unwrap_or_else(|| "-".into());
     let rows: Vec<Vec<String>> = ops
         .iter()
         .enumerate()
-        .map(|(i, op)| {
-            let ran = op.result != Outcome::Rejected.as_str() || op.phases_ms.total > 0.0;
-            vec![
-                (i + 1).to_string(),
-                op.uuid.chars().take(8).collect(),
-                // An automatic operation says so; an operator's table reads as before.
-                if op.is_auto() {
-                    format!("{} (auto)", op.direction)
-                } else {
-                    op.direction.clone()
-                },
-                op.targets.len().to_string(),
-                op.result.clone(),
-                op.pause_step
-                    .map(|s| s.to_string())
-                    .unwrap_or_else(|| "-".into()),
-                dur(op.phases_ms.pause),
-                dur(op.phases_ms.switch),
-                dur(op.phases_ms.rollback),
-                dur(op.phases_ms.resume),
-                dur(ran.then_some(op.phases_ms.total)),
-                dur(op.stall_ms),
-            ]
-        })
+        .map(|(i, op)| row(i + 1, op))
         .collect();
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in &rows {
@@ -308,6 +311,7 @@ mod tests {
     use super::*;
     use crate::report::{PhasesMs, TargetSummary};
     use taskd_core::command::{Direction, RankTarget};
+    use taskd_core::operation::Trigger;
     use taskd_core::operation::{JobState, OperationReport, PhaseDurations};
     use taskd_core::{DeviceId, GlobalRank, JobId, NodeName, OperationId};
 
@@ -524,14 +528,14 @@ mod tests {
             applied: result == "succeeded",
             rank_errors: Vec::new(),
             lost_ranks: Vec::new(),
-            trigger: "operator".into(),
+            trigger: Trigger::Operator,
         };
         let t = table(&[
             op("aaaaaaaa-1", "succeeded", None),
             op("bbbbbbbb-2", "failed", Some("rank 3 failed in switch")),
         ]);
         let auto = OperationSummary {
-            trigger: "auto".into(),
+            trigger: Trigger::Auto,
             ..op("cccccccc-3", "succeeded", None)
         };
         assert!(table(&[auto]).contains("  1  cccccccc   to_backup (auto)  "));

@@ -526,7 +526,7 @@ fn automatic_failover_counts_each_decision_by_action_and_reason() {
     // Bounded labels: every action and reason is one of the policy's fixed names.
     let actions: Vec<&str> = AutoAction::ALL.iter().map(|a| a.as_str()).collect();
     let reasons: Vec<&str> = AutoReason::ALL.iter().map(|r| r.as_str()).collect();
-    for ((name, labels), _) in &s.series {
+    for (name, labels) in s.series.keys() {
         if name == auto {
             assert_eq!(labels.len(), 2, "{labels:?}");
             assert!(actions.contains(&labels["action"].as_str()), "{labels:?}");

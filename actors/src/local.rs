@@ -67,11 +67,13 @@ fn start_proxies(
     auto: Option<AutoConfig>,
 ) -> Vec<Addr<Proxy>> {
     let mut proxies = Vec::new();
+    // Every node probes at the same instants.
+    let origin = crate::net::unix_ms();
     for (node, hal) in table.nodes().iter().zip(nodes) {
         let mut proxy = Proxy::new(job.clone(), node.clone(), hal, actor_link(manager));
         if let Some(a) = auto {
             let devices = table.devices_of(node).map(|(d, _)| d).collect();
-            proxy = proxy.probe_links(a.link_probe, devices);
+            proxy = proxy.probe_links(a.link_probe, origin, devices);
         }
         let proxy = proxy.start();
         manager.do_send(ProxyConnected {

@@ -49,6 +49,9 @@ pub struct Proxy {
 /// The link probing of a proxy whose manager runs automatic failover.
 struct LinkProbe {
     every: Duration,
+    /// Rounds run at `origin + k * every` (Unix ms), the same instants on every node, so
+    /// links that fail together are seen in the same round everywhere.
+    origin_unix_ms: u64,
     devices: Vec<DeviceId>,
     /// The links last reported, per device.
     reported: BTreeMap<DeviceId, Links>,
@@ -77,12 +80,19 @@ impl Proxy {
         }
     }
 
-    /// Probes both links of each of `devices` every `every` (the first round at once) and
-    /// sends the manager a [`LinkReport`] for each device whose links changed since the last
-    /// report; a probe that fails reports the device's links unknown.
-    pub fn probe_links(mut self, every: Duration, devices: Vec<DeviceId>) -> Self {
+    /// Probes both links of each of `devices` every `every` (the first round at once, then
+    /// at `origin_unix_ms + k * every`, a time every node of the job shares: the manager's
+    /// start) and sends the manager a [`LinkReport`] for each device whose links changed since
+    /// the last report; a probe that fails reports the device's links unknown.
+    pub fn probe_links(
+        mut self,
+        every: Duration,
+        origin_unix_ms: u64,
+        devices: Vec<DeviceId>,
+    ) -> Self {
         self.probe = Some(LinkProbe {
             every,
+            origin_unix_ms,
             devices,
             reported: BTreeMap::new(),
             busy: false,
@@ -112,6 +122,21 @@ impl Proxy {
             }
             act.report_links(res.unwrap_or_default());
         }));
+    }
+
+    /// Arms the next round at the next multiple of the interval since the origin (re-aligned
+    /// every round, so a slow round never makes the nodes drift apart).
+    fn next_probe_round(&mut self, ctx: &mut Context<Self>) {
+        let Some(p) = self.probe.as_ref() else {
+            return;
+        };
+        let every = (p.every.as_millis() as u64).max(1);
+        let since = crate::net::unix_ms().saturating_sub(p.origin_unix_ms);
+        let wait = Duration::from_millis(every - since % every);
+        ctx.run_later(wait, |act, ctx| {
+            act.probe_round(ctx);
+            act.next_probe_round(ctx);
+        });
     }
 
     /// Sends the manager the devices of `probed` whose links changed since the last report.
@@ -245,9 +270,9 @@ impl Actor for Proxy {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        if let Some(every) = self.probe.as_ref().map(|p| p.every) {
+        if self.probe.is_some() {
             self.probe_round(ctx);
-            ctx.run_interval(every, |act, ctx| act.probe_round(ctx));
+            self.next_probe_round(ctx);
         }
     }
 }

@@ -200,6 +200,12 @@ fn describe() {
         Unit::Count,
         "Failed device HAL calls by operation, error kind and vendor code name"
     );
+    describe_job();
+}
+
+/// The job's gauges and the automatic failover's counter.
+fn describe_job() {
+    use metrics::{describe_counter, describe_gauge};
     describe_gauge!(
         JOB_STATE,
         Unit::Count,

@@ -107,14 +107,10 @@ pub struct OperationSummary {
     /// Ranks lost during the operation.
     #[serde(default)]
     pub lost_ranks: Vec<u32>,
-    /// Who asked for it: `operator`, or `auto` (the automatic failover policy).
-    #[serde(default = "operator")]
-    pub trigger: String,
-}
-
-/// The trigger of a summary that does not say (an older writer's): an operator.
-fn operator() -> String {
-    Trigger::Operator.as_str().into()
+    /// Who asked for it: `operator`, or `auto` (the automatic failover policy); an older
+    /// writer's summary, which does not say, is an operator's.
+    #[serde(default)]
+    pub trigger: Trigger,
 }
 
 impl From<&OperationReport> for OperationSummary {
@@ -149,7 +145,7 @@ impl From<&OperationReport> for OperationSummary {
                 })
                 .collect(),
             lost_ranks: r.lost_ranks.iter().map(|r| r.0).collect(),
-            trigger: r.trigger.as_str().into(),
+            trigger: r.trigger,
         }
     }
 }
@@ -178,13 +174,13 @@ impl OperationSummary {
             applied: false,
             rank_errors: Vec::new(),
             lost_ranks: Vec::new(),
-            trigger: operator(),
+            trigger: Trigger::Operator,
         }
     }
 
     /// Whether the automatic failover policy asked for it.
     pub fn is_auto(&self) -> bool {
-        self.trigger == Trigger::Auto.as_str()
+        self.trigger == Trigger::Auto
     }
 }
 
@@ -257,7 +253,7 @@ mod tests {
             applied: true,
             rank_errors: Vec::new(),
             lost_ranks: Vec::new(),
-            trigger: "auto".into(),
+            trigger: Trigger::Auto,
         };
         let v = serde_json::to_value(&s).unwrap();
         for key in [
@@ -279,7 +275,8 @@ mod tests {
         let mut old = v.clone();
         old.as_object_mut().unwrap().remove("trigger");
         let old: OperationSummary = serde_json::from_value(old).unwrap();
-        assert_eq!(old.trigger, "operator");
+        assert_eq!(old.trigger, Trigger::Operator);
+        assert_eq!(v["trigger"], "auto");
         assert!(s.is_auto() && !old.is_auto());
         assert_eq!(v["phases_ms"]["rollback"], serde_json::Value::Null);
         assert_eq!(v["targets"][0]["rank"], 8);

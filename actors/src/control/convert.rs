@@ -51,7 +51,7 @@ impl From<&OperationSummary> for proto::OperationResult {
             lost_ranks: s.lost_ranks.clone(),
             job_state: s.job_state.clone(),
             applied: s.applied,
-            trigger: s.trigger.clone(),
+            trigger: s.trigger.as_str().into(),
         }
     }
 }
@@ -99,10 +99,10 @@ impl From<&proto::OperationResult> for OperationSummary {
                 .collect(),
             lost_ranks: r.lost_ranks.clone(),
             // An older manager's results say nothing: an operator's.
-            trigger: if r.trigger.is_empty() {
-                Trigger::Operator.as_str().into()
+            trigger: if r.trigger == Trigger::Auto.as_str() {
+                Trigger::Auto
             } else {
-                r.trigger.clone()
+                Trigger::Operator
             },
         }
     }
@@ -199,7 +199,7 @@ mod tests {
                 message: "group dp_0: network".into(),
             }],
             lost_ranks: vec![],
-            trigger: "auto".into(),
+            trigger: Trigger::Auto,
         };
         let wire = proto::OperationResult::from(&s);
         assert_eq!(OperationSummary::from(&wire), s);
@@ -217,6 +217,6 @@ mod tests {
             trigger: String::new(),
             ..proto::OperationResult::from(&none)
         };
-        assert_eq!(OperationSummary::from(&old).trigger, "operator");
+        assert_eq!(OperationSummary::from(&old).trigger, Trigger::Operator);
     }
 }

@@ -27,8 +27,11 @@ pub(super) struct Auto {
     /// The automatic operation in flight.
     op: Option<OperationId>,
     /// Waiters for [`AwaitAutoSettled`].
-    settled: Vec<(Vec<(DeviceKey, Links)>, oneshot::Sender<bool>)>,
+    settled: Vec<SettleWaiter>,
 }
+
+/// The links an [`AwaitAutoSettled`] waits for, and where to answer.
+type SettleWaiter = (Vec<(DeviceKey, Links)>, oneshot::Sender<bool>);
 
 /// What the job allows now.
 fn gate(l: &JobLedger) -> JobGate {

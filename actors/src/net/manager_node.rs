@@ -154,6 +154,30 @@ fn list<T: std::fmt::Display>(v: impl IntoIterator<Item = T>) -> String {
         .join(", ")
 }
 
+impl ManagerHost {
+    /// What an admitted proxy of `node` is told: its job, its slots, the job's shape, the
+    /// common clock origin and how often to probe its links.
+    fn ack(&self, node: &NodeName) -> pb::RegisterAck {
+        pb::RegisterAck {
+            job: self.job.0.clone(),
+            node: node.0.clone(),
+            slots: self
+                .table
+                .devices_of(node)
+                .map(|(d, r)| pb::Slot {
+                    device: d.0,
+                    rank: r.0,
+                })
+                .collect(),
+            world_size: self.table.world_size() as u32,
+            node_count: self.table.nodes().len() as u32,
+            job_epoch_unix_ms: self.epoch_unix_ms,
+            link_probe_ms: self.link_probe_ms,
+            ..Default::default()
+        }
+    }
+}
+
 impl Host for ManagerHost {
     fn role(&self) -> pb::Role {
         pb::Role::Proxy
@@ -223,23 +247,7 @@ impl Host for ManagerHost {
                 )));
             }
         }
-        let ack = pb::RegisterAck {
-            job: self.job.0.clone(),
-            node: node.0.clone(),
-            slots: self
-                .table
-                .devices_of(&node)
-                .map(|(d, r)| pb::Slot {
-                    device: d.0,
-                    rank: r.0,
-                })
-                .collect(),
-            world_size: self.table.world_size() as u32,
-            node_count: nodes.len() as u32,
-            job_epoch_unix_ms: self.epoch_unix_ms,
-            link_probe_ms: self.link_probe_ms,
-            ..Default::default()
-        };
+        let ack = self.ack(&node);
         Ok(Admitted { key: node.0, ack })
     }
 

@@ -290,7 +290,8 @@ impl ClientHost for Upstream {
         );
         if ack.link_probe_ms > 0 {
             let every = Duration::from_millis(ack.link_probe_ms);
-            proxy = proxy.probe_links(every, assignment.ranks.values().copied().collect());
+            let devices = assignment.ranks.values().copied().collect();
+            proxy = proxy.probe_links(every, ack.job_epoch_unix_ms, devices);
         }
         let proxy = proxy.start();
         tracing::info!(%node, ranks = assignment.ranks.len(), "proxy admitted by the manager");

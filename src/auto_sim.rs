@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use taskd_actors::manager::{AwaitResult, Submission};
 use taskd_actors::{LocalJobError, ProgressEvent, ProgressKind};
-use taskd_core::auto::{AutoConfig, AutoDecision, DeviceKey, LinkState, Links};
+use taskd_core::auto::{AutoConfig, AutoDecision, DeviceKey, Links};
 use taskd_core::operation::JobState;
 use taskd_core::{DeviceId, NodeName, OperationId, RankTable};
 use taskd_hal_mock::Fabric;
@@ -194,10 +194,7 @@ pub(crate) fn final_links(cfg: &SimConfig) -> Vec<(DeviceKey, Links)> {
             if device.0 >= cfg.devices_per_node {
                 continue;
             }
-            let links = Links {
-                primary: LinkState::from_up(up(node, device)),
-                backup: LinkState::from_up(up(node, device.partner())),
-            };
+            let links = Links::known(up(node, device), up(node, device.partner()));
             let key = DeviceKey {
                 node: node.clone(),
                 device,

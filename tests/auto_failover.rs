@@ -9,9 +9,7 @@ mod net_support;
 use net_support::{fast_heartbeats, s, worker_args, Proc, Scratch};
 use std::time::Duration;
 use taskd::actors::{ProgressEvent, ProgressKind};
-use taskd::core::auto::{
-    AutoAction, AutoConfig, AutoDecision, AutoReason, DeviceKey, LinkState, Links,
-};
+use taskd::core::auto::{AutoAction, AutoConfig, AutoDecision, AutoReason, DeviceKey, Links};
 use taskd::core::command::Target;
 use taskd::core::operation::{JobState, OperationReport, Outcome, Trigger};
 use taskd::core::protocol::Phase;
@@ -55,10 +53,7 @@ fn key(node: u32, device: u32) -> DeviceKey {
 }
 
 fn links(primary: bool, backup: bool) -> Links {
-    Links {
-        primary: LinkState::from_up(primary),
-        backup: LinkState::from_up(backup),
-    }
+    Links::known(primary, backup)
 }
 
 /// The manager's progress feed, and every event seen on it so far.

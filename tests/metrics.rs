@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::Duration;
 use taskd::actors::telemetry::{self, serve_metrics};
-use taskd::core::auto::{AutoAction, AutoConfig, AutoReason, DeviceKey, LinkState, Links};
+use taskd::core::auto::{AutoAction, AutoConfig, AutoReason, DeviceKey, Links};
 use taskd::core::operation::Outcome;
 use taskd::core::{DeviceId, GlobalRank, HcclCode, NodeName};
 use taskd::hal_mock::NicSetFault;
@@ -198,10 +198,7 @@ fn auto_failover(cfg: &SimConfig) {
         node: NodeName(node.into()),
         device: DeviceId(device),
     };
-    let links = |primary, backup| Links {
-        primary: LinkState::from_up(primary),
-        backup: LinkState::from_up(backup),
-    };
+    let links = Links::known;
     let expect = vec![
         (key("node-0", 2), links(false, true)),
         (key("node-0", 3), links(true, false)),

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 use taskd_core::ledger::Submitted;
 use taskd_core::ledger::{RecoverTo, RecoveryStarted};
-use taskd_core::operation::{Action, Event, OperationReport};
+use taskd_core::operation::{Action, Event, OperationReport, Trigger};
 use taskd_core::protocol::{Directive, Phase, ProxyToManager};
 use taskd_core::verify::VerifyReport;
 use taskd_core::{
@@ -331,7 +331,7 @@ impl Handler<Submit> for Manager {
     fn handle(&mut self, Submit(cmd): Submit, ctx: &mut Self::Context) -> Self::Result {
         let id = cmd.id.unwrap_or_else(|| OperationId(uuid::Uuid::new_v4()));
         let now = self.now();
-        let span = observer::submit_span(id, &cmd);
+        let span = observer::submit_span(id, &cmd, Trigger::Operator);
         let res = span.in_scope(|| self.ledger.submit(&cmd, id, now));
         match res {
             Ok(Submitted::Started { id, actions }) => {

@@ -167,12 +167,17 @@ pub struct Links {
 }
 
 impl Links {
+    /// Both links' states known: up or down as given.
+    pub fn known(primary_up: bool, backup_up: bool) -> Self {
+        Links {
+            primary: LinkState::from_up(primary_up),
+            backup: LinkState::from_up(backup_up),
+        }
+    }
+
     /// What a node HAL's answer says (a probe that failed is [`Links::UNKNOWN`]).
     pub fn from_health(h: &LinkHealth) -> Self {
-        Links {
-            primary: LinkState::from_up(h.is_up(NicSide::Primary)),
-            backup: LinkState::from_up(h.is_up(NicSide::Backup)),
-        }
+        Links::known(h.is_up(NicSide::Primary), h.is_up(NicSide::Backup))
     }
 
     /// Neither link's state is known.
@@ -877,10 +882,7 @@ mod tests {
     }
 
     fn links(primary: bool, backup: bool) -> Links {
-        Links {
-            primary: LinkState::from_up(primary),
-            backup: LinkState::from_up(backup),
-        }
+        Links::known(primary, backup)
     }
 
     /// A job of 2 nodes x 4 devices whose NIC sides the test sets.

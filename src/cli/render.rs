@@ -256,3 +256,38 @@ pub fn status_text(s: &proto::JobStatus) -> String {
     recent_text(&mut out, &s.recent);
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(uuid: &str, trigger: &str) -> proto::OperationResult {
+        proto::OperationResult {
+            uuid: uuid.into(),
+            direction: "to_backup".into(),
+            result: "succeeded".into(),
+            trigger: trigger.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_trigger_column_appears_once_an_automatic_result_is_listed() {
+        let mut out = String::new();
+        recent_text(&mut out, &[result("a", "operator"), result("b", "")]);
+        assert!(!out.contains("trigger"), "{out}");
+        let mut out = String::new();
+        recent_text(&mut out, &[result("a", ""), result("b", "auto")]);
+        let lines: Vec<&str> = out.lines().skip(1).collect();
+        assert!(lines[0].contains("direction   trigger   result"), "{out}");
+        // An older manager's result, which does not say, is an operator's.
+        assert!(
+            lines[1].contains("to_backup   operator  succeeded"),
+            "{out}"
+        );
+        assert!(
+            lines[2].contains("to_backup   auto      succeeded"),
+            "{out}"
+        );
+    }
+}

@@ -174,7 +174,7 @@ impl Manager {
                 .collect(),
         };
         let id = OperationId(uuid::Uuid::new_v4());
-        let span = auto_span(id, &cmd);
+        let span = crate::observer::submit_span(id, &cmd, Trigger::Auto);
         let res = span.in_scope(|| self.ledger.submit_by(Trigger::Auto, &cmd, id, now));
         match res {
             Ok(Submitted::Started { id, actions }) => {
@@ -251,19 +251,6 @@ fn needs_attention(d: &AutoDecision) -> bool {
             | AutoReason::Flapping
             | AutoReason::FailedBefore
             | AutoReason::Refused
-    )
-}
-
-/// The span of an automatic operation; the ledger admits it inside it.
-fn auto_span(id: OperationId, cmd: &SwitchCommand) -> tracing::Span {
-    tracing::info_span!(
-        "operation",
-        uuid = %id,
-        job = %cmd.job,
-        targets = cmd.targets.len(),
-        direction = tracing::field::Empty,
-        role = "manager",
-        trigger = "auto",
     )
 }
 

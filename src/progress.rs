@@ -7,12 +7,14 @@
 //! render through this module.
 
 use crate::report::OperationSummary;
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::io::{self, IsTerminal, Write};
 use std::time::Duration;
 use taskd_actors::progress::{ProgressEvent, ProgressKind};
-use taskd_core::operation::Outcome;
+use taskd_core::operation::{OperationReport, Outcome};
 use taskd_core::protocol::Phase;
+use taskd_core::OperationId;
 
 /// Width of the in-place bar, in characters.
 const BAR: usize = 24;
@@ -30,6 +32,8 @@ pub struct ProgressPrinter<W: Write> {
     phase: Option<(Phase, usize)>,
     /// An in-place line is on screen and must be cleared before the next line.
     line_open: bool,
+    /// Operations the automatic failover started (their decisions come first).
+    auto_ops: BTreeSet<OperationId>,
 }
 
 impl ProgressPrinter<io::Stdout> {
@@ -49,6 +53,7 @@ impl<W: Write> ProgressPrinter<W> {
             operations: 0,
             phase: None,
             line_open: false,
+            auto_ops: BTreeSet::new(),
         }
     }
 
@@ -91,9 +96,14 @@ impl<W: Write> ProgressPrinter<W> {
                 if targets.len() > TARGETS_SHOWN {
                     names.push(format!("... (+{})", targets.len() - TARGETS_SHOWN));
                 }
+                let auto = if self.auto_ops.contains(&ev.op) {
+                    ", automatic"
+                } else {
+                    ""
+                };
                 self.line("")?;
                 self.line(&format!(
-                    "operation {} {} {direction} (job {job}, {ranks} ranks)",
+                    "operation {} {} {direction}{auto} (job {job}, {ranks} ranks)",
                     self.operations, ev.op
                 ))?;
                 self.line(&format!("  targets   {}", names.join(", ")))
@@ -122,27 +132,43 @@ impl<W: Write> ProgressPrinter<W> {
                     fmt_duration(*took)
                 ))
             }
-            ProgressKind::Finished(r) => {
-                self.phase = None;
-                let mut text = format!(
-                    "  {at:>10}  result    {}",
-                    r.outcome.as_str().to_uppercase()
-                );
-                if r.outcome == Outcome::Failed {
-                    let _ = write!(
-                        text,
-                        " (rolled back: {}, job {})",
-                        if r.rolled_back { "yes" } else { "NO" },
-                        r.job_state.as_str()
-                    );
+            ProgressKind::Finished(r) => self.finished(&at, r),
+            ProgressKind::Links { report, at } => self.line(&format!(
+                "  {:>10}  link      {}:{} {}",
+                fmt_duration(*at),
+                report.node,
+                report.device,
+                report.links
+            )),
+            ProgressKind::Decision(d) => {
+                if let Some(op) = d.operation.filter(|_| d.is_move()) {
+                    self.auto_ops.insert(op);
                 }
-                self.line(&text)?;
-                if let Some(e) = &r.error {
-                    self.line(&format!("              reason    {e}"))?;
-                }
-                Ok(())
+                self.line(&format!("  {:>10}  auto      {d}", fmt_duration(d.at)))
             }
         }
+    }
+
+    /// The final result of an operation.
+    fn finished(&mut self, at: &str, r: &OperationReport) -> io::Result<()> {
+        self.phase = None;
+        let mut text = format!(
+            "  {at:>10}  result    {}",
+            r.outcome.as_str().to_uppercase()
+        );
+        if r.outcome == Outcome::Failed {
+            let _ = write!(
+                text,
+                " (rolled back: {}, job {})",
+                if r.rolled_back { "yes" } else { "NO" },
+                r.job_state.as_str()
+            );
+        }
+        self.line(&text)?;
+        if let Some(e) = &r.error {
+            self.line(&format!("              reason    {e}"))?;
+        }
+        Ok(())
     }
 
     /// The in-place line of the phase running (terminal only).
@@ -194,6 +220,33 @@ pub fn fmt_ms(ms: f64) -> String {
     }
 }
 
+/// Operation `n`'s row of the final table.
+fn row(n: usize, op: &OperationSummary) -> Vec<String> {
+    let dur = |v: Option<f64>| v.map(fmt_ms).unwrap_or_else(|| "-".into());
+    let ran = op.result != Outcome::Rejected.as_str() || op.phases_ms.total > 0.0;
+    vec![
+        n.to_string(),
+        op.uuid.chars().take(8).collect(),
+        // An automatic operation says so; an operator's table reads as before.
+        if op.is_auto() {
+            format!("{} (auto)", op.direction)
+        } else {
+            op.direction.clone()
+        },
+        op.targets.len().to_string(),
+        op.result.clone(),
+        op.pause_step
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| "-".into()),
+        dur(op.phases_ms.pause),
+        dur(op.phases_ms.switch),
+        dur(op.phases_ms.rollback),
+        dur(op.phases_ms.resume),
+        dur(ran.then_some(op.phases_ms.total)),
+        dur(op.stall_ms),
+    ]
+}
+
 /// The final table: one row per operation, then the reason of each that did not succeed.
 pub fn table(ops: &[OperationSummary]) -> String {
     let header = [
@@ -210,29 +263,10 @@ pub fn table(ops: &[OperationSummary]) -> String {
         "total",
         "stall",
     ];
-    let dur = |v: Option<f64>| v.map(fmt_ms).unwrap_or_else(|| "-".into());
     let rows: Vec<Vec<String>> = ops
         .iter()
         .enumerate()
-        .map(|(i, op)| {
-            let ran = op.result != Outcome::Rejected.as_str() || op.phases_ms.total > 0.0;
-            vec![
-                (i + 1).to_string(),
-                op.uuid.chars().take(8).collect(),
-                op.direction.clone(),
-                op.targets.len().to_string(),
-                op.result.clone(),
-                op.pause_step
-                    .map(|s| s.to_string())
-                    .unwrap_or_else(|| "-".into()),
-                dur(op.phases_ms.pause),
-                dur(op.phases_ms.switch),
-                dur(op.phases_ms.rollback),
-                dur(op.phases_ms.resume),
-                dur(ran.then_some(op.phases_ms.total)),
-                dur(op.stall_ms),
-            ]
-        })
+        .map(|(i, op)| row(i + 1, op))
         .collect();
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in &rows {
@@ -277,6 +311,7 @@ mod tests {
     use super::*;
     use crate::report::{PhasesMs, TargetSummary};
     use taskd_core::command::{Direction, RankTarget};
+    use taskd_core::operation::Trigger;
     use taskd_core::operation::{JobState, OperationReport, PhaseDurations};
     use taskd_core::{DeviceId, GlobalRank, JobId, NodeName, OperationId};
 
@@ -317,6 +352,7 @@ mod tests {
             stall: None,
             lost_ranks: vec![],
             job_state: JobState::Running,
+            trigger: Default::default(),
         };
         vec![
             ev(
@@ -387,6 +423,56 @@ mod tests {
     }
 
     #[test]
+    fn automatic_failover_says_what_it_saw_and_decided_before_its_operation() {
+        use taskd_core::auto::{AutoAction, AutoDecision, AutoReason, LinkState, Links};
+        use taskd_core::protocol::LinkReport;
+        let links = Links {
+            primary: LinkState::Down,
+            backup: LinkState::Up,
+        };
+        let report = LinkReport {
+            node: NodeName("node-1".into()),
+            device: DeviceId(0),
+            links,
+        };
+        let decision = AutoDecision {
+            node: NodeName("node-1".into()),
+            device: DeviceId(0),
+            action: AutoAction::ToBackup,
+            reason: AutoReason::PrimaryDown,
+            links,
+            at: Duration::from_millis(1250),
+            operation: Some(id()),
+        };
+        let mut all = vec![
+            ev(
+                0,
+                ProgressKind::Links {
+                    report,
+                    at: Duration::from_millis(1200),
+                },
+            ),
+            ev(0, ProgressKind::Decision(decision)),
+        ];
+        all.extend(events().into_iter().take(1));
+        let mut p = ProgressPrinter::new(Vec::new(), false);
+        for e in &all {
+            p.event(e).unwrap();
+        }
+        let text = String::from_utf8(p.into_inner()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[..4],
+            [
+                "      1.20 s  link      node-1:0 primary down, backup up",
+                "      1.25 s  auto      node-1:0 to_backup: its primary link is not up (primary down, backup up)",
+                "",
+                "operation 1 2b1c4d5e-0000-4000-8000-000000000001 to_backup, automatic (job j, 8 ranks)",
+            ]
+        );
+    }
+
+    #[test]
     fn a_terminal_gets_a_bar_redrawn_in_place() {
         let mut p = ProgressPrinter::new(Vec::new(), true);
         for e in &events()[..3] {
@@ -442,11 +528,17 @@ mod tests {
             applied: result == "succeeded",
             rank_errors: Vec::new(),
             lost_ranks: Vec::new(),
+            trigger: Trigger::Operator,
         };
         let t = table(&[
             op("aaaaaaaa-1", "succeeded", None),
             op("bbbbbbbb-2", "failed", Some("rank 3 failed in switch")),
         ]);
+        let auto = OperationSummary {
+            trigger: Trigger::Auto,
+            ..op("cccccccc-3", "succeeded", None)
+        };
+        assert!(table(&[auto]).contains("  1  cccccccc   to_backup (auto)  "));
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 4, "{t}");
         assert!(

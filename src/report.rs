@@ -4,6 +4,7 @@
 use crate::sim::{FinalState, SimConfig};
 use serde::Serialize;
 use std::fmt::Write as _;
+use taskd_core::auto::AutoDecision;
 /// One operation as the report shows it: the summary every reader of a result shares.
 pub use taskd_core::summary::{OperationSummary, PhasesMs, TargetSummary};
 use taskd_core::RankTable;
@@ -27,6 +28,44 @@ pub struct ScenarioReport {
     /// runs every operator issued later (here the training loop's evaluations) on the default
     /// NIC. Counted once per collective; not an invariant (the members agree).
     pub collectives_on_default_nic: u64,
+    /// Every decision of the automatic failover policy, in order (empty when it is off).
+    pub decisions: Vec<DecisionSummary>,
+}
+
+/// One decision of the automatic failover policy, as the JSON report shows it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DecisionSummary {
+    /// When, on the manager's clock (milliseconds since it started).
+    pub at_ms: f64,
+    /// The device's node.
+    pub node: String,
+    /// The device.
+    pub device: u32,
+    /// `to_backup`, `to_primary` or `hold`.
+    pub action: String,
+    /// Why (`primary_down`, `backup_down`, `primary_recovered`, `flapping`, ...).
+    pub reason: String,
+    /// The device's primary link then: `up`, `down` or `unknown`.
+    pub primary: String,
+    /// Its backup link then.
+    pub backup: String,
+    /// The automatic operation that moved it (a move only).
+    pub operation: Option<String>,
+}
+
+impl From<&AutoDecision> for DecisionSummary {
+    fn from(d: &AutoDecision) -> Self {
+        DecisionSummary {
+            at_ms: taskd_core::summary::ms(d.at),
+            node: d.node.0.clone(),
+            device: d.device.0,
+            action: d.action.as_str().into(),
+            reason: d.reason.as_str().into(),
+            primary: d.links.primary.as_str().into(),
+            backup: d.links.backup.as_str().into(),
+            operation: d.operation.map(|id| id.to_string()),
+        }
+    }
 }
 
 /// The checks behind the exit status.
@@ -84,6 +123,7 @@ impl ScenarioReport {
                 consistency: end.consistency,
                 collective_failures: end.collective_failures,
             },
+            decisions: Vec::new(),
         }
     }
 

@@ -10,6 +10,7 @@ use crate::timeline::{PhaseLog, StepClock, Timeline};
 use std::sync::Arc;
 use std::time::Duration;
 use taskd_actors::{LocalJob, LocalJobConfig, LocalJobError, ProgressEvent, RankParts};
+use taskd_core::auto::AutoConfig;
 use taskd_core::command::Target;
 use taskd_core::operation::{JobState, OperationReport};
 use taskd_core::{
@@ -55,6 +56,26 @@ pub struct SimConfig {
     /// never used before (a new HCCL operator, which after a switch runs on the default NIC;
     /// `taskd_hal_mock::operator`). 0: never.
     pub eval_every: u64,
+    /// Automatic failover, when on (see [`crate::auto_sim`]): the manager runs the policy
+    /// and every proxy probes its links. With it on, an empty `switch` means no operator
+    /// operation.
+    pub auto: Option<AutoConfig>,
+    /// Link events of the scenario, from the start of training (they need `auto`).
+    pub links: Vec<LinkEvent>,
+}
+
+/// A NIC port of the simulated fabric going down or up during the scenario. The port of
+/// `node:device` is that device's primary NIC and its partner die's backup NIC.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinkEvent {
+    /// When, from the start of training.
+    pub at: Duration,
+    /// The node.
+    pub node: NodeName,
+    /// The device whose port it is.
+    pub device: DeviceId,
+    /// Up (`true`) or down.
+    pub up: bool,
 }
 
 impl Default for SimConfig {
@@ -77,6 +98,8 @@ impl Default for SimConfig {
             step_time: Duration::from_millis(2),
             steps_between: 3,
             eval_every: 3,
+            auto: None,
+            links: Vec::new(),
         }
     }
 }
@@ -116,6 +139,33 @@ impl SimConfig {
                 return Err(SimError::Setup(format!(
                     "{what} {r}: rank {r} does not exist (the job has ranks 0..{})",
                     self.ranks()
+                )));
+            }
+        }
+        self.validate_auto()
+    }
+
+    /// The automatic failover's knobs, and link events only with it and only on ports the
+    /// job has.
+    fn validate_auto(&self) -> Result<(), SimError> {
+        if let Some(a) = &self.auto {
+            a.validate()
+                .map_err(|e| SimError::Setup(format!("automatic failover: {e}")))?;
+        } else if let Some(e) = self.links.first() {
+            return Err(SimError::Setup(format!(
+                "the link event of {}:{} needs --auto-failover",
+                e.node, e.device
+            )));
+        }
+        let table = RankTable::uniform(self.nodes, self.devices_per_node);
+        for e in &self.links {
+            if table.rank_of(&e.node, e.device).is_none() {
+                return Err(SimError::Setup(format!(
+                    "link event {}:{}: the job has no such device (nodes node-0..node-{}, devices 0..{})",
+                    e.node,
+                    e.device,
+                    self.nodes - 1,
+                    self.devices_per_node
                 )));
             }
         }
@@ -165,12 +215,13 @@ impl Simulation {
                 tsp: !cfg.tsp_off.contains(&GlobalRank(r)),
             })
             .collect();
-        let job = LocalJob::start(
+        let job = LocalJob::start_with_auto(
             LocalJobConfig {
                 job: cfg.job.clone(),
                 table: table.clone(),
                 deadlines: cfg.deadlines,
             },
+            cfg.auto,
             nodes,
             ranks,
         )?;
@@ -321,6 +372,9 @@ pub fn run_scenario_observed(
     mut on_progress: impl FnMut(&ProgressEvent),
 ) -> Result<ScenarioRun, SimError> {
     cfg.validate()?;
+    if cfg.auto.is_some() {
+        return crate::auto_sim::run(cfg, on_progress);
+    }
     let table = RankTable::uniform(cfg.nodes, cfg.devices_per_node);
     // Refuse bad targets before starting anything, naming them.
     switch_command(&cfg.job, &cfg.switch, true).resolve(&table)?;
@@ -367,7 +421,7 @@ pub fn run_scenario_observed(
 }
 
 /// Arms operation 1's faults: `--fail-rank` and `--hang-rank`.
-fn inject_faults(sim: &Simulation, cfg: &SimConfig) {
+pub(crate) fn inject_faults(sim: &Simulation, cfg: &SimConfig) {
     if let Some(r) = cfg.fail_rank {
         sim.fabric()
             .inject_nic_set_fault(r, NicSetFault::Fail(HcclCode::Network));
@@ -386,7 +440,7 @@ fn inject_faults(sim: &Simulation, cfg: &SimConfig) {
 /// Whether the manager's results are exactly one per admitted operation: every admitted id
 /// once, nothing else. An operation the proxies rejected (a NIC that is down) is admitted and
 /// has its one result, `rejected`.
-fn one_result_each(admitted: &[OperationId], results: &[OperationReport]) -> bool {
+pub(crate) fn one_result_each(admitted: &[OperationId], results: &[OperationReport]) -> bool {
     results.len() == admitted.len()
         && admitted
             .iter()
@@ -394,7 +448,7 @@ fn one_result_each(admitted: &[OperationId], results: &[OperationReport]) -> boo
 }
 
 /// A command moving `targets` of `job` to their backup NIC (`use_backup`) or back.
-fn switch_command(
+pub(crate) fn switch_command(
     job: &JobId,
     targets: &[(NodeName, Vec<DeviceId>)],
     use_backup: bool,

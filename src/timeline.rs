@@ -151,7 +151,10 @@ impl PhaseLog {
                     p.end.get_or_insert(now);
                 }
             }
-            ProgressKind::Started { .. } | ProgressKind::Waiting { .. } => {}
+            ProgressKind::Started { .. }
+            | ProgressKind::Waiting { .. }
+            | ProgressKind::Links { .. }
+            | ProgressKind::Decision(_) => {}
         }
     }
 }

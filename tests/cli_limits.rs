@@ -296,3 +296,33 @@ fn a_die_without_its_partner_in_the_job_is_refused_up_front_naming_both() {
     );
     assert!(out.stdout.is_empty(), "nothing ran");
 }
+
+#[test]
+fn automatic_failover_is_refused_in_clusterd_client_mode() {
+    let base = [
+        "manager",
+        "--job-id",
+        "j",
+        "--nodes",
+        "1",
+        "--procs-per-node",
+        "1",
+        "--listen",
+        "127.0.0.1:0",
+        "--auto-failover",
+    ];
+    refused(
+        &[&base[..], &["--clusterd", "127.0.0.1:8899"]].concat(),
+        &[],
+        &[
+            "--auto-failover is off in ClusterD client mode",
+            "127.0.0.1:8899",
+        ],
+    );
+    // Found from the environment, the same.
+    refused(
+        &base,
+        &[("MINDX_SERVER_IP", "10.0.0.9")],
+        &["ClusterD (at 10.0.0.9:8899)", "--no-clusterd"],
+    );
+}

@@ -1,9 +1,10 @@
 //! The Prometheus endpoint as a scraper sees it: a simulated switch, switchback and a failed
-//! switch, then `GET /metrics` over HTTP; and the Grafana dashboard checked against what is
+//! switch, then `GET /metrics` over HTTP; then a second simulated job with automatic failover
+//! (a failover and two moves held back); and the Grafana dashboard checked against what is
 //! really exported.
 //!
-//! The metrics recorder is process-global, so this file has a binary of its own and runs one
-//! simulation, shared by its tests.
+//! The metrics recorder is process-global, so this file has a binary of its own and runs its
+//! simulations once, shared by its tests.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -11,6 +12,7 @@ use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::Duration;
 use taskd::actors::telemetry::{self, serve_metrics};
+use taskd::core::auto::{AutoAction, AutoConfig, AutoReason, DeviceKey, Links};
 use taskd::core::operation::Outcome;
 use taskd::core::{DeviceId, GlobalRank, HcclCode, NodeName};
 use taskd::hal_mock::NicSetFault;
@@ -107,6 +109,8 @@ struct Run {
     back: Scrape,
     /// After a third operation that failed on a HAL error and was rolled back.
     end: Scrape,
+    /// After a second job's automatic failover: one device moved, two held back.
+    auto: Scrape,
     content_type: String,
 }
 
@@ -146,6 +150,8 @@ fn run() -> &'static Run {
 
         let state = sim.finish();
         assert!(state.groups_consistent, "{}", state.consistency);
+        auto_failover(&cfg);
+        let (_, auto) = scrape();
         server.shutdown();
         let content_type = head
             .lines()
@@ -159,9 +165,52 @@ fn run() -> &'static Run {
             switched,
             back,
             end,
+            auto,
             content_type,
         }
     })
+}
+
+/// A job like `cfg` with automatic failover: node-0:2's port fails (it moves to backup), then
+/// both ports of node-1's first NPU (neither die has a port to go to: two holds). Returns once
+/// the policy has settled; the caller scrapes.
+fn auto_failover(cfg: &SimConfig) {
+    let auto = AutoConfig {
+        link_probe: Duration::from_millis(5),
+        // 195 ms: both ports of the NPU are down long before either failure counts.
+        down_after: 40,
+        coalesce: Duration::from_millis(20),
+        switchback_after: Duration::from_secs(60),
+        max_flaps: 4,
+        flap_window: Duration::from_secs(60),
+        min_interval: Duration::from_millis(50),
+    };
+    let sim = Simulation::start(&SimConfig {
+        auto: Some(auto),
+        ..cfg.clone()
+    })
+    .expect("the simulation starts");
+    let mut events = sim.job().subscribe_progress();
+    sim.fabric().set_link(1, DeviceId(0), false);
+    sim.fabric().set_link(1, DeviceId(1), false);
+    sim.fabric().set_link(0, DeviceId(2), false);
+    let key = |node: &str, device| DeviceKey {
+        node: NodeName(node.into()),
+        device: DeviceId(device),
+    };
+    let links = Links::known;
+    let expect = vec![
+        (key("node-0", 2), links(false, true)),
+        (key("node-0", 3), links(true, false)),
+        (key("node-1", 0), links(false, false)),
+        (key("node-1", 1), links(false, false)),
+    ];
+    sim.job()
+        .await_auto_settled(expect, Duration::from_secs(60), &mut events, |_| {})
+        .expect("automatic failover settles");
+    assert_eq!(sim.fabric().ranks_on_backup(), [GlobalRank(2)]);
+    let state = sim.finish();
+    assert!(state.groups_consistent, "{}", state.consistency);
 }
 
 const OPS: &str = telemetry::OPERATIONS_TOTAL;
@@ -420,7 +469,7 @@ fn every_metric_the_dashboard_queries_is_exported_and_scraped() {
     let exprs = collect_queries(&dashboard);
     assert!(exprs.len() >= 10, "{exprs:?}");
 
-    let s = &run().end;
+    let s = &run().auto;
     let scraped = s.names();
     let mut used = BTreeSet::new();
     for expr in &exprs {
@@ -448,8 +497,38 @@ fn every_metric_the_dashboard_queries_is_exported_and_scraped() {
         telemetry::WORKERS_REGISTERED,
         telemetry::WORKERS_EXPECTED,
         telemetry::HAL_CALLS_TOTAL,
+        telemetry::AUTO_DECISIONS_TOTAL,
     ] {
         assert!(used.contains(must), "the dashboard does not show {must}");
+    }
+}
+
+#[test]
+fn automatic_failover_counts_each_decision_by_action_and_reason() {
+    let run = run();
+    let auto = telemetry::AUTO_DECISIONS_TOTAL;
+    assert_eq!(
+        run.end.sum(auto, &[]),
+        0.0,
+        "nothing before automatic failover"
+    );
+    let s = &run.auto;
+    let count = |action, reason| s.value(auto, &[("action", action), ("reason", reason)]);
+    assert_eq!(count("to_backup", "primary_down"), 1.0);
+    assert_eq!(count("hold", "backup_down"), 2.0);
+    assert_eq!(s.sum(auto, &[]), 3.0, "nothing else was decided");
+    // The failover is an operation like any other.
+    let ok = [("result", "succeeded"), ("direction", "to_backup")];
+    assert_eq!(s.value(OPS, &ok), run.end.value(OPS, &ok) + 1.0);
+    // Bounded labels: every action and reason is one of the policy's fixed names.
+    let actions: Vec<&str> = AutoAction::ALL.iter().map(|a| a.as_str()).collect();
+    let reasons: Vec<&str> = AutoReason::ALL.iter().map(|r| r.as_str()).collect();
+    for (name, labels) in s.series.keys() {
+        if name == auto {
+            assert_eq!(labels.len(), 2, "{labels:?}");
+            assert!(actions.contains(&labels["action"].as_str()), "{labels:?}");
+            assert!(reasons.contains(&labels["reason"].as_str()), "{labels:?}");
+        }
     }
 }
 

@@ -5,8 +5,8 @@
 
 use crate::gate::StepGate;
 use crate::manager::{
-    AwaitRegistered, AwaitResult, AwaitVerification, Drain, GetStatus, Manager, ManagerStatus,
-    ProxyConnected, Recover, Recovery, StopManager, Submission, Submit,
+    AwaitAutoSettled, AwaitRegistered, AwaitResult, AwaitVerification, Drain, GetStatus, Manager,
+    ManagerStatus, ProxyConnected, Recover, Recovery, StopManager, Submission, Submit,
 };
 use crate::progress::{ProgressEvent, ProgressFeed};
 use crate::proxy::{ManagerConnected, Proxy, WorkerConnected, WorkerDisconnected};
@@ -16,9 +16,9 @@ use actix::prelude::*;
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;
+use taskd_core::auto::{AutoConfig, DeviceKey, Links};
 use taskd_core::ledger::RecoverTo;
 use taskd_core::operation::OperationReport;
-use taskd_core::rank_table::RankSlot;
 use taskd_core::verify::VerifyReport;
 use taskd_core::{
     GlobalRank, JobId, NodeHal, OperationId, PhaseDeadlines, RankHal, RankTable, SubmitError,
@@ -54,6 +54,95 @@ pub enum LocalJobError {
     UnknownOperation(OperationId),
     #[error("timed out after {0:?} waiting for {1}")]
     Timeout(Duration, &'static str),
+    #[error("automatic failover is off in this job")]
+    AutoOff,
+}
+
+/// One proxy per node of `table`, connected to `manager` (probing links when `auto` is on).
+fn start_proxies(
+    job: &JobId,
+    table: &RankTable,
+    nodes: Vec<Box<dyn NodeHal>>,
+    manager: &Addr<Manager>,
+    auto: Option<AutoConfig>,
+) -> Vec<Addr<Proxy>> {
+    let mut proxies = Vec::new();
+    // Every node probes at the same instants.
+    let origin = crate::net::unix_ms();
+    for (node, hal) in table.nodes().iter().zip(nodes) {
+        let mut proxy = Proxy::new(job.clone(), node.clone(), hal, actor_link(manager));
+        if let Some(a) = auto {
+            let devices = table.devices_of(node).map(|(d, _)| d).collect();
+            proxy = proxy.probe_links(a.link_probe, origin, devices);
+        }
+        let proxy = proxy.start();
+        manager.do_send(ProxyConnected {
+            node: node.clone(),
+            link: actor_link(&proxy),
+        });
+        proxies.push(proxy);
+    }
+    proxies
+}
+
+/// One worker per rank of `table`, connected to its node's proxy (`proxies` in the table's
+/// node order).
+fn start_workers(
+    job: &JobId,
+    table: &RankTable,
+    ranks: Vec<RankParts>,
+    gates: &[Arc<StepGate>],
+    proxies: &[Addr<Proxy>],
+) -> Vec<Addr<Worker>> {
+    let mut workers = Vec::new();
+    for (r, parts) in ranks.into_iter().enumerate() {
+        let slot = table.slot(GlobalRank(r as u32)).expect("rank in table");
+        let node_idx = table
+            .nodes()
+            .iter()
+            .position(|n| *n == slot.node)
+            .expect("node in table");
+        let proxy = proxies[node_idx].clone();
+        let farewell_proxy = proxy.clone();
+        let worker = Worker::new(
+            WorkerConfig {
+                job: job.clone(),
+                node: slot.node.clone(),
+                rank: slot.rank,
+                tsp: parts.tsp,
+            },
+            parts.hal,
+            gates[r].clone(),
+            actor_link(&proxy),
+        )
+        .with_farewell(Box::new(move |rank| {
+            farewell_proxy.do_send(WorkerDisconnected {
+                rank,
+                reason: "worker process exited (connection closed)".into(),
+            })
+        }));
+        let addr = worker.start();
+        proxy.do_send(WorkerConnected {
+            rank: slot.rank,
+            link: actor_link(&addr),
+        });
+        workers.push(addr);
+    }
+    workers
+}
+
+/// A manager for `job`, with automatic failover when `auto` is given.
+fn new_manager(
+    job: &JobId,
+    table: &RankTable,
+    deadlines: PhaseDeadlines,
+    auto: Option<AutoConfig>,
+) -> Manager {
+    let m = Manager::new(job.clone(), table.clone(), deadlines);
+    match auto {
+        Some(cfg) => m.with_auto(cfg),
+        None => m,
+    }
 }
 
 /// A running in-process job.
@@ -62,6 +151,8 @@ pub struct LocalJob {
     manager: Mutex<(Addr<Manager>, ProgressFeed)>,
     proxies: Vec<Addr<Proxy>>,
     config: (JobId, RankTable, PhaseDeadlines),
+    /// Automatic failover, when on (a restarted manager runs it too).
+    auto: Option<AutoConfig>,
     workers: Vec<Addr<Worker>>,
     gates: Vec<Arc<StepGate>>,
     system: System,
@@ -78,98 +169,22 @@ pub enum RecoveryResult {
     Verification(VerifyReport),
 }
 
-/// The actors of a local job, as started on its actix system.
-struct Actors {
-    manager: Addr<Manager>,
-    progress: ProgressFeed,
-    proxies: Vec<Addr<Proxy>>,
-    workers: Vec<Addr<Worker>>,
-}
-
-impl Actors {
-    /// Starts the manager, a proxy per node and a worker per rank, wired in-process. Call it
-    /// inside the actix system.
-    fn start(
-        cfg: &LocalJobConfig,
-        nodes: Vec<Box<dyn NodeHal>>,
-        ranks: Vec<RankParts>,
-        gates: &[Arc<StepGate>],
-    ) -> Actors {
-        let table = &cfg.table;
-        let manager = Manager::new(cfg.job.clone(), table.clone(), cfg.deadlines);
-        let progress = manager.progress();
-        let manager = manager.start();
-        let mut proxies = Vec::new();
-        for (node, hal) in table.nodes().iter().zip(nodes) {
-            let proxy =
-                Proxy::new(cfg.job.clone(), node.clone(), hal, actor_link(&manager)).start();
-            manager.do_send(ProxyConnected {
-                node: node.clone(),
-                link: actor_link(&proxy),
-            });
-            proxies.push(proxy);
-        }
-        let workers = ranks
-            .into_iter()
-            .enumerate()
-            .map(|(r, parts)| {
-                let slot = table.slot(GlobalRank(r as u32)).expect("rank in table");
-                let node_idx = table
-                    .nodes()
-                    .iter()
-                    .position(|n| *n == slot.node)
-                    .expect("node in table");
-                start_worker(cfg, slot, parts, gates[r].clone(), &proxies[node_idx])
-            })
-            .collect();
-        Actors {
-            manager,
-            progress,
-            proxies,
-            workers,
-        }
-    }
-}
-
-/// Starts the worker of `slot` behind `proxy`; its stop tells the proxy its connection closed.
-fn start_worker(
-    cfg: &LocalJobConfig,
-    slot: &RankSlot,
-    parts: RankParts,
-    gate: Arc<StepGate>,
-    proxy: &Addr<Proxy>,
-) -> Addr<Worker> {
-    let farewell_proxy = proxy.clone();
-    let worker = Worker::new(
-        WorkerConfig {
-            job: cfg.job.clone(),
-            node: slot.node.clone(),
-            rank: slot.rank,
-            tsp: parts.tsp,
-        },
-        parts.hal,
-        gate,
-        actor_link(proxy),
-    )
-    .with_farewell(Box::new(move |rank| {
-        farewell_proxy.do_send(WorkerDisconnected {
-            rank,
-            reason: "worker process exited (connection closed)".into(),
-        })
-    }));
-    let addr = worker.start();
-    proxy.do_send(WorkerConnected {
-        rank: slot.rank,
-        link: actor_link(&addr),
-    });
-    addr
-}
-
 impl LocalJob {
     /// Starts the actors. `nodes[i]` is the HAL of the table's i-th node, `ranks[r]` the
     /// parts of global rank `r`.
     pub fn start(
         cfg: LocalJobConfig,
+        nodes: Vec<Box<dyn NodeHal>>,
+        ranks: Vec<RankParts>,
+    ) -> Result<LocalJob, LocalJobError> {
+        Self::start_with_auto(cfg, None, nodes, ranks)
+    }
+
+    /// [`LocalJob::start`], with automatic failover when `auto` is given: the manager runs
+    /// the policy and every proxy probes its node's links every `auto.link_probe`.
+    pub fn start_with_auto(
+        cfg: LocalJobConfig,
+        auto: Option<AutoConfig>,
         nodes: Vec<Box<dyn NodeHal>>,
         ranks: Vec<RankParts>,
     ) -> Result<LocalJob, LocalJobError> {
@@ -199,19 +214,18 @@ impl LocalJob {
             .spawn(move || {
                 let sys = System::new();
                 sys.block_on(async move {
-                    let started = Actors::start(&cfg, nodes, ranks, &worker_gates);
-                    let _ = tx.send((System::current(), started));
+                    let manager = new_manager(&cfg.job, &table, cfg.deadlines, auto);
+                    let progress = manager.progress();
+                    let manager = manager.start();
+                    let proxies = start_proxies(&cfg.job, &table, nodes, &manager, auto);
+                    let workers = start_workers(&cfg.job, &table, ranks, &worker_gates, &proxies);
+                    let _ = tx.send((System::current(), manager, proxies, workers, progress));
                 });
                 sys.run().ok();
             })
             .expect("spawning the actor thread");
-        let (system, actors) = rx.recv().map_err(|_| LocalJobError::SystemGone)?;
-        let Actors {
-            manager,
-            progress,
-            proxies,
-            workers,
-        } = actors;
+        let (system, manager, proxies, workers, progress) =
+            rx.recv().map_err(|_| LocalJobError::SystemGone)?;
         let client = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
@@ -220,6 +234,7 @@ impl LocalJob {
             manager: Mutex::new((manager, progress)),
             proxies,
             config,
+            auto,
             workers,
             gates,
             system,
@@ -237,9 +252,10 @@ impl LocalJob {
         let _ = self.client.block_on(old.send(StopManager));
         let (job, table, deadlines) = self.config.clone();
         let proxies = self.proxies.clone();
+        let auto = self.auto;
         let (tx, rx) = std::sync::mpsc::channel();
         self.system.arbiter().spawn(async move {
-            let manager = Manager::new(job, table.clone(), deadlines);
+            let manager = new_manager(&job, &table, deadlines, auto);
             let progress = manager.progress();
             let addr = manager.start();
             for (node, proxy) in table.nodes().iter().zip(&proxies) {
@@ -408,6 +424,66 @@ impl LocalJob {
                 }
             }
         })
+    }
+
+    /// Runs `fut` (a message to the manager, say) to its end on this job's client, handing
+    /// every progress event `events` receives meanwhile to `on_progress` in order (then those
+    /// already published when it ends). A subscriber that lagged loses the oldest events.
+    pub fn drive<T>(
+        &self,
+        fut: impl std::future::Future<Output = T>,
+        events: &mut tokio::sync::broadcast::Receiver<ProgressEvent>,
+        mut on_progress: impl FnMut(&ProgressEvent),
+    ) -> T {
+        use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+        self.client.block_on(async {
+            tokio::pin!(fut);
+            let mut open = true;
+            loop {
+                tokio::select! {
+                    biased;
+                    ev = events.recv(), if open => match ev {
+                        Ok(ev) => on_progress(&ev),
+                        Err(RecvError::Lagged(_)) => {}
+                        Err(RecvError::Closed) => open = false,
+                    },
+                    out = &mut fut => {
+                        loop {
+                            match events.try_recv() {
+                                Ok(ev) => on_progress(&ev),
+                                Err(TryRecvError::Lagged(_)) => {}
+                                Err(_) => break,
+                            }
+                        }
+                        return out;
+                    }
+                }
+            }
+        })
+    }
+
+    /// Waits (at most `timeout`, handing progress events to `on_progress` like
+    /// [`LocalJob::drive`]) until automatic failover has settled with the manager seeing
+    /// `links` (see [`AwaitAutoSettled`]).
+    pub fn await_auto_settled(
+        &self,
+        links: Vec<(DeviceKey, Links)>,
+        timeout: Duration,
+        events: &mut tokio::sync::broadcast::Receiver<ProgressEvent>,
+        on_progress: impl FnMut(&ProgressEvent),
+    ) -> Result<(), LocalJobError> {
+        let settled = self.manager().send(AwaitAutoSettled { links });
+        // The timer is created inside the client's runtime.
+        let bounded = async { tokio::time::timeout(timeout, settled).await };
+        match self.drive(bounded, events, on_progress) {
+            Ok(Ok(true)) => Ok(()),
+            Ok(Ok(false)) => Err(LocalJobError::AutoOff),
+            Ok(Err(_)) => Err(LocalJobError::SystemGone),
+            Err(_) => Err(LocalJobError::Timeout(
+                timeout,
+                "automatic failover to settle",
+            )),
+        }
     }
 
     pub fn status(&self, recent: usize) -> Result<ManagerStatus, LocalJobError> {

@@ -1,6 +1,11 @@
 //! The manager: one per job. It admits commands through the [`JobLedger`], runs the operation
 //! state machine, carries out its actions (broadcasts, deadlines, the final report) and
-//! delivers each result to whoever waits for it.
+//! delivers each result to whoever waits for it. With automatic failover on, it also runs the
+//! policy's decisions (`manager/auto.rs`).
+
+mod auto;
+
+pub use auto::AwaitAutoSettled;
 
 mod clusterd;
 
@@ -16,7 +21,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 use taskd_core::ledger::Submitted;
 use taskd_core::ledger::{RecoverTo, RecoveryStarted};
-use taskd_core::operation::{Action, Event, OperationReport};
+use taskd_core::operation::{Action, Event, OperationReport, Trigger};
 use taskd_core::protocol::{Directive, Phase, ProxyToManager};
 use taskd_core::verify::VerifyReport;
 use taskd_core::{
@@ -46,6 +51,8 @@ pub struct Manager {
     observer: Observer,
     /// ClusterD's side, when the manager is its client (`manager/clusterd.rs`).
     clusterd: Option<clusterd::Side>,
+    /// Automatic failover, when on ([`Manager::with_auto`]).
+    auto: Option<auto::Auto>,
 }
 
 impl Manager {
@@ -63,6 +70,7 @@ impl Manager {
             lost: BTreeMap::new(),
             observer,
             clusterd: None,
+            auto: None,
         }
     }
 
@@ -139,6 +147,7 @@ impl Manager {
             let _ = w.send(report.clone());
         }
         self.job_changed();
+        self.auto_evaluate(ctx);
     }
 
     fn broadcast(&mut self, d: Directive, ctx: &mut Context<Self>) {
@@ -186,6 +195,7 @@ impl Manager {
             let _ = w.send(report.clone());
         }
         self.maybe_verify(ctx);
+        self.auto_finished(&report, ctx);
     }
 
     /// An operation the ledger just started under `span`: tells the observer, then carries
@@ -299,6 +309,7 @@ impl Handler<Deliver<ProxyToManager>> for Manager {
                 self.observe_waiting();
                 self.run(actions, ctx);
             }
+            ProxyToManager::Links(report) => self.auto_links(report, ctx),
         }
     }
 }
@@ -334,7 +345,7 @@ impl Handler<Submit> for Manager {
     fn handle(&mut self, Submit(cmd): Submit, ctx: &mut Self::Context) -> Self::Result {
         let id = cmd.id.unwrap_or_else(|| OperationId(uuid::Uuid::new_v4()));
         let now = self.now();
-        let span = observer::submit_span(id, &cmd);
+        let span = observer::submit_span(id, &cmd, Trigger::Operator);
         let res = span.in_scope(|| self.ledger.submit(&cmd, id, now));
         match res {
             Ok(Submitted::Started { id, actions }) => {
@@ -571,6 +582,8 @@ impl Handler<Drain> for Manager {
     type Result = ResponseFuture<Option<OperationReport>>;
 
     fn handle(&mut self, m: Drain, ctx: &mut Self::Context) -> Self::Result {
+        // A stopping manager starts nothing new.
+        self.auto = None;
         let Some(id) = self.ledger.in_flight().map(|op| op.id()) else {
             // A verification round changes nothing: drop it.
             let actions = self.ledger.abort(m.reason, self.now());

@@ -12,7 +12,7 @@ use crate::telemetry;
 use std::time::{Duration, Instant};
 use taskd_core::command::SwitchPlan;
 use taskd_core::ledger::{RecoverTo, RegisterError};
-use taskd_core::operation::{HoldPoint, OperationReport, Outcome};
+use taskd_core::operation::{HoldPoint, OperationReport, Outcome, Trigger};
 use taskd_core::protocol::{Directive, DirectiveKind, Phase};
 use taskd_core::verify::VerifyReport;
 use taskd_core::{GlobalRank, JobId, JobLedger, JobState, OperationId, SubmitError, SwitchCommand};
@@ -45,8 +45,9 @@ struct WatchedPhase {
     span: Option<Span>,
 }
 
-/// The span of an operator's switch command; the ledger admits it inside it.
-pub(crate) fn submit_span(id: OperationId, cmd: &SwitchCommand) -> Span {
+/// The span of a switch command (an operator's, or the automatic failover's: `trigger`); the
+/// ledger admits it inside it.
+pub(crate) fn submit_span(id: OperationId, cmd: &SwitchCommand, trigger: Trigger) -> Span {
     tracing::info_span!(
         "operation",
         uuid = %id,
@@ -54,6 +55,7 @@ pub(crate) fn submit_span(id: OperationId, cmd: &SwitchCommand) -> Span {
         targets = cmd.targets.len(),
         direction = tracing::field::Empty,
         role = "manager",
+        trigger = trigger.as_str(),
     )
 }
 

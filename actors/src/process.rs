@@ -16,12 +16,14 @@ pub mod rank_table;
 
 use crate::clusterd::{ClusterdClient, ClusterdConfig, ClusterdError};
 use crate::control::{self, ControlConfig, ControlServer, ServeError};
-use crate::manager::Drain;
+use crate::manager::{Drain, Manager};
 use crate::net::{ManagerNode, ManagerNodeConfig, NetError};
+use actix::Actor as _;
 use parking_lot::Mutex;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use taskd_core::auto::AutoConfig;
 use taskd_core::operation::OperationReport;
 use taskd_core::{
     GlobalRank, GroupInfo, GroupRank, HalError, HcclCode, NodeName, RankHal, RankTable,
@@ -101,6 +103,9 @@ pub struct ManagerProcessConfig {
     /// ClusterD, when the manager is its client (beside the control API: both drive the same
     /// manager, one operation at a time).
     pub clusterd: Option<ClusterdConfig>,
+    /// Automatic failover, when on: the manager runs the policy and tells its proxies to
+    /// probe their links every `link_probe`.
+    pub auto: Option<AutoConfig>,
 }
 
 /// A running manager process: the manager node, its control API and its ClusterD client.
@@ -115,7 +120,17 @@ impl ManagerProcess {
     /// Starts the manager, listens for proxies and serves the control API. Nothing is left
     /// running when it fails. Call it from inside an actix system.
     pub async fn start(cfg: ManagerProcessConfig) -> Result<ManagerProcess, ProcessError> {
-        let node = ManagerNode::spawn(cfg.node.clone()).await?;
+        let mut node_cfg = cfg.node.clone();
+        let mut manager = Manager::new(
+            node_cfg.job.clone(),
+            node_cfg.table.clone(),
+            node_cfg.deadlines,
+        );
+        if let Some(auto) = cfg.auto {
+            node_cfg.net.link_probe = Some(auto.link_probe);
+            manager = manager.with_auto(auto);
+        }
+        let node = ManagerNode::spawn_with(node_cfg, manager.start()).await?;
         let control = match cfg.control {
             None => None,
             Some(c) => {

@@ -2,7 +2,9 @@
 //!
 //! The manager publishes one [`ProgressEvent`] when an operation starts, when each phase
 //! starts, as the phase's count of ranks still to answer goes down, when each phase ends, and
-//! once with the final report. Anyone may subscribe ([`ProgressFeed::subscribe`], or the
+//! once with the final report; with automatic failover on, also when a device's links change
+//! ([`ProgressKind::Links`]) and for every decision of the policy ([`ProgressKind::Decision`]).
+//! Anyone may subscribe ([`ProgressFeed::subscribe`], or the
 //! manager's [`crate::manager::SubscribeProgress`] message): a CLI showing live progress, a
 //! control API streaming it to an operator. A subscriber that falls behind loses the oldest
 //! events (`RecvError::Lagged`), never the manager's time; the final report is the last event
@@ -10,9 +12,10 @@
 
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
+use taskd_core::auto::AutoDecision;
 use taskd_core::command::{Direction, RankTarget};
 use taskd_core::operation::OperationReport;
-use taskd_core::protocol::Phase;
+use taskd_core::protocol::{LinkReport, Phase};
 use taskd_core::{JobId, OperationId};
 use tokio::sync::broadcast;
 
@@ -22,11 +25,17 @@ pub const PROGRESS_BUFFER: usize = 1024;
 /// One step of one operation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProgressEvent {
+    /// The operation; for a link change or a decision that held a move back (no operation),
+    /// the nil UUID ([`NO_OPERATION`]).
     pub op: OperationId,
-    /// Time since the operation started (the manager's clock).
+    /// Time since the operation started (the manager's clock); zero for a link change or a
+    /// decision (which carry the manager's time).
     pub at: Duration,
     pub kind: ProgressKind,
 }
+
+/// The `op` of an event that belongs to no operation.
+pub const NO_OPERATION: OperationId = OperationId(uuid::Uuid::nil());
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -51,6 +60,17 @@ pub enum ProgressKind {
     PhaseFinished { phase: Phase, took: Duration },
     /// The one final result. Nothing follows it for this operation.
     Finished(Box<OperationReport>),
+    /// Automatic failover: the manager learned that a device's links changed (at `at` on its
+    /// clock).
+    Links {
+        /// The report, as the node's proxy sent it.
+        report: LinkReport,
+        /// When the manager handled it (since it started).
+        at: Duration,
+    },
+    /// Automatic failover: one decision of the policy. A move comes right before the
+    /// `Started` of its operation, under the operation's id.
+    Decision(AutoDecision),
 }
 
 impl ProgressEvent {
@@ -90,5 +110,10 @@ impl ProgressFeed {
     pub(crate) fn publish(&self, op: OperationId, at: Duration, kind: ProgressKind) {
         // Nobody listening is fine.
         let _ = self.tx.send(ProgressEvent { op, at, kind });
+    }
+
+    /// An event of the automatic failover, of operation `op` when it started one.
+    pub(crate) fn publish_auto(&self, op: Option<OperationId>, kind: ProgressKind) {
+        self.publish(op.unwrap_or(NO_OPERATION), Duration::ZERO, kind);
     }
 }

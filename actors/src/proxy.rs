@@ -1,6 +1,9 @@
 //! The proxy: one per node. It relays each directive to the node's workers and fans their
 //! replies in, so the manager handles one reply per node instead of one per rank. During the
 //! sample phase it adds the link health of the node's targeted devices, read from the node HAL.
+//! When the manager runs automatic failover, it also probes both links of every device of the
+//! node at a fixed interval and reports each device whose links changed
+//! ([`Proxy::probe_links`]).
 
 use crate::telemetry;
 use crate::transport::{Deliver, Link};
@@ -8,12 +11,13 @@ use actix::prelude::*;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+use taskd_core::auto::Links;
 use taskd_core::protocol::{
-    Directive, DirectiveKind, NodeReply, Phase, ProxyToManager, RankReply, ReplyBody, WorkerHello,
-    WorkerToProxy,
+    Directive, DirectiveKind, LinkReport, NodeReply, Phase, ProxyToManager, RankReply, ReplyBody,
+    WorkerHello, WorkerToProxy,
 };
-use taskd_core::{GlobalRank, JobId, LinkHealth, NodeHal, NodeName, OperationId};
+use taskd_core::{DeviceId, GlobalRank, JobId, LinkHealth, NodeHal, NodeName, OperationId};
 use tracing::Span;
 
 /// Replies being gathered for one directive.
@@ -39,6 +43,20 @@ pub struct Proxy {
     /// phase, so this node's logs line up with the manager's and the workers'.
     op_span: Option<(OperationId, Span)>,
     phase_span: Span,
+    probe: Option<LinkProbe>,
+}
+
+/// The link probing of a proxy whose manager runs automatic failover.
+struct LinkProbe {
+    every: Duration,
+    /// Rounds run at `origin + k * every` (Unix ms), the same instants on every node, so
+    /// links that fail together are seen in the same round everywhere.
+    origin_unix_ms: u64,
+    devices: Vec<DeviceId>,
+    /// The links last reported, per device.
+    reported: BTreeMap<DeviceId, Links>,
+    /// A round is running: a slow HAL never gets a second one on top.
+    busy: bool,
 }
 
 impl Proxy {
@@ -58,6 +76,88 @@ impl Proxy {
             fan_in: None,
             op_span: None,
             phase_span: Span::none(),
+            probe: None,
+        }
+    }
+
+    /// Probes both links of each of `devices` every `every` (the first round at once, then
+    /// at `origin_unix_ms + k * every`, a time every node of the job shares: the manager's
+    /// start) and sends the manager a [`LinkReport`] for each device whose links changed since
+    /// the last report; a probe that fails reports the device's links unknown.
+    pub fn probe_links(
+        mut self,
+        every: Duration,
+        origin_unix_ms: u64,
+        devices: Vec<DeviceId>,
+    ) -> Self {
+        self.probe = Some(LinkProbe {
+            every,
+            origin_unix_ms,
+            devices,
+            reported: BTreeMap::new(),
+            busy: false,
+        });
+        self
+    }
+
+    /// One round of link probes, on the blocking pool (the HAL may take its time).
+    fn probe_round(&mut self, ctx: &mut Context<Self>) {
+        let Some(p) = self.probe.as_mut().filter(|p| !p.busy) else {
+            return;
+        };
+        p.busy = true;
+        let devices = p.devices.clone();
+        let hal = self.node_hal.clone();
+        let node = self.node.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            let mut hal = hal.lock();
+            devices
+                .into_iter()
+                .map(|dev| (dev, probe_device(&mut **hal, &node, dev)))
+                .collect::<Vec<_>>()
+        });
+        ctx.spawn(actix::fut::wrap_future::<_, Self>(read).map(|res, act, _| {
+            if let Some(p) = act.probe.as_mut() {
+                p.busy = false;
+            }
+            act.report_links(res.unwrap_or_default());
+        }));
+    }
+
+    /// Arms the next round at the next multiple of the interval since the origin (re-aligned
+    /// every round, so a slow round never makes the nodes drift apart).
+    fn next_probe_round(&mut self, ctx: &mut Context<Self>) {
+        let Some(p) = self.probe.as_ref() else {
+            return;
+        };
+        let every = (p.every.as_millis() as u64).max(1);
+        let since = crate::net::unix_ms().saturating_sub(p.origin_unix_ms);
+        let wait = Duration::from_millis(every - since % every);
+        ctx.run_later(wait, |act, ctx| {
+            act.probe_round(ctx);
+            act.next_probe_round(ctx);
+        });
+    }
+
+    /// Sends the manager the devices of `probed` whose links changed since the last report.
+    fn report_links(&mut self, probed: Vec<(DeviceId, Links)>) {
+        let Some(p) = self.probe.as_mut() else {
+            return;
+        };
+        let mut changed = Vec::new();
+        for (device, links) in probed {
+            if p.reported.insert(device, links) != Some(links) {
+                changed.push(LinkReport {
+                    node: self.node.clone(),
+                    device,
+                    links,
+                });
+            }
+        }
+        for report in changed {
+            tracing::info!(node = %self.node, device = report.device.0, primary = %report.links.primary, backup = %report.links.backup, "links changed");
+            telemetry::message("out", "link_report");
+            self.up(ProxyToManager::Links(report));
         }
     }
 
@@ -151,8 +251,30 @@ impl Proxy {
     }
 }
 
+/// Both links of `device`, or unknown when the probe fails.
+fn probe_device(hal: &mut dyn NodeHal, node: &NodeName, device: DeviceId) -> Links {
+    let started = Instant::now();
+    let res = hal.link_health(device);
+    telemetry::hal_call("link_health", res.is_ok(), started.elapsed());
+    match res {
+        Ok(h) => Links::from_health(&h),
+        Err(e) => {
+            telemetry::hal_error("link_health", &e);
+            tracing::debug!(%node, device = device.0, error = %e, "link probe failed: links unknown");
+            Links::UNKNOWN
+        }
+    }
+}
+
 impl Actor for Proxy {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        if self.probe.is_some() {
+            self.probe_round(ctx);
+            self.next_probe_round(ctx);
+        }
+    }
 }
 
 /// A worker's connection is up; directives for it go through `link`.
@@ -190,6 +312,10 @@ impl Handler<ManagerConnected> for Proxy {
         for hello in self.hellos.values().cloned().collect::<Vec<_>>() {
             telemetry::message("out", "worker_up");
             self.up(ProxyToManager::WorkerUp(hello));
+        }
+        // The new manager knows no link yet: the next round reports every device.
+        if let Some(p) = self.probe.as_mut() {
+            p.reported.clear();
         }
     }
 }

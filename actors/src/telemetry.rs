@@ -8,8 +8,8 @@
 //!
 //! **Cardinality.** No metric has a label that takes a rank, node, group, job or operation id:
 //! every label has a small fixed set of values (`result`, `direction`, `phase`, `op`, `code`,
-//! `kind`, `state`, `type`, `report`), so one process exports well under 200 series whatever the
-//! size of the job.
+//! `kind`, `state`, `type`, `report`, `action`, `reason`), so one process exports well under 200
+//! series whatever the size of the job.
 //! Which job and which process a series comes from is the scrape target's business (Prometheus
 //! adds `job` and `instance`). Per-rank detail belongs in logs (spans carry the rank), not in
 //! series: a job can have tens of thousands of ranks.
@@ -80,6 +80,14 @@ pub const CLUSTERD_SIGNALS_TOTAL: &str = "taskd_clusterd_signals_total";
 /// told.
 pub const CLUSTERD_REPORTS_TOTAL: &str = "taskd_clusterd_reports_total";
 
+/// Counter `{action, reason}`: the automatic failover policy's decisions: `action` =
+/// `to_backup`, `to_primary` (the device moved in an automatic operation) or `hold` (it was held
+/// back); `reason` = why (`taskd_core::auto::AutoReason::as_str`: `primary_down`,
+/// `backup_down`, `primary_recovered`, `flapping`, `operation_running`, `job_not_running`,
+/// `unverified`, `min_interval`, `failed_before`, `partner_conflict`, `refused`). Both sets are
+/// fixed.
+pub const AUTO_DECISIONS_TOTAL: &str = "taskd_auto_decisions_total";
+
 /// Every metric name this crate exports.
 pub const ALL: &[&str] = &[
     OPERATIONS_TOTAL,
@@ -100,6 +108,7 @@ pub const ALL: &[&str] = &[
     CLUSTERD_CONNECTED,
     CLUSTERD_SIGNALS_TOTAL,
     CLUSTERD_REPORTS_TOTAL,
+    AUTO_DECISIONS_TOTAL,
 ];
 
 /// Buckets (seconds) of the phase and stall histograms: a millisecond (a simulated step) up
@@ -121,6 +130,16 @@ pub(crate) fn hal_call(op: &'static str, ok: bool, took: Duration) {
     let result = if ok { "ok" } else { "error" };
     metrics::counter!(HAL_CALLS_TOTAL, "op" => op, "result" => result).increment(1);
     metrics::histogram!(HAL_CALL_DURATION, "op" => op).record(took.as_secs_f64());
+}
+
+/// One decision of the automatic failover policy.
+pub(crate) fn auto_decision(d: &taskd_core::auto::AutoDecision) {
+    metrics::counter!(
+        AUTO_DECISIONS_TOTAL,
+        "action" => d.action.as_str(),
+        "reason" => d.reason.as_str()
+    )
+    .increment(1);
 }
 
 /// A failed HAL call's kind and code; call it besides [`hal_call`].
@@ -196,6 +215,12 @@ fn describe() {
         Unit::Count,
         "Failed device HAL calls by operation, error kind and vendor code name"
     );
+    describe_job();
+}
+
+/// The job's gauges and the automatic failover's counter.
+fn describe_job() {
+    use metrics::{describe_counter, describe_gauge};
     describe_gauge!(
         JOB_STATE,
         Unit::Count,
@@ -230,6 +255,11 @@ fn describe() {
         BUILD_INFO,
         Unit::Count,
         "Always 1; labelled with the version"
+    );
+    describe_counter!(
+        AUTO_DECISIONS_TOTAL,
+        Unit::Count,
+        "Automatic failover decisions by action (to_backup, to_primary, hold) and reason"
     );
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
 }

@@ -133,6 +133,15 @@ fn up() -> impl Strategy<Value = pb::Up> {
             (any::<u32>(), text())
                 .prop_map(|(rank, reason)| P::WorkerLost(pb::WorkerLost { rank, reason })),
             node_reply().prop_map(P::Reply),
+            // Link states past the known ones (a newer peer's) and the missing 0 included.
+            (text(), any::<u32>(), -1i32..6, -1i32..6).prop_map(
+                |(node, device, primary, backup)| P::Links(pb::LinkReport {
+                    node,
+                    device,
+                    primary,
+                    backup,
+                })
+            ),
         ],
     )
     .prop_map(|kind| pb::up::Body::Proxy(pb::ProxyMessage { kind }));

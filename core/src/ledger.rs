@@ -9,7 +9,8 @@ use crate::hal::{NicSide, SwitchCapabilities};
 use crate::ids::{GlobalRank, JobId, NodeName, OperationId};
 pub use crate::operation::JobState;
 use crate::operation::{
-    Action, CommandError, Event, Operation, OperationKind, OperationReport, Outcome, PhaseDeadlines,
+    Action, CommandError, Event, Operation, OperationKind, OperationReport, Outcome,
+    PhaseDeadlines, Trigger,
 };
 use crate::protocol::{Phase, WorkerHello};
 use crate::rank_table::RankTable;
@@ -404,9 +405,22 @@ impl JobLedger {
         self.history.iter().rev().find(|r| r.id == id)
     }
 
-    /// Admits a command under `id` (the command's own, or one the caller generated).
+    /// Admits an operator's command under `id` (the command's own, or one the caller
+    /// generated).
     pub fn submit(
         &mut self,
+        cmd: &SwitchCommand,
+        id: OperationId,
+        now: Duration,
+    ) -> Result<Submitted, SubmitError> {
+        self.submit_by(Trigger::Operator, cmd, id, now)
+    }
+
+    /// [`JobLedger::submit`] for whoever `trigger` names: the same rules, and the report says
+    /// who asked.
+    pub fn submit_by(
+        &mut self,
+        trigger: Trigger,
         cmd: &SwitchCommand,
         id: OperationId,
         now: Duration,
@@ -441,7 +455,8 @@ impl JobLedger {
             .iter()
             .map(|t| (t.rank, self.side_of(t.rank)))
             .collect();
-        let (op, actions) = Operation::start(
+        let (op, actions) = Operation::start_by(
+            trigger,
             id,
             plan,
             previous,

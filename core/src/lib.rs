@@ -2,6 +2,7 @@
 //!
 //! The pure heart of taskd: everything the control plane decides, with nothing it does.
 //!
+//! - [`auto`]: the automatic failover policy (when to move a device without an operator).
 //! - [`ids`]: the names of things (job, node, device, global and group rank, operation id).
 //! - [`rank_table`]: which `(node, device)` runs which global rank.
 //! - [`command`]: the operator's switch command and its validation into typed errors.
@@ -22,6 +23,7 @@
 //! No I/O (but [`env::process_env`], the lookup the binaries hand in), no runtime, no clock: time enters as [`std::time::Duration`] values handed in by the
 //! caller, so every interleaving can be replayed in a unit or property test.
 
+pub mod auto;
 pub mod command;
 pub mod display;
 pub mod env;
@@ -43,7 +45,7 @@ pub use hal::{
 };
 pub use ids::{DeviceId, GlobalRank, GroupRank, JobId, NodeName, OperationId};
 pub use ledger::{JobLedger, JobState, SubmitError};
-pub use operation::{Action, Event, Operation, OperationReport, Outcome, PhaseDeadlines};
+pub use operation::{Action, Event, Operation, OperationReport, Outcome, PhaseDeadlines, Trigger};
 pub use planner::{plan_calls, GroupCall};
 pub use rank_table::RankTable;
 pub use summary::OperationSummary;

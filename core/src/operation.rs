@@ -118,6 +118,28 @@ pub enum OperationKind {
     Sequenced,
 }
 
+/// Who asked for an operation.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Trigger {
+    /// An operator (the control API, the CLI, a launcher): every operation unless said
+    /// otherwise.
+    #[default]
+    Operator,
+    /// The automatic failover policy ([`crate::auto`]).
+    Auto,
+}
+
+impl Trigger {
+    /// The name used in logs and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Operator => "operator",
+            Trigger::Auto => "auto",
+        }
+    }
+}
+
 /// Output of the machine, to be carried out in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
@@ -370,6 +392,9 @@ pub struct OperationReport {
     pub lost_ranks: Vec<GlobalRank>,
     /// Where the training job stands after the operation.
     pub job_state: JobState,
+    /// Who asked for it.
+    #[serde(default)]
+    pub trigger: Trigger,
 }
 
 /// One operation in flight.
@@ -381,6 +406,7 @@ pub struct OperationReport {
 pub struct Operation {
     id: OperationId,
     kind: OperationKind,
+    trigger: Trigger,
     plan: SwitchPlan,
     /// What a rollback re-applies: the targets whose side the switch changes, with the side
     /// they had before.
@@ -583,8 +609,8 @@ impl RankErrors {
 }
 
 impl Operation {
-    /// Starts an operation over `ranks` (every rank of the job). `previous` is the targets'
-    /// current side, used for rollback.
+    /// Starts an operator's operation over `ranks` (every rank of the job). `previous` is the
+    /// targets' current side, used for rollback.
     pub fn start(
         id: OperationId,
         plan: SwitchPlan,
@@ -593,16 +619,22 @@ impl Operation {
         deadlines: PhaseDeadlines,
         now: Duration,
     ) -> (Operation, Vec<Action>) {
+        Operation::start_by(Trigger::Operator, id, plan, previous, ranks, deadlines, now)
+    }
+
+    /// [`Operation::start`] for whoever `trigger` names (the report says who).
+    pub fn start_by(
+        trigger: Trigger,
+        id: OperationId,
+        plan: SwitchPlan,
+        previous: Vec<(GlobalRank, NicSide)>,
+        ranks: impl IntoIterator<Item = GlobalRank>,
+        deadlines: PhaseDeadlines,
+        now: Duration,
+    ) -> (Operation, Vec<Action>) {
         let ranks = ranks.into_iter().collect();
-        Operation::begin(
-            OperationKind::Switch,
-            id,
-            plan,
-            previous,
-            ranks,
-            deadlines,
-            now,
-        )
+        let origin = (OperationKind::Switch, trigger);
+        Operation::begin(origin, id, plan, previous, ranks, deadlines, now)
     }
 
     /// Starts a recovery (see [`OperationKind::Recovery`]): `plan` re-states the ranks in
@@ -615,12 +647,12 @@ impl Operation {
         now: Duration,
     ) -> (Operation, Vec<Action>) {
         let ranks = ranks.into_iter().collect();
-        let kind = OperationKind::Recovery;
-        Operation::begin(kind, id, plan, Vec::new(), ranks, deadlines, now)
+        let origin = (OperationKind::Recovery, Trigger::Operator);
+        Operation::begin(origin, id, plan, Vec::new(), ranks, deadlines, now)
     }
 
     fn begin(
-        kind: OperationKind,
+        (kind, trigger): (OperationKind, Trigger),
         id: OperationId,
         plan: SwitchPlan,
         previous: Vec<(GlobalRank, NicSide)>,
@@ -633,6 +665,7 @@ impl Operation {
         let mut op = Operation {
             id,
             kind,
+            trigger,
             plan,
             previous,
             deadlines,
@@ -664,6 +697,11 @@ impl Operation {
     /// What the operation is for.
     pub fn kind(&self) -> OperationKind {
         self.kind
+    }
+
+    /// Who asked for it.
+    pub fn trigger(&self) -> Trigger {
+        self.trigger
     }
 
     /// The phase running (after the finish: the phase the operation ended in).
@@ -1073,6 +1111,7 @@ impl Operation {
             stall,
             lost_ranks: self.lost.keys().copied().collect(),
             job_state,
+            trigger: self.trigger,
         };
         vec![Action::Finish(Box::new(report))]
     }

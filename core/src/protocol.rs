@@ -4,9 +4,10 @@
 //! workers. Upstream, each worker answers with a [`RankReply`]; the proxy fans them in and sends
 //! the manager one [`NodeReply`] per node (early, with what it has, when a rank fails).
 
+use crate::auto::Links;
 use crate::command::RankTarget;
 use crate::hal::{HalError, LinkHealth, NicSide, SwitchCapabilities};
-use crate::ids::{GlobalRank, JobId, NodeName, OperationId};
+use crate::ids::{DeviceId, GlobalRank, JobId, NodeName, OperationId};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::time::Duration;
@@ -189,12 +190,30 @@ pub struct WorkerHello {
     pub capabilities: SwitchCapabilities,
 }
 
+/// The links of one device of a node, as the node's proxy probed them: sent when they
+/// changed since the last report (the first probe reports every device), for the automatic
+/// failover policy ([`crate::auto`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkReport {
+    /// The node.
+    pub node: NodeName,
+    /// The device on that node.
+    pub device: DeviceId,
+    /// Its primary and backup link now.
+    pub links: Links,
+}
+
 /// What flows from a proxy to the manager.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ProxyToManager {
     WorkerUp(WorkerHello),
-    WorkerLost { rank: GlobalRank, reason: String },
+    WorkerLost {
+        rank: GlobalRank,
+        reason: String,
+    },
     Reply(NodeReply),
+    /// A device's links changed (only proxies asked to probe send it).
+    Links(LinkReport),
 }
 
 /// What flows from a worker to its proxy.

@@ -9,7 +9,7 @@
 
 use crate::command::{RankTarget, SwitchCommand};
 use crate::ledger::SubmitError;
-use crate::operation::{OperationReport, Outcome};
+use crate::operation::{OperationReport, Outcome, Trigger};
 use crate::rank_table::RankTable;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -107,6 +107,10 @@ pub struct OperationSummary {
     /// Ranks lost during the operation.
     #[serde(default)]
     pub lost_ranks: Vec<u32>,
+    /// Who asked for it: `operator`, or `auto` (the automatic failover policy); an older
+    /// writer's summary, which does not say, is an operator's.
+    #[serde(default)]
+    pub trigger: Trigger,
 }
 
 impl From<&OperationReport> for OperationSummary {
@@ -141,6 +145,7 @@ impl From<&OperationReport> for OperationSummary {
                 })
                 .collect(),
             lost_ranks: r.lost_ranks.iter().map(|r| r.0).collect(),
+            trigger: r.trigger,
         }
     }
 }
@@ -169,7 +174,13 @@ impl OperationSummary {
             applied: false,
             rank_errors: Vec::new(),
             lost_ranks: Vec::new(),
+            trigger: Trigger::Operator,
         }
+    }
+
+    /// Whether the automatic failover policy asked for it.
+    pub fn is_auto(&self) -> bool {
+        self.trigger == Trigger::Auto
     }
 }
 
@@ -242,6 +253,7 @@ mod tests {
             applied: true,
             rank_errors: Vec::new(),
             lost_ranks: Vec::new(),
+            trigger: Trigger::Auto,
         };
         let v = serde_json::to_value(&s).unwrap();
         for key in [
@@ -255,9 +267,17 @@ mod tests {
             "phases_ms",
             "stall_ms",
             "job_state",
+            "trigger",
         ] {
             assert!(v.get(key).is_some(), "{key} missing in {v}");
         }
+        // A summary written before the trigger existed is an operator's.
+        let mut old = v.clone();
+        old.as_object_mut().unwrap().remove("trigger");
+        let old: OperationSummary = serde_json::from_value(old).unwrap();
+        assert_eq!(old.trigger, Trigger::Operator);
+        assert_eq!(v["trigger"], "auto");
+        assert!(s.is_auto() && !old.is_auto());
         assert_eq!(v["phases_ms"]["rollback"], serde_json::Value::Null);
         assert_eq!(v["targets"][0]["rank"], 8);
         let back: OperationSummary = serde_json::from_value(v).unwrap();

@@ -16,7 +16,7 @@ use taskd_core::protocol::{
 use taskd_core::verify::VerifyReport;
 use taskd_core::{
     Action, DeviceId, Event, GlobalRank, HcclCode, JobId, JobLedger, JobState, NicSide, NodeName,
-    OperationId, OperationReport, Outcome, SubmitError, SwitchCapabilities, SwitchCommand,
+    OperationId, OperationReport, Outcome, SubmitError, SwitchCapabilities, SwitchCommand, Trigger,
     ValidationError,
 };
 
@@ -913,6 +913,32 @@ fn a_restarted_manager_keeps_disagreeing_groups_held() {
 // ---------------------------------------------------------------------------------------------
 // Repeated ids
 // ---------------------------------------------------------------------------------------------
+
+#[test]
+fn the_report_says_who_asked_for_the_operation() {
+    let layout = Layout::new(2, 4);
+    let mut l = ledger(&layout);
+    let mut now = secs(0);
+    let (operator, _) = run(&mut l, &layout, &[(1, true)], op_id(1), &mut now, |_, _| {
+        Answer::Correct
+    });
+    assert_eq!(operator.trigger, Trigger::Operator);
+    let first = match l.submit_by(Trigger::Auto, &layout.command(&[(1, false)]), op_id(2), now) {
+        Ok(Submitted::Started { actions, .. }) => actions,
+        other => panic!("expected a start, got {other:?}"),
+    };
+    assert_eq!(l.in_flight().map(|o| o.trigger()), Some(Trigger::Auto));
+    let auto = drive(&mut l, &layout, first, &mut now, |_, _| Answer::Correct).0;
+    assert_eq!(
+        (auto.trigger, auto.outcome),
+        (Trigger::Auto, Outcome::Succeeded)
+    );
+    assert_eq!(
+        l.result_of(op_id(2)).map(|r| r.trigger),
+        Some(Trigger::Auto)
+    );
+    assert_eq!(backup_of(&l), Vec::<u32>::new());
+}
 
 #[test]
 fn a_repeated_id_returns_the_known_result_and_never_runs_twice() {

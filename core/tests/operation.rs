@@ -11,7 +11,7 @@ use taskd_core::operation::OperationError;
 use taskd_core::protocol::{DirectiveKind, NodeReply, Phase, RankError, ReplyBody};
 use taskd_core::{
     Action, DeviceId, Direction, Event, GlobalRank, HcclCode, JobState, LinkHealth, NicSide,
-    OperationReport, Outcome,
+    OperationReport, Outcome, Trigger,
 };
 
 const ALL: [u32; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
@@ -125,6 +125,7 @@ fn happy_path_samples_pauses_at_max_step_switches_and_resumes() {
             stall: Some(millis(700)),
             lost_ranks: vec![],
             job_state: JobState::Running,
+            trigger: Trigger::Operator,
         }
     );
     assert_eq!(
@@ -239,6 +240,7 @@ fn hal_failure_in_switch_rolls_back_with_previous_values_and_resumes() {
             stall: Some(millis(700)),
             lost_ranks: vec![],
             job_state: JobState::Running,
+            trigger: Trigger::Operator,
         }
     );
     let text = h.report().to_string();

@@ -30,6 +30,14 @@ pub const MIN_MESSAGE_BYTES: u64 = 64 << 10;
 /// under 2 MiB).
 pub const MAX_MESSAGE_BYTES: u64 = 64 << 20;
 
+/// The longest link probe interval (`--link-probe-ms`): one minute. Longer would leave a
+/// failed link unnoticed for minutes.
+pub const MAX_PROBE_MS: u64 = 60_000;
+
+/// The most probes or link changes a count of the automatic failover policy takes
+/// (`--down-after`, `--max-flaps`).
+pub const MAX_PROBES: u64 = 1_000;
+
 /// The longest `taskd sim --hold-secs`: one day.
 pub const MAX_HOLD_SECS: u64 = 86_400;
 
@@ -38,8 +46,14 @@ pub fn deadline_ms() -> RangedU64ValueParser<u64> {
     RangedU64ValueParser::new().range(1..=MAX_DEADLINE_MS)
 }
 
-/// A simulated hang in milliseconds: 0 ..= [`MAX_DEADLINE_MS`].
+/// A simulated hang in milliseconds: a [`span_ms`].
 pub fn hang_ms() -> RangedU64ValueParser<u64> {
+    span_ms()
+}
+
+/// A time span that may be zero, in milliseconds (a hang, the automatic failover's
+/// `--coalesce-ms`, `--switchback-after-ms`, `--min-interval-ms`): 0 ..= [`MAX_DEADLINE_MS`].
+pub fn span_ms() -> RangedU64ValueParser<u64> {
     RangedU64ValueParser::new().range(0..=MAX_DEADLINE_MS)
 }
 
@@ -71,6 +85,16 @@ pub fn message_bytes() -> RangedU64ValueParser<usize> {
 /// A count of at least 1 and at most `max` (nodes, devices per node).
 pub fn count(max: usize) -> RangedU64ValueParser<u32> {
     RangedU64ValueParser::new().range(1..=max as u64)
+}
+
+/// `--link-probe-ms`: 1 ..= [`MAX_PROBE_MS`].
+pub fn probe_ms() -> RangedU64ValueParser<u64> {
+    RangedU64ValueParser::new().range(1..=MAX_PROBE_MS)
+}
+
+/// `--down-after`, `--max-flaps`: 1 ..= [`MAX_PROBES`].
+pub fn probes() -> RangedU64ValueParser<u32> {
+    RangedU64ValueParser::new().range(1..=MAX_PROBES)
 }
 
 /// `--hold-secs`: 0 ..= [`MAX_HOLD_SECS`].

@@ -2,6 +2,7 @@
 //! operators' control API; in a MindCluster cluster, as ClusterD's client). Starting and
 //! stopping it is [`ManagerProcess`]'s.
 
+use super::auto::AutoArgs;
 use super::error::CliError;
 use super::flags;
 use super::net_common::{say, NetArgs, TlsArgs};
@@ -12,11 +13,13 @@ use std::process::ExitCode;
 use std::time::Duration;
 use taskd_actors::clusterd::ClusterdConfig;
 use taskd_actors::control::{ControlConfig, GuardConfig, RateLimit};
+use taskd_actors::manager::SubscribeProgress;
 use taskd_actors::net::{ManagerNodeConfig, DEFAULT_MANAGER_PORT};
 use taskd_actors::process::{rank_table, ManagerProcess, ManagerProcessConfig, ShutdownSignals};
 use taskd_actors::telemetry::MetricsServer;
 use taskd_core::env::{self, process_env};
 use taskd_core::external;
+use taskd_core::operation::Trigger;
 use taskd_core::rank_table::{MAX_NODES, MAX_RANKS};
 use taskd_core::{JobId, PhaseDeadlines, RankTable};
 
@@ -80,6 +83,8 @@ pub struct ManagerArgs {
     #[arg(long, value_name = "MS", value_parser = flags::deadline_ms())]
     resume_timeout_ms: Option<u64>,
     #[command(flatten)]
+    auto: AutoArgs,
+    #[command(flatten)]
     tls: TlsArgs,
     #[command(flatten)]
     net: NetArgs,
@@ -135,6 +140,14 @@ impl ManagerArgs {
             .listen
             .unwrap_or_else(|| default_listen(sched.as_deref()));
         let clusterd = self.clusterd_config(&job)?;
+        if let (Some(c), true) = (&clusterd, self.auto.config().is_some()) {
+            return Err(CliError::usage(format!(
+                "--auto-failover is off in ClusterD client mode: ClusterD (at {}) decides every \
+                 switch there; drop --auto-failover, or pass --no-clusterd for a job ClusterD \
+                 does not drive",
+                c.addr
+            )));
+        }
         Ok(ManagerProcessConfig {
             node: ManagerNodeConfig {
                 job,
@@ -146,6 +159,7 @@ impl ManagerArgs {
             },
             control,
             clusterd,
+            auto: self.auto.config(),
         })
     }
 
@@ -192,6 +206,28 @@ impl ManagerArgs {
     }
 }
 
+/// Prints one line on stdout for every automatic operation's result, as it comes (the
+/// decisions themselves are in the log).
+async fn say_automatic_results(manager: &ManagerProcess) {
+    use tokio::sync::broadcast::error::RecvError;
+    let Ok(mut rx) = manager.node().manager().send(SubscribeProgress).await else {
+        return;
+    };
+    actix_rt::spawn(async move {
+        loop {
+            match rx.recv().await {
+                Ok(ev) => {
+                    if let Some(r) = ev.report().filter(|r| r.trigger == Trigger::Auto) {
+                        say(format!("taskd manager: automatic {r}"));
+                    }
+                }
+                Err(RecvError::Lagged(_)) => continue,
+                Err(RecvError::Closed) => return,
+            }
+        }
+    });
+}
+
 /// Every address of the manager's port, in the family of `MS_SCHED_HOST` (the address its
 /// proxies connect to): `[::]:9601` for IPv6, else `0.0.0.0:9601`.
 fn default_listen(sched_host: Option<&str>) -> SocketAddr {
@@ -206,10 +242,11 @@ fn default_listen(sched_host: Option<&str>) -> SocketAddr {
 pub fn run(a: ManagerArgs) -> Result<ExitCode, CliError> {
     let _metrics = a.serve_metrics()?;
     let cfg = a.config()?;
-    let (job, nodes, ranks) = (
+    let (job, nodes, ranks, auto) = (
         cfg.node.job.clone(),
         cfg.node.table.nodes().len(),
         cfg.node.table.world_size(),
+        cfg.auto,
     );
     actix_rt::System::new().block_on(async move {
         let mut signals = ShutdownSignals::install()?;
@@ -223,6 +260,13 @@ pub fn run(a: ManagerArgs) -> Result<ExitCode, CliError> {
         }
         if let Some(addr) = manager.clusterd_addr() {
             say(format!("taskd manager is ClusterD's client at {addr}"));
+        }
+        if let Some(a) = auto {
+            say(format!(
+                "taskd manager: automatic failover on (links probed every {} ms)",
+                a.link_probe.as_millis()
+            ));
+            say_automatic_results(&manager).await;
         }
         let sig = signals.recv().await;
         eprintln!("taskd manager: {sig}: shutting down");

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 pub use error::CliError;
 use std::process::ExitCode;
 
+pub mod auto;
 pub mod connect;
 pub mod doctor;
 pub mod error;

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 use taskd_actors::control::proto::{self, switch_event::Event};
 use taskd_actors::progress::{ProgressEvent, ProgressKind};
+use taskd_core::operation::Trigger;
 use taskd_core::protocol::Phase;
 use taskd_core::{OperationId, OperationSummary};
 
@@ -174,6 +175,51 @@ fn clusterd_text(c: &proto::ClusterdLink) -> String {
     t
 }
 
+/// The recent results of a status, one row each; a `trigger` column when the automatic
+/// failover started any of them.
+fn recent_text(out: &mut String, recent: &[proto::OperationResult]) {
+    if recent.is_empty() {
+        return;
+    }
+    let auto = recent.iter().any(|r| r.trigger == Trigger::Auto.as_str());
+    let trigger = |t: &str| {
+        if auto {
+            format!("{t:<8}  ")
+        } else {
+            String::new()
+        }
+    };
+    let _ = writeln!(
+        out,
+        "\n{:<36}  {:<10}  {}{:<9}  {:>10}  {:<8}  error",
+        "uuid",
+        "direction",
+        trigger("trigger"),
+        "result",
+        "total ms",
+        "rolled"
+    );
+    for r in recent {
+        let total = r.phases.as_ref().map(|p| p.total_ms).unwrap_or_default();
+        let who = if r.trigger.is_empty() {
+            Trigger::Operator.as_str()
+        } else {
+            &r.trigger
+        };
+        let _ = writeln!(
+            out,
+            "{:<36}  {:<10}  {}{:<9}  {:>10.3}  {:<8}  {}",
+            r.uuid,
+            r.direction,
+            trigger(who),
+            r.result,
+            total,
+            if r.rolled_back { "yes" } else { "no" },
+            r.error
+        );
+    }
+}
+
 /// `taskd status` for people.
 pub fn status_text(s: &proto::JobStatus) -> String {
     let mut out = String::new();
@@ -230,26 +276,7 @@ pub fn status_text(s: &proto::JobStatus) -> String {
         let label = if i == 0 { "lost" } else { "" };
         let _ = writeln!(out, "{label:<10} rank {}: {}", l.rank, l.reason);
     }
-    if !s.recent.is_empty() {
-        let _ = writeln!(
-            out,
-            "\n{:<36}  {:<10}  {:<9}  {:>10}  {:<8}  error",
-            "uuid", "direction", "result", "total ms", "rolled"
-        );
-        for r in &s.recent {
-            let total = r.phases.as_ref().map(|p| p.total_ms).unwrap_or_default();
-            let _ = writeln!(
-                out,
-                "{:<36}  {:<10}  {:<9}  {:>10.3}  {:<8}  {}",
-                r.uuid,
-                r.direction,
-                r.result,
-                total,
-                if r.rolled_back { "yes" } else { "no" },
-                r.error
-            );
-        }
-    }
+    recent_text(&mut out, &s.recent);
     out
 }
 
@@ -287,5 +314,35 @@ mod tests {
         assert!(status_text(&s).contains("NOT connected to 10.96.0.7:8899 (cannot connect)"));
         assert!(status_json(&s)["clusterd"]["driving"].is_null());
         assert_eq!(status_json(&s)["clusterd"]["connected"], false);
+    }
+
+    fn result(uuid: &str, trigger: &str) -> proto::OperationResult {
+        proto::OperationResult {
+            uuid: uuid.into(),
+            direction: "to_backup".into(),
+            result: "succeeded".into(),
+            trigger: trigger.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_trigger_column_appears_once_an_automatic_result_is_listed() {
+        let mut out = String::new();
+        recent_text(&mut out, &[result("a", "operator"), result("b", "")]);
+        assert!(!out.contains("trigger"), "{out}");
+        let mut out = String::new();
+        recent_text(&mut out, &[result("a", ""), result("b", "auto")]);
+        let lines: Vec<&str> = out.lines().skip(1).collect();
+        assert!(lines[0].contains("direction   trigger   result"), "{out}");
+        // An older manager's result, which does not say, is an operator's.
+        assert!(
+            lines[1].contains("to_backup   operator  succeeded"),
+            "{out}"
+        );
+        assert!(
+            lines[2].contains("to_backup   auto      succeeded"),
+            "{out}"
+        );
     }
 }

@@ -1,9 +1,12 @@
 //! `taskd sim`: a simulated job in this process, through a switch to backup and back.
 
+use super::auto::AutoArgs;
 use super::error::CliError;
 use super::flags;
 use crate::progress::{self, ProgressPrinter};
-use crate::sim::{run_scenario_observed, ScenarioRun, SimConfig, SimError, MAX_SIM_RANKS};
+use crate::sim::{
+    run_scenario_observed, LinkEvent, ScenarioRun, SimConfig, SimError, MAX_SIM_RANKS,
+};
 use clap::Args;
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -22,9 +25,23 @@ pub struct SimArgs {
     /// ranks in all.
     #[arg(long, default_value_t = 16, value_parser = flags::count(MAX_SIM_RANKS as usize))]
     devices_per_node: u32,
-    /// Targets of operation 1, as NODE:DEV[,DEV...]; repeatable. Default node-1:0,8.
+    /// Targets of operation 1, as NODE:DEV[,DEV...]; repeatable. Default node-1:0,8 (with
+    /// --auto-failover: no operator operation unless given).
     #[arg(long = "switch", value_name = "NODE:DEV[,DEV...]", value_parser = parse_switch)]
     switch: Vec<(NodeName, Vec<DeviceId>)>,
+    #[command(flatten)]
+    auto: AutoArgs,
+    /// With --auto-failover: the NIC port of NODE:DEV (DEV's primary, its partner die's
+    /// backup) goes down MS after training started; repeatable.
+    #[arg(long = "link-down", value_name = "NODE:DEV@MS", requires = "auto_failover", conflicts_with = "serve", value_parser = parse_link_down)]
+    link_down: Vec<LinkEvent>,
+    /// With --auto-failover: the port comes back up at MS; repeatable.
+    #[arg(long = "link-up", value_name = "NODE:DEV@MS", requires = "auto_failover", conflicts_with = "serve", value_parser = parse_link_up)]
+    link_up: Vec<LinkEvent>,
+    /// With --auto-failover: the port goes down at MS, then changes every PERIOD_MS, COUNT
+    /// changes in all (odd: it ends down); repeatable.
+    #[arg(long = "link-flap", value_name = "NODE:DEV@MS:PERIOD_MS:COUNT", requires = "auto_failover", conflicts_with = "serve", value_parser = parse_link_flap)]
+    link_flap: Vec<Vec<LinkEvent>>,
     /// In operation 1, the first NIC-set call on this global rank fails with HCCL_E_NETWORK (19).
     #[arg(long, value_name = "R")]
     fail_rank: Option<u32>,
@@ -85,19 +102,92 @@ pub fn parse_switch(s: &str) -> Result<(NodeName, Vec<DeviceId>), String> {
     Ok((NodeName(node.to_owned()), devs))
 }
 
+/// `NODE:DEV@MS`: a port and a time in milliseconds (at most one day).
+fn parse_port_at(s: &str) -> Result<(NodeName, DeviceId, u64), String> {
+    let (port, ms) = s
+        .rsplit_once('@')
+        .ok_or_else(|| format!("{s:?}: expected NODE:DEV@MS, e.g. node-1:0@500"))?;
+    let (node, devs) = parse_switch(port)?;
+    let [device] = devs[..] else {
+        return Err(format!("{s:?}: name one device"));
+    };
+    let ms = parse_ms(s, ms)?;
+    Ok((node, device, ms))
+}
+
+fn parse_ms(s: &str, ms: &str) -> Result<u64, String> {
+    match ms.trim().parse::<u64>() {
+        Ok(v) if v <= flags::MAX_DEADLINE_MS => Ok(v),
+        _ => Err(format!(
+            "{s:?}: {ms:?} is not a number of milliseconds up to {}",
+            flags::MAX_DEADLINE_MS
+        )),
+    }
+}
+
+fn link_event(node: NodeName, device: DeviceId, ms: u64, up: bool) -> LinkEvent {
+    LinkEvent {
+        at: Duration::from_millis(ms),
+        node,
+        device,
+        up,
+    }
+}
+
+fn parse_link_down(s: &str) -> Result<LinkEvent, String> {
+    let (node, device, ms) = parse_port_at(s)?;
+    Ok(link_event(node, device, ms, false))
+}
+
+fn parse_link_up(s: &str) -> Result<LinkEvent, String> {
+    let (node, device, ms) = parse_port_at(s)?;
+    Ok(link_event(node, device, ms, true))
+}
+
+/// The most changes one `--link-flap` makes.
+const MAX_FLAP_COUNT: u64 = 10_000;
+
+/// `NODE:DEV@MS:PERIOD_MS:COUNT`: COUNT changes, down first, PERIOD_MS apart.
+fn parse_link_flap(s: &str) -> Result<Vec<LinkEvent>, String> {
+    let bad = || format!("{s:?}: expected NODE:DEV@MS:PERIOD_MS:COUNT, e.g. node-1:0@500:100:6");
+    let (port, rest) = s.rsplit_once('@').ok_or_else(bad)?;
+    let mut parts = rest.split(':');
+    let (Some(ms), Some(period), Some(count), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(bad());
+    };
+    let (node, device, start) = parse_port_at(&format!("{port}@{ms}"))?;
+    let period = parse_ms(s, period)?;
+    let count = match count.trim().parse::<u64>() {
+        Ok(n) if (1..=MAX_FLAP_COUNT).contains(&n) => n,
+        _ => return Err(format!("{s:?}: COUNT must be 1 to {MAX_FLAP_COUNT}")),
+    };
+    Ok((0..count)
+        .map(|i| link_event(node.clone(), device, start + i * period, i % 2 == 1))
+        .collect())
+}
+
 impl SimArgs {
     /// The scenario these flags describe (checked by [`SimConfig::validate`] when it runs).
     fn config(&self) -> SimConfig {
         let defaults = SimConfig::default();
         let phase = Duration::from_millis(self.phase_timeout_ms);
+        let auto = self.auto.config();
+        let mut links: Vec<LinkEvent> = self.link_down.clone();
+        links.extend(self.link_up.iter().cloned());
+        links.extend(self.link_flap.iter().flatten().cloned());
         SimConfig {
             nodes: self.nodes,
             devices_per_node: self.devices_per_node,
-            switch: if self.switch.is_empty() {
-                defaults.switch.clone()
-            } else {
-                self.switch.clone()
+            switch: match (self.switch.is_empty(), auto.is_some()) {
+                (false, _) => self.switch.clone(),
+                (true, false) => defaults.switch.clone(),
+                // Automatic failover alone: only the link events.
+                (true, true) => Vec::new(),
             },
+            auto,
+            links,
             fail_rank: self.fail_rank.map(GlobalRank),
             hang: self
                 .hang_rank
@@ -232,5 +322,37 @@ fn run_with_progress(
         Err(e) => Err(CliError::Failed(format!(
             "the simulation could not complete: {e}"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_events_parse_and_bad_ones_are_named() {
+        let e = parse_link_down("node-1:3@250").unwrap();
+        assert_eq!(
+            (e.node.0.as_str(), e.device, e.at, e.up),
+            ("node-1", DeviceId(3), Duration::from_millis(250), false)
+        );
+        assert!(parse_link_up("node-1:3@250").unwrap().up);
+        let flap = parse_link_flap("node-0:1@100:20:3").unwrap();
+        let got: Vec<(u128, bool)> = flap.iter().map(|e| (e.at.as_millis(), e.up)).collect();
+        assert_eq!(got, [(100, false), (120, true), (140, false)]);
+        for (bad, needle) in [
+            ("node-1:3", "expected NODE:DEV@MS"),
+            ("node-1:3,4@10", "name one device"),
+            ("node-1:x@10", "not a device number"),
+            ("node-1:3@soon", "not a number of milliseconds"),
+            ("node-1:3@86400001", "up to 86400000"),
+        ] {
+            let e = parse_link_down(bad).unwrap_err();
+            assert!(e.contains(needle), "{bad}: {e}");
+        }
+        assert!(parse_link_flap("node-0:1@100:20").is_err());
+        assert!(parse_link_flap("node-0:1@100:20:0")
+            .unwrap_err()
+            .contains("COUNT must be 1 to 10000"));
     }
 }

@@ -252,6 +252,7 @@ mod tests {
             stall: None,
             lost_ranks: Vec::new(),
             job_state: JobState::Running,
+            trigger: Default::default(),
         }
     }
 

@@ -4,7 +4,7 @@
 
 use super::proto;
 use crate::manager::ManagerStatus;
-use taskd_core::operation::OperationReport;
+use taskd_core::operation::{OperationReport, Trigger};
 use taskd_core::summary::{PhasesMs, RankErrorSummary, TargetSummary};
 use taskd_core::verify::VerifyReport;
 use taskd_core::OperationSummary;
@@ -51,6 +51,7 @@ impl From<&OperationSummary> for proto::OperationResult {
             lost_ranks: s.lost_ranks.clone(),
             job_state: s.job_state.clone(),
             applied: s.applied,
+            trigger: s.trigger.as_str().into(),
         }
     }
 }
@@ -97,6 +98,12 @@ impl From<&proto::OperationResult> for OperationSummary {
                 })
                 .collect(),
             lost_ranks: r.lost_ranks.clone(),
+            // An older manager's results say nothing: an operator's.
+            trigger: if r.trigger == Trigger::Auto.as_str() {
+                Trigger::Auto
+            } else {
+                Trigger::Operator
+            },
         }
     }
 }
@@ -198,6 +205,7 @@ mod tests {
                 message: "group dp_0: network".into(),
             }],
             lost_ranks: vec![],
+            trigger: Trigger::Auto,
         };
         let wire = proto::OperationResult::from(&s);
         assert_eq!(OperationSummary::from(&wire), s);
@@ -210,5 +218,11 @@ mod tests {
             OperationSummary::from(&proto::OperationResult::from(&none)),
             none
         );
+        // A result from a manager that predates triggers is an operator's.
+        let old = proto::OperationResult {
+            trigger: String::new(),
+            ..proto::OperationResult::from(&none)
+        };
+        assert_eq!(OperationSummary::from(&old).trigger, Trigger::Operator);
     }
 }

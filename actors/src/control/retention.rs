@@ -166,6 +166,7 @@ mod tests {
             stall: None,
             lost_ranks: Vec::new(),
             job_state: JobState::Running,
+            trigger: Default::default(),
         }
     }
 

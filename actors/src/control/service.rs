@@ -330,6 +330,9 @@ fn phase_event(
             took_ms: Some(took.as_secs_f64() * 1e3),
             ..base(phase, "finished")
         },
-        ProgressKind::Started { .. } | ProgressKind::Finished(_) => return None,
+        ProgressKind::Started { .. }
+        | ProgressKind::Finished(_)
+        | ProgressKind::Links { .. }
+        | ProgressKind::Decision(_) => return None,
     })
 }

@@ -67,6 +67,10 @@ impl ManagerNode {
             table: cfg.table.clone(),
             ranks_of,
             epoch_unix_ms: unix_ms(),
+            link_probe_ms: cfg
+                .net
+                .link_probe
+                .map_or(0, |d| d.as_millis().max(1) as u64),
         };
         let net = NetService::new(host, cfg.net.clone());
         let registry = net.registry();
@@ -139,6 +143,8 @@ struct ManagerHost {
     table: RankTable,
     ranks_of: BTreeMap<NodeName, Vec<GlobalRank>>,
     epoch_unix_ms: u64,
+    /// Told to every proxy (0: do not probe links).
+    link_probe_ms: u64,
 }
 
 fn list<T: std::fmt::Display>(v: impl IntoIterator<Item = T>) -> String {
@@ -192,6 +198,28 @@ impl ManagerHost {
         }
         Ok(named)
     }
+
+    /// What an admitted proxy of `node` is told: its job, its slots, the job's shape, the
+    /// common clock origin and how often to probe its links.
+    fn ack(&self, node: &NodeName) -> pb::RegisterAck {
+        pb::RegisterAck {
+            job: self.job.0.clone(),
+            node: node.0.clone(),
+            slots: self
+                .table
+                .devices_of(node)
+                .map(|(d, r)| pb::Slot {
+                    device: d.0,
+                    rank: r.0,
+                })
+                .collect(),
+            world_size: self.table.world_size() as u32,
+            node_count: self.table.nodes().len() as u32,
+            job_epoch_unix_ms: self.epoch_unix_ms,
+            link_probe_ms: self.link_probe_ms,
+            ..Default::default()
+        }
+    }
 }
 
 impl Host for ManagerHost {
@@ -206,7 +234,6 @@ impl Host for ManagerHost {
                 self.job.0, reg.job
             )));
         }
-        let nodes = self.table.nodes();
         let node = self.node_of(reg)?;
         let expected = &self.ranks_of[&node];
         if !reg.ranks.is_empty() {
@@ -222,22 +249,7 @@ impl Host for ManagerHost {
                 )));
             }
         }
-        let ack = pb::RegisterAck {
-            job: self.job.0.clone(),
-            node: node.0.clone(),
-            slots: self
-                .table
-                .devices_of(&node)
-                .map(|(d, r)| pb::Slot {
-                    device: d.0,
-                    rank: r.0,
-                })
-                .collect(),
-            world_size: self.table.world_size() as u32,
-            node_count: nodes.len() as u32,
-            job_epoch_unix_ms: self.epoch_unix_ms,
-            ..Default::default()
-        };
+        let ack = self.ack(&node);
         Ok(Admitted { key: node.0, ack })
     }
 
@@ -260,6 +272,7 @@ impl Host for ManagerHost {
                 ProxyToManager::WorkerUp(h) => h.node == node,
                 ProxyToManager::Reply(r) => r.node == node,
                 ProxyToManager::WorkerLost { rank, .. } => self.ranks_of[&node].contains(rank),
+                ProxyToManager::Links(l) => l.node == node,
             };
             if from_node {
                 Ok(m)

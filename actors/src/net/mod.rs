@@ -75,6 +75,10 @@ pub struct NetConfig {
     pub backoff_max: Duration,
     /// How long a server waits for the first frame (the registration) of a new connection.
     pub register_timeout: Duration,
+    /// A manager's: how often its proxies probe the links of their node's devices and report
+    /// changes, told to them at registration like the heartbeat (`None`: they do not probe;
+    /// automatic failover is off). Set from the manager's [`taskd_core::auto::AutoConfig`].
+    pub link_probe: Option<Duration>,
 }
 
 impl Default for NetConfig {
@@ -88,6 +92,7 @@ impl Default for NetConfig {
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
             register_timeout: Duration::from_secs(10),
+            link_probe: None,
         }
     }
 }

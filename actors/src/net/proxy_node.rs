@@ -81,13 +81,20 @@ fn encode_proxy_msg(m: ProxyToManager) -> pb::up::Body {
     pb::up::Body::Proxy(wire::proxy_msg_to_pb(m))
 }
 
-/// "worker up" must reach a manager that forgot this node; "worker lost" voids it.
+/// Sticky keys of link reports: one per device, above every rank's.
+const LINK_KEYS: u64 = 1 << 32;
+
+/// "worker up" must reach a manager that forgot this node; "worker lost" voids it. A new
+/// manager also needs the latest links of every device (the proxy reports changes only).
 fn sticky_proxy(b: &pb::up::Body) -> Sticky {
     use pb::proxy_message::Kind;
     match b {
         pb::up::Body::Proxy(pb::ProxyMessage {
             kind: Some(Kind::WorkerUp(h)),
         }) => Sticky::Keep(u64::from(h.rank)),
+        pb::up::Body::Proxy(pb::ProxyMessage {
+            kind: Some(Kind::Links(l)),
+        }) => Sticky::Keep(LINK_KEYS | u64::from(l.device)),
         pb::up::Body::Proxy(pb::ProxyMessage {
             kind: Some(Kind::WorkerLost(l)),
         }) => Sticky::Drop(u64::from(l.rank)),
@@ -275,13 +282,18 @@ impl ClientHost for Upstream {
             job_epoch_unix_ms: ack.job_epoch_unix_ms,
         };
         let hal = make_hal(&assignment);
-        let proxy = Proxy::new(
+        let mut proxy = Proxy::new(
             self.shared.job.clone(),
             node.clone(),
             hal,
             outbox::link(self.outbox.clone(), encode_proxy_msg),
-        )
-        .start();
+        );
+        if ack.link_probe_ms > 0 {
+            let every = Duration::from_millis(ack.link_probe_ms);
+            let devices = assignment.ranks.values().copied().collect();
+            proxy = proxy.probe_links(every, ack.job_epoch_unix_ms, devices);
+        }
+        let proxy = proxy.start();
         tracing::info!(%node, ranks = assignment.ranks.len(), "proxy admitted by the manager");
         let _ = self.shared.ready.set(Ready { proxy, assignment });
     }

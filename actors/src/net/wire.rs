@@ -5,10 +5,11 @@
 
 use super::pb;
 use std::time::Duration;
+use taskd_core::auto::{LinkState, Links};
 use taskd_core::command::RankTarget;
 use taskd_core::protocol::{
-    AppliedCall, Directive, DirectiveKind, GateReport, GroupView, NodeReply, Phase, ProxyToManager,
-    RankError, RankReply, ReplyBody, WorkerHello, WorkerReport, WorkerToProxy,
+    AppliedCall, Directive, DirectiveKind, GateReport, GroupView, LinkReport, NodeReply, Phase,
+    ProxyToManager, RankError, RankReply, ReplyBody, WorkerHello, WorkerReport, WorkerToProxy,
 };
 use taskd_core::{
     DeviceId, GlobalRank, HalError, HalErrorKind, JobId, Library, LinkHealth, NicSide, NodeName,
@@ -436,6 +437,44 @@ pub fn worker_msg_from_pb(m: pb::WorkerMessage) -> Result<WorkerToProxy, WireErr
     }
 }
 
+fn link_state_to_pb(s: LinkState) -> pb::LinkState {
+    match s {
+        LinkState::Up => pb::LinkState::Up,
+        LinkState::Down => pb::LinkState::Down,
+        LinkState::Unknown => pb::LinkState::Unknown,
+    }
+}
+
+/// A newer peer's state is read as unknown (not up); a missing one is refused.
+fn link_state_from_pb(side: &str, raw: i32) -> Result<LinkState, WireError> {
+    match pb::LinkState::try_from(raw) {
+        Ok(pb::LinkState::Up) => Ok(LinkState::Up),
+        Ok(pb::LinkState::Down) => Ok(LinkState::Down),
+        Ok(pb::LinkState::Unspecified) => Err(missing("link report", side)),
+        Ok(pb::LinkState::Unknown) | Err(_) => Ok(LinkState::Unknown),
+    }
+}
+
+pub fn link_report_to_pb(r: LinkReport) -> pb::LinkReport {
+    pb::LinkReport {
+        node: r.node.0,
+        device: r.device.0,
+        primary: link_state_to_pb(r.links.primary) as i32,
+        backup: link_state_to_pb(r.links.backup) as i32,
+    }
+}
+
+pub fn link_report_from_pb(r: pb::LinkReport) -> Result<LinkReport, WireError> {
+    Ok(LinkReport {
+        node: NodeName(r.node),
+        device: DeviceId(r.device),
+        links: Links {
+            primary: link_state_from_pb("the primary link's state", r.primary)?,
+            backup: link_state_from_pb("the backup link's state", r.backup)?,
+        },
+    })
+}
+
 pub fn proxy_msg_to_pb(m: ProxyToManager) -> pb::ProxyMessage {
     use pb::proxy_message::Kind;
     pb::ProxyMessage {
@@ -446,6 +485,7 @@ pub fn proxy_msg_to_pb(m: ProxyToManager) -> pb::ProxyMessage {
                 reason,
             }),
             ProxyToManager::Reply(n) => Kind::Reply(node_reply_to_pb(n)),
+            ProxyToManager::Links(r) => Kind::Links(link_report_to_pb(r)),
         }),
     }
 }
@@ -459,6 +499,7 @@ pub fn proxy_msg_from_pb(m: pb::ProxyMessage) -> Result<ProxyToManager, WireErro
             reason: l.reason,
         }),
         Kind::Reply(n) => Ok(ProxyToManager::Reply(node_reply_from_pb(n)?)),
+        Kind::Links(r) => Ok(ProxyToManager::Links(link_report_from_pb(r)?)),
     }
 }
 
@@ -698,17 +739,46 @@ mod tests {
                 rdma: true,
             },
         };
+        let links = |primary, backup| {
+            ProxyToManager::Links(LinkReport {
+                node: NodeName("node-1".into()),
+                device: DeviceId(5),
+                links: Links { primary, backup },
+            })
+        };
         for m in [
             ProxyToManager::WorkerUp(hello.clone()),
             ProxyToManager::WorkerLost {
                 rank: GlobalRank(3),
                 reason: "gone".into(),
             },
+            links(LinkState::Down, LinkState::Up),
+            links(LinkState::Up, LinkState::Unknown),
         ] {
             assert_eq!(proxy_msg_from_pb(proxy_msg_to_pb(m.clone())).unwrap(), m);
         }
         let w = WorkerToProxy::Hello(hello);
         assert_eq!(worker_msg_from_pb(worker_msg_to_pb(w.clone())).unwrap(), w);
+    }
+
+    #[test]
+    fn a_link_state_from_a_newer_peer_is_not_up_and_a_missing_one_is_refused() {
+        let report = |primary, backup| pb::LinkReport {
+            node: "node-0".into(),
+            device: 2,
+            primary,
+            backup,
+        };
+        let r = link_report_from_pb(report(pb::LinkState::Up as i32, 42)).unwrap();
+        assert_eq!(
+            (r.links.primary, r.links.backup),
+            (LinkState::Up, LinkState::Unknown)
+        );
+        let e = link_report_from_pb(report(0, pb::LinkState::Up as i32)).unwrap_err();
+        assert!(
+            e.to_string().contains("primary link's state is missing"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -100,7 +100,15 @@ impl Operation {
             targets: Vec::new(),
         };
         let kind = OperationKind::Sequenced;
-        let (mut op, actions) = Operation::begin(kind, id, plan, Vec::new(), ranks, deadlines, now);
+        let (mut op, actions) = Operation::begin(
+            (kind, Trigger::Operator),
+            id,
+            plan,
+            Vec::new(),
+            ranks,
+            deadlines,
+            now,
+        );
         op.seq = Some(Commands {
             hold,
             resume: false,

@@ -10,6 +10,7 @@ pub use taskd_actors as actors;
 pub use taskd_core as core;
 pub use taskd_hal_mock as hal_mock;
 
+pub mod chaos;
 pub mod cli;
 pub mod doctor;
 pub mod progress;

@@ -51,6 +51,9 @@ pub struct SimConfig {
     pub step_time: Duration,
     /// Steps trained before, between and after the operations.
     pub steps_between: u64,
+    /// How long a simulated HCCL call waits for its peers before it gives up
+    /// ([`FabricConfig::hccl_timeout`]).
+    pub hccl_timeout: Duration,
 }
 
 impl Default for SimConfig {
@@ -72,6 +75,7 @@ impl Default for SimConfig {
             },
             step_time: Duration::from_millis(2),
             steps_between: 3,
+            hccl_timeout: FabricConfig::new(1, 1).hccl_timeout,
         }
     }
 }
@@ -146,7 +150,10 @@ impl Simulation {
     /// worker registered and every rank trained one step.
     pub fn start(cfg: &SimConfig) -> Result<Simulation, SimError> {
         cfg.validate()?;
-        let fabric = Fabric::new(FabricConfig::new(cfg.nodes, cfg.devices_per_node));
+        let fabric = Fabric::new(FabricConfig {
+            hccl_timeout: cfg.hccl_timeout,
+            ..FabricConfig::new(cfg.nodes, cfg.devices_per_node)
+        });
         for r in &cfg.l2_retry_off {
             fabric.set_l2_retry(*r, false);
         }

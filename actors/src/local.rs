@@ -6,11 +6,11 @@
 use crate::gate::StepGate;
 use crate::manager::{
     AwaitRegistered, AwaitResult, AwaitVerification, Drain, GetStatus, Manager, ManagerStatus,
-    ProxyConnected, Recover, Recovery, StopManager, Submission, Submit,
+    ProxyConnected, ProxyDisconnected, Recover, Recovery, StopManager, Submission, Submit,
 };
 use crate::progress::{ProgressEvent, ProgressFeed};
 use crate::proxy::{ManagerConnected, Proxy, WorkerConnected, WorkerDisconnected};
-use crate::transport::actor_link;
+use crate::transport::{actor_link, Deliver, Link, Outbox, TransportError};
 use crate::worker::{StopWorker, Worker, WorkerConfig};
 use actix::prelude::*;
 use parking_lot::Mutex;
@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use taskd_core::ledger::RecoverTo;
 use taskd_core::operation::OperationReport;
+use taskd_core::protocol::{ProxyToManager, WorkerHello, WorkerToProxy};
 use taskd_core::verify::VerifyReport;
 use taskd_core::{
     GlobalRank, JobId, NodeHal, OperationId, PhaseDeadlines, RankHal, RankTable, SubmitError,
@@ -62,6 +63,8 @@ pub struct LocalJob {
     proxies: Vec<Addr<Proxy>>,
     config: (JobId, RankTable, PhaseDeadlines),
     workers: Vec<Addr<Worker>>,
+    /// Each worker's connection to its proxy (cut and restored by the fault hooks).
+    uplinks: Vec<Arc<Uplink>>,
     gates: Vec<Arc<StepGate>>,
     system: System,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -105,6 +108,8 @@ impl LocalJob {
             .map(|_| Arc::new(StepGate::new()))
             .collect();
         let worker_gates = gates.clone();
+        let uplinks: Vec<Arc<Uplink>> = (0..ranks.len()).map(|_| Arc::default()).collect();
+        let worker_uplinks = uplinks.clone();
         let (tx, rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("taskd-actors".into())
@@ -135,6 +140,7 @@ impl LocalJob {
                             .expect("node in table");
                         let proxy = proxies[node_idx].clone();
                         let farewell_proxy = proxy.clone();
+                        worker_uplinks[r].connect(actor_link(&proxy));
                         let worker = Worker::new(
                             WorkerConfig {
                                 job: cfg.job.clone(),
@@ -144,7 +150,7 @@ impl LocalJob {
                             },
                             parts.hal,
                             worker_gates[r].clone(),
-                            actor_link(&proxy),
+                            worker_uplinks[r].clone(),
                         )
                         .with_farewell(Box::new(move |rank| {
                             farewell_proxy.do_send(WorkerDisconnected {
@@ -175,6 +181,7 @@ impl LocalJob {
             proxies,
             config,
             workers,
+            uplinks,
             gates,
             system,
             thread: Some(thread),
@@ -370,6 +377,99 @@ impl LocalJob {
         self.workers[rank.0 as usize].do_send(StopWorker);
     }
 
+    /// Cuts the connection between `rank`'s worker and its proxy, as a network fault does: the
+    /// process lives on (its training loop, its gate as it stands, a HAL call under way), the
+    /// proxy sees the connection close and the manager loses the rank; the worker's messages
+    /// are lost until [`LocalJob::reconnect_worker`].
+    pub fn disconnect_worker(&self, rank: GlobalRank) {
+        let Some(node) = self.node_index(rank) else {
+            return;
+        };
+        self.uplinks[rank.0 as usize].cut();
+        self.proxies[node].do_send(WorkerDisconnected {
+            rank,
+            reason: "connection to the worker closed (fault injected)".into(),
+        });
+    }
+
+    /// Restores a connection [`LocalJob::disconnect_worker`] cut: the worker introduces itself
+    /// to its proxy again, as a reconnecting worker does, and the manager verifies what it has
+    /// applied.
+    pub fn reconnect_worker(&self, rank: GlobalRank) {
+        if let Some(node) = self.node_index(rank) {
+            self.attach(rank, &self.proxies[node]);
+        }
+    }
+
+    /// Stops the proxy of the table's `node`-th node as if its process died: the manager loses
+    /// every rank of the node, and their workers lose their proxy (each process lives on, its
+    /// gate as it stands). Bring it back with [`LocalJob::restart_proxy`], and restart no
+    /// manager before that (a new manager would reach the dead proxy).
+    pub fn kill_proxy(&self, node: usize) {
+        let Some(name) = self.config.1.nodes().get(node).cloned() else {
+            return;
+        };
+        for rank in self.config.1.ranks_of(&name) {
+            self.uplinks[rank.0 as usize].cut();
+        }
+        // Whatever the dead proxy still had to say is lost.
+        self.proxies[node].do_send(ManagerConnected {
+            link: Arc::new(Severed),
+        });
+        self.manager().do_send(ProxyDisconnected {
+            node: name,
+            reason: "the proxy process died (fault injected)".into(),
+        });
+    }
+
+    /// Starts the proxy [`LocalJob::kill_proxy`] stopped again, as a new process: it knows no
+    /// worker, connects to the manager in charge, and the node's workers connect to it and
+    /// introduce themselves.
+    pub fn restart_proxy(&self, node: usize) {
+        let Some(name) = self.config.1.nodes().get(node).cloned() else {
+            return;
+        };
+        let proxy = &self.proxies[node];
+        let ranks = self.config.1.ranks_of(&name);
+        for rank in &ranks {
+            proxy.do_send(WorkerDisconnected {
+                rank: *rank,
+                reason: "the proxy restarted".into(),
+            });
+        }
+        let manager = self.manager();
+        proxy.do_send(ManagerConnected {
+            link: actor_link(&manager),
+        });
+        manager.do_send(ProxyConnected {
+            node: name,
+            link: actor_link(proxy),
+        });
+        for rank in ranks {
+            self.attach(rank, proxy);
+        }
+    }
+
+    /// Connects `rank`'s worker to `proxy` and repeats its introduction.
+    fn attach(&self, rank: GlobalRank, proxy: &Addr<Proxy>) {
+        let r = rank.0 as usize;
+        proxy.do_send(WorkerConnected {
+            rank,
+            link: actor_link(&self.workers[r]),
+        });
+        self.uplinks[r].connect(actor_link(proxy));
+        if let Some(hello) = self.uplinks[r].hello() {
+            proxy.do_send(Deliver(WorkerToProxy::Hello(hello)));
+        }
+    }
+
+    /// The index in the rank table's node list of `rank`'s node.
+    fn node_index(&self, rank: GlobalRank) -> Option<usize> {
+        let table = &self.config.1;
+        let slot = table.slot(rank)?;
+        table.nodes().iter().position(|n| *n == slot.node)
+    }
+
     /// Opens every gate for good and stops the actors.
     pub fn shutdown(mut self) {
         self.stop();
@@ -383,6 +483,50 @@ impl LocalJob {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// A worker's connection to its proxy, which the fault hooks cut and restore. It keeps the
+/// worker's introduction, to repeat it on a reconnect as a worker reconnecting over the network
+/// does.
+#[derive(Default)]
+struct Uplink {
+    to: Mutex<Option<Link<WorkerToProxy>>>,
+    hello: Mutex<Option<WorkerHello>>,
+}
+
+impl Uplink {
+    fn connect(&self, link: Link<WorkerToProxy>) {
+        *self.to.lock() = Some(link);
+    }
+
+    fn cut(&self) {
+        *self.to.lock() = None;
+    }
+
+    fn hello(&self) -> Option<WorkerHello> {
+        self.hello.lock().clone()
+    }
+}
+
+impl Outbox<WorkerToProxy> for Uplink {
+    fn send(&self, msg: WorkerToProxy) -> Result<(), TransportError> {
+        if let WorkerToProxy::Hello(h) = &msg {
+            *self.hello.lock() = Some(h.clone());
+        }
+        match self.to.lock().as_ref() {
+            Some(link) => link.send(msg),
+            None => Err(TransportError::Closed),
+        }
+    }
+}
+
+/// The manager's end of a dead proxy's connection: every message is lost.
+struct Severed;
+
+impl Outbox<ProxyToManager> for Severed {
+    fn send(&self, _: ProxyToManager) -> Result<(), TransportError> {
+        Err(TransportError::Closed)
     }
 }
 

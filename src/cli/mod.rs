@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 pub use error::CliError;
 use std::process::ExitCode;
 
+pub mod chaos;
 pub mod connect;
 pub mod doctor;
 pub mod error;
@@ -47,6 +48,9 @@ enum Command {
     /// Run a simulated job in this process (mock HAL, simulated fabric) through a switch to
     /// the backup NIC and back, and report.
     Sim(sim::SimArgs),
+    /// Run seeded fault schedules (crashes, HAL failures, lost connections, operator
+    /// commands) on simulated jobs and check the recovery contract's invariants after each.
+    Chaos(chaos::ChaosArgs),
     /// Move devices of a running job to their backup NIC or back (through the manager's
     /// control API).
     Switch(switch::SwitchArgs),
@@ -70,6 +74,7 @@ pub fn main() -> ExitCode {
     init_logging(cli.log_format);
     let (name, result) = match cli.command {
         Command::Sim(args) => ("sim", sim::run(args)),
+        Command::Chaos(args) => ("chaos", chaos::run(args)),
         Command::Switch(args) => ("switch", Ok(switch::run(args))),
         Command::Status(args) => ("status", Ok(status::run(args))),
         Command::Doctor(args) => ("doctor", Ok(doctor::run(args))),

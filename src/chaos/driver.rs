@@ -23,7 +23,9 @@
 //! - `not_running`: after the recovery contract's steps (every lost process back, `recover`
 //!   when the job is `paused`), the job runs and a new switch succeeds (`final_switch`).
 
-use super::schedule::{Disruption, NicFault, Schedule, Step, Switch, Target, DEVICES, NODES};
+use super::schedule::{
+    Disruption, Interrupt, NicFault, Schedule, Step, Switch, Target, DEVICES, NODES,
+};
 use crate::sim::{FinalState, SimConfig, Simulation};
 use actix::{Handler, Message};
 use serde::Serialize;
@@ -370,10 +372,10 @@ impl<'a> Driver<'a> {
                 Step::Switch(sw) => self.switch(sw)?,
                 Step::Repeat { of } => self.repeat(*of, None)?,
                 Step::Reuse { of, targets } => self.repeat(*of, Some(targets))?,
-                Step::Reconnect { rank, then_restart } => self.reconnect(*rank, *then_restart)?,
+                Step::Reconnect { rank, then } => self.reconnect(*rank, then.as_ref())?,
                 Step::RestartManager => self.restart_manager()?,
                 Step::Recover(to) => self.recover_step(*to)?,
-                Step::KillProcess { rank } => self.kill_process(*rank),
+                Step::KillProcess { rank } => self.kill_process(*rank)?,
             }
             self.check_fabric()?;
         }
@@ -471,9 +473,20 @@ impl<'a> Driver<'a> {
         Ok(())
     }
 
-    /// Waits until the manager verified every rank, then checks the quiet job.
+    /// Waits until the manager verified every rank, then checks the quiet job; while a
+    /// process is away, until the manager registered every one that is not. (Each change of
+    /// who is away is waited for before the next, so the count moves one way to its target.)
     fn settle(&mut self) -> Checked {
         if !self.whole() {
+            let away = self.disconnected.len() + usize::from(
+                self.killed.is_some_and(|k| !self.disconnected.contains(&k)),
+            );
+            let live = (NODES * DEVICES) as usize - away;
+            self.ask(
+                AwaitRegistered(Some(live)),
+                WAIT,
+                "registration of every connected rank",
+            )?;
             return Ok(());
         }
         self.ask(
@@ -627,6 +640,16 @@ impl<'a> Driver<'a> {
             Disruption::Concurrent { targets, same_id } => {
                 after.second = self.concurrent(id, raw, targets, *same_id)?;
             }
+            Disruption::Reconnect { rank } => {
+                if self.disconnected.remove(rank) {
+                    self.job().reconnect_worker(GlobalRank(*rank));
+                }
+            }
+            Disruption::RestartProxy { node } => {
+                if after.proxy.take().is_some() {
+                    self.job().restart_proxy(*node as usize);
+                }
+            }
             Disruption::LinkDown { node, device } => self.link(*node, *device, false),
         }
         Ok(())
@@ -687,6 +710,9 @@ impl<'a> Driver<'a> {
                 self.log(format!("  {id}: its manager died; final results: {}", ends.len()));
                 self.record(id, ends.into_iter().next());
             }
+            if let Some(node) = after.proxy {
+                self.job().restart_proxy(node);
+            }
         } else {
             let mut results = Vec::new();
             for id in ids {
@@ -700,12 +726,13 @@ impl<'a> Driver<'a> {
                     ));
                 }
             }
+            // A dead proxy comes back before the stopped manager's successor starts.
+            if let Some(node) = after.proxy {
+                self.job().restart_proxy(node);
+            }
             if after.drained.is_some() {
                 self.restart_manager_now()?;
             }
-        }
-        if let Some(node) = after.proxy {
-            self.job().restart_proxy(node);
         }
         self.settle()
     }
@@ -790,18 +817,46 @@ impl<'a> Driver<'a> {
         }
     }
 
-    /// A lost worker returns; with `then_restart` the manager dies before it could verify
-    /// the returning rank, and the next one must.
-    fn reconnect(&mut self, rank: u32, then_restart: bool) -> Checked {
-        if self.disconnected.remove(&rank) {
-            self.job().reconnect_worker(GlobalRank(rank));
-            if then_restart {
+    /// A lost worker returns; `then` happens before the manager could verify it.
+    fn reconnect(&mut self, rank: u32, then: Option<&Interrupt>) -> Checked {
+        if !self.disconnected.remove(&rank) {
+            return Ok(());
+        }
+        self.job().reconnect_worker(GlobalRank(rank));
+        match then {
+            None => {}
+            Some(Interrupt::RestartManager) => {
                 self.count("manager_kill");
                 self.restart_manager_now()?;
             }
-            self.settle()?;
+            Some(Interrupt::StopManager) => {
+                self.count("manager_stop");
+                match self.job().drain("SIGTERM (chaos)", WAIT) {
+                    Ok(None) => {}
+                    Ok(Some(r)) => {
+                        return Err(self.fail(
+                            "one_result",
+                            format!("stopping while it verified, the manager ended an operation: {r}"),
+                        ))
+                    }
+                    Err(e) => return Err(self.fail("bounded", format!("stopping manager: {e}"))),
+                }
+                self.restart_manager_now()?;
+            }
+            Some(Interrupt::Disconnect { rank }) => {
+                self.count("worker_disconnect");
+                self.disconnected.insert(*rank);
+                self.job().disconnect_worker(GlobalRank(*rank));
+            }
+            Some(Interrupt::Switch { id, targets }) => {
+                let id = OperationId(uuid::Uuid::from_u128(*id));
+                let w = Watch::new(self.job());
+                if let Some(id) = self.admit(self.command(id, targets))? {
+                    return self.conclude(id, w, Aftermath::default());
+                }
+            }
         }
-        Ok(())
+        self.settle()
     }
 
     /// Kills the manager in charge and starts a new one (nothing else waits).
@@ -819,11 +874,12 @@ impl<'a> Driver<'a> {
         self.settle()
     }
 
-    fn kill_process(&mut self, rank: u32) {
+    fn kill_process(&mut self, rank: u32) -> Checked {
         self.count("process_kill");
         self.sim.fabric().kill_rank(GlobalRank(rank));
         self.job().kill_worker(GlobalRank(rank));
         self.killed = Some(rank);
+        self.settle()
     }
 
     /// An operator's `recover`: refused on a running, verified job; otherwise it must end.

@@ -77,12 +77,43 @@ pub enum Disruption {
         /// Whether it carries the running operation's uuid.
         same_id: bool,
     },
+    /// A worker whose connection closed earlier in the operation connects again.
+    Reconnect {
+        /// Global rank.
+        rank: u32,
+    },
+    /// The proxy killed earlier in the operation starts again.
+    RestartProxy {
+        /// Node index.
+        node: u32,
+    },
     /// A physical port goes down (it comes back after the operation).
     LinkDown {
         /// Node index.
         node: u32,
         /// Device whose port it is.
         device: u32,
+    },
+}
+
+/// What happens while a manager verifies a returning worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Interrupt {
+    /// The manager dies; a new one takes over.
+    RestartManager,
+    /// The manager is stopped (SIGTERM); a new one starts.
+    StopManager,
+    /// Another worker's connection closes.
+    Disconnect {
+        /// Global rank.
+        rank: u32,
+    },
+    /// An operator submits a switch (refused while the round runs, or admitted after it).
+    Switch {
+        /// Its uuid.
+        id: u128,
+        /// Its targets.
+        targets: Vec<Target>,
     },
 }
 
@@ -136,8 +167,8 @@ pub enum Step {
     Reconnect {
         /// Global rank.
         rank: u32,
-        /// The manager dies right after, before it verified the returning rank.
-        then_restart: bool,
+        /// What happens right after, before the manager verified the returning rank.
+        then: Option<Interrupt>,
     },
     /// The manager dies while nothing runs; a new one takes over.
     RestartManager,
@@ -170,10 +201,10 @@ impl fmt::Display for Step {
             Step::Reuse { of, targets } => {
                 write!(f, "reuse the uuid of switch #{of} for [{}]", list(targets))
             }
-            Step::Reconnect { rank, then_restart } => {
+            Step::Reconnect { rank, then } => {
                 write!(f, "worker {rank} reconnects")?;
-                if *then_restart {
-                    f.write_str("; the manager dies before it verified the rank")?;
+                if let Some(then) = then {
+                    write!(f, ", then at once {then:?}")?;
                 }
                 Ok(())
             }
@@ -394,28 +425,11 @@ impl Draw {
         if self.rng.chance(50) {
             let phase = *self.rng.pick(&PHASES);
             let first = self.disruption();
-            // A lost worker, a link or a second command, then the manager goes too (or
-            // another worker, or a link): what a cascade of failures looks like.
-            let cascade = matches!(
-                first,
-                Disruption::Disconnect { .. }
-                    | Disruption::LinkDown { .. }
-                    | Disruption::Concurrent { .. }
-            );
+            let second = self.rng.chance(35).then(|| self.cascade(&first)).flatten();
             during.push((phase, first));
-            if cascade && self.rng.chance(35) {
+            if let Some(second) = second {
                 let later: Vec<Phase> = PHASES.iter().copied().filter(|p| *p >= phase).collect();
-                let phase = *self.rng.pick(&later);
-                let second = match self.rng.below(4) {
-                    0 => Disruption::KillManager,
-                    1 => Disruption::Drain,
-                    2 => self.disconnect(),
-                    _ => Disruption::LinkDown {
-                        node: self.rng.below(u64::from(NODES)) as u32,
-                        device: self.rng.below(u64::from(DEVICES)) as u32,
-                    },
-                };
-                during.push((phase, second));
+                during.push((*self.rng.pick(&later), second));
             }
         }
         Switch {
@@ -423,6 +437,32 @@ impl Draw {
             targets,
             during,
         }
+    }
+
+    /// What may follow `first` later in the same operation: the lost worker or proxy comes
+    /// back, or the manager goes too, or another worker, or a link. A dead proxy is never
+    /// followed by a manager restart (a new manager would reach the dead proxy).
+    fn cascade(&mut self, first: &Disruption) -> Option<Disruption> {
+        let link = |d: &mut Draw| Disruption::LinkDown {
+            node: d.rng.below(u64::from(NODES)) as u32,
+            device: d.rng.below(u64::from(DEVICES)) as u32,
+        };
+        Some(match (first, self.rng.below(5)) {
+            (Disruption::KillManager | Disruption::Drain, _) => return None,
+            (Disruption::Disconnect { rank }, 0 | 1) => {
+                let rank = *rank;
+                self.disconnected.retain(|r| *r != rank);
+                Disruption::Reconnect { rank }
+            }
+            (Disruption::KillProxy { node }, 0 | 1) => Disruption::RestartProxy { node: *node },
+            (Disruption::KillProxy { .. }, 2) => Disruption::Drain,
+            (Disruption::KillProxy { .. }, 3) => self.disconnect(),
+            (Disruption::KillProxy { .. }, _) => link(self),
+            (_, 0 | 1) => Disruption::KillManager,
+            (_, 2) => Disruption::Drain,
+            (_, 3) => self.disconnect(),
+            _ => link(self),
+        })
     }
 
     fn disruption(&mut self) -> Disruption {
@@ -475,8 +515,20 @@ impl Draw {
             .collect();
         for rank in back {
             self.disconnected.retain(|r| *r != rank);
-            let then_restart = self.rng.chance(15);
-            self.steps.push(Step::Reconnect { rank, then_restart });
+            let then = match self.rng.below(100) {
+                0..=9 => Some(Interrupt::RestartManager),
+                10..=14 => Some(Interrupt::StopManager),
+                15..=22 => match self.disconnect() {
+                    Disruption::Disconnect { rank } => Some(Interrupt::Disconnect { rank }),
+                    _ => None,
+                },
+                23..=32 => Some(Interrupt::Switch {
+                    id: self.rng.next_u128(),
+                    targets: self.valid_targets(),
+                }),
+                _ => None,
+            };
+            self.steps.push(Step::Reconnect { rank, then });
         }
         if self.rng.chance(8) {
             self.steps.push(Step::RestartManager);
@@ -531,11 +583,15 @@ mod tests {
                         assert!(!sw.targets.is_empty(), "{seed}");
                         assert!(sw.during.len() <= 2, "{seed}");
                         // A dead proxy comes back before any manager restarts.
-                        let proxy = sw
-                            .during
-                            .iter()
-                            .any(|(_, d)| matches!(d, Disruption::KillProxy { .. }));
-                        assert!(!proxy || sw.during.len() == 1, "{seed}");
+                        let kinds: Vec<&Disruption> = sw.during.iter().map(|(_, d)| d).collect();
+                        if let [Disruption::KillProxy { .. }, second] = kinds[..] {
+                            assert!(
+                                !matches!(second, Disruption::KillManager),
+                                "{seed}: {second:?}"
+                            );
+                        }
+                        // Disruptions follow the phases.
+                        assert!(sw.during.windows(2).all(|w| w[0].0 <= w[1].0), "{seed}");
                     }
                     _ => {}
                 }
@@ -556,9 +612,9 @@ mod tests {
                         let d = &during[during.len() - 1].1;
                         format!("{d:?}").split([' ', '{']).next().unwrap().to_owned()
                     }
-                    Step::Reconnect {
-                        then_restart: true, ..
-                    } => "ReconnectThenRestart".to_owned(),
+                    Step::Reconnect { then: Some(i), .. } => {
+                        format!("then{i:?}").split([' ', '{']).next().unwrap().to_owned()
+                    }
                     other => format!("{other:?}").split([' ', '(', '{']).next().unwrap().to_owned(),
                 };
                 kinds.insert(kind);
@@ -572,7 +628,11 @@ mod tests {
             "Repeat",
             "Reuse",
             "Reconnect",
-            "ReconnectThenRestart",
+            "thenRestartManager",
+            "thenStopManager",
+            "thenDisconnect",
+            "thenSwitch",
+            "RestartProxy",
             "cascade",
             "RestartManager",
             "Recover",

@@ -4,9 +4,7 @@
 //! every operation this manager ran has exactly one result.
 
 use super::{Checked, Driver, Watch};
-use crate::chaos::schedule::RANKS;
 use std::collections::BTreeMap;
-use taskd_actors::manager::AwaitRegistered;
 use taskd_core::ledger::RecoverTo;
 use taskd_core::operation::{JobState, Outcome};
 use taskd_core::{DeviceId, GlobalRank, OperationId};
@@ -156,11 +154,7 @@ impl Driver<'_> {
                 self.job().reconnect_worker(GlobalRank(r));
             }
         }
-        self.ask(
-            AwaitRegistered(Some(RANKS as usize - 1)),
-            super::WAIT,
-            "registration of every live rank",
-        )?;
+        self.settle()?;
         let st = self.status()?;
         let named = st.lost_ranks.iter().any(|l| l.rank == GlobalRank(rank));
         if st.state == JobState::Running || !named {

@@ -130,41 +130,15 @@ impl LocalJob {
                         });
                         proxies.push(proxy);
                     }
-                    let mut workers = Vec::new();
-                    for (r, parts) in ranks.into_iter().enumerate() {
-                        let slot = table.slot(GlobalRank(r as u32)).expect("rank in table");
-                        let node_idx = table
-                            .nodes()
-                            .iter()
-                            .position(|n| *n == slot.node)
-                            .expect("node in table");
-                        let proxy = proxies[node_idx].clone();
-                        let farewell_proxy = proxy.clone();
-                        worker_uplinks[r].connect(actor_link(&proxy));
-                        let worker = Worker::new(
-                            WorkerConfig {
-                                job: cfg.job.clone(),
-                                node: slot.node.clone(),
-                                rank: slot.rank,
-                                tsp: parts.tsp,
-                            },
-                            parts.hal,
-                            worker_gates[r].clone(),
-                            worker_uplinks[r].clone(),
-                        )
-                        .with_farewell(Box::new(move |rank| {
-                            farewell_proxy.do_send(WorkerDisconnected {
-                                rank,
-                                reason: "worker process exited (connection closed)".into(),
-                            })
-                        }));
-                        let addr = worker.start();
-                        proxy.do_send(WorkerConnected {
-                            rank: slot.rank,
-                            link: actor_link(&addr),
-                        });
-                        workers.push(addr);
-                    }
+                    let workers: Vec<Addr<Worker>> = ranks
+                        .into_iter()
+                        .enumerate()
+                        .map(|(r, parts)| {
+                            let rank = GlobalRank(r as u32);
+                            let link = (worker_gates[r].clone(), worker_uplinks[r].clone());
+                            start_worker(&cfg.job, &table, rank, parts, &proxies, link)
+                        })
+                        .collect();
                     let _ = tx.send((System::current(), manager, proxies, workers, progress));
                 });
                 sys.run().ok();
@@ -484,6 +458,50 @@ impl LocalJob {
             let _ = t.join();
         }
     }
+}
+
+/// Starts `rank`'s worker (with its step gate and its connection to the proxy of its node)
+/// and connects it to that proxy.
+fn start_worker(
+    job: &JobId,
+    table: &RankTable,
+    rank: GlobalRank,
+    parts: RankParts,
+    proxies: &[Addr<Proxy>],
+    (gate, uplink): (Arc<StepGate>, Arc<Uplink>),
+) -> Addr<Worker> {
+    let slot = table.slot(rank).expect("rank in table");
+    let node_idx = table
+        .nodes()
+        .iter()
+        .position(|n| *n == slot.node)
+        .expect("node in table");
+    let proxy = proxies[node_idx].clone();
+    let farewell_proxy = proxy.clone();
+    uplink.connect(actor_link(&proxy));
+    let worker = Worker::new(
+        WorkerConfig {
+            job: job.clone(),
+            node: slot.node.clone(),
+            rank: slot.rank,
+            tsp: parts.tsp,
+        },
+        parts.hal,
+        gate,
+        uplink,
+    )
+    .with_farewell(Box::new(move |rank| {
+        farewell_proxy.do_send(WorkerDisconnected {
+            rank,
+            reason: "worker process exited (connection closed)".into(),
+        })
+    }));
+    let addr = worker.start();
+    proxy.do_send(WorkerConnected {
+        rank: slot.rank,
+        link: actor_link(&addr),
+    });
+    addr
 }
 
 /// A worker's connection to its proxy, which the fault hooks cut and restore. It keeps the

@@ -478,9 +478,8 @@ impl<'a> Driver<'a> {
     /// who is away is waited for before the next, so the count moves one way to its target.)
     fn settle(&mut self) -> Checked {
         if !self.whole() {
-            let away = self.disconnected.len() + usize::from(
-                self.killed.is_some_and(|k| !self.disconnected.contains(&k)),
-            );
+            let away = self.disconnected.len()
+                + usize::from(self.killed.is_some_and(|k| !self.disconnected.contains(&k)));
             let live = (NODES * DEVICES) as usize - away;
             self.ask(
                 AwaitRegistered(Some(live)),
@@ -647,7 +646,7 @@ impl<'a> Driver<'a> {
             }
             Disruption::RestartProxy { node } => {
                 if after.proxy.take().is_some() {
-                    self.job().restart_proxy(*node as usize);
+                    self.restart_proxy(*node as usize);
                 }
             }
             Disruption::LinkDown { node, device } => self.link(*node, *device, false),
@@ -683,10 +682,9 @@ impl<'a> Driver<'a> {
             Ok(Submission::InFlight(x)) if x == first && same_id => Ok(None),
             // The first one ended already: its result is checked with it.
             Ok(Submission::Known(r)) if r.id == first && same_id => Ok(None),
-            Ok(other) => Err(self.fail(
-                "one_result",
-                format!("a concurrent command got {other:?}"),
-            )),
+            Ok(other) => {
+                Err(self.fail("one_result", format!("a concurrent command got {other:?}")))
+            }
             Err(LocalJobError::Refused(_)) => Ok(None),
             Err(e) => Err(self.fail("bounded", format!("submitting: {e}"))),
         }
@@ -707,11 +705,14 @@ impl<'a> Driver<'a> {
                         format!("operation {id} has {n} final results"),
                     ));
                 }
-                self.log(format!("  {id}: its manager died; final results: {}", ends.len()));
+                self.log(format!(
+                    "  {id}: its manager died; final results: {}",
+                    ends.len()
+                ));
                 self.record(id, ends.into_iter().next());
             }
             if let Some(node) = after.proxy {
-                self.job().restart_proxy(node);
+                self.restart_proxy(node);
             }
         } else {
             let mut results = Vec::new();
@@ -722,19 +723,28 @@ impl<'a> Driver<'a> {
                 if !results.iter().any(|r| r == &**d) {
                     return Err(self.fail(
                         "one_result",
-                        format!("the stopping manager returned {d}, not the result of the operation"),
+                        format!(
+                            "the stopping manager returned {d}, not the result of the operation"
+                        ),
                     ));
                 }
             }
             // A dead proxy comes back before the stopped manager's successor starts.
             if let Some(node) = after.proxy {
-                self.job().restart_proxy(node);
+                self.restart_proxy(node);
             }
             if after.drained.is_some() {
                 self.restart_manager_now()?;
             }
         }
         self.settle()
+    }
+
+    /// Starts a dead proxy again: every worker of its node connects to it, also one whose
+    /// own connection was cut while the proxy was down.
+    fn restart_proxy(&mut self, node: usize) {
+        self.job().restart_proxy(node);
+        self.disconnected.retain(|r| *r / DEVICES != node as u32);
     }
 
     /// Records the result of the latest admission of `id` (an earlier manager may have run it
@@ -836,7 +846,9 @@ impl<'a> Driver<'a> {
                     Ok(Some(r)) => {
                         return Err(self.fail(
                             "one_result",
-                            format!("stopping while it verified, the manager ended an operation: {r}"),
+                            format!(
+                                "stopping while it verified, the manager ended an operation: {r}"
+                            ),
                         ))
                     }
                     Err(e) => return Err(self.fail("bounded", format!("stopping manager: {e}"))),

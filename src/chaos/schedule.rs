@@ -567,8 +567,14 @@ mod tests {
             assert!(s.steps.len() <= 40, "{seed}: {} steps", s.steps.len());
             let f = &s.final_switch;
             assert!(!f.is_empty() && f.len() <= 2, "{seed}");
-            assert!(f.iter().all(|t| t.node < NODES && t.device < DEVICES), "{seed}");
-            assert!(f.len() == 1 || f[0].node != f[1].node || f[0].device / 2 != f[1].device / 2, "{seed}");
+            assert!(
+                f.iter().all(|t| t.node < NODES && t.device < DEVICES),
+                "{seed}"
+            );
+            assert!(
+                f.len() == 1 || f[0].node != f[1].node || f[0].device / 2 != f[1].device / 2,
+                "{seed}"
+            );
             for (i, step) in s.steps.iter().enumerate() {
                 match step {
                     Step::KillProcess { .. } => assert_eq!(i, s.steps.len() - 1, "{seed}"),
@@ -610,12 +616,22 @@ mod tests {
                             kinds.insert("cascade".to_owned());
                         }
                         let d = &during[during.len() - 1].1;
-                        format!("{d:?}").split([' ', '{']).next().unwrap().to_owned()
+                        format!("{d:?}")
+                            .split([' ', '{'])
+                            .next()
+                            .unwrap()
+                            .to_owned()
                     }
-                    Step::Reconnect { then: Some(i), .. } => {
-                        format!("then{i:?}").split([' ', '{']).next().unwrap().to_owned()
-                    }
-                    other => format!("{other:?}").split([' ', '(', '{']).next().unwrap().to_owned(),
+                    Step::Reconnect { then: Some(i), .. } => format!("then{i:?}")
+                        .split([' ', '{'])
+                        .next()
+                        .unwrap()
+                        .to_owned(),
+                    other => format!("{other:?}")
+                        .split([' ', '(', '{'])
+                        .next()
+                        .unwrap()
+                        .to_owned(),
                 };
                 kinds.insert(kind);
             }

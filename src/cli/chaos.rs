@@ -1,7 +1,9 @@
 //! `taskd chaos`: the seeded fault campaign (see [`crate::chaos`]).
 
 use super::error::CliError;
-use crate::chaos::{run_campaign, CampaignConfig, CampaignReport, RunResult, MAX_JOBS, MAX_SCHEDULES};
+use crate::chaos::{
+    run_campaign, CampaignConfig, CampaignReport, RunResult, MAX_JOBS, MAX_SCHEDULES,
+};
 use clap::builder::RangedU64ValueParser;
 use clap::Args;
 use std::io::Write as _;
@@ -79,7 +81,11 @@ fn schedule_text(r: &RunResult, explain: bool) -> String {
         s += &format!("seed {}: VIOLATION {}: {}\n", v.seed, v.invariant, v.detail);
     }
     if explain || !r.violations.is_empty() {
-        s += &format!("seed {} ({:.0} ms):\n", r.seed, r.elapsed.as_secs_f64() * 1e3);
+        s += &format!(
+            "seed {} ({:.0} ms):\n",
+            r.seed,
+            r.elapsed.as_secs_f64() * 1e3
+        );
         for line in &r.log {
             s += &format!("  {line}\n");
         }

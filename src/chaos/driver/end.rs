@@ -38,7 +38,9 @@ impl Driver<'_> {
             self.sim.fabric().set_link(node, DeviceId(device), true);
         }
         let unused = self.sim.fabric().clear_nic_set_faults();
-        self.log(format!("  every worker connected, every link up, {unused} unused faults dropped"));
+        self.log(format!(
+            "  every worker connected, every link up, {unused} unused faults dropped"
+        ));
         self.settle()?;
         let st = self.status()?;
         let agreed = st
@@ -138,7 +140,11 @@ impl Driver<'_> {
             .filter(|o| seen.get(&o.id) != Some(&1))
             .map(|o| o.id)
             .collect();
-        let twice: Vec<&OperationId> = seen.iter().filter(|(_, n)| **n > 1).map(|(id, _)| id).collect();
+        let twice: Vec<&OperationId> = seen
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(id, _)| id)
+            .collect();
         if missing.is_empty() && twice.is_empty() {
             return Ok(());
         }

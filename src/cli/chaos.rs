@@ -9,6 +9,7 @@ use clap::Args;
 use std::io::Write as _;
 use std::process::ExitCode;
 
+/// The flags of `taskd chaos`.
 #[derive(Args)]
 pub struct ChaosArgs {
     /// How many schedules to run (at most 1000000).

@@ -12,6 +12,7 @@ pub use taskd_core as core;
 pub use taskd_hal_mock as hal_mock;
 
 pub mod auto_sim;
+pub mod chaos;
 pub mod cli;
 pub mod doctor;
 pub mod progress;

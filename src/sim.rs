@@ -62,6 +62,9 @@ pub struct SimConfig {
     pub auto: Option<AutoConfig>,
     /// Link events of the scenario, from the start of training (they need `auto`).
     pub links: Vec<LinkEvent>,
+    /// How long a simulated HCCL call waits for its peers before it gives up
+    /// ([`FabricConfig::hccl_timeout`]).
+    pub hccl_timeout: Duration,
 }
 
 /// A NIC port of the simulated fabric going down or up during the scenario. The port of
@@ -100,6 +103,7 @@ impl Default for SimConfig {
             eval_every: 3,
             auto: None,
             links: Vec::new(),
+            hccl_timeout: FabricConfig::new(1, 1).hccl_timeout,
         }
     }
 }
@@ -201,7 +205,10 @@ impl Simulation {
     /// worker registered and every rank trained one step.
     pub fn start(cfg: &SimConfig) -> Result<Simulation, SimError> {
         cfg.validate()?;
-        let fabric = Fabric::new(FabricConfig::new(cfg.nodes, cfg.devices_per_node));
+        let fabric = Fabric::new(FabricConfig {
+            hccl_timeout: cfg.hccl_timeout,
+            ..FabricConfig::new(cfg.nodes, cfg.devices_per_node)
+        });
         for r in &cfg.l2_retry_off {
             fabric.set_l2_retry(*r, false);
         }

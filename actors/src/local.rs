@@ -6,11 +6,12 @@
 use crate::gate::StepGate;
 use crate::manager::{
     AwaitAutoSettled, AwaitRegistered, AwaitResult, AwaitVerification, Drain, GetStatus, Manager,
-    ManagerStatus, ProxyConnected, Recover, Recovery, StopManager, Submission, Submit,
+    ManagerStatus, ProxyConnected, ProxyDisconnected, Recover, Recovery, StopManager, Submission,
+    Submit,
 };
 use crate::progress::{ProgressEvent, ProgressFeed};
 use crate::proxy::{ManagerConnected, Proxy, WorkerConnected, WorkerDisconnected};
-use crate::transport::actor_link;
+use crate::transport::{actor_link, Deliver, Link, Outbox, TransportError};
 use crate::worker::{StopWorker, Worker, WorkerConfig};
 use actix::prelude::*;
 use parking_lot::Mutex;
@@ -19,6 +20,7 @@ use std::time::Duration;
 use taskd_core::auto::{AutoConfig, DeviceKey, Links};
 use taskd_core::ledger::RecoverTo;
 use taskd_core::operation::OperationReport;
+use taskd_core::protocol::{ProxyToManager, WorkerHello, WorkerToProxy};
 use taskd_core::verify::VerifyReport;
 use taskd_core::{
     GlobalRank, JobId, NodeHal, OperationId, PhaseDeadlines, RankHal, RankTable, SubmitError,
@@ -85,52 +87,6 @@ fn start_proxies(
     proxies
 }
 
-/// One worker per rank of `table`, connected to its node's proxy (`proxies` in the table's
-/// node order).
-fn start_workers(
-    job: &JobId,
-    table: &RankTable,
-    ranks: Vec<RankParts>,
-    gates: &[Arc<StepGate>],
-    proxies: &[Addr<Proxy>],
-) -> Vec<Addr<Worker>> {
-    let mut workers = Vec::new();
-    for (r, parts) in ranks.into_iter().enumerate() {
-        let slot = table.slot(GlobalRank(r as u32)).expect("rank in table");
-        let node_idx = table
-            .nodes()
-            .iter()
-            .position(|n| *n == slot.node)
-            .expect("node in table");
-        let proxy = proxies[node_idx].clone();
-        let farewell_proxy = proxy.clone();
-        let worker = Worker::new(
-            WorkerConfig {
-                job: job.clone(),
-                node: slot.node.clone(),
-                rank: slot.rank,
-                tsp: parts.tsp,
-            },
-            parts.hal,
-            gates[r].clone(),
-            actor_link(&proxy),
-        )
-        .with_farewell(Box::new(move |rank| {
-            farewell_proxy.do_send(WorkerDisconnected {
-                rank,
-                reason: "worker process exited (connection closed)".into(),
-            })
-        }));
-        let addr = worker.start();
-        proxy.do_send(WorkerConnected {
-            rank: slot.rank,
-            link: actor_link(&addr),
-        });
-        workers.push(addr);
-    }
-    workers
-}
-
 /// A manager for `job`, with automatic failover when `auto` is given.
 fn new_manager(
     job: &JobId,
@@ -154,6 +110,8 @@ pub struct LocalJob {
     /// Automatic failover, when on (a restarted manager runs it too).
     auto: Option<AutoConfig>,
     workers: Vec<Addr<Worker>>,
+    /// Each worker's connection to its proxy (cut and restored by the fault hooks).
+    uplinks: Vec<Arc<Uplink>>,
     gates: Vec<Arc<StepGate>>,
     system: System,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -208,6 +166,8 @@ impl LocalJob {
             .map(|_| Arc::new(StepGate::new()))
             .collect();
         let worker_gates = gates.clone();
+        let uplinks: Vec<Arc<Uplink>> = (0..ranks.len()).map(|_| Arc::default()).collect();
+        let worker_uplinks = uplinks.clone();
         let (tx, rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("taskd-actors".into())
@@ -218,7 +178,15 @@ impl LocalJob {
                     let progress = manager.progress();
                     let manager = manager.start();
                     let proxies = start_proxies(&cfg.job, &table, nodes, &manager, auto);
-                    let workers = start_workers(&cfg.job, &table, ranks, &worker_gates, &proxies);
+                    let workers: Vec<Addr<Worker>> = ranks
+                        .into_iter()
+                        .enumerate()
+                        .map(|(r, parts)| {
+                            let rank = GlobalRank(r as u32);
+                            let link = (worker_gates[r].clone(), worker_uplinks[r].clone());
+                            start_worker(&cfg.job, &table, rank, parts, &proxies, link)
+                        })
+                        .collect();
                     let _ = tx.send((System::current(), manager, proxies, workers, progress));
                 });
                 sys.run().ok();
@@ -236,6 +204,7 @@ impl LocalJob {
             config,
             auto,
             workers,
+            uplinks,
             gates,
             system,
             thread: Some(thread),
@@ -316,6 +285,65 @@ impl LocalJob {
         }
     }
 
+    /// Runs `fut` (a message to the manager, say) to its end on this job's client, handing
+    /// every progress event `events` receives meanwhile to `on_progress` in order (then those
+    /// already published when it ends). A subscriber that lagged loses the oldest events.
+    pub fn drive<T>(
+        &self,
+        fut: impl std::future::Future<Output = T>,
+        events: &mut tokio::sync::broadcast::Receiver<ProgressEvent>,
+        mut on_progress: impl FnMut(&ProgressEvent),
+    ) -> T {
+        use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+        self.client.block_on(async {
+            tokio::pin!(fut);
+            let mut open = true;
+            loop {
+                tokio::select! {
+                    biased;
+                    ev = events.recv(), if open => match ev {
+                        Ok(ev) => on_progress(&ev),
+                        Err(RecvError::Lagged(_)) => {}
+                        Err(RecvError::Closed) => open = false,
+                    },
+                    out = &mut fut => {
+                        loop {
+                            match events.try_recv() {
+                                Ok(ev) => on_progress(&ev),
+                                Err(TryRecvError::Lagged(_)) => {}
+                                Err(_) => break,
+                            }
+                        }
+                        return out;
+                    }
+                }
+            }
+        })
+    }
+
+    /// Waits (at most `timeout`, handing progress events to `on_progress` like
+    /// [`LocalJob::drive`]) until automatic failover has settled with the manager seeing
+    /// `links` (see [`AwaitAutoSettled`]).
+    pub fn await_auto_settled(
+        &self,
+        links: Vec<(DeviceKey, Links)>,
+        timeout: Duration,
+        events: &mut tokio::sync::broadcast::Receiver<ProgressEvent>,
+        on_progress: impl FnMut(&ProgressEvent),
+    ) -> Result<(), LocalJobError> {
+        let settled = self.manager().send(AwaitAutoSettled { links });
+        // The timer is created inside the client's runtime.
+        let bounded = async { tokio::time::timeout(timeout, settled).await };
+        match self.drive(bounded, events, on_progress) {
+            Ok(Ok(true)) => Ok(()),
+            Ok(Ok(false)) => Err(LocalJobError::AutoOff),
+            Ok(Err(_)) => Err(LocalJobError::SystemGone),
+            Err(_) => Err(LocalJobError::Timeout(
+                timeout,
+                "automatic failover to settle",
+            )),
+        }
+    }
     /// The manager's progress feed (see [`crate::progress`]): subscribe before submitting to
     /// see an operation from its start.
     pub fn subscribe_progress(&self) -> tokio::sync::broadcast::Receiver<ProgressEvent> {
@@ -426,66 +454,6 @@ impl LocalJob {
         })
     }
 
-    /// Runs `fut` (a message to the manager, say) to its end on this job's client, handing
-    /// every progress event `events` receives meanwhile to `on_progress` in order (then those
-    /// already published when it ends). A subscriber that lagged loses the oldest events.
-    pub fn drive<T>(
-        &self,
-        fut: impl std::future::Future<Output = T>,
-        events: &mut tokio::sync::broadcast::Receiver<ProgressEvent>,
-        mut on_progress: impl FnMut(&ProgressEvent),
-    ) -> T {
-        use tokio::sync::broadcast::error::{RecvError, TryRecvError};
-        self.client.block_on(async {
-            tokio::pin!(fut);
-            let mut open = true;
-            loop {
-                tokio::select! {
-                    biased;
-                    ev = events.recv(), if open => match ev {
-                        Ok(ev) => on_progress(&ev),
-                        Err(RecvError::Lagged(_)) => {}
-                        Err(RecvError::Closed) => open = false,
-                    },
-                    out = &mut fut => {
-                        loop {
-                            match events.try_recv() {
-                                Ok(ev) => on_progress(&ev),
-                                Err(TryRecvError::Lagged(_)) => {}
-                                Err(_) => break,
-                            }
-                        }
-                        return out;
-                    }
-                }
-            }
-        })
-    }
-
-    /// Waits (at most `timeout`, handing progress events to `on_progress` like
-    /// [`LocalJob::drive`]) until automatic failover has settled with the manager seeing
-    /// `links` (see [`AwaitAutoSettled`]).
-    pub fn await_auto_settled(
-        &self,
-        links: Vec<(DeviceKey, Links)>,
-        timeout: Duration,
-        events: &mut tokio::sync::broadcast::Receiver<ProgressEvent>,
-        on_progress: impl FnMut(&ProgressEvent),
-    ) -> Result<(), LocalJobError> {
-        let settled = self.manager().send(AwaitAutoSettled { links });
-        // The timer is created inside the client's runtime.
-        let bounded = async { tokio::time::timeout(timeout, settled).await };
-        match self.drive(bounded, events, on_progress) {
-            Ok(Ok(true)) => Ok(()),
-            Ok(Ok(false)) => Err(LocalJobError::AutoOff),
-            Ok(Err(_)) => Err(LocalJobError::SystemGone),
-            Err(_) => Err(LocalJobError::Timeout(
-                timeout,
-                "automatic failover to settle",
-            )),
-        }
-    }
-
     pub fn status(&self, recent: usize) -> Result<ManagerStatus, LocalJobError> {
         self.client
             .block_on(self.manager().send(GetStatus { recent }))
@@ -495,6 +463,99 @@ impl LocalJob {
     /// Stops one worker as if its process died: its proxy sees the connection close.
     pub fn kill_worker(&self, rank: GlobalRank) {
         self.workers[rank.0 as usize].do_send(StopWorker);
+    }
+
+    /// Cuts the connection between `rank`'s worker and its proxy, as a network fault does: the
+    /// process lives on (its training loop, its gate as it stands, a HAL call under way), the
+    /// proxy sees the connection close and the manager loses the rank; the worker's messages
+    /// are lost until [`LocalJob::reconnect_worker`].
+    pub fn disconnect_worker(&self, rank: GlobalRank) {
+        let Some(node) = self.node_index(rank) else {
+            return;
+        };
+        self.uplinks[rank.0 as usize].cut();
+        self.proxies[node].do_send(WorkerDisconnected {
+            rank,
+            reason: "connection to the worker closed (fault injected)".into(),
+        });
+    }
+
+    /// Restores a connection [`LocalJob::disconnect_worker`] cut: the worker introduces itself
+    /// to its proxy again, as a reconnecting worker does, and the manager verifies what it has
+    /// applied.
+    pub fn reconnect_worker(&self, rank: GlobalRank) {
+        if let Some(node) = self.node_index(rank) {
+            self.attach(rank, &self.proxies[node]);
+        }
+    }
+
+    /// Stops the proxy of the table's `node`-th node as if its process died: the manager loses
+    /// every rank of the node, and their workers lose their proxy (each process lives on, its
+    /// gate as it stands). Bring it back with [`LocalJob::restart_proxy`], and restart no
+    /// manager before that (a new manager would reach the dead proxy).
+    pub fn kill_proxy(&self, node: usize) {
+        let Some(name) = self.config.1.nodes().get(node).cloned() else {
+            return;
+        };
+        for rank in self.config.1.ranks_of(&name) {
+            self.uplinks[rank.0 as usize].cut();
+        }
+        // Whatever the dead proxy still had to say is lost.
+        self.proxies[node].do_send(ManagerConnected {
+            link: Arc::new(Severed),
+        });
+        self.manager().do_send(ProxyDisconnected {
+            node: name,
+            reason: "the proxy process died (fault injected)".into(),
+        });
+    }
+
+    /// Starts the proxy [`LocalJob::kill_proxy`] stopped again, as a new process: it knows no
+    /// worker, connects to the manager in charge, and the node's workers connect to it and
+    /// introduce themselves.
+    pub fn restart_proxy(&self, node: usize) {
+        let Some(name) = self.config.1.nodes().get(node).cloned() else {
+            return;
+        };
+        let proxy = &self.proxies[node];
+        let ranks = self.config.1.ranks_of(&name);
+        for rank in &ranks {
+            proxy.do_send(WorkerDisconnected {
+                rank: *rank,
+                reason: "the proxy restarted".into(),
+            });
+        }
+        let manager = self.manager();
+        proxy.do_send(ManagerConnected {
+            link: actor_link(&manager),
+        });
+        manager.do_send(ProxyConnected {
+            node: name,
+            link: actor_link(proxy),
+        });
+        for rank in ranks {
+            self.attach(rank, proxy);
+        }
+    }
+
+    /// Connects `rank`'s worker to `proxy` and repeats its introduction.
+    fn attach(&self, rank: GlobalRank, proxy: &Addr<Proxy>) {
+        let r = rank.0 as usize;
+        proxy.do_send(WorkerConnected {
+            rank,
+            link: actor_link(&self.workers[r]),
+        });
+        self.uplinks[r].connect(actor_link(proxy));
+        if let Some(hello) = self.uplinks[r].hello() {
+            proxy.do_send(Deliver(WorkerToProxy::Hello(hello)));
+        }
+    }
+
+    /// The index in the rank table's node list of `rank`'s node.
+    fn node_index(&self, rank: GlobalRank) -> Option<usize> {
+        let table = &self.config.1;
+        let slot = table.slot(rank)?;
+        table.nodes().iter().position(|n| *n == slot.node)
     }
 
     /// Opens every gate for good and stops the actors.
@@ -510,6 +571,94 @@ impl LocalJob {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// Starts `rank`'s worker (with its step gate and its connection to the proxy of its node)
+/// and connects it to that proxy.
+fn start_worker(
+    job: &JobId,
+    table: &RankTable,
+    rank: GlobalRank,
+    parts: RankParts,
+    proxies: &[Addr<Proxy>],
+    (gate, uplink): (Arc<StepGate>, Arc<Uplink>),
+) -> Addr<Worker> {
+    let slot = table.slot(rank).expect("rank in table");
+    let node_idx = table
+        .nodes()
+        .iter()
+        .position(|n| *n == slot.node)
+        .expect("node in table");
+    let proxy = proxies[node_idx].clone();
+    let farewell_proxy = proxy.clone();
+    uplink.connect(actor_link(&proxy));
+    let worker = Worker::new(
+        WorkerConfig {
+            job: job.clone(),
+            node: slot.node.clone(),
+            rank: slot.rank,
+            tsp: parts.tsp,
+        },
+        parts.hal,
+        gate,
+        uplink,
+    )
+    .with_farewell(Box::new(move |rank| {
+        farewell_proxy.do_send(WorkerDisconnected {
+            rank,
+            reason: "worker process exited (connection closed)".into(),
+        })
+    }));
+    let addr = worker.start();
+    proxy.do_send(WorkerConnected {
+        rank: slot.rank,
+        link: actor_link(&addr),
+    });
+    addr
+}
+
+/// A worker's connection to its proxy, which the fault hooks cut and restore. It keeps the
+/// worker's introduction, to repeat it on a reconnect as a worker reconnecting over the network
+/// does.
+#[derive(Default)]
+struct Uplink {
+    to: Mutex<Option<Link<WorkerToProxy>>>,
+    hello: Mutex<Option<WorkerHello>>,
+}
+
+impl Uplink {
+    fn connect(&self, link: Link<WorkerToProxy>) {
+        *self.to.lock() = Some(link);
+    }
+
+    fn cut(&self) {
+        *self.to.lock() = None;
+    }
+
+    fn hello(&self) -> Option<WorkerHello> {
+        self.hello.lock().clone()
+    }
+}
+
+impl Outbox<WorkerToProxy> for Uplink {
+    fn send(&self, msg: WorkerToProxy) -> Result<(), TransportError> {
+        if let WorkerToProxy::Hello(h) = &msg {
+            *self.hello.lock() = Some(h.clone());
+        }
+        match self.to.lock().as_ref() {
+            Some(link) => link.send(msg),
+            None => Err(TransportError::Closed),
+        }
+    }
+}
+
+/// The manager's end of a dead proxy's connection: every message is lost.
+struct Severed;
+
+impl Outbox<ProxyToManager> for Severed {
+    fn send(&self, _: ProxyToManager) -> Result<(), TransportError> {
+        Err(TransportError::Closed)
     }
 }
 

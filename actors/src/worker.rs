@@ -376,9 +376,19 @@ impl Handler<StopWorker> for Worker {
     }
 }
 
-/// What one process has applied: per group, the members it set to their backup NIC. Owned by
-/// the HAL thread, which makes every call; a new process starts with none (HCCL's default).
-type Applied = BTreeMap<String, BTreeSet<GlobalRank>>;
+/// What one process has applied, per group. Owned by the HAL thread, which makes every call; a
+/// new process starts with nothing applied (HCCL's default).
+type Applied = BTreeMap<String, GroupApplied>;
+
+/// What one process has applied to one group.
+#[derive(Default)]
+struct GroupApplied {
+    /// The members it set to their backup NIC.
+    on_backup: BTreeSet<GlobalRank>,
+    /// The targets of its last call on the group when that call failed (see
+    /// [`GroupView::unsettled`]).
+    unsettled: BTreeSet<GlobalRank>,
+}
 
 /// What this rank can switch: the HAL's answer (L2 retry, RDMA) with this process's own `tsp`
 /// (`MS_ENABLE_TFT`), which no HAL knows. The one place the two are joined.
@@ -423,13 +433,18 @@ fn report(hal: &mut dyn RankHal, applied: &Applied) -> Result<Vec<GroupView>, Ra
     })?;
     let mut views: Vec<GroupView> = groups
         .into_iter()
-        .map(|g| GroupView {
-            on_backup: applied
-                .get(&g.name)
-                .map(|s| s.iter().copied().collect())
-                .unwrap_or_default(),
-            size: g.members.len() as u32,
-            group: g.name,
+        .map(|g| {
+            let a = applied.get(&g.name);
+            GroupView {
+                on_backup: a
+                    .map(|a| a.on_backup.iter().copied().collect())
+                    .unwrap_or_default(),
+                unsettled: a
+                    .map(|a| a.unsettled.iter().copied().collect())
+                    .unwrap_or_default(),
+                size: g.members.len() as u32,
+                group: g.name,
+            }
         })
         .collect();
     views.sort_by(|a, b| a.group.cmp(&b.group));
@@ -475,14 +490,15 @@ fn apply(
             Ok(()) => {
                 // The call set exactly the targets that are members of this group.
                 let view = applied.entry(call.group.clone()).or_default();
+                view.unsettled.clear();
                 let members = groups.iter().find(|g| g.name == call.group);
                 for m in members.iter().flat_map(|g| g.members.iter()) {
                     match wanted.get(m) {
                         Some(NicSide::Backup) => {
-                            view.insert(*m);
+                            view.on_backup.insert(*m);
                         }
                         Some(NicSide::Primary) => {
-                            view.remove(m);
+                            view.on_backup.remove(m);
                         }
                         None => {}
                     }
@@ -495,6 +511,14 @@ fn apply(
             }
             Err(e) => {
                 tracing::warn!(rank = rank.0, group = %call.group, error = %e, "NIC set failed");
+                // Whether any of the group's operators took the change is not known.
+                let members = groups.iter().find(|g| g.name == call.group);
+                applied.entry(call.group.clone()).or_default().unsettled = members
+                    .iter()
+                    .flat_map(|g| g.members.iter())
+                    .filter(|m| wanted.contains_key(m))
+                    .copied()
+                    .collect();
                 first_error.get_or_insert(RankError {
                     group: Some(call.group.clone()),
                     message: e.to_string(),

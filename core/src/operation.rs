@@ -660,7 +660,7 @@ impl Operation {
         deadlines: PhaseDeadlines,
         now: Duration,
     ) -> (Operation, Vec<Action>) {
-        let previous = changed_only(&plan, previous);
+        let previous = rollback_targets(&plan, previous);
         let targets = plan.targets.clone();
         let mut op = Operation {
             id,
@@ -1117,17 +1117,39 @@ impl Operation {
     }
 }
 
-/// The targets of `previous` whose side `plan` changes, with the side they had: what a
-/// rollback re-applies. Re-stating an unchanged one could tell two dies of one NPU opposite
-/// sides in one call, which HCCL refuses.
-fn changed_only(
+/// What a rollback re-applies: every target with the side it had before the switch, except an
+/// unchanged target whose partner die the switch changes (re-stating both would tell the two
+/// dies of one NPU opposite sides in one call, which HCCL refuses).
+///
+/// Unchanged targets are re-stated too because HCCL keeps a NIC setting per operator
+/// (`hal-mock/src/operator.rs`): a member whose switch call failed still has an operator issued
+/// since the last switch on its default NIC, while the members whose call succeeded moved that
+/// operator's unchanged targets as well; only re-stating them brings every member back to one
+/// configuration.
+pub(crate) fn rollback_targets(
     plan: &SwitchPlan,
     previous: Vec<(GlobalRank, NicSide)>,
 ) -> Vec<(GlobalRank, NicSide)> {
     let commanded: BTreeMap<GlobalRank, NicSide> = plan.rank_sides().into_iter().collect();
+    let changed: BTreeSet<(&NodeName, crate::ids::DeviceId)> = plan
+        .targets
+        .iter()
+        .filter(|t| {
+            previous
+                .iter()
+                .any(|(r, was)| *r == t.rank && *was != t.side())
+        })
+        .map(|t| (&t.node, t.device))
+        .collect();
+    let partner_changed = |r: GlobalRank| {
+        plan.targets
+            .iter()
+            .find(|t| t.rank == r)
+            .is_some_and(|t| changed.contains(&(&t.node, t.device.partner())))
+    };
     previous
         .into_iter()
-        .filter(|(r, was)| commanded.get(r) != Some(was))
+        .filter(|(r, was)| commanded.get(r) != Some(was) || !partner_changed(*r))
         .collect()
 }
 

@@ -140,6 +140,12 @@ pub struct GroupView {
     pub size: u32,
     /// Members on their backup NIC, ascending.
     pub on_backup: Vec<GlobalRank>,
+    /// Members whose side this rank cannot vouch for: the targets of its last NIC-set call
+    /// on the group, which failed (HCCL keeps a setting per operator, so a failed call can
+    /// leave some of the group's operators on another side than the rest). Empty once a later
+    /// call on the group succeeds.
+    #[serde(default)]
+    pub unsettled: Vec<GlobalRank>,
 }
 
 /// Where a rank's step gate stands.

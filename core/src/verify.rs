@@ -108,6 +108,7 @@ pub fn assess(reports: &BTreeMap<GlobalRank, WorkerReport>) -> Assessment {
     let mut groups: BTreeMap<&str, GroupViews> = BTreeMap::new();
     for (rank, report) in reports {
         a.disagreements.extend(sides_across_groups(*rank, report));
+        a.disagreements.extend(unsettled(*rank, report));
         for v in &report.groups {
             let e = groups.entry(v.group.as_str()).or_default();
             e.size = e.size.max(v.size);
@@ -191,6 +192,24 @@ impl GroupViews<'_> {
             in_doubt: Vec::new(),
         })
     }
+}
+
+/// A rank whose last NIC-set call on a group failed cannot vouch for the group: its targets are
+/// in doubt until a call on the group succeeds (a recovery re-states them).
+fn unsettled(rank: GlobalRank, report: &WorkerReport) -> impl Iterator<Item = Disagreement> + '_ {
+    report
+        .groups
+        .iter()
+        .filter(|v| !v.unsettled.is_empty())
+        .map(move |v| Disagreement {
+            group: v.group.clone(),
+            ranks: vec![rank],
+            in_doubt: v.unsettled.clone(),
+            detail: format!(
+                "rank {rank}'s last NIC-set call on it failed; the side of ranks {} is not known",
+                short_list(v.unsettled.iter())
+            ),
+        })
 }
 
 /// A rank is a member of each group it reports: its side must be the same in all.
@@ -478,6 +497,7 @@ mod tests {
             group: group.into(),
             size,
             on_backup: r(backup),
+            unsettled: Vec::new(),
         }
     }
 
@@ -532,6 +552,21 @@ mod tests {
             a.disagreements[0].detail
         );
         assert_eq!(a.job_state(), JobState::Paused);
+    }
+
+    #[test]
+    fn a_failed_call_leaves_its_targets_in_doubt() {
+        let mut m = BTreeMap::new();
+        m.insert(GlobalRank(0), report(vec![view("world", 2, &[1])]));
+        let mut failed = report(vec![view("world", 2, &[1])]);
+        failed.groups[0].unsettled = r(&[1]);
+        m.insert(GlobalRank(1), failed);
+        let a = assess(&m);
+        assert!(!a.consistent());
+        assert_eq!(a.ranks_in_doubt().into_iter().collect::<Vec<_>>(), r(&[1]));
+        assert!(a.disagreements[0]
+            .detail
+            .contains("last NIC-set call on it failed"));
     }
 
     #[test]

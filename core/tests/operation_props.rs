@@ -171,11 +171,26 @@ impl World {
         );
         let mut w = World {
             targets: plan.rank_sides(),
-            // The rollback re-states only the targets the switch changes.
-            previous: flags(&previous)
-                .into_iter()
-                .filter(|p| !plan.rank_sides().contains(p))
-                .collect(),
+            // The rollback re-states every target's previous side, except an unchanged one
+            // whose partner die the switch changes (the two dies of one NPU are never told
+            // opposite sides in one call).
+            previous: {
+                let was: BTreeMap<GlobalRank, NicSide> = flags(&previous).into_iter().collect();
+                let changed: BTreeSet<u32> = plan
+                    .rank_sides()
+                    .into_iter()
+                    .filter(|(r, now)| was.get(r).is_some_and(|w| w != now))
+                    .map(|(r, _)| r.0)
+                    .collect();
+                let partner = |r: u32| layout.rank_of_partner(GlobalRank(r));
+                flags(&previous)
+                    .into_iter()
+                    .filter(|(r, was)| {
+                        !plan.rank_sides().contains(&(*r, *was))
+                            || !partner(r.0).is_some_and(|p| changed.contains(&p.0))
+                    })
+                    .collect()
+            },
             plan_targets: plan.targets,
             layout,
             id,

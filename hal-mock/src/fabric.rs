@@ -485,6 +485,17 @@ impl Fabric {
         }
     }
 
+    /// Drops every queued fault no call has used yet, of every rank; returns how many.
+    ///
+    /// Why: a fault campaign ends each schedule by proving the job still switches, which a
+    /// fault left over from an operation that never reached its call would spoil.
+    pub fn clear_nic_set_faults(&self) -> usize {
+        let mut st = self.state.lock();
+        let n = st.faults.iter().map(VecDeque::len).sum();
+        st.faults.iter_mut().for_each(VecDeque::clear);
+        n
+    }
+
     /// The process of `rank` dies: its pending and future calls fail with
     /// `HCCL_E_NOT_FOUND` (its communicators are gone), and peers that wait for it, or call
     /// into a group it belongs to, get `HCCL_E_REMOTE`. Its views no longer count in
@@ -867,6 +878,24 @@ mod tests {
             .to_string()
             .starts_with("1 disagreement(s) in 4 groups"));
         assert!(f.ranks_on_backup().is_empty());
+    }
+
+    #[test]
+    fn cleared_faults_are_never_used() {
+        let f = fabric(1, 2, 2);
+        warm_up(&f);
+        f.inject_nic_set_fault(r(0), NicSetFault::Fail(HcclCode::Network));
+        f.inject_nic_set_fault(r(1), NicSetFault::Slow(Duration::ZERO));
+        f.inject_nic_set_fault(r(1), NicSetFault::Fail(HcclCode::Network));
+        assert_eq!(f.clear_nic_set_faults(), 3);
+        assert_eq!(f.clear_nic_set_faults(), 0);
+        for calls in switch_all(&f, &[(0, true)]) {
+            for (group, res) in calls {
+                assert!(res.is_ok(), "{group}: {res:?}");
+            }
+        }
+        assert!(f.check_consistency().is_consistent());
+        assert_eq!(f.ranks_on_backup(), [r(0)]);
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub use error::CliError;
 use std::process::ExitCode;
 
 pub mod auto;
+pub mod chaos;
 pub mod connect;
 pub mod doctor;
 pub mod error;
@@ -49,6 +50,9 @@ enum Command {
     /// Run a simulated job in this process (mock HAL, simulated fabric) through a switch to
     /// the backup NIC and back, and report.
     Sim(sim::SimArgs),
+    /// Run seeded fault schedules (crashes, HAL failures, lost connections, operator
+    /// commands) on simulated jobs and check the recovery contract's invariants after each.
+    Chaos(chaos::ChaosArgs),
     /// Move devices of a running job to their backup NIC or back (through the manager's
     /// control API).
     Switch(switch::SwitchArgs),
@@ -75,6 +79,7 @@ pub fn main() -> ExitCode {
     init_logging(cli.log_format);
     let (name, result) = match cli.command {
         Command::Sim(args) => ("sim", sim::run(args)),
+        Command::Chaos(args) => ("chaos", chaos::run(args)),
         Command::Switch(args) => ("switch", Ok(switch::run(args))),
         Command::Status(args) => ("status", Ok(status::run(args))),
         Command::Recover(args) => ("recover", recover::run(args)),

@@ -281,6 +281,7 @@ fn worker_report_to_pb(w: WorkerReport) -> pb::WorkerReport {
                 group: g.group,
                 size: g.size,
                 on_backup: g.on_backup.into_iter().map(|r| r.0).collect(),
+                unsettled: g.unsettled.into_iter().map(|r| r.0).collect(),
             })
             .collect(),
         gate_op: w.gate.op.map(|o| o.to_string()).unwrap_or_default(),
@@ -302,6 +303,7 @@ fn worker_report_from_pb(w: pb::WorkerReport) -> Result<WorkerReport, WireError>
                 group: g.group,
                 size: g.size,
                 on_backup: g.on_backup.into_iter().map(GlobalRank).collect(),
+                unsettled: g.unsettled.into_iter().map(GlobalRank).collect(),
             })
             .collect(),
         gate: GateReport {
@@ -674,6 +676,7 @@ mod tests {
                     group: "world".into(),
                     size: 16,
                     on_backup: vec![GlobalRank(3), GlobalRank(9)],
+                    unsettled: vec![GlobalRank(9)],
                 }],
                 gate: GateReport {
                     op: Some(op()),

@@ -155,7 +155,7 @@ impl Operation {
             return Err(CommandError::NotHolding { id, phase });
         }
         seq.switched = true;
-        self.previous = changed_only(&plan, previous);
+        self.previous = rollback_targets(&plan, previous);
         self.plan = plan;
         let targets = self.plan.rank_sides();
         let applying = Stage::Applying(Tally::default());

@@ -81,6 +81,12 @@ impl Layout {
         self.table.slot(r).expect("rank in the table").device
     }
 
+    /// The rank of the other die of `r`'s NPU, when the job has it.
+    pub fn rank_of_partner(&self, r: GlobalRank) -> Option<GlobalRank> {
+        self.table
+            .rank_of(&self.node_of(r), self.device_of(r).partner())
+    }
+
     pub fn node_name(&self, n: u32) -> NodeName {
         NodeName(format!("node-{n}"))
     }
@@ -135,6 +141,7 @@ impl Layout {
             .groups_of(r)
             .into_iter()
             .map(|g| GroupView {
+                unsettled: Vec::new(),
                 size: g.members.len() as u32,
                 on_backup: g
                     .members

@@ -1,0 +1,142 @@
+//! `taskd chaos`: the seeded fault campaign (see [`crate::chaos`]).
+
+use super::error::CliError;
+use crate::chaos::{
+    run_campaign, CampaignConfig, CampaignReport, RunResult, MAX_JOBS, MAX_SCHEDULES,
+};
+use clap::builder::RangedU64ValueParser;
+use clap::Args;
+use std::io::Write as _;
+use std::process::ExitCode;
+
+/// The flags of `taskd chaos`.
+#[derive(Args)]
+pub struct ChaosArgs {
+    /// How many schedules to run (at most 1000000).
+    #[arg(long, value_name = "N", default_value_t = 100,
+          value_parser = RangedU64ValueParser::<u64>::new().range(1..=MAX_SCHEDULES))]
+    seeds: u64,
+    /// The seed of the first schedule; the next ones are S+1, S+2, ...
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    first_seed: u64,
+    /// Schedules run at once, each on a simulated job of its own (at most 64).
+    #[arg(long, value_name = "J", default_value_t = 1,
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_JOBS as u64))]
+    jobs: usize,
+    /// Print what every schedule did, step by step (a failing schedule's steps are always
+    /// printed).
+    #[arg(long)]
+    explain: bool,
+    /// Print one JSON object: {schedules, violations: [{seed, invariant, detail}],
+    /// operations, faults_injected, by_fault, ...}.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs the campaign; exit 1 when an invariant broke.
+pub fn run(a: ChaosArgs) -> Result<ExitCode, CliError> {
+    if a.first_seed.checked_add(a.seeds - 1).is_none() {
+        return Err(CliError::usage(format!(
+            "--first-seed {} --seeds {}: the last seed would pass {}",
+            a.first_seed,
+            a.seeds,
+            u64::MAX
+        )));
+    }
+    let cfg = CampaignConfig {
+        first_seed: a.first_seed,
+        schedules: a.seeds,
+        jobs: a.jobs,
+    };
+    let mut out = std::io::stdout().lock();
+    if !a.json {
+        let _ = writeln!(
+            out,
+            "chaos: {} schedules (seeds {}..={}), {} at once, each on a simulated 2-node x \
+             4-device job",
+            a.seeds,
+            a.first_seed,
+            a.first_seed + (a.seeds - 1),
+            a.jobs
+        );
+    }
+    let report = run_campaign(&cfg, |r| {
+        if !a.json {
+            let _ = out.write_all(schedule_text(r, a.explain).as_bytes());
+        }
+    });
+    // A closed stdout (`| head`) is the reader's choice, not a failure of the run.
+    let _ = out.write_all(report_text(&report, a.json).as_bytes());
+    Ok(if report.violations.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// What a schedule prints: nothing when it passed (unless `explain`), its violation, its
+/// steps and how to run it again otherwise.
+fn schedule_text(r: &RunResult, explain: bool) -> String {
+    let mut s = String::new();
+    for v in &r.violations {
+        s += &format!("seed {}: VIOLATION {}: {}\n", v.seed, v.invariant, v.detail);
+    }
+    if explain || !r.violations.is_empty() {
+        s += &format!(
+            "seed {} ({:.0} ms):\n",
+            r.seed,
+            r.elapsed.as_secs_f64() * 1e3
+        );
+        for line in &r.log {
+            s += &format!("  {line}\n");
+        }
+    }
+    if !r.violations.is_empty() {
+        s += &format!(
+            "  reproduce: taskd chaos --first-seed {} --seeds 1 --explain\n",
+            r.seed
+        );
+    }
+    s
+}
+
+/// The summary (or the JSON object).
+fn report_text(r: &CampaignReport, json: bool) -> String {
+    if json {
+        return serde_json::to_string_pretty(r).expect("the report serializes") + "\n";
+    }
+    let kinds = |m: &std::collections::BTreeMap<String, u64>| {
+        m.iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut s = format!(
+        "\n{} schedules in {:.1} s: {} operations, {} faults injected ({})\n",
+        r.schedules,
+        r.elapsed_secs,
+        r.operations,
+        r.faults_injected,
+        kinds(&r.by_fault)
+    );
+    if !r.commands.is_empty() {
+        s += &format!("operator commands: {}\n", kinds(&r.commands));
+    }
+    if !r.observations.is_empty() {
+        s += &format!("observed: {}\n", kinds(&r.observations));
+    }
+    if let Some((seed, secs)) = r.slowest {
+        s += &format!("slowest schedule: seed {seed}, {secs:.2} s\n");
+    }
+    if r.violations.is_empty() {
+        s += "no invariant broke\n";
+    } else {
+        let seeds: Vec<String> = r.violations.iter().map(|v| v.seed.to_string()).collect();
+        s += &format!(
+            "{} violations; seeds to reproduce: {}\n",
+            r.violations.len(),
+            seeds.join(" ")
+        );
+    }
+    s
+}

@@ -19,7 +19,9 @@ use taskd_core::{
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("malformed {what}: {detail}")]
 pub struct WireError {
+    /// The message being decoded (`directive`, `rank reply`, ...).
     pub what: &'static str,
+    /// What is wrong with it: the missing part, or the malformed value and why.
     pub detail: String,
 }
 
@@ -37,7 +39,7 @@ fn op_id(what: &'static str, s: &str) -> Result<OperationId, WireError> {
     })
 }
 
-pub fn phase_to_pb(p: Phase) -> pb::Phase {
+pub(crate) fn phase_to_pb(p: Phase) -> pb::Phase {
     match p {
         Phase::Sample => pb::Phase::Sample,
         Phase::Pause => pb::Phase::Pause,
@@ -48,7 +50,7 @@ pub fn phase_to_pb(p: Phase) -> pb::Phase {
     }
 }
 
-pub fn phase_from_pb(what: &'static str, raw: i32) -> Result<Phase, WireError> {
+pub(crate) fn phase_from_pb(what: &'static str, raw: i32) -> Result<Phase, WireError> {
     match pb::Phase::try_from(raw) {
         Ok(pb::Phase::Sample) => Ok(Phase::Sample),
         Ok(pb::Phase::Pause) => Ok(Phase::Pause),
@@ -63,7 +65,7 @@ pub fn phase_from_pb(what: &'static str, raw: i32) -> Result<Phase, WireError> {
     }
 }
 
-pub fn caps_to_pb(c: SwitchCapabilities) -> pb::Capabilities {
+pub(crate) fn caps_to_pb(c: SwitchCapabilities) -> pb::Capabilities {
     pb::Capabilities {
         tsp: c.tsp,
         l2_retry: c.l2_retry,
@@ -71,7 +73,7 @@ pub fn caps_to_pb(c: SwitchCapabilities) -> pb::Capabilities {
     }
 }
 
-pub fn caps_from_pb(c: Option<pb::Capabilities>) -> SwitchCapabilities {
+pub(crate) fn caps_from_pb(c: Option<pb::Capabilities>) -> SwitchCapabilities {
     let c = c.unwrap_or_default();
     SwitchCapabilities {
         tsp: c.tsp,
@@ -80,7 +82,7 @@ pub fn caps_from_pb(c: Option<pb::Capabilities>) -> SwitchCapabilities {
     }
 }
 
-pub fn hello_to_pb(h: WorkerHello) -> pb::WorkerHello {
+pub(crate) fn hello_to_pb(h: WorkerHello) -> pb::WorkerHello {
     pb::WorkerHello {
         job: h.job.0,
         node: h.node.0,
@@ -89,7 +91,7 @@ pub fn hello_to_pb(h: WorkerHello) -> pb::WorkerHello {
     }
 }
 
-pub fn hello_from_pb(h: pb::WorkerHello) -> WorkerHello {
+pub(crate) fn hello_from_pb(h: pb::WorkerHello) -> WorkerHello {
     WorkerHello {
         job: JobId(h.job),
         node: NodeName(h.node),
@@ -118,6 +120,7 @@ fn flags_from_pb(t: pb::NicTargets) -> Vec<(GlobalRank, NicSide)> {
         .collect()
 }
 
+/// A directive as the manager's server sends it in a `Down` frame.
 pub fn directive_to_pb(d: Directive) -> pb::Directive {
     use pb::directive::Kind;
     let kind = match d.kind {
@@ -144,6 +147,8 @@ pub fn directive_to_pb(d: Directive) -> pb::Directive {
     }
 }
 
+/// A directive from a `Down` frame, as a client decodes it; refused if the operation id is
+/// not a uuid or the kind is missing.
 pub fn directive_from_pb(d: pb::Directive) -> Result<Directive, WireError> {
     use pb::directive::Kind;
     const W: &str = "directive";
@@ -310,7 +315,7 @@ fn worker_report_from_pb(w: pb::WorkerReport) -> Result<WorkerReport, WireError>
     })
 }
 
-pub fn rank_reply_to_pb(r: RankReply) -> pb::RankReply {
+pub(crate) fn rank_reply_to_pb(r: RankReply) -> pb::RankReply {
     use pb::rank_reply::Body;
     let body = match r.body {
         ReplyBody::Sampled { in_step } => Body::SampledInStep(in_step),
@@ -339,7 +344,7 @@ pub fn rank_reply_to_pb(r: RankReply) -> pb::RankReply {
     }
 }
 
-pub fn rank_reply_from_pb(r: pb::RankReply) -> Result<RankReply, WireError> {
+pub(crate) fn rank_reply_from_pb(r: pb::RankReply) -> Result<RankReply, WireError> {
     use pb::rank_reply::Body;
     const W: &str = "rank reply";
     let body = match r.body.ok_or_else(|| missing(W, "its body"))? {
@@ -370,7 +375,7 @@ pub fn rank_reply_from_pb(r: pb::RankReply) -> Result<RankReply, WireError> {
     })
 }
 
-pub fn node_reply_to_pb(n: NodeReply) -> pb::NodeReply {
+pub(crate) fn node_reply_to_pb(n: NodeReply) -> pb::NodeReply {
     pb::NodeReply {
         node: n.node.0,
         op: n.op.to_string(),
@@ -390,7 +395,7 @@ pub fn node_reply_to_pb(n: NodeReply) -> pb::NodeReply {
     }
 }
 
-pub fn node_reply_from_pb(n: pb::NodeReply) -> Result<NodeReply, WireError> {
+pub(crate) fn node_reply_from_pb(n: pb::NodeReply) -> Result<NodeReply, WireError> {
     const W: &str = "node reply";
     Ok(NodeReply {
         node: NodeName(n.node),
@@ -415,6 +420,7 @@ pub fn node_reply_from_pb(n: pb::NodeReply) -> Result<NodeReply, WireError> {
     })
 }
 
+/// What a worker sends its proxy, as the body of an `Up` frame.
 pub fn worker_msg_to_pb(m: WorkerToProxy) -> pb::WorkerMessage {
     use pb::worker_message::Kind;
     pb::WorkerMessage {
@@ -425,7 +431,7 @@ pub fn worker_msg_to_pb(m: WorkerToProxy) -> pb::WorkerMessage {
     }
 }
 
-pub fn worker_msg_from_pb(m: pb::WorkerMessage) -> Result<WorkerToProxy, WireError> {
+pub(crate) fn worker_msg_from_pb(m: pb::WorkerMessage) -> Result<WorkerToProxy, WireError> {
     use pb::worker_message::Kind;
     match m
         .kind
@@ -436,6 +442,7 @@ pub fn worker_msg_from_pb(m: pb::WorkerMessage) -> Result<WorkerToProxy, WireErr
     }
 }
 
+/// What a proxy sends the manager, as the body of an `Up` frame.
 pub fn proxy_msg_to_pb(m: ProxyToManager) -> pb::ProxyMessage {
     use pb::proxy_message::Kind;
     pb::ProxyMessage {
@@ -450,7 +457,7 @@ pub fn proxy_msg_to_pb(m: ProxyToManager) -> pb::ProxyMessage {
     }
 }
 
-pub fn proxy_msg_from_pb(m: pb::ProxyMessage) -> Result<ProxyToManager, WireError> {
+pub(crate) fn proxy_msg_from_pb(m: pb::ProxyMessage) -> Result<ProxyToManager, WireError> {
     use pb::proxy_message::Kind;
     match m.kind.ok_or_else(|| missing("proxy message", "its kind"))? {
         Kind::WorkerUp(h) => Ok(ProxyToManager::WorkerUp(hello_from_pb(h))),

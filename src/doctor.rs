@@ -47,16 +47,22 @@ mod dcmi;
 /// the manager's port.
 pub use taskd_actors::net::DEFAULT_MANAGER_PORT as DEFAULT_PORT;
 
-/// The reference deployment's values, quoted in fix-it messages.
+/// The reference deployment's `HCCL_OP_RETRY_ENABLE`, quoted in fix-it messages: `L2:1` is
+/// what makes `HcclCommWorkingDevNicSet` switch at all.
 pub const HCCL_OP_RETRY_ENABLE_VALUE: &str = "L0:0, L1:1, L2:1";
+/// The reference deployment's `MS_ENABLE_TFT`, quoted in fix-it messages: `TSP:1` is what a
+/// worker reports as its TSP capability.
 pub const MS_ENABLE_TFT_VALUE: &str = "{TTP:1,TSP:1}";
 
 /// The verdict of one check.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum Status {
+    /// Nothing to do.
     Pass,
+    /// Worth a look, not known to break the job; the exit status stays 0.
     Warn,
+    /// Something the job needs is missing or wrong here: `taskd doctor` exits non-zero.
     Fail,
 }
 
@@ -76,6 +82,7 @@ impl fmt::Display for Status {
 pub struct Check {
     /// Stable name, e.g. `env:HCCL_OP_RETRY_ENABLE`.
     pub check: String,
+    /// The verdict.
     pub status: Status,
     /// What was seen.
     pub detail: String,
@@ -206,8 +213,11 @@ fn lacks(v: &Option<String>, flag: &str) -> String {
 /// A vendor library the doctor probes.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Library {
+    /// `libhccl.so`: the NIC switch itself.
     Hccl,
+    /// `libascendcl.so`: the runtime a rank's HAL and the hardware rig need.
     Acl,
+    /// `libdcmi.so`: the proxy's link-health probes.
     Dcmi,
 }
 
@@ -510,8 +520,13 @@ pub fn job_id(env: EnvLookup<'_>) -> Check {
 /// Whether this host runs the job's manager.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Role {
+    /// `MS_SCHED_HOST` names this host (`POD_IP`): it runs the manager, which must be able
+    /// to bind the taskd port.
     Manager,
+    /// The manager runs elsewhere: a taskd port that cannot be bound here is only a warning.
     Worker,
+    /// `MS_SCHED_HOST` or `POD_IP` is missing or unusable: the port check cannot tell which
+    /// applies, and fails like a manager's.
     Unknown,
 }
 

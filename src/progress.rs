@@ -57,6 +57,7 @@ impl<W: Write> ProgressPrinter<W> {
         }
     }
 
+    /// The writer back, with everything printed so far (a test reads a `Vec<u8>`'s text).
     pub fn into_inner(self) -> W {
         self.out
     }

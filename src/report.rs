@@ -12,14 +12,23 @@ use taskd_core::RankTable;
 /// The whole run, as `taskd sim --json` prints it.
 #[derive(Clone, Debug, Serialize)]
 pub struct ScenarioReport {
+    /// Nodes simulated (`--nodes`).
     pub nodes: u32,
+    /// Ranks per node (`--devices-per-node`).
     pub devices_per_node: u32,
+    /// Ranks in the job: `nodes x devices_per_node`.
     pub ranks: usize,
     /// Fewest steps any rank completed.
     pub steps_completed: u64,
+    /// Each operation submitted, in order, with its one final result.
     pub operations: Vec<OperationSummary>,
+    /// Ranks on their backup NIC at the end, by the simulated fabric (not the manager's
+    /// table; `invariants` says whether the two match).
     pub ranks_on_backup: Vec<u32>,
+    /// Whether every group agrees on its NIC configuration at the end, the invariant every
+    /// scenario ends with.
     pub groups_consistent: bool,
+    /// The manager's job state at the end: `running`, `paused` or `needs_recovery`.
     pub job_state: String,
     /// Invariants checked at the end; `ok` is false if any broke.
     pub invariants: Invariants,
@@ -71,6 +80,7 @@ impl From<&AutoDecision> for DecisionSummary {
 /// The checks behind the exit status.
 #[derive(Clone, Debug, Serialize)]
 pub struct Invariants {
+    /// All of the below held (and the groups are consistent): the run exits 0.
     pub ok: bool,
     /// Collectives that ran while their group disagreed on the NIC configuration.
     pub collectives_on_inconsistent_groups: u64,
@@ -84,10 +94,15 @@ pub struct Invariants {
     pub hccl_violations: Vec<String>,
     /// Disagreements found by the final consistency check.
     pub consistency: String,
+    /// Training collectives that returned an error (a peer timed out or was lost). Reported,
+    /// not an invariant: an injected hang makes some on purpose.
     pub collective_failures: u64,
 }
 
 impl ScenarioReport {
+    /// The report of a finished run, judging the invariants from the end state. The NIC
+    /// table is compared with the fabric only when the groups are consistent: otherwise no
+    /// single answer is right, and `groups_consistent` already fails the run.
     pub fn new(
         cfg: &SimConfig,
         table: &RankTable,

@@ -76,6 +76,7 @@ use taskd_hal_ascend::{
 /// What the rig runs.
 #[derive(Clone, Debug)]
 pub struct RigConfig {
+    /// The job's id, as the manager and the operation records show it.
     pub job: JobId,
     /// This node's name in the rank table and in commands.
     pub node: NodeName,
@@ -100,6 +101,7 @@ pub struct RigConfig {
     /// world communicator of an element count no recent step used, an operator HCCL has not
     /// issued before (see [`RigReport::collectives_on_default_nic`]). 0: never.
     pub eval_every: u64,
+    /// Deadlines of every operation's phases, as the manager applies them.
     pub deadlines: PhaseDeadlines,
     /// How long to wait for setup or for training to make progress before giving up.
     pub progress_timeout: Duration,
@@ -170,7 +172,9 @@ impl RigConfig {
 
 /// The vendor libraries the rig runs on. DCMI is optional.
 pub struct RigLibraries {
+    /// HCCL: the communicators, the collectives and the NIC switch.
     pub hccl: Arc<HcclLib>,
+    /// ACL: devices, streams and device memory for the collectives.
     pub acl: Arc<AclLib>,
     /// `Err` when DCMI could not be loaded: the proxy then uses [`UnmonitoredNodeHal`].
     pub dcmi: Result<DcmiLib, LoadError>,
@@ -239,22 +243,34 @@ impl RankHal for SharedRankHal {
     }
 }
 
+/// Why the rig could not start or run a command.
 #[derive(Debug, thiserror::Error)]
 pub enum RigError {
+    /// A configuration the rig cannot run (no device, a device twice, a bad group); the text
+    /// names it.
     #[error("bad rig setup: {0}")]
     Setup(String),
+    /// A vendor library could not be loaded or lacks a function.
     #[error("{0}")]
     Library(#[from] LoadError),
+    /// A rank's HCCL or ACL setup failed before training (device, stream, memory, a
+    /// communicator).
     #[error("rank {rank} (device {device}) could not start: {error}")]
     RankInit {
+        /// The rank.
         rank: u32,
+        /// Its logical device id ([`RigConfig::devices`]).
         device: u32,
+        /// The failed call's error, as text.
         error: String,
     },
+    /// The in-process job could not start or be driven.
     #[error(transparent)]
     Job(#[from] LocalJobError),
+    /// The slowest rank completed no step for the given time (at the given step).
     #[error("training made no progress for {0:?} (fewest steps completed: {1})")]
     Stuck(Duration, u64),
+    /// A script or stdin line that is not a command: the line and what is wrong with it.
     #[error("bad command {0:?}: {1}")]
     Command(String, String),
 }
@@ -616,13 +632,17 @@ fn evaluation_count(eval_every: u64, elements: usize, step: u64) -> Option<u64> 
 pub struct LatencyWindow {
     /// `before`, `during` or `after`.
     pub label: &'static str,
+    /// The window's first step.
     pub first_step: u64,
+    /// The window's last step (inclusive).
     pub last_step: u64,
     /// Rank-steps measured.
     pub samples: usize,
+    /// Fastest rank-step; `None` without samples.
     pub min_ms: Option<f64>,
     /// The upper middle value for an even count.
     pub median_ms: Option<f64>,
+    /// Slowest rank-step; `None` without samples.
     pub max_ms: Option<f64>,
 }
 
@@ -700,8 +720,11 @@ impl OperationRecord {
 /// One invariant and whether it held.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Invariant {
+    /// What must hold, in words.
     pub name: &'static str,
+    /// Whether it held.
     pub ok: bool,
+    /// What was seen, to act on when it did not.
     pub detail: String,
 }
 
@@ -716,10 +739,13 @@ pub struct RigReport {
     pub groups: Vec<GroupInfo>,
     /// Which node HAL the proxy used.
     pub node_hal: String,
+    /// Each operation submitted, in order, with its result.
     pub operations: Vec<OperationRecord>,
     /// Fewest steps any rank completed.
     pub steps_completed: u64,
+    /// Collectives (or rank setups) that failed, one line each with rank and step.
     pub collective_errors: Vec<String>,
+    /// All-reduces whose sum differed from the expected one: data a switch lost or mixed up.
     pub wrong_results: u64,
     /// Collectives that ran on the default NIC of a switched communicator, by HCCL's
     /// documented per-operator rule: the evaluations ([`RigConfig::eval_every`]) issued while
@@ -731,7 +757,9 @@ pub struct RigReport {
     pub ranks_on_backup: Vec<u32>,
     /// What the operations' results imply.
     pub expected_on_backup: Vec<u32>,
+    /// The manager's job state at the end.
     pub job_state: String,
+    /// The checks behind [`RigReport::ok`].
     pub invariants: Vec<Invariant>,
 }
 
@@ -771,7 +799,9 @@ pub enum RigCommand {
     Train(u64),
     /// `switch D[,D...]` (to backup) or `back D[,D...]` (to primary).
     Switch {
+        /// Logical device ids, as [`RigConfig::devices`] lists them.
         devices: Vec<DeviceId>,
+        /// `switch` (to backup) or `back` (to primary).
         use_backup: bool,
     },
 }
@@ -1118,6 +1148,7 @@ impl Rig {
         Ok(rig)
     }
 
+    /// The configuration the rig was started with.
     pub fn config(&self) -> &RigConfig {
         &self.cfg
     }

@@ -34,8 +34,11 @@ pub const MAX_SIM_RANKS: u32 = 4_096;
 /// A simulated job and the scenario to run on it.
 #[derive(Clone, Debug)]
 pub struct SimConfig {
+    /// The simulated job's id (what the manager, the control API and the summaries show).
     pub job: JobId,
+    /// Nodes, named `node-0` .. `node-{N-1}`.
     pub nodes: u32,
+    /// Ranks per node; `rank = node_index * devices_per_node + device`.
     pub devices_per_node: u32,
     /// Targets of operation 1: `(node, devices)`.
     pub switch: Vec<(NodeName, Vec<DeviceId>)>,
@@ -47,6 +50,7 @@ pub struct SimConfig {
     pub l2_retry_off: Vec<GlobalRank>,
     /// Ranks whose process lacks `TSP:1` in `MS_ENABLE_TFT`.
     pub tsp_off: Vec<GlobalRank>,
+    /// Deadlines of every phase of both operations.
     pub deadlines: PhaseDeadlines,
     /// Simulated compute time of one training step.
     pub step_time: Duration,
@@ -180,12 +184,18 @@ impl SimConfig {
 /// Why the simulator could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
+    /// The configuration asks for something the simulator cannot build (a size above
+    /// [`MAX_SIM_RANKS`], a fault on a rank the job does not have); the text names it.
     #[error("bad simulation setup: {0}")]
     Setup(String),
+    /// A `--switch` target the rank table does not have.
     #[error("bad target: {0}")]
     Target(#[from] ValidationError),
+    /// The in-process job could not start or be driven.
     #[error(transparent)]
     Job(#[from] LocalJobError),
+    /// The slowest rank completed no step for the given time (at the given step): a
+    /// deadlock the control plane should have prevented, reported instead of hanging.
     #[error("training made no progress for {0:?}: ranks are stuck (at step {1})")]
     Stuck(Duration, u64),
 }
@@ -257,18 +267,22 @@ impl Simulation {
         Ok(sim)
     }
 
+    /// The simulated hardware: to inject faults, or to check what HCCL has applied.
     pub fn fabric(&self) -> &Arc<Fabric> {
         &self.fabric
     }
 
+    /// The job's rank table (uniform: `node-i`, devices `0..devices_per_node`).
     pub fn table(&self) -> &RankTable {
         &self.table
     }
 
+    /// The job's actors, to submit operations to and ask for status.
     pub fn job(&self) -> &LocalJob {
         self.job.as_ref().expect("job runs until finish")
     }
 
+    /// The ranks' training loops, to wait for steps or read their progress.
     pub fn training(&self) -> &SimTraining {
         self.training.as_ref().expect("training runs until finish")
     }
@@ -344,18 +358,27 @@ impl Simulation {
 /// The state of a simulated job after it stopped.
 #[derive(Clone, Debug)]
 pub struct FinalState {
+    /// Fewest steps any rank completed.
     pub steps_completed: u64,
+    /// Ranks on their backup NIC, as the fabric has them.
     pub ranks_on_backup: Vec<GlobalRank>,
     /// The manager's NIC table at the end.
     pub manager_on_backup: Vec<GlobalRank>,
+    /// Whether every group agrees on its NIC configuration.
     pub groups_consistent: bool,
+    /// The consistency check's findings, for people (the disagreeing groups and members).
     pub consistency: String,
+    /// Collectives that ran while their group's members disagreed on the NIC configuration:
+    /// what the whole control plane exists to keep at zero.
     pub collectives_on_inconsistent_groups: u64,
     /// Collectives that ran on the default NIC of a switched group (HCCL's per-operator rule;
     /// not a broken invariant).
     pub collectives_on_default_nic: u64,
+    /// Training collectives that returned an error (not those ended by the shutdown).
     pub collective_failures: u64,
+    /// HCCL rules the control plane broke, as the fabric recorded them.
     pub violations: Vec<String>,
+    /// The manager's job state at the end.
     pub job_state: JobState,
 }
 
@@ -368,7 +391,9 @@ pub fn run_scenario(cfg: &SimConfig) -> Result<ScenarioReport, SimError> {
 /// What a scenario produced: its report and its per-step timeline.
 #[derive(Clone, Debug)]
 pub struct ScenarioRun {
+    /// What `--json` prints, and the readable table.
     pub report: ScenarioReport,
+    /// One row per training step with the phases it overlapped (`--timeline`).
     pub timeline: Timeline,
 }
 

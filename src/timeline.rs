@@ -32,6 +32,8 @@ struct Steps {
 }
 
 impl StepClock {
+    /// A clock for a job of `world` ranks, started now: a step counts as completed when all
+    /// `world` ranks have reported it.
     pub fn new(world: u32) -> Arc<StepClock> {
         Arc::new(StepClock {
             start: Instant::now(),
@@ -113,8 +115,11 @@ impl StepBoundary for TimedHook {
 /// One phase of one operation, on the clock of a [`StepClock`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct PhaseSpan {
+    /// The operation.
     pub op: OperationId,
+    /// Which of its phases.
     pub phase: Phase,
+    /// When its `PhaseStarted` event arrived.
     pub start: Duration,
     /// `None` while it runs.
     pub end: Option<Duration>,
@@ -123,6 +128,7 @@ pub struct PhaseSpan {
 /// The phases of the operations seen, from their progress events.
 #[derive(Clone, Debug, Default)]
 pub struct PhaseLog {
+    /// In the order they started.
     pub phases: Vec<PhaseSpan>,
 }
 
@@ -162,6 +168,7 @@ impl PhaseLog {
 /// One row of the timeline.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepRow {
+    /// The training step (1 for the first).
     pub step: u64,
     /// When its last rank completed it.
     pub at: Duration,
@@ -176,10 +183,12 @@ pub struct StepRow {
 /// Step times and the operation phases around them.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Timeline {
+    /// One per step, ascending.
     pub rows: Vec<StepRow>,
 }
 
 impl Timeline {
+    /// The CSV's first line; the column names are part of `--timeline`'s documented format.
     pub const CSV_HEADER: &'static str = "step,time_ms,step_ms,operation,phase";
 
     /// Lines `steps` (from [`StepClock::completed_steps`]) up with `phases`. A phase belongs to

@@ -46,15 +46,33 @@ const STEP: u64 = !(ARMED | SEEN);
 pub enum GateEvent {
     /// Phase A, answered late: the rank had not completed a step when asked, so it answers at
     /// its first boundary: it is in `in_step` and holds after it unless told otherwise.
-    Sampled { op: OperationId, in_step: u64 },
+    Sampled {
+        /// The operation that asked.
+        op: OperationId,
+        /// The step the rank is now in (its first completed step plus one).
+        in_step: u64,
+    },
     /// Phase B: the rank holds after finishing `step`.
-    Held { op: OperationId, step: u64 },
+    Held {
+        /// The operation the gate holds for.
+        op: OperationId,
+        /// The step just completed: the pause step.
+        step: u64,
+    },
     /// The rank holds at the bound its sample set; not a pause (the pause step may be later).
-    HeldProvisionally { op: OperationId, step: u64 },
+    HeldProvisionally {
+        /// The operation the gate holds for.
+        op: OperationId,
+        /// The step just completed: the bound from the sample.
+        step: u64,
+    },
     /// The training loop passed the pause step: the protocol was broken.
     Overran {
+        /// The operation whose bound was passed.
         op: OperationId,
+        /// The step the loop completed.
         step: u64,
+        /// The step it should have held after.
         bound: u64,
     },
 }
@@ -62,13 +80,25 @@ pub enum GateEvent {
 /// Why a gate request was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum GateError {
+    /// The gate is armed for another operation: a late directive of an old operation must
+    /// not move a hold that the current one relies on.
     #[error("the gate is serving operation {busy}, not {asked}")]
     OtherOperation {
+        /// The operation the gate serves.
         busy: OperationId,
+        /// The operation that asked.
         asked: OperationId,
     },
+    /// The rank already holds after a later step than the pause step: it cannot go back, so
+    /// the ranks could not all hold at the same boundary.
     #[error("pause at step {asked} requested, but this rank already holds after step {held}")]
-    PastPauseStep { asked: u64, held: u64 },
+    PastPauseStep {
+        /// The pause step asked for.
+        asked: u64,
+        /// The step the rank holds after.
+        held: u64,
+    },
+    /// The worker is stopping; the gate never holds again.
     #[error("the gate was shut down")]
     Shutdown,
 }
@@ -119,6 +149,8 @@ impl Default for StepGate {
 }
 
 impl StepGate {
+    /// An idle gate: boundaries pass until an operation arms it. Hand it to the worker and to
+    /// the training loop (as its [`StepBoundary`]).
     pub fn new() -> Self {
         StepGate {
             word: AtomicU64::new(0),

@@ -14,6 +14,47 @@
 //! one process per role, and [`RemoteWorker`], the worker API for training processes).
 //! [`process`] starts and stops each role as a process of its own. In a MindCluster cluster
 //! the manager is also ClusterD's client ([`clusterd`]).
+//!
+//! ## Where it sits
+//!
+//! Below: `taskd-core` decides everything (the ledger and the operation state machine, the
+//! planner, the protocol's messages); an actor here owns that state, feeds it the messages and
+//! deadlines that arrive, and carries out the actions it returns. The device layer arrives as
+//! `taskd-core`'s `RankHal` / `NodeHal` trait objects: this crate never names an
+//! implementation (`taskd-hal-mock` simulates one, `taskd-hal-ascend` binds the real
+//! libraries). Above: the `taskd` binary parses flags, starts roles through [`process`] and
+//! [`net`] (`taskd manager|proxy|worker`), runs a [`LocalJob`] for `taskd sim`, and talks to a
+//! manager through [`control`]'s client (`taskd switch|status|recover`). `docs/protocol.md` tells the protocol these actors run
+//! (phases, fan-in, verification, the transport's sessions); `docs/hal.md` what a worker may
+//! ask of its HAL.
+//!
+//! ## Where to start reading
+//!
+//! [`manager`], [`proxy`] and [`worker`]: one actor per file, its state and its
+//! `Handler<M>`s, the messages next to it. [`gate`] is the one piece of concurrency a
+//! training loop touches, with its deadlock argument in the module docs. Then [`local`] to see
+//! them wired in one process, and [`net`] for the same wiring over gRPC.
+//!
+//! ## Modules
+//!
+//! - [`manager`], [`proxy`], [`worker`]: the actors.
+//! - [`gate`]: the step gate between a worker and its training loop.
+//! - [`transport`]: [`transport::Link`] and the in-process transport. Its
+//!   [`Outbox`](transport::Outbox) trait is the sending end an actor holds; not to be confused
+//!   with [`net::outbox::Outbox`], the network transport's acknowledged queue behind it.
+//! - [`local`]: a whole job in one process.
+//! - [`net`]: the network transport and a process per role (`proto/net.proto`).
+//! - [`control`]: the operators' API on the manager's control port, ClusterD-compatible
+//!   (`proto/control.proto`, `proto/recover.proto`).
+//! - [`clusterd`]: the manager as ClusterD's client (`proto/clusterd/recover.proto`).
+//! - `manager/auto.rs`: automatic failover, wired into the manager.
+//! - [`process`]: role startup and shutdown for the binaries.
+//! - [`progress`]: the manager's feed of what an operation is doing, as it happens.
+//! - [`telemetry`]: metric names and the `/metrics` endpoint. The manager's spans, metrics and
+//!   progress events come from a private observer fed by the actor's events, so the actor
+//!   keeps only the job's state.
+
+#![forbid(unsafe_code)]
 
 mod background;
 pub mod clusterd;

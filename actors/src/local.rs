@@ -29,33 +29,50 @@ use taskd_core::{
 
 /// What a local job is made of.
 pub struct LocalJobConfig {
+    /// The job's id; commands for another job are refused.
     pub job: JobId,
+    /// Nodes, devices and ranks: one proxy per node and one worker per rank are started.
     pub table: RankTable,
+    /// Deadlines of every operation's phases.
     pub deadlines: PhaseDeadlines,
 }
 
 /// One rank's HAL and whether its process enables `TSP:1`.
 pub struct RankParts {
+    /// The rank's device layer, moved onto the worker's HAL thread.
     pub hal: Box<dyn RankHal>,
+    /// Whether the rank's process enables `TSP:1` (`MS_ENABLE_TFT`): the HAL cannot know,
+    /// and a switch is refused unless every rank does.
     pub tsp: bool,
 }
 
+/// Why starting or driving a local job failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LocalJobError {
+    /// Not one node HAL per node, or not one rank HAL per rank of the table.
     #[error("{what}: expected {expected}, got {got}")]
     Mismatch {
+        /// Which list is the wrong length (`node HALs`, `rank HALs`).
         what: &'static str,
+        /// What the rank table needs.
         expected: usize,
+        /// What was given.
         got: usize,
     },
+    /// The actix system's thread is gone (a panic in an actor, or the job was shut down).
     #[error("the actor system stopped unexpectedly")]
     SystemGone,
+    /// The manager refused the command; nothing ran.
     #[error("the command was refused: {0}")]
     Refused(#[from] SubmitError),
+    /// The manager neither runs nor remembers the operation (its history is bounded, and a
+    /// restarted manager starts empty).
     #[error("operation {0} is unknown to the manager")]
     UnknownOperation(OperationId),
+    /// A wait gave up after the given time; the text names what was waited for.
     #[error("timed out after {0:?} waiting for {1}")]
     Timeout(Duration, &'static str),
+    /// A wait for the automatic failover asked of a job that does not run it.
     #[error("automatic failover is off in this job")]
     AutoOff,
 }
@@ -454,6 +471,7 @@ impl LocalJob {
         })
     }
 
+    /// The manager's view of the job now, with up to `recent` past results (newest last).
     pub fn status(&self, recent: usize) -> Result<ManagerStatus, LocalJobError> {
         self.client
             .block_on(self.manager().send(GetStatus { recent }))

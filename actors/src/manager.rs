@@ -246,7 +246,9 @@ impl Actor for Manager {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct ProxyConnected {
+    /// The proxy's node; a second connection for the node replaces the first.
     pub node: NodeName,
+    /// Where the node's directives go from now on.
     pub link: Link<Directive>,
 }
 
@@ -254,7 +256,9 @@ pub struct ProxyConnected {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct ProxyDisconnected {
+    /// The node whose proxy is gone.
     pub node: NodeName,
+    /// What the transport saw (closed, heartbeats missed), for the lost ranks' reason.
     pub reason: String,
 }
 
@@ -331,6 +335,7 @@ pub enum Submission {
 }
 
 impl Submission {
+    /// The operation's id in every case: the one to wait on with [`AwaitResult`].
     pub fn id(&self) -> OperationId {
         match self {
             Submission::Started(id) | Submission::InFlight(id) => *id,
@@ -421,19 +426,28 @@ impl Handler<AwaitRegistered> for Manager {
 /// missed), and why.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LostRank {
+    /// The rank.
     pub rank: GlobalRank,
+    /// What its proxy or the transport saw, verbatim.
     pub reason: String,
 }
 
 /// A snapshot of the job as the manager sees it.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ManagerStatus {
+    /// The job the manager runs.
     pub job: JobId,
+    /// Running, held after a failure, or missing a process.
     pub state: JobState,
+    /// Workers registered now; switches wait until it equals `workers_expected`.
     pub workers_registered: usize,
+    /// The rank table's world size.
     pub workers_expected: usize,
+    /// Proxies connected now (one per node when all is well).
     pub nodes_connected: usize,
+    /// The manager's NIC table: ranks on their backup NIC, ascending.
     pub ranks_on_backup: Vec<GlobalRank>,
+    /// The operation or verification round running, and its phase.
     pub in_flight: Option<(OperationId, Phase)>,
     /// Ranks the phase in flight still waits for.
     pub pending_ranks: Vec<GlobalRank>,
@@ -457,6 +471,8 @@ pub struct ManagerStatus {
 #[derive(Message)]
 #[rtype(result = "ManagerStatus")]
 pub struct GetStatus {
+    /// How many past results to include, newest last (the ledger keeps at most
+    /// `HISTORY_LEN`).
     pub recent: usize,
 }
 

@@ -291,7 +291,7 @@ impl ProxyIdentity {
 // A rank HAL filled in after registration
 
 /// A rank HAL handed to the worker before the job's shape is known: it answers "unavailable"
-/// until [`LateRankHal::install`] puts the real one in (a simulated rank is built from the
+/// until [`LateRankHalSlot::install`] puts the real one in (a simulated rank is built from the
 /// world size and node count registration reports). The worker asks its HAL nothing before
 /// the first operation, which comes after registration.
 pub struct LateRankHal {

@@ -31,33 +31,52 @@ pub struct ProgressEvent {
     /// Time since the operation started (the manager's clock); zero for a link change or a
     /// decision (which carry the manager's time).
     pub at: Duration,
+    /// What happened.
     pub kind: ProgressKind,
 }
 
 /// The `op` of an event that belongs to no operation.
 pub const NO_OPERATION: OperationId = OperationId(uuid::Uuid::nil());
 
+/// The kinds of [`ProgressEvent`], in the order an operation emits them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProgressKind {
     /// The command was admitted; the operation runs over `ranks` ranks.
     Started {
+        /// The job.
         job: JobId,
+        /// To backup, to primary, or mixed.
         direction: Direction,
+        /// The targets, resolved to ranks.
         targets: Vec<RankTarget>,
+        /// Every rank of the job: all of them pause and call HCCL, not only the targets.
         ranks: usize,
     },
     /// A phase's directive went out to every node; `waiting` ranks must answer.
     /// `pause_step` is the step every rank finishes before holding (the pause phase only).
     PhaseStarted {
+        /// The phase that started.
         phase: Phase,
+        /// Ranks whose answer the phase needs.
         waiting: usize,
+        /// The step every rank holds after (`Some` for the pause phase only).
         pause_step: Option<u64>,
     },
     /// Answers came in: `waiting` ranks of the phase are still to answer.
-    Waiting { phase: Phase, waiting: usize },
+    Waiting {
+        /// The phase in flight.
+        phase: Phase,
+        /// Ranks still to answer; never more than the phase started with.
+        waiting: usize,
+    },
     /// The phase is over (every rank answered, or it failed), after `took`.
-    PhaseFinished { phase: Phase, took: Duration },
+    PhaseFinished {
+        /// The phase that ended.
+        phase: Phase,
+        /// From its directive to its last answer or its failure.
+        took: Duration,
+    },
     /// The one final result. Nothing follows it for this operation.
     Finished(Box<OperationReport>),
     /// Automatic failover: the manager learned that a device's links changed (at `at` on its
@@ -96,6 +115,8 @@ impl Default for ProgressFeed {
 }
 
 impl ProgressFeed {
+    /// A feed nobody listens to yet; each subscriber gets its own buffer of
+    /// [`PROGRESS_BUFFER`] events.
     pub fn new() -> Self {
         ProgressFeed {
             tx: broadcast::channel(PROGRESS_BUFFER).0,

@@ -30,6 +30,10 @@ struct FanIn {
     health: Option<Vec<LinkHealth>>,
 }
 
+/// The proxy actor of one node: its state is the node's worker links, their introductions
+/// (replayed to a new manager) and the fan-in of the directive in flight. Start it with
+/// [`Proxy::new`], then tell it about workers ([`WorkerConnected`]) and managers
+/// ([`ManagerConnected`]) as the transport sees them.
 pub struct Proxy {
     job: JobId,
     node: NodeName,
@@ -60,6 +64,9 @@ struct LinkProbe {
 }
 
 impl Proxy {
+    /// The proxy of `node` in `job`, reading link health through `node_hal` (on a blocking
+    /// thread, so a slow probe never stalls the relay) and answering the manager through
+    /// `upstream`. No worker is known until the transport reports one.
     pub fn new(
         job: JobId,
         node: NodeName,
@@ -281,7 +288,9 @@ impl Actor for Proxy {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct WorkerConnected {
+    /// The worker's rank; a second connection for the rank replaces the first.
     pub rank: GlobalRank,
+    /// Where directives for the rank go from now on.
     pub link: Link<Directive>,
 }
 
@@ -289,7 +298,9 @@ pub struct WorkerConnected {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct WorkerDisconnected {
+    /// The rank whose worker is gone; the proxy reports it lost to the manager.
     pub rank: GlobalRank,
+    /// What the transport saw, passed on as the lost rank's reason.
     pub reason: String,
 }
 
@@ -298,6 +309,7 @@ pub struct WorkerDisconnected {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct ManagerConnected {
+    /// The new manager's link; the old one is dropped.
     pub link: Link<ProxyToManager>,
 }
 

@@ -267,13 +267,19 @@ fn describe_job() {
 /// Why metrics could not be served.
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
+    /// The `metrics` facade takes one recorder per process, and something else installed
+    /// one first; the text is the facade's.
     #[error("cannot install the Prometheus recorder (is another metrics recorder installed in this process?): {0}")]
     Recorder(String),
+    /// The address could not be bound (in use, not local, no permission).
     #[error("cannot listen for /metrics on {addr}: {source}")]
     Bind {
+        /// The address asked for.
         addr: SocketAddr,
+        /// The operating system's error.
         source: std::io::Error,
     },
+    /// The server's own runtime or socket setup failed after the bind.
     #[error("cannot start the metrics server: {0}")]
     Start(std::io::Error),
 }

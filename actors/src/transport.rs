@@ -19,14 +19,30 @@ impl<M: 'static> Message for Deliver<M> {
 /// Why a message could not be handed to the transport.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TransportError {
+    /// The peer is gone for good (its actor stopped, its connection was declared lost):
+    /// the caller treats the peer as lost, retrying is pointless.
     #[error("the peer is gone (connection closed)")]
     Closed,
+    /// The peer has `capacity` messages not yet acknowledged: it is not keeping up, and the
+    /// transport resets its connection rather than buffer without bound.
     #[error("the peer's queue is full ({capacity} messages); it is not keeping up")]
-    Full { capacity: usize },
+    Full {
+        /// The queue's bound (`NetConfig::queue_capacity` on the network transport).
+        capacity: usize,
+    },
 }
 
-/// Sends messages of type `M` to one peer, without blocking.
+/// Sends messages of type `M` to one peer, without blocking: the sending end an actor holds
+/// (as a [`Link`]), whatever carries the message.
+///
+/// Not to be confused with [`net::outbox::Outbox`](crate::net::outbox::Outbox), a different
+/// thing with the same name: the network transport's sequenced, acknowledged queue of one
+/// peer, which survives reconnects. The network transport implements this trait by pushing
+/// into one of those ([`net::outbox::link`](crate::net::outbox::link)); the in-process
+/// transport ([`actor_link`]) by posting into an actor's mailbox.
 pub trait Outbox<M>: Send + Sync {
+    /// Hands `msg` to the transport and returns at once. `Ok` means queued, not delivered:
+    /// the protocol's replies and deadlines say whether it arrived.
     fn send(&self, msg: M) -> Result<(), TransportError>;
 }
 

@@ -26,8 +26,11 @@ use tracing::Span;
 /// Who a worker is.
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
+    /// The job, sent in the worker's hello.
     pub job: JobId,
+    /// The node the process runs on, checked by the manager against the rank table.
     pub node: NodeName,
+    /// The process's global rank.
     pub rank: GlobalRank,
     /// `MS_ENABLE_TFT` of this process enables `TSP:1`.
     pub tsp: bool,
@@ -51,6 +54,9 @@ enum HalJob {
 /// Called once when the worker stops: the in-process transport's "connection closed".
 pub type Farewell = Box<dyn FnOnce(GlobalRank) + Send>;
 
+/// The worker actor of one rank: it answers directives from the gate (sample, pause,
+/// resume) and from the HAL thread (switch, rollback, verify), and reports gate events
+/// upstream. Built with [`Worker::new`]; the training loop only ever sees the gate.
 pub struct Worker {
     cfg: WorkerConfig,
     gate: Arc<StepGate>,

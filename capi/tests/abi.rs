@@ -251,15 +251,16 @@ fn last_error() -> String {
 
 #[test]
 fn bad_arguments_are_codes_with_a_message() {
-    // SAFETY (every call below): the pointers are null, or point to live NUL-terminated
-    // strings and writable locals, as the header allows.
+    // SAFETY: null, or live NUL-terminated strings and writable locals, as taskd.h allows.
     let version = unsafe { CStr::from_ptr(ffi::taskd_version()) };
     assert_eq!(version.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
     let mut out = std::ptr::null_mut();
+    // SAFETY: null, or live NUL-terminated strings and writable locals, as taskd.h allows.
     let code = unsafe { ffi::taskd_manager_start(std::ptr::null(), 0, &mut out) };
     assert_eq!(code, TASKD_ERR_ARGUMENT);
     assert_eq!(last_error(), "config_json is a null pointer");
     let json = CString::new("[]").unwrap();
+    // SAFETY: null, or live NUL-terminated strings and writable locals, as taskd.h allows.
     let code = unsafe { ffi::taskd_proxy_start(json.as_ptr(), &mut std::ptr::null_mut()) };
     assert_eq!(code, TASKD_ERR_ARGUMENT);
     assert_eq!(
@@ -268,6 +269,7 @@ fn bad_arguments_are_codes_with_a_message() {
     );
     let role = CString::new("worker").unwrap();
     let json = CString::new(r#"{"job_id": "j", "rank": 1, "proxy": "host"}"#).unwrap();
+    // SAFETY: null, or live NUL-terminated strings and writable locals, as taskd.h allows.
     let code = unsafe { ffi::taskd_check_config(role.as_ptr(), json.as_ptr()) };
     assert_eq!(code, TASKD_ERR_CONFIG);
     assert!(
@@ -277,9 +279,11 @@ fn bad_arguments_are_codes_with_a_message() {
     );
     let json = CString::new(r#"{"job_id": "j", "rank": 1}"#).unwrap();
     assert_eq!(
+        // SAFETY: null, or live NUL-terminated strings and writable locals, as taskd.h allows.
         unsafe { ffi::taskd_check_config(role.as_ptr(), json.as_ptr()) },
         TASKD_OK
     );
+    // SAFETY: null, or live NUL-terminated strings and writable locals, as taskd.h allows.
     let code = unsafe {
         ffi::taskd_worker_start(
             json.as_ptr(),
@@ -291,6 +295,7 @@ fn bad_arguments_are_codes_with_a_message() {
     assert_eq!(code, TASKD_ERR_ARGUMENT);
     assert!(last_error().starts_with("switch_fn is a null pointer"));
     // A null worker is a no-op; freeing null is too.
+    // SAFETY: null, or live NUL-terminated strings and writable locals, as taskd.h allows.
     unsafe {
         ffi::taskd_worker_step_completed(std::ptr::null(), 1);
         ffi::taskd_worker_free(std::ptr::null_mut());
@@ -298,6 +303,7 @@ fn bad_arguments_are_codes_with_a_message() {
         ffi::taskd_proxy_free(std::ptr::null_mut());
     }
     assert_eq!(
+        // SAFETY: null, or live NUL-terminated strings and writable locals, as taskd.h allows.
         unsafe { ffi::taskd_worker_stop(std::ptr::null()) },
         TASKD_ERR_ARGUMENT
     );

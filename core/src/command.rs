@@ -163,11 +163,17 @@ pub enum ValidationError {
         "device {node}:{device} (rank {rank}) cannot move to its backup NIC: that NIC is its partner die {node}:{partner}'s, and the partner is not part of the job. HCCL switches only when both dies of an NPU are visible to the job (a partner in another job would have its NIC borrowed); give the job both dies of the NPU"
     )]
     PartnerNotInJob {
+        /// The target's node.
         node: NodeName,
+        /// The target die.
         device: DeviceId,
+        /// The target's rank.
         rank: GlobalRank,
+        /// The die whose NIC would be borrowed ([`DeviceId::partner`]), absent from the table.
         partner: DeviceId,
     },
+    /// The command lists one die twice with opposite sides: no order between the two
+    /// entries is implied, so neither can be chosen.
     #[error(
         "device {node}:{device} (rank {rank}) is listed twice, once to backup and once to primary"
     )]

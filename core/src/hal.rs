@@ -28,6 +28,8 @@ pub struct GroupInfo {
 }
 
 impl GroupInfo {
+    /// `rank`'s group rank: its index in `members`, which is what HCCL's NIC-set call takes.
+    /// `None` when `rank` is not a member.
     pub fn group_rank_of(&self, rank: GlobalRank) -> Option<GroupRank> {
         self.members
             .iter()
@@ -49,6 +51,8 @@ pub struct SwitchCapabilities {
 }
 
 impl SwitchCapabilities {
+    /// Everything present: what a fully configured rank reports, and the identity when the
+    /// manager intersects ranks' capabilities to name what is missing anywhere.
     pub const ALL: SwitchCapabilities = SwitchCapabilities {
         tsp: true,
         l2_retry: true,
@@ -213,6 +217,9 @@ pub trait NodeHal: Send {
 /// The hook a training loop calls at every step boundary, after it completed `step`
 /// (1 for the first step). A pause holds the calling thread here; otherwise it returns at once.
 pub trait StepBoundary: Send + Sync {
+    /// Called after step `step` completed and before the next step issues any collective: a
+    /// rank held here has no collective in flight, which HCCL's NIC-set call requires
+    /// (`docs/hal.md`). Must be cheap when no operation is pending: it runs every step.
     fn step_completed(&self, step: u64);
 }
 

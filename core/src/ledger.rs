@@ -25,26 +25,70 @@ pub const HISTORY_LEN: usize = 256;
 /// Why a command was refused. Nothing was changed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum SubmitError {
+    /// The command is for another job: the client reached the wrong manager.
     #[error("job \"{job}\" is not managed here (this manager runs job \"{known}\")")]
-    UnknownJob { job: JobId, known: JobId },
+    UnknownJob {
+        /// The job the command names.
+        job: JobId,
+        /// The one job this manager runs.
+        known: JobId,
+    },
+    /// Some rank of the rank table has no worker registered. Every rank pauses and calls HCCL
+    /// (not only the targets), so one absent process blocks every switch.
     #[error("only {registered} of {expected} workers are registered (missing ranks: {missing}); wait until every training process has started")]
     WorkersMissing {
+        /// Workers registered now.
         registered: usize,
+        /// The rank table's world size.
         expected: usize,
+        /// The absent ranks as [`short_list`] writes them: a job of thousands of ranks still
+        /// gets a one-line message.
         missing: String,
     },
+    /// An operation or a verification round is running: one at a time, since both hold
+    /// every rank at its step gate.
     #[error("operation {in_flight} is still running; wait for its result")]
-    Busy { in_flight: OperationId },
+    Busy {
+        /// What runs now (an operation's or a verification round's id): the id to wait for.
+        in_flight: OperationId,
+    },
+    /// The command does not fit the rank table (unknown node or device, conflicting
+    /// targets, ...): refused before any rank is involved.
     #[error(transparent)]
     Invalid(#[from] ValidationError),
+    /// Some rank's HCCL would accept `HcclCommWorkingDevNicSet` and switch nothing (no L2
+    /// retry, no RDMA links, no TSP), leaving the NIC table wrong. Checked on every rank, not
+    /// only the targets: every member of a group makes the call.
     #[error("ranks {ranks} cannot switch NICs: {missing}; fix the environment of those processes and restart them")]
-    CapabilityMissing { ranks: String, missing: String },
+    CapabilityMissing {
+        /// The ranks that cannot switch, abbreviated for a message.
+        ranks: String,
+        /// Every setting missing on any of them ([`SwitchCapabilities::missing`]), so one
+        /// message sends the operator to all of them.
+        missing: String,
+    },
+    /// A failed operation left the job held or without a process; switching now would plan
+    /// from a NIC table that may not be true. Recovery comes first.
     #[error("the job is {state} after a failed operation; run `taskd recover` (or wait for the lost ranks to come back) before any new switch")]
-    NotRunning { state: JobState },
+    NotRunning {
+        /// The job's state now (never `Running`).
+        state: JobState,
+    },
+    /// The manager has not heard from every rank what it applied since the last event that
+    /// could change it (start, a reconnect, a recovery): a plan from a guessed NIC table could
+    /// leave a group split.
     #[error("the NIC configuration of the job is not verified yet ({why}); switches wait until every rank has reported what it applied")]
-    Unverified { why: String },
+    Unverified {
+        /// What the verification still waits for (the last round's report, or that no round
+        /// ran yet).
+        why: String,
+    },
+    /// A recovery was asked for a job that is running with a verified NIC table.
     #[error("the job is {state}: nothing to recover")]
-    NothingToRecover { state: JobState },
+    NothingToRecover {
+        /// The job's state (`Running`).
+        state: JobState,
+    },
     #[error("operation id {id} was already used for a different request (other targets); use a new uuid for a new request")]
     /// The id ran (or runs) with other targets: a new request needs a new id.
     IdReused {
@@ -70,16 +114,33 @@ pub enum SequenceError {
 /// Why a registration was refused.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum RegisterError {
+    /// The worker belongs to another job: a misconfigured manager address.
     #[error("worker of job \"{got}\" registered with the manager of job \"{expected}\"")]
-    WrongJob { expected: JobId, got: JobId },
+    WrongJob {
+        /// This manager's job.
+        expected: JobId,
+        /// The job the worker said it runs.
+        got: JobId,
+    },
+    /// The rank is beyond the rank table: the worker and the manager read different tables.
     #[error("rank {rank} is not in the rank table (world size {world})")]
-    UnknownRank { rank: GlobalRank, world: usize },
+    UnknownRank {
+        /// The rank the worker claimed.
+        rank: GlobalRank,
+        /// The table's world size (valid ranks are `0..world`).
+        world: usize,
+    },
+    /// The rank runs on another node than the table says, so directives for it would go
+    /// through the wrong proxy.
     #[error(
         "rank {rank} registered from node \"{got}\" but the rank table puts it on \"{expected}\""
     )]
     WrongNode {
+        /// The rank the worker claimed.
         rank: GlobalRank,
+        /// The node the rank table assigns to it.
         expected: NodeName,
+        /// The node the worker said it runs on.
         got: NodeName,
     },
 }
@@ -89,7 +150,9 @@ pub enum RegisterError {
 pub enum Submitted {
     /// A new operation started; carry out the actions.
     Started {
+        /// The operation's id (the command's own, or the one the caller generated).
         id: OperationId,
+        /// The first directives and deadlines, for the manager to carry out.
         actions: Vec<Action>,
     },
     /// The id already ran: its result (it is not run again).
@@ -149,18 +212,25 @@ impl RecoverTo {
 pub enum RecoveryStarted {
     /// Ranks are in doubt: an operation re-states them (wait for its result).
     Operation {
+        /// The recovery operation's id: its result arrives like a switch's.
         id: OperationId,
+        /// The first directives and deadlines, for the manager to carry out.
         actions: Vec<Action>,
     },
     /// Nothing is in doubt: a verification round establishes the state (and opens held
     /// gates if every group agrees).
     Verification {
+        /// The verification round's id.
         id: OperationId,
+        /// The round's query to every rank and its deadline.
         actions: Vec<Action>,
     },
 }
 
 impl JobLedger {
+    /// The book of a job that has just started: no worker registered, every rank on its
+    /// primary NIC as far as the ledger knows, and that not yet verified, so the first switch
+    /// waits for every rank to register and report what it applied.
     pub fn new(job: JobId, table: RankTable, deadlines: PhaseDeadlines) -> Self {
         JobLedger {
             job,
@@ -319,18 +389,22 @@ impl JobLedger {
         Ok(())
     }
 
+    /// The one job this ledger (and its manager) serves.
     pub fn job(&self) -> &JobId {
         &self.job
     }
 
+    /// Where each rank runs: the ledger admits registrations and targets against it.
     pub fn table(&self) -> &RankTable {
         &self.table
     }
 
+    /// Whether training runs, is held after a failure, or lost a process.
     pub fn state(&self) -> JobState {
         self.state
     }
 
+    /// The per-phase deadlines every operation of this job runs with.
     pub fn deadlines(&self) -> &PhaseDeadlines {
         &self.deadlines
     }
@@ -366,14 +440,17 @@ impl JobLedger {
         Ok(())
     }
 
+    /// How many ranks have a worker registered (at most [`expected`](Self::expected)).
     pub fn registered(&self) -> usize {
         self.workers.len()
     }
 
+    /// The world size: how many workers must register before anything can switch.
     pub fn expected(&self) -> usize {
         self.table.world_size()
     }
 
+    /// Whether `rank` has a worker registered now (one that was lost is no longer).
     pub fn is_registered(&self, rank: GlobalRank) -> bool {
         self.workers.contains_key(&rank)
     }
@@ -383,6 +460,7 @@ impl JobLedger {
         self.on_backup.iter().copied()
     }
 
+    /// Whether the NIC table has `rank` on its backup NIC (see [`side_of`](Self::side_of)).
     pub fn uses_backup(&self, rank: GlobalRank) -> bool {
         self.on_backup.contains(&rank)
     }
@@ -392,6 +470,7 @@ impl JobLedger {
         NicSide::from_use_backup(self.uses_backup(rank))
     }
 
+    /// The running operation, if any (a verification round is not one).
     pub fn in_flight(&self) -> Option<&Operation> {
         self.in_flight.as_ref()
     }
@@ -401,6 +480,8 @@ impl JobLedger {
         self.history.iter()
     }
 
+    /// The final report of a finished operation still in the history (the last
+    /// [`HISTORY_LEN`]), so a client that lost the answer can ask again.
     pub fn result_of(&self, id: OperationId) -> Option<&OperationReport> {
         self.history.iter().rev().find(|r| r.id == id)
     }

@@ -31,6 +31,7 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// The name in logs, span fields, metric labels and JSON; stable, dashboards key on it.
     pub fn as_str(self) -> &'static str {
         match self {
             Phase::Sample => "sample",
@@ -52,11 +53,15 @@ impl fmt::Display for Phase {
 /// What the manager asks of every rank of the job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Directive {
+    /// The operation (or verification round) it belongs to: replies carry it back, and a
+    /// reply for another id is a stale one.
     pub op: OperationId,
+    /// What to do.
     pub kind: DirectiveKind,
 }
 
 impl Directive {
+    /// The phase the replies to this directive answer, so a fan-in can match them.
     pub fn phase(&self) -> Phase {
         match self.kind {
             DirectiveKind::Sample { .. } => Phase::Sample,
@@ -69,17 +74,31 @@ impl Directive {
     }
 }
 
+/// The instruction a [`Directive`] carries, one per [`Phase`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DirectiveKind {
     /// Report the step you are in and hold, at the latest, after finishing it, until told
     /// the pause step. The proxy adds the link health of the targets on its node.
-    Sample { targets: Vec<RankTarget> },
+    Sample {
+        /// The operation's targets, for the proxies' link-health probe (workers ignore them).
+        targets: Vec<RankTarget>,
+    },
     /// Finish step `step` (no further) and hold at that boundary.
-    PauseAt { step: u64 },
+    PauseAt {
+        /// The pause step: the highest step any rank sampled, so no rank has to go back.
+        step: u64,
+    },
     /// Plan and apply `(rank, side)` on every group you share with a target.
-    Switch { targets: Vec<(GlobalRank, NicSide)> },
+    Switch {
+        /// The targets and the side each moves to, in the operator's order: every rank
+        /// plans from the same list, so every member of a group makes the same call.
+        targets: Vec<(GlobalRank, NicSide)>,
+    },
     /// Same as `Switch`, with the previous NIC state of the targets.
-    Rollback { targets: Vec<(GlobalRank, NicSide)> },
+    Rollback {
+        /// The targets with the side the NIC table had for each before the operation.
+        targets: Vec<(GlobalRank, NicSide)>,
+    },
     /// Open the step gate, if it serves this operation (a gate serving another operation
     /// stays as it is, and the rank answers how long it was held: zero).
     Resume,
@@ -91,7 +110,10 @@ pub enum DirectiveKind {
 /// One NIC-set call a rank made, as it reports it for cross-rank agreement checks.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AppliedCall {
+    /// The group's name (its HCCL communicator name).
     pub group: String,
+    /// Members of the group, as this rank's HAL reports them: with the name, what lets the
+    /// manager rebuild every group's view from replies.
     pub group_size: u32,
     /// [`crate::planner::GroupCall::digest`] of the call.
     pub digest: u64,
@@ -100,22 +122,41 @@ pub struct AppliedCall {
 /// A rank's answer to one directive.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RankReply {
+    /// Who answers.
     pub rank: GlobalRank,
+    /// The directive's operation id: a reply to an older operation is dropped, not counted.
     pub op: OperationId,
+    /// The directive's phase: a late reply to an earlier phase is not taken for this one.
     pub phase: Phase,
+    /// The answer itself.
     pub body: ReplyBody,
 }
 
+/// What a rank reports for one directive: its phase's success payload, or a failure.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ReplyBody {
     /// Phase A: the step this rank is in (it holds after finishing it unless told otherwise).
-    Sampled { in_step: u64 },
+    Sampled {
+        /// The step the training loop is running (or about to run) on this rank.
+        in_step: u64,
+    },
     /// Phase B: held after finishing `step`.
-    Paused { step: u64 },
+    Paused {
+        /// The step this rank finished before holding; the pause step of the directive.
+        step: u64,
+    },
     /// Switch or rollback done: the calls made, in order.
-    Applied { calls: Vec<AppliedCall> },
+    Applied {
+        /// Every NIC-set call this rank made, in order: the manager checks that every member
+        /// of a group reports the same digest.
+        calls: Vec<AppliedCall>,
+    },
     /// The gate is open; training was held for `stalled`.
-    Resumed { stalled: Duration },
+    Resumed {
+        /// How long this rank's training loop was held at the gate (zero if the gate served
+        /// another operation).
+        stalled: Duration,
+    },
     /// The answer to [`DirectiveKind::Verify`].
     Verified(WorkerReport),
     /// The directive failed on this rank.
@@ -128,6 +169,8 @@ pub enum ReplyBody {
 pub struct WorkerReport {
     /// Every group of the process, sorted by name.
     pub groups: Vec<GroupView>,
+    /// Whether training on this rank is held, and for which operation: a restarted manager
+    /// must know which gates to open.
     pub gate: GateReport,
 }
 
@@ -135,6 +178,7 @@ pub struct WorkerReport {
 /// backup NIC (every other member uses its primary, HCCL's default for a new group).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupView {
+    /// The group's name.
     pub group: String,
     /// Members of the group (every one of them must report the same view).
     pub size: u32,
@@ -162,7 +206,11 @@ pub struct GateReport {
 pub struct RankError {
     /// The group whose call failed, if a HAL call failed.
     pub group: Option<String>,
+    /// The HAL's error when a HAL call failed: its kind is what decides a rollback, its
+    /// vendor code what an operator looks up.
     pub hal: Option<HalError>,
+    /// A sentence for people, present whatever failed; the only description when no HAL
+    /// call was involved (the HAL thread stopped, the gate refused, ...).
     pub message: String,
 }
 
@@ -180,19 +228,30 @@ impl fmt::Display for RankError {
 /// health of the node's targeted devices as the node's HAL reports it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeReply {
+    /// The proxy's node.
     pub node: NodeName,
+    /// The directive's operation id.
     pub op: OperationId,
+    /// The directive's phase.
     pub phase: Phase,
+    /// Answers of the node's ranks, in no particular order. Usually all of them; fewer when
+    /// a rank failed and the proxy forwarded early so the manager can react at once.
     pub replies: Vec<RankReply>,
+    /// [`Phase::Sample`] only: link health of the node's targeted devices, so the manager
+    /// refuses a move onto a NIC that is down. Empty for every other phase.
     pub health: Vec<LinkHealth>,
 }
 
 /// A worker introducing itself.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkerHello {
+    /// The job the training process belongs to (a worker of another job is refused).
     pub job: JobId,
+    /// The node it runs on, checked against the rank table.
     pub node: NodeName,
+    /// Its global rank.
     pub rank: GlobalRank,
+    /// Whether its HCCL can really switch NICs; a switch is refused unless every rank can.
     pub capabilities: SwitchCapabilities,
 }
 
@@ -212,11 +271,17 @@ pub struct LinkReport {
 /// What flows from a proxy to the manager.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ProxyToManager {
+    /// A worker of this node registered (or registered again after a reconnect).
     WorkerUp(WorkerHello),
+    /// A worker of this node is gone (its connection closed or its actor stopped): the
+    /// manager fails the operation in flight rather than wait for its deadline.
     WorkerLost {
+        /// The rank whose worker is gone.
         rank: GlobalRank,
+        /// What the proxy saw, for logs and the operation's error.
         reason: String,
     },
+    /// The node's answers to a directive.
     Reply(NodeReply),
     /// A device's links changed (only proxies asked to probe send it).
     Links(LinkReport),
@@ -225,6 +290,8 @@ pub enum ProxyToManager {
 /// What flows from a worker to its proxy.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum WorkerToProxy {
+    /// The first message of a worker, forwarded as [`ProxyToManager::WorkerUp`].
     Hello(WorkerHello),
+    /// The worker's answer to a directive, fanned in with its node's.
     Reply(RankReply),
 }

@@ -20,42 +20,86 @@ pub const MAX_NODES: usize = 4_096;
 /// One rank's place in the job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RankSlot {
+    /// The node, by the name operators and proxies use.
     pub node: NodeName,
+    /// The die's physical id on that node.
     pub device: DeviceId,
+    /// The training process's global rank.
     pub rank: GlobalRank,
 }
 
 /// Errors building a rank table.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RankTableError {
+    /// Two slots claim one rank; both places are named, since either may be the typo.
     #[error("rank {rank} is assigned twice: to {first_node}:{first_device} and to {second_node}:{second_device}")]
     DuplicateRank {
+        /// The rank claimed twice.
         rank: GlobalRank,
+        /// Node of the first slot (in rank order) claiming it.
         first_node: NodeName,
+        /// Device of the first slot claiming it.
         first_device: DeviceId,
+        /// Node of the second slot claiming it.
         second_node: NodeName,
+        /// Device of the second slot claiming it.
         second_device: DeviceId,
     },
+    /// One die is given two ranks: two processes cannot share an NPU die.
     #[error("device {node}:{device} is listed twice")]
-    DuplicateDevice { node: NodeName, device: DeviceId },
+    DuplicateDevice {
+        /// The node of the die.
+        node: NodeName,
+        /// The die listed twice.
+        device: DeviceId,
+    },
+    /// No slot at all.
     #[error("the rank table is empty")]
     Empty,
+    /// Ranks skip a number: HCCL numbers the world `0..n`, so a gap means a lost entry.
     #[error("ranks must be 0..{count} without gaps, but rank {missing} is missing")]
-    Gap { count: usize, missing: GlobalRank },
+    Gap {
+        /// How many slots there are (so the ranks must be `0..count`).
+        count: usize,
+        /// The lowest rank with no slot.
+        missing: GlobalRank,
+    },
+    /// More ranks than [`MAX_RANKS`].
     #[error("{ranks} ranks is more than the largest job taskd manages ({max} ranks)")]
-    TooManyRanks { ranks: u64, max: usize },
-    #[error("{nodes} nodes is more than the largest job taskd manages ({max} nodes)")]
-    TooManyNodes { nodes: u64, max: usize },
-    #[error("device {node}:{device} is numbered above the largest device number ({max})")]
-    DeviceOutOfRange {
-        node: NodeName,
-        device: DeviceId,
+    TooManyRanks {
+        /// The size asked for (`u64`: `nodes x devices` may overflow a `u32`).
+        ranks: u64,
+        /// [`MAX_RANKS`].
         max: usize,
     },
+    /// More nodes than [`MAX_NODES`].
+    #[error("{nodes} nodes is more than the largest job taskd manages ({max} nodes)")]
+    TooManyNodes {
+        /// The number of distinct nodes asked for.
+        nodes: u64,
+        /// [`MAX_NODES`].
+        max: usize,
+    },
+    /// A device number no node has (at least [`MAX_RANKS`]): a mistyped id.
+    #[error("device {node}:{device} is numbered above the largest device number ({max})")]
+    DeviceOutOfRange {
+        /// The node of the slot.
+        node: NodeName,
+        /// The out-of-range device id.
+        device: DeviceId,
+        /// The largest device id accepted.
+        max: usize,
+    },
+    /// [`RankTable::try_uniform`] with zero nodes or zero devices per node.
     #[error(
         "a job needs at least one node and one device per node (got {nodes} x {devices_per_node})"
     )]
-    ZeroSize { nodes: u32, devices_per_node: u32 },
+    ZeroSize {
+        /// Nodes asked for.
+        nodes: u32,
+        /// Devices per node asked for.
+        devices_per_node: u32,
+    },
 }
 
 /// Bidirectional map between `(node, device)` and global rank. Nodes keep the order they were
@@ -191,14 +235,18 @@ impl RankTable {
             .collect()
     }
 
+    /// The rank on `device` of `node`: how an operator's `node:device` target becomes the
+    /// rank the workers know. `None` when the table has no such die.
     pub fn rank_of(&self, node: &NodeName, device: DeviceId) -> Option<GlobalRank> {
         self.by_node.get(node)?.get(&device).copied()
     }
 
+    /// Where `rank` runs; `None` beyond the world size.
     pub fn slot(&self, rank: GlobalRank) -> Option<&RankSlot> {
         self.slots.get(rank.0 as usize)
     }
 
+    /// Whether `node` runs any rank of the job.
     pub fn has_node(&self, node: &NodeName) -> bool {
         self.by_node.contains_key(node)
     }
@@ -221,14 +269,17 @@ impl RankTable {
         &self.nodes
     }
 
+    /// Every slot, indexed by global rank.
     pub fn slots(&self) -> &[RankSlot] {
         &self.slots
     }
 
+    /// The number of ranks (`n`, with ranks `0..n`).
     pub fn world_size(&self) -> usize {
         self.slots.len()
     }
 
+    /// `0..n` as ranks, ascending.
     pub fn all_ranks(&self) -> impl Iterator<Item = GlobalRank> + '_ {
         self.slots.iter().map(|s| s.rank)
     }

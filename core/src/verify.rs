@@ -264,6 +264,8 @@ enum Stage {
 /// How a verification round ended.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VerifyReport {
+    /// The round's id (it is not an operation's, but shares the id space: directives and
+    /// replies carry it the same way).
     pub id: OperationId,
     /// `None` when some rank did not answer (see `missing`).
     pub assessment: Option<Assessment>,
@@ -271,6 +273,8 @@ pub struct VerifyReport {
     pub missing: Vec<GlobalRank>,
     /// Orphaned operations whose held gates were opened.
     pub released: Vec<OperationId>,
+    /// From the query to the end of the round (the last answer or the deadline, and the
+    /// release of held gates when there were any).
     pub took: Duration,
 }
 

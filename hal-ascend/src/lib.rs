@@ -5,6 +5,25 @@
 //! [`taskd_core::NodeHal`] over DCMI. The vendor libraries are loaded at run time, so building
 //! this crate needs no CANN, driver or NPU.
 //!
+//! ## Where it sits
+//!
+//! `taskd-core` defines what a device layer offers ([`taskd_core::RankHal`], owned by each
+//! training process's worker; [`taskd_core::NodeHal`], owned by each node's proxy) and the
+//! error it fails with; `docs/hal.md` is that contract in prose, with HCCL's rules for
+//! `HcclCommWorkingDevNicSet`. This crate is the implementation over the real libraries;
+//! `taskd-hal-mock` is the simulated one that `taskd sim` and most tests run. The actors in
+//! `taskd-actors` see only the traits and never name this crate: the `taskd` binary builds an
+//! [`AscendNodeHal`] for `taskd proxy`, its doctor (`src/doctor.rs`) and hardware rig
+//! (`src/rig.rs`) use the lower layers directly, and a training process's launcher builds the
+//! [`AscendRankHal`] from its framework's communicators (example at the end).
+//!
+//! ## Where to start reading
+//!
+//! [`rank`] (a NIC switch as HCCL calls, and the capability check that refuses a switch HCCL
+//! would silently ignore) and [`node`] (link health through DCMI, every probe bounded in time).
+//! Then the layers below them, bottom-up when checking soundness: [`sys`], [`result`],
+//! [`safe`] (next section). [`search`] decides which file is loaded.
+//!
 //! **Verification status: this crate has been run only against stub libraries** that the
 //! tests compile from `tests/stub/*.c` (same symbols, recording every call). It has not run
 //! against real `libhccl.so`, `libascendcl.so` or `libdcmi.so`, nor on an Atlas A3 node. The
@@ -107,6 +126,8 @@
 //! let hal = AscendRankHal::new(vec![(Comm::borrow(&hccl, handle), world)], &search::process_env);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod node;
 pub mod rank;

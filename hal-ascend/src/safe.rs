@@ -34,6 +34,9 @@ impl RootInfo {
         Some(RootInfo(Box::new(HcclRootInfo { internal })))
     }
 
+    /// The C struct itself, for the result layer's
+    /// [`comm_init_root_info`](result::hccl::comm_init_root_info) when a caller joins without
+    /// [`Comm::init_root_info`].
     pub fn raw(&self) -> &HcclRootInfo {
         &self.0
     }
@@ -91,6 +94,8 @@ impl Comm {
         self.owned
     }
 
+    /// The raw handle, for result-layer calls this type does not wrap. Lending it out does not
+    /// change who destroys the communicator: this `Comm` still does, if it owns it.
     pub fn handle(&self) -> &CommHandle {
         self.handle.as_ref().expect("present until drop")
     }
@@ -186,6 +191,8 @@ impl Stream {
         })
     }
 
+    /// The raw handle, for result-layer calls that enqueue work on this stream (an
+    /// all-reduce). The stream is still destroyed when this value drops.
     pub fn handle(&self) -> &StreamHandle {
         self.handle.as_ref().expect("present until drop")
     }
@@ -245,14 +252,19 @@ impl DeviceBuffer {
         self.ptr().size()
     }
 
+    /// Whether the allocation holds no bytes, so no collective can use it.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// The device address and size, for result-layer calls that read the buffer; this value
+    /// keeps owning (and eventually frees) the memory.
     pub fn ptr(&self) -> &DevicePtr {
         self.ptr.as_ref().expect("present until drop")
     }
 
+    /// The device address for result-layer calls that write the buffer (an all-reduce's
+    /// `recv`, a host-to-device copy); this value keeps owning the memory.
     pub fn ptr_mut(&mut self) -> &mut DevicePtr {
         self.ptr.as_mut().expect("present until drop")
     }

@@ -98,7 +98,9 @@ impl fmt::Display for Origin {
 /// One path the search tries.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Candidate {
+    /// What is handed to the loader: absolute, or a bare file name for the loader to resolve.
     pub path: PathBuf,
+    /// Which rule of the search order produced it, so a failure report says why it was tried.
     pub origin: Origin,
 }
 
@@ -137,24 +139,33 @@ pub fn candidates(spec: &LibrarySpec, env: EnvLookup<'_>) -> Vec<Candidate> {
 /// One failed attempt to load a candidate, with the loader's message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Attempt {
+    /// The path tried and why.
     pub candidate: Candidate,
+    /// The dynamic loader's message (`dlerror`), verbatim: it tells a missing file from a
+    /// wrong architecture or an unresolved dependency.
     pub error: String,
 }
 
 /// A vendor library could not be loaded, or lacks a function this crate needs.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LoadError {
+    /// No candidate loaded. With an override variable set there was exactly one attempt.
     #[error("{file_name} could not be loaded; tried:{}", list_attempts(.attempts))]
     NotFound {
+        /// The library's file name ([`LibrarySpec::file_name`]), e.g. `libhccl.so`.
         file_name: &'static str,
         /// Every candidate tried, in order, with the loader's message for each.
         attempts: Vec<Attempt>,
     },
+    /// A file loaded but lacks a required function: usually a CANN older than the call, or
+    /// a different library under the expected name.
     #[error("symbol `{symbol}` not found in {}: {message}", .path.display())]
     MissingSymbol {
+        /// The C function looked up, e.g. `HcclCommWorkingDevNicSet`.
         symbol: &'static str,
         /// The file that was loaded and searched.
         path: PathBuf,
+        /// The loader's message (`dlerror`), verbatim.
         message: String,
     },
 }

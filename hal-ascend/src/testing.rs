@@ -46,13 +46,16 @@ const DCMI_STUB_C: &str = include_str!("../tests/stub/dcmi_stub.c");
 /// One stub library variant.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Stub {
+    /// `libhccl.so` with every function, `HcclCommResume` included.
     Hccl,
     /// HCCL without `HcclCommResume` (an optional function).
     HcclWithoutResume,
+    /// A recent `libascendcl.so`: `aclInit` is reference-counted with `aclFinalizeReference`.
     Acl,
     /// An older ACL: no `aclFinalizeReference`, a repeated `aclInit` answers
     /// `ACL_ERROR_REPEAT_INITIALIZE`.
     AclLegacy,
+    /// `libdcmi.so` with the configurable card/die topology (see the module docs).
     Dcmi,
 }
 
@@ -151,8 +154,11 @@ pub fn compile(stub: Stub, out_dir: &Path) -> Result<PathBuf, BuildError> {
 pub struct StubInstall {
     /// The directory to use as `ASCEND_HOME_PATH` (it holds `lib64/`).
     pub root: PathBuf,
+    /// `root/lib64/libhccl.so`.
     pub hccl: PathBuf,
+    /// `root/lib64/libascendcl.so`.
     pub acl: PathBuf,
+    /// `root/lib64/libdcmi.so`.
     pub dcmi: PathBuf,
 }
 
@@ -282,6 +288,7 @@ impl StubControl {
             .collect()
     }
 
+    /// Empties the call log, so a test's assertions see only the calls made after this point.
     pub fn clear_log(&self) {
         let f: FnVoid = self.func("stub_clear_log");
         // SAFETY: no arguments.

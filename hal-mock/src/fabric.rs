@@ -163,7 +163,7 @@ pub(crate) struct CollectiveRound {
 }
 
 impl CollectiveRound {
-    pub fn new(n: usize, op: Collective) -> Self {
+    pub(crate) fn new(n: usize, op: Collective) -> Self {
         CollectiveRound {
             op,
             values: vec![None; n],
@@ -218,11 +218,11 @@ impl GroupState {
         }
     }
 
-    pub fn member_index(&self, rank: GlobalRank) -> Option<usize> {
+    pub(crate) fn member_index(&self, rank: GlobalRank) -> Option<usize> {
         self.members.iter().position(|m| *m == rank)
     }
 
-    pub fn info(&self) -> GroupInfo {
+    pub(crate) fn info(&self) -> GroupInfo {
         GroupInfo {
             name: self.name.clone(),
             members: self.members.clone(),
@@ -253,7 +253,7 @@ pub(crate) struct State {
 }
 
 impl State {
-    pub fn violation(&mut self, msg: String) {
+    pub(crate) fn violation(&mut self, msg: String) {
         tracing::warn!(violation = %msg, "HCCL rule violated in the simulation");
         if self.violations.len() < MAX_VIOLATIONS {
             self.violations.push(msg);
@@ -262,7 +262,7 @@ impl State {
         }
     }
 
-    pub fn any_member_dead(&self, gi: usize) -> Option<GlobalRank> {
+    pub(crate) fn any_member_dead(&self, gi: usize) -> Option<GlobalRank> {
         self.groups[gi]
             .members
             .iter()

@@ -18,6 +18,26 @@
 //! - [`solo`]: one rank alone in its own process (`taskd worker --sim`): the same group layout,
 //!   its own view of each group, HCCL's single-rank rules, a training loop on a common clock.
 //!
+//! - [`fault`]: what a test can make a NIC-set call do (fail, hang, be slow), and the record of
+//!   every call.
+//!
+//! ## Where it sits
+//!
+//! The traits it implements, and the contract it simulates, are `taskd-core`'s
+//! ([`taskd_core::hal`], explained in `docs/hal.md`); `taskd-hal-ascend` implements the same
+//! traits over the real libraries. The actors of `taskd-actors` cannot tell the two apart,
+//! which is the point: `taskd sim` (the `taskd` crate's `src/sim.rs`) runs the production
+//! manager, proxies and workers on a [`Fabric`], `taskd worker --sim` and `taskd proxy --sim`
+//! run one role on a [`solo`] rank or node, and the scenario tests under the workspace's
+//! `tests/` end with [`Fabric::check_consistency`].
+//!
+//! ## Where to start reading
+//!
+//! [`fabric`] (the state and its invariant), then [`hccl`] (each rule as a rendezvous and the
+//! code a broken rule returns), then [`operator`] (what a switch does not move). [`rank_hal`]
+//! and [`node_hal`] are thin: they translate trait calls into those. [`training`] is the load
+//! the control plane has to pause.
+//!
 //! ## The simulated hardware
 //!
 //! Rank `r` runs on node `r / D`, device `r % D` (node names `node-{i}`, as
@@ -39,6 +59,7 @@
 //! what "consistent" means under it.
 
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod fabric;
 pub mod fault;

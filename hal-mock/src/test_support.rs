@@ -7,7 +7,7 @@ use std::time::Duration;
 use taskd_core::{plan_calls, GlobalRank, HalError, HcclCode, NicSide, RankHal};
 
 /// A fabric with a 5 s HCCL timeout: a safety net so a broken test fails instead of hanging.
-pub fn fabric(nodes: u32, devices: u32, tp: u32) -> Arc<Fabric> {
+pub(crate) fn fabric(nodes: u32, devices: u32, tp: u32) -> Arc<Fabric> {
     Fabric::new(FabricConfig {
         tp_size: tp,
         hccl_timeout: Duration::from_secs(5),
@@ -16,7 +16,7 @@ pub fn fabric(nodes: u32, devices: u32, tp: u32) -> Arc<Fabric> {
 }
 
 /// A fabric whose rendezvous give up after `ms` milliseconds.
-pub fn fabric_with_timeout(nodes: u32, devices: u32, tp: u32, ms: u64) -> Arc<Fabric> {
+pub(crate) fn fabric_with_timeout(nodes: u32, devices: u32, tp: u32, ms: u64) -> Arc<Fabric> {
     Fabric::new(FabricConfig {
         tp_size: tp,
         hccl_timeout: Duration::from_millis(ms),
@@ -24,11 +24,11 @@ pub fn fabric_with_timeout(nodes: u32, devices: u32, tp: u32, ms: u64) -> Arc<Fa
     })
 }
 
-pub fn r(rank: u32) -> GlobalRank {
+pub(crate) fn r(rank: u32) -> GlobalRank {
     GlobalRank(rank)
 }
 
-pub fn code<T: std::fmt::Debug>(res: &Result<T, HalError>) -> HcclCode {
+pub(crate) fn code<T: std::fmt::Debug>(res: &Result<T, HalError>) -> HcclCode {
     match res {
         Ok(_) => HcclCode::Success,
         Err(e) => e
@@ -38,7 +38,7 @@ pub fn code<T: std::fmt::Debug>(res: &Result<T, HalError>) -> HcclCode {
 }
 
 /// Runs `body` for each of `ranks` on its own thread; results in the order of `ranks`.
-pub fn on_ranks<T: Send>(
+pub(crate) fn on_ranks<T: Send>(
     f: &Arc<Fabric>,
     ranks: &[u32],
     body: impl Fn(MockRankHal) -> T + Sync,
@@ -59,13 +59,13 @@ pub fn on_ranks<T: Send>(
     })
 }
 
-pub fn all_ranks(f: &Arc<Fabric>) -> Vec<u32> {
+pub(crate) fn all_ranks(f: &Arc<Fabric>) -> Vec<u32> {
     (0..f.world_size()).collect()
 }
 
 /// One training step by hand: every rank all-reduces on each of its groups, in the fixed
 /// order. Returns `(rank, group, result)` for every call.
-pub fn step_all(f: &Arc<Fabric>) -> Vec<(u32, String, Result<f64, HalError>)> {
+pub(crate) fn step_all(f: &Arc<Fabric>) -> Vec<(u32, String, Result<f64, HalError>)> {
     on_ranks(f, &all_ranks(f), |hal| {
         let rank = hal.rank();
         f.groups_of(rank)
@@ -82,7 +82,7 @@ pub fn step_all(f: &Arc<Fabric>) -> Vec<(u32, String, Result<f64, HalError>)> {
 }
 
 /// Runs one collective on every group, so NIC sets are allowed afterwards.
-pub fn warm_up(f: &Arc<Fabric>) {
+pub(crate) fn warm_up(f: &Arc<Fabric>) {
     for (rank, group, res) in step_all(f) {
         assert!(
             res.is_ok(),
@@ -93,7 +93,7 @@ pub fn warm_up(f: &Arc<Fabric>) {
 
 /// What the worker of every rank does for a switch: plan with the core planner and call the
 /// HAL once per planned group, in order. Returns `(group, result)` per call, per rank.
-pub fn switch_all(
+pub(crate) fn switch_all(
     f: &Arc<Fabric>,
     targets: &[(u32, bool)],
 ) -> Vec<Vec<(String, Result<(), HalError>)>> {
@@ -114,7 +114,7 @@ pub fn switch_all(
 }
 
 /// Asserts every call of a [`switch_all`] succeeded.
-pub fn assert_all_ok(calls: &[Vec<(String, Result<(), HalError>)>]) {
+pub(crate) fn assert_all_ok(calls: &[Vec<(String, Result<(), HalError>)>]) {
     for (rank, calls) in calls.iter().enumerate() {
         for (group, res) in calls {
             assert!(res.is_ok(), "rank {rank}, group {group}: {res:?}");

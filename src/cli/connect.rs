@@ -31,11 +31,15 @@ pub struct ConnectArgs {
 /// A failure to reach or authenticate with the control API.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
+    /// A token, certificate or key file named by a flag could not be read.
     #[error("cannot read {path}: {source}")]
     Read {
+        /// The file, as given on the command line.
         path: PathBuf,
+        /// The operating system's error.
         source: std::io::Error,
     },
+    /// The client could not be built or the server could not be reached.
     #[error(transparent)]
     Client(#[from] ClientError),
 }

@@ -6,6 +6,8 @@ use std::io::Write as _;
 use std::process::ExitCode;
 use taskd_core::env::process_env;
 
+/// The flags of `taskd doctor`: the port to check and the output format. Everything else it
+/// checks is read from the node and from the process's environment, as the roles read them.
 #[derive(Args, Debug, Clone)]
 pub struct DoctorArgs {
     /// The taskd port to check (the pod's containerPort named taskd-port).

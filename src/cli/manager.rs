@@ -23,6 +23,8 @@ use taskd_core::operation::Trigger;
 use taskd_core::rank_table::{MAX_NODES, MAX_RANKS};
 use taskd_core::{JobId, PhaseDeadlines, RankTable};
 
+/// The flags of `taskd manager`: the job, its shape, the manager's two ports and their
+/// TLS, and the deadlines of every operation.
 #[derive(Args)]
 pub struct ManagerArgs {
     /// The job (default: $MINDX_TASK_ID).

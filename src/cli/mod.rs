@@ -30,7 +30,7 @@ pub mod worker;
     version,
     about = "NIC failover and switchback for running Ascend training jobs"
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     /// Log format on stderr: `text` for people, `json` (one object per line, with the spans
     /// of the operation: uuid, phase, role) for a log aggregator. Levels from RUST_LOG.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = taskd_core::env::TASKD_LOG_FORMAT)]
@@ -40,7 +40,7 @@ pub struct Cli {
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     Text,
     Json,
 }

@@ -17,6 +17,8 @@ use taskd_core::{
 };
 use taskd_hal_mock::SoloNodeHal;
 
+/// The flags of `taskd proxy`: the job, which node this is, where the manager and the
+/// node's workers are, TLS, and the node HAL (DCMI, or simulated with `--sim`).
 #[derive(Args)]
 pub struct ProxyArgs {
     /// The job (default: $MINDX_TASK_ID).

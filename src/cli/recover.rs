@@ -10,6 +10,8 @@ use taskd_actors::control::proto::{self, recover_reply::Outcome};
 use taskd_actors::control::ClientError;
 use taskd_core::OperationSummary;
 
+/// The flags of `taskd recover`: where the control API is, the job, and which NIC side the
+/// ranks in doubt are re-stated to.
 #[derive(Args, Debug)]
 pub struct RecoverArgs {
     #[command(flatten)]

@@ -15,6 +15,8 @@ use taskd_actors::net::{PemIdentity, TlsPem};
 use taskd_actors::process::ShutdownSignals;
 use taskd_core::JobId;
 
+/// The flags `taskd sim --serve` adds: the control API's address, the simulated job's id,
+/// and the API's token, TLS and rate limit.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
     /// Keep the simulated job training and serve the control API until SIGINT, SIGTERM or

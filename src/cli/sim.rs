@@ -16,6 +16,8 @@ use std::time::Duration;
 use taskd_core::rank_table::MAX_NODES;
 use taskd_core::{DeviceId, GlobalRank, NodeName};
 
+/// The flags of `taskd sim`: the simulated job's size, the targets, the faults to inject,
+/// the deadlines and the outputs (README, "The simulator").
 #[derive(Args)]
 pub struct SimArgs {
     /// Number of nodes (named node-0 .. node-{N-1}).
@@ -83,6 +85,8 @@ pub struct SimArgs {
     serve: super::serve::ServeArgs,
 }
 
+/// `--switch NODE:DEV[,DEV...]`, e.g. `node-1:0,8`, refused with a message naming the bad
+/// part; whether the node and devices exist is checked later against the job's size.
 pub fn parse_switch(s: &str) -> Result<(NodeName, Vec<DeviceId>), String> {
     let (node, devs) = s
         .split_once(':')

@@ -5,6 +5,7 @@ use clap::Args;
 use std::process::ExitCode;
 use taskd_actors::control::ClientError;
 
+/// The flags of `taskd status`: where the control API is, the job, how much history.
 #[derive(Args, Debug)]
 pub struct StatusArgs {
     #[command(flatten)]
@@ -20,6 +21,7 @@ pub struct StatusArgs {
     json: bool,
 }
 
+/// Asks the manager for the job's status and prints it, as a table or one JSON object.
 pub fn run(a: StatusArgs) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

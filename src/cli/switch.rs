@@ -8,11 +8,13 @@ use taskd_actors::control::{codes, ClientError};
 use taskd_core::OperationSummary;
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Side {
+pub(crate) enum Side {
     Backup,
     Primary,
 }
 
+/// The flags of `taskd switch`: where the control API is, the job, and the targets as
+/// repeated `--node NODE --dev DEV[,DEV...] --to backup|primary` groups.
 #[derive(Args, Debug)]
 pub struct SwitchArgs {
     #[command(flatten)]
@@ -43,7 +45,7 @@ pub struct SwitchArgs {
 }
 
 /// The targets from the repeated `--node/--dev/--to` groups.
-pub fn targets(
+pub(crate) fn targets(
     nodes: &[String],
     devs: &[String],
     to: &[Side],
@@ -73,6 +75,9 @@ pub fn targets(
     Ok(out)
 }
 
+/// Submits the switch and waits for its one final result, printing each phase as it
+/// happens. The exit code says how it ended (`taskd_actors::control::codes`), so a script
+/// can tell a refusal from a failed switch.
 pub fn run(a: SwitchArgs) -> ExitCode {
     let targets = match targets(&a.nodes, &a.devs, &a.to) {
         Ok(t) => t,

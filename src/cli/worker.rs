@@ -17,6 +17,8 @@ use taskd_core::env::{self, process_env};
 use taskd_core::{GlobalRank, HcclCode, JobId, StepBoundary, SwitchCapabilities};
 use taskd_hal_mock::{NicSetFault, SoloLayout, SoloRank, SoloTraining, SoloTrainingOptions};
 
+/// The flags of `taskd worker --sim`: the job and rank, where the node's proxy is, TLS, and
+/// the simulated rank's training and faults.
 #[derive(Args)]
 pub struct WorkerArgs {
     /// The job (default: $MINDX_TASK_ID).

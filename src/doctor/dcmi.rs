@@ -20,7 +20,7 @@ const DRIVER_FIX: &str = "check that the NPU driver is installed and loaded (`np
                           container with the devices mounted)";
 
 /// `dcmi:devices`, then (when DCMI listed the dies) `dcmi:partners` and `dcmi:links`.
-pub fn checks(cfg: &DoctorConfig, env: EnvLookup<'_>) -> Vec<Check> {
+pub(crate) fn checks(cfg: &DoctorConfig, env: EnvLookup<'_>) -> Vec<Check> {
     let (devices, found) = devices(cfg, env);
     let mut out = vec![devices];
     if let Some((mut hal, dies)) = found {

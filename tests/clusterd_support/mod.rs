@@ -29,7 +29,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response};
 
 /// How long a test waits for an event of the fake before it fails.
-pub const WAIT: Duration = Duration::from_secs(30);
+pub(crate) const WAIT: Duration = Duration::from_secs(30);
 /// How often the fake sends a keep-alive.
 const KEEP_ALIVE: Duration = Duration::from_millis(25);
 
@@ -37,7 +37,7 @@ type Sender<T> = UnboundedSender<Result<T, tonic::Status>>;
 
 /// One report as the fake received it: `(code, info)`, or the switch result.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Got {
+pub(crate) enum Got {
     /// `ReportStopComplete` / `ReportRecoverStatus`.
     Status(i32, String),
     /// `ReplySwitchNicResult`.
@@ -237,7 +237,7 @@ impl Recover for Svc {
 }
 
 /// A running fake ClusterD. Dropping it kills it (every connection closes at once).
-pub struct FakeClusterd {
+pub(crate) struct FakeClusterd {
     addr: SocketAddr,
     shared: Arc<Shared>,
     runtime: Option<tokio::runtime::Runtime>,
@@ -245,12 +245,12 @@ pub struct FakeClusterd {
 
 impl FakeClusterd {
     /// A fake ClusterD for `job` on a free port of 127.0.0.1.
-    pub fn start(job: &str) -> FakeClusterd {
+    pub(crate) fn start(job: &str) -> FakeClusterd {
         FakeClusterd::start_at(job, "127.0.0.1:0".parse().unwrap())
     }
 
     /// A fake ClusterD for `job` at `addr` (a restart on the port of one that was killed).
-    pub fn start_at(job: &str, addr: SocketAddr) -> FakeClusterd {
+    pub(crate) fn start_at(job: &str, addr: SocketAddr) -> FakeClusterd {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -282,25 +282,25 @@ impl FakeClusterd {
     }
 
     /// Where it listens.
-    pub fn addr(&self) -> SocketAddr {
+    pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
     }
 
     /// Waits until both streams have been subscribed `n` times in all (one per session).
-    pub fn wait_sessions(&self, n: usize) {
+    pub(crate) fn wait_sessions(&self, n: usize) {
         self.shared.wait_until(&format!("session {n}"), |s| {
             (s.signal_subs >= n && s.switch_subs >= n).then_some(())
         });
     }
 
     /// Sessions so far (both streams subscribed).
-    pub fn sessions(&self) -> usize {
+    pub(crate) fn sessions(&self) -> usize {
         let s = self.shared.state.lock();
         s.signal_subs.min(s.switch_subs)
     }
 
     /// Sends a `ProcessManageSignal` on the current signal stream.
-    pub fn signal(&self, signal_type: &str, actions: &[&str], strategy: &str, uuid: &str) {
+    pub(crate) fn signal(&self, signal_type: &str, actions: &[&str], strategy: &str, uuid: &str) {
         let m = ProcessManageSignal {
             uuid: uuid.into(),
             job_id: self.shared.job.clone(),
@@ -316,7 +316,7 @@ impl FakeClusterd {
 
     /// Sends `pause_train` with a new uuid (after checking no stale StopComplete waits in its
     /// slot); returns the uuid.
-    pub fn pause(&self) -> String {
+    pub(crate) fn pause(&self) -> String {
         // Random, as ClusterD's own event ids: a restarted ClusterD never repeats one.
         let uuid = uuid::Uuid::new_v4().simple().to_string();
         self.expect_empty("stop_complete", |s| &mut s.stop_complete);
@@ -325,30 +325,30 @@ impl FakeClusterd {
     }
 
     /// Sends `stop_train` with uuid `uuid`.
-    pub fn stop_train(&self, uuid: &str) {
+    pub(crate) fn stop_train(&self, uuid: &str) {
         self.expect_empty("stop_complete", |s| &mut s.stop_complete);
         self.signal("stopTrain", &["stop_train"], "", uuid);
     }
 
     /// Sends `killMaster`.
-    pub fn kill_master(&self, uuid: &str) {
+    pub(crate) fn kill_master(&self, uuid: &str) {
         self.signal("killMaster", &[], "", uuid);
     }
 
     /// Sends `continue` for the pause `uuid`.
-    pub fn resume(&self, uuid: &str) {
+    pub(crate) fn resume(&self, uuid: &str) {
         self.expect_empty("recover_status", |s| &mut s.recover_status);
         self.signal("changeStrategy", &["change_strategy"], "continue", uuid);
     }
 
     /// Sends a `SwitchRankList` on the current switch stream.
-    pub fn switch(&self, ranks: &[u32], ops: &[bool]) {
+    pub(crate) fn switch(&self, ranks: &[u32], ops: &[bool]) {
         self.expect_empty("switch_result", |s| &mut s.switch_result);
         self.send_switch(ranks, ops);
     }
 
     /// Sends a `SwitchRankList` without looking at the slot (a duplicate delivery).
-    pub fn send_switch(&self, ranks: &[u32], ops: &[bool]) {
+    pub(crate) fn send_switch(&self, ranks: &[u32], ops: &[bool]) {
         let m = SwitchRankList {
             rank_id: ranks.iter().map(u32::to_string).collect(),
             op: ops.to_vec(),
@@ -360,7 +360,7 @@ impl FakeClusterd {
     }
 
     /// Waits for the StopComplete and takes it out of its slot.
-    pub fn stop_complete(&self) -> (i32, String) {
+    pub(crate) fn stop_complete(&self) -> (i32, String) {
         match self.take("ReportStopComplete", |s| &mut s.stop_complete) {
             Got::Status(c, i) => (c, i),
             other => panic!("{other:?}"),
@@ -368,7 +368,7 @@ impl FakeClusterd {
     }
 
     /// Waits for the switch result and takes it out of its slot.
-    pub fn switch_result(&self) -> bool {
+    pub(crate) fn switch_result(&self) -> bool {
         match self.take("ReplySwitchNicResult", |s| &mut s.switch_result) {
             Got::Switch(ok) => ok,
             other => panic!("{other:?}"),
@@ -376,7 +376,7 @@ impl FakeClusterd {
     }
 
     /// Waits for the RecoverStatus and takes it out of its slot.
-    pub fn recover_status(&self) -> (i32, String) {
+    pub(crate) fn recover_status(&self) -> (i32, String) {
         match self.take("ReportRecoverStatus", |s| &mut s.recover_status) {
             Got::Status(c, i) => (c, i),
             other => panic!("{other:?}"),
@@ -384,7 +384,7 @@ impl FakeClusterd {
     }
 
     /// Ends both streams, as ClusterD does after every switch (the job's reset).
-    pub fn reset_streams(&self) {
+    pub(crate) fn reset_streams(&self) {
         self.shared.update(|s| {
             s.signals = None;
             s.switches = None;
@@ -392,13 +392,13 @@ impl FakeClusterd {
     }
 
     /// Ends the switch stream only.
-    pub fn cut_switch_stream(&self) {
+    pub(crate) fn cut_switch_stream(&self) {
         self.shared.update(|s| s.switches = None);
     }
 
     /// One switch as ClusterD runs it: pause, the rank list, continue (if the switch worked;
     /// else `stop_train`), then the job's reset. Returns the switch result.
-    pub fn switch_nic(&self, ranks: &[u32], ops: &[bool]) -> bool {
+    pub(crate) fn switch_nic(&self, ranks: &[u32], ops: &[bool]) -> bool {
         let uuid = self.pause();
         let (code, info) = self.stop_complete();
         assert_eq!(code, 0, "the pause failed: {info}");
@@ -418,7 +418,7 @@ impl FakeClusterd {
     }
 
     /// Every rule broken so far, and whether a report still sits in a slot nobody will read.
-    pub fn assert_clean(&self) {
+    pub(crate) fn assert_clean(&self) {
         let s = self.shared.state.lock();
         assert!(s.violations.is_empty(), "{:?}", s.violations);
         let stale = [&s.stop_complete, &s.switch_result, &s.recover_status];
@@ -443,7 +443,7 @@ impl FakeClusterd {
     }
 
     /// Kills it: every connection closes at once, as when ClusterD's pod dies.
-    pub fn kill(mut self) -> SocketAddr {
+    pub(crate) fn kill(mut self) -> SocketAddr {
         if let Some(rt) = self.runtime.take() {
             // Drops every task (the listener, the connections) before returning, so the port
             // can be bound again.

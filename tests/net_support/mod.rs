@@ -21,22 +21,22 @@ use taskd::core::{DeviceId, JobId, NodeName, OperationSummary, SwitchCommand};
 
 /// How long a test waits for a line or an exit before it fails (a safety net: the expected
 /// line normally comes in milliseconds).
-pub const PATIENCE: Duration = Duration::from_secs(30);
+pub(crate) const PATIENCE: Duration = Duration::from_secs(30);
 
 /// A scratch directory for one test's logs and files, removed when the test passes.
-pub struct Scratch {
+pub(crate) struct Scratch {
     pub dir: PathBuf,
 }
 
 impl Scratch {
-    pub fn new(test: &str) -> Scratch {
+    pub(crate) fn new(test: &str) -> Scratch {
         let dir = std::env::temp_dir().join(format!("taskd-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("scratch dir");
         Scratch { dir }
     }
 
-    pub fn path(&self, name: &str) -> PathBuf {
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }
 }
@@ -52,7 +52,7 @@ impl Drop for Scratch {
 }
 
 /// One `taskd` process.
-pub struct Proc {
+pub(crate) struct Proc {
     pub name: String,
     pid: u32,
     lines: mpsc::Receiver<String>,
@@ -63,7 +63,7 @@ pub struct Proc {
 
 impl Proc {
     /// Starts `taskd ARGS` with stdout read line by line and stderr (RUST_LOG=info) to a file.
-    pub fn spawn(scratch: &Scratch, name: &str, args: &[String]) -> Proc {
+    pub(crate) fn spawn(scratch: &Scratch, name: &str, args: &[String]) -> Proc {
         let stderr = scratch.path(&format!("{name}.err"));
         let mut child: Child = Command::new(env!("CARGO_BIN_EXE_taskd"))
             .args(args)
@@ -102,24 +102,24 @@ impl Proc {
         }
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.pid
     }
 
     /// The last lines of its stderr, for failure messages.
-    pub fn stderr_tail(&self) -> String {
+    pub(crate) fn stderr_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.stderr).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
 
     /// Its whole stderr.
-    pub fn stderr(&self) -> String {
+    pub(crate) fn stderr(&self) -> String {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()
     }
 
     /// Waits for a stdout line containing `pat` and returns it.
-    pub fn wait_line(&mut self, pat: &str) -> String {
+    pub(crate) fn wait_line(&mut self, pat: &str) -> String {
         let deadline = Instant::now() + PATIENCE;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -137,7 +137,7 @@ impl Proc {
     }
 
     /// The address after "listening on " in its first such line.
-    pub fn listening_addr(&mut self) -> String {
+    pub(crate) fn listening_addr(&mut self) -> String {
         let line = self.wait_line("listening on ");
         line.split("listening on ")
             .nth(1)
@@ -154,14 +154,14 @@ impl Proc {
     }
 
     /// SIGTERM: a clean shutdown.
-    pub fn term(&self) {
+    pub(crate) fn term(&self) {
         if self.exited.is_none() {
             self.signal("-TERM");
         }
     }
 
     /// SIGKILL: a crash. Returns once the process is gone.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if self.exited.is_none() {
             self.signal("-KILL");
             self.wait_exit();
@@ -169,7 +169,7 @@ impl Proc {
     }
 
     /// Waits for the process to exit.
-    pub fn wait_exit(&mut self) -> ExitStatus {
+    pub(crate) fn wait_exit(&mut self) -> ExitStatus {
         if let Some(s) = self.exited {
             return s;
         }
@@ -197,7 +197,7 @@ impl Drop for Proc {
 }
 
 /// A whole job as processes: a manager, one proxy per node, one worker per rank.
-pub struct Cluster {
+pub(crate) struct Cluster {
     pub job: String,
     pub nodes: u32,
     pub ppn: u32,
@@ -215,7 +215,7 @@ pub struct Cluster {
 }
 
 /// How to build a [`Cluster`].
-pub struct ClusterSpec<'a> {
+pub(crate) struct ClusterSpec<'a> {
     pub job: &'a str,
     pub nodes: u32,
     pub ppn: u32,
@@ -228,12 +228,12 @@ pub struct ClusterSpec<'a> {
     pub tls: Option<TlsPem>,
 }
 
-pub fn s(v: &[&str]) -> Vec<String> {
+pub(crate) fn s(v: &[&str]) -> Vec<String> {
     v.iter().map(|x| (*x).to_owned()).collect()
 }
 
 /// 100 ms heartbeats, lost after 3: failures show within a third of a second.
-pub fn fast_heartbeats() -> Vec<String> {
+pub(crate) fn fast_heartbeats() -> Vec<String> {
     s(&["--heartbeat-ms", "100", "--missed-heartbeats", "3"])
 }
 
@@ -269,7 +269,7 @@ fn spawn_manager(scratch: &Scratch, spec: &ClusterSpec<'_>) -> (Proc, String, St
 impl Cluster {
     /// Starts the manager, then every proxy, then every worker, and waits until every worker
     /// is registered.
-    pub fn start(scratch: &Scratch, spec: ClusterSpec<'_>) -> Cluster {
+    pub(crate) fn start(scratch: &Scratch, spec: ClusterSpec<'_>) -> Cluster {
         let (manager, manager_addr, control_addr) = spawn_manager(scratch, &spec);
         let mut proxies = Vec::new();
         let mut proxy_addrs = Vec::new();
@@ -335,19 +335,19 @@ impl Cluster {
     }
 
     /// Submits and waits for the result.
-    pub fn run(&mut self, cmd: &SwitchCommand) -> Result<OperationSummary, ClientError> {
+    pub(crate) fn run(&mut self, cmd: &SwitchCommand) -> Result<OperationSummary, ClientError> {
         self.rt.block_on(self.control.run(cmd))
     }
 
     /// Submits; the accepted operation, to follow with [`Cluster::until_phase`] and
     /// [`Cluster::result`].
-    pub fn submit(&mut self, cmd: &SwitchCommand) -> Result<Switching, ClientError> {
+    pub(crate) fn submit(&mut self, cmd: &SwitchCommand) -> Result<Switching, ClientError> {
         self.rt.block_on(self.control.submit(cmd))
     }
 
     /// Follows `op` until `phase` started (the pause step it announces, for the pause); fails
     /// the test if the operation finishes first.
-    pub fn until_phase(&self, op: &mut Switching, phase: &str) -> Option<u64> {
+    pub(crate) fn until_phase(&self, op: &mut Switching, phase: &str) -> Option<u64> {
         loop {
             match self.rt.block_on(op.next()).expect("progress") {
                 Progress::Phase(p) if p.phase == phase && p.kind == "started" => {
@@ -360,26 +360,26 @@ impl Cluster {
     }
 
     /// The result of `op`.
-    pub fn result(&self, op: Switching) -> OperationSummary {
+    pub(crate) fn result(&self, op: Switching) -> OperationSummary {
         self.rt.block_on(op.result()).expect("a result")
     }
 
     /// The job's status with `recent` past results.
-    pub fn status(&mut self, recent: u32) -> JobStatus {
+    pub(crate) fn status(&mut self, recent: u32) -> JobStatus {
         self.rt
             .block_on(self.control.status(&self.job, recent))
             .expect("status")
     }
 
     /// Waits until every worker is registered.
-    pub fn wait_registered(&mut self) -> JobStatus {
+    pub(crate) fn wait_registered(&mut self) -> JobStatus {
         self.rt
             .block_on(self.control.wait_registered(&self.job, None))
             .expect("every worker registers")
     }
 
     /// A command for this job: `(node index, device, use_backup)`.
-    pub fn command(&self, targets: &[(u32, u32, bool)]) -> SwitchCommand {
+    pub(crate) fn command(&self, targets: &[(u32, u32, bool)]) -> SwitchCommand {
         SwitchCommand {
             job: JobId(self.job.clone()),
             id: None,
@@ -395,7 +395,7 @@ impl Cluster {
     }
 
     /// Stops every running process with SIGTERM and checks each exits cleanly (status 0).
-    pub fn shutdown_cleanly(mut self) {
+    pub(crate) fn shutdown_cleanly(mut self) {
         // Close the control connection first: the manager's graceful stop waits for it.
         drop(self.control);
         drop(self.rt);
@@ -421,7 +421,7 @@ impl Cluster {
 }
 
 /// `taskd worker` arguments for rank `r` of `job` through `proxy`.
-pub fn worker_args(job: &str, r: u32, proxy: &str) -> Vec<String> {
+pub(crate) fn worker_args(job: &str, r: u32, proxy: &str) -> Vec<String> {
     s(&[
         "worker",
         "--job-id",
@@ -436,7 +436,7 @@ pub fn worker_args(job: &str, r: u32, proxy: &str) -> Vec<String> {
 
 /// Writes a CA and one certificate for 127.0.0.1/localhost (server and client use) under
 /// `prefix` in the scratch directory; returns the file flags and the PEM contents.
-pub fn make_tls(scratch: &Scratch, prefix: &str) -> (Vec<String>, TlsPem) {
+pub(crate) fn make_tls(scratch: &Scratch, prefix: &str) -> (Vec<String>, TlsPem) {
     use rcgen::{
         BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
         KeyPair, KeyUsagePurpose,

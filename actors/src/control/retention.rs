@@ -5,7 +5,7 @@
 //! switching"; taskd delivers the last result instead, as long as no other operation has started
 //! since and it finished at most [`RESULT_RETENTION`] ago.
 //!
-//! [`LastResult`] reads the manager's progress feed: an operation's `Started` forgets the last
+//! `LastResult` reads the manager's progress feed: an operation's `Started` forgets the last
 //! result, its `Finished` remembers the id with the time it was read, on the control server's
 //! [`Clock`]. The feed is drained both by a task woken on every event and by each subscription
 //! before it asks (so a result published just before is never missed); a feed that lagged forgets

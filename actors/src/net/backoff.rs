@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-pub struct Backoff {
+pub(crate) struct Backoff {
     initial: Duration,
     max: Duration,
     next: Duration,
@@ -12,7 +12,7 @@ pub struct Backoff {
 }
 
 impl Backoff {
-    pub fn new(initial: Duration, max: Duration) -> Self {
+    pub(crate) fn new(initial: Duration, max: Duration) -> Self {
         let seed = uuid::Uuid::new_v4().as_u64_pair().0 | 1;
         Backoff {
             initial,
@@ -24,7 +24,7 @@ impl Backoff {
 
     /// The wait before the next attempt: the current step with +-25% jitter; the step doubles
     /// up to the maximum.
-    pub fn next_delay(&mut self) -> Duration {
+    pub(crate) fn next_delay(&mut self) -> Duration {
         let base = self.next;
         self.next = (self.next * 2).min(self.max);
         self.seed ^= self.seed << 13;
@@ -35,7 +35,7 @@ impl Backoff {
     }
 
     /// A connection succeeded: start from the initial wait next time.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.next = self.initial;
     }
 }

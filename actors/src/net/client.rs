@@ -26,12 +26,17 @@ use tonic::Code;
 pub enum ClientState {
     /// Not registered (yet, or since the connection dropped).
     Connecting {
+        /// Failed attempts since the last registered connection (0 before the first try).
         attempts: u32,
+        /// Why the last attempt or connection failed; `None` before the first try.
         last_error: Option<String>,
     },
+    /// Registered on a live connection; the server's answer (its incarnation, heartbeat
+    /// settings, whether it resumed our session).
     Registered(Box<pb::RegisterAck>),
     /// The server refused the registration for good; the client stopped.
     Refused(String),
+    /// [`Client::stop`] (or a goodbye) ended it; it never connects again.
     Stopped,
 }
 
@@ -49,6 +54,10 @@ pub trait ClientHost: Send + Sync + 'static {
 }
 
 /// One client: its outbox, its state, its unsequenced channel.
+///
+/// The transport's own machinery: each [`ProxyNode`](super::ProxyNode) and
+/// [`RemoteWorker`](super::RemoteWorker) runs one, and callers follow its [`ClientState`]
+/// through them rather than hold a `Client`.
 pub struct Client {
     server: String,
     incarnation: String,
@@ -72,6 +81,9 @@ enum Attempt {
 }
 
 impl Client {
+    /// A client for `server` (`HOST:PORT`) sending what is pushed into `outbox`, with a fresh
+    /// incarnation id: the server tells this process from an earlier one by it. Nothing
+    /// happens until [`run`](Self::run).
     pub fn new(server: String, outbox: Arc<Outbox<pb::up::Body>>) -> Arc<Client> {
         Arc::new(Client {
             server,
@@ -87,6 +99,7 @@ impl Client {
         })
     }
 
+    /// The server address, as given.
     pub fn server(&self) -> &str {
         &self.server
     }
@@ -96,10 +109,12 @@ impl Client {
         &self.incarnation
     }
 
+    /// The queue of sequenced messages to the server; it outlives connections.
     pub fn outbox(&self) -> &Arc<Outbox<pb::up::Body>> {
         &self.outbox
     }
 
+    /// Follows the connection's state: a caller waits on it for registration or refusal.
     pub fn state(&self) -> watch::Receiver<ClientState> {
         self.state.subscribe()
     }

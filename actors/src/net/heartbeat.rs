@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-pub struct Liveness {
+pub(crate) struct Liveness {
     start: Instant,
     /// Milliseconds after `start` of the last frame heard.
     last_heard_ms: AtomicU64,
@@ -17,7 +17,7 @@ pub struct Liveness {
 }
 
 impl Liveness {
-    pub fn new(interval: Duration, missed: u32) -> Self {
+    pub(crate) fn new(interval: Duration, missed: u32) -> Self {
         Liveness {
             start: Instant::now(),
             last_heard_ms: AtomicU64::new(0),
@@ -28,36 +28,36 @@ impl Liveness {
     }
 
     /// How often to send a heartbeat (and to check the peer's).
-    pub fn interval(&self) -> Duration {
+    pub(crate) fn interval(&self) -> Duration {
         self.interval
     }
 
     /// A frame arrived.
-    pub fn heard(&self) {
+    pub(crate) fn heard(&self) {
         self.last_heard_ms
             .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
     /// Our side is (or no longer is) busy delivering a received message.
-    pub fn set_busy(&self, busy: bool) {
+    pub(crate) fn set_busy(&self, busy: bool) {
         self.busy.store(busy, Ordering::Relaxed);
         if !busy {
             self.heard();
         }
     }
 
-    pub fn silent_for(&self) -> Duration {
+    pub(crate) fn silent_for(&self) -> Duration {
         let last = Duration::from_millis(self.last_heard_ms.load(Ordering::Relaxed));
         self.start.elapsed().saturating_sub(last)
     }
 
     /// The silence that makes the peer lost.
-    pub fn limit(&self) -> Duration {
+    pub(crate) fn limit(&self) -> Duration {
         self.interval * self.missed
     }
 
     /// Whether the peer missed `missed` heartbeats in a row.
-    pub fn is_lost(&self) -> bool {
+    pub(crate) fn is_lost(&self) -> bool {
         !self.busy.load(Ordering::Relaxed) && self.silent_for() > self.limit()
     }
 }

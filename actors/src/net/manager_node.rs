@@ -20,12 +20,17 @@ use tokio::sync::oneshot;
 /// What a manager process runs.
 #[derive(Clone, Debug)]
 pub struct ManagerNodeConfig {
+    /// The job; proxies of another job are refused at registration.
     pub job: JobId,
+    /// The job's rank table: which node's proxy answers for which ranks.
     pub table: RankTable,
+    /// Deadlines of every operation's phases.
     pub deadlines: PhaseDeadlines,
     /// Where proxies connect (port 0: any free port; see [`ManagerNode::local_addr`]).
     pub listen: SocketAddr,
+    /// Mutual TLS for the proxy port; `None` serves plain HTTP/2 (a trusted network only).
     pub tls: Option<TlsPem>,
+    /// Heartbeats, queue bounds and timeouts; told to every proxy at registration.
     pub net: NetConfig,
 }
 
@@ -105,6 +110,8 @@ impl ManagerNode {
         self.local_addr
     }
 
+    /// The manager actor, for messages the transport does not carry (submit, status,
+    /// progress), e.g. from the control API in the same process.
     pub fn manager(&self) -> &Addr<Manager> {
         &self.manager
     }

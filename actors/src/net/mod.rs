@@ -11,24 +11,25 @@
 //! - [`RemoteWorker`]: the library a training process links: a worker for one global rank,
 //!   its step gate and its connection to the node's proxy.
 //!
-//! How a connection works ([`session`], [`server`], [`client`]): the client registers (role,
+//! How a connection works (`session`, [`server`], [`client`]): the client registers (role,
 //! job, node, ranks, capabilities and an *incarnation* id unique to its process); duplicates
 //! and conflicts are refused with a reason. Protocol messages are numbered, kept in a bounded
-//! [`outbox`] until acknowledged and replayed after a reconnect of the same process, so a
+//! [`outbox`] (the queue behind an actor's [`Link`](crate::transport::Link), not the
+//! [`transport::Outbox`](crate::transport::Outbox) trait itself) until acknowledged and replayed after a reconnect of the same process, so a
 //! network blip loses nothing; a new process under the same identity is a new peer and the old
-//! one is declared lost. Heartbeats go both ways ([`heartbeat`]); a peer silent for
+//! one is declared lost. Heartbeats go both ways (`heartbeat`); a peer silent for
 //! `missed_heartbeats` intervals is lost, and so is one whose connection closed and did not
-//! come back within the same time. Clients reconnect with [`backoff`]. Optional mutual
+//! come back within the same time. Clients reconnect with `backoff`. Optional mutual
 //! [`tls`].
 
-pub mod backoff;
+pub(crate) mod backoff;
 pub mod client;
-pub mod heartbeat;
+pub(crate) mod heartbeat;
 pub mod manager_node;
 pub mod outbox;
 pub mod proxy_node;
 pub mod server;
-pub mod session;
+pub(crate) mod session;
 pub mod tls;
 pub mod wire;
 pub mod worker_node;
@@ -70,8 +71,11 @@ pub struct NetConfig {
     pub max_message_bytes: usize,
     /// Connecting to a server gives up after this long (then the client backs off and retries).
     pub connect_timeout: Duration,
-    /// First and longest wait between reconnection attempts.
+    /// First wait between reconnection attempts; it doubles after every failed attempt, each
+    /// wait jittered by up to 25% so clients of a restarted server do not reconnect in step.
     pub backoff_initial: Duration,
+    /// Longest wait between reconnection attempts (before jitter): how soon, at worst, a
+    /// client notices that its server is back.
     pub backoff_max: Duration,
     /// How long a server waits for the first frame (the registration) of a new connection.
     pub register_timeout: Duration,
@@ -107,19 +111,33 @@ impl NetConfig {
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
+    /// The listening socket could not be bound (port in use, address not local).
     #[error("cannot listen on {addr}: {source}")]
     Bind {
+        /// The address asked for.
         addr: String,
+        /// The operating system's error.
         source: std::io::Error,
     },
+    /// An address that is not `HOST:PORT`.
     #[error("bad address {0:?}: expected HOST:PORT")]
     Address(String),
+    /// The TLS files could not be read or do not make a valid configuration.
     #[error(transparent)]
     Tls(#[from] TlsError),
+    /// The server refused the registration for good (wrong job, node, rank or role, or a
+    /// duplicate that did not go away): retrying cannot help.
     #[error("registration refused by {server}: {reason}")]
-    Refused { server: String, reason: String },
+    Refused {
+        /// The server's address.
+        server: String,
+        /// The server's reason, verbatim.
+        reason: String,
+    },
+    /// The node was stopped while the caller waited on it.
     #[error("the node stopped")]
     Stopped,
+    /// A wait gave up after the given time; the text names what was waited for.
     #[error("timed out after {0:?} waiting for {1}")]
     Timeout(Duration, &'static str),
 }

@@ -12,6 +12,10 @@
 //! Some messages must survive even a *fresh* session (the peer forgot us, or a new process took
 //! its place): a worker's hello, the proxy's "worker up" for each live worker. They are
 //! *sticky* and [`Outbox::renew`] queues them again.
+//!
+//! Not to be confused with [`crate::transport::Outbox`], the trait an actor sends through:
+//! this [`Outbox`] is the queue behind the network transport's implementation of it
+//! ([`link`]).
 
 use crate::transport::{Link, Outbox as LinkOutbox, TransportError};
 use parking_lot::Mutex;
@@ -22,6 +26,8 @@ use tokio::sync::Notify;
 /// Whether a message must be re-sent to a fresh session.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Sticky {
+    /// An ordinary message: once acknowledged it is forgotten, and a fresh session never
+    /// sees it.
     No,
     /// Keep this message under the key (replacing an earlier one).
     Keep(u64),
@@ -46,7 +52,9 @@ struct State<T> {
     high_water: usize,
 }
 
-/// The queue of one peer. Share it as `Arc<Outbox<T>>`.
+/// The queue of one peer (the network transport's, not the actors' [`crate::transport::Outbox`]
+/// trait). Share it as `Arc<Outbox<T>>`: the peer's link pushes into it, its connection's
+/// writer takes from it.
 pub struct Outbox<T> {
     state: Mutex<State<T>>,
     changed: Notify,
@@ -66,6 +74,9 @@ pub enum Stop {
 }
 
 impl<T: Clone + Send + 'static> Outbox<T> {
+    /// An empty queue holding at most `capacity` unacknowledged messages. `sticky` classifies
+    /// the messages a fresh session must get again; `None` when nothing must be (a server's
+    /// queue towards a client).
     pub fn new(capacity: usize, sticky: Option<StickyFn<T>>) -> Arc<Self> {
         Arc::new(Outbox {
             state: Mutex::new(State {
@@ -172,6 +183,7 @@ impl<T: Clone + Send + 'static> Outbox<T> {
         self.changed.notify_waiters();
     }
 
+    /// Whether [`close`](Self::close) was called: the peer is gone and pushes fail.
     pub fn is_closed(&self) -> bool {
         self.state.lock().closed.is_some()
     }
@@ -181,6 +193,7 @@ impl<T: Clone + Send + 'static> Outbox<T> {
         self.state.lock().queue.len()
     }
 
+    /// Whether every pushed message has been acknowledged.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -190,6 +203,7 @@ impl<T: Clone + Send + 'static> Outbox<T> {
         self.state.lock().high_water
     }
 
+    /// The bound given to [`new`](Self::new); a push beyond it resets the connection.
     pub fn capacity(&self) -> usize {
         self.capacity
     }

@@ -24,11 +24,14 @@ use tokio::sync::{oneshot, watch};
 
 /// What a proxy process runs.
 pub struct ProxyNodeConfig {
+    /// The job; the manager refuses a proxy of another job.
     pub job: JobId,
     /// The manager, `HOST:PORT`.
     pub manager: String,
     /// The node's name; `None`: the manager names it from `node_rank`.
     pub node: Option<NodeName>,
+    /// The node's index in the rank table (MindCluster's node rank), when the proxy knows it
+    /// rather than its name; with both, the manager checks they agree.
     pub node_rank: Option<u32>,
     /// The node's ranks when known (a rank table file): the manager checks they agree.
     pub ranks: Vec<GlobalRank>,
@@ -36,7 +39,11 @@ pub struct ProxyNodeConfig {
     pub listen: SocketAddr,
     /// Makes the node's HAL once the manager has said which node this is.
     pub node_hal: NodeHalFactory,
+    /// Mutual TLS, both towards the manager and for the workers' port; `None`: plain
+    /// HTTP/2 (a trusted network only).
     pub tls: Option<TlsPem>,
+    /// The transport's knobs for both sides: the workers' server, and the connection to the
+    /// manager (whose heartbeat settings the manager dictates, see [`NetConfig`]).
     pub net: NetConfig,
 }
 
@@ -46,10 +53,17 @@ pub type NodeHalFactory = Box<dyn FnOnce(&NodeAssignment) -> Box<dyn NodeHal> + 
 /// What the manager told the proxy about its node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeAssignment {
+    /// Which node this proxy is (named or found by node rank).
     pub node: NodeName,
+    /// The node's ranks and the physical die each runs on: the workers that may register
+    /// here, and the devices the node HAL probes.
     pub ranks: BTreeMap<GlobalRank, DeviceId>,
+    /// Ranks in the whole job.
     pub world_size: u32,
+    /// Nodes in the whole job.
     pub node_count: u32,
+    /// When the manager started (milliseconds since the Unix epoch): one instant every
+    /// process of the job shares, e.g. to align simulated training steps across nodes.
     pub job_epoch_unix_ms: u64,
 }
 

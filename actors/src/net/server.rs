@@ -6,7 +6,7 @@
 //! new process: a registration with the slot's incarnation resumes it (nothing lost, nothing
 //! repeated); one with another incarnation while the slot is disconnected replaces it (the old
 //! process is declared lost first); one while the slot is connected is a duplicate and is
-//! refused. What a role does with its peers is its [`Host`] (the manager for proxies, a proxy
+//! refused. What a role does with its peers is its `Host` (the manager for proxies, a proxy
 //! for workers).
 
 use super::heartbeat::Liveness;
@@ -28,14 +28,14 @@ use tonic::{Code, Request, Response, Status, Streaming};
 
 /// Why a registration is refused, in words the operator of the refused process can act on.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     pub code: Code,
     pub message: String,
 }
 
 impl Refusal {
     /// The registration is wrong and will stay wrong (wrong job, rank, node, role).
-    pub fn invalid(message: impl Into<String>) -> Self {
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
         Refusal {
             code: Code::InvalidArgument,
             message: message.into(),
@@ -43,7 +43,7 @@ impl Refusal {
     }
 
     /// Not yet: retry later.
-    pub fn unavailable(message: impl Into<String>) -> Self {
+    pub(crate) fn unavailable(message: impl Into<String>) -> Self {
         Refusal {
             code: Code::Unavailable,
             message: message.into(),
@@ -52,13 +52,13 @@ impl Refusal {
 }
 
 /// An admitted registration: the peer's key (its node, its rank) and what to tell it.
-pub struct Admitted {
+pub(crate) struct Admitted {
     pub key: String,
     pub ack: pb::RegisterAck,
 }
 
 /// What a role does with the peers that connect to it.
-pub trait Host: Send + Sync + 'static {
+pub(crate) trait Host: Send + Sync + 'static {
     /// The role that registers here.
     fn role(&self) -> pb::Role;
     /// Checks a registration against what this side knows (job, rank table, node).
@@ -76,8 +76,11 @@ pub trait Host: Send + Sync + 'static {
 /// Queue depth of one peer's outbox.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct QueueDepth {
+    /// Messages sent and not yet acknowledged now.
     pub queued: usize,
+    /// The most ever queued at once: how close a slow peer came to being reset.
     pub high_water: usize,
+    /// The bound (`NetConfig::queue_capacity`); reaching it resets the peer's connection.
     pub capacity: usize,
 }
 
@@ -114,6 +117,8 @@ impl Registry {
             .is_some_and(|c| c.try_send(body).is_ok())
     }
 
+    /// The queue towards peer `key` (its registration key: the node name on a manager's
+    /// server, the rank on a proxy's); `None` for a peer that never registered.
     pub fn queue_depth(&self, key: &str) -> Option<QueueDepth> {
         let slots = self.slots.lock();
         slots.get(key).map(|s| QueueDepth {
@@ -162,7 +167,7 @@ fn role_name(r: pb::Role) -> &'static str {
 }
 
 /// The `TaskNet` service of one server, over `host`.
-pub struct NetService<H: Host> {
+pub(crate) struct NetService<H: Host> {
     inner: Arc<Inner<H>>,
 }
 
@@ -180,7 +185,7 @@ struct Inner<H> {
 }
 
 impl<H: Host> NetService<H> {
-    pub fn new(host: H, net: NetConfig) -> Self {
+    pub(crate) fn new(host: H, net: NetConfig) -> Self {
         let role = host.role();
         NetService {
             inner: Arc::new(Inner {
@@ -196,12 +201,12 @@ impl<H: Host> NetService<H> {
         }
     }
 
-    pub fn registry(&self) -> Arc<Registry> {
+    pub(crate) fn registry(&self) -> Arc<Registry> {
         self.inner.registry.clone()
     }
 
     /// The tonic service, with the configured message size limits.
-    pub fn into_server(self) -> pb::task_net_server::TaskNetServer<Self> {
+    pub(crate) fn into_server(self) -> pb::task_net_server::TaskNetServer<Self> {
         let max = self.inner.registry.net.max_message_bytes;
         pb::task_net_server::TaskNetServer::new(self)
             .max_decoding_message_size(max)
@@ -502,7 +507,7 @@ impl<H: Host> Inner<H> {
 }
 
 /// Binds a listener (port 0 picks a free port) for a tonic server.
-pub async fn bind(addr: SocketAddr) -> Result<(TcpIncoming, SocketAddr), NetError> {
+pub(crate) async fn bind(addr: SocketAddr) -> Result<(TcpIncoming, SocketAddr), NetError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| NetError::Bind {

@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch, Notify};
 
 /// A frame type of one direction (`Up` or `Down`).
-pub trait Frame: Send + 'static {
+pub(crate) trait Frame: Send + 'static {
     type Body: Clone + Send + Sync + 'static;
     fn make(seq: u64, ack: u64, body: Self::Body) -> Self;
     fn split(self) -> (u64, u64, Option<Self::Body>);
@@ -81,10 +81,10 @@ impl Frame for pb::Down {
 }
 
 /// A boxed future of a delivery.
-pub type Delivery = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+pub(crate) type Delivery = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 
 /// What the local side does with what arrives.
-pub trait Inbound<B>: Send + Sync + 'static {
+pub(crate) trait Inbound<B>: Send + Sync + 'static {
     /// A sequenced message, in order. The next one is read only after this resolves, so a slow
     /// local side slows the peer down (HTTP/2 flow control) instead of queueing without bound.
     /// An error ends the connection (the peer broke the protocol).
@@ -95,7 +95,7 @@ pub trait Inbound<B>: Send + Sync + 'static {
 
 /// Why a connection ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum End {
+pub(crate) enum End {
     /// The peer said goodbye: it stops for good.
     Goodbye(String),
     /// The connection closed or failed; the peer may come back.
@@ -113,7 +113,7 @@ pub enum End {
 }
 
 impl End {
-    pub fn describe(&self, loss_after: Duration) -> String {
+    pub(crate) fn describe(&self, loss_after: Duration) -> String {
         match self {
             End::Goodbye(r) => format!("it stopped: {r}"),
             End::Closed(r) => {
@@ -129,7 +129,7 @@ impl End {
 }
 
 /// Everything one connection needs.
-pub struct Session<In: Frame, Out: Frame> {
+pub(crate) struct Session<In: Frame, Out: Frame> {
     pub inbound: tonic::Streaming<In>,
     pub outbound: mpsc::Sender<Out>,
     pub outbox: Arc<Outbox<Out::Body>>,
@@ -150,7 +150,7 @@ pub struct Session<In: Frame, Out: Frame> {
 
 impl<In: Frame, Out: Frame> Session<In, Out> {
     /// Runs the connection until it ends.
-    pub async fn run(self, inbound_handler: Arc<dyn Inbound<In::Body>>) -> End {
+    pub(crate) async fn run(self, inbound_handler: Arc<dyn Inbound<In::Body>>) -> End {
         let Session {
             inbound,
             outbound,
@@ -300,7 +300,7 @@ impl<B: Send + 'static> Reader<B> {
 }
 
 /// Where acknowledgements from the peer go: our outbox to it.
-pub trait AckSink: Send + Sync {
+pub(crate) trait AckSink: Send + Sync {
     fn ack(&self, upto: u64);
 }
 

@@ -20,7 +20,9 @@ use taskd_core::{
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("malformed {what}: {detail}")]
 pub struct WireError {
+    /// The message being decoded (`directive`, `rank reply`, ...).
     pub what: &'static str,
+    /// What is wrong with it: the missing part, or the malformed value and why.
     pub detail: String,
 }
 
@@ -38,7 +40,7 @@ fn op_id(what: &'static str, s: &str) -> Result<OperationId, WireError> {
     })
 }
 
-pub fn phase_to_pb(p: Phase) -> pb::Phase {
+pub(crate) fn phase_to_pb(p: Phase) -> pb::Phase {
     match p {
         Phase::Sample => pb::Phase::Sample,
         Phase::Pause => pb::Phase::Pause,
@@ -49,7 +51,7 @@ pub fn phase_to_pb(p: Phase) -> pb::Phase {
     }
 }
 
-pub fn phase_from_pb(what: &'static str, raw: i32) -> Result<Phase, WireError> {
+pub(crate) fn phase_from_pb(what: &'static str, raw: i32) -> Result<Phase, WireError> {
     match pb::Phase::try_from(raw) {
         Ok(pb::Phase::Sample) => Ok(Phase::Sample),
         Ok(pb::Phase::Pause) => Ok(Phase::Pause),
@@ -64,7 +66,7 @@ pub fn phase_from_pb(what: &'static str, raw: i32) -> Result<Phase, WireError> {
     }
 }
 
-pub fn caps_to_pb(c: SwitchCapabilities) -> pb::Capabilities {
+pub(crate) fn caps_to_pb(c: SwitchCapabilities) -> pb::Capabilities {
     pb::Capabilities {
         tsp: c.tsp,
         l2_retry: c.l2_retry,
@@ -72,7 +74,7 @@ pub fn caps_to_pb(c: SwitchCapabilities) -> pb::Capabilities {
     }
 }
 
-pub fn caps_from_pb(c: Option<pb::Capabilities>) -> SwitchCapabilities {
+pub(crate) fn caps_from_pb(c: Option<pb::Capabilities>) -> SwitchCapabilities {
     let c = c.unwrap_or_default();
     SwitchCapabilities {
         tsp: c.tsp,
@@ -81,7 +83,7 @@ pub fn caps_from_pb(c: Option<pb::Capabilities>) -> SwitchCapabilities {
     }
 }
 
-pub fn hello_to_pb(h: WorkerHello) -> pb::WorkerHello {
+pub(crate) fn hello_to_pb(h: WorkerHello) -> pb::WorkerHello {
     pb::WorkerHello {
         job: h.job.0,
         node: h.node.0,
@@ -90,7 +92,7 @@ pub fn hello_to_pb(h: WorkerHello) -> pb::WorkerHello {
     }
 }
 
-pub fn hello_from_pb(h: pb::WorkerHello) -> WorkerHello {
+pub(crate) fn hello_from_pb(h: pb::WorkerHello) -> WorkerHello {
     WorkerHello {
         job: JobId(h.job),
         node: NodeName(h.node),
@@ -119,6 +121,7 @@ fn flags_from_pb(t: pb::NicTargets) -> Vec<(GlobalRank, NicSide)> {
         .collect()
 }
 
+/// A directive as the manager's server sends it in a `Down` frame.
 pub fn directive_to_pb(d: Directive) -> pb::Directive {
     use pb::directive::Kind;
     let kind = match d.kind {
@@ -145,6 +148,8 @@ pub fn directive_to_pb(d: Directive) -> pb::Directive {
     }
 }
 
+/// A directive from a `Down` frame, as a client decodes it; refused if the operation id is
+/// not a uuid or the kind is missing.
 pub fn directive_from_pb(d: pb::Directive) -> Result<Directive, WireError> {
     use pb::directive::Kind;
     const W: &str = "directive";
@@ -313,7 +318,7 @@ fn worker_report_from_pb(w: pb::WorkerReport) -> Result<WorkerReport, WireError>
     })
 }
 
-pub fn rank_reply_to_pb(r: RankReply) -> pb::RankReply {
+pub(crate) fn rank_reply_to_pb(r: RankReply) -> pb::RankReply {
     use pb::rank_reply::Body;
     let body = match r.body {
         ReplyBody::Sampled { in_step } => Body::SampledInStep(in_step),
@@ -342,7 +347,7 @@ pub fn rank_reply_to_pb(r: RankReply) -> pb::RankReply {
     }
 }
 
-pub fn rank_reply_from_pb(r: pb::RankReply) -> Result<RankReply, WireError> {
+pub(crate) fn rank_reply_from_pb(r: pb::RankReply) -> Result<RankReply, WireError> {
     use pb::rank_reply::Body;
     const W: &str = "rank reply";
     let body = match r.body.ok_or_else(|| missing(W, "its body"))? {
@@ -373,7 +378,7 @@ pub fn rank_reply_from_pb(r: pb::RankReply) -> Result<RankReply, WireError> {
     })
 }
 
-pub fn node_reply_to_pb(n: NodeReply) -> pb::NodeReply {
+pub(crate) fn node_reply_to_pb(n: NodeReply) -> pb::NodeReply {
     pb::NodeReply {
         node: n.node.0,
         op: n.op.to_string(),
@@ -393,7 +398,7 @@ pub fn node_reply_to_pb(n: NodeReply) -> pb::NodeReply {
     }
 }
 
-pub fn node_reply_from_pb(n: pb::NodeReply) -> Result<NodeReply, WireError> {
+pub(crate) fn node_reply_from_pb(n: pb::NodeReply) -> Result<NodeReply, WireError> {
     const W: &str = "node reply";
     Ok(NodeReply {
         node: NodeName(n.node),
@@ -418,6 +423,7 @@ pub fn node_reply_from_pb(n: pb::NodeReply) -> Result<NodeReply, WireError> {
     })
 }
 
+/// What a worker sends its proxy, as the body of an `Up` frame.
 pub fn worker_msg_to_pb(m: WorkerToProxy) -> pb::WorkerMessage {
     use pb::worker_message::Kind;
     pb::WorkerMessage {
@@ -428,7 +434,7 @@ pub fn worker_msg_to_pb(m: WorkerToProxy) -> pb::WorkerMessage {
     }
 }
 
-pub fn worker_msg_from_pb(m: pb::WorkerMessage) -> Result<WorkerToProxy, WireError> {
+pub(crate) fn worker_msg_from_pb(m: pb::WorkerMessage) -> Result<WorkerToProxy, WireError> {
     use pb::worker_message::Kind;
     match m
         .kind
@@ -457,7 +463,8 @@ fn link_state_from_pb(side: &str, raw: i32) -> Result<LinkState, WireError> {
     }
 }
 
-pub fn link_report_to_pb(r: LinkReport) -> pb::LinkReport {
+/// A proxy's link report for the wire.
+pub(crate) fn link_report_to_pb(r: LinkReport) -> pb::LinkReport {
     pb::LinkReport {
         node: r.node.0,
         device: r.device.0,
@@ -466,7 +473,8 @@ pub fn link_report_to_pb(r: LinkReport) -> pb::LinkReport {
     }
 }
 
-pub fn link_report_from_pb(r: pb::LinkReport) -> Result<LinkReport, WireError> {
+/// A proxy's link report from the wire; a missing state is refused, a newer one is unknown.
+pub(crate) fn link_report_from_pb(r: pb::LinkReport) -> Result<LinkReport, WireError> {
     Ok(LinkReport {
         node: NodeName(r.node),
         device: DeviceId(r.device),
@@ -477,6 +485,7 @@ pub fn link_report_from_pb(r: pb::LinkReport) -> Result<LinkReport, WireError> {
     })
 }
 
+/// What a proxy sends the manager, as the body of an `Up` frame.
 pub fn proxy_msg_to_pb(m: ProxyToManager) -> pb::ProxyMessage {
     use pb::proxy_message::Kind;
     pb::ProxyMessage {
@@ -492,7 +501,7 @@ pub fn proxy_msg_to_pb(m: ProxyToManager) -> pb::ProxyMessage {
     }
 }
 
-pub fn proxy_msg_from_pb(m: pb::ProxyMessage) -> Result<ProxyToManager, WireError> {
+pub(crate) fn proxy_msg_from_pb(m: pb::ProxyMessage) -> Result<ProxyToManager, WireError> {
     use pb::proxy_message::Kind;
     match m.kind.ok_or_else(|| missing("proxy message", "its kind"))? {
         Kind::WorkerUp(h) => Ok(ProxyToManager::WorkerUp(hello_from_pb(h))),

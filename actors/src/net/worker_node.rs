@@ -41,7 +41,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 /// Who the worker is and where its proxy is.
 #[derive(Clone, Debug)]
 pub struct RemoteWorkerConfig {
+    /// The job; the proxy refuses a worker of another job.
     pub job: JobId,
+    /// This process's global rank.
     pub rank: GlobalRank,
     /// The proxy of this node, `HOST:PORT`.
     pub proxy: String,
@@ -49,7 +51,10 @@ pub struct RemoteWorkerConfig {
     pub node: Option<NodeName>,
     /// `MS_ENABLE_TFT` of this process enables `TSP:1`.
     pub tsp: bool,
+    /// Mutual TLS towards the proxy; `None`: plain HTTP/2 (the proxy listens on loopback by
+    /// default).
     pub tls: Option<TlsPem>,
+    /// Queue bound, connect timeout and backoff; heartbeats are the proxy's.
     pub net: NetConfig,
 }
 
@@ -72,9 +77,13 @@ impl RemoteWorkerConfig {
 /// Where the proxy placed this rank.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerRegistration {
+    /// The node the proxy serves.
     pub node: NodeName,
+    /// The physical die the manager's rank table puts this rank on.
     pub device: DeviceId,
+    /// Ranks in the whole job.
     pub world_size: u32,
+    /// Nodes in the whole job.
     pub node_count: u32,
     /// When the job's manager started (Unix ms).
     pub job_epoch_unix_ms: u64,
@@ -212,18 +221,23 @@ impl WorkerNode {
         }
     }
 
+    /// The rank this worker serves.
     pub fn rank(&self) -> GlobalRank {
         self.upstream.cfg.rank
     }
 
+    /// The step gate: call [`StepGate::step_completed`] after every training step.
     pub fn gate(&self) -> Arc<StepGate> {
         self.upstream.gate.clone()
     }
 
+    /// Follows the connection to the proxy (connecting, registered, refused, stopped).
     pub fn connection(&self) -> watch::Receiver<ClientState> {
         self.client.state()
     }
 
+    /// Follows where the proxy placed this rank: `None` until the first registration, then
+    /// the latest (a reconnect may register again).
     pub fn registration(&self) -> watch::Receiver<Option<WorkerRegistration>> {
         self.upstream.registration.subscribe()
     }
@@ -391,6 +405,7 @@ impl RemoteWorker {
         })
     }
 
+    /// The rank this worker serves.
     pub fn rank(&self) -> GlobalRank {
         self.rank
     }

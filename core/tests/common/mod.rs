@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-pub mod world;
+pub(crate) mod world;
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
@@ -21,24 +21,24 @@ use taskd_core::{
     SwitchPlan,
 };
 
-pub fn secs(s: u64) -> Duration {
+pub(crate) fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
 }
 
-pub fn millis(ms: u64) -> Duration {
+pub(crate) fn millis(ms: u64) -> Duration {
     Duration::from_millis(ms)
 }
 
-pub fn op_id(n: u128) -> OperationId {
+pub(crate) fn op_id(n: u128) -> OperationId {
     OperationId(uuid::Uuid::from_u128(n))
 }
 
-pub fn job() -> JobId {
+pub(crate) fn job() -> JobId {
     JobId("job-a".into())
 }
 
 /// Deadlines that differ per phase, so a test can tell which one was armed.
-pub const DEADLINES: PhaseDeadlines = PhaseDeadlines {
+pub(crate) const DEADLINES: PhaseDeadlines = PhaseDeadlines {
     pause: Duration::from_secs(30),
     switch: Duration::from_secs(20),
     rollback: Duration::from_secs(25),
@@ -50,14 +50,14 @@ pub const DEADLINES: PhaseDeadlines = PhaseDeadlines {
 /// `world` (every rank), `tp_{node}` (the ranks of one node), `dp_{device}` (the ranks with one
 /// device index on every node).
 #[derive(Clone, Debug)]
-pub struct Layout {
-    pub nodes: u32,
-    pub per_node: u32,
-    pub table: RankTable,
+pub(crate) struct Layout {
+    pub(crate) nodes: u32,
+    pub(crate) per_node: u32,
+    pub(crate) table: RankTable,
 }
 
 impl Layout {
-    pub fn new(nodes: u32, per_node: u32) -> Self {
+    pub(crate) fn new(nodes: u32, per_node: u32) -> Self {
         Layout {
             nodes,
             per_node,
@@ -65,34 +65,34 @@ impl Layout {
         }
     }
 
-    pub fn world(&self) -> u32 {
+    pub(crate) fn world(&self) -> u32 {
         self.nodes * self.per_node
     }
 
-    pub fn ranks(&self) -> Vec<GlobalRank> {
+    pub(crate) fn ranks(&self) -> Vec<GlobalRank> {
         (0..self.world()).map(GlobalRank).collect()
     }
 
-    pub fn node_of(&self, r: GlobalRank) -> NodeName {
+    pub(crate) fn node_of(&self, r: GlobalRank) -> NodeName {
         self.table.slot(r).expect("rank in the table").node.clone()
     }
 
-    pub fn device_of(&self, r: GlobalRank) -> DeviceId {
+    pub(crate) fn device_of(&self, r: GlobalRank) -> DeviceId {
         self.table.slot(r).expect("rank in the table").device
     }
 
     /// The rank of the other die of `r`'s NPU, when the job has it.
-    pub fn rank_of_partner(&self, r: GlobalRank) -> Option<GlobalRank> {
+    pub(crate) fn rank_of_partner(&self, r: GlobalRank) -> Option<GlobalRank> {
         self.table
             .rank_of(&self.node_of(r), self.device_of(r).partner())
     }
 
-    pub fn node_name(&self, n: u32) -> NodeName {
+    pub(crate) fn node_name(&self, n: u32) -> NodeName {
         NodeName(format!("node-{n}"))
     }
 
     /// Every group of the job.
-    pub fn all_groups(&self) -> Vec<GroupInfo> {
+    pub(crate) fn all_groups(&self) -> Vec<GroupInfo> {
         let g = |name: String, members: Vec<u32>| GroupInfo {
             name,
             members: members.into_iter().map(GlobalRank).collect(),
@@ -114,14 +114,14 @@ impl Layout {
     }
 
     /// The groups one process belongs to, in the (unsorted) order its framework lists them.
-    pub fn groups_of(&self, r: GlobalRank) -> Vec<GroupInfo> {
+    pub(crate) fn groups_of(&self, r: GlobalRank) -> Vec<GroupInfo> {
         self.all_groups()
             .into_iter()
             .filter(|g| g.members.contains(&r))
             .collect()
     }
 
-    pub fn group_size(&self, name: &str) -> usize {
+    pub(crate) fn group_size(&self, name: &str) -> usize {
         self.all_groups()
             .into_iter()
             .find(|g| g.name == name)
@@ -131,7 +131,7 @@ impl Layout {
 
     /// What a correct worker of rank `r` reports to a verification when `backup` are the
     /// ranks on their backup NIC (every group agreeing) and its gate is as `gate` says.
-    pub fn report(
+    pub(crate) fn report(
         &self,
         r: GlobalRank,
         backup: &BTreeSet<GlobalRank>,
@@ -157,7 +157,7 @@ impl Layout {
     }
 
     /// The node replies of every rank to verification `op`, each reporting `report(rank)`.
-    pub fn verified(
+    pub(crate) fn verified(
         &self,
         op: OperationId,
         report: impl Fn(GlobalRank) -> WorkerReport,
@@ -184,7 +184,11 @@ impl Layout {
     }
 
     /// What a correct worker of rank `r` reports after applying `targets`.
-    pub fn calls(&self, r: GlobalRank, targets: &[(GlobalRank, NicSide)]) -> Vec<AppliedCall> {
+    pub(crate) fn calls(
+        &self,
+        r: GlobalRank,
+        targets: &[(GlobalRank, NicSide)],
+    ) -> Vec<AppliedCall> {
         let groups = self.groups_of(r);
         plan_calls(&groups, targets)
             .into_iter()
@@ -203,7 +207,7 @@ impl Layout {
     /// The operator's command for `(rank, use_backup)` pairs, in that order. The two dies of one NPU are never told opposite sides (the
     /// validation refuses that): a later partner follows the first one's flag. A die whose
     /// partner is not in the job (an odd die count) never goes to backup (refused too).
-    pub fn command(&self, targets: &[(u32, bool)]) -> SwitchCommand {
+    pub(crate) fn command(&self, targets: &[(u32, bool)]) -> SwitchCommand {
         let mut seen: std::collections::BTreeMap<(NodeName, u32), bool> = Default::default();
         let targets = targets
             .iter()
@@ -228,7 +232,7 @@ impl Layout {
         }
     }
 
-    pub fn plan(&self, targets: &[(u32, bool)]) -> SwitchPlan {
+    pub(crate) fn plan(&self, targets: &[(u32, bool)]) -> SwitchPlan {
         self.command(targets)
             .resolve(&self.table)
             .expect("valid targets")
@@ -236,17 +240,17 @@ impl Layout {
 }
 
 /// `(rank, use_backup)` pairs as the `(rank, side)` pairs of directives.
-pub fn flags(v: &[(u32, bool)]) -> Vec<(GlobalRank, NicSide)> {
+pub(crate) fn flags(v: &[(u32, bool)]) -> Vec<(GlobalRank, NicSide)> {
     v.iter()
         .map(|(r, b)| (GlobalRank(*r), NicSide::from_use_backup(*b)))
         .collect()
 }
 
-pub fn ranks(v: &[u32]) -> Vec<GlobalRank> {
+pub(crate) fn ranks(v: &[u32]) -> Vec<GlobalRank> {
     v.iter().copied().map(GlobalRank).collect()
 }
 
-pub fn hal_failure(group: &str, code: HcclCode) -> RankError {
+pub(crate) fn hal_failure(group: &str, code: HcclCode) -> RankError {
     RankError {
         group: Some(group.to_owned()),
         hal: Some(HalError::new(
@@ -258,7 +262,7 @@ pub fn hal_failure(group: &str, code: HcclCode) -> RankError {
     }
 }
 
-pub fn rank_reply(op: OperationId, rank: u32, phase: Phase, body: ReplyBody) -> RankReply {
+pub(crate) fn rank_reply(op: OperationId, rank: u32, phase: Phase, body: ReplyBody) -> RankReply {
     RankReply {
         rank: GlobalRank(rank),
         op,
@@ -267,7 +271,7 @@ pub fn rank_reply(op: OperationId, rank: u32, phase: Phase, body: ReplyBody) -> 
     }
 }
 
-pub fn broadcasts(actions: &[Action]) -> Vec<&Directive> {
+pub(crate) fn broadcasts(actions: &[Action]) -> Vec<&Directive> {
     actions
         .iter()
         .filter_map(|a| match a {
@@ -277,11 +281,11 @@ pub fn broadcasts(actions: &[Action]) -> Vec<&Directive> {
         .collect()
 }
 
-pub fn broadcast_phases(actions: &[Action]) -> Vec<Phase> {
+pub(crate) fn broadcast_phases(actions: &[Action]) -> Vec<Phase> {
     broadcasts(actions).into_iter().map(|d| d.phase()).collect()
 }
 
-pub fn finishes(actions: &[Action]) -> Vec<&OperationReport> {
+pub(crate) fn finishes(actions: &[Action]) -> Vec<&OperationReport> {
     actions
         .iter()
         .filter_map(|a| match a {
@@ -292,7 +296,12 @@ pub fn finishes(actions: &[Action]) -> Vec<&OperationReport> {
 }
 
 /// `[Broadcast(kind), ArmDeadline(token, phase, at)]`: what entering a phase looks like.
-pub fn entered(op: OperationId, kind: DirectiveKind, token: u64, at: Duration) -> Vec<Action> {
+pub(crate) fn entered(
+    op: OperationId,
+    kind: DirectiveKind,
+    token: u64,
+    at: Duration,
+) -> Vec<Action> {
     let d = Directive { op, kind };
     let phase = d.phase();
     vec![
@@ -301,7 +310,7 @@ pub fn entered(op: OperationId, kind: DirectiveKind, token: u64, at: Duration) -
     ]
 }
 
-pub fn durations(
+pub(crate) fn durations(
     pause: Option<u64>,
     switch: Option<u64>,
     rollback: Option<u64>,
@@ -318,19 +327,19 @@ pub fn durations(
 }
 
 /// One [`Operation`] under test, with every action it produced so far.
-pub struct Harness {
-    pub layout: Layout,
-    pub id: OperationId,
-    pub op: Operation,
-    pub plan: SwitchPlan,
-    pub targets: Vec<(GlobalRank, NicSide)>,
-    pub previous: Vec<(GlobalRank, NicSide)>,
-    pub log: Vec<Action>,
+pub(crate) struct Harness {
+    pub(crate) layout: Layout,
+    pub(crate) id: OperationId,
+    pub(crate) op: Operation,
+    pub(crate) plan: SwitchPlan,
+    pub(crate) targets: Vec<(GlobalRank, NicSide)>,
+    pub(crate) previous: Vec<(GlobalRank, NicSide)>,
+    pub(crate) log: Vec<Action>,
 }
 
 impl Harness {
     /// Starts an operation over every rank of `layout`; returns the start actions too.
-    pub fn start(
+    pub(crate) fn start(
         layout: Layout,
         targets: &[(u32, bool)],
         previous: &[(u32, bool)],
@@ -358,13 +367,18 @@ impl Harness {
         (h, actions)
     }
 
-    pub fn send(&mut self, ev: Event, now: Duration) -> Vec<Action> {
+    pub(crate) fn send(&mut self, ev: Event, now: Duration) -> Vec<Action> {
         let actions = self.op.handle(ev, now);
         self.log.extend(actions.iter().cloned());
         actions
     }
 
-    pub fn node_reply(&self, node: NodeName, phase: Phase, replies: Vec<RankReply>) -> NodeReply {
+    pub(crate) fn node_reply(
+        &self,
+        node: NodeName,
+        phase: Phase,
+        replies: Vec<RankReply>,
+    ) -> NodeReply {
         NodeReply {
             node,
             op: self.id,
@@ -375,7 +389,13 @@ impl Harness {
     }
 
     /// One rank's reply, alone in its node's message.
-    pub fn one(&mut self, now: Duration, rank: u32, phase: Phase, body: ReplyBody) -> Vec<Action> {
+    pub(crate) fn one(
+        &mut self,
+        now: Duration,
+        rank: u32,
+        phase: Phase,
+        body: ReplyBody,
+    ) -> Vec<Action> {
         let nr = self.node_reply(
             self.layout.node_of(GlobalRank(rank)),
             phase,
@@ -385,7 +405,7 @@ impl Harness {
     }
 
     /// Replies of `ranks`, one message per node (nodes in name order); all actions, in order.
-    pub fn each(
+    pub(crate) fn each(
         &mut self,
         now: Duration,
         phase: Phase,
@@ -408,18 +428,18 @@ impl Harness {
         out
     }
 
-    pub fn all_ranks(&self) -> Vec<u32> {
+    pub(crate) fn all_ranks(&self) -> Vec<u32> {
         (0..self.layout.world()).collect()
     }
 
-    pub fn all_but(&self, skip: &[u32]) -> Vec<u32> {
+    pub(crate) fn all_but(&self, skip: &[u32]) -> Vec<u32> {
         self.all_ranks()
             .into_iter()
             .filter(|r| !skip.contains(r))
             .collect()
     }
 
-    pub fn sampled(
+    pub(crate) fn sampled(
         &mut self,
         now: Duration,
         ranks: &[u32],
@@ -430,12 +450,12 @@ impl Harness {
         })
     }
 
-    pub fn paused(&mut self, now: Duration, ranks: &[u32], step: u64) -> Vec<Action> {
+    pub(crate) fn paused(&mut self, now: Duration, ranks: &[u32], step: u64) -> Vec<Action> {
         self.each(now, Phase::Pause, ranks, |_| ReplyBody::Paused { step })
     }
 
     /// Correct `Applied` replies for the switch (to the targets) or rollback (to `previous`).
-    pub fn applied(&mut self, now: Duration, phase: Phase, ranks: &[u32]) -> Vec<Action> {
+    pub(crate) fn applied(&mut self, now: Duration, phase: Phase, ranks: &[u32]) -> Vec<Action> {
         let flags = self.flags_for(phase);
         let layout = self.layout.clone();
         self.each(now, phase, ranks, |r| ReplyBody::Applied {
@@ -443,13 +463,13 @@ impl Harness {
         })
     }
 
-    pub fn resumed(&mut self, now: Duration, ranks: &[u32]) -> Vec<Action> {
+    pub(crate) fn resumed(&mut self, now: Duration, ranks: &[u32]) -> Vec<Action> {
         self.each(now, Phase::Resume, ranks, |r| ReplyBody::Resumed {
             stalled: millis(100 * u64::from(r.0)),
         })
     }
 
-    pub fn flags_for(&self, phase: Phase) -> Vec<(GlobalRank, NicSide)> {
+    pub(crate) fn flags_for(&self, phase: Phase) -> Vec<(GlobalRank, NicSide)> {
         match phase {
             Phase::Switch => self.targets.clone(),
             Phase::Rollback => self.previous.clone(),
@@ -457,12 +477,12 @@ impl Harness {
         }
     }
 
-    pub fn calls(&self, rank: u32, phase: Phase) -> Vec<AppliedCall> {
+    pub(crate) fn calls(&self, rank: u32, phase: Phase) -> Vec<AppliedCall> {
         self.layout.calls(GlobalRank(rank), &self.flags_for(phase))
     }
 
     /// The token of the deadline armed last.
-    pub fn token(&self) -> u64 {
+    pub(crate) fn token(&self) -> u64 {
         self.log
             .iter()
             .rev()
@@ -474,12 +494,12 @@ impl Harness {
     }
 
     /// Fires the deadline armed last.
-    pub fn fire(&mut self, now: Duration) -> Vec<Action> {
+    pub(crate) fn fire(&mut self, now: Duration) -> Vec<Action> {
         let token = self.token();
         self.send(Event::Deadline { token }, now)
     }
 
-    pub fn lose(&mut self, now: Duration, rank: u32) -> Vec<Action> {
+    pub(crate) fn lose(&mut self, now: Duration, rank: u32) -> Vec<Action> {
         self.send(
             Event::WorkerLost {
                 rank: GlobalRank(rank),
@@ -489,16 +509,16 @@ impl Harness {
         )
     }
 
-    pub fn phases(&self) -> Vec<Phase> {
+    pub(crate) fn phases(&self) -> Vec<Phase> {
         broadcast_phases(&self.log)
     }
 
-    pub fn pending(&self) -> Vec<u32> {
+    pub(crate) fn pending(&self) -> Vec<u32> {
         self.op.pending().iter().map(|r| r.0).collect()
     }
 
     /// The one final report; asserts it is the last action of the log and the only one.
-    pub fn report(&self) -> OperationReport {
+    pub(crate) fn report(&self) -> OperationReport {
         let f = finishes(&self.log);
         assert_eq!(f.len(), 1, "exactly one Finish in {:#?}", self.log);
         assert!(
@@ -510,7 +530,7 @@ impl Harness {
     }
 
     /// Drives a clean run through Sample (all at `step`) and Pause; returns at the switch.
-    pub fn run_to_switch(&mut self, start: u64, step: u64) {
+    pub(crate) fn run_to_switch(&mut self, start: u64, step: u64) {
         let all = self.all_ranks();
         self.sampled(secs(start + 1), &all, |_| step);
         self.paused(secs(start + 2), &all, step);

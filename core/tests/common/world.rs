@@ -11,7 +11,7 @@ use taskd_core::{JobLedger, JobState, SwitchCapabilities};
 
 /// How one rank answers one directive.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Reply {
+pub(crate) enum Reply {
     /// Does what it is told and says so.
     Correct,
     /// Changes nothing and says it failed.
@@ -23,7 +23,7 @@ pub enum Reply {
 }
 
 /// The job, the driver's side of the manager and the ranks.
-pub struct World {
+pub(crate) struct World {
     pub layout: Layout,
     pub ledger: JobLedger,
     pub seq: Sequencer,
@@ -44,7 +44,7 @@ pub struct World {
 impl World {
     /// A job of `layout`, every worker registered and verified (every rank on primary);
     /// holds wait `hold`.
-    pub fn new(layout: Layout, hold: Duration) -> World {
+    pub(crate) fn new(layout: Layout, hold: Duration) -> World {
         let mut ledger = JobLedger::new(job(), layout.table.clone(), DEADLINES);
         for r in layout.ranks() {
             let hello = WorkerHello {
@@ -91,7 +91,7 @@ impl World {
     }
 
     /// ClusterD sends a `ProcessManageSignal`; returns the reports it led to.
-    pub fn signal(&mut self, s: Signal) -> Vec<Report> {
+    pub(crate) fn signal(&mut self, s: Signal) -> Vec<Report> {
         self.now += millis(1);
         let fresh = self.fresh();
         let step = self.seq.on_signal(&s, &mut self.ledger, fresh, self.now);
@@ -99,14 +99,17 @@ impl World {
     }
 
     /// ClusterD sends a `SwitchRankList`; returns the reports it led to.
-    pub fn switch(&mut self, ranks: &[String], ops: &[bool]) -> Vec<Report> {
+    pub(crate) fn switch(&mut self, ranks: &[String], ops: &[bool]) -> Vec<Report> {
         self.now += millis(1);
         let step = self.seq.on_switch(ranks, ops, &mut self.ledger, self.now);
         self.take(step)
     }
 
     /// The ranks answer the directive in flight as `how` says; returns the reports.
-    pub fn answer(&mut self, mut how: impl FnMut(Phase, GlobalRank) -> Reply) -> Vec<Report> {
+    pub(crate) fn answer(
+        &mut self,
+        mut how: impl FnMut(Phase, GlobalRank) -> Reply,
+    ) -> Vec<Report> {
         let Some(d) = self.pending.take() else {
             return Vec::new();
         };
@@ -145,7 +148,7 @@ impl World {
     }
 
     /// Every rank answers correctly until nothing is in flight; returns the reports.
-    pub fn settle(&mut self) -> Vec<Report> {
+    pub(crate) fn settle(&mut self) -> Vec<Report> {
         let mut out = Vec::new();
         while self.pending.is_some() {
             out.extend(self.answer(|_, _| Reply::Correct));
@@ -154,7 +157,7 @@ impl World {
     }
 
     /// The deadline armed last fires; returns the reports.
-    pub fn fire(&mut self) -> Vec<Report> {
+    pub(crate) fn fire(&mut self) -> Vec<Report> {
         let Some(token) = self.deadline else {
             return Vec::new();
         };
@@ -164,7 +167,7 @@ impl World {
     }
 
     /// Carries out actions the test got from the ledger itself; returns the reports.
-    pub fn run_actions(&mut self, actions: Vec<Action>) -> Vec<Report> {
+    pub(crate) fn run_actions(&mut self, actions: Vec<Action>) -> Vec<Report> {
         self.run(actions)
     }
 
@@ -233,7 +236,7 @@ impl World {
     }
 
     /// Whether every rank holds the same view.
-    pub fn views_agree(&self) -> bool {
+    pub(crate) fn views_agree(&self) -> bool {
         let mut it = self.views.values();
         let first = it.next();
         it.all(|v| Some(v) == first)
@@ -248,7 +251,7 @@ impl World {
     }
 
     /// The view every rank holds (they agree).
-    pub fn view(&self) -> Vec<u32> {
+    pub(crate) fn view(&self) -> Vec<u32> {
         self.assert_views_agree("reading the view");
         self.views
             .values()
@@ -258,12 +261,12 @@ impl World {
     }
 
     /// The manager's NIC table.
-    pub fn table(&self) -> Vec<u32> {
+    pub(crate) fn table(&self) -> Vec<u32> {
         self.ledger.ranks_on_backup().map(|r| r.0).collect()
     }
 }
 
 /// `"0"`, `"8"`, ...: rank ids as ClusterD sends them.
-pub fn ids(v: &[u32]) -> Vec<String> {
+pub(crate) fn ids(v: &[u32]) -> Vec<String> {
     v.iter().map(u32::to_string).collect()
 }

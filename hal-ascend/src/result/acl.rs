@@ -10,8 +10,13 @@ pub const ACL_ERROR_INVALID_PARAM: i32 = 100_000;
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{op} failed with aclError {code}{}", if .detail.is_empty() { String::new() } else { format!(": {}", .detail) })]
 pub struct AclError {
+    /// The C function, e.g. `aclrtSetDevice`: an `aclError` means little without it.
     pub op: &'static str,
+    /// The `aclError` as returned (`acl_base.h` numbering, e.g. 100000 for an invalid
+    /// parameter); never 0 (`ACL_SUCCESS`).
     pub code: i32,
+    /// What this crate adds: the arguments, or why the call was not made; empty when the code
+    /// says it all.
     pub detail: String,
 }
 

@@ -23,8 +23,13 @@ pub fn dcmi_error_name(code: i32) -> &'static str {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{op}({args}) failed with {} ({code})", dcmi_error_name(*.code))]
 pub struct DcmiError {
+    /// The C function, e.g. `dcmi_get_device_network_health`.
     pub op: &'static str,
+    /// The arguments as the call saw them (`card_id=10, device_id=0`): DCMI addresses dies by
+    /// card and chip, so the code alone does not say which die failed.
     pub args: String,
+    /// The status DCMI returned, in `dcmi_interface_api.h`'s numbering (e.g. -8005,
+    /// `DCMI_ERR_CODE_INNER_ERR`; [`dcmi_error_name`] names it); never 0.
     pub code: i32,
 }
 

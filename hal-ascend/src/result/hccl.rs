@@ -7,14 +7,26 @@ use crate::sys::hccl::{
 };
 use taskd_core::{HalError, HalErrorKind, HcclCode, Library};
 
+// The `op` of a `HalError` from each call below, so a caller can tell which call failed
+// without comparing free-form strings.
+
+/// `op` of errors from [`comm_working_dev_nic_set`].
 pub const OP_WORKING_DEV_NIC_SET: &str = "HcclCommWorkingDevNicSet";
+/// `op` of errors from [`get_root_info`].
 pub const OP_GET_ROOT_INFO: &str = "HcclGetRootInfo";
+/// `op` of errors from [`comm_init_root_info`].
 pub const OP_COMM_INIT_ROOT_INFO: &str = "HcclCommInitRootInfo";
+/// `op` of errors from [`get_rank_id`].
 pub const OP_GET_RANK_ID: &str = "HcclGetRankId";
+/// `op` of errors from [`get_rank_size`].
 pub const OP_GET_RANK_SIZE: &str = "HcclGetRankSize";
+/// `op` of errors from [`all_reduce`].
 pub const OP_ALL_REDUCE: &str = "HcclAllReduce";
+/// `op` of errors from [`comm_resume`].
 pub const OP_COMM_RESUME: &str = "HcclCommResume";
+/// `op` of errors from [`comm_destroy`].
 pub const OP_COMM_DESTROY: &str = "HcclCommDestroy";
+/// `op` of errors from [`get_comm_name`].
 pub const OP_GET_COMM_NAME: &str = "HcclGetCommName";
 
 /// `Ok` for `HCCL_SUCCESS`, otherwise a `HalError` naming `op` and keeping the code.

@@ -38,6 +38,7 @@ pub struct StreamHandle(NonNull<c_void>);
 unsafe impl Send for StreamHandle {}
 
 impl StreamHandle {
+    /// The `aclrtStream` pointer, as C calls take it; the handle stays the one to destroy.
     pub fn as_raw(&self) -> *mut c_void {
         self.0.as_ptr()
     }
@@ -56,6 +57,8 @@ pub struct DevicePtr {
 unsafe impl Send for DevicePtr {}
 
 impl DevicePtr {
+    /// The device address, as C calls take it (never dereferenced on the host); the value
+    /// stays the one to free.
     pub fn as_raw(&self) -> *mut c_void {
         self.ptr.as_ptr()
     }

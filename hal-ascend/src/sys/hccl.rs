@@ -24,6 +24,7 @@ pub const HCCL_COMM_NAME_MAX_LENGTH: usize = 128;
 #[repr(C)]
 #[derive(Clone)]
 pub struct HcclRootInfo {
+    /// HCCL's bytes, opaque to everyone else: copied verbatim to every rank, never interpreted.
     pub internal: [u8; HCCL_ROOT_INFO_BYTES],
 }
 
@@ -31,17 +32,29 @@ pub struct HcclRootInfo {
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 #[repr(i32)]
 pub enum HcclDataType {
+    /// `HCCL_DATA_TYPE_INT8`: 8-bit signed integer.
     Int8 = 0,
+    /// `HCCL_DATA_TYPE_INT16`: 16-bit signed integer.
     Int16 = 1,
+    /// `HCCL_DATA_TYPE_INT32`: 32-bit signed integer.
     Int32 = 2,
+    /// `HCCL_DATA_TYPE_FP16`: IEEE half-precision float.
     Fp16 = 3,
+    /// `HCCL_DATA_TYPE_FP32`: IEEE single-precision float.
     Fp32 = 4,
+    /// `HCCL_DATA_TYPE_INT64`: 64-bit signed integer.
     Int64 = 5,
+    /// `HCCL_DATA_TYPE_UINT64`: 64-bit unsigned integer.
     Uint64 = 6,
+    /// `HCCL_DATA_TYPE_UINT8`: 8-bit unsigned integer.
     Uint8 = 7,
+    /// `HCCL_DATA_TYPE_UINT16`: 16-bit unsigned integer.
     Uint16 = 8,
+    /// `HCCL_DATA_TYPE_UINT32`: 32-bit unsigned integer.
     Uint32 = 9,
+    /// `HCCL_DATA_TYPE_FP64`: IEEE double-precision float.
     Fp64 = 10,
+    /// `HCCL_DATA_TYPE_BFP16`: bfloat16 (8-bit exponent, 7-bit mantissa).
     Bfp16 = 11,
 }
 
@@ -62,9 +75,13 @@ impl HcclDataType {
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 #[repr(i32)]
 pub enum HcclReduceOp {
+    /// `HCCL_REDUCE_SUM`: element-wise sum.
     Sum = 0,
+    /// `HCCL_REDUCE_PROD`: element-wise product.
     Prod = 1,
+    /// `HCCL_REDUCE_MAX`: element-wise maximum.
     Max = 2,
+    /// `HCCL_REDUCE_MIN`: element-wise minimum.
     Min = 3,
 }
 
@@ -91,6 +108,8 @@ impl CommHandle {
         NonNull::new(raw).map(CommHandle)
     }
 
+    /// The `HcclComm` pointer, for handing back to C code (the framework, a test stub). The
+    /// handle keeps it: destroying it is still [`HcclLib::comm_destroy`]'s job, once.
     pub fn as_raw(&self) -> *mut c_void {
         self.0.as_ptr()
     }

@@ -13,7 +13,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
-pub use taskd_hal_ascend::testing::{Stub, StubControl};
+pub(crate) use taskd_hal_ascend::testing::{Stub, StubControl};
 
 /// This test process's scratch directory (the pid keeps concurrent runs apart).
 fn scratch() -> PathBuf {
@@ -35,7 +35,7 @@ fn built() -> &'static Path {
 }
 
 /// A fresh, empty directory for one test.
-pub fn fresh_dir(test: &str) -> PathBuf {
+pub(crate) fn fresh_dir(test: &str) -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);
     let dir = scratch().join(format!("{test}-{}", N.fetch_add(1, Ordering::Relaxed)));
     let _ = std::fs::remove_dir_all(&dir);
@@ -45,7 +45,7 @@ pub fn fresh_dir(test: &str) -> PathBuf {
 
 /// Copies a stub into `dir` under the vendor's file name and returns the path. A copy is a
 /// new file, so the loader maps a new instance with state of its own.
-pub fn install(stub: Stub, dir: &Path) -> PathBuf {
+pub(crate) fn install(stub: Stub, dir: &Path) -> PathBuf {
     std::fs::create_dir_all(dir).expect("create install dir");
     let to = dir.join(stub.file_name());
     std::fs::copy(built().join(stub.build_name()), &to).expect("copy stub");
@@ -53,12 +53,12 @@ pub fn install(stub: Stub, dir: &Path) -> PathBuf {
 }
 
 /// A fresh copy of `stub` for `test`, in `<fresh dir>/lib64/`.
-pub fn fresh(stub: Stub, test: &str) -> PathBuf {
+pub(crate) fn fresh(stub: Stub, test: &str) -> PathBuf {
     install(stub, &fresh_dir(test).join("lib64"))
 }
 
 /// An environment map for the library search.
-pub fn env(pairs: &[(&str, &Path)]) -> impl Fn(&str) -> Option<OsString> {
+pub(crate) fn env(pairs: &[(&str, &Path)]) -> impl Fn(&str) -> Option<OsString> {
     let map: HashMap<String, OsString> = pairs
         .iter()
         .map(|(k, v)| (k.to_string(), v.as_os_str().to_owned()))

@@ -230,6 +230,35 @@ mod tests {
     }
 
     #[test]
+    fn clusterd_and_automatic_failover_are_keys_too() {
+        let a = manager_args(
+            r#"{"job_id": "j", "nodes": 1, "procs_per_node": 1, "clusterd": "10.0.0.9:8899"}"#,
+        )
+        .unwrap();
+        let cfg = a.config().unwrap();
+        assert_eq!(
+            cfg.clusterd.expect("a ClusterD client").addr,
+            "10.0.0.9:8899"
+        );
+        let a = manager_args(
+            r#"{"job_id": "j", "nodes": 1, "procs_per_node": 1, "no_clusterd": true,
+                "auto_failover": true, "link_probe_ms": 500}"#,
+        )
+        .unwrap();
+        let cfg = a.config().unwrap();
+        assert!(cfg.clusterd.is_none());
+        let auto = cfg.auto.expect("automatic failover on");
+        assert_eq!(auto.link_probe, Duration::from_millis(500));
+        // Both at once is refused, as on the command line.
+        let e = check(
+            r#"{"job_id": "j", "nodes": 1, "procs_per_node": 1, "clusterd": "10.0.0.9:8899",
+                "auto_failover": true}"#,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("ClusterD client mode"), "{e}");
+    }
+
+    #[test]
     fn bad_values_are_named_by_key() {
         let e = check(r#"{"job_id": "j", "node_nums": 2, "proc_per_node": 0}"#).unwrap_err();
         assert!(

@@ -914,6 +914,12 @@ impl Operation {
 
     fn advance(&mut self, now: Duration) -> Vec<Action> {
         if self.failure_unhandled() {
+            // A rank still inside its switch calls would pair a late call with its peers'
+            // rollback call on the same group (HCCL matches calls by order): the rollback waits
+            // for every live rank's answer to the switch. The switch deadline bounds the wait.
+            if matches!(self.stage, Stage::Applying(_)) && !self.round.pending.is_empty() {
+                return Vec::new();
+            }
             return self.after_failure(now);
         }
         if !self.round.pending.is_empty() {

@@ -194,7 +194,11 @@ fn hal_failure_in_switch_rolls_back_with_previous_values_and_resumes() {
     assert_eq!(h.applied(secs(103), Phase::Switch, &NODE0), vec![]);
     let err = hal_failure("tp_1", HcclCode::RoceConnect);
     let a = h.one(secs(105), 5, Phase::Switch, ReplyBody::Failed(err.clone()));
-    // At once, without waiting for 4, 6, 7: every rank re-applies the targets' old state.
+    // Not while ranks 4, 6 and 7 may still be inside their switch calls (a late call would
+    // pair with a peer's rollback call): once they answered, every rank re-applies the
+    // targets' old state.
+    assert_eq!(a, vec![]);
+    let a = h.applied(secs(105), Phase::Switch, &[4, 6, 7]);
     assert_eq!(
         a,
         entered(
@@ -260,6 +264,10 @@ fn a_failure_during_rollback_finishes_failed_and_keeps_the_job_paused() {
         Phase::Switch,
         ReplyBody::Failed(switch_err.clone()),
     );
+    // The rollback waits for every other rank's answer to the switch.
+    assert_eq!(h.op.phase(), Phase::Switch);
+    let others = h.all_but(&[0]);
+    h.applied(secs(103), Phase::Switch, &others);
     assert_eq!(h.op.phase(), Phase::Rollback);
     assert_eq!(h.applied(secs(104), Phase::Rollback, &[0, 1, 3]), vec![]);
     let rb_err = hal_failure("dp_2", HcclCode::Timeout);
@@ -350,6 +358,7 @@ fn rollback_deadline_or_disagreement_keeps_the_job_paused() {
         Phase::Switch,
         ReplyBody::Failed(hal_failure("tp_1", HcclCode::Para)),
     );
+    h.applied(secs(103), Phase::Switch, &[0, 1, 2, 3, 4, 5, 6]);
     h.applied(secs(104), Phase::Rollback, &[0, 1, 2, 3, 5, 6, 7]);
     let mut calls = h.calls(4, Phase::Rollback);
     assert_eq!(calls[0].group, "tp_1");
@@ -821,6 +830,9 @@ fn worker_lost_in_switch_rolls_back_but_cannot_restore_its_groups() {
     h.run_to_switch(100, 1);
     h.applied(secs(103), Phase::Switch, &[0, 1, 2]);
     let a = h.lose(secs(104), 3);
+    // The rollback waits for the live ranks still inside their switch calls.
+    assert!(broadcasts(&a).is_empty());
+    let a = h.applied(secs(104), Phase::Switch, &[4, 5, 6, 7]);
     assert_eq!(
         broadcasts(&a)[0].kind,
         DirectiveKind::Rollback {
@@ -1059,6 +1071,8 @@ fn a_duplicated_failure_is_reported_once() {
         h.one(secs(103), 5, Phase::Switch, ReplyBody::Failed(err.clone())),
         vec![]
     );
+    let others = h.all_but(&[5]);
+    h.applied(secs(103), Phase::Switch, &others);
     h.applied(secs(104), Phase::Rollback, &ALL);
     h.resumed(secs(105), &ALL);
     let r = h.report();
@@ -1147,6 +1161,10 @@ fn an_abort_during_the_switch_rolls_back_then_resumes() {
         },
         secs(103),
     );
+    // Every rank is still inside its switch calls: the rollback waits for their answers.
+    assert!(a.is_empty());
+    let all = h.all_ranks();
+    let a = h.applied(secs(103), Phase::Switch, &all);
     assert_eq!(broadcast_phases(&a), vec![Phase::Rollback]);
     // A second abort during the rollback changes nothing: the rollback is the way out.
     let a = h.send(
@@ -1156,7 +1174,6 @@ fn an_abort_during_the_switch_rolls_back_then_resumes() {
         secs(103),
     );
     assert!(a.is_empty());
-    let all = h.all_ranks();
     h.applied(secs(104), Phase::Rollback, &all);
     h.resumed(secs(105), &all);
     let r = h.report();

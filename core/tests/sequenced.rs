@@ -337,9 +337,10 @@ fn a_stopping_manager_resumes_a_held_job_and_answers_what_is_owed() {
     let actions = w.ledger.abort("SIGTERM".into(), w.now);
     let got = w.run_actions(actions);
     assert!(got.is_empty(), "{got:?}");
+    // The ranks are still inside their switch calls: the rollback waits for their answers.
     assert!(matches!(
         w.pending.as_ref().map(|d| &d.kind),
-        Some(DirectiveKind::Rollback { .. })
+        Some(DirectiveKind::Switch { .. })
     ));
     let got = w.settle();
     assert_eq!(got, vec![Report::SwitchResult { ok: false }], "{got:?}");

@@ -219,7 +219,21 @@ fn a_reconnecting_worker_resumes_and_a_new_process_replaces_the_old() {
     // the old one's grace period (a restart, not a duplicate).
     relay.close();
     let r0_new = start_rank(0, &proxy, layout);
-    let st = rt.block_on(control.wait_registered("rc", None)).unwrap();
+    // Until the manager has seen the replacement, a registered-and-verified job is still the
+    // old process's: ask again until the new one's verification is the job's state.
+    let mut asked = 0;
+    let st = loop {
+        let st = rt.block_on(control.wait_registered("rc", None)).unwrap();
+        if st.state == "needs_recovery" {
+            break st;
+        }
+        asked += 1;
+        assert!(
+            asked < 1_000_000,
+            "the replacement never reached the manager: {st:#?}"
+        );
+        std::thread::yield_now();
+    };
     assert_eq!(st.workers_registered, 2);
     assert!(st.lost_ranks.is_empty(), "{:?}", st.lost_ranks);
     // The new process starts on its primary NIC while rank 1 has rank 0 on backup: the

@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use taskd_actors::progress::{ProgressEvent, ProgressKind};
 use taskd_core::protocol::Phase;
-use taskd_core::{OperationId, StepBoundary};
+use taskd_core::OperationId;
+use taskd_hal_mock::{Hold, StepHook};
 
 /// How many of the latest steps a [`StepClock`] keeps: the live simulator (`--serve`) trains
 /// for as long as it runs, and its memory must stay flat (1 MiB of steps at most).
@@ -88,7 +89,7 @@ impl StepClock {
     }
 
     /// `hook`, timed by this clock.
-    pub fn wrap(self: &Arc<Self>, hook: Arc<dyn StepBoundary>) -> Arc<dyn StepBoundary> {
+    pub fn wrap(self: &Arc<Self>, hook: Arc<dyn StepHook>) -> Arc<dyn StepHook> {
         Arc::new(TimedHook {
             inner: hook,
             clock: self.clone(),
@@ -99,14 +100,14 @@ impl StepClock {
 /// A rank's step hook that notes the time before handing the boundary on (to the step gate,
 /// which may hold the rank there).
 struct TimedHook {
-    inner: Arc<dyn StepBoundary>,
+    inner: Arc<dyn StepHook>,
     clock: Arc<StepClock>,
 }
 
-impl StepBoundary for TimedHook {
-    fn step_completed(&self, step: u64) {
+impl StepHook for TimedHook {
+    fn step_completed(&self, step: u64) -> Option<Hold<'_>> {
         self.clock.record(step);
-        self.inner.step_completed(step);
+        self.inner.step_completed(step)
     }
 }
 

@@ -4,6 +4,7 @@
 //! launcher can drive a job from plain code.
 
 use crate::gate::StepGate;
+use crate::hal_exec::WorkerHal;
 use crate::manager::{
     AwaitRegistered, AwaitResult, AwaitVerification, Drain, GetStatus, Manager, ManagerStatus,
     ProxyConnected, Recover, Recovery, StopManager, Submission, Submit,
@@ -36,6 +37,25 @@ pub struct LocalJobConfig {
 pub struct RankParts {
     pub hal: Box<dyn RankHal>,
     pub tsp: bool,
+}
+
+/// [`RankParts`] with the HAL run as the worker is told ([`WorkerHal`]: a thread of its own,
+/// a shared pool, a task): what the simulator hands [`LocalJob::start`] for thousands of
+/// ranks in one process.
+pub struct RankSpec {
+    /// The rank's HAL and where its calls run.
+    pub hal: WorkerHal,
+    /// Whether the rank's process enables `TSP:1`.
+    pub tsp: bool,
+}
+
+impl From<RankParts> for RankSpec {
+    fn from(p: RankParts) -> Self {
+        RankSpec {
+            hal: WorkerHal::Thread(p.hal),
+            tsp: p.tsp,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -92,7 +112,7 @@ impl Actors {
     fn start(
         cfg: &LocalJobConfig,
         nodes: Vec<Box<dyn NodeHal>>,
-        ranks: Vec<RankParts>,
+        ranks: Vec<RankSpec>,
         gates: &[Arc<StepGate>],
     ) -> Actors {
         let table = &cfg.table;
@@ -135,12 +155,12 @@ impl Actors {
 fn start_worker(
     cfg: &LocalJobConfig,
     slot: &RankSlot,
-    parts: RankParts,
+    parts: RankSpec,
     gate: Arc<StepGate>,
     proxy: &Addr<Proxy>,
 ) -> Addr<Worker> {
     let farewell_proxy = proxy.clone();
-    let worker = Worker::new(
+    let worker = Worker::with_hal(
         WorkerConfig {
             job: cfg.job.clone(),
             node: slot.node.clone(),
@@ -167,12 +187,13 @@ fn start_worker(
 
 impl LocalJob {
     /// Starts the actors. `nodes[i]` is the HAL of the table's i-th node, `ranks[r]` the
-    /// parts of global rank `r`.
-    pub fn start(
+    /// parts of global rank `r` ([`RankParts`], or a [`RankSpec`]).
+    pub fn start<R: Into<RankSpec>>(
         cfg: LocalJobConfig,
         nodes: Vec<Box<dyn NodeHal>>,
-        ranks: Vec<RankParts>,
+        ranks: Vec<R>,
     ) -> Result<LocalJob, LocalJobError> {
+        let ranks: Vec<RankSpec> = ranks.into_iter().map(Into::into).collect();
         let table = cfg.table.clone();
         let config = (cfg.job.clone(), cfg.table.clone(), cfg.deadlines);
         if nodes.len() != table.nodes().len() {

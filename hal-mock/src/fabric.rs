@@ -771,7 +771,7 @@ impl Fabric {
                     let gr = g
                         .member_index(*r)
                         .expect("rank_groups lists only groups the rank belongs to");
-                    agreed[*gi].as_ref().is_none_or(|a| a.contains(gr))
+                    agreed[*gi].as_ref().map_or(true, |a| a.contains(gr))
                 })
             })
             .collect()

@@ -263,6 +263,7 @@ impl Client {
             control: control_rx,
             liveness,
             stop: stop.clone(),
+            ack_every: super::session::ack_every(self.outbox.capacity()),
         };
         let handler = Arc::new(HostInbound(host.clone()));
         let end = session.run(handler).await;

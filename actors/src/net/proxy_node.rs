@@ -11,7 +11,7 @@ use super::session::Delivery;
 use super::tls::TlsPem;
 use super::{pb, wire, NetConfig, NetError};
 use crate::proxy::{Proxy, WorkerConnected, WorkerDisconnected};
-use crate::transport::Deliver;
+use crate::transport::hand_over;
 use actix::prelude::*;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -296,10 +296,7 @@ impl ClientHost for Upstream {
                 other => return Err(format!("the manager sent an unexpected frame: {other:?}")),
             };
             let proxy = proxy.ok_or("a directive before the node was admitted")?;
-            proxy
-                .send(Deliver(d))
-                .await
-                .map_err(|_| "the proxy stopped".to_owned())
+            hand_over(proxy, d).await.map_err(str::to_owned)
         })
     }
 
@@ -410,10 +407,7 @@ impl Host for ProxyHost {
                 return Ok(());
             }
             let proxy = proxy.ok_or("the proxy is not running")?;
-            proxy
-                .send(Deliver(m))
-                .await
-                .map_err(|_| "the proxy stopped".to_owned())
+            hand_over(proxy, m).await.map_err(str::to_owned)
         })
     }
 

@@ -348,6 +348,7 @@ impl<H: Host> pb::task_net_server::TaskNet for NetService<H> {
             control: control_rx,
             liveness: Arc::new(Liveness::new(net.heartbeat_interval, net.missed_heartbeats)),
             stop: stop_rx,
+            ack_every: super::session::ack_every(net.queue_capacity),
         };
         let handler = Arc::new(SlotInbound {
             inner: inner.clone(),

@@ -27,7 +27,7 @@ use super::tls::TlsPem;
 use super::{pb, wire, NetConfig, NetError};
 use crate::gate::StepGate;
 use crate::hal_exec::WorkerHal;
-use crate::transport::Deliver;
+use crate::transport::hand_over;
 use crate::worker::{StopWorker, Worker, WorkerConfig};
 use actix::prelude::*;
 use parking_lot::{Condvar, Mutex};
@@ -161,10 +161,7 @@ impl ClientHost for Upstream {
                 other => return Err(format!("the proxy sent an unexpected frame: {other:?}")),
             };
             let worker = worker.ok_or("a directive before registration")?;
-            worker
-                .send(Deliver(d))
-                .await
-                .map_err(|_| "the worker stopped".to_owned())
+            hand_over(worker, d).await.map_err(str::to_owned)
         })
     }
 

@@ -16,6 +16,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let fds = protox::compile(&files, [&dir])?;
     tonic_prost_build::configure()
+        // prost's codec with small starting buffers (`src/net/codec.rs`).
+        .codec_path("crate::net::codec::LeanCodec")
         .build_client(true)
         .build_server(true)
         .compile_fds(fds)?;

@@ -12,7 +12,7 @@
 //! gate published, exactly as for a real training thread.
 
 use crate::report::{OperationSummary, ScenarioReport};
-use crate::timeline::{PhaseLog, StepClock, Timeline};
+use crate::timeline::{Holds, PhaseLog, StepClock, Timeline};
 use std::sync::Arc;
 use std::time::Duration;
 use taskd_actors::hal_exec::HalFuture;
@@ -418,6 +418,9 @@ pub fn run_scenario(cfg: &SimConfig) -> Result<ScenarioReport, SimError> {
 pub struct ScenarioRun {
     pub report: ScenarioReport,
     pub timeline: Timeline,
+    /// Per operation (in the report's order), the ranks' holds at the step boundary: from the
+    /// first rank held to the last one training again (`None`: no rank was held).
+    pub holds: Vec<Option<Holds>>,
 }
 
 /// [`run_scenario`], handing every progress event of the operations to `on_progress` as it
@@ -438,6 +441,7 @@ pub fn run_scenario_observed(
     // The operations the manager admitted (whatever their result): each must have exactly
     // one final result. Commands refused at submission never became operations.
     let mut admitted = Vec::new();
+    let mut holds = Vec::new();
     sim.train(cfg.steps_between)?;
     inject_faults(&sim, cfg);
     let mut steps_ok = true;
@@ -463,13 +467,19 @@ pub fn run_scenario_observed(
                 steps_ok = false;
             }
         }
+        // Every rank held by the operation trained on since (or is still held): its hold is in.
+        holds.push(clock.take_holds());
     }
     let results = sim.job().status(usize::MAX)?.recent;
     let exactly_one_each = one_result_each(&admitted, &results);
     let end = sim.finish();
     let timeline = Timeline::build(&clock.completed_steps(), &phases);
     let report = ScenarioReport::new(cfg, &table, operations, end, exactly_one_each, steps_ok);
-    Ok(ScenarioRun { report, timeline })
+    Ok(ScenarioRun {
+        report,
+        timeline,
+        holds,
+    })
 }
 
 /// Arms operation 1's faults: `--fail-rank` and `--hang-rank`.

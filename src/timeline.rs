@@ -19,11 +19,31 @@ use taskd_hal_mock::{Hold, StepHook};
 /// for as long as it runs, and its memory must stay flat (1 MiB of steps at most).
 pub const STEPS_KEPT: usize = 1 << 16;
 
-/// When every rank completed each of the latest [`STEPS_KEPT`] steps, since the clock started.
+/// When every rank completed each of the latest [`STEPS_KEPT`] steps, since the clock started,
+/// and when ranks were held at their step boundary.
 pub struct StepClock {
     start: Instant,
     world: u32,
     steps: Mutex<Steps>,
+    holds: Mutex<Option<Holds>>,
+}
+
+/// The holds at the step boundary that ended since [`StepClock::take_holds`] was last called:
+/// when the first began and the last ended (the stall of an operation, from the first rank
+/// held to the last one training again), on the clock of the [`StepClock`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Holds {
+    pub first_held: Duration,
+    pub last_released: Duration,
+    /// How many ranks were held.
+    pub ranks: u64,
+}
+
+impl Holds {
+    /// From the first rank held to the last one released.
+    pub fn stall(&self) -> Duration {
+        self.last_released.saturating_sub(self.first_held)
+    }
 }
 
 /// Per step from `first` on: ranks that completed it, and when the last one did.
@@ -41,7 +61,26 @@ impl StepClock {
                 first: 1,
                 v: VecDeque::new(),
             }),
+            holds: Mutex::new(None),
         })
+    }
+
+    /// A rank was held from `from` to `to` (on this clock).
+    fn held(&self, from: Duration, to: Duration) {
+        let mut h = self.holds.lock().unwrap_or_else(|e| e.into_inner());
+        let h = h.get_or_insert(Holds {
+            first_held: from,
+            last_released: to,
+            ranks: 0,
+        });
+        h.first_held = h.first_held.min(from);
+        h.last_released = h.last_released.max(to);
+        h.ranks += 1;
+    }
+
+    /// The holds that ended since the last call (`None`: none did), forgotten here.
+    pub fn take_holds(&self) -> Option<Holds> {
+        self.holds.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
     /// Time since the clock started.
@@ -107,7 +146,12 @@ struct TimedHook {
 impl StepHook for TimedHook {
     fn step_completed(&self, step: u64) -> Option<Hold<'_>> {
         self.clock.record(step);
-        self.inner.step_completed(step)
+        let hold = self.inner.step_completed(step)?;
+        let from = self.clock.elapsed();
+        Some(Box::pin(async move {
+            hold.await;
+            self.clock.held(from, self.clock.elapsed());
+        }))
     }
 }
 

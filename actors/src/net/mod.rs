@@ -23,6 +23,7 @@
 
 pub mod backoff;
 pub mod client;
+pub mod codec;
 pub mod heartbeat;
 pub mod manager_node;
 pub mod outbox;

@@ -27,6 +27,8 @@ fn compile(dir: &Path, out: Option<&Path>) -> Result<(), Box<dyn std::error::Err
     }
     let fds = protox::compile(&files, [dir])?;
     let mut build = tonic_prost_build::configure()
+        // prost's codec with small starting buffers (`src/net/codec.rs`).
+        .codec_path("crate::net::codec::LeanCodec")
         .build_client(true)
         .build_server(true);
     if let Some(out) = out {

@@ -12,17 +12,23 @@
 //!
 //! `cargo bench --bench net -- --sizes 8,64 --ops 20 --pings 5000 --worker-threads 4` to change
 //! the run (`--worker-threads`: how many actix systems host the workers; 1 by default).
+//!
+//! The simulated ranks are tasks (`--harness tasks`, the default): each rank's training loop
+//! is a task beside its worker (on the workers' actix system) and the workers' HAL calls run
+//! on a pool of one thread (`taskd_actors::HalPool`). `--harness threads` gives every rank a training thread and every
+//! worker a HAL thread of its own, as one process per rank would: the figures of BENCHMARKS.md
+//! before the simulated ranks became tasks.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
-use taskd::actors::control::{self, ControlClient, ControlConfig, ControlServer};
+use taskd::actors::control::{self, ControlClient, ControlConfig, ControlServer, RateLimit};
 use taskd::actors::net::proxy_node::NodeAssignment;
 use taskd::actors::net::worker_node::WorkerNode;
 use taskd::actors::net::{
     ManagerNode, ManagerNodeConfig, NetConfig, ProxyNode, ProxyNodeConfig, RemoteWorkerConfig,
 };
-use taskd::actors::StepGate;
+use taskd::actors::{HalPool, StepGate, WorkerHal};
 use taskd::core::command::Target;
 use taskd::core::summary::ms;
 use taskd::core::OperationSummary;
@@ -49,6 +55,15 @@ enum Cmd {
     Stop,
 }
 
+/// How the bench simulates its ranks' training loops and HAL threads.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Harness {
+    /// A thread per rank for training, a thread per worker for HAL calls.
+    Threads,
+    /// Training loops as tasks on one thread, HAL calls on a pool of one thread.
+    Tasks,
+}
+
 /// A job of `nodes` x `ppn` ranks on loopback.
 struct Job {
     /// The manager's control API (operations are submitted there, as an operator does).
@@ -56,8 +71,14 @@ struct Job {
     systems: Vec<actix::System>,
     workers: tokio::sync::mpsc::UnboundedSender<Cmd>,
     stop: Arc<AtomicBool>,
-    trainers: Vec<std::thread::JoinHandle<()>>,
+    trainers: Trainers,
     gates: Vec<Arc<StepGate>>,
+}
+
+/// The ranks' training loops: threads, or tasks beside their workers.
+enum Trainers {
+    Threads(Vec<std::thread::JoinHandle<()>>),
+    Tasks(Vec<tokio::task::JoinHandle<()>>),
 }
 
 fn system<T: Send + 'static, F, Fut>(name: &str, f: F) -> (T, actix::System)
@@ -95,52 +116,51 @@ fn start_manager(nodes: u32, ppn: u32) -> ((String, ControlServer), actix::Syste
         .await
         .unwrap();
         let addr = m.local_addr().to_string();
-        let ctl = control::serve(
-            m.manager().clone(),
-            ControlConfig::new("127.0.0.1:0".parse().unwrap(), JobId(JOB.into())),
-        )
-        .unwrap();
+        let mut cfg = ControlConfig::new("127.0.0.1:0".parse().unwrap(), JobId(JOB.into()));
+        // The bench submits operations back to back: faster than an operator's rate limit.
+        cfg.guard.rate = RateLimit {
+            burst: 1_000_000,
+            per_second: 1e6,
+        };
+        let ctl = control::serve(m.manager().clone(), cfg).unwrap();
         std::mem::forget(m);
         (addr, ctl)
     })
 }
 
-/// One proxy per node on an actix system of their own; their addresses.
-fn start_proxies(nodes: u32, manager: String) -> (Vec<String>, actix::System) {
-    system("bench-proxies", move || async move {
-        let mut addrs = Vec::new();
-        for k in 0..nodes {
-            let p = ProxyNode::spawn(ProxyNodeConfig {
-                job: JobId(JOB.into()),
-                manager: manager.clone(),
-                node: None,
-                node_rank: Some(k),
-                ranks: Vec::new(),
-                listen: "127.0.0.1:0".parse().unwrap(),
-                node_hal: Box::new(|a: &NodeAssignment| {
-                    Box::new(SoloNodeHal::new(a.ranks.len() as u32)) as Box<dyn NodeHal>
-                }),
-                tls: None,
-                net: net(),
-            })
-            .await
-            .unwrap();
-            p.assigned().await.unwrap();
-            addrs.push(p.local_addr().to_string());
-            std::mem::forget(p);
-        }
-        addrs
-    })
+/// Starts the proxies of `nodes` on the current actix system; their addresses, by node.
+async fn spawn_proxies(nodes: Vec<u32>, manager: String) -> Vec<(u32, String)> {
+    let mut addrs = Vec::new();
+    for k in nodes {
+        let p = ProxyNode::spawn(ProxyNodeConfig {
+            job: JobId(JOB.into()),
+            manager: manager.clone(),
+            node: None,
+            node_rank: Some(k),
+            ranks: Vec::new(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            node_hal: Box::new(|a: &NodeAssignment| {
+                Box::new(SoloNodeHal::new(a.ranks.len() as u32)) as Box<dyn NodeHal>
+            }),
+            tls: None,
+            net: net(),
+        })
+        .await
+        .unwrap();
+        p.assigned().await.unwrap();
+        addrs.push((k, p.local_addr().to_string()));
+        std::mem::forget(p);
+    }
+    addrs
 }
 
-/// Training with zero-time steps: a rank parks until an operation arms its gate. The flag that
-/// stops the trainers, and their threads.
-fn train(
+/// Training with zero-time steps, on threads: a rank parks until an operation arms its gate.
+fn train_threads(
     solos: Vec<SoloRank>,
     gates: &[Arc<StepGate>],
-) -> (Arc<AtomicBool>, Vec<std::thread::JoinHandle<()>>) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let trainers = solos
+    stop: &Arc<AtomicBool>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    solos
         .into_iter()
         .zip(gates.iter().cloned())
         .map(|(solo, gate)| {
@@ -157,85 +177,210 @@ fn train(
                 }
             })
         })
-        .collect();
-    (stop, trainers)
+        .collect()
+}
+
+/// One rank's training with zero-time steps, as a task: it parks until an operation arms its
+/// gate, then steps to the pause and holds there.
+async fn train_task(solo: SoloRank, gate: Arc<StepGate>, stop: Arc<AtomicBool>) {
+    solo.run_collectives();
+    let mut step = 1;
+    loop {
+        gate.armed().await;
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        step += 1;
+        solo.run_collectives();
+        if let Some(hold) = gate.step_completed_or_hold(step) {
+            hold.await;
+        }
+    }
+}
+
+/// Which thread hosts what: `--layout roles` (the manager, all proxies, all workers on a
+/// thread each, workers spread over `--worker-threads`) or `--layout nodes` (each node's proxy
+/// with its workers, as they share a host; nodes spread over `--worker-threads` threads).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Layout {
+    Roles,
+    Nodes,
+}
+
+/// What one actix system of the bench hosts.
+struct Group {
+    name: String,
+    /// Nodes whose proxy it runs.
+    nodes: Vec<u32>,
+    /// Ranks whose worker (and training task) it runs.
+    ranks: Vec<u32>,
+}
+
+/// The ranks' parts and how they run, shared by every group.
+#[derive(Clone)]
+struct Parts {
+    solos: Vec<SoloRank>,
+    gates: Vec<Arc<StepGate>>,
+    harness: Harness,
+    pool: HalPool,
+    stop: Arc<AtomicBool>,
+    ppn: u32,
+}
+
+/// Starts the workers of `ranks` (and, with task harness, their training tasks) on the current
+/// actix system; `proxies[node]` is each node's address. The workers and the tasks.
+async fn spawn_workers(
+    ranks: &[u32],
+    proxies: &[String],
+    p: &Parts,
+) -> (Vec<WorkerNode>, Vec<tokio::task::JoinHandle<()>>) {
+    let mut nodes_ = Vec::new();
+    let mut trainers = Vec::new();
+    for &r in ranks {
+        let mut cfg = RemoteWorkerConfig::new(
+            JobId(JOB.into()),
+            GlobalRank(r),
+            proxies[(r / p.ppn) as usize].clone(),
+        );
+        cfg.tsp = true;
+        cfg.net = net();
+        let hal = Box::new(p.solos[r as usize].hal());
+        let hal = match p.harness {
+            Harness::Threads => WorkerHal::Thread(hal),
+            Harness::Tasks => WorkerHal::Pool(hal, p.pool.clone()),
+        };
+        let gate = p.gates[r as usize].clone();
+        nodes_.push(WorkerNode::spawn_with(cfg, hal, gate.clone()));
+        if p.harness == Harness::Tasks {
+            let solo = p.solos[r as usize].clone();
+            trainers.push(actix_rt::spawn(train_task(solo, gate, p.stop.clone())));
+        }
+    }
+    for w in &nodes_ {
+        w.registered().await.unwrap();
+    }
+    (nodes_, trainers)
+}
+
+/// Answers the ping commands with the first worker of `nodes_` (rank 0).
+fn serve_pings(nodes_: Vec<WorkerNode>, mut cmd_rx: tokio::sync::mpsc::UnboundedReceiver<Cmd>) {
+    actix_rt::spawn(async move {
+        while let Some(cmd) = cmd_rx.recv().await {
+            match cmd {
+                Cmd::Ping {
+                    n,
+                    to_manager,
+                    reply,
+                } => {
+                    let mut v = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        let rtt = nodes_[0].ping(to_manager, Duration::from_secs(5));
+                        v.push(rtt.await.unwrap());
+                    }
+                    let _ = reply.send(v);
+                }
+                Cmd::Stop => break,
+            }
+        }
+    });
+}
+
+/// The groups of a job of `nodes` x `ppn` ranks on `threads` threads.
+fn groups(layout: Layout, nodes: u32, ppn: u32, threads: u32) -> Vec<Group> {
+    let world = nodes * ppn;
+    match layout {
+        Layout::Roles => {
+            let threads = threads.clamp(1, world);
+            let mut g = vec![Group {
+                name: "bench-proxies".into(),
+                nodes: (0..nodes).collect(),
+                ranks: Vec::new(),
+            }];
+            g.extend((0..threads).map(|t| Group {
+                name: format!("bench-workers-{t}"),
+                nodes: Vec::new(),
+                ranks: (t..world).step_by(threads as usize).collect(),
+            }));
+            g
+        }
+        Layout::Nodes => {
+            let threads = threads.clamp(1, nodes);
+            (0..threads)
+                .map(|t| {
+                    let ns: Vec<u32> = (t..nodes).step_by(threads as usize).collect();
+                    Group {
+                        name: format!("bench-nodes-{t}"),
+                        ranks: ns.iter().flat_map(|n| n * ppn..(n + 1) * ppn).collect(),
+                        nodes: ns,
+                    }
+                })
+                .collect()
+        }
+    }
 }
 
 impl Job {
-    fn start(nodes: u32, ppn: u32, worker_threads: u32) -> Job {
+    fn start(nodes: u32, ppn: u32, threads: u32, harness: Harness, layout: Layout) -> Job {
         let ((manager, control), sys_m) = start_manager(nodes, ppn);
-        let (proxies, sys_p) = start_proxies(nodes, manager);
-        let layout = SoloLayout::new(nodes, ppn);
+        let layout_ = SoloLayout::new(nodes, ppn);
         let world = nodes * ppn;
-        let solos: Vec<SoloRank> = (0..world)
-            .map(|r| SoloRank::new(layout, GlobalRank(r)).unwrap())
-            .collect();
-        let gates: Vec<Arc<StepGate>> = (0..world).map(|_| Arc::new(StepGate::new())).collect();
-        let (cmd_tx, mut cmd_rx) = tokio::sync::mpsc::unbounded_channel::<Cmd>();
-        let mut systems = vec![sys_m, sys_p];
-        let threads = worker_threads.clamp(1, world);
-        for t in 0..threads {
-            let (s2, g2, proxies) = (solos.clone(), gates.clone(), proxies.clone());
-            // Thread 0 hosts rank 0 and answers the ping commands.
-            let mut cmds = (t == 0)
-                .then(|| std::mem::replace(&mut cmd_rx, tokio::sync::mpsc::unbounded_channel().1));
-            let ((), sys_w) = system(&format!("bench-workers-{t}"), move || async move {
-                let mut nodes_ = Vec::new();
-                for r in (t..world).step_by(threads as usize) {
-                    let mut cfg = RemoteWorkerConfig::new(
-                        JobId(JOB.into()),
-                        GlobalRank(r),
-                        proxies[(r / ppn) as usize].clone(),
-                    );
-                    cfg.tsp = true;
-                    cfg.net = net();
-                    nodes_.push(WorkerNode::spawn(
-                        cfg,
-                        Box::new(s2[r as usize].hal()),
-                        g2[r as usize].clone(),
-                    ));
-                }
-                for w in &nodes_ {
-                    w.registered().await.unwrap();
-                }
-                let Some(mut cmd_rx) = cmds.take() else {
-                    std::mem::forget(nodes_);
-                    return;
-                };
-                actix_rt::spawn(async move {
-                    while let Some(cmd) = cmd_rx.recv().await {
-                        match cmd {
-                            Cmd::Ping {
-                                n,
-                                to_manager,
-                                reply,
-                            } => {
-                                let mut v = Vec::with_capacity(n);
-                                for _ in 0..n {
-                                    v.push(
-                                        nodes_[0]
-                                            .ping(to_manager, Duration::from_secs(5))
-                                            .await
-                                            .unwrap(),
-                                    );
-                                }
-                                let _ = reply.send(v);
-                            }
-                            Cmd::Stop => break,
-                        }
-                    }
-                });
-            });
-            systems.push(sys_w);
+        let parts = Parts {
+            solos: (0..world)
+                .map(|r| SoloRank::new(layout_, GlobalRank(r)).unwrap())
+                .collect(),
+            gates: (0..world).map(|_| Arc::new(StepGate::new())).collect(),
+            harness,
+            pool: HalPool::new("bench-hal", 1).unwrap(),
+            stop: Arc::new(AtomicBool::new(false)),
+            ppn,
+        };
+        let (cmd_tx, cmd_rx) = tokio::sync::mpsc::unbounded_channel::<Cmd>();
+        let mut cmd_rx = Some(cmd_rx);
+        let mut systems = vec![sys_m];
+        let mut tasks = Vec::new();
+        // Proxies first (the workers need their addresses), then the workers of each group.
+        let groups = groups(layout, nodes, ppn, threads);
+        let mut proxies = vec![String::new(); nodes as usize];
+        let mut started = Vec::new();
+        for g in groups {
+            let (ns, manager) = (g.nodes.clone(), manager.clone());
+            let (addrs, sys) = system(&g.name, move || spawn_proxies(ns, manager));
+            for (k, a) in addrs {
+                proxies[k as usize] = a;
+            }
+            started.push((g, sys));
         }
-        let (stop, trainers) = train(solos, &gates);
+        for (g, sys) in started {
+            let (p, proxies) = (parts.clone(), proxies.clone());
+            // The group of rank 0 answers the ping commands.
+            let cmds = g.ranks.contains(&0).then(|| cmd_rx.take()).flatten();
+            let (tx, rx) = mpsc::channel();
+            sys.arbiter().spawn(async move {
+                let (nodes_, trainers) = spawn_workers(&g.ranks, &proxies, &p).await;
+                match cmds {
+                    Some(cmds) => serve_pings(nodes_, cmds),
+                    None => std::mem::forget(nodes_),
+                }
+                tx.send(trainers).unwrap();
+            });
+            tasks.extend(rx.recv().unwrap());
+            systems.push(sys);
+        }
+        let trainers = match harness {
+            Harness::Threads => Trainers::Threads(train_threads(
+                parts.solos.clone(),
+                &parts.gates,
+                &parts.stop,
+            )),
+            Harness::Tasks => Trainers::Tasks(tasks),
+        };
         Job {
             control,
             systems,
             workers: cmd_tx,
-            stop,
+            stop: parts.stop,
             trainers,
-            gates,
+            gates: parts.gates,
         }
     }
 
@@ -256,8 +401,22 @@ impl Job {
         for g in &self.gates {
             g.shutdown();
         }
-        for t in self.trainers {
-            t.join().unwrap();
+        match self.trainers {
+            Trainers::Threads(threads) => {
+                for t in threads {
+                    t.join().unwrap();
+                }
+            }
+            Trainers::Tasks(tasks) => {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap();
+                rt.block_on(async {
+                    for t in tasks {
+                        t.await.unwrap();
+                    }
+                })
+            }
         }
         let _ = self.workers.send(Cmd::Stop);
         self.control.shutdown();
@@ -279,6 +438,20 @@ fn cmd(use_backup: bool) -> SwitchCommand {
     }
 }
 
+/// CPU time (user + system) process `pid` has used, in milliseconds (from `/proc`, in clock
+/// ticks of 10 ms).
+fn cpu_ms(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name (which is in parentheses and may hold spaces).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    // utime and stime are fields 14 and 15 of the line: 12 and 13 after the name.
+    (f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)) as f64 * 10.0
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
@@ -298,11 +471,17 @@ fn arg<T: std::str::FromStr>(args: &[String], name: &str) -> Option<T> {
 
 /// Starts a job of `n` ranks, runs `ops` operations through the control API and prints the
 /// table's row; the job, still running.
-fn measure(rt: &tokio::runtime::Runtime, n: u32, ops: usize, worker_threads: u32) -> Job {
+fn measure(
+    rt: &tokio::runtime::Runtime,
+    n: u32,
+    ops: usize,
+    worker_threads: u32,
+    (harness, layout): (Harness, Layout),
+) -> Job {
     let ppn = n.min(16);
     let nodes = n.div_ceil(ppn);
     let t0 = Instant::now();
-    let job = Job::start(nodes, ppn, worker_threads);
+    let job = Job::start(nodes, ppn, worker_threads, harness, layout);
     let mut client = rt
         .block_on(ControlClient::connect(
             &job.control.local_addr().to_string(),
@@ -318,6 +497,7 @@ fn measure(rt: &tokio::runtime::Runtime, n: u32, ops: usize, worker_threads: u32
     }
     let mut reports: Vec<OperationSummary> = Vec::new();
     let mut walls = Vec::new();
+    let cpu0 = cpu_ms(std::process::id());
     for i in 0..ops {
         let t = Instant::now();
         let r = rt.block_on(client.run(&cmd(i % 2 == 0))).unwrap();
@@ -325,20 +505,24 @@ fn measure(rt: &tokio::runtime::Runtime, n: u32, ops: usize, worker_threads: u32
         assert_eq!(r.result, "succeeded", "{r}");
         reports.push(r);
     }
+    let cpu = (cpu_ms(std::process::id()) - cpu0) / ops as f64;
     drop(client);
     let col = |f: &dyn Fn(&OperationSummary) -> Option<f64>| {
         median(reports.iter().filter_map(f).collect())
     };
     let totals: Vec<f64> = reports.iter().map(|r| r.phases_ms.total).collect();
+    let total = median(totals.clone());
     println!(
-        "| {n} | {nodes} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+        "| {n} | {nodes} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} |",
         setup.as_secs_f64(),
-        median(totals.clone()),
+        total,
         pct(totals, 0.9),
         col(&|r| r.phases_ms.pause),
         col(&|r| r.phases_ms.switch),
         col(&|r| r.phases_ms.resume),
         median(walls),
+        total * 1e3 / f64::from(n),
+        cpu * 1e3 / f64::from(n),
     );
     job
 }
@@ -354,6 +538,16 @@ fn main() {
     let ops: usize = arg(&args, "--ops").unwrap_or(10);
     let pings: usize = arg(&args, "--pings").unwrap_or(2000);
     let worker_threads: u32 = arg(&args, "--worker-threads").unwrap_or(1);
+    let harness = match arg::<String>(&args, "--harness").as_deref() {
+        None | Some("tasks") => Harness::Tasks,
+        Some("threads") => Harness::Threads,
+        Some(other) => panic!("--harness {other}: expected tasks or threads"),
+    };
+    let layout = match arg::<String>(&args, "--layout").as_deref() {
+        None | Some("roles") => Layout::Roles,
+        Some("nodes") => Layout::Nodes,
+        Some(other) => panic!("--layout {other}: expected roles or nodes"),
+    };
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|c| {
@@ -364,17 +558,20 @@ fn main() {
         })
         .unwrap_or_else(|| "unknown CPU".into());
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    println!("machine: {cpu}, {cores} cores available; workers on {worker_threads} thread(s)");
+    println!(
+        "machine: {cpu}, {cores} cores available; workers on {worker_threads} thread(s); \
+         ranks' training and HAL as {harness:?}; layout {layout:?}"
+    );
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
 
-    println!("\n| ranks | nodes | setup s | op total ms (median) | p90 | pause | switch | resume | submit-to-result ms (median) |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("\n| ranks | nodes | setup s | op total ms (median) | p90 | pause | switch | resume | submit-to-result ms (median) | µs per rank per op | CPU µs per rank per op |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut rtt_job = None;
     for &n in &sizes {
-        let job = measure(&rt, n, ops, worker_threads);
+        let job = measure(&rt, n, ops, worker_threads, (harness, layout));
         if n == sizes[0] {
             rtt_job = Some(job);
         } else {

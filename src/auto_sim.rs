@@ -125,7 +125,12 @@ pub(crate) fn run(
     let timeline = Timeline::build(&log.clock.completed_steps(), &log.phases);
     let mut report = ScenarioReport::new(cfg, &table, operations, end, exactly_one_each, steps_ok);
     report.decisions = log.decisions.iter().map(DecisionSummary::from).collect();
-    Ok(ScenarioRun { report, timeline })
+    // Operations here start on their own, at no step the scenario chose: no holds are taken.
+    Ok(ScenarioRun {
+        report,
+        timeline,
+        holds: Vec::new(),
+    })
 }
 
 /// Trains `steps` more steps if the job runs; says whether training progressed (a job that

@@ -1,35 +1,85 @@
 //! The simulator: a whole job in one process on the simulated fabric of `taskd-hal-mock`.
 //!
-//! Every rank runs a simulated training loop (blocking all-reduces on its groups) on its own
-//! thread and calls its worker's step gate at each step boundary; the manager, proxies and
+//! Every rank runs a simulated training loop (all-reduces on its groups that wait for every
+//! peer) and calls its worker's step gate at each step boundary; the manager, proxies and
 //! workers are the production actors over the in-process transport. Nothing here is real
 //! hardware: NPUs, NICs, links and HCCL are simulated, with HCCL's rules enforced.
+//!
+//! A rank is not a thread: its training loop is a task on a small runtime
+//! ([`taskd_hal_mock::SimTraining`]) and its worker's HAL calls are tasks of the actor system
+//! ([`taskd_actors::WorkerHal::Task`]). A rank blocked in a collective is a parked task, held at
+//! its gate a parked task too, and its worker still answers the pause sample from the step the
+//! gate published, exactly as for a real training thread.
 
 use crate::report::{OperationSummary, ScenarioReport};
-use crate::timeline::{PhaseLog, StepClock, Timeline};
+use crate::timeline::{Holds, PhaseLog, StepClock, Timeline};
 use std::sync::Arc;
 use std::time::Duration;
-use taskd_actors::{LocalJob, LocalJobConfig, LocalJobError, ProgressEvent, RankParts};
+use taskd_actors::hal_exec::HalFuture;
+use taskd_actors::{
+    LocalJob, LocalJobConfig, LocalJobError, ProgressEvent, RankSpec, StepGate, TaskRankHal,
+    WorkerHal,
+};
 use taskd_core::auto::AutoConfig;
 use taskd_core::command::Target;
 use taskd_core::operation::{JobState, OperationReport};
 use taskd_core::{
-    DeviceId, GlobalRank, HcclCode, JobId, NodeHal, NodeName, OperationId, PhaseDeadlines, RankHal,
-    RankTable, StepBoundary, SwitchCommand, ValidationError,
+    DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HcclCode, JobId, NodeHal, NodeName,
+    OperationId, PhaseDeadlines, RankHal, RankTable, SwitchCapabilities, SwitchCommand,
+    ValidationError,
 };
-use taskd_hal_mock::{Fabric, FabricConfig, NicSetFault, SimTraining, TrainingOptions};
+use taskd_hal_mock::{
+    Fabric, FabricConfig, Hold, MockRankHal, NicSetFault, SimTraining, StepHook, TrainingOptions,
+};
 
 /// How long the simulator waits for training to make progress before it declares the job
 /// stuck (a hung training loop is a finding, not something to wait on forever).
 const PROGRESS_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The most simulated ranks in one process: 4,096. Every simulated rank is an OS thread for
-/// its training loop and one for its worker's HAL, each with its own stack mapping; measured on
-/// a 2-core, 24 GiB machine (debug build), 4,096 ranks run the default scenario in about 70 s
-/// and 320 MiB, while 8,192 ranks exhaust the kernel's per-process memory maps
-/// (`vm.max_map_count`, 65,530 by default) and the process aborts spawning threads. Larger jobs
-/// run their roles as separate processes (`taskd manager` / `proxy` / `worker`).
-pub const MAX_SIM_RANKS: u32 = 4_096;
+/// The most simulated ranks in one process: 65,536, the largest job a rank table describes
+/// ([`taskd_core::rank_table::MAX_RANKS`]). A simulated rank is a task and a few small
+/// structures, not a thread: measured on a 2-core machine (release build), the default
+/// scenario runs 16,384 ranks in about 4 s and 230 MiB, 65,536 in about 16 s and 860 MiB.
+pub const MAX_SIM_RANKS: u32 = taskd_core::rank_table::MAX_RANKS as u32;
+
+/// Memory a simulated job takes beyond its ranks (the runtime, the actors' systems).
+pub const SIM_BASE_BYTES: u64 = 64 << 20;
+
+/// Memory a simulated job takes per rank, with room to spare: about 14 KiB measured at
+/// 16,384 and 65,536 ranks (fabric, actors, gates, tasks, the manager's book), and the peaks
+/// of an operation.
+pub const SIM_BYTES_PER_RANK: u64 = 32 << 10;
+
+/// What a simulation of `ranks` ranks needs in memory, by [`SIM_BASE_BYTES`] and
+/// [`SIM_BYTES_PER_RANK`].
+pub fn sim_memory_needed(ranks: u64) -> u64 {
+    SIM_BASE_BYTES + ranks * SIM_BYTES_PER_RANK
+}
+
+/// Memory this process may still take: the system's available memory (`MemAvailable`), or
+/// less if its control group is limited. `None` where neither can be read (then nothing is
+/// refused on memory grounds).
+pub fn available_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
+    let system = meminfo.as_deref().and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kib| kib << 10)
+    });
+    let read = |f: &str| {
+        std::fs::read_to_string(format!("/sys/fs/cgroup/{f}"))
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    // cgroup v2: a limit ("max" does not parse: no limit) minus what the group uses now.
+    let group =
+        read("memory.max").map(|max| max.saturating_sub(read("memory.current").unwrap_or(0)));
+    match (system, group) {
+        (Some(s), Some(g)) => Some(s.min(g)),
+        (s, g) => s.or(g),
+    }
+}
 
 /// A simulated job and the scenario to run on it.
 #[derive(Clone, Debug)]
@@ -118,9 +168,16 @@ impl SimConfig {
         u64::from(self.nodes) * u64::from(self.devices_per_node)
     }
 
-    /// Refuses a job the simulator cannot run (no ranks, more than [`MAX_SIM_RANKS`]) and
-    /// faults aimed at ranks the job does not have, naming the value.
+    /// Refuses a job the simulator cannot run (no ranks, more than [`MAX_SIM_RANKS`], more
+    /// than this machine's available memory holds) and faults aimed at ranks the job does not
+    /// have, naming the value.
     pub fn validate(&self) -> Result<(), SimError> {
+        self.validate_for(available_memory())
+    }
+
+    /// [`SimConfig::validate`] on a machine with `available` bytes of memory free (`None`:
+    /// unknown, not checked).
+    pub fn validate_for(&self, available: Option<u64>) -> Result<(), SimError> {
         if self.nodes == 0 || self.devices_per_node == 0 {
             return Err(SimError::Setup(format!(
                 "a job needs at least one node and one device per node (got {} x {})",
@@ -129,11 +186,24 @@ impl SimConfig {
         }
         if self.ranks() > u64::from(MAX_SIM_RANKS) {
             return Err(SimError::Setup(format!(
-                "{} nodes x {} devices = {} simulated ranks is more than this process can \
-                 hold ({MAX_SIM_RANKS}): every simulated rank runs on threads of its own",
+                "{} nodes x {} devices = {} simulated ranks is more than a job can have \
+                 ({MAX_SIM_RANKS}, the largest rank table)",
                 self.nodes,
                 self.devices_per_node,
                 self.ranks()
+            )));
+        }
+        let need = sim_memory_needed(self.ranks());
+        if let Some(free) = available.filter(|free| need > *free) {
+            return Err(SimError::Setup(format!(
+                "{} nodes x {} devices = {} simulated ranks need about {} MiB of memory, but \
+                 this machine has {} MiB available: simulate fewer ranks, or run the roles as \
+                 processes (taskd manager / proxy / worker)",
+                self.nodes,
+                self.devices_per_node,
+                self.ranks(),
+                need >> 20,
+                free >> 20
             )));
         }
         let faults = [
@@ -200,6 +270,41 @@ pub enum SimError {
     Stuck(Duration, u64),
 }
 
+/// A simulated rank's HAL, as its worker drives it: the fabric's calls, a NIC set waiting for
+/// the group's other members as a task ([`WorkerHal::Task`]).
+pub struct SimRankHal(pub MockRankHal);
+
+impl TaskRankHal for SimRankHal {
+    fn groups(&mut self) -> Result<Vec<GroupInfo>, HalError> {
+        self.0.groups()
+    }
+
+    fn set_working_nic<'a>(
+        &'a mut self,
+        group: &'a str,
+        ranks: &'a [GroupRank],
+        use_backup: &'a [bool],
+    ) -> HalFuture<'a> {
+        Box::pin(self.0.set_working_nic_async(group, ranks, use_backup))
+    }
+
+    fn capabilities(&mut self) -> SwitchCapabilities {
+        self.0.capabilities()
+    }
+}
+
+/// A simulated rank's step boundary: its worker's gate, a hold awaited as a task
+/// ([`StepGate::step_completed_or_hold`]).
+pub struct GateHook(pub Arc<StepGate>);
+
+impl StepHook for GateHook {
+    fn step_completed(&self, step: u64) -> Option<Hold<'_>> {
+        self.0
+            .step_completed_or_hold(step)
+            .map(|hold| Box::pin(hold) as Hold<'_>)
+    }
+}
+
 /// A running simulated job.
 pub struct Simulation {
     job_id: JobId,
@@ -226,9 +331,9 @@ impl Simulation {
         let nodes: Vec<Box<dyn NodeHal>> = (0..cfg.nodes)
             .map(|n| Box::new(fabric.node_hal(n)) as Box<dyn NodeHal>)
             .collect();
-        let ranks: Vec<RankParts> = (0..table.world_size() as u32)
-            .map(|r| RankParts {
-                hal: Box::new(fabric.rank_hal(GlobalRank(r))) as Box<dyn RankHal>,
+        let ranks: Vec<RankSpec> = (0..table.world_size() as u32)
+            .map(|r| RankSpec {
+                hal: WorkerHal::Task(Box::new(SimRankHal(fabric.rank_hal(GlobalRank(r))))),
                 tsp: !cfg.tsp_off.contains(&GlobalRank(r)),
             })
             .collect();
@@ -244,8 +349,8 @@ impl Simulation {
         )?;
         job.wait_registered(PROGRESS_TIMEOUT)?;
         let clock = StepClock::new(table.world_size() as u32);
-        let hooks: Vec<Arc<dyn StepBoundary>> = (0..table.world_size() as u32)
-            .map(|r| clock.wrap(job.gate(GlobalRank(r))))
+        let hooks: Vec<Arc<dyn StepHook>> = (0..table.world_size() as u32)
+            .map(|r| clock.wrap(Arc::new(GateHook(job.gate(GlobalRank(r))))))
             .collect();
         let training = SimTraining::start(
             fabric.clone(),
@@ -253,6 +358,7 @@ impl Simulation {
             TrainingOptions {
                 step_time: cfg.step_time,
                 eval_every: cfg.eval_every,
+                ..TrainingOptions::default()
             },
         );
         let sim = Simulation {
@@ -395,6 +501,10 @@ pub struct ScenarioRun {
     pub report: ScenarioReport,
     /// One row per training step with the phases it overlapped (`--timeline`).
     pub timeline: Timeline,
+    /// Per operation (in the report's order), the ranks' holds at the step boundary: from the
+    /// first rank held to the last one training again (`None`: no rank was held). Empty for
+    /// the automatic failover scenario, whose operations start on their own.
+    pub holds: Vec<Option<Holds>>,
 }
 
 /// [`run_scenario`], handing every progress event of the operations to `on_progress` as it
@@ -418,6 +528,7 @@ pub fn run_scenario_observed(
     // The operations the manager admitted (whatever their result): each must have exactly
     // one final result. Commands refused at submission never became operations.
     let mut admitted = Vec::new();
+    let mut holds = Vec::new();
     sim.train(cfg.steps_between)?;
     inject_faults(&sim, cfg);
     let mut steps_ok = true;
@@ -443,13 +554,19 @@ pub fn run_scenario_observed(
                 steps_ok = false;
             }
         }
+        // Every rank held by the operation trained on since (or is still held): its hold is in.
+        holds.push(clock.take_holds());
     }
     let results = sim.job().status(usize::MAX)?.recent;
     let exactly_one_each = one_result_each(&admitted, &results);
     let end = sim.finish();
     let timeline = Timeline::build(&clock.completed_steps(), &phases);
     let report = ScenarioReport::new(cfg, &table, operations, end, exactly_one_each, steps_ok);
-    Ok(ScenarioRun { report, timeline })
+    Ok(ScenarioRun {
+        report,
+        timeline,
+        holds,
+    })
 }
 
 /// Arms operation 1's faults: `--fail-rank` and `--hang-rank`.
@@ -526,12 +643,27 @@ mod tests {
         );
         bad(
             SimConfig {
-                nodes: 257,
+                nodes: 4097,
                 devices_per_node: 16,
                 ..ok.clone()
             },
-            "4112 simulated ranks is more than this process can hold (4096)",
+            "65552 simulated ranks is more than a job can have (65536",
         );
+        // What the machine cannot hold is refused up front, naming both figures.
+        let big = SimConfig {
+            nodes: 1024,
+            devices_per_node: 16,
+            ..ok.clone()
+        };
+        assert!(big.validate_for(Some(8 << 30)).is_ok());
+        assert!(big.validate_for(None).is_ok());
+        let e = big.validate_for(Some(256 << 20)).unwrap_err().to_string();
+        assert!(
+            e.contains("16384 simulated ranks need about 576 MiB")
+                && e.contains("this machine has 256 MiB available"),
+            "{e}"
+        );
+        assert!(available_memory().is_some_and(|m| m > 0));
         bad(
             SimConfig {
                 l2_retry_off: vec![GlobalRank(8)],

@@ -12,17 +12,40 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use taskd_actors::progress::{ProgressEvent, ProgressKind};
 use taskd_core::protocol::Phase;
-use taskd_core::{OperationId, StepBoundary};
+use taskd_core::OperationId;
+use taskd_hal_mock::{Hold, StepHook};
 
 /// How many of the latest steps a [`StepClock`] keeps: the live simulator (`--serve`) trains
 /// for as long as it runs, and its memory must stay flat (1 MiB of steps at most).
 pub const STEPS_KEPT: usize = 1 << 16;
 
-/// When every rank completed each of the latest [`STEPS_KEPT`] steps, since the clock started.
+/// When every rank completed each of the latest [`STEPS_KEPT`] steps, since the clock started,
+/// and when ranks were held at their step boundary.
 pub struct StepClock {
     start: Instant,
     world: u32,
     steps: Mutex<Steps>,
+    holds: Mutex<Option<Holds>>,
+}
+
+/// The holds at the step boundary that ended since [`StepClock::take_holds`] was last called:
+/// when the first began and the last ended (the stall of an operation, from the first rank
+/// held to the last one training again), on the clock of the [`StepClock`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Holds {
+    /// When the first rank was held.
+    pub first_held: Duration,
+    /// When the last held rank trained again.
+    pub last_released: Duration,
+    /// How many ranks were held.
+    pub ranks: u64,
+}
+
+impl Holds {
+    /// From the first rank held to the last one released.
+    pub fn stall(&self) -> Duration {
+        self.last_released.saturating_sub(self.first_held)
+    }
 }
 
 /// Per step from `first` on: ranks that completed it, and when the last one did.
@@ -42,7 +65,26 @@ impl StepClock {
                 first: 1,
                 v: VecDeque::new(),
             }),
+            holds: Mutex::new(None),
         })
+    }
+
+    /// A rank was held from `from` to `to` (on this clock).
+    fn held(&self, from: Duration, to: Duration) {
+        let mut h = self.holds.lock().unwrap_or_else(|e| e.into_inner());
+        let h = h.get_or_insert(Holds {
+            first_held: from,
+            last_released: to,
+            ranks: 0,
+        });
+        h.first_held = h.first_held.min(from);
+        h.last_released = h.last_released.max(to);
+        h.ranks += 1;
+    }
+
+    /// The holds that ended since the last call (`None`: none did), forgotten here.
+    pub fn take_holds(&self) -> Option<Holds> {
+        self.holds.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
     /// Time since the clock started.
@@ -90,7 +132,7 @@ impl StepClock {
     }
 
     /// `hook`, timed by this clock.
-    pub fn wrap(self: &Arc<Self>, hook: Arc<dyn StepBoundary>) -> Arc<dyn StepBoundary> {
+    pub fn wrap(self: &Arc<Self>, hook: Arc<dyn StepHook>) -> Arc<dyn StepHook> {
         Arc::new(TimedHook {
             inner: hook,
             clock: self.clone(),
@@ -101,14 +143,19 @@ impl StepClock {
 /// A rank's step hook that notes the time before handing the boundary on (to the step gate,
 /// which may hold the rank there).
 struct TimedHook {
-    inner: Arc<dyn StepBoundary>,
+    inner: Arc<dyn StepHook>,
     clock: Arc<StepClock>,
 }
 
-impl StepBoundary for TimedHook {
-    fn step_completed(&self, step: u64) {
+impl StepHook for TimedHook {
+    fn step_completed(&self, step: u64) -> Option<Hold<'_>> {
         self.clock.record(step);
-        self.inner.step_completed(step);
+        let hold = self.inner.step_completed(step)?;
+        let from = self.clock.elapsed();
+        Some(Box::pin(async move {
+            hold.await;
+            self.clock.held(from, self.clock.elapsed());
+        }))
     }
 }
 

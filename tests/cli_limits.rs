@@ -52,11 +52,12 @@ fn sim_refuses_sizes_it_cannot_run() {
     refused_value(&["sim"], "--nodes", "0");
     refused_value(&["sim"], "--devices-per-node", "0");
     refused_value(&["sim"], "--nodes", "5000");
-    // 8,192 simulated ranks used to abort spawning threads; now the cap is said up front.
+    // More ranks than a rank table can have is said up front (a simulated rank is a task, so
+    // the cap is the job's, not the threads').
     refused(
-        &["sim", "--nodes", "512", "--devices-per-node", "16"],
+        &["sim", "--nodes", "4096", "--devices-per-node", "17"],
         &[],
-        &["8192 simulated ranks", "4096"],
+        &["69632 simulated ranks", "65536"],
     );
 }
 

@@ -119,6 +119,10 @@ fn a_manager_killed_during_the_switch_is_replaced_by_one_that_adopts_the_result(
 #[test]
 fn a_stopping_manager_rolls_back_and_resumes_before_it_goes() {
     let sim = Simulation::start(&small()).unwrap();
+    // Rank 3's first NIC-set call takes half a second, so the switch is still in flight when
+    // the drain arrives (a HAL call of the simulator otherwise ends within microseconds).
+    sim.fabric()
+        .inject_nic_set_fault(GlobalRank(3), NicSetFault::Slow(Duration::from_millis(500)));
     submit_until(&sim, cmd(&[("node-0", 3, true)]), Phase::Switch);
     let r = sim
         .job()

@@ -25,8 +25,13 @@
 //!
 //! [`StepGate::resume`] opens the gate. One training thread calls a gate; any thread may
 //! control it.
+//!
+//! A simulated rank that is a task rather than a thread (the simulator runs thousands in one
+//! process) calls [`StepGate::step_completed_or_hold`] instead: the same step, the same state
+//! machine and events, only a hold is a future to await instead of a blocked thread.
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -137,8 +142,12 @@ pub struct StepGate {
     word: AtomicU64,
     inner: Mutex<Inner>,
     released: Condvar,
+    /// The same signal for a rank that waits as a task ([`StepGate::step_completed_or_hold`]).
+    released_task: tokio::sync::Notify,
     /// Signalled when an operation arms the gate (see [`StepGate::wait_armed`]).
     armed_cv: Condvar,
+    /// The same signal for a task ([`StepGate::armed`]).
+    armed_task: tokio::sync::Notify,
     notify: OnceLock<Notify>,
 }
 
@@ -162,7 +171,9 @@ impl StepGate {
                 stalled: Duration::ZERO,
             }),
             released: Condvar::new(),
+            released_task: tokio::sync::Notify::new(),
             armed_cv: Condvar::new(),
+            armed_task: tokio::sync::Notify::new(),
             notify: OnceLock::new(),
         }
     }
@@ -182,10 +193,49 @@ impl StepGate {
     /// once unless an operation holds this rank here.
     #[inline]
     pub fn step_completed(&self, step: u64) {
+        if !self.try_pass(step) {
+            self.boundary_slow(step)
+        }
+    }
+
+    /// [`StepGate::step_completed`] for a training loop that is a task: `None` when the rank
+    /// goes on at once (one atomic load and one compare-and-swap with no operation pending),
+    /// otherwise the hold, a future that resolves when the gate lets the rank go on. The
+    /// state machine, the events and the rules are those of [`StepGate::step_completed`].
+    #[inline]
+    pub fn step_completed_or_hold(&self, step: u64) -> Option<impl Future<Output = ()> + '_> {
+        if self.try_pass(step) {
+            return None;
+        }
+        let mut g = self.inner.lock();
+        if !self.boundary_enter(&mut g, step) {
+            return None;
+        }
+        drop(g);
+        Some(async move {
+            loop {
+                let released = self.released_task.notified();
+                tokio::pin!(released);
+                released.as_mut().enable();
+                {
+                    let mut g = self.inner.lock();
+                    if !Self::holds(&g, step) {
+                        Self::boundary_leave(&mut g);
+                        return;
+                    }
+                }
+                released.await;
+            }
+        })
+    }
+
+    /// The fast path: publishes `step` unless the gate is armed (then `false`).
+    #[inline]
+    fn try_pass(&self, step: u64) -> bool {
         let mut cur = self.word.load(Ordering::Acquire);
         loop {
             if cur & ARMED != 0 {
-                return self.boundary_slow(step);
+                return false;
             }
             match self.word.compare_exchange_weak(
                 cur,
@@ -193,19 +243,44 @@ impl StepGate {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return,
+                Ok(_) => return true,
                 Err(now) => cur = now,
             }
         }
     }
 
+    #[cold]
+    fn boundary_slow(&self, step: u64) {
+        let mut g = self.inner.lock();
+        if self.boundary_enter(&mut g, step) {
+            while Self::holds(&g, step) {
+                self.released.wait(&mut g);
+            }
+            Self::boundary_leave(&mut g);
+        }
+    }
+
+    /// Whether a rank held after `step` must go on holding.
+    fn holds(g: &Inner, step: u64) -> bool {
+        matches!(g.mode, Mode::HoldAfter { step: bound, .. } if bound <= step)
+    }
+
+    /// The rank holds no more: its stall is counted.
+    fn boundary_leave(g: &mut Inner) {
+        if let Some((_, since)) = g.held.take() {
+            g.stalled += since.elapsed();
+        }
+    }
+
+    /// A boundary of an armed gate: updates the state, emits the event; whether the rank must
+    /// now hold (the caller waits until [`StepGate::holds`] is false, then
+    /// [`StepGate::boundary_leave`]).
+    ///
     /// Events are emitted with the lock released, so a notify callback may call back into
     /// the gate. A hold is recorded before its event goes out (whoever reacts to `Held` sees
     /// [`StepGate::held_step`]), and the condition is checked again after it, since a resume
     /// may have come in between.
-    #[cold]
-    fn boundary_slow(&self, step: u64) {
-        let mut g = self.inner.lock();
+    fn boundary_enter(&self, g: &mut MutexGuard<'_, Inner>, step: u64) -> bool {
         g.last = Some(step);
         // Nobody else writes the step bits while the lock is held (the fast path only runs
         // on this thread), so keep the word current for the next sample.
@@ -219,18 +294,19 @@ impl StepGate {
                     step: step + 1,
                     pause_step: false,
                 };
-                drop(g);
-                self.emit(GateEvent::Sampled {
-                    op,
-                    in_step: step + 1,
+                MutexGuard::unlocked(g, || {
+                    self.emit(GateEvent::Sampled {
+                        op,
+                        in_step: step + 1,
+                    })
                 });
-                return;
+                return false;
             }
             (Some(op), Mode::HoldAfter { .. }) => op,
-            _ => return,
+            _ => return false,
         };
         let event = match g.mode {
-            Mode::HoldAfter { step: bound, .. } if step < bound => return,
+            Mode::HoldAfter { step: bound, .. } if step < bound => return false,
             // Cannot happen with the two-phase protocol; hold anyway so the group calls never
             // run under a moving loop, and say so.
             Mode::HoldAfter { step: bound, .. } if step > bound => {
@@ -243,13 +319,14 @@ impl StepGate {
             _ => GateEvent::HeldProvisionally { op, step },
         };
         g.held = Some((step, Instant::now()));
-        MutexGuard::unlocked(&mut g, || self.emit(event));
-        while matches!(g.mode, Mode::HoldAfter { step: bound, .. } if bound <= step) {
-            self.released.wait(&mut g);
-        }
-        if let Some((_, since)) = g.held.take() {
-            g.stalled += since.elapsed();
-        }
+        MutexGuard::unlocked(g, || self.emit(event));
+        true
+    }
+
+    /// Wakes whoever holds at a boundary (a thread or a task) to check whether it may go on.
+    fn wake_held(&self) {
+        self.released.notify_all();
+        self.released_task.notify_waiters();
     }
 
     /// Phase A for operation `op`: returns the step this rank is in, after which it holds at
@@ -273,6 +350,7 @@ impl StepGate {
         }
         g.op = Some(op);
         self.armed_cv.notify_all();
+        self.armed_task.notify_waiters();
         let in_step = match (g.mode, g.last) {
             // Asked again for the same operation: the answer stands.
             (Mode::HoldAfter { step, .. }, _) => step,
@@ -315,6 +393,7 @@ impl StepGate {
             pause_step: true,
         };
         self.armed_cv.notify_all();
+        self.armed_task.notify_waiters();
         match g.held {
             Some((held, _)) if held == step => {
                 drop(g);
@@ -322,7 +401,7 @@ impl StepGate {
             }
             Some(_) => {
                 // Held at an earlier provisional bound: run on to `step`.
-                self.released.notify_all();
+                self.wake_held();
             }
             None => {}
         }
@@ -377,7 +456,7 @@ impl StepGate {
         }
         g.stalled = Duration::ZERO;
         self.disarm(&g);
-        self.released.notify_all();
+        self.wake_held();
         stalled
     }
 
@@ -403,14 +482,29 @@ impl StepGate {
         self.is_armed()
     }
 
+    /// [`StepGate::wait_armed`] for a loop that is a task: resolves once an operation arms the
+    /// gate or it shuts down.
+    pub async fn armed(&self) {
+        loop {
+            let armed = self.armed_task.notified();
+            tokio::pin!(armed);
+            armed.as_mut().enable();
+            if self.is_armed() || self.inner.lock().mode == Mode::Shutdown {
+                return;
+            }
+            armed.await;
+        }
+    }
+
     /// Opens the gate for good: the worker is stopping and nobody will resume it.
     pub fn shutdown(&self) {
         let mut g = self.inner.lock();
         g.mode = Mode::Shutdown;
         g.op = None;
         self.disarm(&g);
-        self.released.notify_all();
+        self.wake_held();
         self.armed_cv.notify_all();
+        self.armed_task.notify_waiters();
     }
 }
 
@@ -479,6 +573,49 @@ mod tests {
         assert_eq!(g.last_step(), Some(7));
         assert_eq!(g.sample(op(2)), Ok(Some(8)));
         g.resume(op(2));
+    }
+
+    #[test]
+    fn a_rank_that_is_a_task_holds_and_goes_on_exactly_as_a_thread() {
+        let (g, rx) = gate();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        // No operation: nothing to wait for, and the step is published.
+        assert!(g.step_completed_or_hold(4).is_none());
+        assert_eq!(g.sample(op(1)), Ok(Some(5)));
+        g.pause_at(op(1), 6).unwrap();
+        // Armed, below the pause step: passes.
+        assert!(g.step_completed_or_hold(5).is_none());
+        let trainer = {
+            let g = g.clone();
+            std::thread::spawn(move || {
+                let hold = g
+                    .step_completed_or_hold(6)
+                    .expect("holds after the pause step");
+                // The task's hold resolves only once the gate opens.
+                rt.block_on(hold);
+                g.held_step()
+            })
+        };
+        assert_eq!(rx.recv().unwrap(), GateEvent::Held { op: op(1), step: 6 });
+        assert_eq!(g.held_step(), Some(6));
+        // A resume for another operation opens nothing.
+        assert_eq!(g.resume(op(2)), Duration::ZERO);
+        assert!(g.resume(op(1)) > Duration::ZERO);
+        assert_eq!(trainer.join().unwrap(), None);
+        assert_eq!(g.last_step(), Some(6));
+        // A task waiting for an operation wakes when one arms the gate.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let waiter = {
+            let g = g.clone();
+            std::thread::spawn(move || rt.block_on(g.armed()))
+        };
+        assert_eq!(g.sample(op(3)), Ok(Some(7)));
+        waiter.join().unwrap();
+        g.resume(op(3));
     }
 
     #[test]

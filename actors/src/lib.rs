@@ -7,7 +7,8 @@
 //! - [`Proxy`] (one per node): relays directives to the node's workers and fans their replies
 //!   in, so the manager deals with nodes, not ranks; reads the node's link health.
 //! - [`Worker`] (one per training process): owns the rank's HAL (on a thread of its own, calls
-//!   strictly sequential) and the [`StepGate`] the training loop calls at every step boundary.
+//!   strictly sequential; [`hal_exec`] for processes that host many simulated ranks) and the
+//!   [`StepGate`] the training loop calls at every step boundary.
 //!
 //! Actors talk only through [`transport::Link`]s, so the same actors run in one process
 //! ([`LocalJob`], the simulator's and tests' default) or across machines ([`net`]: gRPC,
@@ -60,6 +61,7 @@ mod background;
 pub mod clusterd;
 pub mod control;
 pub mod gate;
+pub mod hal_exec;
 pub mod local;
 pub mod manager;
 pub mod net;
@@ -72,7 +74,8 @@ pub mod transport;
 pub mod worker;
 
 pub use gate::StepGate;
-pub use local::{LocalJob, LocalJobConfig, LocalJobError, RankParts, RecoveryResult};
+pub use hal_exec::{HalPool, TaskRankHal, WorkerHal};
+pub use local::{LocalJob, LocalJobConfig, LocalJobError, RankParts, RankSpec, RecoveryResult};
 pub use manager::{Manager, ManagerStatus};
 pub use net::{RemoteWorker, RemoteWorkerConfig};
 pub use progress::{ProgressEvent, ProgressFeed, ProgressKind};

@@ -4,6 +4,7 @@
 //! launcher can drive a job from plain code.
 
 use crate::gate::StepGate;
+use crate::hal_exec::WorkerHal;
 use crate::manager::{
     AwaitAutoSettled, AwaitRegistered, AwaitResult, AwaitVerification, Drain, GetStatus, Manager,
     ManagerStatus, ProxyConnected, ProxyDisconnected, Recover, Recovery, StopManager, Submission,
@@ -44,6 +45,25 @@ pub struct RankParts {
     /// Whether the rank's process enables `TSP:1` (`MS_ENABLE_TFT`): the HAL cannot know,
     /// and a switch is refused unless every rank does.
     pub tsp: bool,
+}
+
+/// [`RankParts`] with the HAL run as the worker is told ([`WorkerHal`]: a thread of its own,
+/// a shared pool, a task): what the simulator hands [`LocalJob::start`] for thousands of
+/// ranks in one process.
+pub struct RankSpec {
+    /// The rank's HAL and where its calls run.
+    pub hal: WorkerHal,
+    /// Whether the rank's process enables `TSP:1`.
+    pub tsp: bool,
+}
+
+impl From<RankParts> for RankSpec {
+    fn from(p: RankParts) -> Self {
+        RankSpec {
+            hal: WorkerHal::Thread(p.hal),
+            tsp: p.tsp,
+        }
+    }
 }
 
 /// Why starting or driving a local job failed.
@@ -146,23 +166,24 @@ pub enum RecoveryResult {
 
 impl LocalJob {
     /// Starts the actors. `nodes[i]` is the HAL of the table's i-th node, `ranks[r]` the
-    /// parts of global rank `r`.
-    pub fn start(
+    /// parts of global rank `r` ([`RankParts`], or a [`RankSpec`]).
+    pub fn start<R: Into<RankSpec>>(
         cfg: LocalJobConfig,
         nodes: Vec<Box<dyn NodeHal>>,
-        ranks: Vec<RankParts>,
+        ranks: Vec<R>,
     ) -> Result<LocalJob, LocalJobError> {
         Self::start_with_auto(cfg, None, nodes, ranks)
     }
 
     /// [`LocalJob::start`], with automatic failover when `auto` is given: the manager runs
     /// the policy and every proxy probes its node's links every `auto.link_probe`.
-    pub fn start_with_auto(
+    pub fn start_with_auto<R: Into<RankSpec>>(
         cfg: LocalJobConfig,
         auto: Option<AutoConfig>,
         nodes: Vec<Box<dyn NodeHal>>,
-        ranks: Vec<RankParts>,
+        ranks: Vec<R>,
     ) -> Result<LocalJob, LocalJobError> {
+        let ranks: Vec<RankSpec> = ranks.into_iter().map(Into::into).collect();
         let table = cfg.table.clone();
         let config = (cfg.job.clone(), cfg.table.clone(), cfg.deadlines);
         if nodes.len() != table.nodes().len() {
@@ -598,7 +619,7 @@ fn start_worker(
     job: &JobId,
     table: &RankTable,
     rank: GlobalRank,
-    parts: RankParts,
+    parts: RankSpec,
     proxies: &[Addr<Proxy>],
     (gate, uplink): (Arc<StepGate>, Arc<Uplink>),
 ) -> Addr<Worker> {
@@ -611,7 +632,7 @@ fn start_worker(
     let proxy = proxies[node_idx].clone();
     let farewell_proxy = proxy.clone();
     uplink.connect(actor_link(&proxy));
-    let worker = Worker::new(
+    let worker = Worker::with_hal(
         WorkerConfig {
             job: job.clone(),
             node: slot.node.clone(),

@@ -28,6 +28,8 @@ pub(crate) struct Observer {
     phase: Option<WatchedPhase>,
     /// Ranks the phase in flight still waits for, as last published.
     waiting: usize,
+    /// Ranks the phase in flight waited for when it started.
+    phase_ranks: usize,
 }
 
 #[derive(Debug)]
@@ -101,6 +103,7 @@ impl Observer {
             op: None,
             phase: None,
             waiting: 0,
+            phase_ranks: 0,
         }
     }
 
@@ -224,6 +227,7 @@ impl Observer {
             span,
         });
         self.waiting = waiting;
+        self.phase_ranks = waiting;
         metrics::gauge!(telemetry::OPERATION_PENDING_RANKS).set(waiting as f64);
         self.publish(ProgressKind::PhaseStarted {
             phase,
@@ -244,13 +248,19 @@ impl Observer {
     }
 
     /// The operation in flight is in `phase` and waits for `waiting` ranks: published when
-    /// the count changed. A phase that just ended is announced by the next one's start
-    /// instead.
+    /// the count went down by a 64th of the phase's ranks or more since it was last, or to
+    /// none (every change, up to 64 ranks; at most 64 events a phase, whatever the size of the
+    /// job: the manager of a thousand nodes gets a reply a node). A phase that just ended is
+    /// announced by the next one's start instead.
     pub(crate) fn waiting(&mut self, phase: Phase, waiting: usize) {
         let current = self.phase.as_ref().map(|p| p.phase);
-        if current == Some(phase) && waiting != self.waiting {
+        if current != Some(phase) || waiting == self.waiting {
+            return;
+        }
+        metrics::gauge!(telemetry::OPERATION_PENDING_RANKS).set(waiting as f64);
+        let step = (self.phase_ranks / 64).max(1);
+        if waiting == 0 || self.waiting.abs_diff(waiting) >= step {
             self.waiting = waiting;
-            metrics::gauge!(telemetry::OPERATION_PENDING_RANKS).set(waiting as f64);
             self.publish(ProgressKind::Waiting { phase, waiting });
         }
     }
@@ -400,5 +410,58 @@ fn set_job_state(state: JobState) {
         } else {
             0.0
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use taskd_core::command::{RankTarget, SwitchPlan};
+    use taskd_core::{DeviceId, NodeName};
+
+    fn count_waiting(ranks: usize, per_reply: usize) -> (usize, Option<usize>) {
+        let mut o = Observer::new(ranks);
+        let mut rx = o.progress().subscribe();
+        let id = OperationId(uuid::Uuid::from_u128(1));
+        let plan = SwitchPlan {
+            targets: vec![RankTarget {
+                node: NodeName("node-0".into()),
+                device: DeviceId(0),
+                rank: GlobalRank(0),
+                use_backup: true,
+            }],
+        };
+        let job = JobId("j".into());
+        o.operation_started(id, Span::none(), &job, Some(&plan), ranks);
+        let d = Directive {
+            op: id,
+            kind: DirectiveKind::Resume,
+        };
+        o.phase_started(&d, ranks);
+        let mut left = ranks;
+        while left > 0 {
+            left -= per_reply.min(left);
+            o.waiting(Phase::Resume, left);
+        }
+        let mut n = 0;
+        let mut last = None;
+        while let Ok(ev) = rx.try_recv() {
+            if let ProgressKind::Waiting { waiting, .. } = ev.kind {
+                n += 1;
+                last = Some(waiting);
+            }
+        }
+        (n, last)
+    }
+
+    #[test]
+    fn a_large_phase_publishes_its_countdown_in_steps_and_a_small_one_every_change() {
+        // 16 ranks a node, 1,024 nodes: a 64th of the phase at a time, and the end.
+        let (n, last) = count_waiting(16_384, 16);
+        assert!((64..=65).contains(&n), "{n}");
+        assert_eq!(last, Some(0));
+        // Up to 64 ranks, every answer shows.
+        assert_eq!(count_waiting(64, 16), (4, Some(0)));
+        assert_eq!(count_waiting(8, 1), (8, Some(0)));
     }
 }

@@ -5,6 +5,7 @@
 //! implements [`Outbox`] over its connection. Connection events (a peer appeared, a peer is
 //! gone) are delivered to actors as their own messages by whichever transport saw them.
 
+use actix::dev::SendError;
 use actix::prelude::*;
 use std::sync::Arc;
 
@@ -61,6 +62,23 @@ impl<M: Send + 'static> Outbox<M> for ActorOutbox<M> {
         }
         self.recipient.do_send(Deliver(msg));
         Ok(())
+    }
+}
+
+/// Hands a message to an actor's mailbox for a transport's reader: at once when the mailbox has
+/// room, otherwise once it has, so a slow actor slows its peer down (the reader stops reading)
+/// instead of queueing without bound. Resolves once the message is in the mailbox, behind
+/// those handed over before it; `Err` when the actor has stopped. Waiting for the actor to
+/// have handled each message instead costs a round trip between the two tasks per message.
+pub async fn hand_over<A, M>(addr: Addr<A>, msg: M) -> Result<(), &'static str>
+where
+    A: Actor<Context = Context<A>> + Handler<Deliver<M>>,
+    M: Send + 'static,
+{
+    match addr.try_send(Deliver(msg)) {
+        Ok(()) => Ok(()),
+        Err(SendError::Full(m)) => addr.send(m).await.map_err(|_| "the actor stopped"),
+        Err(SendError::Closed(_)) => Err("the actor stopped"),
     }
 }
 

@@ -3,14 +3,15 @@
 //!
 //! HAL calls are blocking C calls that HCCL wants strictly sequential per rank, from a thread
 //! whose device context is set; they run on a thread of the worker's own, one job at a time,
-//! never on the actor's thread.
+//! never on the actor's thread. A process hosting many simulated ranks runs them on a shared
+//! pool or as tasks instead ([`crate::hal_exec`]); one job at a time all the same.
 
 use crate::gate::{GateEvent, StepGate};
+use crate::hal_exec::{block_on, Blocking, HalPool, TaskRankHal, WorkerHal};
 use crate::telemetry;
 use crate::transport::{Deliver, Link};
 use actix::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Instant;
 use taskd_core::protocol::{
@@ -18,10 +19,11 @@ use taskd_core::protocol::{
     WorkerHello, WorkerReport, WorkerToProxy,
 };
 use taskd_core::{
-    plan_calls, GlobalRank, JobId, NicSide, NodeName, OperationId, RankHal, SwitchCapabilities,
+    plan_calls, GlobalRank, GroupCall, JobId, NicSide, NodeName, OperationId, RankHal,
+    SwitchCapabilities,
 };
-use tokio::sync::oneshot;
-use tracing::Span;
+use tokio::sync::{mpsc, oneshot};
+use tracing::{Instrument, Span};
 
 /// Who a worker is.
 #[derive(Clone, Debug)]
@@ -61,8 +63,9 @@ pub struct Worker {
     cfg: WorkerConfig,
     gate: Arc<StepGate>,
     upstream: Link<WorkerToProxy>,
-    hal: mpsc::Sender<HalJob>,
-    hal_thread: Option<std::thread::JoinHandle<()>>,
+    hal: mpsc::UnboundedSender<HalJob>,
+    /// The HAL and its jobs until the actor starts the task that hands them over.
+    hal_home: Option<(HalHome, mpsc::UnboundedReceiver<HalJob>)>,
     farewell: Option<Farewell>,
     /// The span of the operation in progress (same uuid as the manager's) and of its phase.
     op_span: Option<(OperationId, Span)>,
@@ -72,26 +75,40 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// A worker for `cfg.rank` driving `hal`, replying through `upstream`. `gate` is the one
-    /// the training loop calls.
+    /// A worker for `cfg.rank` driving `hal` on a thread of its own, replying through
+    /// `upstream`. `gate` is the one the training loop calls.
     pub fn new(
         cfg: WorkerConfig,
         hal: Box<dyn RankHal>,
         gate: Arc<StepGate>,
         upstream: Link<WorkerToProxy>,
     ) -> Self {
-        let (tx, rx) = mpsc::channel();
-        let rank = cfg.rank;
-        let hal_thread = std::thread::Builder::new()
-            .name(format!("taskd-hal-{}", rank.0))
-            .spawn(move || hal_loop(rank, hal, rx))
-            .expect("spawning the HAL thread");
+        Self::with_hal(cfg, WorkerHal::Thread(hal), gate, upstream)
+    }
+
+    /// [`Worker::new`] with the HAL run as `hal` says (a thread, a shared pool, a task).
+    pub fn with_hal(
+        cfg: WorkerConfig,
+        hal: WorkerHal,
+        gate: Arc<StepGate>,
+        upstream: Link<WorkerToProxy>,
+    ) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let home = match hal {
+            WorkerHal::Thread(h) => {
+                let thread = HalPool::new(&format!("taskd-hal-{}", cfg.rank.0), 1)
+                    .expect("spawning the HAL thread");
+                HalHome::Blocking(Some(h), thread)
+            }
+            WorkerHal::Pool(h, pool) => HalHome::Blocking(Some(h), pool),
+            WorkerHal::Task(h) => HalHome::Task(h),
+        };
         Worker {
             cfg,
             gate,
             upstream,
             hal: tx,
-            hal_thread: Some(hal_thread),
+            hal_home: Some((home, rx)),
             farewell: None,
             op_span: None,
             phase_span: Span::none(),
@@ -222,6 +239,9 @@ impl Actor for Worker {
     fn started(&mut self, ctx: &mut Self::Context) {
         let addr = ctx.address();
         self.gate.set_notify(move |ev| addr.do_send(GateNotice(ev)));
+        if let Some((home, jobs)) = self.hal_home.take() {
+            ctx.spawn(actix::fut::wrap_future(hal_task(self.cfg.rank, home, jobs)));
+        }
         let (tx, rx) = oneshot::channel();
         let job = HalJob::Capabilities {
             tsp: self.cfg.tsp,
@@ -258,10 +278,10 @@ impl Actor for Worker {
         if let Some(f) = self.farewell.take() {
             f(self.cfg.rank);
         }
-        // Closing the channel ends the HAL thread after its current call.
-        let (tx, _) = mpsc::channel();
+        // Closing the channel ends the HAL's task, and a thread of its own after its current
+        // call.
+        let (tx, _) = mpsc::unbounded_channel();
         drop(std::mem::replace(&mut self.hal, tx));
-        drop(self.hal_thread.take());
     }
 }
 
@@ -398,37 +418,67 @@ struct GroupApplied {
 
 /// What this rank can switch: the HAL's answer (L2 retry, RDMA) with this process's own `tsp`
 /// (`MS_ENABLE_TFT`), which no HAL knows. The one place the two are joined.
-pub(crate) fn rank_capabilities(hal: &mut dyn RankHal, tsp: bool) -> SwitchCapabilities {
-    SwitchCapabilities {
-        tsp,
-        ..hal.capabilities()
-    }
+pub(crate) fn rank_capabilities(hal_says: SwitchCapabilities, tsp: bool) -> SwitchCapabilities {
+    SwitchCapabilities { tsp, ..hal_says }
 }
 
-fn hal_loop(rank: GlobalRank, mut hal: Box<dyn RankHal>, jobs: mpsc::Receiver<HalJob>) {
+/// Where a worker's HAL lives while the worker runs.
+enum HalHome {
+    /// A blocking HAL, lent to a thread (its own, or a pool's) for each job.
+    Blocking(Option<Box<dyn RankHal>>, HalPool),
+    /// A HAL whose calls are futures, awaited here.
+    Task(Box<dyn TaskRankHal>),
+}
+
+/// Hands the worker's jobs to its HAL, one at a time: a job starts once the one before ended,
+/// so the rank's calls are strictly sequential wherever they run. Ends when the worker drops
+/// the channel (or a blocking HAL's thread is gone: the jobs' repliers then see it gone).
+async fn hal_task(rank: GlobalRank, mut home: HalHome, mut jobs: mpsc::UnboundedReceiver<HalJob>) {
     let mut applied = Applied::new();
-    for job in jobs {
-        match job {
-            HalJob::Capabilities { tsp, reply } => {
-                let _ = reply.send(rank_capabilities(hal.as_mut(), tsp));
-            }
-            HalJob::Report(reply) => {
-                let _ = reply.send(report(hal.as_mut(), &applied));
-            }
-            HalJob::Apply {
-                targets,
-                reply,
-                span,
-            } => {
-                let res = span.in_scope(|| apply(rank, hal.as_mut(), &targets, &mut applied));
-                let _ = reply.send(res);
+    while let Some(job) = jobs.recv().await {
+        match &mut home {
+            HalHome::Task(hal) => run_job(rank, hal.as_mut(), &mut applied, job).await,
+            HalHome::Blocking(slot, thread) => {
+                let Some(mut hal) = slot.take() else { return };
+                let mut lent = std::mem::take(&mut applied);
+                let (tx, rx) = oneshot::channel();
+                let sent = thread.run(move || {
+                    block_on(run_job(rank, &mut Blocking(hal.as_mut()), &mut lent, job));
+                    let _ = tx.send((hal, lent));
+                });
+                match rx.await {
+                    Ok((hal, back)) if sent => {
+                        *slot = Some(hal);
+                        applied = back;
+                    }
+                    _ => return,
+                }
             }
         }
     }
 }
 
+async fn run_job(rank: GlobalRank, hal: &mut dyn TaskRankHal, applied: &mut Applied, job: HalJob) {
+    match job {
+        HalJob::Capabilities { tsp, reply } => {
+            let _ = reply.send(rank_capabilities(hal.capabilities(), tsp));
+        }
+        HalJob::Report(reply) => {
+            let _ = reply.send(report(hal, applied));
+        }
+        HalJob::Apply {
+            targets,
+            reply,
+            span,
+        } => {
+            let res = apply(rank, hal, &targets, applied).instrument(span).await;
+            let _ = reply.send(res);
+        }
+    }
+}
+
 /// Every group of this process with the members this process set to their backup NIC.
-fn report(hal: &mut dyn RankHal, applied: &Applied) -> Result<Vec<GroupView>, RankError> {
+fn report(hal: &mut dyn TaskRankHal, applied: &Applied) -> Result<Vec<GroupView>, RankError> {
     let started = Instant::now();
     let groups = hal.groups();
     telemetry::hal_call("groups", groups.is_ok(), started.elapsed());
@@ -457,15 +507,21 @@ fn report(hal: &mut dyn RankHal, applied: &Applied) -> Result<Vec<GroupView>, Ra
     Ok(views)
 }
 
-/// Plans and makes every call for this rank. A failed group does not stop the remaining
-/// ones: peers of those groups are already waiting in the collective call, and a rank that
-/// skipped them would leave them hanging. The first failure is reported.
-fn apply(
-    rank: GlobalRank,
-    hal: &mut dyn RankHal,
+/// One planned call with what is needed after it: its group's size and, for each of its
+/// group ranks, the global rank.
+struct Planned {
+    call: GroupCall,
+    group_size: u32,
+    targets: Vec<GlobalRank>,
+}
+
+/// Reads this rank's groups and plans its calls (see [`apply`]). The group lists are dropped
+/// here: a rank that waits in a rendezvous keeps only its plan (a world group of 16,384
+/// members is 64 KiB a rank, and in a simulation thousands of ranks wait at once).
+fn plan(
+    hal: &mut dyn TaskRankHal,
     targets: &[(GlobalRank, NicSide)],
-    applied: &mut Applied,
-) -> Result<Vec<AppliedCall>, RankError> {
+) -> Result<Vec<Planned>, RankError> {
     let started = Instant::now();
     let groups = hal.groups();
     telemetry::hal_call("groups", groups.is_ok(), started.elapsed());
@@ -477,17 +533,48 @@ fn apply(
         message: e.to_string(),
         hal: Some(e),
     })?;
-    let sizes: std::collections::HashMap<&str, u32> = groups
-        .iter()
-        .map(|g| (g.name.as_str(), g.members.len() as u32))
-        .collect();
-    let wanted: BTreeMap<GlobalRank, NicSide> = targets.iter().copied().collect();
+    Ok(plan_calls(&groups, targets)
+        .into_iter()
+        .map(|call| {
+            let members = groups
+                .iter()
+                .find(|g| g.name == call.group)
+                .map_or(&[][..], |g| &g.members[..]);
+            let targets = call
+                .ranks
+                .iter()
+                .filter_map(|gr| members.get(gr.0 as usize).copied())
+                .collect();
+            Planned {
+                group_size: members.len() as u32,
+                targets,
+                call,
+            }
+        })
+        .collect())
+}
+
+/// Plans and makes every call for this rank. A failed group does not stop the remaining
+/// ones: peers of those groups are already waiting in the collective call, and a rank that
+/// skipped them would leave them hanging. The first failure is reported.
+async fn apply(
+    rank: GlobalRank,
+    hal: &mut dyn TaskRankHal,
+    targets: &[(GlobalRank, NicSide)],
+    applied: &mut Applied,
+) -> Result<Vec<AppliedCall>, RankError> {
     let mut calls = Vec::new();
     let mut first_error = None;
-    for call in plan_calls(&groups, targets) {
+    for p in plan(hal, targets)? {
+        let call = p.call;
         let t = Instant::now();
-        let res = tracing::debug_span!("hal_call", op = "set_working_nic", group = %call.group)
-            .in_scope(|| hal.set_working_nic(&call.group, &call.ranks, &call.use_backup()));
+        let use_backup = call.use_backup();
+        let res = hal
+            .set_working_nic(&call.group, &call.ranks, &use_backup)
+            .instrument(
+                tracing::debug_span!("hal_call", op = "set_working_nic", group = %call.group),
+            )
+            .await;
         telemetry::hal_call("set_working_nic", res.is_ok(), t.elapsed());
         if let Err(e) = &res {
             telemetry::hal_error("set_working_nic", e);
@@ -497,34 +584,23 @@ fn apply(
                 // The call set exactly the targets that are members of this group.
                 let view = applied.entry(call.group.clone()).or_default();
                 view.unsettled.clear();
-                let members = groups.iter().find(|g| g.name == call.group);
-                for m in members.iter().flat_map(|g| g.members.iter()) {
-                    match wanted.get(m) {
-                        Some(NicSide::Backup) => {
-                            view.on_backup.insert(*m);
-                        }
-                        Some(NicSide::Primary) => {
-                            view.on_backup.remove(m);
-                        }
-                        None => {}
-                    }
+                for (m, side) in p.targets.iter().zip(&call.sides) {
+                    match side {
+                        NicSide::Backup => view.on_backup.insert(*m),
+                        NicSide::Primary => view.on_backup.remove(m),
+                    };
                 }
                 calls.push(AppliedCall {
                     group: call.group.clone(),
-                    group_size: sizes.get(call.group.as_str()).copied().unwrap_or(0),
+                    group_size: p.group_size,
                     digest: call.digest(),
                 })
             }
             Err(e) => {
                 tracing::warn!(rank = rank.0, group = %call.group, error = %e, "NIC set failed");
                 // Whether any of the group's operators took the change is not known.
-                let members = groups.iter().find(|g| g.name == call.group);
-                applied.entry(call.group.clone()).or_default().unsettled = members
-                    .iter()
-                    .flat_map(|g| g.members.iter())
-                    .filter(|m| wanted.contains_key(m))
-                    .copied()
-                    .collect();
+                applied.entry(call.group.clone()).or_default().unsettled =
+                    p.targets.iter().copied().collect();
                 first_error.get_or_insert(RankError {
                     group: Some(call.group.clone()),
                     message: e.to_string(),

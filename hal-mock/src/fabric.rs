@@ -1,18 +1,23 @@
 //! The simulated hardware: nodes, NPU dies, their NIC ports, HCCL groups and each member's
 //! view of its group's NIC configuration, plus the consistency check every test ends with.
 //!
-//! All state sits behind one mutex with one condition variable. Every change bumps a
-//! generation counter and wakes every waiter; waiters re-check their own condition, so there
-//! is no polling and no lost wake-up.
+//! All state sits behind one mutex. A call that waits (a rendezvous, an injected hang) leaves
+//! its waker where the event it waits for happens (the round it joined, its rank's slot) and is
+//! woken by that event alone, or by one that ends every wait (shutdown, a process killed); it
+//! then re-checks its own condition, so there is no polling and no lost wake-up, and a round of
+//! 16,384 members wakes each of them once. Every change also bumps a generation counter and
+//! notifies one condition variable, for observers ([`Fabric::wait_activity`]).
 
 use crate::fault::{NicSetFault, NicSetRecord};
 use crate::node_hal::MockNodeHal;
 use crate::operator::{self, Collective, OperatorViews};
 use crate::rank_hal::MockRankHal;
+use crate::view::BackupSet;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::sync::Arc;
+use std::task::Waker;
 use std::time::{Duration, Instant};
 use taskd_core::{DeviceId, GlobalRank, GroupInfo, GroupRank, HcclCode, NodeName};
 
@@ -158,8 +163,14 @@ pub(crate) struct CollectiveRound {
     /// The operator the first member to arrive issued.
     pub op: Collective,
     pub values: Vec<Option<f64>>,
+    /// Members whose value is in `values`.
+    pub arrived: usize,
     pub outcome: Option<Result<f64, (HcclCode, String)>>,
     pub consumed: Vec<bool>,
+    /// Members that took the outcome (the round is dropped when all have).
+    pub consumed_count: usize,
+    /// Members waiting for the outcome: woken when it is decided.
+    pub wakers: Vec<Option<Waker>>,
 }
 
 impl CollectiveRound {
@@ -167,9 +178,20 @@ impl CollectiveRound {
         CollectiveRound {
             op,
             values: vec![None; n],
+            arrived: 0,
             outcome: None,
             consumed: vec![false; n],
+            consumed_count: 0,
+            wakers: vec![None; n],
         }
+    }
+
+    /// Wakes every member waiting for this round.
+    pub(crate) fn wake(&mut self) {
+        self.wakers
+            .iter_mut()
+            .filter_map(Option::take)
+            .for_each(Waker::wake);
     }
 }
 
@@ -177,19 +199,24 @@ impl CollectiveRound {
 #[derive(Clone, Debug)]
 pub(crate) struct GroupState {
     pub name: String,
+    /// Ascending (every group is built so), which [`GroupState::member_index`] relies on.
     pub members: Vec<GlobalRank>,
-    /// `views[m][gr]`: whether the NIC-set calls member `m` applied put group rank `gr` on its
-    /// backup NIC: the group's set configuration as `m` holds it (see [`crate::operator`]).
-    pub views: Vec<Vec<bool>>,
+    /// `views[m]`: the group ranks the NIC-set calls member `m` applied put on their backup
+    /// NIC: the group's set configuration as `m` holds it (see [`crate::operator`]).
+    pub views: Vec<BackupSet>,
     /// Per member, the configuration of each operator it issued on this group.
     pub op_views: Vec<OperatorViews>,
     /// Whether member `m`'s communicator ran at least one collective.
     pub ran_op: Vec<bool>,
     /// The open NIC-set round: one slot per member.
     pub nic_round: Vec<Option<NicArrival>>,
+    /// Members in the open round (`Some` in `nic_round`).
+    pub nic_arrived: usize,
     pub nic_round_id: u64,
     /// Member joined the open round and gave up on it (timeout, lost peer, shutdown).
     pub nic_left: Vec<bool>,
+    /// Members waiting in the open round: woken when it completes.
+    pub nic_wakers: Vec<Option<Waker>>,
     /// Results of completed rounds, waiting to be picked up: `(round id, result)`.
     pub nic_results: Vec<Option<(u64, NicResult)>>,
     /// Next all-reduce sequence number of each member.
@@ -205,12 +232,14 @@ impl GroupState {
         GroupState {
             name,
             members,
-            views: vec![vec![false; n]; n],
+            views: vec![BackupSet::default(); n],
             op_views: vec![OperatorViews::new(); n],
             ran_op: vec![false; n],
             nic_round: vec![None; n],
+            nic_arrived: 0,
             nic_round_id: 0,
             nic_left: vec![false; n],
+            nic_wakers: vec![None; n],
             nic_results: vec![None; n],
             ar_next_seq: vec![0; n],
             ar_rounds: BTreeMap::new(),
@@ -219,7 +248,15 @@ impl GroupState {
     }
 
     pub(crate) fn member_index(&self, rank: GlobalRank) -> Option<usize> {
-        self.members.iter().position(|m| *m == rank)
+        self.members.binary_search(&rank).ok()
+    }
+
+    /// Wakes every member waiting in the open NIC-set round.
+    pub(crate) fn wake_nic_round(&mut self) {
+        self.nic_wakers
+            .iter_mut()
+            .filter_map(Option::take)
+            .for_each(Waker::wake);
     }
 
     pub(crate) fn info(&self) -> GroupInfo {
@@ -236,9 +273,14 @@ pub(crate) struct State {
     pub ports_up: Vec<bool>,
     pub l2_retry: Vec<bool>,
     pub dead: Vec<bool>,
+    /// How many ranks were killed (0: no group can have a dead member).
+    pub killed: usize,
     /// The group a rank's NIC-set call in progress names (`Some` while inside the call).
     pub nic_call: Vec<Option<String>>,
     pub faults: Vec<VecDeque<NicSetFault>>,
+    /// A rank whose call is held by an injected hang or slowness: woken if it dies or the
+    /// simulation ends.
+    pub delay_wakers: Vec<Option<Waker>>,
     pub groups: Vec<GroupState>,
     pub by_name: HashMap<String, usize>,
     /// Indices into `groups` of each rank's groups, in the fixed global order.
@@ -263,11 +305,27 @@ impl State {
     }
 
     pub(crate) fn any_member_dead(&self, gi: usize) -> Option<GlobalRank> {
+        if self.killed == 0 {
+            return None;
+        }
         self.groups[gi]
             .members
             .iter()
             .copied()
             .find(|m| self.dead[m.0 as usize])
+    }
+
+    /// Wakes every call that waits anywhere: something that ends every wait happened (the
+    /// simulation ended, a process died).
+    pub(crate) fn wake_everyone(&mut self) {
+        self.delay_wakers
+            .iter_mut()
+            .filter_map(Option::take)
+            .for_each(Waker::wake);
+        for g in &mut self.groups {
+            g.wake_nic_round();
+            g.ar_rounds.values_mut().for_each(CollectiveRound::wake);
+        }
     }
 }
 
@@ -295,11 +353,8 @@ fn build_groups(cfg: &FabricConfig) -> Vec<GroupState> {
 }
 
 /// `backup = [1, 4]` (group ranks on backup) or `none on backup`.
-pub(crate) fn fmt_backup(v: &[bool]) -> String {
-    let on: Vec<String> = (0..v.len())
-        .filter(|i| v[*i])
-        .map(|i| i.to_string())
-        .collect();
+pub(crate) fn fmt_backup(v: &BackupSet) -> String {
+    let on: Vec<String> = v.iter().map(|i| i.to_string()).collect();
     if on.is_empty() {
         "none on backup".to_owned()
     } else {
@@ -347,8 +402,10 @@ impl Fabric {
                 ports_up: vec![true; world],
                 l2_retry: vec![true; world],
                 dead: vec![false; world],
+                killed: 0,
                 nic_call: vec![None; world],
                 faults: vec![VecDeque::new(); world],
+                delay_wakers: vec![None; world],
                 groups,
                 by_name,
                 rank_groups,
@@ -417,6 +474,17 @@ impl Fabric {
         st.rank_groups
             .get(rank.0 as usize)
             .map(|gs| gs.iter().map(|gi| st.groups[*gi].info()).collect())
+            .unwrap_or_default()
+    }
+
+    /// The names of the groups `rank` belongs to, in the fixed global order: what a training
+    /// loop needs, without copying member lists (the world group of a large job has tens of
+    /// thousands).
+    pub fn group_names_of(&self, rank: GlobalRank) -> Vec<String> {
+        let st = self.state.lock();
+        st.rank_groups
+            .get(rank.0 as usize)
+            .map(|gs| gs.iter().map(|gi| st.groups[*gi].name.clone()).collect())
             .unwrap_or_default()
     }
 
@@ -504,8 +572,12 @@ impl Fabric {
         let mut st = self.state.lock();
         if let Some(d) = st.dead.get_mut(rank.0 as usize) {
             tracing::info!(rank = rank.0, "sim: process killed");
-            *d = true;
+            if !*d {
+                *d = true;
+                st.killed += 1;
+            }
         }
+        st.wake_everyone();
         self.bump(&mut st);
     }
 
@@ -524,6 +596,7 @@ impl Fabric {
     pub fn shutdown(&self) {
         let mut st = self.state.lock();
         st.shut_down = true;
+        st.wake_everyone();
         self.bump(&mut st);
     }
 
@@ -537,7 +610,7 @@ impl Fabric {
     pub fn view(&self, group: &str, rank: GlobalRank) -> Option<Vec<bool>> {
         let st = self.state.lock();
         let g = &st.groups[*st.by_name.get(group)?];
-        Some(g.views[g.member_index(rank)?].clone())
+        Some(g.views[g.member_index(rank)?].to_dense(g.members.len()))
     }
 
     /// Member `rank`'s configuration of operator `op` on `group`: `None` if it is not a member
@@ -550,7 +623,9 @@ impl Fabric {
     ) -> Option<Vec<bool>> {
         let st = self.state.lock();
         let g = &st.groups[*st.by_name.get(group)?];
-        g.op_views[g.member_index(rank)?].get(&op).cloned()
+        g.op_views[g.member_index(rank)?]
+            .get(&op)
+            .map(|v| v.to_dense(g.members.len()))
     }
 
     /// Checks the three conditions of "consistent" ([`crate::operator`]): every group's live
@@ -565,32 +640,22 @@ impl Fabric {
             let live: Vec<usize> = (0..g.members.len())
                 .filter(|m| !st.dead[g.members[*m].0 as usize])
                 .collect();
-            let mut details = Vec::new();
-            for gr in 0..g.members.len() {
-                let (backup, primary): (Vec<usize>, Vec<usize>) =
-                    live.iter().partition(|m| g.views[**m][gr]);
-                if !backup.is_empty() && !primary.is_empty() {
-                    let names = |ms: &[usize]| {
-                        ms.iter()
-                            .map(|m| g.members[*m].0.to_string())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    };
-                    details.push(format!(
-                        "group rank {gr} (rank {}): backup per ranks [{}], primary per ranks [{}]",
-                        g.members[gr],
-                        names(&backup),
-                        names(&primary)
-                    ));
-                } else if let Some(first) = live.first() {
-                    says[g.members[gr].0 as usize].push((gi, g.views[*first][gr]));
-                }
+            if let Some(d) = Self::set_disagreement(g, &live) {
+                disagreements.push(d);
             }
-            if !details.is_empty() {
-                disagreements.push(GroupDisagreement {
-                    group: g.name.clone(),
-                    detail: details.join("; "),
-                });
+            // Group ranks some live member has on backup: only they can be contested.
+            let mut contested: Vec<usize> = live.iter().flat_map(|m| g.views[*m].iter()).collect();
+            contested.sort_unstable();
+            contested.dedup();
+            if live.is_empty() {
+                continue;
+            }
+            for (gr, member) in g.members.iter().enumerate() {
+                let on = contested.binary_search(&gr).is_ok();
+                let agreed = !on || live.iter().all(|m| g.views[*m].contains(gr));
+                if agreed {
+                    says[member.0 as usize].push((gi, on));
+                }
             }
         }
         disagreements.extend(Self::operator_disagreements(&st));
@@ -619,6 +684,43 @@ impl Fabric {
         }
     }
 
+    /// The live members of `g` (indices) that do not hold one set configuration: per group
+    /// rank they disagree about, who has it on backup and who on primary.
+    fn set_disagreement(g: &GroupState, live: &[usize]) -> Option<GroupDisagreement> {
+        let first = &g.views[*live.first()?];
+        if live.iter().all(|m| g.views[*m] == *first) {
+            return None;
+        }
+        let mut contested: Vec<usize> = live.iter().flat_map(|m| g.views[*m].iter()).collect();
+        contested.sort_unstable();
+        contested.dedup();
+        let names = |ms: &[usize]| {
+            ms.iter()
+                .map(|m| g.members[*m].0.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let details: Vec<String> = contested
+            .into_iter()
+            .filter_map(|gr| {
+                let (backup, primary): (Vec<usize>, Vec<usize>) =
+                    live.iter().partition(|m| g.views[**m].contains(gr));
+                (!primary.is_empty()).then(|| {
+                    format!(
+                        "group rank {gr} (rank {}): backup per ranks [{}], primary per ranks [{}]",
+                        g.members[gr],
+                        names(&backup),
+                        names(&primary)
+                    )
+                })
+            })
+            .collect();
+        Some(GroupDisagreement {
+            group: g.name.clone(),
+            detail: details.join("; "),
+        })
+    }
+
     /// Live members of a group holding different configurations of one operator.
     fn operator_disagreements(st: &State) -> Vec<GroupDisagreement> {
         let mut out = Vec::new();
@@ -644,27 +746,45 @@ impl Fabric {
     /// sorted. This is what the manager's NIC table must match after an operation.
     pub fn ranks_on_backup(&self) -> Vec<GlobalRank> {
         let st = self.state.lock();
-        (0..st.dead.len())
-            .filter(|r| {
-                let mut seen = false;
-                for gi in &st.rank_groups[*r] {
-                    let g = &st.groups[*gi];
-                    let gr = g
-                        .member_index(GlobalRank(*r as u32))
-                        .expect("rank_groups lists only groups the rank belongs to");
-                    for (m, member) in g.members.iter().enumerate() {
-                        if st.dead[member.0 as usize] {
-                            continue;
+        // Per group: `None` without a live member, else the group ranks every live member
+        // has on backup.
+        let agreed: Vec<Option<BackupSet>> = st
+            .groups
+            .iter()
+            .map(|g| {
+                let mut live = (0..g.members.len())
+                    .filter(|m| !st.dead[g.members[*m].0 as usize])
+                    .map(|m| &g.views[m]);
+                let mut common = live.next()?.clone();
+                for v in live {
+                    for gr in common.iter().collect::<Vec<_>>() {
+                        if !v.contains(gr) {
+                            common.set(gr, false);
                         }
-                        if !g.views[m][gr] {
-                            return false;
-                        }
-                        seen = true;
                     }
                 }
-                seen
+                Some(common)
             })
-            .map(|r| GlobalRank(r as u32))
+            .collect();
+        let mut candidates: Vec<GlobalRank> = agreed
+            .iter()
+            .zip(&st.groups)
+            .filter_map(|(a, g)| a.as_ref().map(|a| (a, g)))
+            .flat_map(|(a, g)| a.iter().map(|gr| g.members[gr]))
+            .collect();
+        candidates.sort_unstable();
+        candidates.dedup();
+        candidates
+            .into_iter()
+            .filter(|r| {
+                st.rank_groups[r.0 as usize].iter().all(|gi| {
+                    let g = &st.groups[*gi];
+                    let gr = g
+                        .member_index(*r)
+                        .expect("rank_groups lists only groups the rank belongs to");
+                    agreed[*gi].as_ref().map_or(true, |a| a.contains(gr))
+                })
+            })
             .collect()
     }
 

@@ -22,13 +22,21 @@
 //!   whose members hold different configurations of its operator: `HCCL_E_INTERNAL`; members
 //!   issuing different operators in one round: `HCCL_E_PARA`;
 //! - simulation shut down: `HCCL_E_UNAVAIL`.
+//!
+//! Every call is a state machine ([`NicSetCall`], [`CollectiveCall`]) advanced under the
+//! fabric's lock; [`crate::call`] runs it on a blocked thread (the [`taskd_core::RankHal`]
+//! calls) or as a task (the `_async` calls, for simulated ranks that are tasks).
 
+use crate::call::{self, Progress};
 use crate::fabric::{
     deadline_after, fmt_backup, CollectiveRound, Fabric, NicArrival, NicResult, State,
 };
 use crate::fault::{NicSetFault, NicSetRecord};
 use crate::operator::{self, Collective};
+use crate::view::BackupSet;
 use parking_lot::MutexGuard;
+use std::task::Waker;
+use std::time::Instant;
 use taskd_core::{GlobalRank, GroupRank, HalError, HcclCode};
 
 /// The HCCL entry point a NIC-set error names.
@@ -78,8 +86,156 @@ fn fmt_ranks(rs: impl IntoIterator<Item = GlobalRank>) -> String {
     format!("[{}]", v.join(", "))
 }
 
+/// One `HcclCommWorkingDevNicSet` call in progress.
+pub(crate) struct NicSetCall {
+    rank: GlobalRank,
+    group: String,
+    ranks: Vec<GroupRank>,
+    use_backup: Vec<bool>,
+    /// Inside HCCL: the rank's call slot is taken (`State::nic_call`).
+    in_call: bool,
+    stage: NicStage,
+}
+
+enum NicStage {
+    Start,
+    /// Held by an injected hang or slowness until `until`; then it joins the rendezvous and,
+    /// with `fault`, fails at its completion.
+    Delayed {
+        until: Option<Instant>,
+        fault: Option<HcclCode>,
+    },
+    /// Member `m` of group `gi` waits in round `round_id`.
+    Joined {
+        gi: usize,
+        m: usize,
+        round_id: u64,
+        fault: Option<HcclCode>,
+        deadline: Option<Instant>,
+    },
+    Done,
+}
+
+/// One collective (all-reduce) call in progress.
+pub(crate) struct CollectiveCall {
+    rank: GlobalRank,
+    group: String,
+    op: Collective,
+    value: f64,
+    stage: CollectiveStage,
+}
+
+enum CollectiveStage {
+    Start,
+    /// Member `m` of group `gi` waits for round `seq`.
+    Joined {
+        gi: usize,
+        m: usize,
+        seq: u64,
+        deadline: Option<Instant>,
+    },
+    Done,
+}
+
+impl NicSetCall {
+    fn new(rank: GlobalRank, group: &str, ranks: &[GroupRank], use_backup: &[bool]) -> Self {
+        NicSetCall {
+            rank,
+            group: group.to_owned(),
+            ranks: ranks.to_vec(),
+            use_backup: use_backup.to_vec(),
+            in_call: false,
+            stage: NicStage::Start,
+        }
+    }
+}
+
+impl CollectiveCall {
+    fn new(rank: GlobalRank, group: &str, op: Collective, value: f64) -> Self {
+        CollectiveCall {
+            rank,
+            group: group.to_owned(),
+            op,
+            value,
+            stage: CollectiveStage::Start,
+        }
+    }
+}
+
+/// A call that can be left half-way.
+trait InFlight {
+    /// Whether it has its answer.
+    fn answered(&self) -> bool;
+    /// Leaves the rendezvous as a rank that gave up would.
+    fn abandon(&mut self, fabric: &Fabric, st: &mut Guard<'_>);
+}
+
+impl InFlight for NicSetCall {
+    fn answered(&self) -> bool {
+        matches!(self.stage, NicStage::Done)
+    }
+
+    fn abandon(&mut self, fabric: &Fabric, st: &mut Guard<'_>) {
+        let r = self.rank.0 as usize;
+        match std::mem::replace(&mut self.stage, NicStage::Done) {
+            NicStage::Joined {
+                gi, m, round_id, ..
+            } => {
+                st.groups[gi].nic_wakers[m] = None;
+                fabric.leave_nic_round(st, gi, m, round_id);
+            }
+            NicStage::Delayed { .. } => st.delay_wakers[r] = None,
+            NicStage::Start | NicStage::Done => {}
+        }
+        if std::mem::take(&mut self.in_call) {
+            st.nic_call[r] = None;
+        }
+    }
+}
+
+impl InFlight for CollectiveCall {
+    fn answered(&self) -> bool {
+        matches!(self.stage, CollectiveStage::Done)
+    }
+
+    fn abandon(&mut self, _: &Fabric, st: &mut Guard<'_>) {
+        if let CollectiveStage::Joined { gi, m, seq, .. } =
+            std::mem::replace(&mut self.stage, CollectiveStage::Done)
+        {
+            let g = &mut st.groups[gi];
+            g.ar_in_flight[m] = false;
+            if let Some(round) = g.ar_rounds.get_mut(&seq) {
+                round.wakers[m] = None;
+            }
+        }
+    }
+}
+
+/// A call driven as a future. If the future is dropped before the answer (its task was
+/// aborted), the call leaves its rendezvous as a rank that gave up would.
+struct Driven<'a, C: InFlight> {
+    fabric: &'a Fabric,
+    call: C,
+}
+
+impl<C: InFlight> Drop for Driven<'_, C> {
+    fn drop(&mut self) {
+        if !self.call.answered() {
+            let mut st = self.fabric.state.lock();
+            self.call.abandon(self.fabric, &mut st);
+            self.fabric.bump(&mut st);
+        }
+    }
+}
+
+/// Whether a call with `deadline` (`None`: none) may still wait at `now`.
+fn before(deadline: Option<Instant>, now: Instant) -> bool {
+    deadline.map_or(true, |d| now < d)
+}
+
 impl Fabric {
-    /// `HcclCommWorkingDevNicSet` of `rank` on `group` (see the module docs for the rules).
+    /// `HcclCommWorkingDevNicSet` of `rank` on `group` (see the module docs for the rules),
+    /// blocking the calling thread until it returns.
     pub(crate) fn set_working_nic(
         &self,
         rank: GlobalRank,
@@ -87,93 +243,209 @@ impl Fabric {
         ranks: &[GroupRank],
         use_backup: &[bool],
     ) -> Result<(), HalError> {
+        let mut c = NicSetCall::new(rank, group, ranks, use_backup);
+        call::block_on(|w, now| self.poll_nic_set(&mut c, w, now))
+    }
+
+    /// [`Fabric::set_working_nic`] as a future: the rank waits in the rendezvous as a task.
+    pub(crate) async fn set_working_nic_async(
+        &self,
+        rank: GlobalRank,
+        group: &str,
+        ranks: &[GroupRank],
+        use_backup: &[bool],
+    ) -> Result<(), HalError> {
+        let mut d = Driven {
+            fabric: self,
+            call: NicSetCall::new(rank, group, ranks, use_backup),
+        };
+        call::drive(|w, now| self.poll_nic_set(&mut d.call, w, now)).await
+    }
+
+    /// Advances a NIC-set call; once answered, records it in the log.
+    fn poll_nic_set(
+        &self,
+        c: &mut NicSetCall,
+        waker: &Waker,
+        now: Instant,
+    ) -> Progress<Result<(), HalError>> {
         let mut st = self.state.lock();
-        let res = self.nic_set_entry(&mut st, rank, group, ranks, use_backup);
+        let progress = self.advance_nic_set(&mut st, c, waker, now);
+        let res = match progress {
+            Progress::Wait(until) => {
+                self.bump(&mut st);
+                return Progress::Wait(until);
+            }
+            Progress::Done(res) => res,
+        };
+        c.stage = NicStage::Done;
+        if std::mem::take(&mut c.in_call) {
+            st.nic_call[c.rank.0 as usize] = None;
+        }
         st.log.push(NicSetRecord {
-            rank,
-            group: group.to_owned(),
-            ranks: ranks.to_vec(),
-            use_backup: use_backup.to_vec(),
+            rank: c.rank,
+            group: c.group.clone(),
+            ranks: c.ranks.clone(),
+            use_backup: c.use_backup.clone(),
             result: res.code,
             applied: res.applied,
         });
         self.bump(&mut st);
         drop(st);
-        if res.code == HcclCode::Success {
+        Progress::Done(if res.code == HcclCode::Success {
             Ok(())
         } else {
             Err(HalError::new(
                 NIC_SET_OP,
                 res.code,
-                format!("rank {rank}, group {group}: {}", res.detail),
+                format!("rank {}, group {}: {}", c.rank, c.group, res.detail),
             ))
+        })
+    }
+
+    fn advance_nic_set(
+        &self,
+        st: &mut Guard<'_>,
+        c: &mut NicSetCall,
+        waker: &Waker,
+        now: Instant,
+    ) -> Progress<NicResult> {
+        let r = c.rank.0 as usize;
+        loop {
+            match c.stage {
+                NicStage::Start => {
+                    if let Err(res) = self.nic_set_entry(st, c.rank, &c.group) {
+                        return Progress::Done(res);
+                    }
+                    c.in_call = true;
+                    let (delay, fault) = match st.faults[r].pop_front() {
+                        None => (None, None),
+                        Some(NicSetFault::Fail(code)) => (None, Some(code)),
+                        Some(NicSetFault::Hang { duration, code }) => (Some(duration), Some(code)),
+                        Some(NicSetFault::Slow(d)) => (Some(d), None),
+                    };
+                    match delay {
+                        Some(d) => {
+                            c.stage = NicStage::Delayed {
+                                until: deadline_after(d),
+                                fault,
+                            }
+                        }
+                        None => {
+                            if let Err(res) = self.nic_set_join(st, c, fault) {
+                                return Progress::Done(res);
+                            }
+                        }
+                    }
+                }
+                NicStage::Delayed { until, fault } => {
+                    if st.shut_down {
+                        let (code, d) = shut_down();
+                        return Progress::Done(fail(code, d));
+                    }
+                    if st.dead[r] {
+                        let (code, d) = killed(c.rank);
+                        return Progress::Done(fail(code, d));
+                    }
+                    if before(until, now) {
+                        st.delay_wakers[r] = Some(waker.clone());
+                        return Progress::Wait(until);
+                    }
+                    st.delay_wakers[r] = None;
+                    if let Err(res) = self.nic_set_join(st, c, fault) {
+                        return Progress::Done(res);
+                    }
+                }
+                NicStage::Joined {
+                    gi,
+                    m,
+                    round_id,
+                    fault,
+                    deadline,
+                } => {
+                    let waiting = (gi, m, round_id, fault, deadline);
+                    return self.wait_nic_round(st, c.rank, waiting, waker, now);
+                }
+                NicStage::Done => unreachable!("a NIC-set call is polled after its answer"),
+            }
         }
     }
 
+    /// HCCL's checks at entry; takes the rank's call slot. `Err`: the call's answer.
     fn nic_set_entry(
         &self,
         st: &mut Guard<'_>,
         rank: GlobalRank,
         group: &str,
-        ranks: &[GroupRank],
-        use_backup: &[bool],
-    ) -> NicResult {
+    ) -> Result<(), NicResult> {
         if st.shut_down {
             let (c, d) = shut_down();
-            return fail(c, d);
+            return Err(fail(c, d));
         }
         let r = rank.0 as usize;
         if r >= st.dead.len() {
-            return fail(HcclCode::NotFound, format!("no rank {rank} in the fabric"));
+            return Err(fail(
+                HcclCode::NotFound,
+                format!("no rank {rank} in the fabric"),
+            ));
         }
         if st.dead[r] {
             let (c, d) = killed(rank);
-            return fail(c, d);
+            return Err(fail(c, d));
         }
         if let Some(other) = st.nic_call[r].clone() {
             st.violation(format!(
                 "concurrent {NIC_SET_OP} on rank {rank}: group {group} called while the call on \
                  group {other} is still in progress"
             ));
-            return fail(
+            return Err(fail(
                 HcclCode::Internal,
                 format!("another {NIC_SET_OP} (group {other}) is in progress on this rank"),
-            );
+            ));
         }
         st.nic_call[r] = Some(group.to_owned());
-        self.bump(st);
-        let res = self.nic_set_in_call(st, rank, group, ranks, use_backup);
-        st.nic_call[r] = None;
-        res
+        Ok(())
     }
 
-    fn nic_set_in_call(
+    /// The checks before the rendezvous, then joins it (`c.stage` becomes `Joined`).
+    /// `Err`: the call's answer without a rendezvous.
+    fn nic_set_join(
         &self,
         st: &mut Guard<'_>,
-        rank: GlobalRank,
-        group: &str,
-        ranks: &[GroupRank],
-        use_backup: &[bool],
-    ) -> NicResult {
-        let r = rank.0 as usize;
-        let fault = st.faults[r].pop_front();
-        let (delay, fault_code) = match fault {
-            None => (None, None),
-            Some(NicSetFault::Fail(c)) => (None, Some(c)),
-            Some(NicSetFault::Hang { duration, code }) => (Some(duration), Some(code)),
-            Some(NicSetFault::Slow(d)) => (Some(d), None),
-        };
-        if let Some(d) = delay {
-            if let Err((c, d)) = self.simulated_delay(st, rank, d) {
-                return fail(c, d);
+        c: &mut NicSetCall,
+        fault: Option<HcclCode>,
+    ) -> Result<(), NicResult> {
+        let gi = self.nic_set_checks(st, c.rank, &c.group, &c.ranks, &c.use_backup, fault)?;
+        let m = st.groups[gi]
+            .member_index(c.rank)
+            .expect("checked by nic_set_checks");
+        let round_id = st.groups[gi].nic_round_id;
+        {
+            let g = &mut st.groups[gi];
+            g.nic_results[m] = None;
+            g.nic_left[m] = false;
+            let arrival = NicArrival {
+                ranks: c.ranks.clone(),
+                use_backup: c.use_backup.clone(),
+                fault,
+            };
+            if g.nic_round[m].replace(arrival).is_none() {
+                g.nic_arrived += 1;
             }
         }
-
-        let gi = match self.nic_set_checks(st, rank, group, ranks, use_backup, fault_code) {
-            Ok(gi) => gi,
-            Err(answer) => return answer,
+        if st.groups[gi].nic_arrived == st.groups[gi].members.len() {
+            self.complete_nic_round(st, gi);
+        } else {
+            self.detect_order_cycle(st, c.rank);
+        }
+        c.stage = NicStage::Joined {
+            gi,
+            m,
+            round_id,
+            fault,
+            deadline: deadline_after(self.cfg.hccl_timeout),
         };
-        self.join_nic_round(st, rank, gi, ranks, use_backup, fault_code)
+        Ok(())
     }
 
     /// HCCL's immediate checks: nothing is waited for and nothing changes. `Ok(group index)`
@@ -246,66 +518,44 @@ impl Fabric {
         Ok(gi)
     }
 
-    /// Joins the group's NIC-set rendezvous and waits for its outcome (or a reason to leave).
-    fn join_nic_round(
+    /// Waits in a joined NIC-set round for its outcome, or for a reason to leave.
+    fn wait_nic_round(
         &self,
         st: &mut Guard<'_>,
         rank: GlobalRank,
-        gi: usize,
-        ranks: &[GroupRank],
-        use_backup: &[bool],
-        fault_code: Option<HcclCode>,
-    ) -> NicResult {
+        (gi, m, round_id, fault, deadline): (usize, usize, u64, Option<HcclCode>, Option<Instant>),
+        waker: &Waker,
+        now: Instant,
+    ) -> Progress<NicResult> {
         let r = rank.0 as usize;
-        let m = st.groups[gi]
-            .member_index(rank)
-            .expect("checked by nic_set_checks");
-        let round_id = st.groups[gi].nic_round_id;
-        {
-            let g = &mut st.groups[gi];
-            g.nic_results[m] = None;
-            g.nic_left[m] = false;
-            g.nic_round[m] = Some(NicArrival {
-                ranks: ranks.to_vec(),
-                use_backup: use_backup.to_vec(),
-                fault: fault_code,
+        let with_fault = |c: HcclCode, d: String| fail(fault.unwrap_or(c), d);
+        let g = &mut st.groups[gi];
+        if matches!(&g.nic_results[m], Some((id, _)) if *id == round_id) {
+            let (_, res) = g.nic_results[m].take().expect("checked just above");
+            return Progress::Done(res);
+        }
+        let leave = if st.shut_down {
+            Some(shut_down())
+        } else if st.dead[r] {
+            Some(killed(rank))
+        } else {
+            st.any_member_dead(gi).map(peer_lost)
+        };
+        if let Some((c, d)) = leave {
+            self.leave_nic_round(st, gi, m, round_id);
+            return Progress::Done(if c == HcclCode::Remote {
+                with_fault(c, d)
+            } else {
+                fail(c, d)
             });
         }
-        if st.groups[gi].nic_round.iter().all(Option::is_some) {
-            self.complete_nic_round(st, gi);
-        } else {
-            self.detect_order_cycle(st, rank);
+        if !before(deadline, now) {
+            let detail = self.nic_timeout(st, gi);
+            self.leave_nic_round(st, gi, m, round_id);
+            return Progress::Done(with_fault(HcclCode::Timeout, detail));
         }
-        self.bump(st);
-        let deadline = deadline_after(self.cfg.hccl_timeout);
-        let with_fault = |c: HcclCode, d: String| fail(fault_code.unwrap_or(c), d);
-        loop {
-            let g = &mut st.groups[gi];
-            if matches!(&g.nic_results[m], Some((id, _)) if *id == round_id) {
-                let (_, res) = g.nic_results[m].take().expect("checked just above");
-                return res;
-            }
-            let leave = if st.shut_down {
-                Some(shut_down())
-            } else if st.dead[r] {
-                Some(killed(rank))
-            } else {
-                st.any_member_dead(gi).map(peer_lost)
-            };
-            if let Some((c, d)) = leave {
-                self.leave_nic_round(st, gi, m, round_id);
-                return if c == HcclCode::Remote {
-                    with_fault(c, d)
-                } else {
-                    fail(c, d)
-                };
-            }
-            if !self.wait(st, deadline) {
-                let detail = self.nic_timeout(st, gi);
-                self.leave_nic_round(st, gi, m, round_id);
-                return with_fault(HcclCode::Timeout, detail);
-            }
-        }
+        st.groups[gi].nic_wakers[m] = Some(waker.clone());
+        Progress::Wait(deadline)
     }
 
     /// The argument checks HCCL does before touching anything.
@@ -324,36 +574,15 @@ impl Fabric {
         )
     }
 
-    /// A simulated slow or hung call: waits `d` unless the rank dies or the fabric shuts down.
-    fn simulated_delay(
-        &self,
-        st: &mut Guard<'_>,
-        rank: GlobalRank,
-        d: std::time::Duration,
-    ) -> Result<(), (HcclCode, String)> {
-        let deadline = deadline_after(d);
-        loop {
-            if st.shut_down {
-                return Err(shut_down());
-            }
-            if st.dead[rank.0 as usize] {
-                return Err(killed(rank));
-            }
-            if !self.wait(st, deadline) {
-                return Ok(());
-            }
-        }
-    }
-
     fn leave_nic_round(&self, st: &mut Guard<'_>, gi: usize, m: usize, round_id: u64) {
         let g = &mut st.groups[gi];
         if g.nic_round_id == round_id {
-            g.nic_round[m] = None;
+            if g.nic_round[m].take().is_some() {
+                g.nic_arrived -= 1;
+            }
             g.nic_left[m] = true;
         }
-        self.bump(st);
     }
-
     /// Explains a NIC-set timeout: which members never arrived.
     fn nic_timeout(&self, st: &State, gi: usize) -> String {
         let g = &st.groups[gi];
@@ -384,6 +613,16 @@ impl Fabric {
     /// That is HCCL's "same group order on every rank" rule broken; record it, naming the
     /// cycle. Checked at arrival, so detection does not depend on timing.
     fn detect_order_cycle(&self, st: &mut Guard<'_>, start: GlobalRank) {
+        // A cycle through `start` closes at a rank waiting in another group of `start`, for
+        // `start`: none is possible unless one of them has a round with a member in it. (The
+        // common case, and what keeps an arrival in a group of thousands cheap.)
+        let own = Self::waiting_in(st, start);
+        let closable = st.rank_groups[start.0 as usize]
+            .iter()
+            .any(|gi| Some(*gi) != own && st.groups[*gi].nic_arrived > 0);
+        if !closable {
+            return;
+        }
         // Breadth-first over "waits for" edges; `via[r] = (predecessor, group it waits in)`.
         let mut via: std::collections::HashMap<GlobalRank, (GlobalRank, usize)> =
             std::collections::HashMap::new();
@@ -440,6 +679,7 @@ impl Fabric {
             .collect();
         let round_id = st.groups[gi].nic_round_id;
         st.groups[gi].nic_round_id += 1;
+        st.groups[gi].nic_arrived = 0;
         st.groups[gi].nic_left.iter_mut().for_each(|x| *x = false);
         let name = st.groups[gi].name.clone();
         // `Err((code, detail))`: nobody applies; otherwise every member not faulted applies.
@@ -451,7 +691,7 @@ impl Fabric {
                 (Err((c, d)), None) => fail(*c, d.clone()),
                 (Ok(()), None) => {
                     for (gr, b) in a.ranks.iter().zip(&a.use_backup) {
-                        g.views[m][gr.0 as usize] = *b;
+                        g.views[m].set(gr.0 as usize, *b);
                         // HCCL re-links the operators issued so far; later ones start on the
                         // default NIC (see crate::operator).
                         operator::apply(&mut g.op_views[m], gr.0 as usize, *b);
@@ -465,6 +705,7 @@ impl Fabric {
             };
             g.nic_results[m] = Some((round_id, res));
         }
+        g.wake_nic_round();
         tracing::debug!(group = %name, round_id, ok = verdict.is_ok(), "sim HCCL: NIC-set round completed");
     }
 
@@ -505,7 +746,7 @@ impl Fabric {
             let mut down = Vec::new();
             for (gr, b) in first.ranks.iter().zip(&first.use_backup) {
                 let gr = gr.0 as usize;
-                if g.views.iter().all(|v| v[gr] == *b) {
+                if g.views.iter().all(|v| v.contains(gr) == *b) {
                     continue; // no change for this rank: nothing to connect
                 }
                 let r = members[gr];
@@ -545,7 +786,8 @@ impl Fabric {
     /// members hold the same configuration of `op` and every member's working port (by that
     /// configuration of itself) is up; otherwise every member gets the same error. A member
     /// that times out aborts the round: every member, including late arrivals, then gets
-    /// `HCCL_E_TIMEOUT` for it, so call counts stay aligned.
+    /// `HCCL_E_TIMEOUT` for it, so call counts stay aligned. Blocks the calling thread until
+    /// the round is decided ([`Fabric::collective_async`] waits as a task instead).
     pub fn collective(
         &self,
         group: &str,
@@ -553,27 +795,105 @@ impl Fabric {
         op: Collective,
         value: f64,
     ) -> Result<f64, HalError> {
-        let mut st = self.state.lock();
-        let res = self.all_reduce_locked(&mut st, group, rank, op, value);
-        self.bump(&mut st);
-        drop(st);
-        res.map_err(|(code, detail)| {
-            HalError::new(
-                ALL_REDUCE_OP,
-                code,
-                format!("rank {rank}, group {group}: {detail}"),
-            )
-        })
+        let mut c = CollectiveCall::new(rank, group, op, value);
+        call::block_on(|w, now| self.poll_collective(&mut c, w, now))
     }
 
-    fn all_reduce_locked(
+    /// [`Fabric::collective`] as a future, on a tokio runtime: the rank waits for its peers as
+    /// a task, not a thread.
+    pub async fn collective_async(
         &self,
-        st: &mut Guard<'_>,
         group: &str,
         rank: GlobalRank,
         op: Collective,
         value: f64,
-    ) -> Result<f64, (HcclCode, String)> {
+    ) -> Result<f64, HalError> {
+        let mut d = Driven {
+            fabric: self,
+            call: CollectiveCall::new(rank, group, op, value),
+        };
+        call::drive(|w, now| self.poll_collective(&mut d.call, w, now)).await
+    }
+
+    fn poll_collective(
+        &self,
+        c: &mut CollectiveCall,
+        waker: &Waker,
+        now: Instant,
+    ) -> Progress<Result<f64, HalError>> {
+        let mut st = self.state.lock();
+        let progress = self.advance_collective(&mut st, c, waker, now);
+        self.bump(&mut st);
+        drop(st);
+        match progress {
+            Progress::Wait(until) => Progress::Wait(until),
+            Progress::Done(res) => {
+                c.stage = CollectiveStage::Done;
+                Progress::Done(res.map_err(|(code, detail)| {
+                    HalError::new(
+                        ALL_REDUCE_OP,
+                        code,
+                        format!("rank {}, group {}: {detail}", c.rank, c.group),
+                    )
+                }))
+            }
+        }
+    }
+
+    fn advance_collective(
+        &self,
+        st: &mut Guard<'_>,
+        c: &mut CollectiveCall,
+        waker: &Waker,
+        now: Instant,
+    ) -> Progress<Result<f64, (HcclCode, String)>> {
+        let (gi, m, seq, deadline) = match c.stage {
+            CollectiveStage::Start => match self.collective_entry(st, c) {
+                Err(e) => return Progress::Done(Err(e)),
+                Ok(joined) => joined,
+            },
+            CollectiveStage::Joined {
+                gi,
+                m,
+                seq,
+                deadline,
+            } => (gi, m, seq, deadline),
+            CollectiveStage::Done => unreachable!("a collective is polled after its answer"),
+        };
+        if st.groups[gi].ar_rounds[&seq].outcome.is_some() {
+            return Progress::Done(Self::consume_collective(st, gi, m, seq));
+        }
+        let r = c.rank.0 as usize;
+        let leave = if st.shut_down {
+            Some(shut_down())
+        } else if st.dead[r] {
+            Some(killed(c.rank))
+        } else {
+            st.any_member_dead(gi).map(peer_lost)
+        };
+        if let Some(e) = leave {
+            st.groups[gi].ar_in_flight[m] = false;
+            return Progress::Done(Err(e));
+        }
+        if !before(deadline, now) {
+            self.time_out_collective(st, gi, seq);
+            return Progress::Done(Self::consume_collective(st, gi, m, seq));
+        }
+        if let Some(round) = st.groups[gi].ar_rounds.get_mut(&seq) {
+            round.wakers[m] = Some(waker.clone());
+        }
+        Progress::Wait(deadline)
+    }
+
+    /// The checks at entry, then joins the group's next round (completing it when this member
+    /// is the last): `(group, member, round, deadline)`, or the call's answer.
+    #[allow(clippy::type_complexity)]
+    fn collective_entry(
+        &self,
+        st: &mut Guard<'_>,
+        c: &mut CollectiveCall,
+    ) -> Result<(usize, usize, u64, Option<Instant>), (HcclCode, String)> {
+        let (rank, group) = (c.rank, c.group.as_str());
         if st.shut_down {
             return Err(shut_down());
         }
@@ -605,36 +925,22 @@ impl Fabric {
         if let Some(peer) = st.any_member_dead(gi) {
             return Err(peer_lost(peer));
         }
-        let seq = self.join_collective(st, gi, m, op, value);
+        let seq = self.join_collective(st, gi, m, c.op, c.value);
         let complete = {
             let round = &st.groups[gi].ar_rounds[&seq];
-            round.outcome.is_none() && round.values.iter().all(Option::is_some)
+            round.outcome.is_none() && round.arrived == round.values.len()
         };
         if complete {
             self.complete_collective(st, gi, seq);
         }
-        self.bump(st);
         let deadline = deadline_after(self.cfg.hccl_timeout);
-        loop {
-            if st.groups[gi].ar_rounds[&seq].outcome.is_some() {
-                return Self::consume_collective(st, gi, m, seq);
-            }
-            let leave = if st.shut_down {
-                Some(shut_down())
-            } else if st.dead[r] {
-                Some(killed(rank))
-            } else {
-                st.any_member_dead(gi).map(peer_lost)
-            };
-            if let Some(e) = leave {
-                st.groups[gi].ar_in_flight[m] = false;
-                return Err(e);
-            }
-            if !self.wait(st, deadline) {
-                self.time_out_collective(st, gi, seq);
-                return Self::consume_collective(st, gi, m, seq);
-            }
-        }
+        c.stage = CollectiveStage::Joined {
+            gi,
+            m,
+            seq,
+            deadline,
+        };
+        Ok((gi, m, seq, deadline))
     }
 
     /// A member gave up waiting for round `seq`: the round fails with `HCCL_E_TIMEOUT` for
@@ -659,6 +965,7 @@ impl Fabric {
                 fmt_ranks(missing)
             ),
         )));
+        round.wake();
     }
 
     /// Issues `op` for member `m` and puts its value into the group's next round; returns the
@@ -673,7 +980,7 @@ impl Fabric {
     ) -> u64 {
         let g = &mut st.groups[gi];
         let n = g.members.len();
-        operator::issue(&mut g.op_views[m], op, n);
+        operator::issue(&mut g.op_views[m], op);
         let seq = g.ar_next_seq[m];
         g.ar_next_seq[m] += 1;
         let round = g
@@ -682,7 +989,9 @@ impl Fabric {
             .or_insert_with(|| CollectiveRound::new(n, op));
         let mismatch = round.op != op && round.outcome.is_none();
         if round.outcome.is_none() {
-            round.values[m] = Some(value);
+            if round.values[m].replace(value).is_none() {
+                round.arrived += 1;
+            }
             g.ar_in_flight[m] = true;
         }
         if mismatch {
@@ -708,9 +1017,11 @@ impl Fabric {
             .ar_rounds
             .get_mut(&seq)
             .expect("round exists until consumed");
-        round.consumed[m] = true;
+        if !std::mem::replace(&mut round.consumed[m], true) {
+            round.consumed_count += 1;
+        }
         let out = round.outcome.clone().expect("consumed only once decided");
-        if round.consumed.iter().all(|c| *c) {
+        if round.consumed_count == round.consumed.len() {
             g.ar_rounds.remove(&seq);
         }
         out
@@ -720,13 +1031,13 @@ impl Fabric {
         let g = &st.groups[gi];
         let op = g.ar_rounds[&seq].op;
         // Every member of the round issued `op`, so each holds a configuration of it.
-        let views: Vec<&Vec<bool>> = g.op_views.iter().map(|v| &v[&op]).collect();
+        let views: Vec<&BackupSet> = g.op_views.iter().map(|v| &v[&op]).collect();
         let outcome = if views.iter().any(|v| *v != views[0]) {
             let desc: Vec<String> = g
                 .members
                 .iter()
                 .zip(&views)
-                .map(|(r, v)| format!("rank {r} sees {}", fmt_view(v)))
+                .map(|(r, v)| format!("rank {r} sees {}", fmt_view(&v.to_dense(g.members.len()))))
                 .collect();
             let msg = format!(
                 "{op} on group {} while its members disagree on its NICs: {}",
@@ -746,10 +1057,12 @@ impl Fabric {
         };
         let g = &mut st.groups[gi];
         g.ran_op.iter_mut().for_each(|x| *x = true);
-        g.ar_rounds
+        let round = g
+            .ar_rounds
             .get_mut(&seq)
-            .expect("round being completed exists")
-            .outcome = Some(outcome);
+            .expect("round being completed exists");
+        round.outcome = Some(outcome);
+        round.wake();
     }
 
     /// The result of a round whose members agree on `view`: the sum, unless a member sends on
@@ -759,14 +1072,14 @@ impl Fabric {
         st: &State,
         gi: usize,
         seq: u64,
-        view: &[bool],
+        view: &BackupSet,
     ) -> Result<f64, (HcclCode, String)> {
         let g = &st.groups[gi];
         let down: Vec<String> = g
             .members
             .iter()
             .enumerate()
-            .filter_map(|(m, r)| match self.working_port(*r, view[m]) {
+            .filter_map(|(m, r)| match self.working_port(*r, view.contains(m)) {
                 Some(p) if st.ports_up[p] => None,
                 Some(p) => Some(format!("rank {r} sends on {} (down)", self.port_name(p))),
                 None => Some(format!("rank {r} uses a backup NIC it does not have")),

@@ -11,8 +11,9 @@
 //!   [`Fabric::check_consistency`], the invariant every test ends with.
 //! - [`MockRankHal`] / [`MockNodeHal`]: the [`taskd_core::RankHal`] and
 //!   [`taskd_core::NodeHal`] a worker and a proxy own.
-//! - [`SimTraining`]: one thread per rank running blocking all-reduces and calling the step
-//!   hook, so pausing, deadlocks and lost steps are observable.
+//! - [`SimTraining`]: one task per rank running all-reduces that wait for every peer and
+//!   calling the step hook, so pausing, deadlocks and lost steps are observable; ranks are
+//!   tasks on a small runtime, so a job of 16,384 ranks fits in one process.
 //! - [`ScriptedRankHal`]: a [`taskd_core::RankHal`] that plays a script of expected calls
 //!   ([`Expect`]), for tests of one worker's conversation with HCCL, embedded-hal-mock style.
 //! - [`solo`]: one rank alone in its own process (`taskd worker --sim`): the same group layout,
@@ -61,6 +62,7 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod call;
 pub mod fabric;
 pub mod fault;
 pub mod hccl;
@@ -70,6 +72,7 @@ pub mod rank_hal;
 pub mod scripted;
 pub mod solo;
 pub mod training;
+mod view;
 
 #[cfg(test)]
 mod test_support;
@@ -85,5 +88,6 @@ pub use rank_hal::MockRankHal;
 pub use scripted::{Expect, ScriptedRankHal};
 pub use solo::{SoloLayout, SoloNodeHal, SoloRank, SoloRankHal, SoloTraining, SoloTrainingOptions};
 pub use training::{
-    no_pause_hooks, NoPause, RankExit, SimTraining, TrainingOptions, TrainingSummary,
+    no_pause_hooks, Hold, NoPause, RankExit, SimTraining, StepHook, TrainingOptions,
+    TrainingSummary,
 };

@@ -32,6 +32,7 @@
 //! training on real hardware; the simulator fails it and counts it
 //! ([`crate::Fabric::collectives_on_inconsistent_groups`]).
 
+use crate::view::BackupSet;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -80,32 +81,35 @@ impl fmt::Display for Collective {
     }
 }
 
-/// One member's configuration of each operator it issued on a group: `use_backup` per group
-/// rank.
-pub(crate) type OperatorViews = BTreeMap<Collective, Vec<bool>>;
+/// One member's configuration of each operator it issued on a group: the group ranks on their
+/// backup NIC ([`BackupSet`]).
+pub(crate) type OperatorViews = BTreeMap<Collective, BackupSet>;
 
 /// The member issues `op`: a new operator starts on the default NIC (every rank primary).
-pub(crate) fn issue(views: &mut OperatorViews, op: Collective, group_size: usize) {
-    views.entry(op).or_insert_with(|| vec![false; group_size]);
+pub(crate) fn issue(views: &mut OperatorViews, op: Collective) {
+    views.entry(op).or_default();
 }
 
 /// A NIC-set call this member applied: every operator it has issued takes the change.
 pub(crate) fn apply(views: &mut OperatorViews, group_rank: usize, use_backup: bool) {
     for v in views.values_mut() {
-        v[group_rank] = use_backup;
+        v.set(group_rank, use_backup);
     }
 }
 
 /// Whether a collective of configuration `op_view` runs some rank on its default NIC that one
 /// of the members' set configurations (`set_views`) has on its backup NIC.
-pub(crate) fn on_default_nic(set_views: &[Vec<bool>], op_view: &[bool]) -> bool {
+pub(crate) fn on_default_nic<'a>(
+    set_views: impl IntoIterator<Item = &'a BackupSet>,
+    op_view: &BackupSet,
+) -> bool {
     set_views
-        .iter()
-        .any(|set| set.iter().zip(op_view).any(|(s, o)| *s && !*o))
+        .into_iter()
+        .any(|set| set.iter().any(|gr| !op_view.contains(gr)))
 }
 
 /// What the members that issued one operator hold for it: `(member, configuration)`.
-pub(crate) type Held = Vec<(usize, Vec<bool>)>;
+pub(crate) type Held = Vec<(usize, BackupSet)>;
 
 /// Disagreements about operators between `live` members (indices into `per_member`): for every
 /// operator some live member issued and its holders do not all agree on, what each holds.
@@ -113,7 +117,7 @@ pub(crate) fn disagreements(
     per_member: &[OperatorViews],
     live: &[usize],
 ) -> Vec<(Collective, Held)> {
-    let mut ops: BTreeMap<Collective, Vec<(usize, &Vec<bool>)>> = BTreeMap::new();
+    let mut ops: BTreeMap<Collective, Vec<(usize, &BackupSet)>> = BTreeMap::new();
     for m in live {
         for (op, v) in &per_member[*m] {
             ops.entry(*op).or_default().push((*m, v));
@@ -132,22 +136,30 @@ pub(crate) fn disagreements(
 mod tests {
     use super::*;
 
+    fn set(on: &[usize]) -> BackupSet {
+        let mut v = BackupSet::default();
+        for gr in on {
+            v.set(*gr, true);
+        }
+        v
+    }
+
     #[test]
     fn operators_issued_before_a_call_take_it_and_later_ones_start_on_the_default_nic() {
         let mut member = OperatorViews::new();
-        issue(&mut member, Collective::TRAINING, 2);
+        issue(&mut member, Collective::TRAINING);
         apply(&mut member, 0, true);
-        issue(&mut member, Collective::evaluation(1), 2);
+        issue(&mut member, Collective::evaluation(1));
         // Issuing an operator again keeps its configuration.
-        issue(&mut member, Collective::TRAINING, 2);
-        assert_eq!(member[&Collective::TRAINING], [true, false]);
-        assert_eq!(member[&Collective::evaluation(1)], [false, false]);
-        let set = vec![vec![true, false]];
-        assert!(on_default_nic(&set, &member[&Collective::evaluation(1)]));
-        assert!(!on_default_nic(&set, &member[&Collective::TRAINING]));
+        issue(&mut member, Collective::TRAINING);
+        assert_eq!(member[&Collective::TRAINING], set(&[0]));
+        assert_eq!(member[&Collective::evaluation(1)], set(&[]));
+        let sets = [set(&[0])];
+        assert!(on_default_nic(&sets, &member[&Collective::evaluation(1)]));
+        assert!(!on_default_nic(&sets, &member[&Collective::TRAINING]));
         // A later call reaches every operator issued by then.
         apply(&mut member, 1, true);
-        assert_eq!(member[&Collective::evaluation(1)], [false, true]);
+        assert_eq!(member[&Collective::evaluation(1)], set(&[1]));
         assert_eq!(Collective::evaluation(2).to_string(), "allreduce(4098)");
         assert_ne!(Collective::evaluation(1), Collective::TRAINING);
     }
@@ -156,18 +168,15 @@ mod tests {
     fn members_disagree_only_about_an_operator_they_both_issued_differently() {
         let mut a = OperatorViews::new();
         let mut b = OperatorViews::new();
-        issue(&mut a, Collective::TRAINING, 2);
-        issue(&mut b, Collective::TRAINING, 2);
-        issue(&mut a, Collective::evaluation(1), 2); // b has not issued it: no disagreement
+        issue(&mut a, Collective::TRAINING);
+        issue(&mut b, Collective::TRAINING);
+        issue(&mut a, Collective::evaluation(1)); // b has not issued it: no disagreement
         assert!(disagreements(&[a.clone(), b.clone()], &[0, 1]).is_empty());
         apply(&mut a, 1, true);
         let d = disagreements(&[a.clone(), b.clone()], &[0, 1]);
         assert_eq!(d.len(), 1);
         assert_eq!(d[0].0, Collective::TRAINING);
-        assert_eq!(
-            d[0].1,
-            vec![(0, vec![false, true]), (1, vec![false, false])]
-        );
+        assert_eq!(d[0].1, vec![(0, set(&[1])), (1, set(&[]))]);
         // A member that is not live does not count.
         assert!(disagreements(&[a, b], &[1]).is_empty());
     }

@@ -37,6 +37,20 @@ impl MockRankHal {
         self.fabric.all_reduce(group, self.rank, value)
     }
 
+    /// [`RankHal::set_working_nic`] as a future (on a tokio runtime): the call waits for the
+    /// group's other members as a task instead of blocking a thread, so thousands of
+    /// simulated ranks can be inside one rendezvous at once. The same rules, answers and log.
+    pub async fn set_working_nic_async(
+        &self,
+        group: &str,
+        ranks: &[GroupRank],
+        use_backup: &[bool],
+    ) -> Result<(), HalError> {
+        self.fabric
+            .set_working_nic_async(self.rank, group, ranks, use_backup)
+            .await
+    }
+
     fn alive(&self, op: &str) -> Result<(), HalError> {
         if self.fabric.is_shut_down() {
             return Err(HalError::new(

@@ -1,19 +1,27 @@
-//! A simulated training job: one thread per rank, each step a blocking all-reduce on every
-//! group of the rank (the training operator, [`Collective::TRAINING`]), every few steps an
+//! A simulated training job: one task per rank, each step a blocking all-reduce on every group
+//! of the rank (the training operator, [`Collective::TRAINING`]), every few steps an
 //! evaluation all-reduce on the world group (an operator of a size not issued before,
 //! [`Collective::evaluation`]), then the step-boundary hook (where a pause holds the rank).
 //!
 //! It reproduces what makes pausing hard on real hardware: a rank that stops calling
 //! collectives leaves its peers blocked inside one (until the HCCL timeout), so a wrong pause
 //! protocol deadlocks the simulation just as it would a real job.
+//!
+//! A rank is a task, not a thread: the ranks of a job run on a small runtime of their own
+//! ([`TrainingOptions::threads`] threads), a rank waiting in a collective or held at its step
+//! boundary is a parked task, and a job of 16,384 ranks costs a few hundred bytes per rank
+//! instead of two thread stacks. To the rank nothing changes: it waits in the collective until
+//! its peers arrive, and in its hook until the hook lets it go.
 
 use crate::fabric::{deadline_after, Fabric, WORLD_GROUP};
 use crate::operator::Collective;
 use parking_lot::{Condvar, Mutex};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
-use taskd_core::{GlobalRank, HalErrorKind, StepBoundary};
+use taskd_core::{GlobalRank, HalErrorKind};
 
 /// How the simulated training behaves.
 ///
@@ -27,6 +35,8 @@ pub struct TrainingOptions {
     /// before, which after a switch runs on the default NIC ([`crate::operator`]). Default 3;
     /// 0 never evaluates.
     pub eval_every: u64,
+    /// Threads the ranks' tasks run on. Default: the machine's cores, at most 4.
+    pub threads: usize,
 }
 
 impl Default for TrainingOptions {
@@ -34,11 +44,12 @@ impl Default for TrainingOptions {
         TrainingOptions {
             step_time: Duration::from_millis(2),
             eval_every: 3,
+            threads: std::thread::available_parallelism().map_or(2, |n| n.get().min(4)),
         }
     }
 }
 
-/// Why a rank's training thread ended.
+/// Why a rank's training loop ended.
 ///
 /// Why: a test distinguishes a clean stop from a job that died under it.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -64,7 +75,7 @@ pub struct TrainingSummary {
     pub steps: Vec<u64>,
     /// Collectives that returned an error (not counting those ended by shutdown).
     pub collective_failures: u64,
-    /// Why each rank's thread ended, by global rank.
+    /// Why each rank's loop ended, by global rank.
     pub exits: Vec<RankExit>,
 }
 
@@ -80,39 +91,84 @@ impl TrainingSummary {
     }
 }
 
+/// What a rank waits for at a step boundary before its next step.
+pub type Hold<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
+/// The hook a simulated rank calls at every step boundary, after it completed `step` (1 for
+/// the first): `None` to go on at once, or what to wait for first (a pause holds the rank
+/// there). The simulated form of [`taskd_core::StepBoundary`], for ranks that are tasks.
+///
+/// Why not `StepBoundary`: its call blocks the calling thread while the rank is held, and a
+/// rank here is a task sharing its thread with thousands of others.
+pub trait StepHook: Send + Sync {
+    /// Step `step` completed.
+    fn step_completed(&self, step: u64) -> Option<Hold<'_>>;
+}
+
 /// A step hook that never pauses.
 ///
 /// Why: the training loop needs a hook per rank even when a test does not pause it.
 #[derive(Copy, Clone, Debug, Default)]
 pub struct NoPause;
 
-impl StepBoundary for NoPause {
-    fn step_completed(&self, _step: u64) {}
+impl StepHook for NoPause {
+    fn step_completed(&self, _step: u64) -> Option<Hold<'_>> {
+        None
+    }
 }
 
 /// `world` hooks that never pause, for [`SimTraining::start`].
-pub fn no_pause_hooks(world: u32) -> Vec<Arc<dyn StepBoundary>> {
+pub fn no_pause_hooks(world: u32) -> Vec<Arc<dyn StepHook>> {
     (0..world)
-        .map(|_| Arc::new(NoPause) as Arc<dyn StepBoundary>)
+        .map(|_| Arc::new(NoPause) as Arc<dyn StepHook>)
         .collect()
 }
 
 struct TrainState {
     /// Last step each rank completed.
     completed: Vec<u64>,
-    /// Last step each rank started.
-    started: Vec<u64>,
+    /// How many ranks completed exactly each step (their last): the first key is the fewest
+    /// steps any rank completed, the last the most, without a pass over every rank.
+    by_step: BTreeMap<u64, usize>,
+    /// The latest step any rank started.
+    max_started: u64,
     failures: u64,
     stop_after: Option<u64>,
     running: usize,
 }
 
+impl TrainState {
+    fn min(&self) -> u64 {
+        self.by_step.keys().next().copied().unwrap_or(0)
+    }
+
+    fn max(&self) -> u64 {
+        self.by_step.keys().next_back().copied().unwrap_or(0)
+    }
+
+    /// Rank `r` completed `step`; whether the fewest steps any rank completed went up.
+    fn complete(&mut self, r: usize, step: u64) -> bool {
+        let min_before = self.min();
+        let old = std::mem::replace(&mut self.completed[r], step);
+        if let Some(n) = self.by_step.get_mut(&old) {
+            *n -= 1;
+            if *n == 0 {
+                self.by_step.remove(&old);
+            }
+        }
+        *self.by_step.entry(step).or_default() += 1;
+        self.min() != min_before
+    }
+}
+
 struct Shared {
     state: Mutex<TrainState>,
+    /// Signalled when the fewest completed steps goes up, a failure is counted or a rank's
+    /// loop ends: what [`SimTraining::wait_min_steps`] waits for.
     cv: Condvar,
 }
 
-/// Decrements the running count when a rank thread ends, even by panic.
+/// Decrements the running count when a rank's task ends, even by panic.
 struct Running(Arc<Shared>);
 
 impl Drop for Running {
@@ -122,18 +178,19 @@ impl Drop for Running {
     }
 }
 
-/// A running simulated training job (one thread per rank).
+/// A running simulated training job (one task per rank).
 ///
 /// Why: the control plane's pause/switch/resume must be tested against a loop that really
 /// blocks in collectives, not against a counter.
 pub struct SimTraining {
     fabric: Arc<Fabric>,
     shared: Arc<Shared>,
-    threads: Vec<JoinHandle<RankExit>>,
+    runtime: tokio::runtime::Runtime,
+    tasks: Vec<tokio::task::JoinHandle<RankExit>>,
 }
 
 impl SimTraining {
-    /// Starts one thread per rank. Each step: `opts.step_time` of simulated compute, then a
+    /// Starts one task per rank. Each step: `opts.step_time` of simulated compute, then a
     /// blocking all-reduce on each of the rank's groups in the fabric's fixed global order
     /// (world, tp, dp: the same relative order on every rank, so no step can deadlock by
     /// itself), then `hooks[rank].step_completed(step)`.
@@ -145,10 +202,10 @@ impl SimTraining {
     /// peer died (`HCCL_E_REMOTE`).
     ///
     /// # Panics
-    /// If `hooks.len()` is not the fabric's world size.
+    /// If `hooks.len()` is not the fabric's world size, or the runtime cannot start.
     pub fn start(
         fabric: Arc<Fabric>,
-        hooks: Vec<Arc<dyn StepBoundary>>,
+        hooks: Vec<Arc<dyn StepHook>>,
         opts: TrainingOptions,
     ) -> SimTraining {
         let world = fabric.world_size() as usize;
@@ -160,34 +217,38 @@ impl SimTraining {
         let shared = Arc::new(Shared {
             state: Mutex::new(TrainState {
                 completed: vec![0; world],
-                started: vec![0; world],
+                by_step: BTreeMap::from([(0, world)]),
+                max_started: 0,
                 failures: 0,
                 stop_after: None,
                 running: world,
             }),
             cv: Condvar::new(),
         });
-        let threads = hooks
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(opts.threads.max(1))
+            .thread_name("sim-ranks")
+            .enable_time()
+            .build()
+            .expect("starting the simulated ranks' runtime");
+        let tasks = hooks
             .into_iter()
             .enumerate()
             .map(|(r, hook)| {
                 let rank = GlobalRank(r as u32);
                 let fabric = Arc::clone(&fabric);
-                let shared = Arc::clone(&shared);
+                let running = Running(Arc::clone(&shared));
                 let opts = opts.clone();
-                std::thread::Builder::new()
-                    .name(format!("sim-rank-{r}"))
-                    .spawn(move || {
-                        let running = Running(shared);
-                        run_rank(&fabric, &running.0, hook.as_ref(), rank, &opts)
-                    })
-                    .expect("spawning a simulated rank thread")
+                runtime.spawn(async move {
+                    run_rank(&fabric, &running.0, hook.as_ref(), rank, &opts).await
+                })
             })
             .collect();
         SimTraining {
             fabric,
             shared,
-            threads,
+            runtime,
+            tasks,
         }
     }
 
@@ -210,35 +271,21 @@ impl SimTraining {
 
     /// Fewest steps any rank completed.
     pub fn min_steps(&self) -> u64 {
-        self.shared
-            .state
-            .lock()
-            .completed
-            .iter()
-            .copied()
-            .min()
-            .unwrap_or(0)
+        self.shared.state.lock().min()
     }
 
     /// Most steps any rank completed.
     pub fn max_steps(&self) -> u64 {
-        self.shared
-            .state
-            .lock()
-            .completed
-            .iter()
-            .copied()
-            .max()
-            .unwrap_or(0)
+        self.shared.state.lock().max()
     }
 
     /// Waits until every rank completed at least `n` steps. Returns `false` on timeout or
-    /// when every rank thread has ended first.
+    /// when every rank's loop has ended first.
     pub fn wait_min_steps(&self, n: u64, timeout: Duration) -> bool {
         let deadline = deadline_after(timeout);
         let mut st = self.shared.state.lock();
         loop {
-            if st.completed.iter().all(|c| *c >= n) {
+            if st.min() >= n {
                 return true;
             }
             if st.running == 0 {
@@ -248,7 +295,7 @@ impl SimTraining {
                 None => self.shared.cv.wait(&mut st),
                 Some(d) => {
                     if self.shared.cv.wait_until(&mut st, d).timed_out() {
-                        return st.completed.iter().all(|c| *c >= n);
+                        return st.min() >= n;
                     }
                 }
             }
@@ -266,24 +313,31 @@ impl SimTraining {
     /// will stop after.
     pub fn stop_after(&self, step: u64) -> u64 {
         let mut st = self.shared.state.lock();
-        let started = st.started.iter().copied().max().unwrap_or(0);
-        let stop = step.max(started);
+        let stop = step.max(st.max_started);
         let stop = st.stop_after.map_or(stop, |s| s.min(stop));
         st.stop_after = Some(stop);
         self.shared.cv.notify_all();
         stop
     }
 
-    /// Joins every rank thread. Call it after [`SimTraining::stop_after`] or
-    /// [`Fabric::shutdown`]; otherwise it waits for ever (a rank blocked in its hook or in a
-    /// collective never ends by itself).
+    /// Waits for every rank's loop to end. Call it after [`SimTraining::stop_after`] or
+    /// [`Fabric::shutdown`]; otherwise it waits for ever (a rank held in its hook or blocked in
+    /// a collective never ends by itself). Call it from outside the ranks' runtime.
     pub fn join(self) -> TrainingSummary {
-        let exits = self
-            .threads
-            .into_iter()
-            .map(|t| t.join().unwrap_or(RankExit::Panicked))
-            .collect();
-        let st = self.shared.state.lock();
+        let SimTraining {
+            shared,
+            runtime,
+            tasks,
+            ..
+        } = self;
+        let exits = runtime.block_on(async move {
+            let mut exits = Vec::with_capacity(tasks.len());
+            for t in tasks {
+                exits.push(t.await.unwrap_or(RankExit::Panicked));
+            }
+            exits
+        });
+        let st = shared.state.lock();
         TrainingSummary {
             steps: st.completed.clone(),
             collective_failures: st.failures,
@@ -292,15 +346,15 @@ impl SimTraining {
     }
 }
 
-fn run_rank(
+async fn run_rank(
     fabric: &Fabric,
     shared: &Shared,
-    hook: &dyn StepBoundary,
+    hook: &dyn StepHook,
     rank: GlobalRank,
     opts: &TrainingOptions,
 ) -> RankExit {
     let r = rank.0 as usize;
-    let groups: Vec<String> = fabric.groups_of(rank).into_iter().map(|g| g.name).collect();
+    let groups = fabric.group_names_of(rank);
     let mut step = 0u64;
     loop {
         let next = step + 1;
@@ -309,10 +363,10 @@ fn run_rank(
             if st.stop_after.is_some_and(|s| next > s) {
                 return RankExit::Stopped;
             }
-            st.started[r] = next;
+            st.max_started = st.max_started.max(next);
         }
         if !opts.step_time.is_zero() {
-            std::thread::sleep(opts.step_time); // simulated compute, not synchronisation
+            tokio::time::sleep(opts.step_time).await; // simulated compute, not synchronisation
         }
         let mut calls: Vec<(&str, Collective)> = groups
             .iter()
@@ -322,22 +376,23 @@ fn run_rank(
             calls.push((WORLD_GROUP, Collective::evaluation(next / opts.eval_every)));
         }
         for (g, op) in calls {
-            if let Err(exit) = collective(fabric, shared, rank, next, g, op) {
+            if let Err(exit) = collective(fabric, shared, rank, next, g, op).await {
                 return exit;
             }
         }
         step = next;
-        {
-            shared.state.lock().completed[r] = step;
+        if shared.state.lock().complete(r, step) {
             shared.cv.notify_all();
         }
-        hook.step_completed(step);
+        if let Some(hold) = hook.step_completed(step) {
+            hold.await;
+        }
     }
 }
 
 /// One collective of a step. A failure is counted and the step carries on, unless it ends the
 /// rank (shutdown, killed, a peer lost).
-fn collective(
+async fn collective(
     fabric: &Fabric,
     shared: &Shared,
     rank: GlobalRank,
@@ -345,7 +400,7 @@ fn collective(
     group: &str,
     op: Collective,
 ) -> Result<(), RankExit> {
-    let Err(e) = fabric.collective(group, rank, op, 1.0) else {
+    let Err(e) = fabric.collective_async(group, rank, op, 1.0).await else {
         return Ok(());
     };
     if fabric.is_shut_down() {
@@ -381,6 +436,7 @@ mod tests {
         step: u64,
         state: Mutex<(usize, bool)>, // (ranks held, released)
         cv: Condvar,
+        released: tokio::sync::Notify,
     }
 
     impl Gate {
@@ -389,6 +445,7 @@ mod tests {
                 step,
                 state: Mutex::new((0, false)),
                 cv: Condvar::new(),
+                released: tokio::sync::Notify::new(),
             })
         }
         fn wait_held(&self, n: usize) -> bool {
@@ -403,21 +460,28 @@ mod tests {
         }
         fn release(&self) {
             self.state.lock().1 = true;
-            self.cv.notify_all();
+            self.released.notify_waiters();
         }
     }
 
-    impl StepBoundary for Gate {
-        fn step_completed(&self, step: u64) {
+    impl StepHook for Gate {
+        fn step_completed(&self, step: u64) -> Option<Hold<'_>> {
             if step != self.step {
-                return;
+                return None;
             }
-            let mut st = self.state.lock();
-            st.0 += 1;
+            self.state.lock().0 += 1;
             self.cv.notify_all();
-            while !st.1 {
-                self.cv.wait(&mut st);
-            }
+            Some(Box::pin(async move {
+                loop {
+                    let released = self.released.notified();
+                    tokio::pin!(released);
+                    released.as_mut().enable();
+                    if self.state.lock().1 {
+                        return;
+                    }
+                    released.await;
+                }
+            }))
         }
     }
 
@@ -475,9 +539,8 @@ mod tests {
     ) -> (Arc<Fabric>, TrainingSummary, u64) {
         let f = fabric(2, 4, 4);
         let gate = Gate::new(5);
-        let hooks: Vec<Arc<dyn StepBoundary>> = (0..8)
-            .map(|_| gate.clone() as Arc<dyn StepBoundary>)
-            .collect();
+        let hooks: Vec<Arc<dyn StepHook>> =
+            (0..8).map(|_| gate.clone() as Arc<dyn StepHook>).collect();
         let t = SimTraining::start(Arc::clone(&f), hooks, opts);
         // Every rank finishes step 5 and waits at the boundary: no collective in flight.
         assert!(gate.wait_held(8));

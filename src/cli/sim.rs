@@ -23,8 +23,8 @@ pub struct SimArgs {
     /// Number of nodes (named node-0 .. node-{N-1}).
     #[arg(long, default_value_t = 4, value_parser = flags::count(MAX_NODES))]
     nodes: u32,
-    /// Devices (ranks) per node; rank = node_index * D + device. At most 4096 simulated
-    /// ranks in all.
+    /// Devices (ranks) per node; rank = node_index * D + device. At most 65536 simulated
+    /// ranks in all, and no more than the machine's available memory holds.
     #[arg(long, default_value_t = 16, value_parser = flags::count(MAX_SIM_RANKS as usize))]
     devices_per_node: u32,
     /// Targets of operation 1, as NODE:DEV[,DEV...]; repeatable. Default node-1:0,8 (with

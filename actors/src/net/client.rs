@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt as _;
 use tonic::transport::{ClientTlsConfig, Endpoint};
 use tonic::Code;
 
@@ -62,7 +63,7 @@ pub struct Client {
     server: String,
     incarnation: String,
     outbox: Arc<Outbox<pb::up::Body>>,
-    control: Mutex<Option<mpsc::Sender<pb::up::Body>>>,
+    control: Mutex<Option<mpsc::Sender<Box<pb::up::Body>>>>,
     state: watch::Sender<ClientState>,
     stop: watch::Sender<bool>,
 }
@@ -70,7 +71,7 @@ pub struct Client {
 /// A registered connection: the server's frames, ours, and its registration answer.
 struct Link {
     inbound: tonic::Streaming<pb::Down>,
-    outbound: mpsc::Sender<pb::Up>,
+    outbound: mpsc::Sender<Box<pb::Up>>,
     ack: pb::RegisterAck,
 }
 
@@ -124,7 +125,7 @@ impl Client {
         self.control
             .lock()
             .as_ref()
-            .is_some_and(|c| c.try_send(body).is_ok())
+            .is_some_and(|c| c.try_send(Box::new(body)).is_ok())
     }
 
     /// Says goodbye (after everything queued before), waits up to `wait` for the server to
@@ -278,6 +279,7 @@ impl Client {
             control: control_rx,
             liveness,
             stop: stop.clone(),
+            ack_every: super::session::ack_every(self.outbox.capacity()),
         };
         let handler = Arc::new(HostInbound(host.clone()));
         let end = session.run(handler).await;
@@ -324,7 +326,7 @@ impl Client {
         let mut client = pb::task_net_client::TaskNetClient::new(channel)
             .max_decoding_message_size(net.max_message_bytes)
             .max_encoding_message_size(net.max_message_bytes);
-        let (tx, rx) = mpsc::channel::<pb::Up>(32);
+        let (tx, rx) = mpsc::channel::<Box<pb::Up>>(32);
         let mut reg = host.register();
         reg.incarnation = self.incarnation.clone();
         reg.version = env!("CARGO_PKG_VERSION").to_owned();
@@ -332,15 +334,15 @@ impl Client {
             server_incarnation: s.clone(),
             received: received.load(Ordering::Acquire),
         });
-        tx.try_send(pb::Up {
+        tx.try_send(Box::new(pb::Up {
             seq: 0,
             ack: 0,
             body: Some(pb::up::Body::Register(reg)),
-        })
+        }))
         .expect("an empty channel takes one frame");
         let call = tokio::time::timeout(
             net.register_timeout,
-            client.session(ReceiverStream::new(rx)),
+            client.session(ReceiverStream::new(rx).map(|f| *f)),
         );
         let response = match call.await {
             Err(_) => return Err(Attempt::Retry("no answer to the registration".into())),

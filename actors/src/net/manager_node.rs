@@ -8,7 +8,7 @@ use super::session::Delivery;
 use super::tls::TlsPem;
 use super::{pb, unix_ms, wire, NetConfig, NetError};
 use crate::manager::{Manager, ProxyConnected, ProxyDisconnected};
-use crate::transport::Deliver;
+use crate::transport::hand_over;
 use actix::prelude::*;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -291,10 +291,7 @@ impl Host for ManagerHost {
         });
         Box::pin(async move {
             match msg {
-                Ok(m) => manager
-                    .send(Deliver(m))
-                    .await
-                    .map_err(|_| "the manager stopped".to_owned()),
+                Ok(m) => hand_over(manager, m).await.map_err(str::to_owned),
                 Err(e) => {
                     tracing::error!(%node, error = %e, "message from a proxy dropped");
                     Ok(())

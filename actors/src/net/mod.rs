@@ -24,6 +24,7 @@
 
 pub(crate) mod backoff;
 pub mod client;
+pub mod codec;
 pub(crate) mod heartbeat;
 pub mod manager_node;
 pub mod outbox;

@@ -57,7 +57,11 @@ struct State<T> {
 /// writer takes from it.
 pub struct Outbox<T> {
     state: Mutex<State<T>>,
+    /// Something for a writer: a message, a new connection, the end (not an acknowledgement:
+    /// the writer would wake for nothing at every frame the peer sends).
     changed: Notify,
+    /// The queue shrank (acknowledgements), for [`Outbox::drained`].
+    shrunk: Notify,
     capacity: usize,
     sticky: Option<StickyFn<T>>,
 }
@@ -90,6 +94,7 @@ impl<T: Clone + Send + 'static> Outbox<T> {
                 high_water: 0,
             }),
             changed: Notify::new(),
+            shrunk: Notify::new(),
             capacity: capacity.max(1),
             sticky,
         })
@@ -138,7 +143,7 @@ impl<T: Clone + Send + 'static> Outbox<T> {
         }
         if st.queue.len() != before {
             drop(st);
-            self.changed.notify_waiters();
+            self.shrunk.notify_waiters();
         }
     }
 
@@ -169,6 +174,7 @@ impl<T: Clone + Send + 'static> Outbox<T> {
         st.cursor = st.queue.front().map_or(st.next_seq, |(s, _)| *s);
         drop(st);
         self.changed.notify_waiters();
+        self.shrunk.notify_waiters();
     }
 
     /// The peer is gone for good: later pushes fail with `Closed`.
@@ -181,6 +187,7 @@ impl<T: Clone + Send + 'static> Outbox<T> {
         st.sticky.clear();
         drop(st);
         self.changed.notify_waiters();
+        self.shrunk.notify_waiters();
     }
 
     /// Whether [`close`](Self::close) was called: the peer is gone and pushes fail.
@@ -210,39 +217,44 @@ impl<T: Clone + Send + 'static> Outbox<T> {
 
     /// The next frame for the connection of `epoch` to write, waiting for one.
     pub async fn next(&self, epoch: u64) -> Result<(u64, T), Stop> {
+        // Most calls find a frame waiting: no need to register for a wake-up then.
+        if let Some(answer) = self.take_next(epoch) {
+            return answer;
+        }
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            {
-                let mut st = self.state.lock();
-                if let Some(r) = &st.closed {
-                    return Err(Stop::Closed(r.clone()));
-                }
-                if st.epoch != epoch {
-                    return Err(Stop::Superseded);
-                }
-                if st.overflowed {
-                    return Err(Stop::Overflowed);
-                }
-                let cursor = st.cursor;
-                if let Some(front) = st.queue.front().map(|(s, _)| *s) {
-                    let cursor = cursor.max(front);
-                    let idx = (cursor - front) as usize;
-                    if let Some((seq, msg)) = st.queue.get(idx).cloned() {
-                        st.cursor = seq + 1;
-                        return Ok((seq, msg));
-                    }
-                }
+            if let Some(answer) = self.take_next(epoch) {
+                return answer;
             }
             notified.await;
         }
     }
 
+    /// The next frame for the connection of `epoch`, or why it gets none; `None`: nothing yet.
+    fn take_next(&self, epoch: u64) -> Option<Result<(u64, T), Stop>> {
+        let mut st = self.state.lock();
+        if let Some(r) = &st.closed {
+            return Some(Err(Stop::Closed(r.clone())));
+        }
+        if st.epoch != epoch {
+            return Some(Err(Stop::Superseded));
+        }
+        if st.overflowed {
+            return Some(Err(Stop::Overflowed));
+        }
+        let front = st.queue.front().map(|(s, _)| *s)?;
+        let idx = (st.cursor.max(front) - front) as usize;
+        let (seq, msg) = st.queue.get(idx).cloned()?;
+        st.cursor = seq + 1;
+        Some(Ok((seq, msg)))
+    }
+
     /// Resolves once every queued message is acknowledged (or the outbox is closed).
     pub async fn drained(&self) {
         loop {
-            let notified = self.changed.notified();
+            let notified = self.shrunk.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             {

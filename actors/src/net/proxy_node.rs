@@ -11,14 +11,14 @@ use super::session::Delivery;
 use super::tls::TlsPem;
 use super::{pb, wire, NetConfig, NetError};
 use crate::proxy::{Proxy, WorkerConnected, WorkerDisconnected};
-use crate::transport::Deliver;
+use crate::transport::{actor_link, hand_over, Link};
 use actix::prelude::*;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use taskd_core::protocol::{ProxyToManager, WorkerToProxy};
+use taskd_core::protocol::{Directive, ProxyToManager, WorkerToProxy};
 use taskd_core::{DeviceId, GlobalRank, JobId, NodeHal, NodeName};
 use tokio::sync::{oneshot, watch};
 
@@ -210,6 +210,38 @@ impl ProxyNode {
         }
     }
 
+    /// Connects a worker that lives in this process to the proxy, as a worker's connection
+    /// would: directives for `rank` go to `to_worker`, and what the worker sends (its hello,
+    /// its replies) goes through the returned link. For ranks simulated beside their proxy (the
+    /// scale benchmark); a training process connects over the network instead. Refused until
+    /// the manager admitted the node ([`ProxyNode::assigned`]), and for a rank of another node.
+    pub fn attach_local(
+        &self,
+        rank: GlobalRank,
+        to_worker: Link<Directive>,
+    ) -> Result<Link<WorkerToProxy>, NetError> {
+        let refused = |reason: String| NetError::Refused {
+            server: format!("the proxy at {}", self.local_addr),
+            reason,
+        };
+        let ready = self
+            .shared
+            .ready
+            .get()
+            .ok_or_else(|| refused("the manager has not admitted this node yet".into()))?;
+        if !ready.assignment.ranks.contains_key(&rank) {
+            return Err(refused(format!(
+                "rank {rank} does not run on node {}",
+                ready.assignment.node
+            )));
+        }
+        ready.proxy.do_send(WorkerConnected {
+            rank,
+            link: to_worker,
+        });
+        Ok(actor_link(&ready.proxy))
+    }
+
     /// The registered workers (queue depths, connections), shareable with other threads.
     pub fn peers(&self) -> Arc<Registry> {
         self.registry.clone()
@@ -322,10 +354,7 @@ impl ClientHost for Upstream {
                 other => return Err(format!("the manager sent an unexpected frame: {other:?}")),
             };
             let proxy = proxy.ok_or("a directive before the node was admitted")?;
-            proxy
-                .send(Deliver(d))
-                .await
-                .map_err(|_| "the proxy stopped".to_owned())
+            hand_over(proxy, d).await.map_err(str::to_owned)
         })
     }
 
@@ -436,10 +465,7 @@ impl Host for ProxyHost {
                 return Ok(());
             }
             let proxy = proxy.ok_or("the proxy is not running")?;
-            proxy
-                .send(Deliver(m))
-                .await
-                .map_err(|_| "the proxy stopped".to_owned())
+            hand_over(proxy, m).await.map_err(str::to_owned)
         })
     }
 

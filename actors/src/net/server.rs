@@ -93,7 +93,7 @@ struct Slot {
     outbox: Arc<Outbox<pb::down::Body>>,
     received: Arc<AtomicU64>,
     deliver_lock: Arc<tokio::sync::Mutex<()>>,
-    control: Option<mpsc::Sender<pb::down::Body>>,
+    control: Option<mpsc::Sender<Box<pb::down::Body>>>,
     /// Dropping it ends the connection's session.
     stop: Option<watch::Sender<bool>>,
 }
@@ -114,7 +114,7 @@ impl Registry {
         slots
             .get(key)
             .and_then(|s| s.control.as_ref())
-            .is_some_and(|c| c.try_send(body).is_ok())
+            .is_some_and(|c| c.try_send(Box::new(body)).is_ok())
     }
 
     /// The queue towards peer `key` (its registration key: the node name on a manager's
@@ -336,12 +336,12 @@ impl<H: Host> pb::task_net_server::TaskNet for NetService<H> {
         ack.received = claim.received.load(std::sync::atomic::Ordering::Acquire);
         ack.heartbeat_interval_ms = net.heartbeat_interval.as_millis() as u64;
         ack.missed_heartbeats = net.missed_heartbeats;
-        let (tx, rx) = mpsc::channel::<pb::Down>(32);
-        tx.try_send(pb::Down {
+        let (tx, rx) = mpsc::channel::<Box<pb::Down>>(32);
+        tx.try_send(Box::new(pb::Down {
             seq: 0,
             ack: 0,
             body: Some(pb::down::Body::Registered(ack)),
-        })
+        }))
         .expect("an empty channel takes one frame");
         let session = Session::<pb::Up, pb::Down> {
             inbound,
@@ -353,6 +353,7 @@ impl<H: Host> pb::task_net_server::TaskNet for NetService<H> {
             control: control_rx,
             liveness: Arc::new(Liveness::new(net.heartbeat_interval, net.missed_heartbeats)),
             stop: stop_rx,
+            ack_every: super::session::ack_every(net.queue_capacity),
         };
         let handler = Arc::new(SlotInbound {
             inner: inner.clone(),
@@ -363,7 +364,9 @@ impl<H: Host> pb::task_net_server::TaskNet for NetService<H> {
             let end = session.run(handler).await;
             inner.ended(key, conn, end);
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx).map(Ok))))
+        Ok(Response::new(Box::pin(
+            ReceiverStream::new(rx).map(|f| Ok(*f)),
+        )))
     }
 }
 
@@ -432,7 +435,7 @@ impl<H: Host> Inner<H> {
         key: &str,
         reg: &pb::Register,
         remote: Option<SocketAddr>,
-        control: mpsc::Sender<pb::down::Body>,
+        control: mpsc::Sender<Box<pb::down::Body>>,
         stop: watch::Sender<bool>,
     ) -> Result<(Claim, Option<String>), Status> {
         let reg_ = &self.registry;

@@ -6,6 +6,13 @@
 //! Why a reader task of its own: a message being handed to an actor must not be cut in half by
 //! the connection ending (it would be delivered, yet not counted as received, and be delivered
 //! again after a reconnect). The reader stops only between messages.
+//!
+//! Acknowledgements ride on frames going the other way: every frame carries the highest
+//! message received. Most messages are answered (a directive by its reply, a reply by the next
+//! directive), so a received message waits up to [`ACK_DELAY`] for such a frame before an
+//! acknowledgement goes out on its own, and at once when [`Session::ack_every`] are waiting.
+//! A connection thus sends one frame per message, not two: at 512 ranks that was a third of
+//! the frames of an operation (BENCHMARKS.md).
 
 use super::heartbeat::Liveness;
 use super::outbox::{Outbox, Stop};
@@ -16,6 +23,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch, Notify};
+
+/// How long a received message waits for its acknowledgement to ride on a frame going the
+/// other way before one is sent on its own.
+pub(crate) const ACK_DELAY: Duration = Duration::from_millis(50);
+
+/// Received messages waiting for their acknowledgement, at most, for a peer with a queue of
+/// `capacity` unacknowledged messages: half of it (so the peer's queue never fills for want
+/// of an acknowledgement), and no more than 32.
+pub(crate) fn ack_every(capacity: usize) -> u64 {
+    (capacity as u64 / 2).clamp(1, 32)
+}
 
 /// A frame type of one direction (`Up` or `Down`).
 pub(crate) trait Frame: Send + 'static {
@@ -131,7 +149,10 @@ impl End {
 /// Everything one connection needs.
 pub(crate) struct Session<In: Frame, Out: Frame> {
     pub inbound: tonic::Streaming<In>,
-    pub outbound: mpsc::Sender<Out>,
+    /// Frames to write. Boxed, so that the channel's slots (allocated 32 at a time, per
+    /// connection) take 8 bytes each, not a frame's hundred and more: with a proxy per node,
+    /// a manager keeps thousands of connections.
+    pub outbound: mpsc::Sender<Box<Out>>,
     pub outbox: Arc<Outbox<Out::Body>>,
     /// From [`Outbox::attach`] for this connection.
     pub epoch: u64,
@@ -142,10 +163,12 @@ pub(crate) struct Session<In: Frame, Out: Frame> {
     /// is still delivering it.
     pub deliver_lock: Arc<tokio::sync::Mutex<()>>,
     /// Unsequenced messages to send (pings, pongs).
-    pub control: mpsc::Receiver<Out::Body>,
+    pub control: mpsc::Receiver<Box<Out::Body>>,
     pub liveness: Arc<Liveness>,
     /// Changes (or its sender drops) when the connection must end.
     pub stop: watch::Receiver<bool>,
+    /// Received messages that may wait for their acknowledgement ([`ack_every`]).
+    pub ack_every: u64,
 }
 
 impl<In: Frame, Out: Frame> Session<In, Out> {
@@ -161,9 +184,13 @@ impl<In: Frame, Out: Frame> Session<In, Out> {
             mut control,
             liveness,
             mut stop,
+            ack_every,
         } = self;
         liveness.heard();
         let ack_notify = Arc::new(Notify::new());
+        // The highest message the peer was told we received (what `last_ack` holds), for the
+        // reader to tell when the writer has something to do about acknowledgements.
+        let acked = Arc::new(AtomicU64::new(0));
         let (reader_stop_tx, reader_stop_rx) = watch::channel(false);
         let reader = Reader {
             outbox_of_peer_acks: outbox.clone(),
@@ -172,17 +199,43 @@ impl<In: Frame, Out: Frame> Session<In, Out> {
             liveness: liveness.clone(),
             handler: inbound_handler,
             ack_notify: ack_notify.clone(),
+            acked: acked.clone(),
+            ack_every,
             stop: reader_stop_rx,
             session_stop: stop.clone(),
         };
         let mut reader = tokio::spawn(reader.run::<In>(inbound));
         let mut tick = tokio::time::interval(liveness.interval());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut pending: Option<Out> = None;
+        let mut pending: Option<Box<Out>> = None;
         let mut control_open = true;
         let mut last_ack = 0u64;
-        let frame = |seq, body, last_ack: &mut u64| stamped::<Out>(&received, seq, body, last_ack);
+        // Armed while a received message waits for its acknowledgement.
+        let ack_timer = tokio::time::sleep(ACK_DELAY);
+        tokio::pin!(ack_timer);
+        let mut ack_armed = false;
+        let frame = |seq, body, last_ack: &mut u64| {
+            let f = stamped::<Out>(&received, seq, body, last_ack);
+            acked.store(*last_ack, Ordering::Release);
+            f
+        };
+        // The waits that span many turns of the loop are made once and kept: a wait made
+        // afresh each turn registers and unregisters itself each time, for every frame.
+        let stopped = stop.changed();
+        tokio::pin!(stopped);
+        let mut next = Box::pin(outbox.next(epoch));
+        let mut delivered = Box::pin(ack_notify.notified());
         let end = loop {
+            // A frame goes straight into the stream when it has room.
+            if let Some(f) = pending.take() {
+                match outbound.try_send(f) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(f)) => pending = Some(f),
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        break End::Closed("the connection's stream ended".into())
+                    }
+                }
+            }
             tokio::select! {
                 biased;
                 r = &mut reader => {
@@ -194,22 +247,36 @@ impl<In: Frame, Out: Frame> Session<In, Out> {
                     }
                     return end;
                 }
-                _ = stop.changed() => break End::Stopped,
+                _ = &mut stopped => break End::Stopped,
                 permit = outbound.reserve(), if pending.is_some() => match permit {
                     Ok(p) => p.send(pending.take().expect("checked by the guard")),
                     Err(_) => break End::Closed("the connection's stream ended".into()),
                 },
                 body = control.recv(), if pending.is_none() && control_open => match body {
-                    Some(b) => pending = Some(frame(0, b, &mut last_ack)),
+                    Some(b) => pending = Some(frame(0, *b, &mut last_ack)),
                     None => control_open = false,
                 },
-                next = outbox.next(epoch), if pending.is_none() => match next {
-                    Ok((seq, b)) => pending = Some(frame(seq, b, &mut last_ack)),
-                    Err(Stop::Overflowed) => break End::Overflowed,
-                    Err(Stop::Closed(r)) => break End::PeerGone(r),
-                    Err(Stop::Superseded) => break End::Stopped,
-                },
-                _ = ack_notify.notified(), if pending.is_none() => {
+                n = &mut next, if pending.is_none() => {
+                    next.set(outbox.next(epoch));
+                    match n {
+                        Ok((seq, b)) => pending = Some(frame(seq, b, &mut last_ack)),
+                        Err(Stop::Overflowed) => break End::Overflowed,
+                        Err(Stop::Closed(r)) => break End::PeerGone(r),
+                        Err(Stop::Superseded) => break End::Stopped,
+                    }
+                }
+                _ = &mut delivered, if pending.is_none() => {
+                    delivered.set(ack_notify.notified());
+                    let waiting = received.load(Ordering::Acquire).saturating_sub(last_ack);
+                    if waiting >= ack_every {
+                        pending = Some(frame(0, Out::heartbeat(), &mut last_ack));
+                    } else if waiting > 0 && !ack_armed {
+                        ack_timer.as_mut().reset(tokio::time::Instant::now() + ACK_DELAY);
+                        ack_armed = true;
+                    }
+                }
+                _ = &mut ack_timer, if ack_armed && pending.is_none() => {
+                    ack_armed = false;
                     if received.load(Ordering::Acquire) != last_ack {
                         pending = Some(frame(0, Out::heartbeat(), &mut last_ack));
                     }
@@ -233,10 +300,15 @@ impl<In: Frame, Out: Frame> Session<In, Out> {
 
 /// A frame to send, carrying the acknowledgement of everything received so far (remembered
 /// in `last_ack`).
-fn stamped<Out: Frame>(received: &AtomicU64, seq: u64, body: Out::Body, last_ack: &mut u64) -> Out {
+fn stamped<Out: Frame>(
+    received: &AtomicU64,
+    seq: u64,
+    body: Out::Body,
+    last_ack: &mut u64,
+) -> Box<Out> {
     let ack = received.load(Ordering::Acquire);
     *last_ack = ack;
-    Out::make(seq, ack, body)
+    Box::new(Out::make(seq, ack, body))
 }
 
 /// The reading half of a session: delivers the peer's messages in order, once each.
@@ -249,6 +321,10 @@ struct Reader<B> {
     handler: Arc<dyn Inbound<B>>,
     /// Told when a delivered message should be acknowledged.
     ack_notify: Arc<Notify>,
+    /// The highest message acknowledged to the peer so far.
+    acked: Arc<AtomicU64>,
+    /// See [`Session::ack_every`].
+    ack_every: u64,
     /// Stops the reader between two messages (the session is ending).
     stop: watch::Receiver<bool>,
     /// The session's own stop (the connection must end).
@@ -257,11 +333,16 @@ struct Reader<B> {
 
 impl<B: Send + 'static> Reader<B> {
     async fn run<In: Frame<Body = B>>(mut self, mut inbound: tonic::Streaming<In>) -> End {
+        // Made once for the whole connection (see `Session::run`).
+        let stopped = self.stop.changed();
+        tokio::pin!(stopped);
+        let session_stopped = self.session_stop.changed();
+        tokio::pin!(session_stopped);
         loop {
             let msg = tokio::select! {
                 biased;
-                _ = self.stop.changed() => return End::Stopped,
-                _ = self.session_stop.changed() => return End::Stopped,
+                _ = &mut stopped => return End::Stopped,
+                _ = &mut session_stopped => return End::Stopped,
                 m = inbound.message() => m,
             };
             let frame = match msg {
@@ -291,7 +372,13 @@ impl<B: Send + 'static> Reader<B> {
             let res = self.handler.deliver(body).await;
             self.liveness.set_busy(false);
             self.received.store(seq, Ordering::Release);
-            self.ack_notify.notify_one();
+            // The writer has something to do only for the first message waiting for its
+            // acknowledgement (it arms the delay) and when enough wait (it sends one now): it
+            // is not woken for every message.
+            let waiting = seq.saturating_sub(self.acked.load(Ordering::Acquire));
+            if waiting == 1 || waiting >= self.ack_every {
+                self.ack_notify.notify_one();
+            }
             if let Err(e) = res {
                 return End::Protocol(e);
             }

@@ -26,7 +26,8 @@ use super::session::Delivery;
 use super::tls::TlsPem;
 use super::{pb, wire, NetConfig, NetError};
 use crate::gate::StepGate;
-use crate::transport::Deliver;
+use crate::hal_exec::WorkerHal;
+use crate::transport::hand_over;
 use crate::worker::{StopWorker, Worker, WorkerConfig};
 use actix::prelude::*;
 use parking_lot::{Condvar, Mutex};
@@ -107,7 +108,7 @@ struct Upstream {
     cfg: RemoteWorkerConfig,
     capabilities: taskd_core::SwitchCapabilities,
     gate: Arc<StepGate>,
-    hal: Mutex<Option<Box<dyn RankHal>>>,
+    hal: Mutex<Option<WorkerHal>>,
     outbox: Arc<Outbox<pb::up::Body>>,
     worker: OnceLock<Addr<Worker>>,
     registration: watch::Sender<Option<WorkerRegistration>>,
@@ -141,7 +142,7 @@ impl ClientHost for Upstream {
         };
         if self.worker.get().is_none() {
             if let Some(hal) = self.hal.lock().take() {
-                let worker = Worker::new(
+                let worker = Worker::with_hal(
                     WorkerConfig {
                         job: self.cfg.job.clone(),
                         node: reg.node.clone(),
@@ -169,10 +170,7 @@ impl ClientHost for Upstream {
                 other => return Err(format!("the proxy sent an unexpected frame: {other:?}")),
             };
             let worker = worker.ok_or("a directive before registration")?;
-            worker
-                .send(Deliver(d))
-                .await
-                .map_err(|_| "the worker stopped".to_owned())
+            hand_over(worker, d).await.map_err(str::to_owned)
         })
     }
 
@@ -195,9 +193,16 @@ pub struct WorkerNode {
 
 impl WorkerNode {
     /// Starts connecting to the proxy; the worker actor starts once registered. Returns at
-    /// once. Call it from inside an actix system.
-    pub fn spawn(cfg: RemoteWorkerConfig, mut hal: Box<dyn RankHal>, gate: Arc<StepGate>) -> Self {
-        let capabilities = crate::worker::rank_capabilities(hal.as_mut(), cfg.tsp);
+    /// once. Call it from inside an actix system. The HAL's calls run on a thread of the
+    /// worker's own.
+    pub fn spawn(cfg: RemoteWorkerConfig, hal: Box<dyn RankHal>, gate: Arc<StepGate>) -> Self {
+        Self::spawn_with(cfg, WorkerHal::Thread(hal), gate)
+    }
+
+    /// [`WorkerNode::spawn`] with the HAL run as `hal` says: many workers of one process (a
+    /// benchmark) share a [`crate::hal_exec::HalPool`] instead of a thread each.
+    pub fn spawn_with(cfg: RemoteWorkerConfig, mut hal: WorkerHal, gate: Arc<StepGate>) -> Self {
+        let capabilities = crate::worker::rank_capabilities(hal.capabilities(), cfg.tsp);
         let outbox = Outbox::new(cfg.net.queue_capacity, Some(sticky_worker));
         let client = Client::new(cfg.proxy.clone(), outbox.clone());
         let tls = cfg.tls.as_ref().map(|t| t.client_config(&cfg.proxy));

@@ -263,26 +263,9 @@ impl SimRank {
                 st.held_since = Some(Instant::now());
                 ReplyBody::Paused { step: *step }
             }
-            DirectiveKind::Switch { targets } | DirectiveKind::Rollback { targets } => {
-                let plan = self.job.plan(targets);
-                let mut calls: Vec<AppliedCall> = Vec::new();
-                for (group, size, digest, members) in &plan.calls {
-                    if members.contains(&self.rank) {
-                        calls.push(AppliedCall {
-                            group: group.clone(),
-                            group_size: *size,
-                            digest: *digest,
-                        });
-                    }
-                }
-                calls.sort_by(|a, b| a.group.cmp(&b.group));
-                for (t, side) in targets {
-                    match side {
-                        NicSide::Backup => st.on_backup.insert(*t),
-                        NicSide::Primary => st.on_backup.remove(t),
-                    };
-                }
-                ReplyBody::Applied { calls }
+            DirectiveKind::Switch { targets } => self.apply(&mut st, &[targets]),
+            DirectiveKind::Rollback { targets, restate } => {
+                self.apply(&mut st, &[targets, restate])
             }
             DirectiveKind::Resume => {
                 st.gate = None;
@@ -291,6 +274,32 @@ impl SimRank {
             }
             DirectiveKind::Verify => ReplyBody::Verified(self.report(&st)),
         }
+    }
+
+    /// The calls a worker makes for `rounds` in turn (one entry per group, as a worker
+    /// reports them), and the targets' sides applied to the rank's state.
+    fn apply(&self, st: &mut RankState, rounds: &[&Vec<(GlobalRank, NicSide)>]) -> ReplyBody {
+        let mut calls: Vec<AppliedCall> = Vec::new();
+        for targets in rounds.iter().filter(|t| !t.is_empty()) {
+            let plan = self.job.plan(targets);
+            for (group, size, digest, members) in &plan.calls {
+                if members.contains(&self.rank) {
+                    let made = AppliedCall {
+                        group: group.clone(),
+                        group_size: *size,
+                        digest: *digest,
+                    };
+                    AppliedCall::record(&mut calls, made);
+                }
+            }
+            for (t, side) in targets.iter() {
+                match side {
+                    NicSide::Backup => st.on_backup.insert(*t),
+                    NicSide::Primary => st.on_backup.remove(t),
+                };
+            }
+        }
+        ReplyBody::Applied { calls }
     }
 
     /// What a worker reports to a verification round: per group, the targets on backup

@@ -45,8 +45,9 @@ enum HalJob {
     },
     /// What this rank has applied to each of its groups.
     Report(oneshot::Sender<Result<Vec<GroupView>, RankError>>),
+    /// Apply each round of `(rank, side)` in turn (a switch has one, a rollback two).
     Apply {
-        targets: Vec<(GlobalRank, NicSide)>,
+        rounds: Vec<Vec<(GlobalRank, NicSide)>>,
         reply: oneshot::Sender<Result<Vec<AppliedCall>, RankError>>,
         /// The phase's span, entered on the HAL thread for the calls.
         span: Span,
@@ -114,6 +115,34 @@ impl Worker {
             phase_span: Span::none(),
             held: false,
         }
+    }
+
+    /// Makes the NIC-set calls of a switch or a rollback (`rounds` in turn) and answers with
+    /// them; only while training is held at the step gate.
+    fn set_nics(
+        &mut self,
+        ctx: &mut Context<Self>,
+        (op, phase): (OperationId, Phase),
+        rounds: Vec<Vec<(GlobalRank, NicSide)>>,
+        span: Span,
+    ) {
+        if self.gate.held_step().is_none() {
+            self.fail(
+                op,
+                phase,
+                "refusing to touch HCCL groups: training is not held at the step gate".into(),
+            );
+            return;
+        }
+        let (tx, rx) = oneshot::channel();
+        let job = HalJob::Apply {
+            rounds,
+            reply: tx,
+            span,
+        };
+        self.on_hal(ctx, (op, phase), job, rx, false, |calls, _| {
+            ReplyBody::Applied { calls }
+        });
     }
 
     /// Opens the spans of `op` (a new operation gets a new span) and its `phase`.
@@ -308,25 +337,11 @@ impl Handler<Deliver<Directive>> for Worker {
                     self.fail(op, phase, e.to_string());
                 }
             }
-            DirectiveKind::Switch { targets } | DirectiveKind::Rollback { targets } => {
-                if self.gate.held_step().is_none() {
-                    self.fail(
-                        op,
-                        phase,
-                        "refusing to touch HCCL groups: training is not held at the step gate"
-                            .into(),
-                    );
-                    return;
-                }
-                let (tx, rx) = oneshot::channel();
-                let job = HalJob::Apply {
-                    targets,
-                    reply: tx,
-                    span: span.clone(),
-                };
-                self.on_hal(ctx, (op, phase), job, rx, false, |calls, _| {
-                    ReplyBody::Applied { calls }
-                });
+            DirectiveKind::Switch { targets } => {
+                self.set_nics(ctx, (op, phase), vec![targets], span.clone())
+            }
+            DirectiveKind::Rollback { targets, restate } => {
+                self.set_nics(ctx, (op, phase), vec![targets, restate], span.clone())
             }
             DirectiveKind::Verify => {
                 let (tx, rx) = oneshot::channel();
@@ -467,14 +482,40 @@ async fn run_job(rank: GlobalRank, hal: &mut dyn TaskRankHal, applied: &mut Appl
             let _ = reply.send(report(hal, applied));
         }
         HalJob::Apply {
-            targets,
+            rounds,
             reply,
             span,
         } => {
-            let res = apply(rank, hal, &targets, applied).instrument(span).await;
+            let res = apply_rounds(rank, hal, &rounds, applied)
+                .instrument(span)
+                .await;
             let _ = reply.send(res);
         }
     }
+}
+
+/// [`apply`] for each round in turn, a group's calls in one phase reported as one
+/// ([`AppliedCall::record`]). A failed round does not stop the next: its peers wait in its
+/// calls. The first failure is reported.
+async fn apply_rounds(
+    rank: GlobalRank,
+    hal: &mut dyn TaskRankHal,
+    rounds: &[Vec<(GlobalRank, NicSide)>],
+    applied: &mut Applied,
+) -> Result<Vec<AppliedCall>, RankError> {
+    let mut calls = Vec::new();
+    let mut first_error = None;
+    for round in rounds.iter().filter(|r| !r.is_empty()) {
+        match apply(rank, hal, round, applied).await {
+            Ok(made) => made
+                .into_iter()
+                .for_each(|c| AppliedCall::record(&mut calls, c)),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    first_error.map_or(Ok(calls), Err)
 }
 
 /// Every group of this process with the members this process set to their backup NIC.

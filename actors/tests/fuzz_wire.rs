@@ -167,12 +167,15 @@ fn directive() -> impl Strategy<Value = pb::Directive> {
             use_backup,
         },
     );
-    let flags = prop::collection::vec(
-        (any::<u32>(), any::<bool>())
-            .prop_map(|(rank, use_backup)| pb::RankFlag { rank, use_backup }),
-        0..4,
-    )
-    .prop_map(|targets| pb::NicTargets { targets });
+    let flag_list = || {
+        prop::collection::vec(
+            (any::<u32>(), any::<bool>())
+                .prop_map(|(rank, use_backup)| pb::RankFlag { rank, use_backup }),
+            0..4,
+        )
+    };
+    let flags = (flag_list(), flag_list())
+        .prop_map(|(targets, restate)| pb::NicTargets { targets, restate });
     let kind = prop::option::weighted(
         0.9,
         prop_oneof![

@@ -212,6 +212,53 @@ async fn a_switch_makes_the_planned_calls_in_order_and_reports_each() {
 }
 
 #[actix_rt::test]
+async fn a_rollback_restates_in_a_second_round_and_reports_one_entry_per_group() {
+    let mut w = Harness::start([
+        hal_capabilities(),
+        // Round 1: rank 3 back to its primary NIC.
+        Expect::groups(layout()),
+        Expect::set_working_nic("dp_1", &[1], &[false]),
+        Expect::set_working_nic(WORLD, &[3], &[false]),
+        // Round 2: rank 1 re-stated on its backup NIC, in calls of their own.
+        Expect::groups(layout()),
+        Expect::set_working_nic("dp_1", &[0], &[true]),
+        Expect::set_working_nic(WORLD, &[1], &[true]),
+        Expect::set_working_nic("tp_0", &[1], &[true]),
+    ]);
+    w.next().await; // hello
+    let training = w.hold(op(5)).await;
+    w.send(
+        op(5),
+        DirectiveKind::Rollback {
+            targets: vec![(GlobalRank(3), NicSide::Primary)],
+            restate: vec![(GlobalRank(1), NicSide::Backup)],
+        },
+    );
+    let mut want = Vec::new();
+    for (c, size) in [
+        (call("dp_1", &[1], &[false]), 2),
+        (call(WORLD, &[3], &[false]), 4),
+        (call("dp_1", &[0], &[true]), 2),
+        (call(WORLD, &[1], &[true]), 4),
+        (call("tp_0", &[1], &[true]), 2),
+    ] {
+        let made = AppliedCall {
+            group: c.group.clone(),
+            group_size: size,
+            digest: c.digest(),
+        };
+        AppliedCall::record(&mut want, made);
+    }
+    assert_eq!(want.len(), 3);
+    assert_eq!(
+        w.reply(op(5), Phase::Rollback).await,
+        ReplyBody::Applied { calls: want }
+    );
+    w.resume(op(5), training).await;
+    w.hal.done();
+}
+
+#[actix_rt::test]
 async fn a_failed_group_does_not_stop_the_others_and_the_first_failure_is_reported() {
     let network = HalError::new("HcclCommWorkingDevNicSet", HcclCode::Network, "dp_1 link");
     let timeout = HalError::new("HcclCommWorkingDevNicSet", HcclCode::Timeout, "tp_0 peers");
@@ -264,6 +311,7 @@ async fn groups_that_cannot_be_read_are_reported_and_nothing_is_set() {
         op(3),
         DirectiveKind::Rollback {
             targets: to_backup(),
+            restate: vec![],
         },
     );
     assert_eq!(

@@ -408,9 +408,8 @@ pub struct Operation {
     kind: OperationKind,
     trigger: Trigger,
     plan: SwitchPlan,
-    /// What a rollback re-applies: the targets whose side the switch changes, with the side
-    /// they had before.
-    previous: Vec<(GlobalRank, NicSide)>,
+    /// What a rollback re-applies: every target with the side it had before.
+    previous: RollbackTargets,
     deadlines: PhaseDeadlines,
     /// Every rank of the job: every one answers every broadcast, unless it is lost.
     all_ranks: BTreeSet<GlobalRank>,
@@ -660,7 +659,7 @@ impl Operation {
         deadlines: PhaseDeadlines,
         now: Duration,
     ) -> (Operation, Vec<Action>) {
-        let previous = rollback_targets(&plan, previous);
+        let previous = RollbackTargets::new(&plan, previous);
         let targets = plan.targets.clone();
         let mut op = Operation {
             id,
@@ -1002,8 +1001,12 @@ impl Operation {
                     tally: Tally::default(),
                     error: None,
                 };
-                let targets = self.previous.clone();
-                self.enter(rolling_back, DirectiveKind::Rollback { targets }, now)
+                let RollbackTargets { targets, restate } = self.previous.clone();
+                self.enter(
+                    rolling_back,
+                    DirectiveKind::Rollback { targets, restate },
+                    now,
+                )
             }
             // A rollback that fails leaves groups that may disagree: stay paused.
             Stage::RollingBack { .. } => {
@@ -1123,40 +1126,48 @@ impl Operation {
     }
 }
 
-/// What a rollback re-applies: every target with the side it had before the switch, except an
-/// unchanged target whose partner die the switch changes (re-stating both would tell the two
-/// dies of one NPU opposite sides in one call, which HCCL refuses).
+/// What a rollback re-applies: every target with the side it had before, in two rounds.
 ///
 /// Unchanged targets are re-stated too because HCCL keeps a NIC setting per operator
 /// (`hal-mock/src/operator.rs`): a member whose switch call failed still has an operator issued
 /// since the last switch on its default NIC, while the members whose call succeeded moved that
 /// operator's unchanged targets as well; only re-stating them brings every member back to one
-/// configuration.
-pub(crate) fn rollback_targets(
-    plan: &SwitchPlan,
-    previous: Vec<(GlobalRank, NicSide)>,
-) -> Vec<(GlobalRank, NicSide)> {
-    let commanded: BTreeMap<GlobalRank, NicSide> = plan.rank_sides().into_iter().collect();
-    let changed: BTreeSet<(&NodeName, crate::ids::DeviceId)> = plan
-        .targets
-        .iter()
-        .filter(|t| {
-            previous
-                .iter()
-                .any(|(r, was)| *r == t.rank && *was != t.side())
-        })
-        .map(|t| (&t.node, t.device))
-        .collect();
-    let partner_changed = |r: GlobalRank| {
-        plan.targets
+/// configuration. An unchanged target whose partner die the switch changed goes in the second
+/// round (`restate`): in the first, the two dies of one NPU would be told opposite sides in one
+/// call, which HCCL refuses.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RollbackTargets {
+    /// Re-applied first: every target but those of `restate`.
+    pub targets: Vec<(GlobalRank, NicSide)>,
+    /// Re-applied in a second call per group, after `targets`.
+    pub restate: Vec<(GlobalRank, NicSide)>,
+}
+
+impl RollbackTargets {
+    /// Splits `previous` (every target of `plan` with the side it had) into the two rounds.
+    pub(crate) fn new(plan: &SwitchPlan, previous: Vec<(GlobalRank, NicSide)>) -> Self {
+        let commanded: BTreeMap<GlobalRank, NicSide> = plan.rank_sides().into_iter().collect();
+        let changed: BTreeSet<(&NodeName, crate::ids::DeviceId)> = plan
+            .targets
             .iter()
-            .find(|t| t.rank == r)
-            .is_some_and(|t| changed.contains(&(&t.node, t.device.partner())))
-    };
-    previous
-        .into_iter()
-        .filter(|(r, was)| commanded.get(r) != Some(was) || !partner_changed(*r))
-        .collect()
+            .filter(|t| {
+                previous
+                    .iter()
+                    .any(|(r, was)| *r == t.rank && *was != t.side())
+            })
+            .map(|t| (&t.node, t.device))
+            .collect();
+        let partner_changed = |r: GlobalRank| {
+            plan.targets
+                .iter()
+                .find(|t| t.rank == r)
+                .is_some_and(|t| changed.contains(&(&t.node, t.device.partner())))
+        };
+        let (restate, targets) = previous
+            .into_iter()
+            .partition(|(r, was)| commanded.get(r) == Some(was) && partner_changed(*r));
+        RollbackTargets { targets, restate }
+    }
 }
 
 /// Whether `body` is an answer to a directive of `phase` (a failure answers any).

@@ -94,10 +94,15 @@ pub enum DirectiveKind {
         /// plans from the same list, so every member of a group makes the same call.
         targets: Vec<(GlobalRank, NicSide)>,
     },
-    /// Same as `Switch`, with the previous NIC state of the targets.
+    /// Same as `Switch`, with the previous NIC state of the targets, in two rounds: `targets`
+    /// first, then `restate` in a second call on each group it touches.
     Rollback {
         /// The targets with the side the NIC table had for each before the operation.
         targets: Vec<(GlobalRank, NicSide)>,
+        /// Targets the switch did not change whose partner die it changed, with their side:
+        /// re-stated after `targets`, because one call may not tell the two dies of one NPU
+        /// opposite sides (see `crate::operation::RollbackTargets`).
+        restate: Vec<(GlobalRank, NicSide)>,
     },
     /// Open the step gate, if it serves this operation (a gate serving another operation
     /// stays as it is, and the rank answers how long it was held: zero).
@@ -117,6 +122,20 @@ pub struct AppliedCall {
     pub group_size: u32,
     /// [`crate::planner::GroupCall::digest`] of the call.
     pub digest: u64,
+}
+
+impl AppliedCall {
+    /// Adds `call` to the calls one rank made in one phase, kept sorted by group name (the
+    /// planner's order, which the manager checks). A group called a second time in the phase
+    /// (a rollback's `restate` round) keeps one entry, its digest the fold of both calls'
+    /// digests in order: every member makes the same calls in the same order, so the folded
+    /// digests agree exactly when the calls do.
+    pub fn record(calls: &mut Vec<AppliedCall>, call: AppliedCall) {
+        match calls.binary_search_by(|c| c.group.cmp(&call.group)) {
+            Ok(i) => calls[i].digest = calls[i].digest.rotate_left(29) ^ call.digest,
+            Err(i) => calls.insert(i, call),
+        }
+    }
 }
 
 /// A rank's answer to one directive.
@@ -294,4 +313,34 @@ pub enum WorkerToProxy {
     Hello(WorkerHello),
     /// The worker's answer to a directive, fanned in with its node's.
     Reply(RankReply),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AppliedCall;
+
+    fn call(group: &str, digest: u64) -> AppliedCall {
+        AppliedCall {
+            group: group.into(),
+            group_size: 2,
+            digest,
+        }
+    }
+
+    #[test]
+    fn a_second_call_on_a_group_folds_into_its_entry_and_order_is_kept() {
+        let mut calls = vec![call("tp_0", 1)];
+        AppliedCall::record(&mut calls, call("dp_1", 2));
+        AppliedCall::record(&mut calls, call("tp_0", 3));
+        let names: Vec<&str> = calls.iter().map(|c| c.group.as_str()).collect();
+        assert_eq!(names, ["dp_1", "tp_0"]);
+        assert_eq!(calls[0].digest, 2);
+        let folded = calls[1].digest;
+        assert_ne!(folded, 1);
+        assert_ne!(folded, 3);
+        // The order of the two calls matters: the same calls the other way round differ.
+        let mut other = vec![call("tp_0", 3)];
+        AppliedCall::record(&mut other, call("tp_0", 1));
+        assert_ne!(other[0].digest, folded);
+    }
 }

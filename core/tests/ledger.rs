@@ -199,11 +199,12 @@ fn drive(
                 Answer::Correct => match &d.kind {
                     DirectiveKind::Sample { .. } => ReplyBody::Sampled { in_step: 10 },
                     DirectiveKind::PauseAt { step } => ReplyBody::Paused { step: *step },
-                    DirectiveKind::Switch { targets } | DirectiveKind::Rollback { targets } => {
-                        ReplyBody::Applied {
-                            calls: layout.calls(GlobalRank(r), targets),
-                        }
-                    }
+                    DirectiveKind::Switch { targets } => ReplyBody::Applied {
+                        calls: layout.calls(GlobalRank(r), targets),
+                    },
+                    DirectiveKind::Rollback { targets, restate } => ReplyBody::Applied {
+                        calls: layout.rollback_calls(GlobalRank(r), targets, restate),
+                    },
                     DirectiveKind::Resume => ReplyBody::Resumed { stalled: secs(1) },
                     DirectiveKind::Verify => panic!("an operation never verifies"),
                 },
@@ -340,7 +341,8 @@ fn a_good_switch_updates_the_nic_table_and_a_switch_back_restores_it() {
     assert_eq!(
         sent[3].kind,
         DirectiveKind::Rollback {
-            targets: vec![(GlobalRank(6), NicSide::Backup)]
+            targets: vec![(GlobalRank(6), NicSide::Backup)],
+            restate: vec![],
         }
     );
     assert_eq!(backup_of(&l), vec![1, 6]);

@@ -207,7 +207,8 @@ fn hal_failure_in_switch_rolls_back_with_previous_values_and_resumes() {
                 targets: vec![
                     (GlobalRank(1), NicSide::Primary),
                     (GlobalRank(6), NicSide::Backup)
-                ]
+                ],
+                restate: vec![],
             },
             4,
             secs(130)
@@ -394,7 +395,8 @@ fn switch_deadline_rolls_back() {
                 targets: vec![
                     (GlobalRank(1), NicSide::Primary),
                     (GlobalRank(6), NicSide::Backup)
-                ]
+                ],
+                restate: vec![],
             },
             4,
             secs(147)
@@ -688,7 +690,8 @@ fn switch_with(odd: u32, calls: Vec<taskd_core::protocol::AppliedCall>) -> Harne
             targets: vec![
                 (GlobalRank(1), NicSide::Primary),
                 (GlobalRank(6), NicSide::Primary)
-            ]
+            ],
+            restate: vec![],
         },
         "{a:?}"
     );
@@ -839,7 +842,8 @@ fn worker_lost_in_switch_rolls_back_but_cannot_restore_its_groups() {
             targets: vec![
                 (GlobalRank(1), NicSide::Primary),
                 (GlobalRank(6), NicSide::Primary)
-            ]
+            ],
+            restate: vec![],
         }
     );
     assert_eq!(h.pending(), vec![0, 1, 2, 4, 5, 6, 7]);

@@ -101,7 +101,8 @@ struct World {
     layout: Layout,
     id: OperationId,
     targets: Vec<(GlobalRank, NicSide)>,
-    previous: Vec<(GlobalRank, NicSide)>,
+    /// The rollback's two rounds: `targets`, then `restate`.
+    previous: (Flags, Flags),
     plan_targets: Vec<taskd_core::command::RankTarget>,
     steps: BTreeMap<GlobalRank, u64>,
     dice: Dice,
@@ -138,6 +139,9 @@ fn rank_error(rank: GlobalRank, phase: Phase) -> RankError {
     e
 }
 
+/// `(rank, side)` pairs.
+type Flags = Vec<(GlobalRank, NicSide)>;
+
 impl World {
     fn new(case: &Case) -> World {
         let layout = Layout::new(case.nodes, case.per_node);
@@ -171,9 +175,9 @@ impl World {
         );
         let mut w = World {
             targets: plan.rank_sides(),
-            // The rollback re-states every target's previous side, except an unchanged one
-            // whose partner die the switch changes (the two dies of one NPU are never told
-            // opposite sides in one call).
+            // The rollback re-states every target's previous side; an unchanged one whose
+            // partner die the switch changes in a second round (the two dies of one NPU are
+            // never told opposite sides in one call).
             previous: {
                 let was: BTreeMap<GlobalRank, NicSide> = flags(&previous).into_iter().collect();
                 let changed: BTreeSet<u32> = plan
@@ -183,13 +187,10 @@ impl World {
                     .map(|(r, _)| r.0)
                     .collect();
                 let partner = |r: u32| layout.rank_of_partner(GlobalRank(r));
-                flags(&previous)
-                    .into_iter()
-                    .filter(|(r, was)| {
-                        !plan.rank_sides().contains(&(*r, *was))
-                            || !partner(r.0).is_some_and(|p| changed.contains(&p.0))
-                    })
-                    .collect()
+                flags(&previous).into_iter().partition(|(r, was)| {
+                    !plan.rank_sides().contains(&(*r, *was))
+                        || !partner(r.0).is_some_and(|p| changed.contains(&p.0))
+                })
             },
             plan_targets: plan.targets,
             layout,
@@ -328,7 +329,9 @@ impl World {
                 }
                 assert!(self.lost.is_empty() && !self.link_down_seen);
             }
-            DirectiveKind::Rollback { targets } => assert_eq!(targets, &self.previous),
+            DirectiveKind::Rollback { targets, restate } => {
+                assert_eq!((targets, restate), (&self.previous.0, &self.previous.1))
+            }
             DirectiveKind::Verify => panic!("an operation never verifies"),
             DirectiveKind::Resume => {
                 // Never resume while a switch is unconfirmed.
@@ -382,11 +385,12 @@ impl World {
                 in_step: self.steps[&r],
             },
             DirectiveKind::PauseAt { step } => ReplyBody::Paused { step: *step },
-            DirectiveKind::Switch { targets } | DirectiveKind::Rollback { targets } => {
-                ReplyBody::Applied {
-                    calls: self.layout.calls(r, targets),
-                }
-            }
+            DirectiveKind::Switch { targets } => ReplyBody::Applied {
+                calls: self.layout.calls(r, targets),
+            },
+            DirectiveKind::Rollback { targets, restate } => ReplyBody::Applied {
+                calls: self.layout.rollback_calls(r, targets, restate),
+            },
             DirectiveKind::Resume => ReplyBody::Resumed {
                 stalled: Duration::from_millis(10 * u64::from(r.0)),
             },

@@ -102,21 +102,18 @@ pub(crate) fn hello_from_pb(h: pb::WorkerHello) -> WorkerHello {
 }
 
 /// The wire keeps HCCL's `use_backup` flag per rank; the directive speaks of sides.
-fn flags_to_pb(targets: Vec<(GlobalRank, NicSide)>) -> pb::NicTargets {
-    pb::NicTargets {
-        targets: targets
-            .into_iter()
-            .map(|(r, side)| pb::RankFlag {
-                rank: r.0,
-                use_backup: side.use_backup(),
-            })
-            .collect(),
-    }
+fn flags_to_pb(targets: Vec<(GlobalRank, NicSide)>) -> Vec<pb::RankFlag> {
+    targets
+        .into_iter()
+        .map(|(r, side)| pb::RankFlag {
+            rank: r.0,
+            use_backup: side.use_backup(),
+        })
+        .collect()
 }
 
-fn flags_from_pb(t: pb::NicTargets) -> Vec<(GlobalRank, NicSide)> {
-    t.targets
-        .into_iter()
+fn flags_from_pb(t: Vec<pb::RankFlag>) -> Vec<(GlobalRank, NicSide)> {
+    t.into_iter()
         .map(|f| (GlobalRank(f.rank), NicSide::from_use_backup(f.use_backup)))
         .collect()
 }
@@ -137,8 +134,14 @@ pub fn directive_to_pb(d: Directive) -> pb::Directive {
                 .collect(),
         }),
         DirectiveKind::PauseAt { step } => Kind::PauseAt(pb::PauseAt { step }),
-        DirectiveKind::Switch { targets } => Kind::SwitchNics(flags_to_pb(targets)),
-        DirectiveKind::Rollback { targets } => Kind::Rollback(flags_to_pb(targets)),
+        DirectiveKind::Switch { targets } => Kind::SwitchNics(pb::NicTargets {
+            targets: flags_to_pb(targets),
+            restate: Vec::new(),
+        }),
+        DirectiveKind::Rollback { targets, restate } => Kind::Rollback(pb::NicTargets {
+            targets: flags_to_pb(targets),
+            restate: flags_to_pb(restate),
+        }),
         DirectiveKind::Resume => Kind::Resume(pb::ResumeTraining {}),
         DirectiveKind::Verify => Kind::Verify(pb::VerifyState {}),
     };
@@ -169,10 +172,11 @@ pub fn directive_from_pb(d: pb::Directive) -> Result<Directive, WireError> {
         },
         Kind::PauseAt(p) => DirectiveKind::PauseAt { step: p.step },
         Kind::SwitchNics(t) => DirectiveKind::Switch {
-            targets: flags_from_pb(t),
+            targets: flags_from_pb(t.targets),
         },
         Kind::Rollback(t) => DirectiveKind::Rollback {
-            targets: flags_from_pb(t),
+            targets: flags_from_pb(t.targets),
+            restate: flags_from_pb(t.restate),
         },
         Kind::Resume(_) => DirectiveKind::Resume,
         Kind::Verify(_) => DirectiveKind::Verify,
@@ -655,6 +659,7 @@ mod tests {
             },
             DirectiveKind::Rollback {
                 targets: vec![(GlobalRank(11), NicSide::Primary)],
+                restate: vec![(GlobalRank(10), NicSide::Backup)],
             },
             DirectiveKind::Resume,
             DirectiveKind::Verify,

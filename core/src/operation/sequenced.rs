@@ -155,7 +155,7 @@ impl Operation {
             return Err(CommandError::NotHolding { id, phase });
         }
         seq.switched = true;
-        self.previous = rollback_targets(&plan, previous);
+        self.previous = RollbackTargets::new(&plan, previous);
         self.plan = plan;
         let targets = self.plan.rank_sides();
         let applying = Stage::Applying(Tally::default());

@@ -204,6 +204,20 @@ impl Layout {
             .collect()
     }
 
+    /// The calls of a rollback on `r`: `targets`, then `restate` in a second round.
+    pub(crate) fn rollback_calls(
+        &self,
+        r: GlobalRank,
+        targets: &[(GlobalRank, NicSide)],
+        restate: &[(GlobalRank, NicSide)],
+    ) -> Vec<AppliedCall> {
+        let mut calls = self.calls(r, targets);
+        for c in self.calls(r, restate) {
+            AppliedCall::record(&mut calls, c);
+        }
+        calls
+    }
+
     /// The operator's command for `(rank, use_backup)` pairs, in that order. The two dies of one NPU are never told opposite sides (the
     /// validation refuses that): a later partner follows the first one's flag. A die whose
     /// partner is not in the job (an odd die count) never goes to backup (refused too).

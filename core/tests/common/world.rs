@@ -209,14 +209,17 @@ impl World {
     }
 
     fn apply(&mut self, r: GlobalRank, kind: &DirectiveKind) {
-        if let DirectiveKind::Switch { targets } | DirectiveKind::Rollback { targets } = kind {
-            let view = self.views.get_mut(&r).expect("a rank of the job");
-            for (t, side) in targets {
-                if *side == NicSide::Backup {
-                    view.insert(*t);
-                } else {
-                    view.remove(t);
-                }
+        let (targets, restate) = match kind {
+            DirectiveKind::Switch { targets } => (targets, &[][..]),
+            DirectiveKind::Rollback { targets, restate } => (targets, &restate[..]),
+            _ => return,
+        };
+        let view = self.views.get_mut(&r).expect("a rank of the job");
+        for (t, side) in targets.iter().chain(restate) {
+            if *side == NicSide::Backup {
+                view.insert(*t);
+            } else {
+                view.remove(t);
             }
         }
     }
@@ -225,11 +228,12 @@ impl World {
         match kind {
             DirectiveKind::Sample { .. } => ReplyBody::Sampled { in_step: 10 },
             DirectiveKind::PauseAt { step } => ReplyBody::Paused { step: *step },
-            DirectiveKind::Switch { targets } | DirectiveKind::Rollback { targets } => {
-                ReplyBody::Applied {
-                    calls: self.layout.calls(r, targets),
-                }
-            }
+            DirectiveKind::Switch { targets } => ReplyBody::Applied {
+                calls: self.layout.calls(r, targets),
+            },
+            DirectiveKind::Rollback { targets, restate } => ReplyBody::Applied {
+                calls: self.layout.rollback_calls(r, targets, restate),
+            },
             DirectiveKind::Resume => ReplyBody::Resumed { stalled: secs(1) },
             DirectiveKind::Verify => panic!("a driven operation never verifies"),
         }

@@ -21,6 +21,10 @@ use std::task::Waker;
 use std::time::{Duration, Instant};
 use taskd_core::{DeviceId, GlobalRank, GroupInfo, GroupRank, HcclCode, NodeName};
 
+/// How many NIC-set calls [`Fabric::nic_set_log`] keeps (about 150 bytes each): every call of
+/// an operation even at 16,384 ranks (three groups a rank).
+pub const NIC_SET_LOG_LEN: usize = 1 << 16;
+
 /// Name of the world group, as HCCL names it.
 pub const WORLD_GROUP: &str = "hccl_world_group";
 
@@ -287,7 +291,8 @@ pub(crate) struct State {
     pub rank_groups: Vec<Vec<usize>>,
     pub shut_down: bool,
     pub generation: u64,
-    pub log: Vec<NicSetRecord>,
+    /// The newest [`NIC_SET_LOG_LEN`] NIC-set calls, oldest first.
+    pub log: VecDeque<NicSetRecord>,
     pub violations: Vec<String>,
     pub violations_dropped: u64,
     pub inconsistent_collectives: u64,
@@ -411,7 +416,7 @@ impl Fabric {
                 rank_groups,
                 shut_down: false,
                 generation: 0,
-                log: Vec::new(),
+                log: VecDeque::new(),
                 violations: Vec::new(),
                 violations_dropped: 0,
                 inconsistent_collectives: 0,
@@ -788,9 +793,10 @@ impl Fabric {
             .collect()
     }
 
-    /// Every NIC-set call so far, in the order the calls returned.
+    /// The NIC-set calls so far, in the order they returned: the newest [`NIC_SET_LOG_LEN`]
+    /// (a simulator serving for hours forgets the oldest, so its memory stays flat).
     pub fn nic_set_log(&self) -> Vec<NicSetRecord> {
-        self.state.lock().log.clone()
+        self.state.lock().log.iter().cloned().collect()
     }
 
     /// Every HCCL rule violation seen (concurrent calls on one rank, mismatched arguments,

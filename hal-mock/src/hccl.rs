@@ -282,7 +282,10 @@ impl Fabric {
         if std::mem::take(&mut c.in_call) {
             st.nic_call[c.rank.0 as usize] = None;
         }
-        st.log.push(NicSetRecord {
+        if st.log.len() == crate::fabric::NIC_SET_LOG_LEN {
+            st.log.pop_front();
+        }
+        st.log.push_back(NicSetRecord {
             rank: c.rank,
             group: c.group.clone(),
             ranks: c.ranks.clone(),

@@ -78,7 +78,8 @@ mod view;
 mod test_support;
 
 pub use fabric::{
-    Activity, ConsistencyReport, Fabric, FabricConfig, GroupDisagreement, WORLD_GROUP,
+    Activity, ConsistencyReport, Fabric, FabricConfig, GroupDisagreement, NIC_SET_LOG_LEN,
+    WORLD_GROUP,
 };
 pub use fault::{NicSetFault, NicSetRecord};
 pub use hccl::{ALL_REDUCE_OP, NIC_SET_OP};

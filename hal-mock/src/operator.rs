@@ -31,6 +31,10 @@
 //! whose members hold different configurations for its operator is what hangs or corrupts
 //! training on real hardware; the simulator fails it and counts it
 //! ([`crate::Fabric::collectives_on_inconsistent_groups`]).
+//!
+//! A member keeps the training operator and the newest [`RETAINED_OPERATORS`] others: older
+//! evaluations, which the simulated training never issues again, are forgotten (and so are out
+//! of the consistency check), so a simulator serving for hours keeps flat memory.
 
 use crate::view::BackupSet;
 use std::collections::BTreeMap;
@@ -85,9 +89,29 @@ impl fmt::Display for Collective {
 /// backup NIC ([`BackupSet`]).
 pub(crate) type OperatorViews = BTreeMap<Collective, BackupSet>;
 
+/// How many operators besides [`Collective::TRAINING`] a member keeps: issuing one more
+/// retires the oldest evaluation. The simulated training never issues an evaluation's size
+/// again, so a retired operator never runs; what the limit buys is memory that stays flat
+/// while a simulator serves for hours (an evaluation every third step).
+pub const RETAINED_OPERATORS: usize = 64;
+
 /// The member issues `op`: a new operator starts on the default NIC (every rank primary).
 pub(crate) fn issue(views: &mut OperatorViews, op: Collective) {
-    views.entry(op).or_default();
+    if views.contains_key(&op) {
+        return;
+    }
+    views.insert(op, BackupSet::default());
+    let others = views.len() - usize::from(views.contains_key(&Collective::TRAINING));
+    if others > RETAINED_OPERATORS {
+        // Evaluations grow in size: the smallest other than training is the oldest.
+        let oldest = views
+            .keys()
+            .copied()
+            .find(|c| *c != Collective::TRAINING && *c != op);
+        if let Some(oldest) = oldest {
+            views.remove(&oldest);
+        }
+    }
 }
 
 /// A NIC-set call this member applied: every operator it has issued takes the change.
@@ -162,6 +186,20 @@ mod tests {
         assert_eq!(member[&Collective::evaluation(1)], set(&[1]));
         assert_eq!(Collective::evaluation(2).to_string(), "allreduce(4098)");
         assert_ne!(Collective::evaluation(1), Collective::TRAINING);
+    }
+
+    #[test]
+    fn a_member_keeps_training_and_the_newest_evaluations() {
+        let mut member = OperatorViews::new();
+        issue(&mut member, Collective::TRAINING);
+        for n in 1..=(RETAINED_OPERATORS as u64 + 10) {
+            issue(&mut member, Collective::evaluation(n));
+        }
+        assert_eq!(member.len(), RETAINED_OPERATORS + 1);
+        assert!(member.contains_key(&Collective::TRAINING));
+        assert!(!member.contains_key(&Collective::evaluation(10)));
+        assert!(member.contains_key(&Collective::evaluation(11)));
+        assert!(member.contains_key(&Collective::evaluation(RETAINED_OPERATORS as u64 + 10)));
     }
 
     #[test]

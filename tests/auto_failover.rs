@@ -4,16 +4,17 @@
 //! decisions, results), never on the clock; the policy's knobs are milliseconds. Every test
 //! ends with the invariant: every communication group agrees on its NIC configuration.
 
+mod common;
 mod net_support;
 
+use common::{assert_consistent_end, cmd, manager_args, proxy_args, small};
 use net_support::{fast_heartbeats, s, worker_args, Proc, Scratch};
 use std::time::Duration;
 use taskd::actors::{ProgressEvent, ProgressKind};
 use taskd::core::auto::{AutoAction, AutoConfig, AutoDecision, AutoReason, DeviceKey, Links};
-use taskd::core::command::Target;
 use taskd::core::operation::{JobState, OperationReport, Outcome, Trigger};
 use taskd::core::protocol::Phase;
-use taskd::core::{DeviceId, Direction, GlobalRank, HcclCode, JobId, NodeName, SwitchCommand};
+use taskd::core::{DeviceId, Direction, GlobalRank, HcclCode, NodeName};
 use taskd::hal_mock::NicSetFault;
 use taskd::sim::{FinalState, SimConfig, Simulation};
 use tokio::sync::broadcast::{error::RecvError, Receiver};
@@ -35,12 +36,8 @@ fn knobs() -> AutoConfig {
 
 fn start(auto: AutoConfig) -> Simulation {
     Simulation::start(&SimConfig {
-        nodes: 2,
-        devices_per_node: 4,
-        step_time: Duration::from_millis(1),
-        steps_between: 2,
         auto: Some(auto),
-        ..SimConfig::default()
+        ..small()
     })
     .expect("the simulation starts")
 }
@@ -166,16 +163,9 @@ fn targets(r: &OperationReport) -> Vec<(String, u32, bool)> {
         .collect()
 }
 
-/// The invariant every scenario ends with.
-fn assert_consistent_end(end: &FinalState) {
-    assert!(
-        end.groups_consistent,
-        "groups disagree: {}",
-        end.consistency
-    );
-    assert_eq!(end.collectives_on_inconsistent_groups, 0);
-    assert_eq!(end.ranks_on_backup, end.manager_on_backup);
-    assert!(end.violations.is_empty(), "{:?}", end.violations);
+/// The invariant every scenario ends with, and the job running.
+fn assert_consistent_running_end(end: &FinalState) {
+    assert_consistent_end(end);
     assert_eq!(end.job_state, JobState::Running);
 }
 
@@ -217,7 +207,7 @@ fn a_failed_link_moves_its_device_to_backup_and_back_after_the_hold_time() {
     let status = sim.job().status(10).unwrap();
     assert!(status.recent.iter().all(|r| r.trigger == Trigger::Auto));
     sim.train(2).unwrap();
-    assert_consistent_end(&sim.finish());
+    assert_consistent_running_end(&sim.finish());
 }
 
 #[test]
@@ -261,7 +251,7 @@ fn devices_of_two_nodes_failing_together_move_in_one_operation() {
         [GlobalRank(2), GlobalRank(5)]
     );
     sim.train(2).unwrap();
-    assert_consistent_end(&sim.finish());
+    assert_consistent_running_end(&sim.finish());
 }
 
 #[test]
@@ -310,7 +300,7 @@ fn a_flapping_link_is_held_and_causes_no_operation_storm() {
         ],
     );
     assert_eq!(feed.results().len(), 1, "no storm: {:#?}", feed.decisions());
-    assert_consistent_end(&sim.finish());
+    assert_consistent_running_end(&sim.finish());
 }
 
 #[test]
@@ -320,19 +310,7 @@ fn a_link_failing_during_an_operators_operation_is_acted_on_after_it() {
     // The operator's switch takes 300 ms (one rank's call is slow).
     sim.fabric()
         .inject_nic_set_fault(GlobalRank(0), NicSetFault::Slow(Duration::from_millis(300)));
-    let operator = sim
-        .job()
-        .submit(SwitchCommand {
-            job: JobId("sim".into()),
-            id: None,
-            targets: vec![Target {
-                node: NodeName("node-0".into()),
-                device: DeviceId(1),
-                use_backup: true,
-            }],
-        })
-        .unwrap()
-        .id();
+    let operator = sim.job().submit(cmd(&[("node-0", 1, true)])).unwrap().id();
     feed.until("the operator's switch", |ev| match ev.kind {
         ProgressKind::PhaseStarted {
             phase: Phase::Switch,
@@ -366,7 +344,7 @@ fn a_link_failing_during_an_operators_operation_is_acted_on_after_it() {
         [GlobalRank(1), GlobalRank(6)]
     );
     sim.train(2).unwrap();
-    assert_consistent_end(&sim.finish());
+    assert_consistent_running_end(&sim.finish());
 }
 
 #[test]
@@ -396,7 +374,7 @@ fn with_the_backup_link_down_too_nothing_moves_and_the_decision_says_why() {
     assert!(feed.results().is_empty());
     assert!(sim.job().status(10).unwrap().recent.is_empty());
     assert!(sim.fabric().ranks_on_backup().is_empty());
-    assert_consistent_end(&sim.finish());
+    assert_consistent_running_end(&sim.finish());
 }
 
 #[test]
@@ -438,25 +416,14 @@ fn a_failed_automatic_operation_waits_for_the_links_to_change() {
     assert_eq!(feed.results().len(), 3);
     assert!(sim.fabric().ranks_on_backup().is_empty());
     sim.train(2).unwrap();
-    assert_consistent_end(&sim.finish());
+    assert_consistent_running_end(&sim.finish());
 }
 
 #[test]
 fn an_operators_move_to_backup_is_not_undone() {
     let sim = start(knobs());
     let mut feed = Feed::new(&sim);
-    let r = sim
-        .job()
-        .run(SwitchCommand {
-            job: JobId("sim".into()),
-            id: None,
-            targets: vec![Target {
-                node: NodeName("node-0".into()),
-                device: DeviceId(3),
-                use_backup: true,
-            }],
-        })
-        .unwrap();
+    let r = sim.job().run(cmd(&[("node-0", 3, true)])).unwrap();
     assert_eq!(
         (r.outcome, r.trigger),
         (Outcome::Succeeded, Trigger::Operator)
@@ -466,7 +433,7 @@ fn an_operators_move_to_backup_is_not_undone() {
     assert!(feed.decisions().is_empty(), "{:#?}", feed.decisions());
     assert_eq!(sim.fabric().ranks_on_backup(), [GlobalRank(3)]);
     sim.train(2).unwrap();
-    assert_consistent_end(&sim.finish());
+    assert_consistent_running_end(&sim.finish());
 }
 
 /// The roles as processes: `taskd manager --auto-failover` tells its proxy to probe; the
@@ -480,16 +447,8 @@ fn a_manager_process_with_automatic_failover_moves_a_device_whose_link_is_down()
         &scratch,
         "manager",
         &[
+            s(&manager_args(job, "2")),
             s(&[
-                "manager",
-                "--job-id",
-                job,
-                "--nodes",
-                "1",
-                "--procs-per-node",
-                "2",
-                "--listen",
-                "127.0.0.1:0",
                 "--auto-failover",
                 "--link-probe-ms",
                 "10",
@@ -508,16 +467,8 @@ fn a_manager_process_with_automatic_failover_moves_a_device_whose_link_is_down()
         &scratch,
         "proxy",
         &[
-            s(&[
-                "proxy",
-                "--job-id",
-                job,
-                "--node-rank",
-                "0",
-                "--manager",
-                &addr,
-            ]),
-            s(&["--listen", "127.0.0.1:0", "--sim", "--sim-link-down", "0"]),
+            s(&proxy_args(job, &addr)),
+            s(&["--sim-link-down", "0"]),
             fast_heartbeats(),
         ]
         .concat(),

@@ -3,21 +3,14 @@
 //! invariant that every communication group agrees on its NIC configuration (checked by the
 //! driver on the quiet job and on the stopped fabric).
 
+mod common;
+
+use common::taskd;
 use serde_json::Value;
-use std::process::Command;
 use taskd::chaos::{run_campaign, run_one, CampaignConfig, Schedule};
 
 fn chaos(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_taskd"))
-        .arg("chaos")
-        .args(args)
-        .output()
-        .expect("taskd runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    taskd(&[&["chaos"], args].concat())
 }
 
 #[test]

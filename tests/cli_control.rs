@@ -1,10 +1,11 @@
 //! The operator's walk-through as separate processes: `taskd sim --serve` as the live rig,
 //! driven by `taskd switch --wait` and `taskd status --json`.
 
+mod common;
+
+use common::{manager_args, taskd, taskd_command};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-
-const TASKD: &str = env!("CARGO_BIN_EXE_taskd");
 
 /// A `taskd sim --serve` process, stopped with SIGTERM when dropped.
 struct LiveRig {
@@ -14,24 +15,23 @@ struct LiveRig {
 
 impl LiveRig {
     fn start(extra: &[&str]) -> LiveRig {
-        let mut child = Command::new(TASKD)
-            .args([
-                "sim",
-                "--serve",
-                "--control-addr",
-                "127.0.0.1:0",
-                "--nodes",
-                "2",
-                "--devices-per-node",
-                "4",
-                "--job-id",
-                "rig",
-            ])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("taskd starts");
+        let mut child = taskd_command(&[
+            "sim",
+            "--serve",
+            "--control-addr",
+            "127.0.0.1:0",
+            "--nodes",
+            "2",
+            "--devices-per-node",
+            "4",
+            "--job-id",
+            "rig",
+        ])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("taskd starts");
         let mut line = String::new();
         BufReader::new(child.stdout.as_mut().unwrap())
             .read_line(&mut line)
@@ -70,28 +70,8 @@ impl Drop for LiveRig {
 }
 
 /// `taskd manager` for job `m` on one node of `ppn` ranks, listening on port 0.
-fn manager_args(ppn: &'static str) -> [&'static str; 10] {
-    [
-        "manager",
-        "--job-id",
-        "m",
-        "--nodes",
-        "1",
-        "--procs-per-node",
-        ppn,
-        "--listen",
-        "127.0.0.1:0",
-        "--force",
-    ]
-}
-
-fn taskd(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(TASKD).args(args).output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+fn manager(ppn: &str) -> Vec<&str> {
+    [&manager_args("m", ppn)[..], &["--force"]].concat()
 }
 
 #[test]
@@ -188,13 +168,77 @@ fn bad_input_and_refusals_exit_with_documented_codes() {
     ]);
     assert_eq!(code, 2);
     assert!(err.contains("\"zero\" is not a device number"), "{err}");
-    // The wrong job: exit 1.
+    // The wrong job: exit 1, naming it and the flag to check.
     let (code, _, err) = taskd(&["status", "--addr", &a, "--job", "nope"]);
     assert_eq!(code, 1, "{err}");
+    assert!(
+        err.starts_with("taskd status: ") && err.contains("\"nope\"") && err.contains("--job"),
+        "{err}"
+    );
     drop(rig);
-    // Nobody listening: exit 3.
+    // Nobody listening: exit 3, naming the address and saying what to check.
     let (code, _, err) = taskd(&["status", "--addr", "127.0.0.1:1", "--job", "rig"]);
     assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains("127.0.0.1:1") && err.contains("is --addr right?"),
+        "{err}"
+    );
+}
+
+/// Every way `taskd switch` ends short of a result goes through the one error path: one line
+/// on stderr naming the bad value or saying what to do, and the README's exit code.
+#[test]
+fn switch_refusals_and_failures_exit_with_documented_codes() {
+    let rig = LiveRig::start(&[]);
+    let a = rig.addr.clone();
+    let switch = |extra: &[&str]| {
+        let base = [
+            "switch", "--addr", &a, "--node", "node-0", "--dev", "1", "--to", "backup",
+        ];
+        taskd(&[&base[..], extra].concat())
+    };
+    // Another job: refused (exit 1) with the code's name, naming the job.
+    let (code, out, err) = switch(&["--job", "nope", "--wait"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        err.starts_with("taskd switch: refused (")
+            && err.contains("JOB_NOT_EXIST")
+            && err.contains("nope"),
+        "{err}"
+    );
+    // With --json the refusal is the last event on stdout too.
+    let (code, out, err) = switch(&["--job", "nope", "--json"]);
+    assert_eq!(code, 1, "{out}{err}");
+    let last: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(last["event"], "refused", "{out}");
+    assert_eq!(last["name"], "JOB_NOT_EXIST", "{out}");
+    assert_eq!(last["kind"], "unknown_job", "{out}");
+    assert!(err.contains("JOB_NOT_EXIST"), "{err}");
+    // A --uuid that is not a UUID is a wrong command line (exit 2), naming the value.
+    let (code, _, err) = switch(&["--job", "rig", "--uuid", "not-a-uuid", "--wait"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--uuid") && err.contains("not-a-uuid"),
+        "{err}"
+    );
+    // A token file that cannot be read: exit 2 before connecting, naming the file.
+    let missing = std::env::temp_dir().join(format!("taskd-no-token-{}", std::process::id()));
+    let missing = missing.to_str().unwrap();
+    let (code, _, err) = switch(&["--job", "rig", "--token-file", missing]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains(missing), "{err}");
+    // Without --wait, accepted is success.
+    let (code, out, err) = switch(&["--job", "rig"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("accepted"), "{out}");
+    drop(rig);
+    // Nobody listening: exit 3, naming the address and saying what to check.
+    let (code, _, err) = switch(&["--job", "rig", "--wait"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains(&a) && err.contains("is --addr right?"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -233,7 +277,7 @@ fn the_manager_refuses_a_control_rate_limit_that_refuses_everything() {
         ["--control-rate-per-sec", "0"],
     ] {
         let args = [
-            &manager_args("1")[..],
+            &manager("1")[..],
             &["--control-addr", "127.0.0.1:0"],
             &flags[..],
         ]
@@ -255,15 +299,31 @@ fn a_token_protected_rig_refuses_the_cli_without_it() {
     let (code, _, err) = taskd(&["status", "--addr", &a, "--job", "rig"]);
     assert_eq!(code, 3);
     assert!(err.contains("--token-file"), "{err}");
-    let (code, out, err) = taskd(&[
-        "status",
-        "--addr",
-        &a,
-        "--job",
-        "rig",
-        "--token-file",
-        token.to_str().unwrap(),
+    let (code, _, err) = taskd(&[
+        "switch", "--addr", &a, "--job", "rig", "--node", "node-0", "--dev", "1", "--to", "backup",
+        "--wait",
     ]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("--token-file"), "{err}");
+    // An empty token file would turn authentication off unnoticed: exit 2, naming it.
+    let empty = dir.join("empty");
+    std::fs::write(&empty, "\n").unwrap();
+    let empty = empty.to_str().unwrap();
+    let status = |token_file: &str| {
+        taskd(&[
+            "status",
+            "--addr",
+            &a,
+            "--job",
+            "rig",
+            "--token-file",
+            token_file,
+        ])
+    };
+    let (code, _, err) = status(empty);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains(empty) && err.contains("empty"), "{err}");
+    let (code, out, err) = status(token.to_str().unwrap());
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("state      running"), "{out}");
     assert!(out.contains("verified   yes"), "{out}");
@@ -273,8 +333,7 @@ fn a_token_protected_rig_refuses_the_cli_without_it() {
 
 #[test]
 fn the_manager_binary_serves_metrics_when_asked() {
-    let mut child = Command::new(TASKD)
-        .args(manager_args("2"))
+    let mut child = taskd_command(&manager("2"))
         .args(["--metrics-addr", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

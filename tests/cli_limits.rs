@@ -2,29 +2,17 @@
 //! 2 and a message naming it, before anything starts: never a panic, an abort, a hang or
 //! memory growing until the process is killed.
 
-use std::io::Write as _;
-use std::process::{Command, Output};
+mod common;
 
-/// The variables the roles read, removed so the machine's environment cannot change a result.
-const ROLE_ENV: [&str; 8] = [
-    "MINDX_TASK_ID",
-    "MS_SCHED_HOST",
-    "POD_IP",
-    "MS_NODE_RANK",
-    "RANK",
-    "LOCAL_WORLD_SIZE",
-    "TASKD_CONTROL_TOKEN",
-    "TASKD_LOG_FORMAT",
-];
+use common::{manager_args, taskd_command};
+use std::io::Write as _;
+use std::process::Output;
 
 fn taskd(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_taskd"));
-    c.args(args);
-    for v in ROLE_ENV {
-        c.env_remove(v);
-    }
-    c.envs(env.iter().copied());
-    c.output().expect("taskd runs")
+    taskd_command(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("taskd runs")
 }
 
 /// Runs `taskd ARGS` and checks it refused with exit 2, naming each of `needles` on stderr.
@@ -113,7 +101,7 @@ fn manager_refuses_job_sizes_above_the_maximum() {
         &[],
         &["69632 ranks", "65536"],
     );
-    let one = [&base[..], &["--nodes", "1", "--procs-per-node", "1"]].concat();
+    let one = manager_args("j", "1");
     refused_value(&base, "--procs-per-node", "0");
     for (flag, value) in [
         ("--heartbeat-ms", "0"),
@@ -300,18 +288,7 @@ fn a_die_without_its_partner_in_the_job_is_refused_up_front_naming_both() {
 
 #[test]
 fn automatic_failover_is_refused_in_clusterd_client_mode() {
-    let base = [
-        "manager",
-        "--job-id",
-        "j",
-        "--nodes",
-        "1",
-        "--procs-per-node",
-        "1",
-        "--listen",
-        "127.0.0.1:0",
-        "--auto-failover",
-    ];
+    let base = [&manager_args("j", "1")[..], &["--auto-failover"]].concat();
     refused(
         &[&base[..], &["--clusterd", "127.0.0.1:8899"]].concat(),
         &[],

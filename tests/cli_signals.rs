@@ -1,7 +1,9 @@
 //! The long-running roles as processes: SIGHUP ends each of them as SIGTERM does (a goodbye,
 //! exit 0), and an IPv6 scheduler host works end to end.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
+use common::{lines_of, manager_args, proxy_args, taskd_command};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -19,30 +21,12 @@ struct Role {
 
 impl Role {
     fn spawn(name: &'static str, args: &[&str], env: &[(&str, &str)]) -> Role {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_taskd"));
-        c.args(args)
-            .stdin(Stdio::null())
+        let mut c = taskd_command(args);
+        c.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        for v in [
-            "MINDX_TASK_ID",
-            "MS_SCHED_HOST",
-            "POD_IP",
-            "MS_NODE_RANK",
-            "RANK",
-        ] {
-            c.env_remove(v);
-        }
         let mut child = c.envs(env.iter().copied()).spawn().expect("taskd starts");
-        let out = child.stdout.take().expect("piped stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let lines = lines_of(child.stdout.take().expect("piped stdout"));
         Role { name, child, lines }
     }
 
@@ -112,22 +96,7 @@ fn addr_in(line: &str) -> String {
 
 /// A proxy for node 0 of `job`, with simulated link health, connected to the manager at `at`.
 fn sim_proxy(job: &str, at: &str) -> Role {
-    Role::spawn(
-        "proxy",
-        &[
-            "proxy",
-            "--job-id",
-            job,
-            "--node-rank",
-            "0",
-            "--manager",
-            at,
-            "--listen",
-            "127.0.0.1:0",
-            "--sim",
-        ],
-        &[],
-    )
+    Role::spawn("proxy", &proxy_args(job, at), &[])
 }
 
 fn hup_ends_it(role: Role) {
@@ -141,21 +110,7 @@ fn hup_ends_it(role: Role) {
 
 #[test]
 fn sighup_stops_every_role_cleanly() {
-    let mut manager = Role::spawn(
-        "manager",
-        &[
-            "manager",
-            "--job-id",
-            "hup",
-            "--nodes",
-            "1",
-            "--procs-per-node",
-            "1",
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        &[],
-    );
+    let mut manager = Role::spawn("manager", &manager_args("hup", "1"), &[]);
     let at = addr_in(&manager.wait_line("taskd manager listening on"));
     let mut proxy = sim_proxy("hup", &at);
     let proxy_at = addr_in(&proxy.wait_line("taskd proxy listening on"));

@@ -1,17 +1,13 @@
 //! `taskd sim` as a user runs it: the binary, its JSON contract and its exit status.
 
+mod common;
+
+use common::{taskd, taskd_command};
 use serde_json::Value;
-use std::process::Command;
 
 fn sim(args: &[&str]) -> (i32, Value, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_taskd"))
-        .arg("sim")
-        .args(args)
-        .output()
-        .expect("taskd runs");
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let json = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    (out.status.code().unwrap_or(-1), json, stderr)
+    let (code, out, err) = taskd(&[&["sim"], args].concat());
+    (code, serde_json::from_str(&out).unwrap_or(Value::Null), err)
 }
 
 fn ops(v: &Value) -> &Vec<Value> {
@@ -132,24 +128,16 @@ fn an_unknown_target_is_refused_by_name() {
 
 #[test]
 fn the_timeline_is_readable() {
-    let out = Command::new(env!("CARGO_BIN_EXE_taskd"))
-        .args([
-            "sim",
-            "--nodes",
-            "2",
-            "--devices-per-node",
-            "4",
-            "--switch",
-            "node-1:0,2",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
+    let (code, text, err) = taskd(&[
+        "sim",
+        "--nodes",
+        "2",
+        "--devices-per-node",
+        "4",
+        "--switch",
+        "node-1:0,2",
+    ]);
+    assert_eq!(code, 0, "{err}");
     assert!(text.contains("operation 1"), "{text}");
     assert!(text.contains("SUCCEEDED"), "{text}");
     assert!(text.contains("groups consistent: yes"), "{text}");
@@ -158,25 +146,20 @@ fn the_timeline_is_readable() {
 #[test]
 fn progress_is_printed_live_as_plain_lines_then_a_table_and_a_timeline() {
     let csv = std::env::temp_dir().join(format!("taskd-timeline-{}.csv", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_taskd"))
-        .args([
-            "sim",
-            "--nodes",
-            "2",
-            "--devices-per-node",
-            "2",
-            "--switch",
-            "node-1:0",
-            "--step-ms",
-            "1",
-            "--timeline",
-        ])
-        .arg(&csv)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
-    let text = String::from_utf8(out.stdout).unwrap();
+    let (code, text, err) = taskd(&[
+        "sim",
+        "--nodes",
+        "2",
+        "--devices-per-node",
+        "2",
+        "--switch",
+        "node-1:0",
+        "--step-ms",
+        "1",
+        "--timeline",
+        csv.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
     // Not a terminal: lines, never redrawn in place.
     assert!(!text.contains('\r') && !text.contains('\x1b'), "{text:?}");
     for phase in ["sample", "pause", "switch", "resume"] {
@@ -224,27 +207,26 @@ fn progress_is_printed_live_as_plain_lines_then_a_table_and_a_timeline() {
 #[test]
 fn hold_secs_keeps_the_metrics_endpoint_up_after_the_scenario() {
     use std::io::{BufRead, BufReader, Read, Write};
-    let mut child = Command::new(env!("CARGO_BIN_EXE_taskd"))
-        .args([
-            "sim",
-            "--nodes",
-            "1",
-            "--devices-per-node",
-            "2",
-            "--switch",
-            "node-0:1",
-            "--step-ms",
-            "1",
-            "--json",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--hold-secs",
-            "60",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = taskd_command(&[
+        "sim",
+        "--nodes",
+        "1",
+        "--devices-per-node",
+        "2",
+        "--switch",
+        "node-0:1",
+        "--step-ms",
+        "1",
+        "--json",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--hold-secs",
+        "60",
+    ])
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
     // The scenario is over once the hold starts: wait for that line, then scrape.
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
     let mut url = None;

@@ -5,27 +5,21 @@
 //! communication group agrees on its NIC configuration.
 
 mod clusterd_support;
+mod common;
 
 use clusterd_support::FakeClusterd;
+use common::{assert_consistent_end, await_progress, cmd, ranks, small};
 use std::time::Duration;
 use taskd::actors::clusterd::{ClusterdClient, ClusterdConfig};
 use taskd::actors::RecoveryResult;
-use taskd::core::command::Target;
 use taskd::core::ledger::RecoverTo;
-use taskd::core::operation::{JobState, OperationReport};
-use taskd::core::{DeviceId, GlobalRank, HcclCode, JobId, NodeName, SwitchCommand};
+use taskd::core::operation::JobState;
+use taskd::core::{DeviceId, GlobalRank, HcclCode, JobId, NodeName};
 use taskd::hal_mock::NicSetFault;
-use taskd::sim::{FinalState, SimConfig, Simulation};
+use taskd::sim::Simulation;
 
 fn sim() -> Simulation {
-    Simulation::start(&SimConfig {
-        nodes: 2,
-        devices_per_node: 4,
-        step_time: Duration::from_millis(1),
-        steps_between: 2,
-        ..SimConfig::default()
-    })
-    .expect("the simulated job starts")
+    Simulation::start(&small()).expect("the simulated job starts")
 }
 
 /// A simulated job, a fake ClusterD and the job's manager as its client, first session up.
@@ -54,49 +48,6 @@ fn client(sim: &Simulation, fake: &FakeClusterd) -> ClusterdClient {
     c
 }
 
-fn ranks(v: &[u32]) -> Vec<GlobalRank> {
-    v.iter().map(|r| GlobalRank(*r)).collect()
-}
-
-/// Waits (at most 30 s) for the next final report on the manager's progress feed.
-fn finished(
-    rx: &mut tokio::sync::broadcast::Receiver<taskd::actors::ProgressEvent>,
-) -> OperationReport {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(30), async {
-            loop {
-                match rx.recv().await {
-                    Ok(ev) => {
-                        if let Some(r) = ev.report() {
-                            return r.clone();
-                        }
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(e) => panic!("the progress feed closed: {e}"),
-                }
-            }
-        })
-        .await
-        .expect("an operation finished within 30 s")
-    })
-}
-
-/// The invariant every scenario ends with.
-fn assert_consistent_end(end: &FinalState) {
-    assert!(
-        end.groups_consistent,
-        "groups disagree: {}",
-        end.consistency
-    );
-    assert_eq!(end.collectives_on_inconsistent_groups, 0);
-    assert_eq!(end.ranks_on_backup, end.manager_on_backup);
-    assert!(end.violations.is_empty(), "{:?}", end.violations);
-}
-
 #[test]
 fn a_switch_and_back_as_clusterd_runs_them() {
     let (sim, fake, c) = setup();
@@ -110,16 +61,11 @@ fn a_switch_and_back_as_clusterd_runs_them() {
     assert!(link.connected, "{link:?}");
     assert_eq!(link.driving.as_deref(), Some(uuid.as_str()));
     // The operator's path shares the operation: refused as busy while ClusterD holds the job.
-    let cmd = SwitchCommand {
-        job: JobId("sim".into()),
-        id: None,
-        targets: vec![Target {
-            node: NodeName("node-0".into()),
-            device: DeviceId(3),
-            use_backup: true,
-        }],
-    };
-    let busy = sim.job().submit(cmd).unwrap_err().to_string();
+    let busy = sim
+        .job()
+        .submit(cmd(&[("node-0", 3, true)]))
+        .unwrap_err()
+        .to_string();
     assert!(busy.contains("still running"), "{busy}");
     fake.switch(&[1, 6], &[true, true]);
     assert!(fake.switch_result());
@@ -257,7 +203,7 @@ fn a_pause_then_kill_master_keeps_every_rank_held_and_answers_nothing() {
     let mut progress = sim.job().subscribe_progress();
     fake.kill_master("restart-1");
     // killMaster has no answer; the operation ends with every rank held on agreeing groups.
-    let r = finished(&mut progress);
+    let r = await_progress(&mut progress, "a final report", |ev| ev.report().cloned());
     assert_eq!(r.job_state, JobState::Paused, "{r}");
     let s = sim.job().status(1).unwrap();
     assert_eq!(s.state, JobState::Paused);

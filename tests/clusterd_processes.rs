@@ -3,9 +3,11 @@
 //! processes of their own, while the manager's control API answers beside it.
 
 mod clusterd_support;
+mod common;
 mod net_support;
 
 use clusterd_support::FakeClusterd;
+use common::{lines_of, manager_args, taskd_command};
 use net_support::{fast_heartbeats, s, Cluster, ClusterSpec, Scratch};
 use std::process::{Command, Stdio};
 use taskd::core::env;
@@ -67,41 +69,15 @@ fn a_job_of_processes_is_switched_and_back_by_clusterd() {
 /// `taskd manager` for one rank on port 0 with `args` and `envs`; waits for its lines and
 /// stops it with SIGTERM. Returns stdout, stderr and the exit code.
 fn manager(args: &[&str], envs: &[(&str, &str)]) -> (String, String, Option<i32>) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_taskd"));
-    cmd.args([
-        "manager",
-        "--job-id",
-        "j",
-        "--nodes",
-        "1",
-        "--procs-per-node",
-        "1",
-        "--listen",
-        "127.0.0.1:0",
-    ])
-    .args(args)
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    for v in [
-        env::MINDX_SERVER_IP,
-        env::LOCAL_PROXY_ENABLE,
-        env::MS_SCHED_HOST,
-        env::POD_IP,
-    ] {
-        cmd.env_remove(v);
-    }
+    let mut cmd = taskd_command(&[&manager_args("j", "1")[..], args].concat());
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = cmd
         .envs(envs.iter().copied())
         .spawn()
         .expect("taskd starts");
-    let out = child.stdout.take().unwrap();
-    let (tx, lines) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for l in std::io::BufRead::lines(std::io::BufReader::new(out)).map_while(Result::ok) {
-            let _ = tx.send(l);
-        }
-    });
+    let lines = lines_of(child.stdout.take().unwrap());
     // Until its last startup line ("listening on", then the ClusterD line when it is a
     // client), or its exit (the channel closes).
     let client = !args.contains(&"--no-clusterd") && (!envs.is_empty() || !args.is_empty());

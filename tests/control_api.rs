@@ -4,6 +4,9 @@
 //! registrations, submit-and-wait, refusals with their codes and kinds), the guard interceptor on
 //! both services (bearer token, rate limit) and mutual TLS.
 
+mod common;
+
+use common::{cmd, small};
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -20,20 +23,10 @@ use taskd::actors::control::{
     ManualClock, RateLimit, RESULT_RETENTION,
 };
 use taskd::actors::net::{PemIdentity, TlsPem};
-use taskd::core::command::Target;
-use taskd::core::{DeviceId, GlobalRank, HcclCode, JobId, NodeName, OperationId, SwitchCommand};
+use taskd::core::{GlobalRank, HcclCode, OperationId};
 use taskd::hal_mock::NicSetFault;
 use taskd::sim::{SimConfig, Simulation};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
-
-fn small() -> SimConfig {
-    SimConfig {
-        nodes: 2,
-        devices_per_node: 4,
-        step_time: Duration::from_millis(1),
-        ..SimConfig::default()
-    }
-}
 
 /// Fields drop in order: the clients' runtime (and their connections) before the server.
 struct Rig {
@@ -164,21 +157,6 @@ impl Rig {
     }
 }
 
-fn command(targets: &[(&str, u32, bool)]) -> SwitchCommand {
-    SwitchCommand {
-        job: JobId("sim".into()),
-        id: None,
-        targets: targets
-            .iter()
-            .map(|(n, d, b)| Target {
-                node: NodeName(n.to_string()),
-                device: DeviceId(*d),
-                use_backup: *b,
-            })
-            .collect(),
-    }
-}
-
 #[test]
 fn a_switch_starts_at_once_and_the_subscription_delivers_exactly_one_result() {
     let rig = Rig::plain(small());
@@ -219,7 +197,7 @@ fn a_late_subscription_gets_the_last_result_for_the_retention_window_only() {
     assert_eq!(e.message(), not_switching("sim"));
     assert_eq!(e.message(), "jobId=sim is not swtiching nic");
 
-    let r = rig.block(rig.control().run(&command(&[("node-0", 2, true)])));
+    let r = rig.block(rig.control().run(&cmd(&[("node-0", 2, true)])));
     assert_eq!(r.unwrap().result, "succeeded");
     // The operation is over before anyone subscribed: the result is still delivered, to every
     // subscription, for the whole window.
@@ -239,7 +217,7 @@ fn once_another_operation_started_the_earlier_result_is_not_delivered() {
     let mut cfg = small();
     cfg.deadlines.switch = Duration::from_millis(200);
     let rig = Rig::plain(cfg);
-    let ok = rig.block(rig.control().run(&command(&[("node-0", 2, true)])));
+    let ok = rig.block(rig.control().run(&cmd(&[("node-0", 2, true)])));
     assert_eq!(ok.unwrap().result, "succeeded");
     assert_eq!(rig.subscribe("sim").unwrap(), [SWITCH_FINISHED]);
     // A second operation fails (and rolls back); a late subscription gets its failure only.
@@ -247,7 +225,7 @@ fn once_another_operation_started_the_earlier_result_is_not_delivered() {
         .fabric()
         .inject_nic_set_fault(GlobalRank(5), NicSetFault::Fail(HcclCode::Network));
     let failed = rig
-        .block(rig.control().run(&command(&[("node-1", 1, true)])))
+        .block(rig.control().run(&cmd(&[("node-1", 1, true)])))
         .unwrap();
     assert_eq!(failed.result, "failed", "{failed:?}");
     assert!(failed.rolled_back);
@@ -318,7 +296,7 @@ fn recover_refuses_with_clusterds_codes_and_names_what_is_wrong() {
     assert_eq!(code, codes::PARAMETER_INVALID, "{info}");
     assert!(info.contains("missing ranks: 7"), "{info}");
     let e = rig
-        .block(rig.control().run(&command(&[("node-0", 2, true)])))
+        .block(rig.control().run(&cmd(&[("node-0", 2, true)])))
         .unwrap_err();
     assert!(
         matches!(
@@ -351,7 +329,7 @@ fn ranks_that_cannot_switch_are_refused() {
     assert_eq!(code, codes::PARAMETER_INVALID, "{info}");
     assert!(info.contains("HCCL_OP_RETRY_ENABLE"), "{info}");
     let e = rig
-        .block(rig.control().run(&command(&[("node-0", 0, true)])))
+        .block(rig.control().run(&cmd(&[("node-0", 0, true)])))
         .unwrap_err();
     match e {
         ClientError::Refused { code, kind, reason } => {
@@ -401,7 +379,7 @@ fn a_paused_job_is_out_of_order() {
     assert_eq!(code, codes::OPERATION_RUNNING, "{info}");
     assert!(info.starts_with(&busy_info("sim")), "{info}");
     let e = rig
-        .block(rig.control().run(&command(&[("node-0", 2, true)])))
+        .block(rig.control().run(&cmd(&[("node-0", 2, true)])))
         .unwrap_err();
     assert!(
         matches!(
@@ -495,7 +473,7 @@ fn submit_and_wait_streams_the_result_and_status_shows_the_nic_table() {
             && x.kind() == RefusalKind::IdReused && x.reason.contains(uuid)),
         "{reused:?}"
     );
-    let mut cmd = command(&[("node-1", 3, false)]);
+    let mut cmd = cmd(&[("node-1", 3, false)]);
     cmd.id = Some(uuid.parse::<OperationId>().unwrap());
     let e = rig.block(rig.control().run(&cmd)).unwrap_err();
     assert!(
@@ -579,8 +557,7 @@ fn a_bearer_token_is_required_on_every_service_when_configured() {
         for e in [
             rig.block(c.status("sim", 0)).unwrap_err(),
             rig.block(c.wait_registered("sim", None)).unwrap_err(),
-            rig.block(c.run(&command(&[("node-0", 0, true)])))
-                .unwrap_err(),
+            rig.block(c.run(&cmd(&[("node-0", 0, true)]))).unwrap_err(),
         ] {
             assert!(
                 matches!(&e, ClientError::Rpc(s) if s.code() == tonic::Code::Unauthenticated),

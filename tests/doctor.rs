@@ -2,45 +2,23 @@
 //! where it should, with an injected environment; the binary prints one line per check or a
 //! JSON array and exits 0 only when nothing fails.
 
-use std::collections::HashMap;
-use std::ffi::OsString;
+mod common;
+
+use common::{fresh_dir, lookup, stub_env, stub_install, EnvMap};
 use std::net::{Ipv4Addr, TcpListener};
-use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use taskd::doctor::{self, Check, DoctorConfig, Library, Status};
 use taskd_hal_ascend::testing::{self, Stub, StubControl, StubInstall};
 
-fn fresh_dir(test: &str) -> PathBuf {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("doctor")
-        .join(format!(
-            "{}-{test}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
-
 fn stubs(test: &str) -> StubInstall {
-    testing::install(&fresh_dir(test)).unwrap_or_else(|e| panic!("{e}"))
+    stub_install("doctor", test)
 }
-
-type EnvMap = HashMap<String, OsString>;
 
 /// A node ready to run: the stubs, the reference flags, a coherent worker environment.
 fn good_env(s: &StubInstall) -> EnvMap {
-    let mut m: EnvMap = s
-        .overrides()
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.into_os_string()))
-        .collect();
+    let mut m = stub_env(s);
     for (k, v) in [
-        ("HCCL_OP_RETRY_ENABLE", "L0:0, L1:1, L2:1"),
-        ("MS_ENABLE_TFT", "{TTP:1,TSP:1}"),
         ("PROCESS_RECOVER", "on"),
         ("ELASTIC_PROCESS_RECOVER_ENABLE", "1"),
         ("MINDX_TASK_ID", "job-42"),
@@ -51,10 +29,6 @@ fn good_env(s: &StubInstall) -> EnvMap {
         m.insert(k.into(), v.into());
     }
     m
-}
-
-fn lookup(m: &EnvMap) -> impl Fn(&str) -> Option<OsString> + '_ {
-    move |k| m.get(k).cloned()
 }
 
 /// A port nobody listens on right now.
@@ -124,7 +98,7 @@ fn a_ready_node_passes_every_check() {
 
 #[test]
 fn library_checks_say_where_from_and_what_is_missing() {
-    let dir = fresh_dir("libs");
+    let dir = fresh_dir("doctor", "libs");
     let s = testing::install(&dir).unwrap();
 
     // Found through ASCEND_TOOLKIT_HOME after ASCEND_HOME_PATH had no file: a warning, naming

@@ -5,44 +5,18 @@
 //! Each test installs its own copy of the stubs (own call logs) and hands the rig an
 //! environment map; the process environment is never touched.
 
+mod common;
+
+use common::{deadlines, lookup, stub_env, stub_install};
 use std::collections::{BTreeMap, HashMap};
-use std::ffi::OsString;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::PathBuf;
 use std::time::Duration;
 use taskd::rig::{Rig, RigConfig, RigLibraries};
-use taskd_core::{plan_calls, DeviceId, GlobalRank, GroupInfo, NicSide, PhaseDeadlines};
+use taskd_core::{plan_calls, DeviceId, GlobalRank, GroupInfo, NicSide};
 use taskd_hal_ascend::testing::{self, NicSetRecord, StubControl, StubInstall};
 
 fn fresh_stubs(test: &str) -> StubInstall {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("hil-rig")
-        .join(format!(
-            "{}-{test}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-    let _ = std::fs::remove_dir_all(&dir);
-    testing::install(&dir).unwrap_or_else(|e| panic!("{e}"))
-}
-
-type EnvMap = HashMap<String, OsString>;
-
-/// The reference deployment's flags and the stubs' paths.
-fn env_for(stubs: &StubInstall) -> EnvMap {
-    let mut m: EnvMap = stubs
-        .overrides()
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.into_os_string()))
-        .collect();
-    m.insert("HCCL_OP_RETRY_ENABLE".into(), "L0:0, L1:1, L2:1".into());
-    m.insert("MS_ENABLE_TFT".into(), "{TTP:1,TSP:1}".into());
-    m
-}
-
-fn lookup(m: &EnvMap) -> impl Fn(&str) -> Option<OsString> + '_ {
-    move |k| m.get(k).cloned()
+    stub_install("hil-rig", test)
 }
 
 fn config(n: u32, pairs: bool) -> RigConfig {
@@ -55,12 +29,7 @@ fn config(n: u32, pairs: bool) -> RigConfig {
     // spread between the ranks' pause requests, the hardest case for the two-phase pause.
     c.compute = Duration::ZERO;
     c.window = 3;
-    c.deadlines = PhaseDeadlines {
-        pause: Duration::from_secs(30),
-        switch: Duration::from_secs(30),
-        rollback: Duration::from_secs(30),
-        resume: Duration::from_secs(30),
-    };
+    c.deadlines = deadlines(Duration::from_secs(30));
     c.progress_timeout = Duration::from_secs(60);
     c
 }
@@ -112,7 +81,7 @@ fn planned(
 fn four_ranks_switch_to_backup_and_back_with_every_rank_calling_in_planner_order() {
     let stubs = fresh_stubs("e2e");
     let hccl = StubControl::attach(&stubs.hccl);
-    let env = env_for(&stubs);
+    let env = stub_env(&stubs);
     let libs = RigLibraries::open(&lookup(&env)).unwrap();
     let mut rig = Rig::start(config(4, true), libs, &lookup(&env)).unwrap();
     assert!(rig.node_hal().starts_with("DCMI"), "{}", rig.node_hal());
@@ -231,7 +200,7 @@ fn a_backup_nic_that_dcmi_reports_unreachable_rejects_the_switch_before_any_call
     // Default stub topology: cards 10 and 11, two dies each. Device 0's backup NIC is its
     // partner die's (device 1: card 10, chip 1); 3 = DCMI_RDFX_DETECT_UNREACH.
     dcmi.dcmi_health(10, 1, 3);
-    let env = env_for(&stubs);
+    let env = stub_env(&stubs);
     let libs = RigLibraries::open(&lookup(&env)).unwrap();
     let mut rig = Rig::start(config(2, false), libs, &lookup(&env)).unwrap();
     let op = rig.switch(&[DeviceId(0)], true).unwrap().clone();
@@ -254,7 +223,7 @@ fn without_dcmi_the_rig_still_switches_and_without_l2_retry_it_is_refused() {
     // No DCMI: every NIC is assumed up and HCCL decides.
     let stubs = fresh_stubs("no_dcmi");
     let hccl = StubControl::attach(&stubs.hccl);
-    let mut env = env_for(&stubs);
+    let mut env = stub_env(&stubs);
     let missing: PathBuf = stubs.root.join("absent/libdcmi.so");
     env.insert("TASKD_DCMI_LIBRARY".into(), missing.into_os_string());
     let libs = RigLibraries::open(&lookup(&env)).unwrap();
@@ -277,7 +246,7 @@ fn without_dcmi_the_rig_still_switches_and_without_l2_retry_it_is_refused() {
     // HCCL without L2 retry would switch nothing: the manager refuses up front.
     let stubs = fresh_stubs("no_l2");
     let hccl = StubControl::attach(&stubs.hccl);
-    let mut env = env_for(&stubs);
+    let mut env = stub_env(&stubs);
     env.insert("HCCL_OP_RETRY_ENABLE".into(), "L0:0, L1:1, L2:0".into());
     let libs = RigLibraries::open(&lookup(&env)).unwrap();
     let mut rig = Rig::start(config(2, false), libs, &lookup(&env)).unwrap();
@@ -302,7 +271,7 @@ fn a_container_that_renumbers_its_dies_is_switched_by_physical_id() {
     dcmi.dcmi_topology(4, 2, 10);
     dcmi.dcmi_visible(&[6, 7, 2]);
     dcmi.dcmi_health(13, 1, 3);
-    let env = env_for(&stubs);
+    let env = stub_env(&stubs);
     let libs = RigLibraries::open(&lookup(&env)).unwrap();
     let mut rig = Rig::start(config(3, false), libs, &lookup(&env)).unwrap();
     let devices: Vec<u32> = rig.table().slots().iter().map(|s| s.device.0).collect();
@@ -351,7 +320,7 @@ fn a_link_probe_that_hangs_refuses_the_switch_with_that_reason_without_holding_t
     let stubs = fresh_stubs("probe_hangs");
     let dcmi = StubControl::attach(&stubs.dcmi);
     let hccl = StubControl::attach(&stubs.hccl);
-    let mut env = env_for(&stubs);
+    let mut env = stub_env(&stubs);
     // Long enough for every call that does not hang, on a loaded machine.
     env.insert("TASKD_DCMI_TIMEOUT_MS".into(), "2000".into());
     dcmi.dcmi_block_health(10, 1); // device 0's backup NIC: its probe never answers
@@ -389,7 +358,7 @@ fn a_link_probe_that_hangs_refuses_the_switch_with_that_reason_without_holding_t
 fn evaluations_on_a_switched_world_run_on_the_default_nic_as_the_rule_predicts() {
     let stubs = fresh_stubs("default_nic");
     let hccl = StubControl::attach(&stubs.hccl);
-    let env = env_for(&stubs);
+    let env = stub_env(&stubs);
     let libs = RigLibraries::open(&lookup(&env)).unwrap();
     let mut cfg = config(4, true);
     cfg.eval_every = 2;
@@ -440,7 +409,7 @@ fn the_rig_gives_back_only_its_own_reference_to_the_ascend_runtime() {
     // A framework in the process initialised the runtime first.
     let framework = taskd_hal_ascend::sys::acl::AclLib::open_path(&stubs.acl).unwrap();
     taskd_hal_ascend::result::acl::init(&framework).unwrap();
-    let env = env_for(&stubs);
+    let env = stub_env(&stubs);
     let libs = RigLibraries::open(&lookup(&env)).unwrap();
     let mut rig = Rig::start(config(2, false), libs, &lookup(&env)).unwrap();
     assert_eq!(acl.acl_refs(), 2);

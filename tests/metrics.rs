@@ -6,6 +6,9 @@
 //! The metrics recorder is process-global, so this file has a binary of its own and runs its
 //! simulations once, shared by its tests.
 
+mod common;
+
+use common::small;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -121,11 +124,8 @@ fn run() -> &'static Run {
         let addr = server.local_addr();
         assert_ne!(addr.port(), 0, "the bound port is reported");
         let cfg = SimConfig {
-            nodes: 2,
-            devices_per_node: 4,
-            step_time: Duration::from_millis(1),
             steps_between: 1,
-            ..SimConfig::default()
+            ..small()
         };
         let sim = Simulation::start(&cfg).expect("the simulation starts");
         let targets = [(NodeName("node-1".into()), vec![DeviceId(0), DeviceId(2)])];

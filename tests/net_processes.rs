@@ -3,26 +3,55 @@
 //! manager's control API (`Control`, on port 0 next to its transport port); processes print
 //! their bound addresses and registrations on stdout, which is what the tests wait for.
 
+mod common;
 mod net_support;
 
+use common::taskd;
 use net_support::{fast_heartbeats, s, worker_args, Cluster, ClusterSpec, Proc, Scratch};
 use taskd::actors::control::proto::RefusalKind;
 use taskd::actors::control::{codes, ClientError};
 
-#[test]
-fn switch_to_backup_and_back_across_processes() {
-    let scratch = Scratch::new("net-switch");
-    let mut c = Cluster::start(
-        &scratch,
+/// A rank stepping once a second, far behind the others' 2 ms.
+const SLOW_STEP: &[&str] = &["--step-ms", "1000"];
+
+/// A job of `nodes` x `ppn` processes with fast heartbeats; `odd` gives one rank flags of its
+/// own (a slower step, another group size) and `manager` adds flags to the manager's.
+fn start(
+    scratch: &Scratch,
+    job: &str,
+    nodes: u32,
+    ppn: u32,
+    odd: Option<(u32, &[&str])>,
+    manager: &[&str],
+) -> Cluster {
+    let worker_flags = move |r: u32| match odd {
+        Some((rank, flags)) if rank == r => s(flags),
+        _ => Vec::new(),
+    };
+    Cluster::start(
+        scratch,
         ClusterSpec {
-            job: "net-switch",
-            nodes: 2,
-            ppn: 4,
-            worker_flags: &|_| Vec::new(),
-            manager_flags: s(&["--pause-timeout-ms", "20000"]),
+            job,
+            nodes,
+            ppn,
+            worker_flags: &worker_flags,
+            manager_flags: s(manager),
             common: fast_heartbeats(),
             tls: None,
         },
+    )
+}
+
+#[test]
+fn switch_to_backup_and_back_across_processes() {
+    let scratch = Scratch::new("net-switch");
+    let mut c = start(
+        &scratch,
+        "net-switch",
+        2,
+        4,
+        None,
+        &["--pause-timeout-ms", "20000"],
     );
 
     // node-0:1 and node-1:2 (ranks 1 and 6) to their backup NIC, then back.
@@ -88,26 +117,9 @@ fn switch_to_backup_and_back_across_processes() {
 fn a_worker_killed_during_the_pause_fails_the_operation_and_is_reported_lost() {
     let scratch = Scratch::new("net-kill");
     const VICTIM: u32 = 3;
-    let mut c = Cluster::start(
-        &scratch,
-        ClusterSpec {
-            job: "net-kill",
-            nodes: 2,
-            ppn: 2,
-            // The victim steps once a second: the others run far ahead, so the pause step is
-            // far beyond the victim's and it cannot hold before it is killed.
-            worker_flags: &|r| {
-                if r == VICTIM {
-                    s(&["--step-ms", "1000"])
-                } else {
-                    Vec::new()
-                }
-            },
-            manager_flags: Vec::new(),
-            common: fast_heartbeats(),
-            tls: None,
-        },
-    );
+    // The victim steps once a second: the others run far ahead, so the pause step is
+    // far beyond the victim's and it cannot hold before it is killed.
+    let mut c = start(&scratch, "net-kill", 2, 2, Some((VICTIM, SLOW_STEP)), &[]);
     let cmd = c.command(&[(0, 0, true)]);
     let mut op = c.submit(&cmd).expect("admitted");
     // Wait until the manager sent the pause step: every rank sampled, the pause runs.
@@ -137,13 +149,10 @@ fn a_worker_killed_during_the_pause_fails_the_operation_and_is_reported_lost() {
     );
     // `taskd status` names the lost rank and why.
     let status = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_taskd"))
-            .args(["status", "--addr", &c.control_addr, "--job", "net-kill"])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        let base = ["status", "--addr", &c.control_addr, "--job", "net-kill"];
+        let (code, out, err) = taskd(&[&base[..], args].concat());
+        assert_eq!(code, 0, "{out}{err}");
+        out
     };
     let text = status(&[]);
     let lost = text
@@ -199,25 +208,8 @@ fn a_worker_killed_during_the_pause_fails_the_operation_and_is_reported_lost() {
 fn a_manager_stopped_during_the_pause_resumes_every_rank_before_it_exits() {
     let scratch = Scratch::new("net-drain");
     const SLOW: u32 = 3;
-    let mut c = Cluster::start(
-        &scratch,
-        ClusterSpec {
-            job: "net-drain",
-            nodes: 2,
-            ppn: 2,
-            // The slow rank keeps the pause waiting long enough for the signal to land in it.
-            worker_flags: &|r| {
-                if r == SLOW {
-                    s(&["--step-ms", "1000"])
-                } else {
-                    Vec::new()
-                }
-            },
-            manager_flags: Vec::new(),
-            common: fast_heartbeats(),
-            tls: None,
-        },
-    );
+    // The slow rank keeps the pause waiting long enough for the signal to land in it.
+    let mut c = start(&scratch, "net-drain", 2, 2, Some((SLOW, SLOW_STEP)), &[]);
     let cmd = c.command(&[(0, 0, true)]);
     let mut op = c.submit(&cmd).expect("admitted");
     c.until_phase(&mut op, "pause");
@@ -246,25 +238,8 @@ fn a_manager_stopped_during_the_pause_resumes_every_rank_before_it_exits() {
 #[test]
 fn a_proxy_killed_during_the_pause_loses_its_node() {
     let scratch = Scratch::new("net-proxy-kill");
-    let mut c = Cluster::start(
-        &scratch,
-        ClusterSpec {
-            job: "net-proxy-kill",
-            nodes: 2,
-            ppn: 2,
-            // Rank 3 (node-1) is slow: the pause waits for it while node-1's proxy dies.
-            worker_flags: &|r| {
-                if r == 3 {
-                    s(&["--step-ms", "1000"])
-                } else {
-                    Vec::new()
-                }
-            },
-            manager_flags: Vec::new(),
-            common: fast_heartbeats(),
-            tls: None,
-        },
-    );
+    // Rank 3 (node-1) is slow: the pause waits for it while node-1's proxy dies.
+    let mut c = start(&scratch, "net-proxy-kill", 2, 2, Some((3, SLOW_STEP)), &[]);
     let mut op = c.submit(&c.command(&[(0, 0, true)])).expect("admitted");
     c.until_phase(&mut op, "pause");
     c.proxies[1].kill();
@@ -297,23 +272,13 @@ fn ranks_that_disagree_on_their_groups_fail_the_digest_check() {
     let scratch = Scratch::new("net-digest");
     // Rank 3 believes tensor-parallel groups have 2 ranks, the others 4: a misconfigured job.
     // Each process applies its own plan; only the digests reveal the disagreement.
-    let mut c = Cluster::start(
+    let mut c = start(
         &scratch,
-        ClusterSpec {
-            job: "net-digest",
-            nodes: 1,
-            ppn: 4,
-            worker_flags: &|r| {
-                if r == 3 {
-                    s(&["--sim-tp-size", "2"])
-                } else {
-                    Vec::new()
-                }
-            },
-            manager_flags: Vec::new(),
-            common: fast_heartbeats(),
-            tls: None,
-        },
+        "net-digest",
+        1,
+        4,
+        Some((3, &["--sim-tp-size", "2"])),
+        &[],
     );
     // The verification round after registration already finds tp_0 split (rank 3 reports a
     // group of 2): the job needs recovery and no switch is started on it.
@@ -335,37 +300,22 @@ fn ranks_that_disagree_on_their_groups_fail_the_digest_check() {
 #[test]
 fn the_network_manager_serves_the_control_api_to_the_cli() {
     let scratch = Scratch::new("net-control");
-    let c = Cluster::start(
+    // Five calls from this address, no refill: the client's wait for registrations,
+    // one switch, two status calls; the fifth is refused.
+    let c = start(
         &scratch,
-        ClusterSpec {
-            job: "net-control",
-            nodes: 2,
-            ppn: 2,
-            worker_flags: &|_| Vec::new(),
-            // Five calls from this address, no refill: the client's wait for registrations,
-            // one switch, two status calls; the fifth is refused.
-            manager_flags: s(&[
-                "--control-rate-burst",
-                "4",
-                "--control-rate-per-sec",
-                "0.0001",
-            ]),
-            common: fast_heartbeats(),
-            tls: None,
-        },
+        "net-control",
+        2,
+        2,
+        None,
+        &[
+            "--control-rate-burst",
+            "4",
+            "--control-rate-per-sec",
+            "0.0001",
+        ],
     );
     let addr = c.control_addr.clone();
-    let taskd = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_taskd"))
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
     let (code, out, err) = taskd(&[
         "switch",
         "--addr",
@@ -380,18 +330,18 @@ fn the_network_manager_serves_the_control_api_to_the_cli() {
         "backup",
         "--wait",
     ]);
-    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("SUCCEEDED"), "{out}");
     let (code, out, err) = taskd(&["status", "--addr", &addr, "--job", "net-control", "--json"]);
-    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["ranks_on_backup"], serde_json::json!([3]));
     assert_eq!(v["workers_registered"], 4);
     let (code, out, err) = taskd(&["status", "--addr", &addr, "--job", "net-control"]);
-    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert_eq!(code, 0, "{out}\n{err}");
     // The manager's --control-rate-* flags: past the burst, the control port refuses (exit 3).
     let (code, _, err) = taskd(&["status", "--addr", &addr, "--job", "net-control"]);
-    assert_eq!(code, Some(3), "{err}");
+    assert_eq!(code, 3, "{err}");
     assert!(err.contains("rate limit"), "{err}");
     c.shutdown_cleanly();
 }

@@ -1,6 +1,7 @@
 //! Mutual TLS between the processes of a job: every process presents a certificate signed by
 //! the job's CA (generated here with rcgen) and trusts only that CA.
 
+mod common;
 mod net_support;
 
 use net_support::{fast_heartbeats, make_tls, Cluster, ClusterSpec, Scratch};

@@ -3,68 +3,27 @@
 //! what the ranks applied, and a job left paused by a failed rollback has a way back. Every
 //! test ends with the invariant: every communication group agrees on its NIC configuration.
 
+mod common;
+
+use common::{assert_consistent_end, await_progress, cmd, small, WAIT};
 use std::time::Duration;
 use taskd::actors::{ProgressKind, RecoveryResult};
-use taskd::core::command::Target;
 use taskd::core::ledger::RecoverTo;
 use taskd::core::operation::{JobState, OperationError, Outcome};
 use taskd::core::protocol::Phase;
-use taskd::core::{DeviceId, GlobalRank, HcclCode, JobId, NodeName, SwitchCommand};
+use taskd::core::{GlobalRank, HcclCode, SwitchCommand};
 use taskd::hal_mock::NicSetFault;
-use taskd::sim::{FinalState, SimConfig, Simulation};
-
-const WAIT: Duration = Duration::from_secs(30);
-
-fn small() -> SimConfig {
-    SimConfig {
-        nodes: 2,
-        devices_per_node: 4,
-        step_time: Duration::from_millis(1),
-        steps_between: 2,
-        ..SimConfig::default()
-    }
-}
-
-fn cmd(targets: &[(&str, u32, bool)]) -> SwitchCommand {
-    SwitchCommand {
-        job: JobId("sim".into()),
-        id: None,
-        targets: targets
-            .iter()
-            .map(|(n, d, b)| Target {
-                node: NodeName((*n).into()),
-                device: DeviceId(*d),
-                use_backup: *b,
-            })
-            .collect(),
-    }
-}
-
-fn assert_consistent_end(end: &FinalState) {
-    assert!(
-        end.groups_consistent,
-        "groups disagree: {}",
-        end.consistency
-    );
-    assert_eq!(end.collectives_on_inconsistent_groups, 0);
-    assert_eq!(end.ranks_on_backup, end.manager_on_backup);
-    assert!(end.violations.is_empty(), "{:?}", end.violations);
-}
+use taskd::sim::Simulation;
 
 /// Submits `c` and returns once the manager started `phase` of it.
 fn submit_until(sim: &Simulation, c: SwitchCommand, phase: Phase) {
     let mut events = sim.job().subscribe_progress();
     let id = sim.job().submit(c).expect("admitted").id();
-    loop {
-        let ev = events
-            .blocking_recv()
-            .expect("the manager publishes progress");
-        match ev.kind {
-            ProgressKind::PhaseStarted { phase: p, .. } if ev.op == id && p == phase => return,
-            ProgressKind::Finished(r) if ev.op == id => panic!("finished before {phase}: {r}"),
-            _ => {}
-        }
-    }
+    await_progress(&mut events, "phase start", |ev| match &ev.kind {
+        ProgressKind::PhaseStarted { phase: p, .. } if ev.op == id && *p == phase => Some(()),
+        ProgressKind::Finished(r) if ev.op == id => panic!("finished before {phase}: {r}"),
+        _ => None,
+    })
 }
 
 /// Kills the manager once it started `phase`; a new one must adopt the orphaned operation.

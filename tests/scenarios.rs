@@ -2,68 +2,19 @@
 //! invariant: every communication group agrees on its NIC configuration (or, where a failure
 //! leaves the job paused, training never ran on a group that disagreed).
 
+mod common;
+
+use common::{assert_consistent_end, await_armed, cmd, deadlines, ranks, small};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use taskd::actors::manager::Submission;
 use taskd::actors::LocalJobError;
-use taskd::core::command::Target;
 use taskd::core::operation::{JobState, OperationError, OperationReport, Outcome};
 use taskd::core::{
-    DeviceId, GlobalRank, HcclCode, JobId, NodeName, OperationId, PhaseDeadlines, SubmitError,
-    SwitchCommand, ValidationError,
+    DeviceId, GlobalRank, HcclCode, JobId, OperationId, SubmitError, SwitchCommand, ValidationError,
 };
 use taskd::hal_mock::NicSetFault;
-use taskd::sim::{FinalState, SimConfig, Simulation};
-
-fn small() -> SimConfig {
-    SimConfig {
-        nodes: 2,
-        devices_per_node: 4,
-        step_time: Duration::from_millis(1),
-        steps_between: 2,
-        ..SimConfig::default()
-    }
-}
-
-fn deadlines(ms: u64) -> PhaseDeadlines {
-    let d = Duration::from_millis(ms);
-    PhaseDeadlines {
-        pause: d,
-        switch: d,
-        rollback: d,
-        resume: d,
-    }
-}
-
-fn cmd(targets: &[(&str, u32, bool)]) -> SwitchCommand {
-    SwitchCommand {
-        job: JobId("sim".into()),
-        id: None,
-        targets: targets
-            .iter()
-            .map(|(n, d, b)| Target {
-                node: NodeName((*n).into()),
-                device: DeviceId(*d),
-                use_backup: *b,
-            })
-            .collect(),
-    }
-}
-
-fn ranks(v: &[u32]) -> Vec<GlobalRank> {
-    v.iter().map(|r| GlobalRank(*r)).collect()
-}
-
-/// The invariant every scenario ends with.
-fn assert_consistent_end(end: &FinalState) {
-    assert!(
-        end.groups_consistent,
-        "groups disagree: {}",
-        end.consistency
-    );
-    assert_eq!(end.collectives_on_inconsistent_groups, 0);
-    assert_eq!(end.ranks_on_backup, end.manager_on_backup);
-}
+use taskd::sim::{SimConfig, Simulation};
 
 fn run(sim: &Simulation, c: SwitchCommand) -> OperationReport {
     sim.job().run(c).expect("the command is admitted")
@@ -199,7 +150,7 @@ fn a_hang_past_the_switch_deadline_fails_with_a_timeout_and_rolls_back() {
 #[test]
 fn a_hang_past_the_rollback_deadline_keeps_the_job_paused() {
     let mut cfg = small();
-    cfg.deadlines = deadlines(5_000);
+    cfg.deadlines = deadlines(Duration::from_millis(5_000));
     cfg.deadlines.switch = Duration::from_millis(100);
     cfg.deadlines.rollback = Duration::from_millis(100);
     let sim = Simulation::start(&cfg).unwrap();
@@ -536,7 +487,7 @@ fn a_pause_requested_while_ranks_are_a_step_apart_completes_without_deadlock() {
         LocalJobConfig {
             job: JobId("sim".into()),
             table: RankTable::uniform(1, 2),
-            deadlines: deadlines(10_000),
+            deadlines: deadlines(Duration::from_millis(10_000)),
         },
         vec![Box::new(fabric.node_hal(0)) as Box<dyn NodeHal>],
         (0..2)
@@ -599,13 +550,7 @@ fn a_pause_requested_while_ranks_are_a_step_apart_completes_without_deadlock() {
     let sub = job.submit(cmd(&[("node-0", 1, true)])).unwrap();
     // Both workers armed their gates (the sample request reached them).
     for r in 0..2 {
-        let gate = job.gate(GlobalRank(r));
-        let mut spins = 0u64;
-        while !gate.is_armed() {
-            spins += 1;
-            assert!(spins < 1 << 32, "the sample request never reached rank {r}");
-            std::thread::yield_now();
-        }
+        await_armed(&job, r);
     }
     {
         let (m, cv) = &*latch;

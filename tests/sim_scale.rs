@@ -4,33 +4,18 @@
 //! `cargo test --release --test sim_scale -- --ignored`; `cargo bench --bench scale` measures
 //! the control plane at that size).
 
+mod common;
+
+use common::{assert_consistent_end, await_armed, cmd, deadlines};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use taskd::actors::{LocalJob, LocalJobConfig, RankSpec, WorkerHal};
-use taskd::core::command::Target;
 use taskd::core::operation::Outcome;
-use taskd::core::{
-    DeviceId, GlobalRank, JobId, NodeHal, NodeName, PhaseDeadlines, RankTable, SwitchCommand,
-};
+use taskd::core::{GlobalRank, JobId, NodeHal, RankTable};
 use taskd::hal_mock::{
     Fabric, FabricConfig, Hold, SimTraining, StepHook, TrainingOptions, WORLD_GROUP,
 };
 use taskd::sim::{run_scenario, GateHook, SimConfig, SimRankHal, Simulation};
-
-fn cmd(targets: &[(&str, u32, bool)]) -> SwitchCommand {
-    SwitchCommand {
-        job: JobId("sim".into()),
-        id: None,
-        targets: targets
-            .iter()
-            .map(|(n, d, b)| Target {
-                node: NodeName((*n).into()),
-                device: DeviceId(*d),
-                use_backup: *b,
-            })
-            .collect(),
-    }
-}
 
 /// Switches two devices of node 1 to their backup NIC and back on `nodes` x 16 ranks; ends
 /// with every group agreeing on its NIC configuration.
@@ -53,14 +38,7 @@ fn switch_and_back(nodes: u32) -> Duration {
     }
     let end = sim.finish();
     let took = started.elapsed();
-    assert!(
-        end.groups_consistent,
-        "groups disagree: {}",
-        end.consistency
-    );
-    assert_eq!(end.collectives_on_inconsistent_groups, 0);
-    assert_eq!(end.ranks_on_backup, end.manager_on_backup);
-    assert!(end.violations.is_empty(), "{:?}", end.violations);
+    assert_consistent_end(&end);
     took
 }
 
@@ -157,12 +135,7 @@ fn ranks_blocked_in_a_collective_answer_the_sample_as_tasks() {
             tsp: true,
         })
         .collect();
-    let deadlines = PhaseDeadlines {
-        pause: Duration::from_secs(60),
-        switch: Duration::from_secs(60),
-        rollback: Duration::from_secs(60),
-        resume: Duration::from_secs(60),
-    };
+    let deadlines = deadlines(Duration::from_secs(60));
     let job = LocalJob::start(
         LocalJobConfig {
             job: JobId("sim".into()),
@@ -205,13 +178,7 @@ fn ranks_blocked_in_a_collective_answer_the_sample_as_tasks() {
     let sub = job.submit(cmd(&[("node-1", 3, true)])).unwrap();
     // The sample reached every rank (each gate is armed) while they are blocked.
     for r in 0..world {
-        let gate = job.gate(GlobalRank(r));
-        let mut spins = 0u64;
-        while !gate.is_armed() {
-            spins += 1;
-            assert!(spins < 1 << 32, "the sample request never reached rank {r}");
-            std::thread::yield_now();
-        }
+        await_armed(&job, r);
     }
     {
         latch.state.lock().unwrap().1 = true;

@@ -5,9 +5,11 @@
 //! The subscriber is process-global (the actors run on a thread of their own), so this file
 //! has a binary of its own.
 
+mod common;
+
+use common::small;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use taskd::core::operation::Outcome;
 use taskd::core::{DeviceId, NodeName};
 use taskd::sim::{SimConfig, Simulation};
@@ -91,11 +93,9 @@ fn an_operation_is_one_span_tree_per_role_with_its_uuid_and_phases() {
     tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
 
     let cfg = SimConfig {
-        nodes: 2,
         devices_per_node: 2,
-        step_time: Duration::from_millis(1),
         steps_between: 1,
-        ..SimConfig::default()
+        ..small()
     };
     let sim = Simulation::start(&cfg).unwrap();
     let cmd = sim.command(&[(NodeName("node-1".into()), vec![DeviceId(0)])], true);

@@ -1,5 +1,6 @@
 //! How the operator's commands reach a manager's control port: address, bearer token, TLS.
 
+use super::error::CliError;
 use clap::Args;
 use std::path::PathBuf;
 use taskd_actors::control::{ClientError, ControlClient};
@@ -105,10 +106,36 @@ impl ConnectArgs {
             .await?
             .with_token(token))
     }
+
+    /// [`ConnectArgs::connect`] with [`ConnectArgs::token`], failing as the operator's commands
+    /// do: a token that cannot be read is bad input ([`CliError::Usage`]); an address, TLS
+    /// file or server that cannot be used is [`CliError::Unreachable`].
+    pub async fn client(&self) -> Result<ControlClient, CliError> {
+        let token = self.token().map_err(CliError::Usage)?;
+        self.connect(token).await.map_err(|e| match e {
+            ConnectError::Client(ClientError::Connect { .. }) => {
+                CliError::Unreachable(format!("{e} (is the manager running and is --addr right?)"))
+            }
+            e => CliError::Unreachable(e.to_string()),
+        })
+    }
 }
 
-/// Exit codes of the operator's commands (one list for every command).
-pub use super::error::exit;
+/// A failed control call as the operator's commands report it: an unknown job is
+/// [`CliError::Failed`] (exit 1), a request the server calls malformed is [`CliError::Usage`]
+/// (exit 2), anything else (not reachable, credentials refused, rate-limited, manager gone) is
+/// [`CliError::Unreachable`] (exit 3). The message says what to do ([`explain`]).
+pub fn call_error(e: ClientError) -> CliError {
+    match e {
+        ClientError::Rpc(s) => match s.code() {
+            tonic::Code::NotFound => CliError::Failed(explain(&s)),
+            tonic::Code::InvalidArgument => CliError::Usage(explain(&s)),
+            _ => CliError::Unreachable(explain(&s)),
+        },
+        ClientError::Refused { code, reason, .. } => CliError::CommandRefused { code, reason },
+        other => CliError::Unreachable(other.to_string()),
+    }
+}
 
 /// A one-line message for a failed RPC, with what to do about it.
 pub fn explain(status: &tonic::Status) -> String {

@@ -59,6 +59,14 @@ pub enum CliError {
     /// The control API could not be reached, or refused the credentials.
     #[error("{0}")]
     Unreachable(String),
+    /// The manager refused an operator's command; nothing ran.
+    #[error("refused ({code} {}): {reason}", taskd_actors::control::codes::name(*code))]
+    CommandRefused {
+        /// The control API's code (`taskd_actors::control::codes`).
+        code: i32,
+        /// Why, in the manager's words (naming the bad node, device, job, ...).
+        reason: String,
+    },
     /// Anything else that stops the command.
     #[error("{0}")]
     Failed(String),
@@ -77,7 +85,10 @@ impl CliError {
             | CliError::Identity(_)
             | CliError::Refused(_) => exit::USAGE,
             CliError::Sim(SimError::Setup(_) | SimError::Target(_)) => exit::USAGE,
-            CliError::Start(_) | CliError::Sim(_) | CliError::Failed(_) => exit::FAILED,
+            CliError::Start(_)
+            | CliError::Sim(_)
+            | CliError::Failed(_)
+            | CliError::CommandRefused { .. } => exit::FAILED,
             CliError::Unreachable(_) => exit::UNREACHABLE,
         }
     }
@@ -116,5 +127,25 @@ mod tests {
             exit::FAILED
         );
         assert_eq!(CliError::Failed("x".into()).exit_code(), exit::FAILED);
+    }
+
+    #[test]
+    fn a_refused_command_is_1_and_names_the_code() {
+        let e = CliError::CommandRefused {
+            code: taskd_actors::control::codes::PARAMETER_INVALID,
+            reason: "no node node-9".into(),
+        };
+        assert_eq!(e.exit_code(), exit::FAILED);
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "refused ({} PARAMETER_INVALID): no node node-9",
+                taskd_actors::control::codes::PARAMETER_INVALID
+            )
+        );
+        assert_eq!(
+            CliError::Unreachable("x".into()).exit_code(),
+            exit::UNREACHABLE
+        );
     }
 }

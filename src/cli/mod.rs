@@ -80,8 +80,8 @@ pub fn main() -> ExitCode {
     let (name, result) = match cli.command {
         Command::Sim(args) => ("sim", sim::run(args)),
         Command::Chaos(args) => ("chaos", chaos::run(args)),
-        Command::Switch(args) => ("switch", Ok(switch::run(args))),
-        Command::Status(args) => ("status", Ok(status::run(args))),
+        Command::Switch(args) => ("switch", switch::run(args)),
+        Command::Status(args) => ("status", status::run(args)),
         Command::Recover(args) => ("recover", recover::run(args)),
         Command::Doctor(args) => ("doctor", Ok(doctor::run(args))),
         Command::Manager(args) => ("manager", manager::run(args)),

@@ -2,12 +2,12 @@
 //! doubt are re-stated to one side and training resumes, or, with nothing in doubt, a
 //! verification round establishes the job's state; either way a round confirms the result.
 
-use super::connect::ConnectArgs;
-use super::error::CliError;
+use super::connect::{call_error, ConnectArgs};
+use super::error::{exit, CliError};
+use super::net_common::runtime;
 use clap::{Args, ValueEnum};
 use std::process::ExitCode;
 use taskd_actors::control::proto::{self, recover_reply::Outcome};
-use taskd_actors::control::ClientError;
 use taskd_core::OperationSummary;
 
 /// The flags of `taskd recover`: where the control API is, the job, and which NIC side the
@@ -50,11 +50,13 @@ impl To {
 /// the job does not run (the output says why), 2 for bad input, 3 when the control API cannot
 /// be reached.
 pub fn run(a: RecoverArgs) -> Result<ExitCode, CliError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| CliError::Failed(e.to_string()))?;
-    let reply = rt.block_on(recover(&a))?;
+    let reply = runtime()?.block_on(async {
+        let mut client = a.connect.client().await?;
+        client
+            .recover(&a.job, a.to.as_str())
+            .await
+            .map_err(call_error)
+    })?;
     if a.json {
         println!("{:#}", reply_json(&reply));
     } else {
@@ -63,36 +65,11 @@ pub fn run(a: RecoverArgs) -> Result<ExitCode, CliError> {
     let refused = matches!(reply.outcome, Some(Outcome::Refused(_)));
     Ok(ExitCode::from(
         if reply.job_state == "running" && !refused {
-            super::error::exit::OK
+            exit::OK
         } else {
-            super::error::exit::FAILED
+            exit::FAILED
         },
     ))
-}
-
-async fn recover(a: &RecoverArgs) -> Result<proto::RecoverReply, CliError> {
-    let token = a
-        .connect
-        .token()
-        .map_err(|e| CliError::Usage(e.to_string()))?;
-    let mut client = a
-        .connect
-        .connect(token)
-        .await
-        .map_err(|e| CliError::Unreachable(e.to_string()))?;
-    client
-        .recover(&a.job, a.to.as_str())
-        .await
-        .map_err(|e| match e {
-            ClientError::Rpc(s) if s.code() == tonic::Code::NotFound => {
-                CliError::Failed(super::connect::explain(&s))
-            }
-            ClientError::Rpc(s) if s.code() == tonic::Code::InvalidArgument => {
-                CliError::Usage(super::connect::explain(&s))
-            }
-            ClientError::Rpc(s) => CliError::Unreachable(super::connect::explain(&s)),
-            other => CliError::Unreachable(other.to_string()),
-        })
 }
 
 fn reply_text(r: &proto::RecoverReply, to: To) -> String {

@@ -1,9 +1,10 @@
 //! `taskd status`: the job as its manager sees it.
 
-use super::connect::{exit, explain, ConnectArgs};
+use super::connect::{call_error, ConnectArgs};
+use super::error::{exit, CliError};
+use super::net_common::runtime;
 use clap::Args;
 use std::process::ExitCode;
-use taskd_actors::control::ClientError;
 
 /// The flags of `taskd status`: where the control API is, the job, how much history.
 #[derive(Args, Debug)]
@@ -21,56 +22,18 @@ pub struct StatusArgs {
     json: bool,
 }
 
-/// Asks the manager for the job's status and prints it, as a table or one JSON object.
-pub fn run(a: StatusArgs) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("taskd status: {e}");
-            return ExitCode::from(exit::FAILED);
-        }
-    };
-    ExitCode::from(rt.block_on(status(a)))
-}
-
-async fn status(a: StatusArgs) -> u8 {
-    let token = match a.connect.token() {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("taskd status: {e}");
-            return exit::USAGE;
-        }
-    };
-    let mut client = match a.connect.connect(token).await {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("taskd status: {e}");
-            return exit::UNREACHABLE;
-        }
-    };
-    match client.status(&a.job, a.recent).await {
-        Ok(s) => {
-            if a.json {
-                println!("{:#}", super::render::status_json(&s));
-            } else {
-                print!("{}", super::render::status_text(&s));
-            }
-            exit::OK
-        }
-        Err(ClientError::Rpc(s)) => {
-            eprintln!("taskd status: {}", explain(&s));
-            if s.code() == tonic::Code::NotFound {
-                exit::FAILED
-            } else {
-                exit::UNREACHABLE
-            }
-        }
-        Err(e) => {
-            eprintln!("taskd status: {e}");
-            exit::UNREACHABLE
-        }
+/// Asks the manager for the job's status and prints it, as a table or one JSON object; an
+/// unknown job (exit 1), a token that cannot be read (exit 2) or an unreachable manager (exit 3)
+/// is a [`CliError`].
+pub fn run(a: StatusArgs) -> Result<ExitCode, CliError> {
+    let s = runtime()?.block_on(async {
+        let mut client = a.connect.client().await?;
+        client.status(&a.job, a.recent).await.map_err(call_error)
+    })?;
+    if a.json {
+        println!("{:#}", super::render::status_json(&s));
+    } else {
+        print!("{}", super::render::status_text(&s));
     }
+    Ok(ExitCode::from(exit::OK))
 }

@@ -1,10 +1,11 @@
 //! `taskd switch`: move devices of a job to their backup NIC or back.
 
-use super::connect::{exit, explain, ConnectArgs};
+use super::connect::{call_error, explain, ConnectArgs};
+use super::error::{exit, CliError};
+use super::net_common::runtime;
 use clap::{Args, ValueEnum};
 use std::process::ExitCode;
 use taskd_actors::control::proto::{self, switch_event::Event, RefusalKind};
-use taskd_actors::control::{codes, ClientError};
 use taskd_core::OperationSummary;
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -75,79 +76,42 @@ pub(crate) fn targets(
     Ok(out)
 }
 
-/// Submits the switch and waits for its one final result, printing each phase as it
-/// happens. The exit code says how it ended (`taskd_actors::control::codes`), so a script
-/// can tell a refusal from a failed switch.
-pub fn run(a: SwitchArgs) -> ExitCode {
-    let targets = match targets(&a.nodes, &a.devs, &a.to) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("taskd switch: {e}");
-            return ExitCode::from(exit::USAGE);
-        }
-    };
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("taskd switch: {e}");
-            return ExitCode::from(exit::FAILED);
-        }
-    };
-    ExitCode::from(rt.block_on(switch(a, targets)))
+/// Submits the switch and, with `--wait`, follows it to its one final result, printing each
+/// phase as it happens. `Ok` carries how it ended: 0 succeeded (without `--wait`: accepted), 1
+/// failed; a refusal, a wrong command line or an unreachable manager is a [`CliError`] (exit 1,
+/// 2 or 3), so a script can tell a refusal from a failed switch.
+pub fn run(a: SwitchArgs) -> Result<ExitCode, CliError> {
+    let targets = targets(&a.nodes, &a.devs, &a.to).map_err(CliError::Usage)?;
+    let code = runtime()?.block_on(switch(&a, targets))?;
+    Ok(ExitCode::from(code))
 }
 
-async fn switch(a: SwitchArgs, targets: Vec<proto::Target>) -> u8 {
-    let token = match a.connect.token() {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("taskd switch: {e}");
-            return exit::USAGE;
-        }
-    };
-    let mut client = match a.connect.connect(token).await {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("taskd switch: {e}");
-            return exit::UNREACHABLE;
-        }
-    };
+async fn switch(a: &SwitchArgs, targets: Vec<proto::Target>) -> Result<u8, CliError> {
+    let mut client = a.connect.client().await?;
     let req = proto::SwitchRequest {
         job_id: a.job.clone(),
         uuid: a.uuid.clone().unwrap_or_default(),
         targets,
         wait: a.wait,
     };
-    let stream = match client.switch(req).await {
-        Ok(s) => s,
-        Err(ClientError::Rpc(s)) => {
-            eprintln!("taskd switch: {}", explain(&s));
-            return exit::UNREACHABLE;
-        }
-        Err(e) => {
-            eprintln!("taskd switch: {e}");
-            return exit::UNREACHABLE;
-        }
-    };
-    follow(&a, stream).await
+    let stream = client.switch(req).await.map_err(call_error)?;
+    follow(a, stream).await
 }
 
-/// Shows the events of one switch as they come; the exit code.
-async fn follow(a: &SwitchArgs, mut stream: tonic::Streaming<proto::SwitchEvent>) -> u8 {
-    let mut code = exit::FAILED;
+/// Shows the events of one switch as they come; the exit code of a switch that was not
+/// refused.
+async fn follow(
+    a: &SwitchArgs,
+    mut stream: tonic::Streaming<proto::SwitchEvent>,
+) -> Result<u8, CliError> {
+    let mut code = None;
     // Phases as they happen: a bar redrawn in place on a terminal, plain lines otherwise.
     let mut printer = crate::progress::ProgressPrinter::stdout();
-    loop {
-        let ev = match stream.message().await {
-            Ok(Some(ev)) => ev,
-            Ok(None) => return code,
-            Err(s) => {
-                eprintln!("taskd switch: the stream broke: {}", explain(&s));
-                return exit::UNREACHABLE;
-            }
-        };
+    while let Some(ev) = stream
+        .message()
+        .await
+        .map_err(|s| CliError::Unreachable(format!("the stream broke: {}", explain(&s))))?
+    {
         let Some(ev) = ev.event else { continue };
         if a.json {
             println!("{}", super::render::event_json(&ev));
@@ -163,10 +127,10 @@ async fn follow(a: &SwitchArgs, mut stream: tonic::Streaming<proto::SwitchEvent>
                     println!("operation {} {what}", acc.uuid);
                 }
                 if !a.wait && !acc.known {
-                    code = exit::OK;
+                    code = Some(exit::OK);
                 }
             }
-            Event::Refused(r) => return refused(&r),
+            Event::Refused(r) => return Err(refused(&r)),
             Event::Phase(p) => {
                 if let Some(ev) = super::render::progress_event(&p).filter(|_| !a.json) {
                     let _ = printer.event(&ev);
@@ -178,31 +142,32 @@ async fn follow(a: &SwitchArgs, mut stream: tonic::Streaming<proto::SwitchEvent>
                     let _ = printer.finish();
                     print!("{}", super::render::result_text(&r));
                 }
-                code = if r.result == "succeeded" {
+                code = Some(if r.result == "succeeded" {
                     exit::OK
                 } else {
                     exit::FAILED
-                };
+                });
             }
         }
     }
+    code.ok_or_else(|| {
+        CliError::Failed("the control API ended the switch without its result".to_owned())
+    })
 }
 
-/// Says why the manager refused and returns the exit code: 2 when the command line itself is
-/// wrong (a `--uuid` already used for another request), 1 otherwise.
-fn refused(r: &proto::Refused) -> u8 {
-    if r.kind() == RefusalKind::IdReused {
-        eprintln!(
-            "taskd switch: --uuid: {} (a retry must repeat the same --node/--dev/--to)",
+/// Why the manager refused, as the CLI's error: bad input (exit 2) when the command line
+/// itself is wrong (a `--uuid` already used for another request, or not a UUID), a refused
+/// command (exit 1, the code's name and the reason) otherwise.
+fn refused(r: &proto::Refused) -> CliError {
+    match r.kind() {
+        RefusalKind::IdReused => CliError::Usage(format!(
+            "--uuid: {} (a retry must repeat the same --node/--dev/--to)",
             r.reason
-        );
-        return exit::USAGE;
+        )),
+        RefusalKind::Malformed => CliError::Usage(format!("--uuid: {}", r.reason)),
+        _ => CliError::CommandRefused {
+            code: r.code,
+            reason: r.reason.clone(),
+        },
     }
-    eprintln!(
-        "taskd switch: refused ({} {}): {}",
-        r.code,
-        codes::name(r.code),
-        r.reason
-    );
-    exit::FAILED
 }

@@ -5,10 +5,13 @@
 //! Nothing here sleeps to wait for an event: a test waits for a line a process prints, or for
 //! the manager's answer. Every process is killed when its [`Proc`] drops, so a failing test
 //! leaves nothing running.
+//!
+//! It builds on the helpers of `tests/common`: a test file with `mod net_support;` has `mod
+//! common;` too.
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
+use crate::common::lines_of;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
@@ -77,15 +80,7 @@ impl Proc {
             .spawn()
             .expect("taskd starts");
         let pid = child.id();
-        let out = child.stdout.take().expect("piped stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let lines = lines_of(child.stdout.take().expect("piped stdout"));
         let (etx, exit) = mpsc::channel();
         std::thread::spawn(move || {
             if let Ok(st) = child.wait() {

@@ -345,3 +345,84 @@ fn the_network_manager_serves_the_control_api_to_the_cli() {
     assert!(err.contains("rate limit"), "{err}");
     c.shutdown_cleanly();
 }
+
+/// A manager killed (`kill -9`) and started again with the same `--state-dir` answers a
+/// repeated uuid with the earlier result (nothing runs again) and still refuses the uuid for
+/// another request: its journal of finished operations outlives the process.
+#[test]
+fn a_restarted_manager_with_a_state_dir_answers_a_repeated_uuid_with_the_earlier_result() {
+    let scratch = Scratch::new("net-state-dir");
+    let state = scratch.path("state");
+    let state_dir = state.display().to_string();
+    let mut c = Cluster::start(
+        &scratch,
+        ClusterSpec {
+            job: "net-state-dir",
+            nodes: 2,
+            ppn: 2,
+            worker_flags: &|_| Vec::new(),
+            manager_flags: s(&["--state-dir", &state_dir]),
+            common: fast_heartbeats(),
+            tls: None,
+        },
+    );
+    let mut cmd = c.command(&[(1, 1, true)]);
+    cmd.id = Some(taskd::core::OperationId(uuid::Uuid::new_v4()));
+    let first = c.run(&cmd).expect("the operation runs");
+    assert_eq!(first.result, "succeeded", "{first:#?}");
+
+    c.manager.kill();
+    // The same transport address, so the proxies find the new manager; a new control port.
+    let mut args = s(&[
+        "manager",
+        "--job-id",
+        "net-state-dir",
+        "--nodes",
+        "2",
+        "--procs-per-node",
+        "2",
+        "--listen",
+        &c.manager_addr,
+        "--control-addr",
+        "127.0.0.1:0",
+        "--state-dir",
+        &state_dir,
+    ]);
+    args.extend(fast_heartbeats());
+    c.manager = Proc::spawn(&scratch, "manager-restarted", &args);
+    let line = c.manager.wait_line("control API on ");
+    c.control_addr = line.rsplit(' ').next().unwrap().to_owned();
+    c.control =
+        c.rt.block_on(taskd::actors::control::ControlClient::connect(
+            &c.control_addr,
+            None,
+        ))
+        .expect("the control client connects");
+    let st = c.wait_registered();
+    assert_eq!(st.ranks_on_backup, [3], "rebuilt from the ranks: {st:#?}");
+
+    let again = c.submit(&cmd).expect("answered");
+    assert!(again.known, "the uuid ran before the restart");
+    assert_eq!(again.uuid, first.uuid);
+    let earlier = c.rt.block_on(again.result()).expect("the earlier result");
+    assert_eq!(earlier.result, first.result);
+    assert_eq!(earlier.pause_step, first.pause_step, "the same operation");
+    assert!(
+        c.status(4).recent.is_empty(),
+        "nothing ran on the new manager"
+    );
+    let mut reused = c.command(&[(1, 1, false)]);
+    reused.id = cmd.id;
+    let refused = c.submit(&reused).map(|op| op.uuid);
+    assert!(
+        matches!(
+            refused,
+            Err(ClientError::Refused {
+                kind: RefusalKind::IdReused,
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    c.shutdown_cleanly();
+}

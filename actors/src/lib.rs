@@ -44,6 +44,8 @@
 //!   [`Outbox`](transport::Outbox) trait is the sending end an actor holds; not to be confused
 //!   with [`net::outbox::Outbox`], the network transport's acknowledged queue behind it.
 //! - [`local`]: a whole job in one process.
+//! - [`journal`]: the manager's journal of finished operations, so a repeated uuid survives a
+//!   manager's restart.
 //! - [`net`]: the network transport and a process per role (`proto/net.proto`).
 //! - [`control`]: the operators' API on the manager's control port, ClusterD-compatible
 //!   (`proto/control.proto`, `proto/recover.proto`).
@@ -62,6 +64,7 @@ pub mod clusterd;
 pub mod control;
 pub mod gate;
 pub mod hal_exec;
+pub mod journal;
 pub mod local;
 pub mod manager;
 pub mod net;

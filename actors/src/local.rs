@@ -5,6 +5,7 @@
 
 use crate::gate::StepGate;
 use crate::hal_exec::WorkerHal;
+use crate::journal::{MemoryJournal, OperationJournal};
 use crate::manager::{
     AwaitAutoSettled, AwaitRegistered, AwaitResult, AwaitVerification, Drain, GetStatus, Manager,
     ManagerStatus, ProxyConnected, ProxyDisconnected, Recover, Recovery, StopManager, Submission,
@@ -85,8 +86,9 @@ pub enum LocalJobError {
     /// The manager refused the command; nothing ran.
     #[error("the command was refused: {0}")]
     Refused(#[from] SubmitError),
-    /// The manager neither runs nor remembers the operation (its history is bounded, and a
-    /// restarted manager starts empty).
+    /// The manager neither runs nor remembers the operation (its history and the journal
+    /// its successors learn from are bounded, and an operation cut off by a manager's death
+    /// has no result).
     #[error("operation {0} is unknown to the manager")]
     UnknownOperation(OperationId),
     /// A wait gave up after the given time; the text names what was waited for.
@@ -124,14 +126,16 @@ fn start_proxies(
     proxies
 }
 
-/// A manager for `job`, with automatic failover when `auto` is given.
+/// A manager for `job`, recording its results in `journal` (and answering the uuids it
+/// holds), with automatic failover when `auto` is given.
 fn new_manager(
     job: &JobId,
     table: &RankTable,
     deadlines: PhaseDeadlines,
     auto: Option<AutoConfig>,
+    journal: Arc<dyn OperationJournal>,
 ) -> Manager {
-    let m = Manager::new(job.clone(), table.clone(), deadlines);
+    let m = Manager::new(job.clone(), table.clone(), deadlines).with_journal(journal);
     match auto {
         Some(cfg) => m.with_auto(cfg),
         None => m,
@@ -146,6 +150,9 @@ pub struct LocalJob {
     config: (JobId, RankTable, PhaseDeadlines),
     /// Automatic failover, when on (a restarted manager runs it too).
     auto: Option<AutoConfig>,
+    /// The finished operations of every manager of the job: a restarted manager answers a
+    /// repeated uuid with the earlier result, as one with `--state-dir` does.
+    journal: Arc<MemoryJournal>,
     workers: Vec<Addr<Worker>>,
     /// Each worker's connection to its proxy (cut and restored by the fault hooks).
     uplinks: Vec<Arc<Uplink>>,
@@ -206,13 +213,15 @@ impl LocalJob {
         let worker_gates = gates.clone();
         let uplinks: Vec<Arc<Uplink>> = (0..ranks.len()).map(|_| Arc::default()).collect();
         let worker_uplinks = uplinks.clone();
+        let journal = Arc::new(MemoryJournal::default());
+        let first_journal: Arc<dyn OperationJournal> = journal.clone();
         let (tx, rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("taskd-actors".into())
             .spawn(move || {
                 let sys = System::new();
                 sys.block_on(async move {
-                    let manager = new_manager(&cfg.job, &table, cfg.deadlines, auto);
+                    let manager = new_manager(&cfg.job, &table, cfg.deadlines, auto, first_journal);
                     let progress = manager.progress();
                     let manager = manager.start();
                     let proxies = start_proxies(&cfg.job, &table, nodes, &manager, auto);
@@ -241,6 +250,7 @@ impl LocalJob {
             proxies,
             config,
             auto,
+            journal,
             workers,
             uplinks,
             gates,
@@ -252,17 +262,19 @@ impl LocalJob {
 
     /// Stops the manager at once, as a `kill -9` would (nothing is finished or rolled back),
     /// and starts a new one that the proxies connect to: their workers introduce themselves
-    /// again and the new manager verifies what they applied. Subscribe to progress again
-    /// afterwards (the feed is the new manager's).
+    /// again and the new manager verifies what they applied. The new manager knows every
+    /// result its predecessors journaled (a repeated uuid returns it); an operation cut off
+    /// has none. Subscribe to progress again afterwards (the feed is the new manager's).
     pub fn restart_manager(&self) -> Result<(), LocalJobError> {
         let old = self.manager();
         let _ = self.client.block_on(old.send(StopManager));
         let (job, table, deadlines) = self.config.clone();
         let proxies = self.proxies.clone();
         let auto = self.auto;
+        let journal: Arc<dyn OperationJournal> = self.journal.clone();
         let (tx, rx) = std::sync::mpsc::channel();
         self.system.arbiter().spawn(async move {
-            let manager = new_manager(&job, &table, deadlines, auto);
+            let manager = new_manager(&job, &table, deadlines, auto, journal);
             let progress = manager.progress();
             let addr = manager.start();
             for (node, proxy) in table.nodes().iter().zip(&proxies) {

@@ -13,11 +13,13 @@ pub use clusterd::{
     AttachClusterd, ClusterdLink, ClusterdLinkChanged, ClusterdSignal, ClusterdSwitch,
 };
 
+use crate::journal::OperationJournal;
 use crate::observer::{self, Observer};
 use crate::progress::ProgressFeed;
 use crate::transport::{Deliver, Link};
 use actix::prelude::*;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use taskd_core::ledger::Submitted;
 use taskd_core::ledger::{RecoverTo, RecoveryStarted};
@@ -53,6 +55,8 @@ pub struct Manager {
     clusterd: Option<clusterd::Side>,
     /// Automatic failover, when on ([`Manager::with_auto`]).
     auto: Option<auto::Auto>,
+    /// Where every final result is recorded for the next manager ([`Manager::with_journal`]).
+    journal: Option<Arc<dyn OperationJournal>>,
 }
 
 impl Manager {
@@ -71,7 +75,25 @@ impl Manager {
             observer,
             clusterd: None,
             auto: None,
+            journal: None,
         }
+    }
+
+    /// Records every final result in `journal` before anyone is told it, and answers the
+    /// uuids already recorded there (an earlier manager's results, `actors/src/journal.rs`)
+    /// as the manager that ran them: a repeated uuid gets the earlier result, a reused one is
+    /// refused.
+    pub fn with_journal(mut self, journal: Arc<dyn OperationJournal>) -> Self {
+        let earlier = journal.load();
+        if !earlier.is_empty() {
+            tracing::info!(
+                operations = earlier.len(),
+                "the operation journal remembers earlier results"
+            );
+        }
+        self.ledger.seed(earlier);
+        self.journal = Some(journal);
+        self
     }
 
     /// Where this manager publishes the progress of its operations. Take it before starting
@@ -189,6 +211,7 @@ impl Manager {
         if let Some(h) = self.deadline.take() {
             ctx.cancel_future(h);
         }
+        self.journal_finished();
         self.observer.operation_finished(&report, &self.ledger);
         self.wake_registered();
         for w in self.waiters.remove(&report.id).unwrap_or_default() {
@@ -196,6 +219,22 @@ impl Manager {
         }
         self.maybe_verify(ctx);
         self.auto_finished(&report, ctx);
+    }
+
+    /// Records the ledger's new final results in the journal, before they are published: a
+    /// client that saw a result can count on a new manager knowing it. A result that cannot
+    /// be recorded is still delivered (the operation is over); it is only forgotten by the
+    /// next manager, which the log says.
+    fn journal_finished(&mut self) {
+        for op in self.ledger.take_finished() {
+            let Some(journal) = &self.journal else {
+                continue;
+            };
+            let id = op.report.id;
+            if let Err(e) = journal.record(op) {
+                tracing::error!(%id, error = %e, "the result is not journaled: after a restart its uuid would run again");
+            }
+        }
     }
 
     /// An operation the ledger just started under `span`: tells the observer, then carries

@@ -16,12 +16,14 @@ pub mod rank_table;
 
 use crate::clusterd::{ClusterdClient, ClusterdConfig, ClusterdError};
 use crate::control::{self, ControlConfig, ControlServer, ServeError};
+use crate::journal::{FileJournal, JournalError};
 use crate::manager::{Drain, Manager};
 use crate::net::{ManagerNode, ManagerNodeConfig, NetError};
 use actix::Actor as _;
 use parking_lot::Mutex;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use taskd_core::auto::AutoConfig;
 use taskd_core::operation::OperationReport;
@@ -45,6 +47,10 @@ pub enum ProcessError {
     /// The signal handlers could not be installed.
     #[error("cannot install the signal handlers: {0}")]
     Signals(std::io::Error),
+    /// The state directory's journal of finished operations cannot be used (the message
+    /// names the file and what to do).
+    #[error(transparent)]
+    Journal(#[from] JournalError),
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -106,6 +112,11 @@ pub struct ManagerProcessConfig {
     /// Automatic failover, when on: the manager runs the policy and tells its proxies to
     /// probe their links every `link_probe`.
     pub auto: Option<AutoConfig>,
+    /// Where the manager keeps what must survive its restart (`--state-dir`): the journal of
+    /// finished operations ([`crate::journal::FileJournal`]), so a repeated uuid returns the
+    /// earlier result. `None`: results live in memory only and a restarted manager runs a
+    /// repeated uuid again.
+    pub state_dir: Option<PathBuf>,
 }
 
 /// A running manager process: the manager node, its control API and its ClusterD client.
@@ -118,7 +129,8 @@ pub struct ManagerProcess {
 
 impl ManagerProcess {
     /// Starts the manager, listens for proxies and serves the control API. Nothing is left
-    /// running when it fails. Call it from inside an actix system.
+    /// running when it fails (a journal in `state_dir` that cannot be used is refused before
+    /// anything starts). Call it from inside an actix system.
     pub async fn start(cfg: ManagerProcessConfig) -> Result<ManagerProcess, ProcessError> {
         let mut node_cfg = cfg.node.clone();
         let mut manager = Manager::new(
@@ -126,6 +138,11 @@ impl ManagerProcess {
             node_cfg.table.clone(),
             node_cfg.deadlines,
         );
+        if let Some(dir) = &cfg.state_dir {
+            let journal = FileJournal::open(dir, &node_cfg.job)?;
+            tracing::info!(journal = %journal.path().display(), "finished operations are journaled");
+            manager = manager.with_journal(Arc::new(journal));
+        }
         if let Some(auto) = cfg.auto {
             node_cfg.net.link_probe = Some(auto.link_probe);
             manager = manager.with_auto(auto);

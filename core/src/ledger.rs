@@ -2,6 +2,12 @@
 //! operation in flight and the results of past ones. It admits commands (every check that
 //! needs no round trip to the ranks: job, targets, registrations, capabilities, job state,
 //! verification; `docs/protocol.md` states the rules) and drives the [`Operation`] machine.
+//!
+//! The ledger does no I/O, yet a uuid's answer can outlive the manager: every final result is
+//! handed out as a [`FinishedOperation`] ([`JobLedger::take_finished`]) for the manager to
+//! record where it survives a restart, and a new ledger is seeded with those records
+//! ([`JobLedger::seed`]), so a repeated uuid returns the earlier result and a reused one is
+//! refused as before the restart.
 
 use crate::command::{RankTarget, SwitchCommand, SwitchPlan, ValidationError};
 use crate::display::short_list;
@@ -21,6 +27,40 @@ use std::time::Duration;
 
 /// How many finished operations the ledger remembers (for repeated ids and status).
 pub const HISTORY_LEN: usize = 256;
+
+/// What identifies a request under its uuid: every target's rank and side, in no order. A
+/// command under a known uuid is the same request (a retry: the known answer) when its
+/// fingerprint is the known one, and a reused uuid ([`SubmitError::IdReused`]) otherwise.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RequestFingerprint(BTreeSet<(GlobalRank, bool)>);
+
+impl RequestFingerprint {
+    /// The fingerprint of resolved targets (order and repetitions do not count).
+    pub fn of(targets: &[RankTarget]) -> Self {
+        RequestFingerprint(targets.iter().map(|t| (t.rank, t.use_backup)).collect())
+    }
+}
+
+/// A finished operation as a journal keeps it: what identified its request and its final
+/// report. What [`JobLedger::take_finished`] hands out and [`JobLedger::seed`] takes back.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FinishedOperation {
+    /// The request the uuid was used for.
+    pub fingerprint: RequestFingerprint,
+    /// The operation's final report (its `id` is the uuid).
+    pub report: OperationReport,
+}
+
+impl FinishedOperation {
+    /// The record of a final report.
+    pub fn of(report: &OperationReport) -> Self {
+        FinishedOperation {
+            fingerprint: RequestFingerprint::of(&report.targets),
+            report: report.clone(),
+        }
+    }
+}
 
 /// Why a command was refused. Nothing was changed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
@@ -170,6 +210,11 @@ pub struct JobLedger {
     on_backup: BTreeSet<GlobalRank>,
     in_flight: Option<Operation>,
     history: VecDeque<OperationReport>,
+    /// Results of earlier managers of the job ([`JobLedger::seed`]): they answer repeated and
+    /// reused uuids, but are not this manager's history.
+    earlier: VecDeque<FinishedOperation>,
+    /// Final results not yet handed out ([`JobLedger::take_finished`]).
+    finished: VecDeque<FinishedOperation>,
     state: JobState,
     deadlines: PhaseDeadlines,
     /// The round asking every rank what it applied, when one runs.
@@ -239,6 +284,8 @@ impl JobLedger {
             on_backup: BTreeSet::new(),
             in_flight: None,
             history: VecDeque::new(),
+            earlier: VecDeque::new(),
+            finished: VecDeque::new(),
             state: JobState::Running,
             deadlines,
             verifying: None,
@@ -247,6 +294,24 @@ impl JobLedger {
             assessment: None,
             last_verification: None,
         }
+    }
+
+    /// Seeds the ledger with the final results of earlier managers of this job, oldest first
+    /// (a journal's records, see [`JobLedger::take_finished`]): a command under one of their
+    /// uuids gets that result when it is the same request and is refused as
+    /// [`SubmitError::IdReused`] when it is another, as on the manager that ran it. The newest
+    /// [`HISTORY_LEN`] are kept. They are not this manager's [`history`](Self::history).
+    pub fn seed(&mut self, earlier: impl IntoIterator<Item = FinishedOperation>) {
+        for op in earlier {
+            push_bounded(&mut self.earlier, op);
+        }
+    }
+
+    /// Hands out the final results since the last call, oldest first, for the manager to
+    /// record where a later manager can [`seed`](Self::seed) from them. A ledger nobody takes
+    /// them from keeps only the newest [`HISTORY_LEN`].
+    pub fn take_finished(&mut self) -> Vec<FinishedOperation> {
+        self.finished.drain(..).collect()
     }
 
     /// Whether the NIC table comes from every rank's report (see [`crate::verify`]).
@@ -481,9 +546,18 @@ impl JobLedger {
     }
 
     /// The final report of a finished operation still in the history (the last
-    /// [`HISTORY_LEN`]), so a client that lost the answer can ask again.
+    /// [`HISTORY_LEN`]) or among the results the ledger was [seeded](Self::seed) with, so a
+    /// client that lost the answer can ask again.
     pub fn result_of(&self, id: OperationId) -> Option<&OperationReport> {
-        self.history.iter().rev().find(|r| r.id == id)
+        self.history
+            .iter()
+            .rev()
+            .find(|r| r.id == id)
+            .or_else(|| self.earlier_of(id).map(|e| &e.report))
+    }
+
+    fn earlier_of(&self, id: OperationId) -> Option<&FinishedOperation> {
+        self.earlier.iter().rev().find(|e| e.report.id == id)
     }
 
     /// Admits an operator's command under `id` (the command's own, or one the caller
@@ -676,28 +750,27 @@ impl JobLedger {
     /// The answer for an id that ran or runs: its result or the operation in flight when `cmd`
     /// is the same request, `IdReused` when it is another. `None` for a new id.
     fn seen(&self, cmd: &SwitchCommand, id: OperationId) -> Option<Result<Submitted, SubmitError>> {
-        let (targets, answer) = if let Some(r) = self.result_of(id) {
-            (&r.targets, Submitted::Known(Box::new(r.clone())))
+        let (known, answer) = if let Some(r) = self.history.iter().rev().find(|r| r.id == id) {
+            let answer = Submitted::Known(Box::new(r.clone()));
+            (RequestFingerprint::of(&r.targets), answer)
+        } else if let Some(e) = self.earlier_of(id) {
+            let answer = Submitted::Known(Box::new(e.report.clone()));
+            (e.fingerprint.clone(), answer)
         } else {
             let op = self.in_flight.as_ref().filter(|op| op.id() == id)?;
-            (&op.plan().targets, Submitted::InFlight(id))
+            (
+                RequestFingerprint::of(&op.plan().targets),
+                Submitted::InFlight(id),
+            )
         };
-        if self.same_targets(cmd, targets) {
+        // A command that does not resolve is not the request that ran.
+        let same = cmd
+            .resolve(&self.table)
+            .is_ok_and(|plan| RequestFingerprint::of(&plan.targets) == known);
+        if same {
             Some(Ok(answer))
         } else {
             Some(Err(SubmitError::IdReused { id }))
-        }
-    }
-
-    /// Whether `cmd` resolves to exactly `known` (in any order): a retry of the same request.
-    fn same_targets(&self, cmd: &SwitchCommand, known: &[RankTarget]) -> bool {
-        let key = |t: &RankTarget| (t.rank, t.use_backup);
-        match cmd.resolve(&self.table) {
-            Ok(plan) => {
-                let new: BTreeSet<_> = plan.targets.iter().map(key).collect();
-                new == known.iter().map(key).collect()
-            }
-            Err(_) => false,
         }
     }
 
@@ -789,13 +862,19 @@ impl JobLedger {
                     }
                     _ => {}
                 }
-                self.history.push_back((**report).clone());
-                if self.history.len() > HISTORY_LEN {
-                    self.history.pop_front();
-                }
+                push_bounded(&mut self.finished, FinishedOperation::of(report));
+                push_bounded(&mut self.history, (**report).clone());
                 self.in_flight = None;
             }
         }
         actions
+    }
+}
+
+/// Appends `item`, forgetting the oldest past [`HISTORY_LEN`].
+fn push_bounded<T>(list: &mut VecDeque<T>, item: T) {
+    list.push_back(item);
+    if list.len() > HISTORY_LEN {
+        list.pop_front();
     }
 }

@@ -8,7 +8,10 @@ mod common;
 use common::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
-use taskd_core::ledger::{RecoverTo, RecoveryStarted, RegisterError, Submitted, HISTORY_LEN};
+use taskd_core::ledger::{
+    FinishedOperation, RecoverTo, RecoveryStarted, RegisterError, RequestFingerprint, Submitted,
+    HISTORY_LEN,
+};
 use taskd_core::operation::OperationError;
 use taskd_core::protocol::{
     Directive, DirectiveKind, GateReport, NodeReply, Phase, ReplyBody, WorkerHello, WorkerReport,
@@ -1062,6 +1065,216 @@ fn the_history_keeps_the_last_results() {
         l.history().next_back().map(|r| r.id),
         Some(op_id(HISTORY_LEN as u128))
     );
+}
+
+/// The ledger of a new manager of the same job (every rank registered and verified again),
+/// seeded with what `earlier` handed out.
+fn restarted(layout: &Layout, earlier: &mut JobLedger) -> JobLedger {
+    let mut l = ledger(layout);
+    l.seed(earlier.take_finished());
+    l
+}
+
+/// Runs two operations on `l`: uuid 1 moves ranks 1 and 6 to backup and succeeds, uuid 2
+/// moves rank 2 and fails (rank 0's switch call fails, the rollback works). Returns their
+/// reports and the time after them.
+fn two_results(l: &mut JobLedger, layout: &Layout) -> (OperationReport, OperationReport, Duration) {
+    let mut now = secs(0);
+    let (ok, _) = run(
+        l,
+        layout,
+        &[(1, true), (6, true)],
+        op_id(1),
+        &mut now,
+        |_, _| Answer::Correct,
+    );
+    let (failed, _) = run(
+        l,
+        layout,
+        &[(2, true)],
+        op_id(2),
+        &mut now,
+        fail_switch_on(0),
+    );
+    (ok, failed, now)
+}
+
+#[test]
+fn every_final_result_is_handed_out_once_for_the_journal() {
+    let layout = Layout::new(2, 4);
+    let mut l = ledger(&layout);
+    assert!(l.take_finished().is_empty(), "nothing finished yet");
+    let (ok, failed, _) = two_results(&mut l, &layout);
+    let out = l.take_finished();
+    let ids: Vec<OperationId> = out.iter().map(|f| f.report.id).collect();
+    assert_eq!(ids, [op_id(1), op_id(2)], "oldest first");
+    assert_eq!(out[0].report, ok);
+    assert_eq!(out[1].report, failed);
+    assert_eq!(out[0], FinishedOperation::of(&ok));
+    assert_eq!(
+        out[0].fingerprint,
+        RequestFingerprint::of(
+            &layout
+                .command(&[(6, true), (1, true)])
+                .resolve(&layout.table)
+                .unwrap()
+                .targets
+        ),
+        "the targets in any order"
+    );
+    assert!(
+        l.take_finished().is_empty(),
+        "each result is handed out once"
+    );
+    // A record survives its serialized form unchanged (the file journal stores JSON).
+    let json = serde_json::to_string(&out[1]).unwrap();
+    let back: FinishedOperation = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, out[1]);
+}
+
+#[test]
+fn a_seeded_ledger_answers_earlier_uuids_like_the_manager_that_ran_them() {
+    let layout = Layout::new(2, 4);
+    let mut first = ledger(&layout);
+    let (ok, failed, now) = two_results(&mut first, &layout);
+    let mut l = restarted(&layout, &mut first);
+    let before = snapshot(&l);
+    assert!(
+        before.history.is_empty(),
+        "earlier results are not this manager's history"
+    );
+
+    // The same requests (in any order): the earlier results, nothing started.
+    assert_eq!(
+        l.submit(&layout.command(&[(6, true), (1, true)]), op_id(1), now),
+        Ok(Submitted::Known(Box::new(ok.clone())))
+    );
+    assert_eq!(
+        l.submit(&layout.command(&[(2, true)]), op_id(2), now),
+        Ok(Submitted::Known(Box::new(failed.clone())))
+    );
+    assert_eq!(l.result_of(op_id(1)), Some(&ok));
+    // Another request under a known uuid: refused, naming it.
+    for (other, id) in [
+        (layout.command(&[(1, true)]), op_id(1)),
+        (layout.command(&[(1, false), (6, false)]), op_id(1)),
+        (layout.command(&[(2, true), (5, true)]), op_id(2)),
+    ] {
+        assert_eq!(l.submit(&other, id, now), Err(SubmitError::IdReused { id }));
+    }
+    assert_eq!(snapshot(&l), before);
+    assert!(
+        l.take_finished().is_empty(),
+        "seeded results are not handed out again"
+    );
+
+    // While another operation runs the answer is known too (not `busy`).
+    start(&mut l, &layout.command(&[(3, true)]), op_id(3), now);
+    assert_eq!(
+        l.submit(&layout.command(&[(1, true), (6, true)]), op_id(1), now),
+        Ok(Submitted::Known(Box::new(ok)))
+    );
+    assert_eq!(l.in_flight().map(|o| o.id()), Some(op_id(3)));
+}
+
+#[test]
+fn a_ledger_keeps_the_newest_seeded_results() {
+    let layout = Layout::new(1, 2);
+    let mut first = ledger(&layout);
+    let mut now = secs(0);
+    for i in 0..=HISTORY_LEN as u128 {
+        run(
+            &mut first,
+            &layout,
+            &[(0, i % 2 == 0)],
+            op_id(i),
+            &mut now,
+            |_, _| Answer::Correct,
+        );
+    }
+    let records = first.take_finished();
+    assert_eq!(
+        records.len(),
+        HISTORY_LEN,
+        "an untaken outbox stays bounded"
+    );
+    let mut l = ledger(&layout);
+    l.seed(records.clone());
+    assert_eq!(l.result_of(op_id(0)), None, "the oldest is forgotten");
+    assert_eq!(l.result_of(op_id(1)).map(|r| r.id), Some(op_id(1)));
+    // One more pushes the oldest seeded one out.
+    let mut extra = records[0].clone();
+    extra.report.id = op_id(1000);
+    l.seed([extra]);
+    assert_eq!(l.result_of(op_id(1)), None);
+    assert!(l.result_of(op_id(2)).is_some() && l.result_of(op_id(1000)).is_some());
+}
+
+/// The uuid check's notion of "the same request": every target's rank and side, as a set.
+fn request(layout: &Layout, cmd: &SwitchCommand) -> BTreeSet<(u32, bool)> {
+    cmd.targets
+        .iter()
+        .map(|t| {
+            let n: u32 = t.node.0.trim_start_matches("node-").parse().unwrap();
+            (n * layout.per_node + t.device.0, t.use_backup)
+        })
+        .collect()
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// Whatever ran (succeeded or failed, in any order), a ledger seeded with the handed-out
+    /// results answers every earlier uuid as the manager that ran it: the same request gets
+    /// the earlier report, another one is refused, and nothing starts.
+    #[test]
+    fn seeded_ledgers_answer_earlier_uuids_as_their_manager_did(
+        ops in proptest::collection::vec(
+            (proptest::collection::btree_map(0u32..8, proptest::bool::ANY, 1..4), proptest::option::of(0u32..8)),
+            1..6,
+        ),
+        probes in proptest::collection::vec(
+            (0usize..6, proptest::collection::vec((0u32..8, proptest::bool::ANY), 1..4)),
+            1..8,
+        ),
+    ) {
+        let layout = Layout::new(2, 4);
+        let mut first = ledger(&layout);
+        let mut now = secs(0);
+        let mut ran = Vec::new();
+        for (i, (targets, fail)) in ops.iter().enumerate() {
+            let targets: Vec<(u32, bool)> = targets.iter().map(|(r, b)| (*r, *b)).collect();
+            let cmd = layout.command(&targets);
+            let fail = *fail;
+            let answer = move |p: Phase, r: u32| match fail {
+                Some(f) if r == f => fail_switch_on(f)(p, r),
+                _ => Answer::Correct,
+            };
+            let id = op_id(i as u128 + 1);
+            let (report, _) = run(&mut first, &layout, &targets, id, &mut now, answer);
+            ran.push((id, cmd, report));
+            if first.state() != JobState::Running {
+                break;
+            }
+        }
+        let mut l = restarted(&layout, &mut first);
+        let before = snapshot(&l);
+        for (k, targets) in probes {
+            let (id, cmd, report) = &ran[k % ran.len()];
+            proptest::prop_assert_eq!(
+                l.submit(cmd, *id, now),
+                Ok(Submitted::Known(Box::new(report.clone())))
+            );
+            let other = layout.command(&targets);
+            let expected = if request(&layout, &other) == request(&layout, cmd) {
+                Ok(Submitted::Known(Box::new(report.clone())))
+            } else {
+                Err(SubmitError::IdReused { id: *id })
+            };
+            proptest::prop_assert_eq!(l.submit(&other, *id, now), expected);
+        }
+        proptest::prop_assert_eq!(snapshot(&l), before);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

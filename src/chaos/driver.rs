@@ -9,9 +9,12 @@
 //!
 //! - `one_result`: every admitted command gets exactly one final result (one `Finished` event
 //!   and the same report from `AwaitResult`); a repeated uuid returns that result and never
-//!   runs twice on one manager.
-//! - `uuid_reuse`: a uuid reused with another request never runs it on the manager that
-//!   knows the uuid.
+//!   runs twice, also on a manager started after the one that ran it (the in-process job's
+//!   managers share their journal of finished operations, as `taskd manager --state-dir`
+//!   keeps it). A uuid whose manager died before its final result has no result to return:
+//!   it runs again (observation `uuid_without_a_result_ran_again_on_a_new_manager`).
+//! - `uuid_reuse`: a uuid reused with another request is refused as such once the uuid has a
+//!   result, on whichever manager.
 //! - `inconsistent_collective`: no collective ran on a group whose members disagreed on its
 //!   NICs (`Fabric::collectives_on_inconsistent_groups`), and HCCL's rules were kept
 //!   (`Fabric::violations`: `hccl_rule`).
@@ -778,7 +781,11 @@ impl<'a> Driver<'a> {
         Ok(r)
     }
 
-    /// The `of`-th switch's uuid again: with its own request (`None`) or another one.
+    /// The `of`-th switch's uuid again: with its own request (`None`) or another one. Its
+    /// earlier result, whichever manager produced it, must come back (managers of the job
+    /// share their journal of finished operations, as a manager with `--state-dir` keeps
+    /// it): a repeated uuid never runs again, a reused one is refused. Only a uuid whose
+    /// manager died before its final result has none, and runs again.
     fn repeat(&mut self, of: usize, other: Option<&Vec<Target>>) -> Checked {
         let Some((id, cmd)) = self.switches.get(of).cloned() else {
             return Ok(());
@@ -789,42 +796,58 @@ impl<'a> Driver<'a> {
             "repeated_uuid"
         });
         let cmd = other.map_or(cmd, |t| self.command(id, t));
-        let known = self
+        let admitted = self.ops.iter().filter(|o| o.id == id).count();
+        let (ran_on, known) = self
             .ops
             .iter()
-            .find(|o| o.id == id && o.epoch == self.epoch)
-            .map(|o| o.result.clone());
-        let mut w = Watch::new(self.job());
+            .rev()
+            .filter(|o| o.id == id)
+            .find_map(|o| Some((o.epoch, o.result.clone()?)))
+            .unzip();
+        // The same request is the one that ran under the uuid (a reuse may have run first).
+        let same = known.as_ref().map_or(true, |k| same_request(&cmd, k));
+        let w = Watch::new(self.job());
         let res = self.job().submit(cmd);
         self.log(format!("  answer: {res:?}"));
-        match (res, known) {
-            (Ok(Submission::Known(r)), Some(Some(k))) if *r == k => {
+        let broken = match (res, known) {
+            (Ok(Submission::Known(r)), Some(k)) if *r == k && same => {
                 if other.is_some() {
                     self.observe("reused_uuid_answered_with_earlier_result");
                 }
-                Ok(())
+                if ran_on < Some(self.epoch) {
+                    self.observe("uuid_answered_by_a_later_manager");
+                }
+                return Ok(());
             }
             (Ok(Submission::Started(new)), None) => {
-                if self.ops.iter().any(|o| o.id == id) {
-                    self.observe("uuid_ran_again_on_a_new_manager");
+                if admitted > 0 {
+                    self.observe("uuid_without_a_result_ran_again_on_a_new_manager");
                 }
                 self.admitted(new);
-                self.conclude(new, w, Aftermath::default())
+                return self.conclude(new, w, Aftermath::default());
             }
-            (Ok(Submission::Started(_)), Some(_)) if other.is_some() => Err(self.fail(
-                "uuid_reuse",
-                format!("uuid {id}, known to this manager, ran another request"),
-            )),
-            (Err(LocalJobError::Refused(_)), _) => Ok(()),
-            (Err(e), _) => Err(self.fail("bounded", format!("submitting: {e}"))),
-            (Ok(answer), known) => {
-                w.drain();
-                Err(self.fail(
-                    "one_result",
-                    format!("uuid {id} (this manager's result: {known:?}) was answered {answer:?}"),
-                ))
+            (Err(LocalJobError::Refused(SubmitError::IdReused { .. })), Some(_)) if !same => {
+                if ran_on < Some(self.epoch) {
+                    self.observe("reused_uuid_refused_by_a_later_manager");
+                }
+                return Ok(());
             }
-        }
+            (Err(LocalJobError::Refused(_)), None) => return Ok(()),
+            (Err(LocalJobError::Refused(e)), Some(_)) if same => {
+                format!("the same request was refused ({e})")
+            }
+            (Err(LocalJobError::Refused(e)), Some(_)) => {
+                format!("another request was refused as {e:?}, not as a reused uuid")
+            }
+            (Err(e), _) => return Err(self.fail("bounded", format!("submitting: {e}"))),
+            (answer, known) => format!("it was answered {answer:?} (its result: {known:?})"),
+        };
+        let invariant = if same { "one_result" } else { "uuid_reuse" };
+        let managers = self.epoch + 1;
+        Err(self.fail(
+            invariant,
+            format!("uuid {id} ran {admitted} time(s) on {managers} manager(s): {broken}"),
+        ))
     }
 
     /// A lost worker returns; `then` happens before the manager could verify it.
@@ -933,6 +956,21 @@ impl<'a> Driver<'a> {
             }
         }
     }
+}
+
+/// Whether `cmd` asks for what `ran` did: the same devices to the same sides, in any order.
+fn same_request(cmd: &SwitchCommand, ran: &OperationReport) -> bool {
+    let asked: BTreeSet<(&NodeName, DeviceId, bool)> = cmd
+        .targets
+        .iter()
+        .map(|t| (&t.node, t.device, t.use_backup))
+        .collect();
+    let done: BTreeSet<(&NodeName, DeviceId, bool)> = ran
+        .targets
+        .iter()
+        .map(|t| (&t.node, t.device, t.use_backup))
+        .collect();
+    asked == done
 }
 
 mod end;

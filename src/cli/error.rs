@@ -85,6 +85,8 @@ impl CliError {
             | CliError::Identity(_)
             | CliError::Refused(_) => exit::USAGE,
             CliError::Sim(SimError::Setup(_) | SimError::Target(_)) => exit::USAGE,
+            // A --state-dir whose journal cannot be used: the operator moves it away.
+            CliError::Start(ProcessError::Journal(_)) => exit::USAGE,
             CliError::Start(_)
             | CliError::Sim(_)
             | CliError::Failed(_)

@@ -72,6 +72,11 @@ pub struct ManagerArgs {
     /// scheduler host).
     #[arg(long)]
     force: bool,
+    /// Keep what must survive a restart here (created when missing): the journal of finished
+    /// operations, so a command repeated with its uuid after a restart returns the earlier
+    /// result instead of running again. Without it a restarted manager forgets every uuid.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
     /// Deadline of each pause part (sample, pause).
     #[arg(long, value_name = "MS", value_parser = flags::deadline_ms())]
     pause_timeout_ms: Option<u64>,
@@ -162,6 +167,7 @@ impl ManagerArgs {
             control,
             clusterd,
             auto: self.auto.config(),
+            state_dir: self.state_dir.clone(),
         })
     }
 

@@ -123,12 +123,10 @@ fn never_violates(seed: u64, runs: usize) {
 /// rule ("mismatched HcclCommWorkingDevNicSet arguments"); on real HCCL, members calling with
 /// different arguments is undefined. The job ends paused.
 ///
-/// Fix (in the operation machine): on a failure in the switch phase, broadcast the rollback only
-/// once every live rank has answered the switch (each answers when its calls return, which
-/// HCCL's own timeout bounds), under a deadline of its own past which the operation ends paused
-/// without calling HCCL again.
+/// Fixed in the operation machine (`core/src/operation.rs`, `after_failure`): the rollback goes
+/// out only once every live rank has answered the switch; past the switch deadline with ranks
+/// still inside their calls the operation ends paused without calling HCCL again.
 #[test]
-#[ignore = "product bug: the rollback is sent while ranks are still inside timed-out switch calls"]
 fn seed_545_a_rollback_never_pairs_with_a_late_switch_call() {
     never_violates(545, 3);
 }
@@ -142,12 +140,10 @@ fn seed_545_a_rollback_never_pairs_with_a_late_switch_call() {
 /// `dp_3`) can only time out, and the members time out at different moments (rank 3 started
 /// 105 ms late behind an injected hang), so from then on their calls on `tp_0` pair with
 /// different calls: rank 3's switch call with ranks 0-2's rollback call (mismatched arguments).
-/// Fix: with a rank lost, call nothing on the groups it belongs to (those calls cannot
-/// complete); end the operation `needs_recovery` with the gates held and leave the groups to the
-/// verification and recovery once the rank is back; and, as for seed 545, send the rollback only
-/// once every live rank has answered the switch.
+/// Fixed: with a rank lost in the switch, nothing more is called (calls on its groups cannot
+/// complete); the operation ends `needs_recovery` with the gates held, for the verification and
+/// recovery once the rank is back.
 #[test]
-#[ignore = "product bug: a rollback calls HCCL on the groups of a lost rank; the members desynchronize"]
 fn seed_1274_no_calls_on_the_groups_of_a_lost_rank() {
     never_violates(1274, 8);
 }
@@ -157,12 +153,11 @@ fn seed_1274_no_calls_on_the_groups_of_a_lost_rank() {
 /// timeout), every later NIC-set call on that group pairs wrongly or waits alone until HCCL's
 /// timeout, so each `recover` (an operation whose calls queue behind the backlog on every
 /// worker) misses its switch deadline and adds more calls to the backlog: the job stays paused
-/// after five recoveries, each tried once no rank was inside a NIC-set call. Besides the fix of
-/// seed 545, `JobLedger::recover` (`core/src/ledger.rs`) should refuse (naming the ranks) while
-/// ranks have not answered the NIC-set phase of the previous operation, so a recovery never
-/// queues behind calls that cannot complete.
+/// after five recoveries, each tried once no rank was inside a NIC-set call. Fixed besides seed
+/// 545's fix: `JobLedger::recover` (`core/src/ledger.rs`) refuses (`InCalls`, naming the ranks)
+/// while ranks have not answered the NIC-set phase the previous operation ended in, so a
+/// recovery never queues behind calls that cannot complete; the campaign's operator retries.
 #[test]
-#[ignore = "product bug: a job whose HCCL calls are desynchronized cannot be recovered"]
 fn seed_914_a_desynchronized_job_can_still_be_recovered() {
     never_violates(914, 5);
 }

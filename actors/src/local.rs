@@ -7,9 +7,9 @@ use crate::gate::StepGate;
 use crate::hal_exec::WorkerHal;
 use crate::journal::{MemoryJournal, OperationJournal};
 use crate::manager::{
-    AwaitAutoSettled, AwaitRegistered, AwaitResult, AwaitVerification, Drain, GetStatus, Manager,
-    ManagerStatus, ProxyConnected, ProxyDisconnected, Recover, Recovery, StopManager, Submission,
-    Submit,
+    AwaitAutoSettled, AwaitCallsAnswered, AwaitRegistered, AwaitResult, AwaitVerification, Drain,
+    GetStatus, Manager, ManagerStatus, ProxyConnected, ProxyDisconnected, Recover, Recovery,
+    StopManager, Submission, Submit,
 };
 use crate::progress::{ProgressEvent, ProgressFeed};
 use crate::proxy::{ManagerConnected, Proxy, WorkerConnected, WorkerDisconnected};
@@ -425,6 +425,16 @@ impl LocalJob {
         self.client
             .block_on(async { tokio::time::timeout(timeout, fut).await })
             .map_err(|_| LocalJobError::Timeout(timeout, "every worker to register"))?
+            .map_err(|_| LocalJobError::SystemGone)
+    }
+
+    /// Blocks until every rank has answered the NIC-set phase the last operation ended in (see
+    /// [`SubmitError::InCalls`]), or `timeout`.
+    pub fn wait_calls_answered(&self, timeout: Duration) -> Result<(), LocalJobError> {
+        let fut = self.manager().send(AwaitCallsAnswered);
+        self.client
+            .block_on(async { tokio::time::timeout(timeout, fut).await })
+            .map_err(|_| LocalJobError::Timeout(timeout, "every rank to answer its NIC-set calls"))?
             .map_err(|_| LocalJobError::SystemGone)
     }
 

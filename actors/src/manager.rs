@@ -46,6 +46,8 @@ pub struct Manager {
     /// Waiters for a registered-worker count (`None`: every worker registered and the job's
     /// NIC configuration verified).
     registered_waiters: Vec<(Option<usize>, oneshot::Sender<()>)>,
+    /// Waiting for every rank to answer the NIC-set phase the last operation ended in.
+    calls_waiters: Vec<oneshot::Sender<()>>,
     /// Waiters for a verification round's report.
     verify_waiters: HashMap<OperationId, Vec<oneshot::Sender<VerifyReport>>>,
     /// Ranks that registered and are gone, with why; a rank leaves when it registers again.
@@ -70,6 +72,7 @@ impl Manager {
             deadline: None,
             waiters: HashMap::new(),
             registered_waiters: Vec::new(),
+            calls_waiters: Vec::new(),
             verify_waiters: HashMap::new(),
             lost: BTreeMap::new(),
             observer,
@@ -257,6 +260,16 @@ impl Manager {
     fn job_changed(&mut self) {
         self.observer.job_changed(&self.ledger);
         self.wake_registered();
+        self.wake_calls_answered();
+    }
+
+    /// Resolves the [`AwaitCallsAnswered`] waiters once no rank is left inside calls.
+    fn wake_calls_answered(&mut self) {
+        if self.ledger.ranks_in_calls().is_none() {
+            for tx in self.calls_waiters.drain(..) {
+                let _ = tx.send(());
+            }
+        }
     }
 
     /// Resolves the registration waiters whose condition holds.
@@ -351,6 +364,7 @@ impl Handler<Deliver<ProxyToManager>> for Manager {
                 let actions = span.in_scope(|| self.ledger.handle(Event::Replies(nr), now));
                 self.observe_waiting();
                 self.run(actions, ctx);
+                self.wake_calls_answered();
             }
             ProxyToManager::Links(report) => self.auto_links(report, ctx),
         }
@@ -455,6 +469,26 @@ impl Handler<AwaitRegistered> for Manager {
         let (tx, rx) = oneshot::channel();
         self.registered_waiters.push((m.0, tx));
         self.wake_registered();
+        Box::pin(async move {
+            let _ = rx.await;
+        })
+    }
+}
+
+/// Resolves once every rank has answered the NIC-set phase the last operation ended in (at
+/// once if none is left inside its calls): when a recovery refused with
+/// [`SubmitError::InCalls`] can be asked again.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AwaitCallsAnswered;
+
+impl Handler<AwaitCallsAnswered> for Manager {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _: AwaitCallsAnswered, _: &mut Self::Context) -> Self::Result {
+        let (tx, rx) = oneshot::channel();
+        self.calls_waiters.push(tx);
+        self.wake_calls_answered();
         Box::pin(async move {
             let _ = rx.await;
         })

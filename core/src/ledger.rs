@@ -18,7 +18,7 @@ use crate::operation::{
     Action, CommandError, Event, Operation, OperationKind, OperationReport, Outcome,
     PhaseDeadlines, Trigger,
 };
-use crate::protocol::{Phase, WorkerHello};
+use crate::protocol::{NodeReply, Phase, ReplyBody, WorkerHello};
 use crate::rank_table::RankTable;
 use crate::verify::{Assessment, Verification, VerifyReport, VerifyStep};
 use serde::{Deserialize, Serialize};
@@ -123,6 +123,17 @@ pub enum SubmitError {
         /// ran yet).
         why: String,
     },
+    /// Ranks have not answered the NIC-set calls of an operation that ended without them (its
+    /// deadline passed, or they were lost): a new call now would pair, on some group, with one
+    /// of their late calls. HCCL's own timeout ends those calls; a rank's answer, or its report
+    /// in a verification round (made after its calls), clears it.
+    #[error("ranks {ranks} have not answered the NIC-set calls of operation {op} yet (HCCL's timeout ends them); recover once they have")]
+    InCalls {
+        /// The operation whose calls they have not answered.
+        op: OperationId,
+        /// The ranks, abbreviated for a message.
+        ranks: String,
+    },
     /// A recovery was asked for a job that is running with a verified NIC table.
     #[error("the job is {state}: nothing to recover")]
     NothingToRecover {
@@ -209,6 +220,9 @@ pub struct JobLedger {
     workers: BTreeMap<GlobalRank, WorkerHello>,
     on_backup: BTreeSet<GlobalRank>,
     in_flight: Option<Operation>,
+    /// The ranks that have not answered the NIC-set phase an operation ended in
+    /// ([`Operation::left_in_calls`]), until they do.
+    in_calls: Option<InCalls>,
     history: VecDeque<OperationReport>,
     /// Results of earlier managers of the job ([`JobLedger::seed`]): they answer repeated and
     /// reused uuids, but are not this manager's history.
@@ -283,6 +297,7 @@ impl JobLedger {
             workers: BTreeMap::new(),
             on_backup: BTreeSet::new(),
             in_flight: None,
+            in_calls: None,
             history: VecDeque::new(),
             earlier: VecDeque::new(),
             finished: VecDeque::new(),
@@ -389,6 +404,12 @@ impl JobLedger {
             return Err(SubmitError::NothingToRecover { state: self.state });
         }
         self.check_registered()?;
+        if let Some(c) = &self.in_calls {
+            return Err(SubmitError::InCalls {
+                op: c.op,
+                ranks: short_list(&c.ranks),
+            });
+        }
         let doubt = self.ranks_in_doubt();
         if doubt.is_empty() {
             let actions = self.start_verification(id, now);
@@ -503,6 +524,12 @@ impl JobLedger {
         self.verified = false;
         self.workers.insert(hello.rank, hello);
         Ok(())
+    }
+
+    /// The ranks that have not answered the NIC-set phase the last operation ended in, and that
+    /// operation ([`SubmitError::InCalls`]); `None` once every rank has.
+    pub fn ranks_in_calls(&self) -> Option<(OperationId, &BTreeSet<GlobalRank>)> {
+        self.in_calls.as_ref().map(|c| (c.op, &c.ranks))
     }
 
     /// How many ranks have a worker registered (at most [`expected`](Self::expected)).
@@ -777,6 +804,9 @@ impl JobLedger {
     /// Feeds an event to the operation or verification round in flight (ignored when none
     /// is).
     pub fn handle(&mut self, event: Event, now: Duration) -> Vec<Action> {
+        if let Event::Replies(nr) = &event {
+            self.answered_calls(nr);
+        }
         if let Some(op) = self.in_flight.as_mut() {
             let actions = op.handle(event, now);
             return self.settle(actions);
@@ -864,10 +894,47 @@ impl JobLedger {
                 }
                 push_bounded(&mut self.finished, FinishedOperation::of(report));
                 push_bounded(&mut self.history, (**report).clone());
+                self.in_calls = self.in_flight.as_ref().and_then(|op| {
+                    let (phase, ranks) = op.left_in_calls()?;
+                    Some(InCalls {
+                        op: op.id(),
+                        phase,
+                        ranks,
+                    })
+                });
                 self.in_flight = None;
             }
         }
         actions
+    }
+}
+
+/// The ranks an operation ended without in its NIC-set phase ([`Operation::left_in_calls`]).
+#[derive(Clone, Debug)]
+struct InCalls {
+    op: OperationId,
+    phase: Phase,
+    ranks: BTreeSet<GlobalRank>,
+}
+
+impl JobLedger {
+    /// Takes the ranks that answered off [`JobLedger::in_calls`]: a late answer to the phase
+    /// (its calls returned), or a verification report (a worker makes it after its calls).
+    fn answered_calls(&mut self, nr: &NodeReply) {
+        let Some(c) = self.in_calls.as_mut() else {
+            return;
+        };
+        for r in &nr.replies {
+            let late_answer = r.op == c.op
+                && r.phase == c.phase
+                && matches!(r.body, ReplyBody::Applied { .. } | ReplyBody::Failed(_));
+            if late_answer || matches!(r.body, ReplyBody::Verified(_)) {
+                c.ranks.remove(&r.rank);
+            }
+        }
+        if c.ranks.is_empty() {
+            self.in_calls = None;
+        }
     }
 }
 

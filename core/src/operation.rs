@@ -693,6 +693,27 @@ impl Operation {
         self.id
     }
 
+    /// After the operation ended in its switch or rollback phase: that phase and the ranks that
+    /// had not answered it (still inside their NIC-set calls, or lost). Their late calls would
+    /// pair with the next operation's on some group: [`crate::ledger::JobLedger`] waits for
+    /// their answers first.
+    pub fn left_in_calls(&self) -> Option<(Phase, BTreeSet<GlobalRank>)> {
+        let Stage::Done { ended_in } = self.stage else {
+            return None;
+        };
+        if !matches!(ended_in, Phase::Switch | Phase::Rollback) {
+            return None;
+        }
+        let ranks: BTreeSet<GlobalRank> = self
+            .round
+            .pending
+            .iter()
+            .chain(self.lost.keys())
+            .copied()
+            .collect();
+        (!ranks.is_empty()).then_some((ended_in, ranks))
+    }
+
     /// What the operation is for.
     pub fn kind(&self) -> OperationKind {
         self.kind
@@ -997,6 +1018,15 @@ impl Operation {
             }
             Stage::Applying(_) => {
                 self.durations.switch = Some(took);
+                // A rollback call must meet its peers' rollback calls. Ranks still inside their
+                // switch calls (the switch deadline passed) would pair a late call with a
+                // peer's rollback call on some group, and a lost rank's groups cannot complete
+                // a call at all (HCCL matches a group's calls by order, and each member gives
+                // up at its own moment): call HCCL no more, keep every gate shut, and leave the
+                // job to a verification and `recover` once every rank has answered.
+                if !self.round.pending.is_empty() || !self.lost.is_empty() {
+                    return self.finish(now);
+                }
                 let rolling_back = Stage::RollingBack {
                     tally: Tally::default(),
                     error: None,

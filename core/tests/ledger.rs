@@ -703,6 +703,12 @@ fn after_a_failed_rollback_the_job_is_not_running_until_acknowledged() {
         Ok(Submitted::Known(k)) if *k == r
     ));
 
+    // Rank 7 has not answered the rollback: a recovery now could pair with its late calls.
+    assert!(matches!(
+        l.recover(RecoverTo::AsIs, op_id(3), now),
+        Err(SubmitError::InCalls { op, ref ranks }) if op == op_id(1) && ranks == "7"
+    ));
+    late_answer(&mut l, &layout, op_id(1), 7, Phase::Rollback, now);
     // The operator re-states the ranks in doubt (the failed operation's targets) as the NIC
     // table has them; every group then agrees again and the job runs.
     let started = l.recover(RecoverTo::AsIs, op_id(3), now).unwrap();
@@ -751,6 +757,67 @@ fn an_abort_before_the_switch_resumes_at_once() {
     assert_eq!(l.state(), JobState::Running);
 }
 
+/// `rank`'s answer to `op`'s `phase`, arriving after the operation ended without it: its
+/// NIC-set calls returned (failed, as late calls do).
+fn late_answer(
+    l: &mut JobLedger,
+    layout: &Layout,
+    op: OperationId,
+    rank: u32,
+    phase: Phase,
+    now: Duration,
+) {
+    let body = ReplyBody::Failed(hal_failure("tp_1", HcclCode::Timeout));
+    let nr = NodeReply {
+        node: layout.node_of(GlobalRank(rank)),
+        op,
+        phase,
+        replies: vec![rank_reply(op, rank, phase, body)],
+        health: vec![],
+    };
+    assert_eq!(l.handle(Event::Replies(nr), now), vec![], "nothing runs");
+}
+
+#[test]
+fn a_switch_that_ends_with_ranks_inside_their_calls_leaves_no_call_to_pair_with() {
+    let layout = Layout::new(2, 4);
+    let mut l = ledger(&layout);
+    let mut now = secs(10);
+    let a = start(&mut l, &layout.command(&[(2, true)]), op_id(1), now);
+    // Ranks 3 and 5 are still inside their switch calls at the deadline.
+    let (r, sent) = drive(&mut l, &layout, a, &mut now, |phase, r| match (phase, r) {
+        (Phase::Switch, 3 | 5) => Answer::Silent,
+        _ => Answer::Correct,
+    });
+    assert!(
+        !sent.iter().any(|d| matches!(
+            d.kind,
+            DirectiveKind::Rollback { .. } | DirectiveKind::Resume
+        )),
+        "no HCCL call may meet theirs, and no gate opens: {sent:?}"
+    );
+    assert_eq!(
+        (r.outcome, r.job_state),
+        (Outcome::Failed, JobState::Paused)
+    );
+    let in_calls = |l: &mut JobLedger, now| match l.recover(RecoverTo::Primary, op_id(2), now) {
+        Err(SubmitError::InCalls { op, ranks }) => (op, ranks),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(in_calls(&mut l, now), (op_id(1), "3, 5".to_owned()));
+    // An answer to another phase or operation does not count.
+    late_answer(&mut l, &layout, op_id(9), 3, Phase::Switch, now);
+    late_answer(&mut l, &layout, op_id(1), 3, Phase::Rollback, now);
+    assert_eq!(in_calls(&mut l, now), (op_id(1), "3, 5".to_owned()));
+    late_answer(&mut l, &layout, op_id(1), 3, Phase::Switch, now);
+    assert_eq!(in_calls(&mut l, now), (op_id(1), "5".to_owned()));
+    late_answer(&mut l, &layout, op_id(1), 5, Phase::Switch, now);
+    assert!(matches!(
+        l.recover(RecoverTo::Primary, op_id(2), now),
+        Ok(RecoveryStarted::Operation { .. })
+    ));
+}
+
 #[test]
 fn a_failed_recovery_keeps_every_gate_shut() {
     let layout = Layout::new(2, 4);
@@ -765,6 +832,7 @@ fn a_failed_recovery_keeps_every_gate_shut() {
         _ => Answer::Correct,
     });
     assert_eq!(r.job_state, JobState::Paused);
+    late_answer(&mut l, &layout, op_id(1), 2, Phase::Rollback, now);
     let RecoveryStarted::Operation { actions, .. } =
         l.recover(RecoverTo::Primary, op_id(2), now).unwrap()
     else {

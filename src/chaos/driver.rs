@@ -35,7 +35,8 @@ use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 use taskd_actors::manager::{
-    AwaitRegistered, AwaitResult, AwaitVerification, Recover, Recovery, Submission,
+    AwaitCallsAnswered, AwaitRegistered, AwaitResult, AwaitVerification, Recover, Recovery,
+    Submission,
 };
 use taskd_actors::{LocalJob, LocalJobError, Manager, ProgressEvent, ProgressKind};
 use taskd_core::command::Target as CmdTarget;
@@ -938,8 +939,18 @@ impl<'a> Driver<'a> {
     fn recover(&mut self, to: RecoverTo) -> Checked<Option<JobState>> {
         self.tally_command("recover");
         let mut w = Watch::new(self.job());
-        let started = self.ask(Recover { to, id: None }, WAIT, "answer to recover")?;
+        let mut started = self.ask(Recover { to, id: None }, WAIT, "answer to recover")?;
         self.log(format!("  recover --to {}: {started:?}", to.as_str()));
+        // Ranks still inside an earlier operation's NIC-set calls: the manager refuses until
+        // they answer (each late call ends by HCCL's timeout at the latest). A patient
+        // operator asks again then.
+        if matches!(started, Err(SubmitError::InCalls { .. })) {
+            self.observe("recover_waited_for_late_calls");
+            self.ask(AwaitCallsAnswered, WAIT, "the late NIC-set calls to end")?;
+            w = Watch::new(self.job());
+            started = self.ask(Recover { to, id: None }, WAIT, "answer to recover")?;
+            self.log(format!("  recover --to {}: {started:?}", to.as_str()));
+        }
         match started {
             Err(_) => Ok(None),
             Ok(Recovery::Operation(id)) => {

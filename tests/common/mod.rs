@@ -14,10 +14,12 @@ use std::process::{ChildStdout, Command};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
-use taskd::actors::{LocalJob, ProgressEvent};
+use taskd::actors::{LocalJob, LocalJobError, ProgressEvent, RecoveryResult};
 use taskd::core::command::Target;
+use taskd::core::ledger::RecoverTo;
+use taskd::core::SubmitError;
 use taskd::core::{env, DeviceId, GlobalRank, JobId, NodeName, PhaseDeadlines, SwitchCommand};
-use taskd::sim::{FinalState, SimConfig};
+use taskd::sim::{FinalState, SimConfig, Simulation};
 use taskd_hal_ascend::testing::{self, StubInstall};
 use tokio::sync::broadcast::{error::RecvError, Receiver};
 
@@ -65,6 +67,20 @@ pub(crate) fn await_armed(job: &LocalJob, r: u32) {
         spins += 1;
         assert!(spins < 1 << 32, "the sample request never reached rank {r}");
         std::thread::yield_now();
+    }
+}
+
+/// `recover` as a patient operator runs it: while ranks are still inside an earlier
+/// operation's NIC-set calls the manager refuses (`InCalls`); ask again once they answered.
+pub(crate) fn recover_when_calls_answered(sim: &Simulation, to: RecoverTo) -> RecoveryResult {
+    match sim.job().recover(to) {
+        Err(LocalJobError::Refused(SubmitError::InCalls { .. })) => {
+            sim.job()
+                .wait_calls_answered(WAIT)
+                .expect("the late calls end");
+            sim.job().recover(to).expect("the recovery runs")
+        }
+        other => other.expect("the recovery runs"),
     }
 }
 

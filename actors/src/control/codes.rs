@@ -52,7 +52,7 @@ pub fn control_code(e: &SubmitError) -> i32 {
     match e {
         SubmitError::UnknownJob { .. } => JOB_NOT_EXIST,
         SubmitError::WorkersMissing { .. } | SubmitError::Unverified { .. } => JOB_NOT_REGISTERED,
-        SubmitError::Busy { .. } => OPERATION_RUNNING,
+        SubmitError::Busy { .. } | SubmitError::InCalls { .. } => OPERATION_RUNNING,
         SubmitError::Invalid(_) | SubmitError::IdReused { .. } => PARAMETER_INVALID,
         SubmitError::CapabilityMissing { .. } => SWITCH_UNSUPPORTED,
         SubmitError::NotRunning { .. } | SubmitError::NothingToRecover { .. } => OUT_OF_ORDER,
@@ -64,6 +64,7 @@ pub fn control_code(e: &SubmitError) -> i32 {
 pub fn recover_code(e: &SubmitError) -> i32 {
     match e {
         SubmitError::Busy { .. }
+        | SubmitError::InCalls { .. }
         | SubmitError::NotRunning { .. }
         | SubmitError::Unverified { .. } => OPERATION_RUNNING,
         SubmitError::UnknownJob { .. }
@@ -80,7 +81,8 @@ pub fn refusal_kind(e: &SubmitError) -> RefusalKind {
     match e {
         SubmitError::UnknownJob { .. } => RefusalKind::UnknownJob,
         SubmitError::WorkersMissing { .. } => RefusalKind::WorkersMissing,
-        SubmitError::Busy { .. } => RefusalKind::Busy,
+        // Both clear by themselves: retry later.
+        SubmitError::Busy { .. } | SubmitError::InCalls { .. } => RefusalKind::Busy,
         SubmitError::Invalid(_) => RefusalKind::Invalid,
         SubmitError::CapabilityMissing { .. } => RefusalKind::CapabilityMissing,
         SubmitError::NotRunning { .. } => RefusalKind::NotRunning,

@@ -19,23 +19,21 @@
 //! worker a HAL thread of its own, as one process per rank would: the figures of BENCHMARKS.md
 //! before the simulated ranks became tasks.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 use taskd::actors::control::{self, ControlClient, ControlConfig, ControlServer, RateLimit};
-use taskd::actors::net::proxy_node::NodeAssignment;
 use taskd::actors::net::worker_node::WorkerNode;
 use taskd::actors::net::{
-    ManagerNode, ManagerNodeConfig, NetConfig, ProxyNode, ProxyNodeConfig, RemoteWorkerConfig,
+    ManagerNode, ManagerNodeConfig, NetConfig, ProxyNode, RemoteWorkerConfig,
 };
 use taskd::actors::{HalPool, StepGate, WorkerHal};
-use taskd::core::command::Target;
 use taskd::core::summary::ms;
 use taskd::core::OperationSummary;
-use taskd::core::{
-    DeviceId, GlobalRank, JobId, NodeHal, NodeName, PhaseDeadlines, RankTable, SwitchCommand,
-};
-use taskd::hal_mock::{SoloLayout, SoloNodeHal, SoloRank};
+use taskd::core::{GlobalRank, JobId, PhaseDeadlines, RankTable};
+use taskd::hal_mock::{SoloLayout, SoloRank};
 
 const JOB: &str = "bench";
 
@@ -81,30 +79,10 @@ enum Trainers {
     Tasks(Vec<tokio::task::JoinHandle<()>>),
 }
 
-fn system<T: Send + 'static, F, Fut>(name: &str, f: F) -> (T, actix::System)
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = T>,
-{
-    let (tx, rx) = mpsc::channel();
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || {
-            let sys = actix::System::new();
-            sys.block_on(async move {
-                let v = f().await;
-                tx.send((v, actix::System::current())).unwrap();
-            });
-            sys.run().unwrap();
-        })
-        .unwrap();
-    rx.recv().unwrap()
-}
-
 /// The manager and its control API on an actix system of their own: the manager's transport
 /// address and the control server.
 fn start_manager(nodes: u32, ppn: u32) -> ((String, ControlServer), actix::System) {
-    system("bench-manager", move || async move {
+    common::system("bench-manager", move || async move {
         let m = ManagerNode::spawn(ManagerNodeConfig {
             job: JobId(JOB.into()),
             table: RankTable::uniform(nodes, ppn),
@@ -132,21 +110,9 @@ fn start_manager(nodes: u32, ppn: u32) -> ((String, ControlServer), actix::Syste
 async fn spawn_proxies(nodes: Vec<u32>, manager: String) -> Vec<(u32, String)> {
     let mut addrs = Vec::new();
     for k in nodes {
-        let p = ProxyNode::spawn(ProxyNodeConfig {
-            job: JobId(JOB.into()),
-            manager: manager.clone(),
-            node: None,
-            node_rank: Some(k),
-            ranks: Vec::new(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            node_hal: Box::new(|a: &NodeAssignment| {
-                Box::new(SoloNodeHal::new(a.ranks.len() as u32)) as Box<dyn NodeHal>
-            }),
-            tls: None,
-            net: net(),
-        })
-        .await
-        .unwrap();
+        let p = ProxyNode::spawn(common::proxy_config(JOB, &manager, k, net()))
+            .await
+            .unwrap();
         p.assigned().await.unwrap();
         addrs.push((k, p.local_addr().to_string()));
         std::mem::forget(p);
@@ -344,7 +310,7 @@ impl Job {
         let mut started = Vec::new();
         for g in groups {
             let (ns, manager) = (g.nodes.clone(), manager.clone());
-            let (addrs, sys) = system(&g.name, move || spawn_proxies(ns, manager));
+            let (addrs, sys) = common::system(&g.name, move || spawn_proxies(ns, manager));
             for (k, a) in addrs {
                 proxies[k as usize] = a;
             }
@@ -426,18 +392,6 @@ impl Job {
     }
 }
 
-fn cmd(use_backup: bool) -> SwitchCommand {
-    SwitchCommand {
-        job: JobId(JOB.into()),
-        id: None,
-        targets: vec![Target {
-            node: NodeName("node-0".into()),
-            device: DeviceId(0),
-            use_backup,
-        }],
-    }
-}
-
 /// CPU time (user + system) process `pid` has used, in milliseconds (from `/proc`, in clock
 /// ticks of 10 ms).
 fn cpu_ms(pid: u32) -> f64 {
@@ -450,23 +404,6 @@ fn cpu_ms(pid: u32) -> f64 {
         .collect();
     // utime and stime are fields 14 and 15 of the line: 12 and 13 after the name.
     (f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)) as f64 * 10.0
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
-
-fn pct(mut v: Vec<f64>, p: f64) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
-
-fn arg<T: std::str::FromStr>(args: &[String], name: &str) -> Option<T> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
 }
 
 /// Starts a job of `n` ranks, runs `ops` operations through the control API and prints the
@@ -492,7 +429,9 @@ fn measure(
     let setup = t0.elapsed();
     // One warm-up round trip of each direction.
     for b in [true, false] {
-        let r = rt.block_on(client.run(&cmd(b))).unwrap();
+        let r = rt
+            .block_on(client.run(&common::switch_device_0(JOB, "node-0", b)))
+            .unwrap();
         assert_eq!(r.result, "succeeded", "{r}");
     }
     let mut reports: Vec<OperationSummary> = Vec::new();
@@ -500,7 +439,9 @@ fn measure(
     let cpu0 = cpu_ms(std::process::id());
     for i in 0..ops {
         let t = Instant::now();
-        let r = rt.block_on(client.run(&cmd(i % 2 == 0))).unwrap();
+        let r = rt
+            .block_on(client.run(&common::switch_device_0(JOB, "node-0", i % 2 == 0)))
+            .unwrap();
         walls.push(ms(t.elapsed()));
         assert_eq!(r.result, "succeeded", "{r}");
         reports.push(r);
@@ -508,19 +449,19 @@ fn measure(
     let cpu = (cpu_ms(std::process::id()) - cpu0) / ops as f64;
     drop(client);
     let col = |f: &dyn Fn(&OperationSummary) -> Option<f64>| {
-        median(reports.iter().filter_map(f).collect())
+        common::median(reports.iter().filter_map(f).collect())
     };
-    let totals: Vec<f64> = reports.iter().map(|r| r.phases_ms.total).collect();
-    let total = median(totals.clone());
+    let mut totals: Vec<f64> = reports.iter().map(|r| r.phases_ms.total).collect();
+    let total = common::median(totals.clone());
     println!(
         "| {n} | {nodes} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} |",
         setup.as_secs_f64(),
         total,
-        pct(totals, 0.9),
+        common::pct(&mut totals, 0.9),
         col(&|r| r.phases_ms.pause),
         col(&|r| r.phases_ms.switch),
         col(&|r| r.phases_ms.resume),
-        median(walls),
+        common::median(walls),
         total * 1e3 / f64::from(n),
         cpu * 1e3 / f64::from(n),
     );
@@ -535,15 +476,15 @@ fn main() {
         .and_then(|i| args.get(i + 1))
         .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
         .unwrap_or_else(|| vec![8, 64, 512]);
-    let ops: usize = arg(&args, "--ops").unwrap_or(10);
-    let pings: usize = arg(&args, "--pings").unwrap_or(2000);
-    let worker_threads: u32 = arg(&args, "--worker-threads").unwrap_or(1);
-    let harness = match arg::<String>(&args, "--harness").as_deref() {
+    let ops: usize = common::arg(&args, "--ops").unwrap_or(10);
+    let pings: usize = common::arg(&args, "--pings").unwrap_or(2000);
+    let worker_threads: u32 = common::arg(&args, "--worker-threads").unwrap_or(1);
+    let harness = match common::arg::<String>(&args, "--harness").as_deref() {
         None | Some("tasks") => Harness::Tasks,
         Some("threads") => Harness::Threads,
         Some(other) => panic!("--harness {other}: expected tasks or threads"),
     };
-    let layout = match arg::<String>(&args, "--layout").as_deref() {
+    let layout = match common::arg::<String>(&args, "--layout").as_deref() {
         None | Some("roles") => Layout::Roles,
         Some("nodes") => Layout::Nodes,
         Some(other) => panic!("--layout {other}: expected roles or nodes"),
@@ -590,7 +531,7 @@ fn main() {
             (false, "worker -> proxy -> worker"),
         ] {
             job.pings(100, to_manager); // warm-up
-            let v: Vec<f64> = job
+            let mut v: Vec<f64> = job
                 .pings(pings, to_manager)
                 .into_iter()
                 .map(|d| d.as_secs_f64() * 1e6)
@@ -598,9 +539,9 @@ fn main() {
             let min = v.iter().cloned().fold(f64::MAX, f64::min);
             println!(
                 "| {label} | {:.0} | {:.0} | {:.0} | {:.0} |",
-                median(v.clone()),
-                pct(v.clone(), 0.9),
-                pct(v, 0.99),
+                common::median(v.clone()),
+                common::pct(&mut v.clone(), 0.9),
+                common::pct(&mut v, 0.99),
                 min
             );
         }

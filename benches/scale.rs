@@ -24,26 +24,23 @@
 //! `cargo bench --bench scale -- --sizes 1024,4096 --ops 10 --proxy-threads 2 --sim-sizes 512`;
 //! `--no-sim` or `--sim-only`.
 
+mod common;
+
 use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use taskd::actors::control::{ControlClient, Progress};
-use taskd::actors::net::proxy_node::NodeAssignment;
-use taskd::actors::net::{NetConfig, ProxyNode, ProxyNodeConfig};
+use taskd::actors::net::{NetConfig, ProxyNode};
 use taskd::actors::transport::{Link, Outbox, TransportError};
 use taskd::actors::ProgressKind;
-use taskd::core::command::Target;
 use taskd::core::protocol::{
     AppliedCall, Directive, DirectiveKind, GateReport, GroupView, Phase, RankReply, ReplyBody,
     WorkerHello, WorkerReport, WorkerToProxy,
 };
-use taskd::core::{
-    plan_calls, DeviceId, GlobalRank, JobId, NicSide, NodeHal, NodeName, OperationId,
-    SwitchCapabilities, SwitchCommand,
-};
-use taskd::hal_mock::{SoloLayout, SoloNodeHal};
+use taskd::core::{plan_calls, GlobalRank, JobId, NicSide, OperationId, SwitchCapabilities};
+use taskd::hal_mock::SoloLayout;
 use taskd::sim::{run_scenario_observed, SimConfig};
 
 const JOB: &str = "scale";
@@ -350,21 +347,9 @@ impl Outbox<Directive> for SimRank {
 async fn spawn_nodes(nodes: Vec<u32>, job: Arc<Job>, manager: String) -> Vec<ProxyNode> {
     let mut proxies = Vec::new();
     for k in nodes {
-        let p = ProxyNode::spawn(ProxyNodeConfig {
-            job: JobId(JOB.into()),
-            manager: manager.clone(),
-            node: None,
-            node_rank: Some(k),
-            ranks: Vec::new(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            node_hal: Box::new(|a: &NodeAssignment| {
-                Box::new(SoloNodeHal::new(a.ranks.len() as u32)) as Box<dyn NodeHal>
-            }),
-            tls: None,
-            net: NetConfig::default(),
-        })
-        .await
-        .unwrap();
+        let p = ProxyNode::spawn(common::proxy_config(JOB, &manager, k, NetConfig::default()))
+            .await
+            .unwrap();
         let a = p.assigned().await.unwrap();
         for rank in a.ranks.keys() {
             let sim = Arc::new(SimRank {
@@ -388,53 +373,8 @@ async fn spawn_nodes(nodes: Vec<u32>, job: Arc<Job>, manager: String) -> Vec<Pro
     proxies
 }
 
-/// An actix system on a thread of its own running `f`; its result and the system.
-fn system<T: Send + 'static, F, Fut>(name: &str, f: F) -> (T, actix::System)
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = T>,
-{
-    let (tx, rx) = mpsc::channel();
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || {
-            let sys = actix::System::new();
-            sys.block_on(async move {
-                let v = f().await;
-                tx.send((v, actix::System::current())).unwrap();
-            });
-            sys.run().unwrap();
-        })
-        .unwrap();
-    rx.recv().unwrap()
-}
-
 // ---------------------------------------------------------------------------------------------
 // Measuring
-
-fn cmd(use_backup: bool) -> SwitchCommand {
-    SwitchCommand {
-        job: JobId(JOB.into()),
-        id: None,
-        targets: vec![Target {
-            node: NodeName("node-0".into()),
-            device: DeviceId(0),
-            use_backup,
-        }],
-    }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    pct(&mut v, 0.5)
-}
-
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
 
 /// One operation as the control API streamed it: its summary and how long each phase took.
 struct Op {
@@ -444,7 +384,10 @@ struct Op {
 }
 
 async fn run_op(client: &mut ControlClient, use_backup: bool) -> Op {
-    let mut s = client.submit(&cmd(use_backup)).await.unwrap();
+    let mut s = client
+        .submit(&common::switch_device_0(JOB, "node-0", use_backup))
+        .await
+        .unwrap();
     let mut took = HashMap::new();
     loop {
         match s.next().await.unwrap() {
@@ -499,7 +442,7 @@ fn measure(ranks: u32, ops: usize, proxy_threads: u32) {
         .map(|t| {
             let ns: Vec<u32> = (t..nodes).step_by(threads as usize).collect();
             let (job, listen) = (job.clone(), manager.listen.clone());
-            let (proxies, sys) = system(&format!("scale-proxies-{t}"), move || {
+            let (proxies, sys) = common::system(&format!("scale-proxies-{t}"), move || {
                 spawn_nodes(ns, job, listen)
             });
             std::mem::forget(proxies); // they live as long as their system
@@ -531,7 +474,8 @@ fn measure(ranks: u32, ops: usize, proxy_threads: u32) {
     let per_op = |f: &dyn Fn(&Counts) -> f64| (f(&msgs1) - f(&msgs0)) / ops as f64;
     let replies = per_op(&|m| messages_in(m, "node_reply"));
     let directives = per_op(&directives_out);
-    let phase = |p: &str| median(done.iter().filter_map(|o| o.took.get(p).copied()).collect());
+    let phase =
+        |p: &str| common::median(done.iter().filter_map(|o| o.took.get(p).copied()).collect());
     let floors: Vec<f64> = done
         .iter()
         .map(|o| {
@@ -542,14 +486,14 @@ fn measure(ranks: u32, ops: usize, proxy_threads: u32) {
         })
         .collect();
     let mut totals: Vec<f64> = done.iter().map(|o| o.total).collect();
-    let stall = median(done.iter().map(|o| o.stall).collect());
+    let stall = common::median(done.iter().map(|o| o.stall).collect());
     println!(
         "{}",
         serde_json::json!({
             "ranks": ranks,
             "nodes": nodes,
-            "op_ms_median": median(totals.clone()),
-            "op_ms_p90": pct(&mut totals, 0.9),
+            "op_ms_median": common::median(totals.clone()),
+            "op_ms_p90": common::pct(&mut totals, 0.9),
             "stall_ms_median": stall,
             "manager_cpu_ms_per_op": (cpu1 - cpu0) / ops as f64,
             "manager_rss_bytes": rss,
@@ -564,7 +508,7 @@ fn measure(ranks: u32, ops: usize, proxy_threads: u32) {
             "pause_ms_median": phase("pause"),
             "switch_ms_median": phase("switch"),
             "resume_ms_median": phase("resume"),
-            "floor_ms_median": median(floors),
+            "floor_ms_median": common::median(floors),
             "ops": ops,
             "setup_s": setup.as_secs_f64(),
         })
@@ -623,15 +567,8 @@ fn measure_sim(ranks: u32) {
     }
 }
 
-fn arg<T: std::str::FromStr>(args: &[String], name: &str) -> Option<T> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-}
-
 fn list(args: &[String], name: &str, default: &[u32]) -> Vec<u32> {
-    arg::<String>(args, name)
+    common::arg::<String>(args, name)
         .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
         .unwrap_or_else(|| default.to_vec())
 }
@@ -641,8 +578,8 @@ fn main() {
     let has = |f: &str| args.iter().any(|a| a == f);
     let sizes = list(&args, "--sizes", &[1024, 4096, 16384]);
     let sim_sizes = list(&args, "--sim-sizes", &[512, 16384]);
-    let ops: usize = arg(&args, "--ops").unwrap_or(10);
-    let proxy_threads: u32 = arg(&args, "--proxy-threads").unwrap_or(2);
+    let ops: usize = common::arg(&args, "--ops").unwrap_or(10);
+    let proxy_threads: u32 = common::arg(&args, "--proxy-threads").unwrap_or(2);
     if !has("--sim-only") {
         for &n in &sizes {
             measure(n, ops, proxy_threads);

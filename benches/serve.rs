@@ -10,12 +10,12 @@
 //!
 //! `cargo bench --bench serve -- --ops 5000 --every 500 --nodes 2 --devices-per-node 8`.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 use taskd::actors::control::{ControlClient, Progress};
-use taskd::core::command::Target;
-use taskd::core::{DeviceId, JobId, NodeName, SwitchCommand};
 
 const JOB: &str = "serve";
 
@@ -76,21 +76,12 @@ impl Drop for Rig {
     }
 }
 
-fn cmd(use_backup: bool) -> SwitchCommand {
-    SwitchCommand {
-        job: JobId(JOB.into()),
-        id: None,
-        targets: vec![Target {
-            node: NodeName("node-1".into()),
-            device: DeviceId(0),
-            use_backup,
-        }],
-    }
-}
-
 /// Runs one operation to its end; panics if it did not succeed.
 async fn run_op(client: &mut ControlClient, use_backup: bool) {
-    let mut s = client.submit(&cmd(use_backup)).await.expect("admitted");
+    let mut s = client
+        .submit(&common::switch_device_0(JOB, "node-1", use_backup))
+        .await
+        .expect("admitted");
     loop {
         if let Progress::Finished(r) = s.next().await.expect("the operation's progress") {
             assert_eq!(r.result, "succeeded", "{r}");
@@ -99,22 +90,12 @@ async fn run_op(client: &mut ControlClient, use_backup: bool) {
     }
 }
 
-fn arg(args: &[String], name: &str, default: u64) -> u64 {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map_or(default, |v| {
-            v.parse()
-                .unwrap_or_else(|_| panic!("{name} {v}: expected a number"))
-        })
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let ops = arg(&args, "--ops", 5000);
-    let every = arg(&args, "--every", 500).max(1);
-    let nodes = arg(&args, "--nodes", 2) as u32;
-    let devices = arg(&args, "--devices-per-node", 8) as u32;
+    let ops = common::arg(&args, "--ops").unwrap_or(5000u64);
+    let every = common::arg(&args, "--every").unwrap_or(500u64).max(1);
+    let nodes = common::arg(&args, "--nodes").unwrap_or(2u64) as u32;
+    let devices = common::arg(&args, "--devices-per-node").unwrap_or(8u64) as u32;
     let rig = Rig::start(nodes, devices);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

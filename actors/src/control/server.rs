@@ -144,7 +144,7 @@ async fn run(
     mut builder: tonic::transport::Server,
     manager: Addr<Manager>,
     cfg: ControlConfig,
-    stop: oneshot::Receiver<()>,
+    mut stop: oneshot::Receiver<()>,
 ) {
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
@@ -154,9 +154,17 @@ async fn run(
         }
     };
     // Before the first request is read: every operation it starts is seen by the retention.
-    let Ok(feed) = manager.send(SubscribeProgress).await else {
-        tracing::error!("control API: the manager stopped before the server started");
-        return;
+    // A stop may come first: the manager's thread then waits for this one to end, and cannot
+    // answer.
+    let feed = tokio::select! {
+        feed = manager.send(SubscribeProgress) => match feed {
+            Ok(feed) => feed,
+            Err(_) => {
+                tracing::error!("control API: the manager stopped before the server started");
+                return;
+            }
+        },
+        _ = &mut stop => return,
     };
     let last = LastResult::new(feed.resubscribe(), cfg.clock.clone());
     tokio::spawn(last.clone().follow(feed));
@@ -188,5 +196,40 @@ async fn run(
             }
         }
         _ = give_up => tracing::warn!("control server: connections still open after the grace period; closing them"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actix::Actor;
+    use std::time::Duration;
+    use taskd_core::{PhaseDeadlines, RankTable};
+
+    /// A server stopped from the manager's own thread before it heard from the manager: the
+    /// manager cannot answer while its thread waits for the server, so the server must not
+    /// wait for the manager then (a SIGINT right after start hung the embedded manager so).
+    #[test]
+    fn a_server_stopped_before_it_started_serving_does_not_wait_for_the_manager() {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let sys = actix::System::new();
+            sys.block_on(async move {
+                let manager = Manager::new(
+                    "job".into(),
+                    RankTable::uniform(1, 1),
+                    PhaseDeadlines::default(),
+                )
+                .start();
+                let cfg = ControlConfig::new("127.0.0.1:0".parse().unwrap(), "job".into());
+                let server = serve(manager, cfg).expect("the port binds");
+                // This thread is the manager's: it answers nothing until the stop returns.
+                server.shutdown();
+                let _ = done_tx.send(());
+            });
+        });
+        done_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the stop returned without the manager's answer");
     }
 }

@@ -181,60 +181,102 @@ impl<In: Frame, Out: Frame> Session<In, Out> {
             epoch,
             received,
             deliver_lock,
-            mut control,
+            control,
             liveness,
-            mut stop,
+            stop,
             ack_every,
         } = self;
         liveness.heard();
+        let mut w = Writer {
+            outbound,
+            received,
+            acked: Arc::new(AtomicU64::new(0)),
+            last_ack: 0,
+            pending: None,
+            ack_every,
+            ack_armed: false,
+        };
         let ack_notify = Arc::new(Notify::new());
-        // The highest message the peer was told we received (what `last_ack` holds), for the
-        // reader to tell when the writer has something to do about acknowledgements.
-        let acked = Arc::new(AtomicU64::new(0));
         let (reader_stop_tx, reader_stop_rx) = watch::channel(false);
         let reader = Reader {
             outbox_of_peer_acks: outbox.clone(),
-            received: received.clone(),
+            received: w.received.clone(),
             deliver_lock,
             liveness: liveness.clone(),
             handler: inbound_handler,
             ack_notify: ack_notify.clone(),
-            acked: acked.clone(),
+            acked: w.acked.clone(),
             ack_every,
             stop: reader_stop_rx,
             session_stop: stop.clone(),
         };
-        let mut reader = tokio::spawn(reader.run::<In>(inbound));
+        let reader = tokio::spawn(reader.run::<In>(inbound));
+        let end = w
+            .run(
+                reader,
+                (outbox, epoch),
+                control,
+                (liveness, ack_notify),
+                stop,
+            )
+            .await;
+        // Stop the reader between two messages and wait for it (a reader that ended the
+        // session is gone already).
+        if let Some(reader) = end.1 {
+            let _ = reader_stop_tx.send(true);
+            let _ = reader.await;
+        }
+        end.0
+    }
+}
+
+/// The writing half of a session: frames from the outbox, control messages, acknowledgements
+/// and heartbeats, one frame in hand at a time.
+struct Writer<Out: Frame> {
+    outbound: mpsc::Sender<Box<Out>>,
+    /// See [`Session::received`].
+    received: Arc<AtomicU64>,
+    /// The highest message the peer was told we received, for the reader to tell when the
+    /// writer has something to do about acknowledgements.
+    acked: Arc<AtomicU64>,
+    /// The same, as this writer last stamped it.
+    last_ack: u64,
+    /// The frame taken and not yet handed to the stream.
+    pending: Option<Box<Out>>,
+    /// See [`Session::ack_every`].
+    ack_every: u64,
+    /// Whether the acknowledgement timer runs.
+    ack_armed: bool,
+}
+
+impl<Out: Frame> Writer<Out> {
+    /// Writes until the connection ends; why, and the reader if it is still running.
+    async fn run(
+        &mut self,
+        mut reader: tokio::task::JoinHandle<End>,
+        (outbox, epoch): (Arc<Outbox<Out::Body>>, u64),
+        mut control: mpsc::Receiver<Box<Out::Body>>,
+        (liveness, ack_notify): (Arc<Liveness>, Arc<Notify>),
+        mut stop: watch::Receiver<bool>,
+    ) -> (End, Option<tokio::task::JoinHandle<End>>) {
         let mut tick = tokio::time::interval(liveness.interval());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut pending: Option<Box<Out>> = None;
         let mut control_open = true;
-        let mut last_ack = 0u64;
         // Armed while a received message waits for its acknowledgement.
         let ack_timer = tokio::time::sleep(ACK_DELAY);
         tokio::pin!(ack_timer);
-        let mut ack_armed = false;
-        let frame = |seq, body, last_ack: &mut u64| {
-            let f = stamped::<Out>(&received, seq, body, last_ack);
-            acked.store(*last_ack, Ordering::Release);
-            f
-        };
         // The waits that span many turns of the loop are made once and kept: a wait made
         // afresh each turn registers and unregisters itself each time, for every frame.
         let stopped = stop.changed();
         tokio::pin!(stopped);
         let mut next = Box::pin(outbox.next(epoch));
         let mut delivered = Box::pin(ack_notify.notified());
+        // The select's waits borrow what they wait on until an arm has run: the stream's
+        // sender is borrowed here, not through `self`.
+        let outbound = self.outbound.clone();
         let end = loop {
-            // A frame goes straight into the stream when it has room.
-            if let Some(f) = pending.take() {
-                match outbound.try_send(f) {
-                    Ok(()) => {}
-                    Err(mpsc::error::TrySendError::Full(f)) => pending = Some(f),
-                    Err(mpsc::error::TrySendError::Closed(_)) => {
-                        break End::Closed("the connection's stream ended".into())
-                    }
-                }
+            if let Err(end) = self.hand_over() {
+                break end;
             }
             tokio::select! {
                 biased;
@@ -242,59 +284,99 @@ impl<In: Frame, Out: Frame> Session<In, Out> {
                     let end = r.unwrap_or_else(|e| End::Closed(format!("reader failed: {e}")));
                     if matches!(end, End::Goodbye(_)) {
                         // Acknowledge the goodbye so the peer can stop without waiting.
-                        let f = frame(0, Out::heartbeat(), &mut last_ack);
+                        let f = self.frame(0, Out::heartbeat());
                         let _ = tokio::time::timeout(liveness.interval(), outbound.send(f)).await;
                     }
-                    return end;
+                    return (end, None);
                 }
                 _ = &mut stopped => break End::Stopped,
-                permit = outbound.reserve(), if pending.is_some() => match permit {
-                    Ok(p) => p.send(pending.take().expect("checked by the guard")),
+                permit = outbound.reserve(), if self.pending.is_some() => match permit {
+                    Ok(p) => p.send(self.pending.take().expect("checked by the guard")),
                     Err(_) => break End::Closed("the connection's stream ended".into()),
                 },
-                body = control.recv(), if pending.is_none() && control_open => match body {
-                    Some(b) => pending = Some(frame(0, *b, &mut last_ack)),
+                body = control.recv(), if self.pending.is_none() && control_open => match body {
+                    Some(b) => self.pending = Some(self.frame(0, *b)),
                     None => control_open = false,
                 },
-                n = &mut next, if pending.is_none() => {
+                n = &mut next, if self.pending.is_none() => {
                     next.set(outbox.next(epoch));
                     match n {
-                        Ok((seq, b)) => pending = Some(frame(seq, b, &mut last_ack)),
+                        Ok((seq, b)) => self.pending = Some(self.frame(seq, b)),
                         Err(Stop::Overflowed) => break End::Overflowed,
                         Err(Stop::Closed(r)) => break End::PeerGone(r),
                         Err(Stop::Superseded) => break End::Stopped,
                     }
                 }
-                _ = &mut delivered, if pending.is_none() => {
+                _ = &mut delivered, if self.pending.is_none() => {
                     delivered.set(ack_notify.notified());
-                    let waiting = received.load(Ordering::Acquire).saturating_sub(last_ack);
-                    if waiting >= ack_every {
-                        pending = Some(frame(0, Out::heartbeat(), &mut last_ack));
-                    } else if waiting > 0 && !ack_armed {
+                    if self.on_delivered() {
                         ack_timer.as_mut().reset(tokio::time::Instant::now() + ACK_DELAY);
-                        ack_armed = true;
                     }
                 }
-                _ = &mut ack_timer, if ack_armed && pending.is_none() => {
-                    ack_armed = false;
-                    if received.load(Ordering::Acquire) != last_ack {
-                        pending = Some(frame(0, Out::heartbeat(), &mut last_ack));
-                    }
+                _ = &mut ack_timer, if self.ack_armed && self.pending.is_none() => {
+                    self.ack_armed = false;
+                    self.acknowledge_if(self.unacked() > 0);
                 }
                 _ = tick.tick() => {
                     if liveness.is_lost() {
                         break End::Silent(liveness.silent_for());
                     }
-                    if pending.is_none() {
-                        pending = Some(frame(0, Out::heartbeat(), &mut last_ack));
-                    }
+                    self.acknowledge_if(self.pending.is_none());
                 }
             }
         };
-        // Stop the reader between two messages and wait for it.
-        let _ = reader_stop_tx.send(true);
-        let _ = reader.await;
-        end
+        (end, Some(reader))
+    }
+
+    /// Stamps `body` (sequence number `seq`, 0 for unsequenced) with the acknowledgement of
+    /// everything received so far.
+    fn frame(&mut self, seq: u64, body: Out::Body) -> Box<Out> {
+        let f = stamped::<Out>(&self.received, seq, body, &mut self.last_ack);
+        self.acked.store(self.last_ack, Ordering::Release);
+        f
+    }
+
+    /// Received messages not acknowledged to the peer yet.
+    fn unacked(&self) -> u64 {
+        self.received
+            .load(Ordering::Acquire)
+            .saturating_sub(self.last_ack)
+    }
+
+    /// Takes a heartbeat (which carries the acknowledgement) in hand when `due`.
+    fn acknowledge_if(&mut self, due: bool) {
+        if due {
+            self.pending = Some(self.frame(0, Out::heartbeat()));
+        }
+    }
+
+    /// A message was delivered: acknowledge at once when enough wait, else make sure the timer
+    /// runs. Whether the timer must be (re)started.
+    fn on_delivered(&mut self) -> bool {
+        let waiting = self.unacked();
+        if waiting >= self.ack_every {
+            self.acknowledge_if(true);
+            false
+        } else if waiting > 0 && !self.ack_armed {
+            self.ack_armed = true;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// The frame in hand goes straight into the stream when it has room.
+    fn hand_over(&mut self) -> Result<(), End> {
+        if let Some(f) = self.pending.take() {
+            match self.outbound.try_send(f) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(f)) => self.pending = Some(f),
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    return Err(End::Closed("the connection's stream ended".into()))
+                }
+            }
+        }
+        Ok(())
     }
 }
 

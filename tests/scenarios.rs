@@ -141,8 +141,15 @@ fn a_hang_past_the_switch_deadline_ends_paused_and_recovery_waits_for_the_late_c
     );
     assert!(!r.rolled_back && r.phases.rollback.is_none(), "{r}");
     assert_eq!(r.job_state, JobState::Paused);
+    // While rank 1 hangs (400 ms from its call), the status names it among the ranks inside
+    // the calls.
+    if let Some((op, in_calls)) = sim.job().status(0).unwrap().in_calls {
+        assert_eq!(op, r.id);
+        assert!(in_calls.contains(&GlobalRank(1)), "{in_calls:?}");
+    }
     // The recovery re-states rank 0 once rank 1's calls are over; nothing else ran meanwhile.
     let rec = common::recover_when_calls_answered(&sim, RecoverTo::Primary);
+    assert_eq!(sim.job().status(0).unwrap().in_calls, None);
     let RecoveryResult::Operation(rec) = rec else {
         panic!("rank 0 is in doubt: {rec:?}");
     };

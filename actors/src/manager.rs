@@ -538,6 +538,10 @@ pub struct ManagerStatus {
     /// The ClusterD client's link, when the manager is ClusterD's client.
     #[serde(default)]
     pub clusterd: Option<ClusterdLink>,
+    /// The operation that ended while these ranks were still inside its NIC-set calls, and the
+    /// ranks, until each has answered ([`SubmitError::InCalls`]).
+    #[serde(default)]
+    pub in_calls: Option<(OperationId, Vec<GlobalRank>)>,
 }
 
 /// Ask for a [`ManagerStatus`] with up to `recent` past results.
@@ -574,6 +578,9 @@ impl Handler<GetStatus> for Manager {
             verified: l.is_verified(),
             last_verification: l.last_verification().cloned(),
             clusterd: self.clusterd.as_ref().map(clusterd::Side::status),
+            in_calls: l
+                .ranks_in_calls()
+                .map(|(op, ranks)| (op, ranks.iter().copied().collect())),
             recent: history.into_iter().rev().collect(),
             lost_ranks: self
                 .lost

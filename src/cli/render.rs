@@ -159,6 +159,9 @@ pub fn status_json(s: &proto::JobStatus) -> Value {
             "detail": c.detail,
             "driving": (!c.driving.is_empty()).then_some(&c.driving),
         })),
+        "in_calls": s.in_calls.as_ref().map(|c| json!({
+            "uuid": c.uuid, "ranks": c.ranks,
+        })),
     })
 }
 
@@ -271,6 +274,14 @@ pub fn status_text(s: &proto::JobStatus) -> String {
     {
         let _ = writeln!(out, "verify     {}", v.summary);
     }
+    if let Some(c) = &s.in_calls {
+        let _ = writeln!(
+            out,
+            "in calls   ranks {} have not answered the NIC-set calls of {} (recover waits for them)",
+            taskd_core::display::short_list(&c.ranks),
+            c.uuid
+        );
+    }
     // Ranks whose process or connection is gone, until they register again.
     for (i, l) in s.lost_ranks.iter().enumerate() {
         let label = if i == 0 { "lost" } else { "" };
@@ -283,6 +294,28 @@ pub fn status_text(s: &proto::JobStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranks_inside_calls_are_named_in_text_and_json() {
+        let mut s = proto::JobStatus {
+            job_id: "j".into(),
+            state: "paused".into(),
+            ..proto::JobStatus::default()
+        };
+        assert!(!status_text(&s).contains("in calls"));
+        assert!(status_json(&s)["in_calls"].is_null());
+        s.in_calls = Some(proto::InCalls {
+            uuid: "u-1".into(),
+            ranks: vec![1, 3],
+        });
+        assert!(
+            status_text(&s)
+                .contains("in calls   ranks 1, 3 have not answered the NIC-set calls of u-1"),
+            "{}",
+            status_text(&s)
+        );
+        assert_eq!(status_json(&s)["in_calls"]["ranks"], json!([1, 3]));
+    }
 
     #[test]
     fn the_clusterd_line_shows_only_on_a_clusterd_client() {

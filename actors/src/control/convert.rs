@@ -144,6 +144,10 @@ pub fn status(s: &ManagerStatus) -> proto::JobStatus {
             detail: c.detail.clone(),
             driving: c.driving.clone().unwrap_or_default(),
         }),
+        in_calls: s.in_calls.as_ref().map(|(op, ranks)| proto::InCalls {
+            uuid: op.to_string(),
+            ranks: ranks.iter().map(|r| r.0).collect(),
+        }),
     }
 }
 

@@ -329,6 +329,12 @@ impl StepGate {
         self.released_task.notify_waiters();
     }
 
+    /// Wakes whoever waits for an operation to arm the gate (a thread or a task).
+    fn wake_armed(&self) {
+        self.armed_cv.notify_all();
+        self.armed_task.notify_waiters();
+    }
+
     /// Phase A for operation `op`: returns the step this rank is in, after which it holds at
     /// the latest (unless [`StepGate::pause_at`] raises the bound). `None` when the training
     /// thread has not completed a step yet: it answers with [`GateEvent::Sampled`] at its first
@@ -349,8 +355,7 @@ impl StepGate {
             g.stalled = Duration::ZERO;
         }
         g.op = Some(op);
-        self.armed_cv.notify_all();
-        self.armed_task.notify_waiters();
+        self.wake_armed();
         let in_step = match (g.mode, g.last) {
             // Asked again for the same operation: the answer stands.
             (Mode::HoldAfter { step, .. }, _) => step,
@@ -392,8 +397,7 @@ impl StepGate {
             step,
             pause_step: true,
         };
-        self.armed_cv.notify_all();
-        self.armed_task.notify_waiters();
+        self.wake_armed();
         match g.held {
             Some((held, _)) if held == step => {
                 drop(g);
@@ -503,8 +507,7 @@ impl StepGate {
         g.op = None;
         self.disarm(&g);
         self.wake_held();
-        self.armed_cv.notify_all();
-        self.armed_task.notify_waiters();
+        self.wake_armed();
     }
 }
 

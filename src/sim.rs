@@ -15,21 +15,18 @@ use crate::report::{OperationSummary, ScenarioReport};
 use crate::timeline::{Holds, PhaseLog, StepClock, Timeline};
 use std::sync::Arc;
 use std::time::Duration;
-use taskd_actors::hal_exec::HalFuture;
 use taskd_actors::{
-    LocalJob, LocalJobConfig, LocalJobError, ProgressEvent, RankSpec, StepGate, TaskRankHal,
-    WorkerHal,
+    LocalJob, LocalJobConfig, LocalJobError, ProgressEvent, RankSpec, StepGate, WorkerHal,
 };
 use taskd_core::auto::AutoConfig;
 use taskd_core::command::Target;
 use taskd_core::operation::{JobState, OperationReport};
 use taskd_core::{
-    DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HcclCode, JobId, NodeHal, NodeName,
-    OperationId, PhaseDeadlines, RankHal, RankTable, SwitchCapabilities, SwitchCommand,
-    ValidationError,
+    DeviceId, GlobalRank, HcclCode, JobId, NodeHal, NodeName, OperationId, PhaseDeadlines,
+    RankTable, SwitchCommand, ValidationError,
 };
 use taskd_hal_mock::{
-    Fabric, FabricConfig, Hold, MockRankHal, NicSetFault, SimTraining, StepHook, TrainingOptions,
+    Fabric, FabricConfig, Hold, NicSetFault, SimTraining, StepHook, TrainingOptions,
 };
 
 /// How long the simulator waits for training to make progress before it declares the job
@@ -270,29 +267,6 @@ pub enum SimError {
     Stuck(Duration, u64),
 }
 
-/// A simulated rank's HAL, as its worker drives it: the fabric's calls, a NIC set waiting for
-/// the group's other members as a task ([`WorkerHal::Task`]).
-pub struct SimRankHal(pub MockRankHal);
-
-impl TaskRankHal for SimRankHal {
-    fn groups(&mut self) -> Result<Vec<GroupInfo>, HalError> {
-        self.0.groups()
-    }
-
-    fn set_working_nic<'a>(
-        &'a mut self,
-        group: &'a str,
-        ranks: &'a [GroupRank],
-        use_backup: &'a [bool],
-    ) -> HalFuture<'a> {
-        Box::pin(self.0.set_working_nic_async(group, ranks, use_backup))
-    }
-
-    fn capabilities(&mut self) -> SwitchCapabilities {
-        self.0.capabilities()
-    }
-}
-
 /// A simulated rank's step boundary: its worker's gate, a hold awaited as a task
 /// ([`StepGate::step_completed_or_hold`]).
 pub struct GateHook(pub Arc<StepGate>);
@@ -333,7 +307,7 @@ impl Simulation {
             .collect();
         let ranks: Vec<RankSpec> = (0..table.world_size() as u32)
             .map(|r| RankSpec {
-                hal: WorkerHal::Task(Box::new(SimRankHal(fabric.rank_hal(GlobalRank(r))))),
+                hal: WorkerHal::Task(Box::new(fabric.rank_hal(GlobalRank(r)))),
                 tsp: !cfg.tsp_off.contains(&GlobalRank(r)),
             })
             .collect();

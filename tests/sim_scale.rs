@@ -15,7 +15,7 @@ use taskd::core::{GlobalRank, JobId, NodeHal, RankTable};
 use taskd::hal_mock::{
     Fabric, FabricConfig, Hold, SimTraining, StepHook, TrainingOptions, WORLD_GROUP,
 };
-use taskd::sim::{run_scenario, GateHook, SimConfig, SimRankHal, Simulation};
+use taskd::sim::{run_scenario, GateHook, SimConfig, Simulation};
 
 /// Switches two devices of node 1 to their backup NIC and back on `nodes` x 16 ranks; ends
 /// with every group agreeing on its NIC configuration.
@@ -131,7 +131,7 @@ fn ranks_blocked_in_a_collective_answer_the_sample_as_tasks() {
         .collect();
     let ranks: Vec<RankSpec> = (0..world)
         .map(|r| RankSpec {
-            hal: WorkerHal::Task(Box::new(SimRankHal(fabric.rank_hal(GlobalRank(r))))),
+            hal: WorkerHal::Task(Box::new(fabric.rank_hal(GlobalRank(r)))),
             tsp: true,
         })
         .collect();

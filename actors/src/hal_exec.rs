@@ -17,31 +17,11 @@
 //! job at a time and waits for the job to end before the next.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::{mpsc, Arc};
 use std::task::{Context, Poll, Wake, Waker};
-use taskd_core::{GroupInfo, GroupRank, HalError, RankHal, SwitchCapabilities};
-
-/// The answer of one NIC-set call of a [`TaskRankHal`], when it comes.
-pub type HalFuture<'a> = Pin<Box<dyn Future<Output = Result<(), HalError>> + Send + 'a>>;
-
-/// A rank's HAL whose NIC-set call is a future: the rank waits for the group's other members
-/// as a task. [`taskd_core::RankHal`] otherwise: the same calls, the same rules.
-pub trait TaskRankHal: Send {
-    /// The communication groups this process belongs to.
-    fn groups(&mut self) -> Result<Vec<GroupInfo>, HalError>;
-
-    /// `HcclCommWorkingDevNicSet` on one group (see [`RankHal::set_working_nic`]).
-    fn set_working_nic<'a>(
-        &'a mut self,
-        group: &'a str,
-        ranks: &'a [GroupRank],
-        use_backup: &'a [bool],
-    ) -> HalFuture<'a>;
-
-    /// What a NIC-set call on this rank can do (see [`RankHal::capabilities`]).
-    fn capabilities(&mut self) -> SwitchCapabilities;
-}
+use taskd_core::{
+    GroupInfo, GroupRank, HalError, HalFuture, RankHal, SwitchCapabilities, TaskRankHal,
+};
 
 /// A blocking HAL seen as a [`TaskRankHal`]: each call runs, on the thread that polls it, when
 /// its future is first polled. Only for a thread that may block: a HAL thread or a pool's.

@@ -77,7 +77,7 @@ pub mod transport;
 pub mod worker;
 
 pub use gate::StepGate;
-pub use hal_exec::{HalPool, TaskRankHal, WorkerHal};
+pub use hal_exec::{HalPool, WorkerHal};
 pub use local::{LocalJob, LocalJobConfig, LocalJobError, RankParts, RankSpec, RecoveryResult};
 pub use manager::{Manager, ManagerStatus};
 pub use net::{RemoteWorker, RemoteWorkerConfig};

@@ -7,7 +7,7 @@
 //! pool or as tasks instead ([`crate::hal_exec`]); one job at a time all the same.
 
 use crate::gate::{GateEvent, StepGate};
-use crate::hal_exec::{block_on, Blocking, HalPool, TaskRankHal, WorkerHal};
+use crate::hal_exec::{block_on, Blocking, HalPool, WorkerHal};
 use crate::telemetry;
 use crate::transport::{Deliver, Link};
 use actix::prelude::*;
@@ -20,7 +20,7 @@ use taskd_core::protocol::{
 };
 use taskd_core::{
     plan_calls, GlobalRank, GroupCall, JobId, NicSide, NodeName, OperationId, RankHal,
-    SwitchCapabilities,
+    SwitchCapabilities, TaskRankHal,
 };
 use tokio::sync::{mpsc, oneshot};
 use tracing::{Instrument, Span};

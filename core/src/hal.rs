@@ -200,6 +200,30 @@ pub trait RankHal: Send {
     fn capabilities(&mut self) -> SwitchCapabilities;
 }
 
+/// The answer of one NIC-set call of a [`TaskRankHal`], when it comes.
+pub type HalFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), HalError>> + Send + 'a>>;
+
+/// A rank's HAL whose NIC-set call is a future: the rank waits for the group's other members
+/// as a task, not a blocked thread (a process hosting thousands of simulated ranks). The
+/// same calls and rules as [`RankHal`]; where the future runs is the worker's business
+/// (`taskd_actors::hal_exec`).
+pub trait TaskRankHal: Send {
+    /// The communication groups this process belongs to.
+    fn groups(&mut self) -> Result<Vec<GroupInfo>, HalError>;
+
+    /// `HcclCommWorkingDevNicSet` on one group (see [`RankHal::set_working_nic`]).
+    fn set_working_nic<'a>(
+        &'a mut self,
+        group: &'a str,
+        ranks: &'a [GroupRank],
+        use_backup: &'a [bool],
+    ) -> HalFuture<'a>;
+
+    /// What a NIC-set call on this rank can do (see [`RankHal::capabilities`]).
+    fn capabilities(&mut self) -> SwitchCapabilities;
+}
+
 /// Per-node device capability, owned by the node's proxy.
 ///
 /// The proxy needs only the link health of the devices a switch targets; counting a node's

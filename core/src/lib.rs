@@ -64,8 +64,8 @@ pub mod verify;
 
 pub use command::{Direction, RankTarget, SwitchCommand, SwitchPlan, ValidationError};
 pub use hal::{
-    GroupInfo, HalError, HalErrorKind, HcclCode, Library, LinkHealth, NicSide, NodeHal, RankHal,
-    StepBoundary, SwitchCapabilities, VendorCode,
+    GroupInfo, HalError, HalErrorKind, HalFuture, HcclCode, Library, LinkHealth, NicSide, NodeHal,
+    RankHal, StepBoundary, SwitchCapabilities, TaskRankHal, VendorCode,
 };
 pub use ids::{DeviceId, GlobalRank, GroupRank, JobId, NodeName, OperationId};
 pub use ledger::{JobLedger, JobState, SubmitError};

@@ -23,9 +23,10 @@
 //!   issuing different operators in one round: `HCCL_E_PARA`;
 //! - simulation shut down: `HCCL_E_UNAVAIL`.
 //!
-//! Every call is a state machine ([`NicSetCall`], [`CollectiveCall`]) advanced under the
-//! fabric's lock; [`crate::call`] runs it on a blocked thread (the [`taskd_core::RankHal`]
-//! calls) or as a task (the `_async` calls, for simulated ranks that are tasks).
+//! Every call is a state machine (`NicSetCall`, `CollectiveCall`) advanced under the
+//! fabric's lock; `hal-mock/src/call.rs` runs it on a blocked thread (the
+//! [`taskd_core::RankHal`] calls) or as a task (the `_async` calls and
+//! [`taskd_core::TaskRankHal`], for simulated ranks that are tasks).
 
 use crate::call::{self, Progress};
 use crate::fabric::{

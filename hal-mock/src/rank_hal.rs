@@ -4,7 +4,8 @@ use crate::fabric::Fabric;
 use crate::hccl::NIC_SET_OP;
 use std::sync::Arc;
 use taskd_core::{
-    GlobalRank, GroupInfo, GroupRank, HalError, HcclCode, RankHal, SwitchCapabilities,
+    GlobalRank, GroupInfo, GroupRank, HalError, HalFuture, HcclCode, RankHal, SwitchCapabilities,
+    TaskRankHal,
 };
 
 /// One simulated training process's view of HCCL, handed to the worker of `rank`.
@@ -102,6 +103,27 @@ impl RankHal for MockRankHal {
             l2_retry,
             rdma: self.fabric.config().rdma,
         }
+    }
+}
+
+/// The simulated rank as a task: a NIC set waits in the group's rendezvous as a future
+/// ([`MockRankHal::set_working_nic_async`]), so thousands of ranks fit in one process.
+impl TaskRankHal for MockRankHal {
+    fn groups(&mut self) -> Result<Vec<GroupInfo>, HalError> {
+        RankHal::groups(self)
+    }
+
+    fn set_working_nic<'a>(
+        &'a mut self,
+        group: &'a str,
+        ranks: &'a [GroupRank],
+        use_backup: &'a [bool],
+    ) -> HalFuture<'a> {
+        Box::pin(self.set_working_nic_async(group, ranks, use_backup))
+    }
+
+    fn capabilities(&mut self) -> SwitchCapabilities {
+        RankHal::capabilities(self)
     }
 }
 

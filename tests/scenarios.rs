@@ -575,10 +575,16 @@ fn a_pause_requested_while_ranks_are_a_step_apart_completes_without_deadlock() {
             st = cv.wait(st).unwrap();
         }
     }
-    assert!(fabric.wait_activity(Duration::from_secs(10), |a| a
-        .waiting_in_collective
-        .iter()
-        .any(|(_, r)| *r == GlobalRank(1))));
+    // Rank 1 completed step 5 (its gate published it) before it joined step 6's collective. A
+    // member is listed as waiting until its call returns, even in a round already complete,
+    // so the listing alone could still be step 5's.
+    let gate1 = job.gate(GlobalRank(1));
+    assert!(fabric.wait_activity(Duration::from_secs(10), |a| {
+        gate1.last_step() == Some(5)
+            && a.waiting_in_collective
+                .iter()
+                .any(|(_, r)| *r == GlobalRank(1))
+    }));
 
     let sub = job.submit(cmd(&[("node-0", 1, true)])).unwrap();
     // Both workers armed their gates (the sample request reached them).

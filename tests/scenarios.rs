@@ -122,7 +122,7 @@ fn a_hang_past_the_switch_deadline_ends_paused_and_recovery_waits_for_the_late_c
     sim.fabric().inject_nic_set_fault(
         GlobalRank(1),
         NicSetFault::Hang {
-            duration: Duration::from_millis(400),
+            duration: Duration::from_millis(600),
             code: HcclCode::Timeout,
         },
     );
@@ -141,12 +141,16 @@ fn a_hang_past_the_switch_deadline_ends_paused_and_recovery_waits_for_the_late_c
     );
     assert!(!r.rolled_back && r.phases.rollback.is_none(), "{r}");
     assert_eq!(r.job_state, JobState::Paused);
-    // While rank 1 hangs (400 ms from its call), the status names it among the ranks inside
-    // the calls.
-    if let Some((op, in_calls)) = sim.job().status(0).unwrap().in_calls {
-        assert_eq!(op, r.id);
-        assert!(in_calls.contains(&GlobalRank(1)), "{in_calls:?}");
-    }
+    // The operation ended at its 150 ms deadline; rank 1 hangs for 600 ms from its call and
+    // answers only after that: the status names it among the ranks inside the calls.
+    let (op, in_calls) = sim
+        .job()
+        .status(0)
+        .unwrap()
+        .in_calls
+        .expect("ranks are inside the switch's calls");
+    assert_eq!(op, r.id);
+    assert!(in_calls.contains(&GlobalRank(1)), "{in_calls:?}");
     // The recovery re-states rank 0 once rank 1's calls are over; nothing else ran meanwhile.
     let rec = common::recover_when_calls_answered(&sim, RecoverTo::Primary);
     assert_eq!(sim.job().status(0).unwrap().in_calls, None);

@@ -8,6 +8,7 @@
 
 use super::backoff::Backoff;
 use super::heartbeat::Liveness;
+use super::outbound::{outbound, OutboundTx};
 use super::outbox::Outbox;
 use super::pb;
 use super::session::{Delivery, End, Inbound, Session};
@@ -17,8 +18,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
-use tokio_stream::StreamExt as _;
 use tonic::transport::{ClientTlsConfig, Endpoint};
 use tonic::Code;
 
@@ -71,7 +70,7 @@ pub struct Client {
 /// A registered connection: the server's frames, ours, and its registration answer.
 struct Link {
     inbound: tonic::Streaming<pb::Down>,
-    outbound: mpsc::Sender<Box<pb::Up>>,
+    outbound: OutboundTx<pb::Up>,
     ack: pb::RegisterAck,
 }
 
@@ -274,7 +273,6 @@ impl Client {
             outbound,
             outbox: self.outbox.clone(),
             epoch,
-            received: received.clone(),
             deliver_lock: deliver_lock.clone(),
             control: control_rx,
             liveness,
@@ -303,7 +301,7 @@ impl Client {
         tls: Option<ClientTlsConfig>,
         net: &NetConfig,
         host: &dyn ClientHost,
-        received: &AtomicU64,
+        received: &Arc<AtomicU64>,
         server_incarnation: &Option<String>,
     ) -> Result<Link, Attempt> {
         let scheme = if tls.is_some() { "https" } else { "http" };
@@ -326,7 +324,6 @@ impl Client {
         let mut client = pb::task_net_client::TaskNetClient::new(channel)
             .max_decoding_message_size(net.max_message_bytes)
             .max_encoding_message_size(net.max_message_bytes);
-        let (tx, rx) = mpsc::channel::<Box<pb::Up>>(32);
         let mut reg = host.register();
         reg.incarnation = self.incarnation.clone();
         reg.version = env!("CARGO_PKG_VERSION").to_owned();
@@ -334,16 +331,13 @@ impl Client {
             server_incarnation: s.clone(),
             received: received.load(Ordering::Acquire),
         });
-        tx.try_send(Box::new(pb::Up {
+        let register = pb::Up {
             seq: 0,
             ack: 0,
             body: Some(pb::up::Body::Register(reg)),
-        }))
-        .expect("an empty channel takes one frame");
-        let call = tokio::time::timeout(
-            net.register_timeout,
-            client.session(ReceiverStream::new(rx).map(|f| *f)),
-        );
+        };
+        let (tx, stream) = outbound(received.clone(), register);
+        let call = tokio::time::timeout(net.register_timeout, client.session(stream));
         let response = match call.await {
             Err(_) => return Err(Attempt::Retry("no answer to the registration".into())),
             Ok(Err(status)) => {

@@ -27,6 +27,7 @@ pub mod client;
 pub mod codec;
 pub(crate) mod heartbeat;
 pub mod manager_node;
+pub(crate) mod outbound;
 pub mod outbox;
 pub mod proxy_node;
 pub mod server;

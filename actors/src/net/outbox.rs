@@ -20,7 +20,9 @@
 use crate::transport::{Link, Outbox as LinkOutbox, TransportError};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use tokio::sync::Notify;
 
 /// Whether a message must be re-sent to a fresh session.
@@ -50,20 +52,38 @@ struct State<T> {
     overflowed: bool,
     sticky: BTreeMap<u64, T>,
     high_water: usize,
+    /// The connection's stream waiting for a frame ([`Outbox::poll_next`]).
+    waiting: Option<Waker>,
+}
+
+impl<T> State<T> {
+    /// Whoever waits for a frame, to be woken once the lock is released.
+    fn wake(&mut self) -> Option<Waker> {
+        self.waiting.take()
+    }
 }
 
 /// The queue of one peer (the network transport's, not the actors' [`crate::transport::Outbox`]
 /// trait). Share it as `Arc<Outbox<T>>`: the peer's link pushes into it, its connection's
-/// writer takes from it.
+/// stream takes from it.
 pub struct Outbox<T> {
     state: Mutex<State<T>>,
-    /// Something for a writer: a message, a new connection, the end (not an acknowledgement:
-    /// the writer would wake for nothing at every frame the peer sends).
-    changed: Notify,
     /// The queue shrank (acknowledgements), for [`Outbox::drained`].
     shrunk: Notify,
+    /// Callers of [`Outbox::drained`] waiting now: acknowledgements wake nobody when none
+    /// does (every frame received carries one).
+    draining: AtomicUsize,
     capacity: usize,
     sticky: Option<StickyFn<T>>,
+}
+
+/// Takes a waiter off the count when its wait ends, however it ends.
+struct Counted<'a>(&'a AtomicUsize);
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Why a writer gets no more frames from [`Outbox::next`].
@@ -92,9 +112,10 @@ impl<T: Clone + Send + 'static> Outbox<T> {
                 overflowed: false,
                 sticky: BTreeMap::new(),
                 high_water: 0,
+                waiting: None,
             }),
-            changed: Notify::new(),
             shrunk: Notify::new(),
+            draining: AtomicUsize::new(0),
             capacity: capacity.max(1),
             sticky,
         })
@@ -108,8 +129,11 @@ impl<T: Clone + Send + 'static> Outbox<T> {
         }
         if st.queue.len() >= self.capacity {
             st.overflowed = true;
+            let waiting = st.wake();
             drop(st);
-            self.changed.notify_waiters();
+            if let Some(w) = waiting {
+                w.wake();
+            }
             return Err(TransportError::Full {
                 capacity: self.capacity,
             });
@@ -129,8 +153,11 @@ impl<T: Clone + Send + 'static> Outbox<T> {
         st.next_seq += 1;
         st.queue.push_back((seq, msg));
         st.high_water = st.high_water.max(st.queue.len());
+        let waiting = st.wake();
         drop(st);
-        self.changed.notify_waiters();
+        if let Some(w) = waiting {
+            w.wake();
+        }
         Ok(())
     }
 
@@ -141,8 +168,11 @@ impl<T: Clone + Send + 'static> Outbox<T> {
         while st.queue.front().is_some_and(|(s, _)| *s <= upto) {
             st.queue.pop_front();
         }
-        if st.queue.len() != before {
-            drop(st);
+        let shrank = st.queue.len() != before;
+        drop(st);
+        // Sequentially consistent with `drained`'s count and its look at the queue: either it
+        // counted itself before this looks, or it sees the shorter queue.
+        if shrank && self.draining.load(Ordering::SeqCst) > 0 {
             self.shrunk.notify_waiters();
         }
     }
@@ -155,8 +185,11 @@ impl<T: Clone + Send + 'static> Outbox<T> {
         st.cursor = st.queue.front().map_or(st.next_seq, |(s, _)| *s);
         st.overflowed = false;
         let epoch = st.epoch;
+        let waiting = st.wake();
         drop(st);
-        self.changed.notify_waiters();
+        if let Some(w) = waiting {
+            w.wake();
+        }
         epoch
     }
 
@@ -172,8 +205,11 @@ impl<T: Clone + Send + 'static> Outbox<T> {
             st.queue.push_back((seq, msg));
         }
         st.cursor = st.queue.front().map_or(st.next_seq, |(s, _)| *s);
+        let waiting = st.wake();
         drop(st);
-        self.changed.notify_waiters();
+        if let Some(w) = waiting {
+            w.wake();
+        }
         self.shrunk.notify_waiters();
     }
 
@@ -185,8 +221,11 @@ impl<T: Clone + Send + 'static> Outbox<T> {
         }
         st.queue.clear();
         st.sticky.clear();
+        let waiting = st.wake();
         drop(st);
-        self.changed.notify_waiters();
+        if let Some(w) = waiting {
+            w.wake();
+        }
         self.shrunk.notify_waiters();
     }
 
@@ -217,24 +256,29 @@ impl<T: Clone + Send + 'static> Outbox<T> {
 
     /// The next frame for the connection of `epoch` to write, waiting for one.
     pub async fn next(&self, epoch: u64) -> Result<(u64, T), Stop> {
-        // Most calls find a frame waiting: no need to register for a wake-up then.
-        if let Some(answer) = self.take_next(epoch) {
-            return answer;
-        }
-        loop {
-            let notified = self.changed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if let Some(answer) = self.take_next(epoch) {
-                return answer;
+        std::future::poll_fn(|cx| self.poll_next(epoch, cx)).await
+    }
+
+    /// The next frame for the connection of `epoch` to write; when there is none yet, `cx` is
+    /// woken when there is (or the connection must stop). One waiter at a time: the stream of
+    /// the connection attached last (an older one is woken by [`Outbox::attach`] and told it
+    /// was superseded).
+    pub fn poll_next(&self, epoch: u64, cx: &mut Context<'_>) -> Poll<Result<(u64, T), Stop>> {
+        let mut st = self.state.lock();
+        match Self::take_next(&mut st, epoch) {
+            Some(answer) => Poll::Ready(answer),
+            None => {
+                match &mut st.waiting {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    slot => *slot = Some(cx.waker().clone()),
+                }
+                Poll::Pending
             }
-            notified.await;
         }
     }
 
     /// The next frame for the connection of `epoch`, or why it gets none; `None`: nothing yet.
-    fn take_next(&self, epoch: u64) -> Option<Result<(u64, T), Stop>> {
-        let mut st = self.state.lock();
+    fn take_next(st: &mut State<T>, epoch: u64) -> Option<Result<(u64, T), Stop>> {
         if let Some(r) = &st.closed {
             return Some(Err(Stop::Closed(r.clone())));
         }
@@ -253,6 +297,8 @@ impl<T: Clone + Send + 'static> Outbox<T> {
 
     /// Resolves once every queued message is acknowledged (or the outbox is closed).
     pub async fn drained(&self) {
+        self.draining.fetch_add(1, Ordering::SeqCst);
+        let _counted = Counted(&self.draining);
         loop {
             let notified = self.shrunk.notified();
             tokio::pin!(notified);

@@ -10,6 +10,7 @@
 //! for workers).
 
 use super::heartbeat::Liveness;
+use super::outbound::outbound;
 use super::outbox::Outbox;
 use super::pb;
 use super::session::{Delivery, End, Inbound, Session};
@@ -21,7 +22,6 @@ use std::pin::Pin;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::transport::server::TcpIncoming;
 use tonic::{Code, Request, Response, Status, Streaming};
@@ -336,19 +336,17 @@ impl<H: Host> pb::task_net_server::TaskNet for NetService<H> {
         ack.received = claim.received.load(std::sync::atomic::Ordering::Acquire);
         ack.heartbeat_interval_ms = net.heartbeat_interval.as_millis() as u64;
         ack.missed_heartbeats = net.missed_heartbeats;
-        let (tx, rx) = mpsc::channel::<Box<pb::Down>>(32);
-        tx.try_send(Box::new(pb::Down {
+        let registered = pb::Down {
             seq: 0,
             ack: 0,
             body: Some(pb::down::Body::Registered(ack)),
-        }))
-        .expect("an empty channel takes one frame");
+        };
+        let (tx, stream) = outbound(claim.received, registered);
         let session = Session::<pb::Up, pb::Down> {
             inbound,
             outbound: tx,
             outbox: claim.outbox,
             epoch: claim.epoch,
-            received: claim.received,
             deliver_lock: claim.deliver_lock,
             control: control_rx,
             liveness: Arc::new(Liveness::new(net.heartbeat_interval, net.missed_heartbeats)),
@@ -364,9 +362,7 @@ impl<H: Host> pb::task_net_server::TaskNet for NetService<H> {
             let end = session.run(handler).await;
             inner.ended(key, conn, end);
         });
-        Ok(Response::new(Box::pin(
-            ReceiverStream::new(rx).map(|f| Ok(*f)),
-        )))
+        Ok(Response::new(Box::pin(stream.map(Ok))))
     }
 }
 

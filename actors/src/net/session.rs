@@ -1,7 +1,8 @@
 //! One live connection between a client and a server, the same on both ends: a reader that
 //! hands sequenced messages to the local side in order (and drops replayed duplicates), and a
-//! writer that sends the outbox's messages, acknowledgements and heartbeats and watches the
-//! peer's.
+//! writer that sends acknowledgements, heartbeats and unsequenced messages and watches the
+//! peer's heartbeats. The outbox's messages do not pass through the writer: the connection's
+//! stream takes them from the outbox itself ([`outbound`](super::outbound)).
 //!
 //! Why a reader task of its own: a message being handed to an actor must not be cut in half by
 //! the connection ending (it would be delivered, yet not counted as received, and be delivered
@@ -12,14 +13,16 @@
 //! directive), so a received message waits up to [`ACK_DELAY`] for such a frame before an
 //! acknowledgement goes out on its own, and at once when [`Session::ack_every`] are waiting.
 //! A connection thus sends one frame per message, not two: at 512 ranks that was a third of
-//! the frames of an operation (BENCHMARKS.md).
+//! the frames of an operation (BENCHMARKS.md). Nor is the writer woken for every message
+//! received: only for one that starts to wait while no acknowledgement timer runs.
 
 use super::heartbeat::Liveness;
-use super::outbox::{Outbox, Stop};
+use super::outbound::{OutboundTx, Outgoing, Stamp};
+use super::outbox::Outbox;
 use super::pb;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch, Notify};
@@ -149,18 +152,16 @@ impl End {
 /// Everything one connection needs.
 pub(crate) struct Session<In: Frame, Out: Frame> {
     pub inbound: tonic::Streaming<In>,
-    /// Frames to write. Boxed, so that the channel's slots (allocated 32 at a time, per
-    /// connection) take 8 bytes each, not a frame's hundred and more: with a proxy per node,
-    /// a manager keeps thousands of connections.
-    pub outbound: mpsc::Sender<Box<Out>>,
+    /// The writer's side of the stream the connection writes (made with
+    /// [`outbound`](super::outbound::outbound)); it carries the count of messages received
+    /// from the peer, which survives reconnects.
+    pub outbound: OutboundTx<Out>,
     pub outbox: Arc<Outbox<Out::Body>>,
     /// From [`Outbox::attach`] for this connection.
     pub epoch: u64,
-    /// The highest sequenced message received from the peer (survives reconnects).
-    pub received: Arc<AtomicU64>,
-    /// Held while a message is checked against `received` and delivered, so the reader of a
-    /// new connection cannot deliver a replayed message again while the reader of the old one
-    /// is still delivering it.
+    /// Held while a message is checked against the count received and delivered, so the
+    /// reader of a new connection cannot deliver a replayed message again while the reader of
+    /// the old one is still delivering it.
     pub deliver_lock: Arc<tokio::sync::Mutex<()>>,
     /// Unsequenced messages to send (pings, pongs).
     pub control: mpsc::Receiver<Box<Out::Body>>,
@@ -171,6 +172,15 @@ pub(crate) struct Session<In: Frame, Out: Frame> {
     pub ack_every: u64,
 }
 
+/// How a connection's reader tells its writer about acknowledgements owed to the peer.
+struct AckSignal {
+    notify: Notify,
+    /// Set by the reader when it woke the writer for a message waiting alone; cleared by the
+    /// writer when its timer has run out. While set, further messages do not wake the writer
+    /// (unless [`Session::ack_every`] wait): most are acknowledged by the replies to them.
+    waiting: AtomicBool,
+}
+
 impl<In: Frame, Out: Frame> Session<In, Out> {
     /// Runs the connection until it ends.
     pub(crate) async fn run(self, inbound_handler: Arc<dyn Inbound<In::Body>>) -> End {
@@ -179,7 +189,6 @@ impl<In: Frame, Out: Frame> Session<In, Out> {
             outbound,
             outbox,
             epoch,
-            received,
             deliver_lock,
             control,
             liveness,
@@ -187,39 +196,32 @@ impl<In: Frame, Out: Frame> Session<In, Out> {
             ack_every,
         } = self;
         liveness.heard();
-        let mut w = Writer {
-            outbound,
-            received,
-            acked: Arc::new(AtomicU64::new(0)),
-            last_ack: 0,
-            pending: None,
-            ack_every,
-            ack_armed: false,
-        };
-        let ack_notify = Arc::new(Notify::new());
+        let ack = Arc::new(AckSignal {
+            notify: Notify::new(),
+            waiting: AtomicBool::new(false),
+        });
         let (reader_stop_tx, reader_stop_rx) = watch::channel(false);
         let reader = Reader {
             outbox_of_peer_acks: outbox.clone(),
-            received: w.received.clone(),
+            received: outbound.stamp.received().clone(),
             deliver_lock,
             liveness: liveness.clone(),
             handler: inbound_handler,
-            ack_notify: ack_notify.clone(),
-            acked: w.acked.clone(),
+            ack: ack.clone(),
+            stamp: outbound.stamp.clone(),
             ack_every,
             stop: reader_stop_rx,
             session_stop: stop.clone(),
         };
         let reader = tokio::spawn(reader.run::<In>(inbound));
-        let end = w
-            .run(
-                reader,
-                (outbox, epoch),
-                control,
-                (liveness, ack_notify),
-                stop,
-            )
-            .await;
+        let mut w = Writer {
+            // The stream takes the sequenced frames from the outbox itself.
+            pending: Some(Outgoing::Attach(outbox, epoch)),
+            outbound,
+            ack_every,
+            ack_armed: false,
+        };
+        let end = w.run(reader, control, (liveness, ack), stop).await;
         // Stop the reader between two messages and wait for it (a reader that ended the
         // session is gone already).
         if let Some(reader) = end.1 {
@@ -230,19 +232,13 @@ impl<In: Frame, Out: Frame> Session<In, Out> {
     }
 }
 
-/// The writing half of a session: frames from the outbox, control messages, acknowledgements
-/// and heartbeats, one frame in hand at a time.
+/// The writing half of a session: what the connection writes besides the outbox's messages
+/// (control messages, acknowledgements, heartbeats), one item in hand at a time, and the
+/// watch over the peer's heartbeats.
 struct Writer<Out: Frame> {
-    outbound: mpsc::Sender<Box<Out>>,
-    /// See [`Session::received`].
-    received: Arc<AtomicU64>,
-    /// The highest message the peer was told we received, for the reader to tell when the
-    /// writer has something to do about acknowledgements.
-    acked: Arc<AtomicU64>,
-    /// The same, as this writer last stamped it.
-    last_ack: u64,
-    /// The frame taken and not yet handed to the stream.
-    pending: Option<Box<Out>>,
+    outbound: OutboundTx<Out>,
+    /// The item taken and not yet handed to the stream.
+    pending: Option<Outgoing<Out>>,
     /// See [`Session::ack_every`].
     ack_every: u64,
     /// Whether the acknowledgement timer runs.
@@ -254,9 +250,8 @@ impl<Out: Frame> Writer<Out> {
     async fn run(
         &mut self,
         mut reader: tokio::task::JoinHandle<End>,
-        (outbox, epoch): (Arc<Outbox<Out::Body>>, u64),
         mut control: mpsc::Receiver<Box<Out::Body>>,
-        (liveness, ack_notify): (Arc<Liveness>, Arc<Notify>),
+        (liveness, ack): (Arc<Liveness>, Arc<AckSignal>),
         mut stop: watch::Receiver<bool>,
     ) -> (End, Option<tokio::task::JoinHandle<End>>) {
         let mut tick = tokio::time::interval(liveness.interval());
@@ -266,14 +261,15 @@ impl<Out: Frame> Writer<Out> {
         let ack_timer = tokio::time::sleep(ACK_DELAY);
         tokio::pin!(ack_timer);
         // The waits that span many turns of the loop are made once and kept: a wait made
-        // afresh each turn registers and unregisters itself each time, for every frame.
+        // afresh each turn registers and unregisters itself each time.
         let stopped = stop.changed();
         tokio::pin!(stopped);
-        let mut next = Box::pin(outbox.next(epoch));
-        let mut delivered = Box::pin(ack_notify.notified());
+        let mut delivered = Box::pin(ack.notify.notified());
         // The select's waits borrow what they wait on until an arm has run: the stream's
         // sender is borrowed here, not through `self`.
         let outbound = self.outbound.clone();
+        let stream_ended = outbound.end.wait();
+        tokio::pin!(stream_ended);
         let end = loop {
             if let Err(end) = self.hand_over() {
                 break end;
@@ -284,38 +280,34 @@ impl<Out: Frame> Writer<Out> {
                     let end = r.unwrap_or_else(|e| End::Closed(format!("reader failed: {e}")));
                     if matches!(end, End::Goodbye(_)) {
                         // Acknowledge the goodbye so the peer can stop without waiting.
-                        let f = self.frame(0, Out::heartbeat());
-                        let _ = tokio::time::timeout(liveness.interval(), outbound.send(f)).await;
+                        let f = Outgoing::Frame(self.frame(Out::heartbeat()));
+                        let room = tokio::time::timeout(liveness.interval(), outbound.reserve());
+                        if let Ok(Some(permit)) = room.await {
+                            permit.send(f);
+                        }
                     }
                     return (end, None);
                 }
                 _ = &mut stopped => break End::Stopped,
+                end = &mut stream_ended => break end,
                 permit = outbound.reserve(), if self.pending.is_some() => match permit {
-                    Ok(p) => p.send(self.pending.take().expect("checked by the guard")),
-                    Err(_) => break End::Closed("the connection's stream ended".into()),
+                    Some(p) => p.send(self.pending.take().expect("checked by the guard")),
+                    None => break End::Closed("the connection's stream ended".into()),
                 },
                 body = control.recv(), if self.pending.is_none() && control_open => match body {
-                    Some(b) => self.pending = Some(self.frame(0, *b)),
+                    Some(b) => self.pending = Some(Outgoing::Frame(self.frame(*b))),
                     None => control_open = false,
                 },
-                n = &mut next, if self.pending.is_none() => {
-                    next.set(outbox.next(epoch));
-                    match n {
-                        Ok((seq, b)) => self.pending = Some(self.frame(seq, b)),
-                        Err(Stop::Overflowed) => break End::Overflowed,
-                        Err(Stop::Closed(r)) => break End::PeerGone(r),
-                        Err(Stop::Superseded) => break End::Stopped,
-                    }
-                }
                 _ = &mut delivered, if self.pending.is_none() => {
-                    delivered.set(ack_notify.notified());
-                    if self.on_delivered() {
+                    delivered.set(ack.notify.notified());
+                    if self.on_delivered(&ack) {
                         ack_timer.as_mut().reset(tokio::time::Instant::now() + ACK_DELAY);
                     }
                 }
                 _ = &mut ack_timer, if self.ack_armed && self.pending.is_none() => {
                     self.ack_armed = false;
-                    self.acknowledge_if(self.unacked() > 0);
+                    ack.waiting.store(false, Ordering::Release);
+                    self.acknowledge_if(self.outbound.stamp.unacked() > 0);
                 }
                 _ = tick.tick() => {
                     if liveness.is_lost() {
@@ -328,36 +320,32 @@ impl<Out: Frame> Writer<Out> {
         (end, Some(reader))
     }
 
-    /// Stamps `body` (sequence number `seq`, 0 for unsequenced) with the acknowledgement of
-    /// everything received so far.
-    fn frame(&mut self, seq: u64, body: Out::Body) -> Box<Out> {
-        let f = stamped::<Out>(&self.received, seq, body, &mut self.last_ack);
-        self.acked.store(self.last_ack, Ordering::Release);
-        f
-    }
-
-    /// Received messages not acknowledged to the peer yet.
-    fn unacked(&self) -> u64 {
-        self.received
-            .load(Ordering::Acquire)
-            .saturating_sub(self.last_ack)
+    /// `body` as an unsequenced frame, acknowledging everything received so far.
+    fn frame(&self, body: Out::Body) -> Box<Out> {
+        Box::new(self.outbound.stamp.frame(0, body))
     }
 
     /// Takes a heartbeat (which carries the acknowledgement) in hand when `due`.
     fn acknowledge_if(&mut self, due: bool) {
         if due {
-            self.pending = Some(self.frame(0, Out::heartbeat()));
+            self.pending = Some(Outgoing::Frame(self.frame(Out::heartbeat())));
         }
     }
 
-    /// A message was delivered: acknowledge at once when enough wait, else make sure the timer
-    /// runs. Whether the timer must be (re)started.
-    fn on_delivered(&mut self) -> bool {
-        let waiting = self.unacked();
+    /// The reader woke us for a message waiting for its acknowledgement: acknowledge at once
+    /// when enough wait, else make sure the timer runs. Whether the timer must be (re)started.
+    fn on_delivered(&mut self, ack: &AckSignal) -> bool {
+        let waiting = self.outbound.stamp.unacked();
         if waiting >= self.ack_every {
             self.acknowledge_if(true);
             false
-        } else if waiting > 0 && !self.ack_armed {
+        } else if waiting == 0 {
+            // A frame carried it meanwhile: nothing owed, the next message may wake us again.
+            if !self.ack_armed {
+                ack.waiting.store(false, Ordering::Release);
+            }
+            false
+        } else if !self.ack_armed {
             self.ack_armed = true;
             true
         } else {
@@ -365,32 +353,17 @@ impl<Out: Frame> Writer<Out> {
         }
     }
 
-    /// The frame in hand goes straight into the stream when it has room.
+    /// The item in hand goes straight into the stream when it has room.
     fn hand_over(&mut self) -> Result<(), End> {
-        if let Some(f) = self.pending.take() {
-            match self.outbound.try_send(f) {
+        if let Some(item) = self.pending.take() {
+            match self.outbound.try_send(item) {
                 Ok(()) => {}
-                Err(mpsc::error::TrySendError::Full(f)) => self.pending = Some(f),
-                Err(mpsc::error::TrySendError::Closed(_)) => {
-                    return Err(End::Closed("the connection's stream ended".into()))
-                }
+                Err(Some(item)) => self.pending = Some(item),
+                Err(None) => return Err(End::Closed("the connection's stream ended".into())),
             }
         }
         Ok(())
     }
-}
-
-/// A frame to send, carrying the acknowledgement of everything received so far (remembered
-/// in `last_ack`).
-fn stamped<Out: Frame>(
-    received: &AtomicU64,
-    seq: u64,
-    body: Out::Body,
-    last_ack: &mut u64,
-) -> Box<Out> {
-    let ack = received.load(Ordering::Acquire);
-    *last_ack = ack;
-    Box::new(Out::make(seq, ack, body))
 }
 
 /// The reading half of a session: delivers the peer's messages in order, once each.
@@ -402,9 +375,9 @@ struct Reader<B> {
     liveness: Arc<Liveness>,
     handler: Arc<dyn Inbound<B>>,
     /// Told when a delivered message should be acknowledged.
-    ack_notify: Arc<Notify>,
-    /// The highest message acknowledged to the peer so far.
-    acked: Arc<AtomicU64>,
+    ack: Arc<AckSignal>,
+    /// What the frames written so far acknowledged.
+    stamp: Arc<Stamp>,
     /// See [`Session::ack_every`].
     ack_every: u64,
     /// Stops the reader between two messages (the session is ending).
@@ -421,11 +394,14 @@ impl<B: Send + 'static> Reader<B> {
         let session_stopped = self.session_stop.changed();
         tokio::pin!(session_stopped);
         loop {
+            // A message already here is read first: the stops are looked at only when there
+            // is none (each look takes a lock), and a message read is delivered before the
+            // reader stops, as any message is.
             let msg = tokio::select! {
                 biased;
+                m = inbound.message() => m,
                 _ = &mut stopped => return End::Stopped,
                 _ = &mut session_stopped => return End::Stopped,
-                m = inbound.message() => m,
             };
             let frame = match msg {
                 Err(status) => return End::Closed(status.message().to_owned()),
@@ -454,12 +430,14 @@ impl<B: Send + 'static> Reader<B> {
             let res = self.handler.deliver(body).await;
             self.liveness.set_busy(false);
             self.received.store(seq, Ordering::Release);
-            // The writer has something to do only for the first message waiting for its
-            // acknowledgement (it arms the delay) and when enough wait (it sends one now): it
-            // is not woken for every message.
-            let waiting = seq.saturating_sub(self.acked.load(Ordering::Acquire));
-            if waiting == 1 || waiting >= self.ack_every {
-                self.ack_notify.notify_one();
+            // The writer has something to do only when a message starts waiting for its
+            // acknowledgement and no timer runs (it arms one) and when enough wait (it sends
+            // one now): it is not woken for every message.
+            let waiting = self.stamp.unacked();
+            if waiting >= self.ack_every
+                || (waiting > 0 && !self.ack.waiting.swap(true, Ordering::AcqRel))
+            {
+                self.ack.notify.notify_one();
             }
             if let Err(e) = res {
                 return End::Protocol(e);

@@ -126,7 +126,6 @@ impl<Out: Frame> OutboundTx<Out> {
 /// The stream a connection writes: the writer's frames first, then the outbox's.
 pub(crate) struct Outbound<Out: Frame> {
     rx: mpsc::Receiver<Outgoing<Out>>,
-    writer_open: bool,
     /// The outbox attached and the epoch of [`Outbox::attach`].
     source: Option<(Arc<Outbox<Out::Body>>, u64)>,
     stamp: Arc<Stamp>,
@@ -151,7 +150,6 @@ pub(crate) fn outbound<Out: Frame>(
     };
     let stream = Outbound {
         rx,
-        writer_open: true,
         source: None,
         stamp,
         end,
@@ -159,39 +157,50 @@ pub(crate) fn outbound<Out: Frame>(
     (writer, stream)
 }
 
+impl<Out: Frame> Outbound<Out> {
+    /// The attached outbox's next frame, if it has one now (else `cx` is woken when it has).
+    /// `Some(None)`: the outbox stopped this connection, and the stream ends.
+    fn next_from_outbox(&mut self, cx: &mut Context<'_>) -> Option<Option<Out>> {
+        let (outbox, epoch) = self.source.as_ref()?;
+        match outbox.poll_next(*epoch, cx) {
+            Poll::Pending => None,
+            Poll::Ready(Ok((seq, body))) => Some(Some(self.stamp.frame::<Out>(seq, body))),
+            Poll::Ready(Err(stop)) => {
+                self.source = None;
+                self.end.set(match stop {
+                    Stop::Overflowed => End::Overflowed,
+                    Stop::Closed(r) => End::PeerGone(r),
+                    Stop::Superseded => End::Stopped,
+                });
+                Some(None)
+            }
+        }
+    }
+}
+
 impl<Out: Frame> Stream for Outbound<Out> {
     type Item = Out;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Out>> {
         let this = self.get_mut();
-        while this.writer_open {
+        // The outbox first: most frames are its messages, and a frame found there spares a
+        // look at the writer's channel. Once the writer is gone the session is over and
+        // nothing more is written.
+        loop {
+            if this.rx.is_closed() && this.rx.is_empty() {
+                return Poll::Ready(None);
+            }
+            if let Some(frame) = this.next_from_outbox(cx) {
+                return Poll::Ready(frame);
+            }
             match this.rx.poll_recv(cx) {
                 Poll::Ready(Some(Outgoing::Frame(f))) => return Poll::Ready(Some(*f)),
+                // Attached: look at the outbox again, which also registers for its frames.
                 Poll::Ready(Some(Outgoing::Attach(outbox, epoch))) => {
                     this.source = Some((outbox, epoch));
                 }
-                // The writer is gone: the session is over.
-                Poll::Ready(None) => this.writer_open = false,
-                Poll::Pending => break,
-            }
-        }
-        if !this.writer_open {
-            return Poll::Ready(None);
-        }
-        let Some((outbox, epoch)) = &this.source else {
-            return Poll::Pending;
-        };
-        match outbox.poll_next(*epoch, cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Ok((seq, body))) => Poll::Ready(Some(this.stamp.frame::<Out>(seq, body))),
-            Poll::Ready(Err(stop)) => {
-                this.source = None;
-                this.end.set(match stop {
-                    Stop::Overflowed => End::Overflowed,
-                    Stop::Closed(r) => End::PeerGone(r),
-                    Stop::Superseded => End::Stopped,
-                });
-                Poll::Ready(None)
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
             }
         }
     }
@@ -211,7 +220,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn writer_frames_come_first_then_the_outbox_in_order_stamped() {
+    async fn the_first_frame_then_the_outbox_in_order_each_stamped() {
         let received = Arc::new(AtomicU64::new(7));
         let (tx, mut stream) = outbound::<pb::Down>(received.clone(), pb::Down::default());
         let outbox = Outbox::new(8, None);

@@ -25,7 +25,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 /// How long a received message waits for its acknowledgement to ride on a frame going the
 /// other way before one is sent on its own.
@@ -200,7 +200,7 @@ impl<In: Frame, Out: Frame> Session<In, Out> {
             notify: Notify::new(),
             waiting: AtomicBool::new(false),
         });
-        let (reader_stop_tx, reader_stop_rx) = watch::channel(false);
+        let (reader_stop_tx, reader_stop_rx) = oneshot::channel::<()>();
         let reader = Reader {
             outbox_of_peer_acks: outbox.clone(),
             received: outbound.stamp.received().clone(),
@@ -211,7 +211,6 @@ impl<In: Frame, Out: Frame> Session<In, Out> {
             stamp: outbound.stamp.clone(),
             ack_every,
             stop: reader_stop_rx,
-            session_stop: stop.clone(),
         };
         let reader = tokio::spawn(reader.run::<In>(inbound));
         let mut w = Writer {
@@ -225,7 +224,7 @@ impl<In: Frame, Out: Frame> Session<In, Out> {
         // Stop the reader between two messages and wait for it (a reader that ended the
         // session is gone already).
         if let Some(reader) = end.1 {
-            let _ = reader_stop_tx.send(true);
+            let _ = reader_stop_tx.send(());
             let _ = reader.await;
         }
         end.0
@@ -380,28 +379,20 @@ struct Reader<B> {
     stamp: Arc<Stamp>,
     /// See [`Session::ack_every`].
     ack_every: u64,
-    /// Stops the reader between two messages (the session is ending).
-    stop: watch::Receiver<bool>,
-    /// The session's own stop (the connection must end).
-    session_stop: watch::Receiver<bool>,
+    /// Stops the reader between two messages: the session is ending (the writer saw the
+    /// session's own stop, or the connection end, and sends it or drops it).
+    stop: oneshot::Receiver<()>,
 }
 
 impl<B: Send + 'static> Reader<B> {
     async fn run<In: Frame<Body = B>>(mut self, mut inbound: tonic::Streaming<In>) -> End {
-        // Made once for the whole connection (see `Session::run`).
-        let stopped = self.stop.changed();
-        tokio::pin!(stopped);
-        let session_stopped = self.session_stop.changed();
-        tokio::pin!(session_stopped);
         loop {
-            // A message already here is read first: the stops are looked at only when there
-            // is none (each look takes a lock), and a message read is delivered before the
-            // reader stops, as any message is.
+            // A message already here is read first: the stop is looked at only when there is
+            // none, and a message read is delivered before the reader stops, as any message is.
             let msg = tokio::select! {
                 biased;
                 m = inbound.message() => m,
-                _ = &mut stopped => return End::Stopped,
-                _ = &mut session_stopped => return End::Stopped,
+                _ = &mut self.stop => return End::Stopped,
             };
             let frame = match msg {
                 Err(status) => return End::Closed(status.message().to_owned()),

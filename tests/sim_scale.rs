@@ -8,7 +8,7 @@ mod common;
 
 use common::{assert_consistent_end, await_armed, cmd, deadlines};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use taskd::actors::{LocalJob, LocalJobConfig, RankSpec, WorkerHal};
 use taskd::core::operation::Outcome;
 use taskd::core::{GlobalRank, JobId, NodeHal, RankTable};
@@ -19,8 +19,7 @@ use taskd::sim::{run_scenario, GateHook, SimConfig, Simulation};
 
 /// Switches two devices of node 1 to their backup NIC and back on `nodes` x 16 ranks; ends
 /// with every group agreeing on its NIC configuration.
-fn switch_and_back(nodes: u32) -> Duration {
-    let started = Instant::now();
+fn switch_and_back(nodes: u32) {
     let sim = Simulation::start(&SimConfig {
         nodes,
         ..SimConfig::default()
@@ -37,9 +36,7 @@ fn switch_and_back(nodes: u32) -> Duration {
         sim.train(2).unwrap();
     }
     let end = sim.finish();
-    let took = started.elapsed();
     assert_consistent_end(&end);
-    took
 }
 
 #[test]
@@ -48,17 +45,16 @@ fn a_job_of_2048_ranks_switches_to_backup_and_back() {
 }
 
 /// `taskd sim --nodes 1024 --devices-per-node 16`: the default scenario with every invariant,
-/// in under a minute (a release build; a debug build is checked for the invariants only).
+/// then a switch and back. How long it takes is measured by `cargo bench --bench scale`
+/// (`scenario_wall_s`, BENCHMARKS.md), not asserted here.
 #[test]
 #[ignore = "16,384 ranks: seconds in a release build, longer in a debug one"]
 fn a_job_of_16384_ranks_runs_the_default_scenario() {
-    let started = Instant::now();
     let report = run_scenario(&SimConfig {
         nodes: 1024,
         ..SimConfig::default()
     })
     .unwrap();
-    let took = started.elapsed();
     assert_eq!(report.ranks, 16_384);
     assert!(report.invariants.ok, "{:#?}", report.invariants);
     assert!(report.groups_consistent);
@@ -66,13 +62,7 @@ fn a_job_of_16384_ranks_runs_the_default_scenario() {
         .operations
         .iter()
         .all(|o| o.result == "succeeded" && o.stall_ms.is_some()));
-    if !cfg!(debug_assertions) {
-        assert!(took < Duration::from_secs(60), "took {took:?}");
-    }
-    let took = switch_and_back(1024);
-    if !cfg!(debug_assertions) {
-        assert!(took < Duration::from_secs(60), "took {took:?}");
-    }
+    switch_and_back(1024);
 }
 
 /// Holds rank 0 before its boundary after `step` until opened; passes every boundary of the

@@ -1,6 +1,7 @@
 //! A peer that stops reading costs a bounded queue, not memory without end: the manager keeps
 //! at most `queue_capacity` unacknowledged messages for a proxy; the next send fails with
-//! `Full`, the proxy is declared lost (its ranks with it) and its queue is freed.
+//! `Full`, the proxy is declared lost (its ranks with it) and its queue is freed. And the other
+//! way round: what a proxy sends is acknowledged in time even when nothing answers it.
 
 use std::net::SocketAddr;
 use std::sync::{mpsc, Arc};
@@ -8,10 +9,11 @@ use std::time::Duration;
 use taskd_actors::control::{self, ControlClient, ControlConfig, ControlServer};
 use taskd_actors::net::server::Registry;
 use taskd_actors::net::{pb, wire, ManagerNode, ManagerNodeConfig, NetConfig};
+use taskd_core::auto::Links;
 use taskd_core::command::Target;
 use taskd_core::protocol::{
-    DirectiveKind, NodeReply, Phase, ProxyToManager, RankError, RankReply, ReplyBody, WorkerHello,
-    WorkerReport,
+    DirectiveKind, LinkReport, NodeReply, Phase, ProxyToManager, RankError, RankReply, ReplyBody,
+    WorkerHello, WorkerReport,
 };
 use taskd_core::{
     DeviceId, GlobalRank, JobId, NodeName, OperationId, PhaseDeadlines, RankTable,
@@ -76,6 +78,86 @@ fn up(seq: u64, body: pb::up::Body) -> pb::Up {
     }
 }
 
+/// A raw proxy connection for node-0, registered: what it sends and what it receives.
+async fn register_raw(
+    addr: SocketAddr,
+    incarnation: &str,
+) -> (
+    tokio::sync::mpsc::Sender<pb::Up>,
+    tonic::Streaming<pb::Down>,
+) {
+    let mut raw = pb::task_net_client::TaskNetClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    tx.send(up(
+        0,
+        pb::up::Body::Register(pb::Register {
+            role: pb::Role::Proxy as i32,
+            job: "slow".into(),
+            node: "node-0".into(),
+            incarnation: incarnation.into(),
+            ..Default::default()
+        }),
+    ))
+    .await
+    .unwrap();
+    let mut inbound = raw
+        .session(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let ack = inbound.message().await.unwrap().unwrap();
+    assert!(matches!(ack.body, Some(pb::down::Body::Registered(_))));
+    (tx, inbound)
+}
+
+/// Messages that nothing answers are still acknowledged, each in its turn, by a frame of
+/// their own well before the next heartbeat (10 s here): the peer's queue does not hold them
+/// until then. (Answered messages are acknowledged by their answers.)
+#[test]
+fn messages_nobody_answers_are_acknowledged_before_the_next_heartbeat() {
+    let (addr, _ctl, _peers, system) = start_manager();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (tx, mut inbound) = register_raw(addr, "reporting-proxy").await;
+        for seq in 1..=3u64 {
+            let report = ProxyToManager::Links(LinkReport {
+                node: NodeName("node-0".into()),
+                device: DeviceId(0),
+                links: Links::known(seq % 2 == 0, true),
+            });
+            tx.send(up(seq, pb::up::Body::Proxy(wire::proxy_msg_to_pb(report))))
+                .await
+                .unwrap();
+            let acked = tokio::time::timeout(Duration::from_secs(5), async {
+                loop {
+                    let down = inbound
+                        .message()
+                        .await
+                        .unwrap()
+                        .expect("an acknowledgement");
+                    if down.ack >= seq {
+                        return down;
+                    }
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("message {seq} not acknowledged before the heartbeat"));
+            assert_eq!(
+                (acked.seq, acked.ack),
+                (0, seq),
+                "a frame of its own: {acked:?}"
+            );
+        }
+        drop(tx);
+    });
+    system.stop();
+}
+
 #[test]
 fn a_proxy_that_stops_reading_is_cut_off_at_its_queue_capacity() {
     let (addr, ctl, peers, system) = start_manager();
@@ -85,29 +167,7 @@ fn a_proxy_that_stops_reading_is_cut_off_at_its_queue_capacity() {
         .unwrap();
     rt.block_on(async {
         // A proxy that registers node-0 and its two workers, then never reads or acknowledges.
-        let mut raw = pb::task_net_client::TaskNetClient::connect(format!("http://{addr}"))
-            .await
-            .unwrap();
-        let (tx, rx) = tokio::sync::mpsc::channel(8);
-        tx.send(up(
-            0,
-            pb::up::Body::Register(pb::Register {
-                role: pb::Role::Proxy as i32,
-                job: "slow".into(),
-                node: "node-0".into(),
-                incarnation: "stalled-proxy".into(),
-                ..Default::default()
-            }),
-        ))
-        .await
-        .unwrap();
-        let mut inbound = raw
-            .session(ReceiverStream::new(rx))
-            .await
-            .unwrap()
-            .into_inner();
-        let ack = inbound.message().await.unwrap().unwrap();
-        assert!(matches!(ack.body, Some(pb::down::Body::Registered(_))));
+        let (tx, mut inbound) = register_raw(addr, "stalled-proxy").await;
         for r in 0..2u32 {
             let hello = ProxyToManager::WorkerUp(WorkerHello {
                 job: JobId("slow".into()),

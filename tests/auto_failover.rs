@@ -43,10 +43,7 @@ fn start(auto: AutoConfig) -> Simulation {
 }
 
 fn key(node: u32, device: u32) -> DeviceKey {
-    DeviceKey {
-        node: NodeName(format!("node-{node}")),
-        device: DeviceId(device),
-    }
+    DeviceKey::new(NodeName::uniform(node), DeviceId(device))
 }
 
 fn links(primary: bool, backup: bool) -> Links {

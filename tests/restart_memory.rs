@@ -26,7 +26,7 @@ fn command(id: u128, targets: &[(u32, u32, bool)]) -> SwitchCommand {
         targets: targets
             .iter()
             .map(|&(node, device, use_backup)| Target {
-                node: NodeName(format!("node-{node}")),
+                node: NodeName::uniform(node),
                 device: DeviceId(device),
                 use_backup,
             })

@@ -286,7 +286,7 @@ impl ProxyIdentity {
                         nodes: t.nodes().len(),
                     })?
             }
-            (None, Some(k), None) => NodeName(format!("node-{k}")),
+            (None, Some(k), None) => NodeName::uniform(k),
             (None, None, _) => return Err(IdentityError::Unknown),
         };
         let ranks = match table {

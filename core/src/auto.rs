@@ -211,6 +211,11 @@ pub struct DeviceKey {
 }
 
 impl DeviceKey {
+    /// Device `device` of node `node`.
+    pub fn new(node: NodeName, device: DeviceId) -> Self {
+        DeviceKey { node, device }
+    }
+
     /// The other die of the same NPU ([`DeviceId::partner`]).
     pub fn partner(&self) -> DeviceKey {
         DeviceKey {
@@ -875,10 +880,7 @@ mod tests {
     }
 
     fn key(node: u32, device: u32) -> DeviceKey {
-        DeviceKey {
-            node: NodeName(format!("node-{node}")),
-            device: DeviceId(device),
-        }
+        DeviceKey::new(NodeName::uniform(node), DeviceId(device))
     }
 
     fn links(primary: bool, backup: bool) -> Links {

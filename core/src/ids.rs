@@ -11,6 +11,15 @@ pub struct JobId(pub String);
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct NodeName(pub String);
 
+impl NodeName {
+    /// The name of node `index` of a uniform layout (`node-{index}`): how
+    /// [`RankTable::uniform`](crate::RankTable::uniform), the simulator and a worker started
+    /// with only its node's index name it.
+    pub fn uniform(index: u32) -> Self {
+        NodeName(format!("node-{index}"))
+    }
+}
+
 /// An NPU die on a node, by its **physical** id: the `N` of `/dev/davinciN`, the id HCCL's rank
 /// table (`device_id`) and ClusterD's `dev` strings carry, and the one operators see in
 /// `npu-smi info -m` ("Phy-ID"). Everything in the control plane (commands, the rank table,

@@ -207,7 +207,7 @@ impl RankTable {
                 max: MAX_RANKS,
             });
         }
-        let names: Vec<NodeName> = (0..nodes).map(|i| NodeName(format!("node-{i}"))).collect();
+        let names: Vec<NodeName> = (0..nodes).map(NodeName::uniform).collect();
         Self::new(Self::uniform_slots(&names, devices_per_node))
     }
 

@@ -31,7 +31,7 @@ fn cfg() -> AutoConfig {
 
 fn key(i: u8) -> DeviceKey {
     DeviceKey {
-        node: NodeName(format!("node-{}", (i / 4) % 2)),
+        node: NodeName::uniform(u32::from((i / 4) % 2)),
         device: DeviceId(u32::from(i % 4)),
     }
 }

@@ -439,7 +439,7 @@ impl Fabric {
     /// The name of node `node_index` (`node-{i}`), as [`taskd_core::RankTable::uniform`]
     /// names it, so a rank table and a fabric of the same shape line up.
     pub fn node_name(&self, node_index: u32) -> NodeName {
-        NodeName(format!("node-{node_index}"))
+        NodeName::uniform(node_index)
     }
 
     /// Where rank `rank` runs: `(node index, device)`, or `None` outside the fabric.

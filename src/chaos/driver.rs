@@ -357,7 +357,7 @@ impl<'a> Driver<'a> {
             targets: targets
                 .iter()
                 .map(|t| CmdTarget {
-                    node: NodeName(format!("node-{}", t.node)),
+                    node: NodeName::uniform(t.node),
                     device: DeviceId(t.device),
                     use_backup: t.backup,
                 })

@@ -381,7 +381,7 @@ impl Cluster {
             targets: targets
                 .iter()
                 .map(|(n, d, b)| Target {
-                    node: NodeName(format!("node-{n}")),
+                    node: NodeName::uniform(*n),
                     device: DeviceId(*d),
                     use_backup: *b,
                 })

@@ -88,7 +88,7 @@ impl Layout {
     }
 
     pub(crate) fn node_name(&self, n: u32) -> NodeName {
-        NodeName(format!("node-{n}"))
+        NodeName::uniform(n)
     }
 
     /// Every group of the job.

@@ -79,22 +79,7 @@ impl ManagerNode {
         };
         let net = NetService::new(host, cfg.net.clone());
         let registry = net.registry();
-        let mut builder = tonic::transport::Server::builder();
-        if let Some(tls) = &cfg.tls {
-            builder = builder
-                .tls_config(tls.server_config()?)
-                .map_err(|e| super::tls::TlsError::Config(e.to_string()))?;
-        }
-        let router = builder.add_service(net.into_server());
-        let (tx, rx) = oneshot::channel::<()>();
-        let server = tokio::spawn(async move {
-            let stop = async {
-                let _ = rx.await;
-            };
-            if let Err(e) = router.serve_with_incoming_shutdown(incoming, stop).await {
-                tracing::error!(error = %e, "the manager's server failed");
-            }
-        });
+        let (tx, server) = net.serve(incoming, cfg.tls.as_ref(), "manager's")?;
         tracing::info!(%local_addr, job = %cfg.job, "manager listening");
         Ok(ManagerNode {
             manager,

@@ -138,22 +138,7 @@ impl ProxyNode {
         );
         let registry = net.registry();
         let _ = shared.workers.set(registry.clone());
-        let mut builder = tonic::transport::Server::builder();
-        if let Some(tls) = &cfg.tls {
-            builder = builder
-                .tls_config(tls.server_config()?)
-                .map_err(|e| super::tls::TlsError::Config(e.to_string()))?;
-        }
-        let router = builder.add_service(net.into_server());
-        let (tx, rx) = oneshot::channel::<()>();
-        let server = tokio::spawn(async move {
-            let stop = async {
-                let _ = rx.await;
-            };
-            if let Err(e) = router.serve_with_incoming_shutdown(incoming, stop).await {
-                tracing::error!(error = %e, "the proxy's server failed");
-            }
-        });
+        let (tx, server) = net.serve(incoming, cfg.tls.as_ref(), "proxy's")?;
         let host = Arc::new(Upstream {
             shared: shared.clone(),
             node: cfg.node,

@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::{Stream, StreamExt};
 use tonic::transport::server::TcpIncoming;
 use tonic::{Code, Request, Response, Status, Streaming};
@@ -211,6 +211,33 @@ impl<H: Host> NetService<H> {
         pb::task_net_server::TaskNetServer::new(self)
             .max_decoding_message_size(max)
             .max_encoding_message_size(max)
+    }
+
+    /// Serves the connections of `incoming` (with TLS when given) until the returned sender
+    /// is used or dropped; `role` names the server in the log of a failure ("the proxy's").
+    pub(crate) fn serve(
+        self,
+        incoming: TcpIncoming,
+        tls: Option<&super::tls::TlsPem>,
+        role: &'static str,
+    ) -> Result<(oneshot::Sender<()>, tokio::task::JoinHandle<()>), NetError> {
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            builder = builder
+                .tls_config(tls.server_config()?)
+                .map_err(|e| super::tls::TlsError::Config(e.to_string()))?;
+        }
+        let router = builder.add_service(self.into_server());
+        let (tx, rx) = oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            let stop = async {
+                let _ = rx.await;
+            };
+            if let Err(e) = router.serve_with_incoming_shutdown(incoming, stop).await {
+                tracing::error!(error = %e, "the {role} server failed");
+            }
+        });
+        Ok((tx, server))
     }
 }
 

@@ -49,57 +49,39 @@ pub(crate) trait Frame: Send + 'static {
     fn goodbye(b: &Self::Body) -> Option<String>;
 }
 
-impl Frame for pb::Up {
-    type Body = pb::up::Body;
-    fn make(seq: u64, ack: u64, body: Self::Body) -> Self {
-        pb::Up {
-            seq,
-            ack,
-            body: Some(body),
+/// The two directions' frames are alike but for their types: one implementation for both.
+macro_rules! frame {
+    ($frame:ident, $module:ident) => {
+        impl Frame for pb::$frame {
+            type Body = pb::$module::Body;
+            fn make(seq: u64, ack: u64, body: Self::Body) -> Self {
+                pb::$frame {
+                    seq,
+                    ack,
+                    body: Some(body),
+                }
+            }
+            fn split(self) -> (u64, u64, Option<Self::Body>) {
+                (self.seq, self.ack, self.body)
+            }
+            fn heartbeat() -> Self::Body {
+                pb::$module::Body::Heartbeat(pb::Heartbeat {})
+            }
+            fn is_heartbeat(b: &Self::Body) -> bool {
+                matches!(b, pb::$module::Body::Heartbeat(_))
+            }
+            fn goodbye(b: &Self::Body) -> Option<String> {
+                match b {
+                    pb::$module::Body::Goodbye(g) => Some(g.reason.clone()),
+                    _ => None,
+                }
+            }
         }
-    }
-    fn split(self) -> (u64, u64, Option<Self::Body>) {
-        (self.seq, self.ack, self.body)
-    }
-    fn heartbeat() -> Self::Body {
-        pb::up::Body::Heartbeat(pb::Heartbeat {})
-    }
-    fn is_heartbeat(b: &Self::Body) -> bool {
-        matches!(b, pb::up::Body::Heartbeat(_))
-    }
-    fn goodbye(b: &Self::Body) -> Option<String> {
-        match b {
-            pb::up::Body::Goodbye(g) => Some(g.reason.clone()),
-            _ => None,
-        }
-    }
+    };
 }
 
-impl Frame for pb::Down {
-    type Body = pb::down::Body;
-    fn make(seq: u64, ack: u64, body: Self::Body) -> Self {
-        pb::Down {
-            seq,
-            ack,
-            body: Some(body),
-        }
-    }
-    fn split(self) -> (u64, u64, Option<Self::Body>) {
-        (self.seq, self.ack, self.body)
-    }
-    fn heartbeat() -> Self::Body {
-        pb::down::Body::Heartbeat(pb::Heartbeat {})
-    }
-    fn is_heartbeat(b: &Self::Body) -> bool {
-        matches!(b, pb::down::Body::Heartbeat(_))
-    }
-    fn goodbye(b: &Self::Body) -> Option<String> {
-        match b {
-            pb::down::Body::Goodbye(g) => Some(g.reason.clone()),
-            _ => None,
-        }
-    }
-}
+frame!(Up, up);
+frame!(Down, down);
 
 /// A boxed future of a delivery.
 pub(crate) type Delivery = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;

@@ -5,26 +5,15 @@
 
 mod common;
 
-use common::{assert_consistent_end, await_progress, cmd, small, WAIT};
+use common::{assert_consistent_end, cmd, small, submit_until, WAIT};
 use std::time::Duration;
-use taskd::actors::{ProgressKind, RecoveryResult};
+use taskd::actors::RecoveryResult;
 use taskd::core::ledger::RecoverTo;
 use taskd::core::operation::{JobState, OperationError, Outcome};
 use taskd::core::protocol::Phase;
-use taskd::core::{GlobalRank, HcclCode, SwitchCommand};
+use taskd::core::{GlobalRank, HcclCode};
 use taskd::hal_mock::NicSetFault;
 use taskd::sim::Simulation;
-
-/// Submits `c` and returns once the manager started `phase` of it.
-fn submit_until(sim: &Simulation, c: SwitchCommand, phase: Phase) {
-    let mut events = sim.job().subscribe_progress();
-    let id = sim.job().submit(c).expect("admitted").id();
-    await_progress(&mut events, "phase start", |ev| match &ev.kind {
-        ProgressKind::PhaseStarted { phase: p, .. } if ev.op == id && *p == phase => Some(()),
-        ProgressKind::Finished(r) if ev.op == id => panic!("finished before {phase}: {r}"),
-        _ => None,
-    })
-}
 
 /// Kills the manager once it started `phase`; a new one must adopt the orphaned operation.
 /// The kill lands in that phase or a little later (replies keep arriving until the manager

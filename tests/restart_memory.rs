@@ -4,12 +4,16 @@
 //! and a uuid reused for another request is still refused. Every test ends with the invariant:
 //! every communication group agrees on its NIC configuration.
 
+mod common;
+
+use common::{small, submit_until};
 use std::time::Duration;
 use taskd::actors::manager::Submission;
 use taskd::actors::LocalJobError;
 use taskd::chaos::run_one;
 use taskd::core::command::Target;
 use taskd::core::operation::{JobState, Outcome};
+use taskd::core::protocol::Phase;
 use taskd::core::{
     DeviceId, GlobalRank, HcclCode, JobId, NodeName, OperationId, SubmitError, SwitchCommand,
 };
@@ -116,6 +120,40 @@ fn a_repeated_uuid_after_a_restart_returns_the_earlier_result_without_a_nic_call
 /// The fault campaign checks it too: in seed 22 a manager is stopped (SIGTERM) and replaced,
 /// then the first switch's uuid comes again with its own request (the earlier result) and with
 /// another one (refused). Before the journal, the new manager ran both.
+/// The manager is killed in the middle of an operation: its successor has no result for the
+/// uuid, but the journal kept the admission, so the same command is refused as interrupted
+/// (it is not run a second time) and another request under the uuid as reused; a new uuid
+/// runs as usual.
+#[test]
+fn a_uuid_whose_manager_died_mid_operation_is_refused_as_interrupted() {
+    let sim = Simulation::start(&small()).unwrap();
+    // Rank 1's NIC-set call takes a second, so the switch is still in flight when the kill
+    // arrives (a call of the simulator otherwise ends within microseconds, and the whole
+    // operation within milliseconds: its result would be journaled first).
+    sim.fabric()
+        .inject_nic_set_fault(GlobalRank(1), NicSetFault::Slow(Duration::from_secs(1)));
+    let switch = command(0x33, &[(0, 1, true), (1, 2, true)]);
+    let id = submit_until(&sim, switch.clone(), Phase::Switch);
+    restart(&sim);
+    let job = sim.job();
+    match job.submit(switch) {
+        Err(LocalJobError::Refused(e @ SubmitError::Interrupted { .. })) => {
+            assert_eq!(e, SubmitError::Interrupted { id });
+            assert!(e.to_string().contains("new uuid"), "{e}");
+        }
+        other => panic!("the interrupted uuid was answered {other:?}"),
+    }
+    match job.submit(command(0x33, &[(0, 3, true)])) {
+        Err(LocalJobError::Refused(SubmitError::IdReused { id: reused })) => assert_eq!(reused, id),
+        other => panic!("a reuse of the interrupted uuid was answered {other:?}"),
+    }
+    let fresh = job
+        .run(command(0x34, &[(0, 1, false), (1, 2, false)]))
+        .unwrap();
+    assert_eq!(fresh.outcome, Outcome::Succeeded, "{fresh}");
+    assert_groups_agree(&sim.finish());
+}
+
 #[test]
 fn the_campaign_finds_repeated_uuids_answered_by_a_later_manager() {
     let run = run_one(22);

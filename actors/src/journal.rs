@@ -5,6 +5,12 @@
 //! with the same uuid after a restart returns the earlier result instead of running again,
 //! and a uuid reused for another request is still refused.
 //!
+//! It also records each operation when it is admitted, before its first directive
+//! ([`AdmittedOperation`]), and forgets it at its final result. What is left admitted when a
+//! manager stops was interrupted: the next manager refuses those uuids
+//! ([`SubmitError::Interrupted`](taskd_core::SubmitError::Interrupted)) instead of running
+//! them a second time.
+//!
 //! - [`FileJournal`]: `taskd manager --state-dir DIR`, one JSON file rewritten atomically
 //!   after every final result (a temporary file, fsync, rename, fsync of the directory).
 //! - [`MemoryJournal`]: the in-process job's ([`crate::LocalJob`]): its managers share one,
@@ -15,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use taskd_core::ledger::{FinishedOperation, HISTORY_LEN};
+use taskd_core::ledger::{AdmittedOperation, FinishedOperation, HISTORY_LEN};
 use taskd_core::JobId;
 
 /// How many finished operations a journal keeps: as many as the manager's history.
@@ -78,37 +84,74 @@ pub enum JournalError {
     },
 }
 
-/// Where a manager records its finished operations and a new manager of the job finds them.
+/// Where a manager records its operations and a new manager of the job finds them.
 pub trait OperationJournal: Send + Sync {
     /// The finished operations recorded so far, oldest first (at most [`JOURNAL_LEN`]).
     fn load(&self) -> Vec<FinishedOperation>;
 
-    /// Records one more, forgetting the oldest past [`JOURNAL_LEN`]; durable when it returns
-    /// `Ok`.
+    /// The operations admitted and never finished, oldest first: their manager stopped
+    /// before their final result.
+    fn interrupted(&self) -> Vec<AdmittedOperation>;
+
+    /// Records an operation admitted, before its first directive; durable when it returns
+    /// `Ok`. Forgotten when its final result is recorded.
+    fn admit(&self, op: AdmittedOperation) -> Result<(), JournalError>;
+
+    /// Records a final result, forgetting the oldest past [`JOURNAL_LEN`]; durable when it
+    /// returns `Ok`.
     fn record(&self, op: FinishedOperation) -> Result<(), JournalError>;
 }
 
-/// Appends `op`, forgetting the oldest past [`JOURNAL_LEN`].
-fn push(ops: &mut VecDeque<FinishedOperation>, op: FinishedOperation) {
-    ops.push_back(op);
-    while ops.len() > JOURNAL_LEN {
-        ops.pop_front();
+/// What a journal keeps: the file's content, and a [`MemoryJournal`]'s.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+struct Records {
+    operations: VecDeque<FinishedOperation>,
+    /// Absent from the files of builds that did not record admissions.
+    #[serde(default)]
+    admitted: VecDeque<AdmittedOperation>,
+}
+
+impl Records {
+    /// Appends `op` and forgets its admission, forgetting the oldest past [`JOURNAL_LEN`].
+    fn finish(&mut self, op: FinishedOperation) {
+        self.admitted.retain(|a| a.id != op.report.id);
+        self.operations.push_back(op);
+        while self.operations.len() > JOURNAL_LEN {
+            self.operations.pop_front();
+        }
+    }
+
+    /// Appends an admission, forgetting the oldest past [`JOURNAL_LEN`].
+    fn admit(&mut self, op: AdmittedOperation) {
+        self.admitted.push_back(op);
+        while self.admitted.len() > JOURNAL_LEN {
+            self.admitted.pop_front();
+        }
     }
 }
 
 /// A journal in memory: it lives as long as whoever holds it (the in-process job).
 #[derive(Debug, Default)]
 pub struct MemoryJournal {
-    ops: Mutex<VecDeque<FinishedOperation>>,
+    records: Mutex<Records>,
 }
 
 impl OperationJournal for MemoryJournal {
     fn load(&self) -> Vec<FinishedOperation> {
-        self.ops.lock().iter().cloned().collect()
+        self.records.lock().operations.iter().cloned().collect()
+    }
+
+    fn interrupted(&self) -> Vec<AdmittedOperation> {
+        self.records.lock().admitted.iter().cloned().collect()
+    }
+
+    fn admit(&self, op: AdmittedOperation) -> Result<(), JournalError> {
+        self.records.lock().admit(op);
+        Ok(())
     }
 
     fn record(&self, op: FinishedOperation) -> Result<(), JournalError> {
-        push(&mut self.ops.lock(), op);
+        self.records.lock().finish(op);
         Ok(())
     }
 }
@@ -118,7 +161,8 @@ impl OperationJournal for MemoryJournal {
 struct JournalFile {
     format: u32,
     job: JobId,
-    operations: VecDeque<FinishedOperation>,
+    #[serde(flatten)]
+    records: Records,
 }
 
 /// A journal in one file of a state directory ([`JOURNAL_FILE`]), rewritten whole and
@@ -129,7 +173,7 @@ pub struct FileJournal {
     dir: PathBuf,
     path: PathBuf,
     job: JobId,
-    ops: Mutex<VecDeque<FinishedOperation>>,
+    records: Mutex<Records>,
 }
 
 impl FileJournal {
@@ -146,8 +190,8 @@ impl FileJournal {
             return Err(dir_err(std::io::Error::other("not a directory")));
         }
         let path = dir.join(JOURNAL_FILE);
-        let ops = match read(&path)? {
-            None => VecDeque::new(),
+        let records = match read(&path)? {
+            None => Records::default(),
             Some(file) if file.job != *job => {
                 return Err(JournalError::OtherJob {
                     path,
@@ -156,18 +200,21 @@ impl FileJournal {
                 })
             }
             Some(file) => {
-                let mut ops = VecDeque::new();
-                file.operations
-                    .into_iter()
-                    .for_each(|op| push(&mut ops, op));
-                ops
+                let mut records = Records::default();
+                let Records {
+                    operations,
+                    admitted,
+                } = file.records;
+                admitted.into_iter().for_each(|op| records.admit(op));
+                operations.into_iter().for_each(|op| records.finish(op));
+                records
             }
         };
         Ok(FileJournal {
             dir: dir.to_owned(),
             path,
             job: job.clone(),
-            ops: Mutex::new(ops),
+            records: Mutex::new(records),
         })
     }
 
@@ -178,11 +225,11 @@ impl FileJournal {
 
     /// Writes `ops` to a temporary file beside the journal, syncs it, renames it over the
     /// journal and syncs the directory (so the rename itself survives a power loss).
-    fn write(&self, ops: &VecDeque<FinishedOperation>) -> std::io::Result<()> {
+    fn write(&self, records: &Records) -> std::io::Result<()> {
         let file = JournalFile {
             format: FORMAT,
             job: self.job.clone(),
-            operations: ops.clone(),
+            records: records.clone(),
         };
         let bytes = serde_json::to_vec(&file).map_err(std::io::Error::other)?;
         let tmp = self.dir.join(format!("{JOURNAL_FILE}.tmp"));
@@ -227,20 +274,34 @@ fn read(path: &Path) -> Result<Option<JournalFile>, JournalError> {
     Ok(Some(file))
 }
 
-impl OperationJournal for FileJournal {
-    fn load(&self) -> Vec<FinishedOperation> {
-        self.ops.lock().iter().cloned().collect()
-    }
-
-    /// A record that could not be written is still kept in memory: the next record that is
-    /// written carries it too.
-    fn record(&self, op: FinishedOperation) -> Result<(), JournalError> {
-        let mut ops = self.ops.lock();
-        push(&mut ops, op);
-        self.write(&ops).map_err(|source| JournalError::Write {
+impl FileJournal {
+    /// Changes the records and writes them. A record that could not be written is still
+    /// kept in memory: the next record that is written carries it too.
+    fn update(&self, change: impl FnOnce(&mut Records)) -> Result<(), JournalError> {
+        let mut records = self.records.lock();
+        change(&mut records);
+        self.write(&records).map_err(|source| JournalError::Write {
             path: self.path.clone(),
             source,
         })
+    }
+}
+
+impl OperationJournal for FileJournal {
+    fn load(&self) -> Vec<FinishedOperation> {
+        self.records.lock().operations.iter().cloned().collect()
+    }
+
+    fn interrupted(&self) -> Vec<AdmittedOperation> {
+        self.records.lock().admitted.iter().cloned().collect()
+    }
+
+    fn admit(&self, op: AdmittedOperation) -> Result<(), JournalError> {
+        self.update(|r| r.admit(op))
+    }
+
+    fn record(&self, op: FinishedOperation) -> Result<(), JournalError> {
+        self.update(|r| r.finish(op))
     }
 }
 
@@ -408,6 +469,48 @@ mod tests {
             FileJournal::open(&dir.0, &job()).unwrap().load(),
             vec![finished(1), finished(2), finished(3)]
         );
+    }
+
+    fn admitted(n: u32) -> AdmittedOperation {
+        let f = finished(n);
+        AdmittedOperation {
+            id: f.report.id,
+            fingerprint: f.fingerprint,
+        }
+    }
+
+    #[test]
+    fn an_admission_is_kept_until_its_result_and_survives_a_reopen() {
+        let dir = TempDir::new("admitted");
+        let file = FileJournal::open(&dir.0, &job()).unwrap();
+        let memory = MemoryJournal::default();
+        for j in [&file as &dyn OperationJournal, &memory] {
+            j.admit(admitted(1)).unwrap();
+            j.admit(admitted(2)).unwrap();
+            assert_eq!(j.interrupted(), [admitted(1), admitted(2)]);
+            j.record(finished(1)).unwrap();
+            assert_eq!(j.interrupted(), [admitted(2)], "finished: not interrupted");
+            assert_eq!(j.load(), [finished(1)]);
+        }
+        drop(file);
+        let again = FileJournal::open(&dir.0, &job()).unwrap();
+        assert_eq!(again.interrupted(), [admitted(2)]);
+        assert_eq!(again.load(), [finished(1)]);
+    }
+
+    #[test]
+    fn a_journal_written_before_admissions_were_recorded_opens() {
+        let dir = TempDir::new("older");
+        std::fs::create_dir_all(&dir.0).unwrap();
+        let older = serde_json::json!({
+            "format": FORMAT,
+            "job": job(),
+            "operations": [finished(1)],
+        });
+        std::fs::write(dir.0.join(JOURNAL_FILE), older.to_string()).unwrap();
+        let j = FileJournal::open(&dir.0, &job()).unwrap();
+        assert_eq!(j.load(), [finished(1)]);
+        assert!(j.interrupted().is_empty());
     }
 
     #[test]

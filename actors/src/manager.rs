@@ -82,10 +82,11 @@ impl Manager {
         }
     }
 
-    /// Records every final result in `journal` before anyone is told it, and answers the
-    /// uuids already recorded there (an earlier manager's results, `actors/src/journal.rs`)
-    /// as the manager that ran them: a repeated uuid gets the earlier result, a reused one is
-    /// refused.
+    /// Records every operation in `journal` when it is admitted and its final result before
+    /// anyone is told it, and answers the uuids already recorded there (an earlier manager's,
+    /// `actors/src/journal.rs`) as the manager that ran them: a repeated uuid gets the earlier
+    /// result, a reused one is refused, and one whose manager stopped before its result is
+    /// refused as interrupted.
     pub fn with_journal(mut self, journal: Arc<dyn OperationJournal>) -> Self {
         let earlier = journal.load();
         if !earlier.is_empty() {
@@ -94,7 +95,12 @@ impl Manager {
                 "the operation journal remembers earlier results"
             );
         }
+        let interrupted = journal.interrupted();
+        for op in &interrupted {
+            tracing::warn!(id = %op.id, "an earlier manager stopped before this operation's result; its uuid is refused");
+        }
         self.ledger.seed(earlier);
+        self.ledger.seed_interrupted(interrupted);
         self.journal = Some(journal);
         self
     }
@@ -214,7 +220,7 @@ impl Manager {
         if let Some(h) = self.deadline.take() {
             ctx.cancel_future(h);
         }
-        self.journal_finished();
+        self.journal();
         self.observer.operation_finished(&report, &self.ledger);
         self.wake_registered();
         for w in self.waiters.remove(&report.id).unwrap_or_default() {
@@ -224,15 +230,23 @@ impl Manager {
         self.auto_finished(&report, ctx);
     }
 
-    /// Records the ledger's new final results in the journal, before they are published: a
-    /// client that saw a result can count on a new manager knowing it. A result that cannot
-    /// be recorded is still delivered (the operation is over); it is only forgotten by the
-    /// next manager, which the log says.
-    fn journal_finished(&mut self) {
-        for op in self.ledger.take_finished() {
-            let Some(journal) = &self.journal else {
-                continue;
-            };
+    /// Records the ledger's new admissions and final results in the journal, in that order:
+    /// an admission before the operation's first directive, a result before it is published
+    /// (a client that saw a result can count on a new manager knowing it). What cannot be
+    /// recorded does not stop the operation; only the next manager does not know it, which
+    /// the log says.
+    fn journal(&mut self) {
+        let (admitted, finished) = (self.ledger.take_admitted(), self.ledger.take_finished());
+        let Some(journal) = &self.journal else {
+            return;
+        };
+        for op in admitted {
+            let id = op.id;
+            if let Err(e) = journal.admit(op) {
+                tracing::error!(%id, error = %e, "the admission is not journaled: were this manager to stop before the result, its uuid would run again");
+            }
+        }
+        for op in finished {
             let id = op.report.id;
             if let Err(e) = journal.record(op) {
                 tracing::error!(%id, error = %e, "the result is not journaled: after a restart its uuid would run again");
@@ -249,6 +263,7 @@ impl Manager {
         actions: Vec<Action>,
         ctx: &mut Context<Self>,
     ) {
+        self.journal();
         let plan = self.ledger.in_flight().map(|op| op.plan());
         let (job, ranks) = (self.ledger.job(), self.ledger.expected());
         self.observer.operation_started(id, span, job, plan, ranks);

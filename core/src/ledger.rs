@@ -62,6 +62,17 @@ impl FinishedOperation {
     }
 }
 
+/// An operation a manager admitted, as a journal keeps it until its final result: when the
+/// manager stops before that, a later manager refuses its uuid
+/// ([`SubmitError::Interrupted`]) instead of running it a second time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AdmittedOperation {
+    /// The operation's uuid.
+    pub id: OperationId,
+    /// The request it was admitted for.
+    pub fingerprint: RequestFingerprint,
+}
+
 /// Why a command was refused. Nothing was changed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum SubmitError {
@@ -133,6 +144,14 @@ pub enum SubmitError {
         op: OperationId,
         /// The ranks, abbreviated for a message.
         ranks: String,
+    },
+    /// The uuid's operation was admitted by an earlier manager of the job, which stopped
+    /// before its final result: what it applied, if anything, is what this manager's
+    /// verification found. It is not run a second time under the same uuid.
+    #[error("operation {id} was started by an earlier manager of this job, which stopped before its result; the NIC state it left is what `taskd status` shows (verified by this manager); submit again with a new uuid to switch")]
+    Interrupted {
+        /// The uuid.
+        id: OperationId,
     },
     /// A recovery was asked for a job that is running with a verified NIC table.
     #[error("the job is {state}: nothing to recover")]
@@ -229,6 +248,10 @@ pub struct JobLedger {
     earlier: VecDeque<FinishedOperation>,
     /// Final results not yet handed out ([`JobLedger::take_finished`]).
     finished: VecDeque<FinishedOperation>,
+    /// Operations admitted and not yet handed out ([`JobLedger::take_admitted`]).
+    admitted: VecDeque<AdmittedOperation>,
+    /// Operations earlier managers admitted and never finished ([`JobLedger::seed_interrupted`]).
+    interrupted: VecDeque<AdmittedOperation>,
     state: JobState,
     deadlines: PhaseDeadlines,
     /// The round asking every rank what it applied, when one runs.
@@ -301,6 +324,8 @@ impl JobLedger {
             history: VecDeque::new(),
             earlier: VecDeque::new(),
             finished: VecDeque::new(),
+            admitted: VecDeque::new(),
+            interrupted: VecDeque::new(),
             state: JobState::Running,
             deadlines,
             verifying: None,
@@ -320,6 +345,23 @@ impl JobLedger {
         for op in earlier {
             push_bounded(&mut self.earlier, op);
         }
+    }
+
+    /// Seeds the ledger with the operations earlier managers admitted and did not finish (a
+    /// journal's records of them, see [`JobLedger::take_admitted`]): a command under one of
+    /// their uuids is refused as [`SubmitError::Interrupted`] when it is the same request and
+    /// as [`SubmitError::IdReused`] when it is another.
+    pub fn seed_interrupted(&mut self, ops: impl IntoIterator<Item = AdmittedOperation>) {
+        for op in ops {
+            push_bounded(&mut self.interrupted, op);
+        }
+    }
+
+    /// Hands out the operations admitted since the last call, oldest first, for the manager
+    /// to record before the operation's first directive, where a later manager can
+    /// [`seed_interrupted`](Self::seed_interrupted) from those it never finished.
+    pub fn take_admitted(&mut self) -> Vec<AdmittedOperation> {
+        self.admitted.drain(..).collect()
     }
 
     /// Hands out the final results since the last call, oldest first, for the manager to
@@ -646,6 +688,13 @@ impl JobLedger {
             self.deadlines,
             now,
         );
+        push_bounded(
+            &mut self.admitted,
+            AdmittedOperation {
+                id,
+                fingerprint: RequestFingerprint::of(&op.plan().targets),
+            },
+        );
         self.in_flight = Some(op);
         let actions = self.settle(actions);
         Ok(Submitted::Started { id, actions })
@@ -775,27 +824,28 @@ impl JobLedger {
     }
 
     /// The answer for an id that ran or runs: its result or the operation in flight when `cmd`
-    /// is the same request, `IdReused` when it is another. `None` for a new id.
+    /// is the same request (`Interrupted` for one an earlier manager never finished), `IdReused`
+    /// when it is another. `None` for a new id.
     fn seen(&self, cmd: &SwitchCommand, id: OperationId) -> Option<Result<Submitted, SubmitError>> {
         let (known, answer) = if let Some(r) = self.history.iter().rev().find(|r| r.id == id) {
-            let answer = Submitted::Known(Box::new(r.clone()));
+            let answer = Ok(Submitted::Known(Box::new(r.clone())));
             (RequestFingerprint::of(&r.targets), answer)
         } else if let Some(e) = self.earlier_of(id) {
-            let answer = Submitted::Known(Box::new(e.report.clone()));
+            let answer = Ok(Submitted::Known(Box::new(e.report.clone())));
             (e.fingerprint.clone(), answer)
+        } else if let Some(op) = self.in_flight.as_ref().filter(|op| op.id() == id) {
+            let answer = Ok(Submitted::InFlight(id));
+            (RequestFingerprint::of(&op.plan().targets), answer)
         } else {
-            let op = self.in_flight.as_ref().filter(|op| op.id() == id)?;
-            (
-                RequestFingerprint::of(&op.plan().targets),
-                Submitted::InFlight(id),
-            )
+            let i = self.interrupted.iter().rev().find(|i| i.id == id)?;
+            (i.fingerprint.clone(), Err(SubmitError::Interrupted { id }))
         };
         // A command that does not resolve is not the request that ran.
         let same = cmd
             .resolve(&self.table)
             .is_ok_and(|plan| RequestFingerprint::of(&plan.targets) == known);
         if same {
-            Some(Ok(answer))
+            Some(answer)
         } else {
             Some(Err(SubmitError::IdReused { id }))
         }

@@ -1245,6 +1245,42 @@ fn a_seeded_ledger_answers_earlier_uuids_like_the_manager_that_ran_them() {
     assert_eq!(l.in_flight().map(|o| o.id()), Some(op_id(3)));
 }
 
+/// A manager that stopped mid-operation leaves its admission in the journal and no result:
+/// the next manager refuses that uuid for the same request (it is not run twice), as reused
+/// for another, and starts a new uuid as usual.
+#[test]
+fn a_uuid_admitted_by_a_manager_that_stopped_before_its_result_is_refused_as_interrupted() {
+    let layout = Layout::new(2, 4);
+    let mut first = ledger(&layout);
+    let (ok, _, now) = two_results(&mut first, &layout);
+    let to_backup = layout.command(&[(3, true)]);
+    start(&mut first, &to_backup, op_id(3), now);
+    let admitted = first.take_admitted();
+    let ids: Vec<OperationId> = admitted.iter().map(|a| a.id).collect();
+    assert_eq!(ids, [op_id(1), op_id(2), op_id(3)], "each start, once");
+    assert!(first.take_admitted().is_empty());
+    // What a journal keeps when the manager stops now: uuid 3 admitted and not finished.
+    let mut l = restarted(&layout, &mut first);
+    l.seed_interrupted(admitted.into_iter().filter(|a| a.id == op_id(3)));
+    let before = snapshot(&l);
+
+    assert_eq!(
+        l.submit(&to_backup, op_id(3), now),
+        Err(SubmitError::Interrupted { id: op_id(3) })
+    );
+    assert_eq!(
+        l.submit(&layout.command(&[(4, true)]), op_id(3), now),
+        Err(SubmitError::IdReused { id: op_id(3) })
+    );
+    // A finished uuid still gets its result.
+    assert_eq!(
+        l.submit(&layout.command(&[(1, true), (6, true)]), op_id(1), now),
+        Ok(Submitted::Known(Box::new(ok)))
+    );
+    assert_eq!(snapshot(&l), before, "nothing started");
+    start(&mut l, &to_backup, op_id(4), now);
+}
+
 #[test]
 fn a_ledger_keeps_the_newest_seeded_results() {
     let layout = Layout::new(1, 2);

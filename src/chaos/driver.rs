@@ -12,7 +12,9 @@
 //!   runs twice, also on a manager started after the one that ran it (the in-process job's
 //!   managers share their journal of finished operations, as `taskd manager --state-dir`
 //!   keeps it). A uuid whose manager died before its final result has no result to return:
-//!   it runs again (observation `uuid_without_a_result_ran_again_on_a_new_manager`).
+//!   the journal kept its admission, and a later manager refuses it as interrupted
+//!   (observation `interrupted_uuid_refused_by_a_later_manager`); running it again breaks
+//!   the invariant.
 //! - `uuid_reuse`: a uuid reused with another request is refused as such once the uuid has a
 //!   result, on whichever manager.
 //! - `inconsistent_collective`: no collective ran on a group whose members disagreed on its
@@ -785,8 +787,8 @@ impl<'a> Driver<'a> {
     /// The `of`-th switch's uuid again: with its own request (`None`) or another one. Its
     /// earlier result, whichever manager produced it, must come back (managers of the job
     /// share their journal of finished operations, as a manager with `--state-dir` keeps
-    /// it): a repeated uuid never runs again, a reused one is refused. Only a uuid whose
-    /// manager died before its final result has none, and runs again.
+    /// it): a repeated uuid never runs again, a reused one is refused. A uuid whose manager
+    /// died before its final result has none: it is refused as interrupted.
     fn repeat(&mut self, of: usize, other: Option<&Vec<Target>>) -> Checked {
         let Some((id, cmd)) = self.switches.get(of).cloned() else {
             return Ok(());
@@ -820,12 +822,18 @@ impl<'a> Driver<'a> {
                 }
                 return Ok(());
             }
-            (Ok(Submission::Started(new)), None) => {
-                if admitted > 0 {
-                    self.observe("uuid_without_a_result_ran_again_on_a_new_manager");
-                }
+            (Ok(Submission::Started(new)), None) if admitted == 0 => {
                 self.admitted(new);
                 return self.conclude(new, w, Aftermath::default());
+            }
+            (Ok(Submission::Started(_)), None) => {
+                "its manager stopped before its result, and it ran again".to_string()
+            }
+            (Err(LocalJobError::Refused(SubmitError::Interrupted { .. })), None)
+                if admitted > 0 && other.is_none() =>
+            {
+                self.observe("interrupted_uuid_refused_by_a_later_manager");
+                return Ok(());
             }
             (Err(LocalJobError::Refused(SubmitError::IdReused { .. })), Some(_)) if !same => {
                 if ran_on < Some(self.epoch) {

@@ -108,6 +108,23 @@ pub(crate) fn assert_consistent_end(end: &FinalState) {
     assert!(end.violations.is_empty(), "{:?}", end.violations);
 }
 
+/// Submits `c` and returns, with the operation's id, once the manager started `phase` of it.
+pub(crate) fn submit_until(
+    sim: &Simulation,
+    c: SwitchCommand,
+    phase: taskd::core::protocol::Phase,
+) -> taskd::core::OperationId {
+    use taskd::actors::ProgressKind;
+    let mut events = sim.job().subscribe_progress();
+    let id = sim.job().submit(c).expect("admitted").id();
+    await_progress(&mut events, "phase start", |ev| match &ev.kind {
+        ProgressKind::PhaseStarted { phase: p, .. } if ev.op == id && *p == phase => Some(()),
+        ProgressKind::Finished(r) if ev.op == id => panic!("finished before {phase}: {r}"),
+        _ => None,
+    });
+    id
+}
+
 /// Reads the manager's progress feed until `f` finds what it looks for and returns it; fails
 /// the test, naming `what`, if the feed closes or nothing is found within [`WAIT`]. Events a
 /// slow reader lost are skipped (the feed never loses a final report).

@@ -53,7 +53,9 @@ pub fn control_code(e: &SubmitError) -> i32 {
         SubmitError::UnknownJob { .. } => JOB_NOT_EXIST,
         SubmitError::WorkersMissing { .. } | SubmitError::Unverified { .. } => JOB_NOT_REGISTERED,
         SubmitError::Busy { .. } | SubmitError::InCalls { .. } => OPERATION_RUNNING,
-        SubmitError::Invalid(_) | SubmitError::IdReused { .. } => PARAMETER_INVALID,
+        SubmitError::Invalid(_)
+        | SubmitError::IdReused { .. }
+        | SubmitError::Interrupted { .. } => PARAMETER_INVALID,
         SubmitError::CapabilityMissing { .. } => SWITCH_UNSUPPORTED,
         SubmitError::NotRunning { .. } | SubmitError::NothingToRecover { .. } => OUT_OF_ORDER,
     }
@@ -72,7 +74,8 @@ pub fn recover_code(e: &SubmitError) -> i32 {
         | SubmitError::WorkersMissing { .. }
         | SubmitError::Invalid(_)
         | SubmitError::CapabilityMissing { .. }
-        | SubmitError::IdReused { .. } => PARAMETER_INVALID,
+        | SubmitError::IdReused { .. }
+        | SubmitError::Interrupted { .. } => PARAMETER_INVALID,
     }
 }
 
@@ -86,7 +89,8 @@ pub fn refusal_kind(e: &SubmitError) -> RefusalKind {
         SubmitError::Invalid(_) => RefusalKind::Invalid,
         SubmitError::CapabilityMissing { .. } => RefusalKind::CapabilityMissing,
         SubmitError::NotRunning { .. } => RefusalKind::NotRunning,
-        SubmitError::IdReused { .. } => RefusalKind::IdReused,
+        // Neither uuid can be used again: a new one is the way forward.
+        SubmitError::IdReused { .. } | SubmitError::Interrupted { .. } => RefusalKind::IdReused,
         SubmitError::Unverified { .. } => RefusalKind::Unverified,
         SubmitError::NothingToRecover { .. } => RefusalKind::NothingToRecover,
     }

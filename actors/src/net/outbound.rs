@@ -109,7 +109,6 @@ impl<Out: Frame> Clone for OutboundTx<Out> {
 impl<Out: Frame> OutboundTx<Out> {
     /// Hands a frame over if the stream has room; gives it back if not. `Err(None)`: the
     /// stream is gone.
-    #[allow(clippy::result_large_err)]
     pub(crate) fn try_send(&self, item: Outgoing<Out>) -> Result<(), Option<Outgoing<Out>>> {
         self.tx.try_send(item).map_err(|e| match e {
             mpsc::error::TrySendError::Full(i) => Some(i),

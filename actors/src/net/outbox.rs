@@ -18,7 +18,7 @@
 //! ([`link`]).
 
 use crate::transport::{Link, Outbox as LinkOutbox, TransportError};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -56,10 +56,13 @@ struct State<T> {
     waiting: Option<Waker>,
 }
 
-impl<T> State<T> {
-    /// Whoever waits for a frame, to be woken once the lock is released.
-    fn wake(&mut self) -> Option<Waker> {
-        self.waiting.take()
+/// Releases the lock, then wakes the stream waiting for a frame, if any (it will find a frame,
+/// a new connection, or the end).
+fn unlock_and_wake<T>(mut st: MutexGuard<'_, State<T>>) {
+    let waiting = st.waiting.take();
+    drop(st);
+    if let Some(w) = waiting {
+        w.wake();
     }
 }
 
@@ -86,7 +89,7 @@ impl Drop for Counted<'_> {
     }
 }
 
-/// Why a writer gets no more frames from [`Outbox::next`].
+/// Why a writer gets no more frames from [`Outbox::poll_next`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Stop {
     /// The peer is gone for good.
@@ -129,11 +132,7 @@ impl<T: Clone + Send + 'static> Outbox<T> {
         }
         if st.queue.len() >= self.capacity {
             st.overflowed = true;
-            let waiting = st.wake();
-            drop(st);
-            if let Some(w) = waiting {
-                w.wake();
-            }
+            unlock_and_wake(st);
             return Err(TransportError::Full {
                 capacity: self.capacity,
             });
@@ -153,11 +152,7 @@ impl<T: Clone + Send + 'static> Outbox<T> {
         st.next_seq += 1;
         st.queue.push_back((seq, msg));
         st.high_water = st.high_water.max(st.queue.len());
-        let waiting = st.wake();
-        drop(st);
-        if let Some(w) = waiting {
-            w.wake();
-        }
+        unlock_and_wake(st);
         Ok(())
     }
 
@@ -178,18 +173,14 @@ impl<T: Clone + Send + 'static> Outbox<T> {
     }
 
     /// A new connection to the peer: it writes from the first unacknowledged message. Returns
-    /// the epoch to pass to [`Outbox::next`]; writers of older connections stop.
+    /// the epoch to pass to [`Outbox::poll_next`]; writers of older connections stop.
     pub fn attach(&self) -> u64 {
         let mut st = self.state.lock();
         st.epoch += 1;
         st.cursor = st.queue.front().map_or(st.next_seq, |(s, _)| *s);
         st.overflowed = false;
         let epoch = st.epoch;
-        let waiting = st.wake();
-        drop(st);
-        if let Some(w) = waiting {
-            w.wake();
-        }
+        unlock_and_wake(st);
         epoch
     }
 
@@ -205,11 +196,7 @@ impl<T: Clone + Send + 'static> Outbox<T> {
             st.queue.push_back((seq, msg));
         }
         st.cursor = st.queue.front().map_or(st.next_seq, |(s, _)| *s);
-        let waiting = st.wake();
-        drop(st);
-        if let Some(w) = waiting {
-            w.wake();
-        }
+        unlock_and_wake(st);
         self.shrunk.notify_waiters();
     }
 
@@ -221,11 +208,7 @@ impl<T: Clone + Send + 'static> Outbox<T> {
         }
         st.queue.clear();
         st.sticky.clear();
-        let waiting = st.wake();
-        drop(st);
-        if let Some(w) = waiting {
-            w.wake();
-        }
+        unlock_and_wake(st);
         self.shrunk.notify_waiters();
     }
 
@@ -252,11 +235,6 @@ impl<T: Clone + Send + 'static> Outbox<T> {
     /// The bound given to [`new`](Self::new); a push beyond it resets the connection.
     pub fn capacity(&self) -> usize {
         self.capacity
-    }
-
-    /// The next frame for the connection of `epoch` to write, waiting for one.
-    pub async fn next(&self, epoch: u64) -> Result<(u64, T), Stop> {
-        std::future::poll_fn(|cx| self.poll_next(epoch, cx)).await
     }
 
     /// The next frame for the connection of `epoch` to write; when there is none yet, `cx` is
@@ -348,8 +326,13 @@ mod tests {
         }
     }
 
+    /// The next frame for the connection of `epoch`, waiting for one, as its stream does.
+    async fn next(o: &Outbox<u32>, epoch: u64) -> Result<(u64, u32), Stop> {
+        std::future::poll_fn(|cx| o.poll_next(epoch, cx)).await
+    }
+
     async fn next_now(o: &Outbox<u32>, epoch: u64) -> Option<(u64, u32)> {
-        tokio::time::timeout(Duration::from_millis(20), o.next(epoch))
+        tokio::time::timeout(Duration::from_millis(20), next(o, epoch))
             .await
             .ok()
             .and_then(Result::ok)
@@ -367,7 +350,7 @@ mod tests {
         // The overflow stops the writer (the connection is reset) ...
         let e = o.attach();
         o.push(98).unwrap_err();
-        assert_eq!(o.next(e).await, Err(Stop::Overflowed));
+        assert_eq!(next(&o, e).await, Err(Stop::Overflowed));
         // ... and acknowledgements make room again.
         o.ack(2);
         let e = o.attach();
@@ -390,7 +373,7 @@ mod tests {
         o.ack(1);
         // The connection breaks; the peer had only seen 1.
         let e2 = o.attach();
-        assert_eq!(o.next(e1).await, Err(Stop::Superseded));
+        assert_eq!(next(&o, e1).await, Err(Stop::Superseded));
         let got: Vec<_> = [
             next_now(&o, e2).await,
             next_now(&o, e2).await,
@@ -426,6 +409,6 @@ mod tests {
         assert_eq!(next_now(&o, e).await, None);
         o.close("gone");
         assert_eq!(o.push(6), Err(TransportError::Closed));
-        assert_eq!(o.next(e).await, Err(Stop::Closed("gone".into())));
+        assert_eq!(next(&o, e).await, Err(Stop::Closed("gone".into())));
     }
 }

@@ -22,7 +22,7 @@ use super::outbox::Outbox;
 use super::pb;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
@@ -185,7 +185,6 @@ impl<In: Frame, Out: Frame> Session<In, Out> {
         let (reader_stop_tx, reader_stop_rx) = oneshot::channel::<()>();
         let reader = Reader {
             outbox_of_peer_acks: outbox.clone(),
-            received: outbound.stamp.received().clone(),
             deliver_lock,
             liveness: liveness.clone(),
             handler: inbound_handler,
@@ -351,13 +350,13 @@ impl<Out: Frame> Writer<Out> {
 struct Reader<B> {
     /// Where the acknowledgements the peer carries are applied.
     outbox_of_peer_acks: Arc<dyn AckSink>,
-    received: Arc<AtomicU64>,
     deliver_lock: Arc<tokio::sync::Mutex<()>>,
     liveness: Arc<Liveness>,
     handler: Arc<dyn Inbound<B>>,
     /// Told when a delivered message should be acknowledged.
     ack: Arc<AckSignal>,
-    /// What the frames written so far acknowledged.
+    /// The count of messages received (which it keeps) and what the frames written so far
+    /// acknowledged.
     stamp: Arc<Stamp>,
     /// See [`Session::ack_every`].
     ack_every: u64,
@@ -392,17 +391,17 @@ impl<B: Send + 'static> Reader<B> {
                 continue;
             }
             let _delivering = self.deliver_lock.lock().await;
-            if seq <= self.received.load(Ordering::Acquire) {
+            if seq <= self.stamp.received().load(Ordering::Acquire) {
                 continue; // replayed after a reconnect: already delivered
             }
             if let Some(reason) = In::goodbye(&body) {
-                self.received.store(seq, Ordering::Release);
+                self.stamp.received().store(seq, Ordering::Release);
                 return End::Goodbye(reason);
             }
             self.liveness.set_busy(true);
             let res = self.handler.deliver(body).await;
             self.liveness.set_busy(false);
-            self.received.store(seq, Ordering::Release);
+            self.stamp.received().store(seq, Ordering::Release);
             // The writer has something to do only when a message starts waiting for its
             // acknowledgement and no timer runs (it arms one) and when enough wait (it sends
             // one now): it is not woken for every message.

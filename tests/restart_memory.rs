@@ -1,12 +1,13 @@
 //! A uuid's answer outlives the manager that gave it: the in-process job's managers share one
 //! journal of finished operations (as `taskd manager --state-dir` keeps it in a file), so after
 //! a restart a command repeated with its uuid returns the earlier result without touching a NIC,
-//! and a uuid reused for another request is still refused. Every test ends with the invariant:
+//! a uuid reused for another request is still refused, and a uuid whose manager died before its
+//! result is refused as interrupted. Every test ends with the invariant:
 //! every communication group agrees on its NIC configuration.
 
 mod common;
 
-use common::{small, submit_until};
+use common::{assert_consistent_end, small, submit_until};
 use std::time::Duration;
 use taskd::actors::manager::Submission;
 use taskd::actors::LocalJobError;
@@ -18,7 +19,7 @@ use taskd::core::{
     DeviceId, GlobalRank, HcclCode, JobId, NodeName, OperationId, SubmitError, SwitchCommand,
 };
 use taskd::hal_mock::NicSetFault;
-use taskd::sim::{FinalState, SimConfig, Simulation};
+use taskd::sim::{SimConfig, Simulation};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -44,15 +45,6 @@ fn restart(sim: &Simulation) {
     sim.job()
         .wait_registered(WAIT)
         .expect("every rank registers again");
-}
-
-/// The job stopped with every group agreeing, the manager's NIC table the fabric's, and no
-/// HCCL rule broken.
-fn assert_groups_agree(end: &FinalState) {
-    assert!(end.groups_consistent, "{}", end.consistency);
-    assert_eq!(end.collectives_on_inconsistent_groups, 0, "{end:?}");
-    assert!(end.violations.is_empty(), "{:?}", end.violations);
-    assert_eq!(end.manager_on_backup, end.ranks_on_backup);
 }
 
 #[test]
@@ -114,7 +106,7 @@ fn a_repeated_uuid_after_a_restart_returns_the_earlier_result_without_a_nic_call
     assert_eq!(back.outcome, Outcome::Succeeded, "{back}");
     assert!(sim.fabric().nic_set_log().len() > calls);
     sim.train(2).unwrap();
-    assert_groups_agree(&sim.finish());
+    assert_consistent_end(&sim.finish());
 }
 
 /// The fault campaign checks it too: in seed 22 a manager is stopped (SIGTERM) and replaced,
@@ -151,7 +143,7 @@ fn a_uuid_whose_manager_died_mid_operation_is_refused_as_interrupted() {
         .run(command(0x34, &[(0, 1, false), (1, 2, false)]))
         .unwrap();
     assert_eq!(fresh.outcome, Outcome::Succeeded, "{fresh}");
-    assert_groups_agree(&sim.finish());
+    assert_consistent_end(&sim.finish());
 }
 
 #[test]

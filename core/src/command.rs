@@ -129,7 +129,7 @@ pub enum ValidationError {
         devices: String,
     },
     /// A device string of ClusterD's form is not a number.
-    #[error("device {value:?} of node \"{node}\" is not a device number")]
+    #[error("device {value:?} of node \"{node}\" is not a device number (decimal digits only, no spaces or signs)")]
     BadDevice {
         /// The node.
         node: NodeName,
@@ -207,12 +207,12 @@ impl SwitchCommand {
                 });
             }
             for (dev, op) in devs.iter().zip(ops) {
-                let device = dev.trim().parse::<u32>().map(DeviceId).map_err(|_| {
-                    ValidationError::BadDevice {
+                let device = crate::external::decimal_id(dev)
+                    .map(DeviceId)
+                    .ok_or_else(|| ValidationError::BadDevice {
                         node: node.clone(),
                         value: dev.clone(),
-                    }
-                })?;
+                    })?;
                 targets.push(Target {
                     node: node.clone(),
                     device,
@@ -452,9 +452,21 @@ mod tests {
             SwitchCommand::from_nic_ops("j".into(), None, &ops),
             Err(ValidationError::BadDevice { .. })
         ));
+        // ClusterD matches device ids as exact strings: " 8" names no device there either.
+        for bad in [" 8", "8 ", "+8", "08"] {
+            ops.insert("node-0".to_string(), (vec![bad.to_string()], vec![true]));
+            let e = SwitchCommand::from_nic_ops("j".into(), None, &ops).unwrap_err();
+            assert!(matches!(e, ValidationError::BadDevice { .. }), "{bad:?}");
+            assert!(
+                e.to_string().contains(&format!(
+                    "{bad:?} of node \"node-0\" is not a device number"
+                )),
+                "{e}"
+            );
+        }
         ops.insert(
             "node-0".to_string(),
-            (vec!["0".to_string(), " 8".to_string()], vec![true, false]),
+            (vec!["0".to_string(), "8".to_string()], vec![true, false]),
         );
         let c = SwitchCommand::from_nic_ops("j".into(), None, &ops).unwrap();
         assert_eq!(c.targets.len(), 2);

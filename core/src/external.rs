@@ -20,6 +20,14 @@
 //! `killMaster` never release ranks onto groups that may disagree: the operation stops at a
 //! hold point with every gate shut.
 //!
+//! Every request comes with its [`Origin`]: the client's signal-stream session it arrived in
+//! and the `jobId` ClusterD named. A request for another job is refused, answered to that job
+//! (ClusterD files a report under the job it names: an answer under this job's id would sit in
+//! this job's one-slot buffer). Every report is addressed ([`Outgoing`]) to the session whose
+//! request it answers: ClusterD resets the job's flow whenever that signal stream ends, so the
+//! client sends it only while that stream is open and drops it after. The end of a session
+//! ends the flow it drove ([`Sequencer::on_session_end`]): nobody will `continue` it.
+//!
 //! Pure like the rest of `core`: it takes signals, the ledger and the time, and returns the
 //! ledger's actions to carry out, the reports to send and notes to log.
 
@@ -62,6 +70,51 @@ pub const CODE_FAILED: i32 = 499;
 pub const DEFAULT_PORT: u16 = 8899;
 /// How long a hold waits for ClusterD's next signal: ClusterD's own wait for each report.
 pub const DEFAULT_HOLD: Duration = Duration::from_secs(15 * 60);
+
+/// A number as ClusterD writes one (a global rank, a device id): decimal digits only, no
+/// sign, no spaces, no leading zero. ClusterD itself matches device ids as exact strings
+/// against the rank table, so `" 2"`, `"+2"` or `"02"` name no device there either.
+pub fn decimal_id(s: &str) -> Option<u32> {
+    let canonical =
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+    canonical.then(|| s.parse().ok()).flatten()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Where requests come from and reports go
+
+/// Where a request came from: the client's signal-stream session (one per
+/// `SubscribeProcessManageSignal`; the switch stream of a session belongs to it) and the job
+/// the message names.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Origin {
+    /// The session, numbered by the client.
+    pub session: u64,
+    /// The message's `jobId`. ClusterD fills it with the job's id; empty is taken as this job.
+    pub job: String,
+}
+
+impl Origin {
+    /// A request of this job in `session`.
+    pub fn new(session: u64, job: impl Into<String>) -> Origin {
+        Origin {
+            session,
+            job: job.into(),
+        }
+    }
+}
+
+/// A report with its address: the session whose request it answers (the client sends it
+/// only while that session's signal stream is open) and the `jobId` it is filed under.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outgoing {
+    /// The session that asked.
+    pub session: u64,
+    /// The job it answers for: this job, or the other job a refused request named.
+    pub job: String,
+    /// The report.
+    pub report: Report,
+}
 
 // ---------------------------------------------------------------------------------------------
 // Signals
@@ -149,8 +202,8 @@ pub enum RankListError {
         /// `op`'s length.
         ops: usize,
     },
-    /// A rank id that is not a number.
-    #[error("rank id {0:?} is not a global rank number")]
+    /// A rank id that is not a number as ClusterD writes one ([`decimal_id`]).
+    #[error("rank id {0:?} is not a global rank number (decimal digits only, no spaces or signs)")]
     NotANumber(String),
     /// A rank the rank table does not have.
     #[error("rank {rank} is not in the job's rank table (ranks 0..{world})")]
@@ -184,11 +237,9 @@ pub fn plan_rank_list(
     let mut seen = BTreeSet::new();
     let mut targets = Vec::with_capacity(ranks.len());
     for (id, &use_backup) in ranks.iter().zip(ops) {
-        let rank = id
-            .trim()
-            .parse::<u32>()
+        let rank = decimal_id(id)
             .map(GlobalRank)
-            .map_err(|_| RankListError::NotANumber(id.clone()))?;
+            .ok_or_else(|| RankListError::NotANumber(id.clone()))?;
         let slot = table.slot(rank).ok_or(RankListError::UnknownRank {
             rank,
             world: table.world_size(),
@@ -284,8 +335,8 @@ pub struct Note {
 pub struct Step {
     /// The ledger's actions.
     pub actions: Vec<Action>,
-    /// Reports to ClusterD, in order.
-    pub reports: Vec<Report>,
+    /// Reports to ClusterD, in order, each with its address.
+    pub reports: Vec<Outgoing>,
     /// For the log.
     pub notes: Vec<Note>,
 }
@@ -297,11 +348,20 @@ impl Step {
             text: text.into(),
         });
     }
+
+    fn report(&mut self, to: &Origin, report: Report) {
+        self.reports.push(Outgoing {
+            session: to.session,
+            job: to.job.clone(),
+            report,
+        });
+    }
 }
 
-/// What handling one signal works with: the ledger, an unused operation id, the time, and the
-/// step being decided.
+/// What handling one signal works with: where it came from (with the job resolved: never
+/// empty), the ledger, an unused operation id, the time, and the step being decided.
 struct Cx<'a> {
+    from: Origin,
     ledger: &'a mut JobLedger,
     fresh: OperationId,
     now: Duration,
@@ -323,6 +383,8 @@ type RankList = (Vec<String>, Vec<bool>);
 #[derive(Clone, Debug)]
 struct Driven {
     uuid: String,
+    /// The pause's origin: the reports of the operation go there.
+    from: Origin,
     op: OperationId,
     switch: Option<RankList>,
     continued: bool,
@@ -340,7 +402,7 @@ pub struct Sequencer {
     /// The last operation ClusterD drove, once over (a late duplicate or `continue` names it).
     last: Option<Driven>,
     /// A `stop_train` that came while the gates were opening: it pauses again once they are.
-    stop_after: Option<String>,
+    stop_after: Option<(String, Origin)>,
     /// Signals answered at once (refused, or nothing to do), newest last: delivered again,
     /// they are not answered twice.
     answered: VecDeque<(&'static str, String)>,
@@ -376,10 +438,12 @@ impl Sequencer {
         self.owed.len()
     }
 
-    /// A `ProcessManageSignal`. `fresh` is an unused operation id, taken if an operation starts.
+    /// A `ProcessManageSignal` from `from`. `fresh` is an unused operation id, taken if an
+    /// operation starts.
     pub fn on_signal(
         &mut self,
         signal: &Signal,
+        from: &Origin,
         ledger: &mut JobLedger,
         fresh: OperationId,
         now: Duration,
@@ -399,21 +463,16 @@ impl Sequencer {
             return step;
         }
         let mut cx = Cx {
+            from: resolve(from, ledger),
             ledger,
             fresh,
             now,
             step,
         };
-        match signal {
-            Signal::KeepAlive => {}
-            Signal::Pause { uuid } => self.pause(uuid, &mut cx),
-            Signal::StopTrain { uuid } => self.stop(uuid, &mut cx),
-            Signal::KillMaster { uuid } => self.kill(uuid, &mut cx),
-            Signal::Continue { uuid } => self.resume(uuid, &mut cx),
-            Signal::Other { detail } => cx.step.note(
-                Level::Warn,
-                format!("ClusterD signal not acted on (taskd switches NICs only): {detail}"),
-            ),
+        if cx.from.job != cx.ledger.job().0 {
+            refuse_foreign(signal, &mut cx);
+        } else {
+            self.dispatch(signal, &mut cx);
         }
         let step = cx.step;
         if let Some(key) = key.filter(|_| !step.reports.is_empty()) {
@@ -422,6 +481,63 @@ impl Sequencer {
             }
             self.answered.push_back(key);
         }
+        step
+    }
+
+    fn dispatch(&mut self, signal: &Signal, cx: &mut Cx<'_>) {
+        match signal {
+            Signal::KeepAlive => {}
+            Signal::Pause { uuid } => self.pause(uuid, cx),
+            Signal::StopTrain { uuid } => self.stop(uuid, cx),
+            Signal::KillMaster { uuid } => self.kill(uuid, cx),
+            Signal::Continue { uuid } => self.resume(uuid, cx),
+            Signal::Other { detail } => cx.step.note(
+                Level::Warn,
+                format!("ClusterD signal not acted on (taskd switches NICs only): {detail}"),
+            ),
+        }
+    }
+
+    /// The client's signal-stream session `session` ended. ClusterD resets the job's flow
+    /// whenever that stream ends, so nobody will read the reports owed to it or `continue` the
+    /// operation it drove: the reports are dropped, and an operation not yet told to continue
+    /// or stop ends as a hold expiry ends it (it resumes on the NIC state every group agrees
+    /// on, or stays held where that is not safe); the next pause is then a new flow.
+    pub fn on_session_end(&mut self, session: u64, ledger: &mut JobLedger, now: Duration) -> Step {
+        let mut step = Step::default();
+        if let Some((uuid, _)) = self.stop_after.take_if(|(_, from)| from.session == session) {
+            step.note(
+                Level::Warn,
+                format!("stop_train {uuid}: its session ended before the gates opened; not paused again"),
+            );
+        }
+        let Some(cur) = self.current.as_ref().filter(|c| c.from.session == session) else {
+            return step;
+        };
+        let uuid = cur.uuid.clone();
+        for owed in self.owed.drain(..) {
+            step.note(
+                Level::Warn,
+                format!("pause {uuid}: the {owed:?} report is dropped: ClusterD's flow ended with the session that asked for it"),
+            );
+        }
+        if cur.continued || !cur.stops.is_empty() {
+            step.note(
+                Level::Info,
+                format!(
+                    "pause {uuid}: ClusterD's session ended; the operation ends as it was told"
+                ),
+            );
+            return step;
+        }
+        let reason = format!(
+            "ClusterD ended the flow of pause {uuid} (its signal stream closed) before continue"
+        );
+        step.note(
+            Level::Warn,
+            format!("{reason}: the operation resumes on the NIC state every group agrees on"),
+        );
+        step.actions = ledger.abort(reason, now);
         step
     }
 
@@ -438,10 +554,13 @@ impl Sequencer {
                     cur.uuid, cur.op
                 );
                 cx.step.note(Level::Error, info.clone());
-                cx.step.reports.push(Report::StopComplete {
-                    code: CODE_FAILED,
-                    info,
-                });
+                cx.step.report(
+                    &cx.from,
+                    Report::StopComplete {
+                        code: CODE_FAILED,
+                        info,
+                    },
+                );
             }
             return;
         }
@@ -458,24 +577,28 @@ impl Sequencer {
                     Level::Info,
                     format!("pause {uuid}: operation {} pauses every rank", cx.fresh),
                 );
-                self.drive(uuid, cx.fresh, Owed::StopComplete);
+                self.drive(uuid, cx.from.clone(), cx.fresh, Owed::StopComplete);
                 cx.step.actions = actions;
             }
             Err(e) => {
                 let info = format!("pause {uuid} refused: {e}");
                 cx.step.note(Level::Error, info.clone());
-                cx.step.reports.push(Report::StopComplete {
-                    code: CODE_FAILED,
-                    info,
-                });
+                cx.step.report(
+                    &cx.from,
+                    Report::StopComplete {
+                        code: CODE_FAILED,
+                        info,
+                    },
+                );
             }
         }
     }
 
-    fn drive(&mut self, uuid: &str, op: OperationId, owed: Owed) {
+    fn drive(&mut self, uuid: &str, from: Origin, op: OperationId, owed: Owed) {
         self.orphan_list = None;
         self.current = Some(Driven {
             uuid: uuid.to_owned(),
+            from,
             op,
             switch: None,
             continued: false,
@@ -510,9 +633,9 @@ impl Sequencer {
                         Level::Warn,
                         format!("stop_train {uuid} came while resuming: pausing again after"),
                     );
-                    self.stop_after = Some(uuid.to_owned());
+                    self.stop_after = Some((uuid.to_owned(), cx.from.clone()));
                 }
-                Err(e) => refuse_stop(uuid, &e.to_string(), &mut cx.step),
+                Err(e) => refuse_stop(uuid, &e.to_string(), cx),
             }
             return;
         }
@@ -520,10 +643,13 @@ impl Sequencer {
             JobState::Paused => {
                 let info = format!("training is held at the step gates (job paused): {uuid}");
                 cx.step.note(Level::Warn, format!("stop_train: {info}"));
-                cx.step.reports.push(Report::StopComplete {
-                    code: CODE_OK,
-                    info,
-                });
+                cx.step.report(
+                    &cx.from,
+                    Report::StopComplete {
+                        code: CODE_OK,
+                        info,
+                    },
+                );
             }
             _ => match cx
                 .ledger
@@ -537,13 +663,13 @@ impl Sequencer {
                             cx.fresh
                         ),
                     );
-                    self.drive(uuid, cx.fresh, Owed::StopComplete);
+                    self.drive(uuid, cx.from.clone(), cx.fresh, Owed::StopComplete);
                     if let Some(cur) = self.current.as_mut() {
                         cur.stops.insert(uuid.to_owned());
                     }
                     cx.step.actions = actions;
                 }
-                Err(e) => refuse_stop(uuid, &e.to_string(), &mut cx.step),
+                Err(e) => refuse_stop(uuid, &e.to_string(), cx),
             },
         }
     }
@@ -598,12 +724,12 @@ impl Sequencer {
                         self.owed.push(Owed::RecoverStatus);
                         cx.step.actions = actions;
                     }
-                    Err(e) => refuse_continue(uuid, &e.to_string(), &mut cx.step),
+                    Err(e) => refuse_continue(uuid, &e.to_string(), cx),
                 }
             }
             Some(cur) => {
                 let why = format!("pause {} (operation {}) holds training", cur.uuid, cur.op);
-                refuse_continue(uuid, &why, &mut cx.step);
+                refuse_continue(uuid, &why, cx);
             }
             None if self
                 .last
@@ -629,20 +755,35 @@ impl Sequencer {
                 let level = if late { Level::Warn } else { Level::Error };
                 cx.step
                     .note(level, format!("{info} (no pause of that uuid in effect)"));
-                cx.step.reports.push(Report::RecoverStatus { code, info });
+                cx.step
+                    .report(&cx.from, Report::RecoverStatus { code, info });
             }
         }
     }
 
-    /// A `SwitchRankList`.
+    /// A `SwitchRankList` from `from`.
     pub fn on_switch(
         &mut self,
         ranks: &[String],
         ops: &[bool],
+        from: &Origin,
         ledger: &mut JobLedger,
         now: Duration,
     ) -> Step {
         let mut step = Step::default();
+        let from = resolve(from, ledger);
+        if from.job != ledger.job().0 {
+            step.note(
+                Level::Error,
+                format!(
+                    "SwitchRankList {ranks:?} names job {:?}, but this manager runs job {:?}: refused, nothing changed; result false",
+                    from.job,
+                    ledger.job().0
+                ),
+            );
+            step.report(&from, Report::SwitchResult { ok: false });
+            return step;
+        }
         let list = (ranks.to_vec(), ops.to_vec());
         let Some(cur) = self.current.as_mut() else {
             let known = self.last.as_ref().and_then(|l| l.switch.as_ref()) == Some(&list)
@@ -657,7 +798,7 @@ impl Sequencer {
                     Level::Error,
                     format!("SwitchRankList {ranks:?} refused: no pause is in effect (switches need ClusterD's pause first); result false"),
                 );
-                step.reports.push(Report::SwitchResult { ok: false });
+                step.report(&from, Report::SwitchResult { ok: false });
                 self.orphan_list = Some(list);
             }
             return step;
@@ -693,7 +834,7 @@ impl Sequencer {
                     Level::Error,
                     format!("SwitchRankList {ranks:?} {ops:?} refused, nothing changed: {e}; result false"),
                 );
-                step.reports.push(Report::SwitchResult { ok: false });
+                step.report(&from, Report::SwitchResult { ok: false });
             }
         }
         step
@@ -719,8 +860,8 @@ impl Sequencer {
                 _ => {}
             }
         }
-        if let Some(uuid) = self.stop_after.take().filter(|_| self.current.is_none()) {
-            let mut again = self.on_signal(&Signal::StopTrain { uuid }, ledger, fresh, now);
+        if let Some((uuid, from)) = self.stop_after.take_if(|_| self.current.is_none()) {
+            let mut again = self.on_signal(&Signal::StopTrain { uuid }, &from, ledger, fresh, now);
             step.actions.append(&mut again.actions);
             step.reports.append(&mut again.reports);
             step.notes.append(&mut again.notes);
@@ -731,9 +872,9 @@ impl Sequencer {
     /// Only the sequencer starts sequenced operations, and one runs at a time: a hold is the
     /// driven operation's.
     fn held(&mut self, at: HoldPoint, step: &mut Step) {
-        if self.current.is_none() {
+        let Some(to) = self.current.as_ref().map(|c| c.from.clone()) else {
             return;
-        }
+        };
         let (owed, report) = match at {
             HoldPoint::Paused { step: s } => (
                 Owed::StopComplete,
@@ -748,12 +889,17 @@ impl Sequencer {
         };
         if let Some(i) = self.owed.iter().position(|o| *o == owed) {
             self.owed.remove(i);
-            step.reports.push(report);
+            step.report(&to, report);
         }
     }
 
     fn finished(&mut self, r: &OperationReport, step: &mut Step) {
         let summary = OperationSummary::from(r).to_string();
+        let to = self
+            .current
+            .as_ref()
+            .map(|c| c.from.clone())
+            .unwrap_or_default();
         for owed in std::mem::take(&mut self.owed) {
             let report = match owed {
                 Owed::StopComplete => {
@@ -773,7 +919,7 @@ impl Sequencer {
                     info: summary.clone(),
                 },
             };
-            step.reports.push(report);
+            step.report(&to, report);
         }
         let level = if r.job_state == JobState::Running {
             Level::Info
@@ -785,22 +931,62 @@ impl Sequencer {
     }
 }
 
-fn refuse_stop(uuid: &str, why: &str, step: &mut Step) {
+fn refuse_stop(uuid: &str, why: &str, cx: &mut Cx<'_>) {
     let info = format!("stop_train {uuid}: training could not be stopped: {why}");
-    step.note(Level::Error, info.clone());
-    step.reports.push(Report::StopComplete {
-        code: CODE_FAILED,
-        info,
-    });
+    cx.step.note(Level::Error, info.clone());
+    cx.step.report(
+        &cx.from,
+        Report::StopComplete {
+            code: CODE_FAILED,
+            info,
+        },
+    );
 }
 
-fn refuse_continue(uuid: &str, why: &str, step: &mut Step) {
+fn refuse_continue(uuid: &str, why: &str, cx: &mut Cx<'_>) {
     let info = format!("continue {uuid} refused: {why}");
-    step.note(Level::Error, info.clone());
-    step.reports.push(Report::RecoverStatus {
-        code: CODE_FAILED,
-        info,
-    });
+    cx.step.note(Level::Error, info.clone());
+    cx.step.report(
+        &cx.from,
+        Report::RecoverStatus {
+            code: CODE_FAILED,
+            info,
+        },
+    );
+}
+
+/// `from` with its job resolved: an empty `jobId` is this job's.
+fn resolve(from: &Origin, ledger: &JobLedger) -> Origin {
+    let job = if from.job.is_empty() {
+        ledger.job().0.clone()
+    } else {
+        from.job.clone()
+    };
+    Origin::new(from.session, job)
+}
+
+/// A signal that names another job: nothing is done; a request is answered as failed, under
+/// the job it named (the job whose flow asked, if any), so nothing lands in this job's slots.
+fn refuse_foreign(signal: &Signal, cx: &mut Cx<'_>) {
+    let why = format!(
+        "ClusterD's {} names job {:?}, but this manager runs job {:?}: refused, nothing done",
+        signal.kind(),
+        cx.from.job,
+        cx.ledger.job().0
+    );
+    cx.step.note(Level::Error, why.clone());
+    let report = match signal {
+        Signal::Pause { .. } | Signal::StopTrain { .. } => Report::StopComplete {
+            code: CODE_FAILED,
+            info: why,
+        },
+        Signal::Continue { .. } => Report::RecoverStatus {
+            code: CODE_FAILED,
+            info: why,
+        },
+        Signal::KeepAlive | Signal::KillMaster { .. } | Signal::Other { .. } => return,
+    };
+    cx.step.report(&cx.from, report);
 }
 
 #[cfg(test)]
@@ -847,7 +1033,7 @@ mod tests {
     #[test]
     fn rank_lists_resolve_against_the_table() {
         let t = RankTable::uniform(2, 8);
-        let plan = plan_rank_list(&t, &strings(&["0", " 8", "15"]), &[true, true, false]).unwrap();
+        let plan = plan_rank_list(&t, &strings(&["0", "8", "15"]), &[true, true, false]).unwrap();
         let got: Vec<_> = plan
             .targets
             .iter()
@@ -868,6 +1054,17 @@ mod tests {
             RankListError::LengthMismatch { ranks: 1, ops: 2 }
         );
         assert_eq!(e(&["-1"], &[true]), RankListError::NotANumber("-1".into()));
+        // ClusterD writes ranks as plain decimals: anything else names no rank.
+        for bad in [" 2", "2 ", "+2", "02", "", "２"] {
+            assert_eq!(
+                e(&[bad], &[true]),
+                RankListError::NotANumber(bad.into()),
+                "{bad:?}"
+            );
+        }
+        assert!(e(&[" 2"], &[true])
+            .to_string()
+            .contains("\" 2\" is not a global rank number (decimal digits only"));
         assert_eq!(
             e(&["16"], &[true]),
             RankListError::UnknownRank {
@@ -883,6 +1080,27 @@ mod tests {
             e(&["16"], &[true]).to_string(),
             "rank 16 is not in the job's rank table (ranks 0..16)"
         );
+    }
+
+    #[test]
+    fn decimal_ids_are_plain_digits() {
+        assert_eq!(decimal_id("0"), Some(0));
+        assert_eq!(decimal_id("15"), Some(15));
+        assert_eq!(decimal_id("4294967295"), Some(u32::MAX));
+        for bad in [
+            "",
+            " 2",
+            "2 ",
+            "+2",
+            "-2",
+            "02",
+            "00",
+            "4294967296",
+            "1e3",
+            "٣",
+        ] {
+            assert_eq!(decimal_id(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

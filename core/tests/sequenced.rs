@@ -8,7 +8,7 @@ mod common;
 
 use common::world::{ids, Reply, World};
 use common::*;
-use taskd_core::external::{Report, Signal, CODE_FAILED, CODE_OK};
+use taskd_core::external::{Origin, Report, Signal, CODE_FAILED, CODE_OK};
 use taskd_core::operation::{Awaiting, OperationError};
 use taskd_core::protocol::{DirectiveKind, Phase};
 use taskd_core::{GlobalRank, JobState, OperationId, Outcome, SubmitError};
@@ -354,4 +354,128 @@ fn a_stopping_manager_resumes_a_held_job_and_answers_what_is_owed() {
     assert_eq!(w.table(), Vec::<u32>::new());
     // ClusterD's continue now finds training running.
     one(w.signal(resume("u1")), recover_status(CODE_OK));
+}
+
+#[test]
+fn a_signal_for_another_job_is_refused_under_that_job_and_changes_nothing() {
+    let mut w = world();
+    w.from = Origin::new(1, "job-b");
+    // A pause naming job-b: nothing pauses, and the refusal is filed under job-b, so this
+    // job's own one-slot buffer stays empty.
+    one(w.signal(pause("u1")), stop_complete(CODE_FAILED));
+    assert!(w.ledger.in_flight().is_none() && w.pending.is_none());
+    assert!(w.seq.current().is_none());
+    let sent = w.sent_to.last().unwrap();
+    assert_eq!((sent.session, sent.job.as_str()), (1, "job-b"));
+    let Report::StopComplete { info, .. } = &sent.report else {
+        panic!("{sent:?}")
+    };
+    assert!(
+        info.contains("\"job-b\"") && info.contains("\"job-a\""),
+        "{info}"
+    );
+    one(w.signal(resume("u1")), recover_status(CODE_FAILED));
+    assert!(w.signal(Signal::KillMaster { uuid: "k".into() }).is_empty());
+    one(w.switch(&ids(&[1]), &[true]), |r| {
+        *r == Report::SwitchResult { ok: false }
+    });
+    assert!(
+        w.sent_to.iter().all(|o| o.job == "job-b"),
+        "{:?}",
+        w.sent_to
+    );
+    assert!(w.sent.is_empty(), "nothing was broadcast to the ranks");
+    // The job's own pause (an empty jobId is the job's too) runs as usual.
+    w.from = Origin::new(1, "");
+    paused(&mut w, "u2");
+    assert_eq!(w.sent_to.last().unwrap().job, "job-a");
+    w.signal(resume("u2"));
+    one(w.settle(), recover_status(CODE_OK));
+}
+
+#[test]
+fn reports_are_addressed_to_the_session_of_the_pause() {
+    let mut w = world();
+    w.from = Origin::new(7, "job-a");
+    paused(&mut w, "u1");
+    w.switch(&ids(&[1]), &[true]);
+    w.settle();
+    w.signal(resume("u1"));
+    w.settle();
+    assert_eq!(w.sent_to.len(), 3);
+    assert!(w.sent_to.iter().all(|o| o.session == 7 && o.job == "job-a"));
+}
+
+#[test]
+fn the_end_of_the_session_ends_its_held_flow_and_the_next_pause_is_accepted() {
+    let mut w = world();
+    paused(&mut w, "u1");
+    // Another session's end is not this flow's.
+    assert!(w.session_end(2).is_empty());
+    assert!(w.ledger.in_flight().is_some());
+    // ClusterD reset the flow (its stream ended): nobody will continue it. The job resumes
+    // at once instead of holding for the hold bound, and nothing is reported.
+    assert!(w.session_end(1).is_empty());
+    assert!(matches!(
+        w.pending.as_ref().map(|d| &d.kind),
+        Some(DirectiveKind::Resume)
+    ));
+    assert!(w.settle().is_empty(), "no report for an ended session");
+    let r = w.ledger.history().last().unwrap().clone();
+    assert!(
+        matches!(r.error, Some(OperationError::Aborted { .. })),
+        "{r}"
+    );
+    assert_eq!(w.ledger.state(), JobState::Running);
+    // The next session's pause is a new flow, accepted and answered once.
+    w.from = Origin::new(2, "job-a");
+    paused(&mut w, "u2");
+    assert_eq!(w.sent_to.last().unwrap().session, 2);
+}
+
+#[test]
+fn the_end_of_the_session_during_a_switch_rolls_back_and_after_it_keeps_it() {
+    let mut w = world();
+    paused(&mut w, "u1");
+    w.switch(&ids(&[1, 5]), &[true, true]);
+    // The session ends while the switch runs: its result is owed to nobody any more, and
+    // the switch is rolled back (nobody will continue it) before the gates open.
+    assert!(w.session_end(1).is_empty());
+    let got = w.settle();
+    assert!(got.is_empty(), "{got:?}");
+    let r = w.ledger.history().last().unwrap().clone();
+    assert!(r.rolled_back && !r.applied, "{r}");
+    assert_eq!(w.ledger.state(), JobState::Running);
+    assert_eq!((w.table(), w.view()), (vec![], vec![]));
+    // A late continue of the old uuid finds training running.
+    one(w.signal(resume("u1")), recover_status(CODE_OK));
+    // The session ends after the switch was answered: every group agrees on the new NICs,
+    // so the job resumes on them.
+    w.from = Origin::new(2, "job-a");
+    paused(&mut w, "u2");
+    w.switch(&ids(&[1, 5]), &[true, true]);
+    one(w.settle(), |r| *r == Report::SwitchResult { ok: true });
+    assert!(w.session_end(2).is_empty());
+    assert!(w.settle().is_empty());
+    assert_eq!(w.ledger.state(), JobState::Running);
+    assert_eq!((w.table(), w.view()), (vec![1, 5], vec![1, 5]));
+}
+
+#[test]
+fn the_end_of_the_session_after_continue_or_stop_lets_the_operation_end_as_told() {
+    let mut w = world();
+    paused(&mut w, "u1");
+    w.signal(resume("u1"));
+    assert!(w.session_end(1).is_empty());
+    assert!(w.settle().is_empty(), "the RecoverStatus is dropped");
+    assert_eq!(w.ledger.state(), JobState::Running);
+    let r = w.ledger.history().last().unwrap().clone();
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r}");
+    // A stop_train'd pause stays stopped (ClusterD's recovery follows), held, unanswered.
+    w.from = Origin::new(2, "job-a");
+    assert!(w.signal(Signal::StopTrain { uuid: "s1".into() }).is_empty());
+    assert!(w.session_end(2).is_empty());
+    assert!(w.settle().is_empty());
+    assert_eq!(w.ledger.state(), JobState::Paused);
+    assert!(w.ledger.in_flight().is_none() && w.seq.current().is_none());
 }

@@ -5,7 +5,7 @@
 //! agree, and a switch result reports what the ranks really hold.
 
 use super::*;
-use taskd_core::external::{Report, Sequencer, Signal, Step};
+use taskd_core::external::{Origin, Outgoing, Report, Sequencer, Signal, Step};
 use taskd_core::protocol::{GateReport, WorkerHello};
 use taskd_core::{JobLedger, JobState, SwitchCapabilities};
 
@@ -38,6 +38,10 @@ pub(crate) struct World {
     pub deadline: Option<u64>,
     /// Every report sent to ClusterD, in order.
     pub reports: Vec<Report>,
+    /// Every report with its address, in order.
+    pub sent_to: Vec<Outgoing>,
+    /// Where ClusterD's next signal comes from (session 1, this job, at first).
+    pub from: Origin,
     next_id: u128,
 }
 
@@ -81,6 +85,8 @@ impl World {
             sent: Vec::new(),
             deadline: None,
             reports: Vec::new(),
+            sent_to: Vec::new(),
+            from: Origin::new(1, job().0),
             next_id: 1,
         }
     }
@@ -94,14 +100,27 @@ impl World {
     pub(crate) fn signal(&mut self, s: Signal) -> Vec<Report> {
         self.now += millis(1);
         let fresh = self.fresh();
-        let step = self.seq.on_signal(&s, &mut self.ledger, fresh, self.now);
+        let from = self.from.clone();
+        let step = self
+            .seq
+            .on_signal(&s, &from, &mut self.ledger, fresh, self.now);
+        self.take(step)
+    }
+
+    /// The client's session `session` ended (its signal stream closed); returns the reports.
+    pub(crate) fn session_end(&mut self, session: u64) -> Vec<Report> {
+        self.now += millis(1);
+        let step = self.seq.on_session_end(session, &mut self.ledger, self.now);
         self.take(step)
     }
 
     /// ClusterD sends a `SwitchRankList`; returns the reports it led to.
     pub(crate) fn switch(&mut self, ranks: &[String], ops: &[bool]) -> Vec<Report> {
         self.now += millis(1);
-        let step = self.seq.on_switch(ranks, ops, &mut self.ledger, self.now);
+        let from = self.from.clone();
+        let step = self
+            .seq
+            .on_switch(ranks, ops, &from, &mut self.ledger, self.now);
         self.take(step)
     }
 
@@ -172,8 +191,9 @@ impl World {
     }
 
     fn take(&mut self, step: Step) -> Vec<Report> {
-        let mut out = step.reports;
+        let mut out: Vec<Report> = step.reports.iter().map(|o| o.report.clone()).collect();
         self.reports.extend(out.iter().cloned());
+        self.sent_to.extend(step.reports);
         out.extend(self.run(step.actions));
         out
     }

@@ -1,31 +1,66 @@
 //! The manager as ClusterD's client, end to end: a simulated job (the production actors on the
 //! simulated fabric, training on their own threads), the manager's ClusterD client, and a fake
 //! ClusterD (`clusterd_support`) that runs each switch as the real one does and fails the test
-//! on any report it did not ask for. Every scenario ends with the invariant: every
+//! on any report it did not ask for. Every scenario runs twice: against a fake that serves its
+//! streams as grpc-go (ClusterD's server: headers only with a stream's first message) and
+//! against one that sends headers at once. Every scenario ends with the invariant: every
 //! communication group agrees on its NIC configuration.
 
 mod clusterd_support;
 mod common;
 
-use clusterd_support::FakeClusterd;
+use clusterd_support::{FakeClusterd, Got, Headers, SWITCH_FAILED, SWITCH_FINISHED};
 use common::{assert_consistent_end, await_progress, cmd, ranks, small};
 use std::time::Duration;
 use taskd::actors::clusterd::{ClusterdClient, ClusterdConfig};
 use taskd::actors::RecoveryResult;
 use taskd::core::ledger::RecoverTo;
-use taskd::core::operation::JobState;
+use taskd::core::operation::{JobState, OperationError, OperationReport};
 use taskd::core::{DeviceId, GlobalRank, HcclCode, JobId, NodeName};
 use taskd::hal_mock::NicSetFault;
 use taskd::sim::Simulation;
+
+/// Each scenario `name(headers)` as two tests, `name::grpc_go` and `name::headers_at_once`.
+macro_rules! against_both {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use super::*;
+            #[test]
+            fn grpc_go() {
+                super::$name(Headers::WithFirstMessage)
+            }
+            #[test]
+            fn headers_at_once() {
+                super::$name(Headers::AtOnce)
+            }
+        }
+    )*};
+}
+
+against_both!(
+    a_switch_and_back_as_clusterd_runs_them,
+    a_failed_nic_set_answers_false_after_the_rollback_and_the_job_stays_consistent,
+    clusterd_restarted_between_two_switches,
+    clusterd_restarted_while_the_job_is_held_resumes_it_and_the_new_one_switches,
+    clusterd_restarted_during_the_switch_leaves_every_group_agreeing,
+    the_switch_stream_ended_alone_is_subscribed_again_alone_and_the_switch_goes_on,
+    the_signal_stream_ended_mid_flow_ends_the_flow_and_the_next_pause_is_accepted,
+    a_duplicate_switch_rank_list_neither_switches_nor_answers_twice,
+    a_pause_and_a_continue_delivered_twice_are_answered_once,
+    a_continue_or_a_rank_list_out_of_order_is_answered_once_and_changes_nothing,
+    a_pause_then_kill_master_keeps_every_rank_held_and_answers_nothing,
+    a_pause_while_an_operator_switch_runs_is_refused_as_busy,
+    signals_for_another_job_are_refused_under_that_job_and_change_nothing,
+);
 
 fn sim() -> Simulation {
     Simulation::start(&small()).expect("the simulated job starts")
 }
 
 /// A simulated job, a fake ClusterD and the job's manager as its client, first session up.
-fn setup() -> (Simulation, FakeClusterd, ClusterdClient) {
+fn setup(headers: Headers) -> (Simulation, FakeClusterd, ClusterdClient) {
     let sim = sim();
-    let fake = FakeClusterd::start("sim");
+    let fake = FakeClusterd::start_with("sim", headers);
     let c = client(&sim, &fake);
     (sim, fake, c)
 }
@@ -48,9 +83,16 @@ fn client(sim: &Simulation, fake: &FakeClusterd) -> ClusterdClient {
     c
 }
 
-#[test]
-fn a_switch_and_back_as_clusterd_runs_them() {
-    let (sim, fake, c) = setup();
+/// Waits for the final report of the operation in flight (`progress` subscribed before it
+/// could end).
+fn final_report(
+    progress: &mut tokio::sync::broadcast::Receiver<taskd::actors::ProgressEvent>,
+) -> OperationReport {
+    await_progress(progress, "a final report", |ev| ev.report().cloned())
+}
+
+fn a_switch_and_back_as_clusterd_runs_them(headers: Headers) {
+    let (sim, fake, c) = setup(headers);
 
     // Step by step, checking what the job holds at each one.
     let uuid = fake.pause();
@@ -81,15 +123,17 @@ fn a_switch_and_back_as_clusterd_runs_them() {
     assert!(s.recent[0].applied);
 
     // And back, as one flow.
-    assert!(fake.switch_nic(&[1, 6], &[false, false]));
+    assert_eq!(fake.switch_nic(&[1, 6], &[false, false]), SWITCH_FINISHED);
     fake.wait_sessions(3);
     assert!(sim.fabric().ranks_on_backup().is_empty());
+    assert_eq!(fake.answers(), vec![SWITCH_FINISHED]);
     end(sim, &fake, c);
 }
 
-#[test]
-fn a_failed_nic_set_answers_false_after_the_rollback_and_the_job_stays_consistent() {
-    let (sim, fake, c) = setup();
+fn a_failed_nic_set_answers_false_after_the_rollback_and_the_job_stays_consistent(
+    headers: Headers,
+) {
+    let (sim, fake, c) = setup(headers);
     sim.fabric()
         .inject_nic_set_fault(GlobalRank(5), NicSetFault::Fail(HcclCode::Network));
     let uuid = fake.pause();
@@ -109,6 +153,10 @@ fn a_failed_nic_set_answers_false_after_the_rollback_and_the_job_stays_consisten
     assert_eq!(s.state, JobState::Paused);
     assert!(s.recent.iter().any(|r| r.rolled_back), "{:?}", s.recent);
     assert!(s.ranks_on_backup.is_empty());
+    // ClusterD resets the job; the session that follows changes nothing of the held job.
+    fake.reset_streams();
+    fake.wait_sessions(2);
+    assert_eq!(sim.job().status(0).unwrap().state, JobState::Paused);
     // An operator (or the job's restart) brings it back: the targets of the stopped
     // operation are re-stated as the NIC table has them (primary), then every gate opens.
     match sim.job().recover(RecoverTo::AsIs).unwrap() {
@@ -122,23 +170,73 @@ fn a_failed_nic_set_answers_false_after_the_rollback_and_the_job_stays_consisten
     end(sim, &fake, c);
 }
 
-#[test]
-fn clusterd_restarted_between_two_switches() {
-    let (sim, fake, c) = setup();
-    assert!(fake.switch_nic(&[2], &[true]));
+fn clusterd_restarted_between_two_switches(headers: Headers) {
+    let (sim, fake, c) = setup(headers);
+    assert_eq!(fake.switch_nic(&[2], &[true]), SWITCH_FINISHED);
     fake.assert_clean();
     let addr = fake.kill();
     // A new ClusterD on the same address: the client finds it by itself.
-    let fake = FakeClusterd::start_at("sim", addr);
+    let fake = FakeClusterd::start_at("sim", addr, headers);
     fake.wait_sessions(1);
-    assert!(fake.switch_nic(&[2, 7], &[false, true]));
+    assert_eq!(fake.switch_nic(&[2, 7], &[false, true]), SWITCH_FINISHED);
     assert_eq!(sim.fabric().ranks_on_backup(), ranks(&[7]));
     end(sim, &fake, c);
 }
 
-#[test]
-fn the_switch_stream_cut_while_paused_is_subscribed_again_and_the_switch_goes_on() {
-    let (sim, fake, c) = setup();
+fn clusterd_restarted_while_the_job_is_held_resumes_it_and_the_new_one_switches(headers: Headers) {
+    let (sim, fake, c) = setup(headers);
+    let mut progress = sim.job().subscribe_progress();
+    fake.pause();
+    assert_eq!(fake.stop_complete().0, 0);
+    // ClusterD dies with the job held: its flow is gone with it. The job does not wait for
+    // the hold bound (15 minutes by default): it resumes on the NICs every group agrees on.
+    let addr = fake.kill();
+    let r = final_report(&mut progress);
+    assert!(
+        matches!(&r.error, Some(OperationError::Aborted { reason, .. }) if reason.contains("signal stream closed")),
+        "{r}"
+    );
+    assert_eq!(r.job_state, JobState::Running, "{r}");
+    let fake = FakeClusterd::start_at("sim", addr, headers);
+    fake.wait_sessions(1);
+    // The new ClusterD's first pause is accepted (not refused with 499, which would make
+    // ClusterD kill the job), and nothing of the old flow reaches it.
+    assert_eq!(fake.switch_nic(&[3], &[true]), SWITCH_FINISHED);
+    assert_eq!(sim.fabric().ranks_on_backup(), ranks(&[3]));
+    end(sim, &fake, c);
+}
+
+fn clusterd_restarted_during_the_switch_leaves_every_group_agreeing(headers: Headers) {
+    let (sim, fake, c) = setup(headers);
+    let mut progress = sim.job().subscribe_progress();
+    fake.pause();
+    assert_eq!(fake.stop_complete().0, 0);
+    fake.switch(&[0, 5], &[true, true]);
+    // Killed while the ranks switch (or just after): either the switch is rolled back or
+    // it completed; the job runs again on NICs every group agrees on, without waiting for
+    // the hold bound.
+    let addr = fake.kill();
+    let r = final_report(&mut progress);
+    assert_eq!(r.job_state, JobState::Running, "{r}");
+    assert!(sim.fabric().check_consistency().is_consistent());
+    let on_backup = sim.fabric().ranks_on_backup();
+    assert!(
+        on_backup.is_empty() || on_backup == ranks(&[0, 5]),
+        "{on_backup:?}"
+    );
+    let fake = FakeClusterd::start_at("sim", addr, headers);
+    fake.wait_sessions(1);
+    assert_eq!(fake.switch_nic(&[0, 5], &[false, false]), SWITCH_FINISHED);
+    assert!(sim.fabric().ranks_on_backup().is_empty());
+    end(sim, &fake, c);
+}
+
+/// ClusterD ends its switch stream only with a reset; a proxy in between may cut it alone.
+/// Only that stream is subscribed again: a new signal stream would reset ClusterD's flow.
+fn the_switch_stream_ended_alone_is_subscribed_again_alone_and_the_switch_goes_on(
+    headers: Headers,
+) {
+    let (sim, fake, c) = setup(headers);
     let uuid = fake.pause();
     let (code, info) = fake.stop_complete();
     assert_eq!(code, 0, "{info}");
@@ -148,14 +246,8 @@ fn the_switch_stream_cut_while_paused_is_subscribed_again_and_the_switch_goes_on
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("the pause step in {info:?}"));
     fake.cut_switch_stream();
-    // The client starts a new session (Init, Register, both streams); the job stays held.
-    fake.wait_sessions(2);
-    let s = sim.job().status(0).unwrap();
-    assert!(s.in_flight.is_some());
-    assert_eq!(
-        s.clusterd.and_then(|l| l.driving).as_deref(),
-        Some(uuid.as_str())
-    );
+    fake.wait_switch_subscriptions(2);
+    assert_eq!(fake.subscriptions(), (1, 2), "the signal stream was kept");
     fake.switch(&[0], &[true]);
     assert!(fake.switch_result());
     // Held all along: no rank went past the pause step.
@@ -168,9 +260,30 @@ fn the_switch_stream_cut_while_paused_is_subscribed_again_and_the_switch_goes_on
     end(sim, &fake, c);
 }
 
-#[test]
-fn a_duplicate_switch_rank_list_neither_switches_nor_answers_twice() {
-    let (sim, fake, c) = setup();
+/// The end of the signal stream is the end of ClusterD's flow (it resets the job whenever
+/// that stream goes away): the held job resumes at once, nothing owed to the old flow is
+/// sent, and the next pause is a new flow, accepted.
+fn the_signal_stream_ended_mid_flow_ends_the_flow_and_the_next_pause_is_accepted(headers: Headers) {
+    let (sim, fake, c) = setup(headers);
+    let mut progress = sim.job().subscribe_progress();
+    fake.pause();
+    assert_eq!(fake.stop_complete().0, 0);
+    fake.switch(&[2], &[true]);
+    assert!(fake.switch_result());
+    fake.cut_signal_stream();
+    let r = final_report(&mut progress);
+    assert_eq!(r.job_state, JobState::Running, "{r}");
+    // The switch was done and answered, so every group agrees on it: the job kept it.
+    assert!(r.applied, "{r}");
+    assert_eq!(sim.fabric().ranks_on_backup(), ranks(&[2]));
+    fake.wait_sessions(2);
+    assert_eq!(fake.switch_nic(&[2], &[false]), SWITCH_FINISHED);
+    assert!(sim.fabric().ranks_on_backup().is_empty());
+    end(sim, &fake, c);
+}
+
+fn a_duplicate_switch_rank_list_neither_switches_nor_answers_twice(headers: Headers) {
+    let (sim, fake, c) = setup(headers);
     let calls_before = sim.fabric().nic_set_log().len();
     let uuid = fake.pause();
     assert_eq!(fake.stop_complete().0, 0);
@@ -186,7 +299,7 @@ fn a_duplicate_switch_rank_list_neither_switches_nor_answers_twice() {
     fake.wait_sessions(2);
     // The next switch finds its slot empty (a second answer would sit there) and switches
     // back with as many calls as the first: the duplicate made none.
-    assert!(fake.switch_nic(&[3, 5], &[false, false]));
+    assert_eq!(fake.switch_nic(&[3, 5], &[false, false]), SWITCH_FINISHED);
     assert_eq!(
         sim.fabric().nic_set_log().len() - calls_before,
         2 * one_switch
@@ -195,16 +308,57 @@ fn a_duplicate_switch_rank_list_neither_switches_nor_answers_twice() {
     end(sim, &fake, c);
 }
 
-#[test]
-fn a_pause_then_kill_master_keeps_every_rank_held_and_answers_nothing() {
-    let (sim, fake, c) = setup();
+fn a_pause_and_a_continue_delivered_twice_are_answered_once(headers: Headers) {
+    let (sim, fake, c) = setup(headers);
+    let uuid = fake.pause();
+    // The same pause again (ClusterD retries a send it thinks failed): no second pause.
+    fake.signal("stopTrain", &["pause_train"], "", &uuid);
+    assert_eq!(fake.stop_complete().0, 0);
+    fake.switch(&[1], &[true]);
+    assert!(fake.switch_result());
+    fake.resume(&uuid);
+    fake.signal("changeStrategy", &["change_strategy"], "continue", &uuid);
+    assert_eq!(fake.recover_status().0, 0);
+    // A delivery that came after its answer is not answered again: a last continue makes
+    // it so, and the slots stay empty (assert_clean).
+    fake.signal("changeStrategy", &["change_strategy"], "continue", &uuid);
+    fake.reset_streams();
+    fake.wait_sessions(2);
+    assert_eq!(fake.switch_nic(&[1], &[false]), SWITCH_FINISHED);
+    end(sim, &fake, c);
+}
+
+fn a_continue_or_a_rank_list_out_of_order_is_answered_once_and_changes_nothing(headers: Headers) {
+    let (sim, fake, c) = setup(headers);
+    let calls_before = sim.fabric().nic_set_log().len();
+    // A rank list with no pause in effect: refused, nothing switched, answered false once.
+    fake.switch(&[4], &[true]);
+    assert!(!fake.switch_result());
+    // A continue for no pause: training runs, which is what it asks; answered once.
+    fake.resume("no-such-pause");
+    let (code, info) = fake.recover_status();
+    assert_eq!(code, 0, "{info}");
+    assert_eq!(sim.fabric().nic_set_log().len(), calls_before);
+    assert_eq!(sim.job().status(0).unwrap().state, JobState::Running);
+    fake.reset_streams();
+    fake.wait_sessions(2);
+    assert_eq!(fake.switch_nic(&[4], &[true]), SWITCH_FINISHED);
+    assert_eq!(sim.fabric().ranks_on_backup(), ranks(&[4]));
+    end(sim, &fake, c);
+}
+
+fn a_pause_then_kill_master_keeps_every_rank_held_and_answers_nothing(headers: Headers) {
+    let (sim, fake, c) = setup(headers);
     fake.pause();
     assert_eq!(fake.stop_complete().0, 0);
     let mut progress = sim.job().subscribe_progress();
     fake.kill_master("restart-1");
     // killMaster has no answer; the operation ends with every rank held on agreeing groups.
-    let r = await_progress(&mut progress, "a final report", |ev| ev.report().cloned());
+    let r = final_report(&mut progress);
     assert_eq!(r.job_state, JobState::Paused, "{r}");
+    // ClusterD resets after killMaster: both streams end; the held job stays held.
+    fake.reset_streams();
+    fake.wait_sessions(2);
     let s = sim.job().status(1).unwrap();
     assert_eq!(s.state, JobState::Paused);
     assert!(s.in_flight.is_none());
@@ -223,9 +377,8 @@ fn a_pause_then_kill_master_keeps_every_rank_held_and_answers_nothing() {
     end(sim, &fake, c);
 }
 
-#[test]
-fn a_pause_while_an_operator_switch_runs_is_refused_as_busy() {
-    let (sim, fake, c) = setup();
+fn a_pause_while_an_operator_switch_runs_is_refused_as_busy(headers: Headers) {
+    let (sim, fake, c) = setup(headers);
     // An operator's switch whose NIC-set hangs a while: it is in flight when ClusterD pauses.
     sim.fabric().inject_nic_set_fault(
         GlobalRank(0),
@@ -242,5 +395,59 @@ fn a_pause_while_an_operator_switch_runs_is_refused_as_busy() {
     assert!(info.contains(&id.to_string()), "{info}");
     let r = sim.job().wait(id).unwrap();
     assert!(r.rolled_back, "{r}");
+    end(sim, &fake, c);
+}
+
+/// A signal naming another job used to pause this one and report success into this job's
+/// slot; it is refused and answered under the job it named.
+fn signals_for_another_job_are_refused_under_that_job_and_change_nothing(headers: Headers) {
+    let (sim, fake, c) = setup(headers);
+    let calls_before = sim.fabric().nic_set_log().len();
+    fake.signal_for("other-job", "stopTrain", &["pause_train"], "", "u-other");
+    let got = fake.wait_foreign_reports(1);
+    assert_eq!(got[0].0, "other-job");
+    let Got::Status(code, info) = &got[0].1 else {
+        panic!("{got:?}")
+    };
+    assert_eq!(*code, 499, "{info}");
+    assert!(
+        info.contains("\"other-job\"") && info.contains("\"sim\""),
+        "{info}"
+    );
+    let s = sim.job().status(0).unwrap();
+    assert!(s.in_flight.is_none(), "{:?}", s.in_flight);
+    assert_eq!(s.state, JobState::Running);
+    fake.signal_for(
+        "other-job",
+        "changeStrategy",
+        &["change_strategy"],
+        "continue",
+        "u-other",
+    );
+    let got = fake.wait_foreign_reports(2);
+    assert!(
+        matches!(&got[1], (job, Got::Status(499, _)) if job == "other-job"),
+        "{got:?}"
+    );
+    // Training went on, nothing was switched, and the job's own flow works as ever.
+    sim.train(2).unwrap();
+    assert_eq!(sim.fabric().nic_set_log().len(), calls_before);
+    assert_eq!(fake.switch_nic(&[6], &[true]), SWITCH_FINISHED);
+    assert_eq!(fake.foreign_reports().len(), 2);
+    end(sim, &fake, c);
+}
+
+#[test]
+fn a_failing_switch_is_answered_once_with_clusterds_failure() {
+    let (sim, fake, c) = setup(Headers::WithFirstMessage);
+    sim.fabric()
+        .inject_nic_set_fault(GlobalRank(2), NicSetFault::Fail(HcclCode::Network));
+    assert_eq!(fake.switch_nic(&[2], &[true]), SWITCH_FAILED);
+    assert_eq!(fake.answers(), vec![SWITCH_FAILED]);
+    assert_eq!(sim.job().status(0).unwrap().state, JobState::Paused);
+    assert!(matches!(
+        sim.job().recover(RecoverTo::AsIs).unwrap(),
+        RecoveryResult::Operation(_)
+    ));
     end(sim, &fake, c);
 }

@@ -6,7 +6,7 @@ mod clusterd_support;
 mod common;
 mod net_support;
 
-use clusterd_support::FakeClusterd;
+use clusterd_support::{FakeClusterd, SWITCH_FINISHED};
 use common::{lines_of, manager_args, taskd_command};
 use net_support::{fast_heartbeats, s, Cluster, ClusterSpec, Scratch};
 use std::process::{Command, Stdio};
@@ -54,7 +54,7 @@ fn a_job_of_processes_is_switched_and_back_by_clusterd() {
     assert_eq!(st.ranks_on_backup, vec![1, 2]);
     assert_eq!(st.state, "running");
 
-    assert!(fake.switch_nic(&[1, 2], &[false, false]));
+    assert_eq!(fake.switch_nic(&[1, 2], &[false, false]), SWITCH_FINISHED);
     let st = c.status(2);
     assert!(st.ranks_on_backup.is_empty());
     assert!(

@@ -10,7 +10,8 @@ pub use auto::AwaitAutoSettled;
 mod clusterd;
 
 pub use clusterd::{
-    AttachClusterd, ClusterdLink, ClusterdLinkChanged, ClusterdSignal, ClusterdSwitch,
+    AttachClusterd, ClusterdLink, ClusterdLinkChanged, ClusterdSessionEnded, ClusterdSignal,
+    ClusterdSwitch,
 };
 
 use crate::journal::OperationJournal;

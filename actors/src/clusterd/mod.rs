@@ -4,18 +4,24 @@
 //! job's manager over gRPC (service `Recover`, no package: `proto/clusterd/recover.proto`). The
 //! client keeps a session with ClusterD: `Init`, `Register`, then two server streams,
 //! `SubscribeProcessManageSignal` (pause, stop, continue, killMaster, a keep-alive every 5 s)
-//! and `SubscribeNotifySwitch` (the ranks to switch). It hands every signal to the manager
-//! actor (`actors/src/manager/clusterd.rs`, where `core/src/external.rs` decides) and sends the
-//! reports the manager owes: `ReportStopComplete`, `ReplySwitchNicResult`,
-//! `ReportRecoverStatus`, in the order they are owed, each once.
+//! and, once that stream's first message is in, `SubscribeNotifySwitch` (the ranks to switch).
+//! ClusterD is a grpc-go server: it sends a stream's headers only with its first message, so
+//! nothing waits for them (`session.rs` says how). The client hands every signal to the
+//! manager actor (`actors/src/manager/clusterd.rs`, where `core/src/external.rs` decides),
+//! tagged with its session, and sends the reports the manager owes: `ReportStopComplete`,
+//! `ReplySwitchNicResult`, `ReportRecoverStatus`, in the order they are owed, each once, as
+//! soon as they are owed.
 //!
-//! Every stream end is normal (ClusterD ends both after each switch): the client starts again
-//! from `Init`, and after a failure waits with a jittered backoff, forever, logging each change
-//! of its link once. A report that could not be sent is kept and sent on the next session.
-//! A session that hears nothing (not even a keep-alive) for [`ClusterdConfig::silence`] is
-//! given up. Metrics: `taskd_clusterd_connected`, `taskd_clusterd_signals_total{type}`,
-//! `taskd_clusterd_reports_total{report, result}`; spans `clusterd` (the client) and
-//! `clusterd_signal` (the manager's handling of one signal).
+//! The end of the signal stream is normal (ClusterD resets the job's flow after each switch,
+//! and whenever the stream ends): the reports owed to that session are dropped, the manager
+//! ends the flow it drove, and the client starts again from `Init`; after a failure it waits
+//! with a jittered backoff, forever, logging each change of its link once. The end of the
+//! switch stream alone subscribes that stream again, alone. A session that hears nothing (not
+//! even a keep-alive) for [`ClusterdConfig::silence`] is given up. Metrics:
+//! `taskd_clusterd_connected`, `taskd_clusterd_signals_total{type}`,
+//! `taskd_clusterd_reports_total{report, result}` (`result` `dropped` for a report whose
+//! session ended); spans `clusterd` (the client) and `clusterd_signal` (the manager's
+//! handling of one signal).
 
 mod session;
 
@@ -44,7 +50,8 @@ pub struct ClusterdConfig {
     /// How long a hold waits for ClusterD's next signal before the job resumes.
     pub hold: Duration,
     /// The first wait before reconnecting after a failure (and after ClusterD ends the
-    /// streams); it doubles up to [`ClusterdConfig::retry_max`].
+    /// streams; and before subscribing the switch stream again); it doubles up to
+    /// [`ClusterdConfig::retry_max`].
     pub retry_min: Duration,
     /// The longest wait between two attempts.
     pub retry_max: Duration,

@@ -1,21 +1,48 @@
 //! The client's life: sessions with ClusterD, one after another, forever.
 //!
-//! A session is `Init` -> `Register` -> both subscriptions, then a loop that hands ClusterD's
-//! signals to the manager and sends the reports the manager owes. It ends when a stream ends
-//! (ClusterD resets the job after every switch: start again at once), or on any failure
-//! (start again after a backoff). Reports live in an outbox until ClusterD took them, so a
-//! report owed while the link is down is sent on the next session, in order.
+//! A session is one signal stream. It starts with `Init` and `Register` (unary, answered at
+//! once), then calls `SubscribeProcessManageSignal`. ClusterD is a grpc-go server, which sends a
+//! server stream's response headers only with the stream's first message (or as a
+//! trailers-only response when the stream ends first): no call of a session ever waits for a
+//! subscription's headers. Every subscription is one call, created once and polled in the
+//! session's one loop next to the other stream, the reports and the silence timer:
+//!
+//! - The signal stream's first message (a keep-alive within 5 s, or a signal) must come within
+//!   [`ClusterdConfig::silence`]. It also proves that ClusterD has reset the job's flow, which
+//!   every `SubscribeProcessManageSignal` does and which ends any switch stream opened before
+//!   it; so only then is `SubscribeNotifySwitch` called, and the session is up (Init and
+//!   Register answered, the first message in, the switch subscription sent).
+//! - `SubscribeNotifySwitch` waits for headers until ClusterD has a `SwitchRankList`, which it
+//!   produces only after the pause is reported: that wait is the normal idle state. The end of
+//!   that stream, or its refusal, subscribes it again, alone, after
+//!   [`ClusterdConfig::retry_min`]: a new signal stream would reset ClusterD's flow.
+//! - Reports are sent as soon as they are owed, whatever state either stream is in (they are
+//!   unary calls), in order; a call that fails is retried while the session lasts.
+//! - Signals are read in order from one stream, so a `killMaster` that ClusterD sends before
+//!   it resets the job (which ends both streams) is handled before the session ends.
+//!
+//! The end of the signal stream ends the session: ClusterD has reset the job's flow (it ends
+//! the stream after every switch, and resets whenever a client's stream goes away). A report
+//! owed to an ended session is dropped and logged, never sent in a later one (it would sit in
+//! ClusterD's new one-slot buffer and answer the next switch), and the manager is told, so it
+//! ends the flow that session drove. The next session starts after
+//! [`ClusterdConfig::retry_min`]; one that failed (ClusterD unreachable, an answer other than
+//! code 0, silence) after a jittered backoff.
 
 use super::proto::recover_client::RecoverClient;
 use super::proto::{self, ClientInfo};
 use super::ClusterdConfig;
-use crate::manager::{ClusterdLinkChanged, ClusterdSignal, ClusterdSwitch, Manager};
+use crate::manager::{
+    ClusterdLinkChanged, ClusterdSessionEnded, ClusterdSignal, ClusterdSwitch, Manager,
+};
 use crate::net::backoff::Backoff;
 use crate::net::client::error_chain;
 use crate::telemetry;
 use actix::Addr;
 use std::collections::VecDeque;
-use taskd_core::external::{self, Report, Signal, CONTINUE_STRATEGY, ROLE};
+use std::future::Future;
+use std::pin::Pin;
+use taskd_core::external::{self, Origin, Outgoing, Report, Signal, CONTINUE_STRATEGY, ROLE};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -25,14 +52,11 @@ use tracing::Instrument;
 
 /// The largest message ClusterD's server accepts (and so the most it sends).
 const MAX_MESSAGE: usize = 4 << 20;
-/// How many times `SubscribeNotifySwitch` is tried right after `Register` (it answers "not
-/// registed" until ClusterD has recorded the registration).
-const NOTIFY_TRIES: u32 = 10;
 
 /// Why a session ended.
 enum End {
-    /// ClusterD ended a stream: normal, start again.
-    Reset(&'static str),
+    /// ClusterD ended the signal stream: normal, start again.
+    Reset,
     /// Something failed: start again after a backoff.
     Failed(String),
 }
@@ -41,36 +65,38 @@ enum End {
 pub(super) async fn run(
     manager: Addr<Manager>,
     cfg: ClusterdConfig,
-    mut reports: UnboundedReceiver<Report>,
+    mut reports: UnboundedReceiver<Outgoing>,
     mut stop: oneshot::Receiver<()>,
 ) {
     let span = tracing::info_span!("clusterd", addr = %cfg.addr, job = %cfg.job, role = "manager");
     let mut link = Link::new(manager.clone());
-    let mut outbox = VecDeque::new();
     let mut backoff = Backoff::new(cfg.retry_min, cfg.retry_max);
     async move {
         tracing::info!("ClusterD client started");
+        let mut id = 0;
         loop {
+            id += 1;
             let mut s = Session {
+                id,
                 cfg: &cfg,
                 manager: &manager,
                 reports: &mut reports,
-                outbox: &mut outbox,
+                outbox: Outbox::default(),
                 link: &mut link,
             };
             let end = tokio::select! {
-                _ = &mut stop => break,
-                end = s.run() => end,
+                _ = &mut stop => None,
+                end = s.run() => Some(end),
             };
+            s.close();
             let wait = match end {
-                End::Reset(which) => {
-                    link.down(format!(
-                        "ClusterD ended the {which} stream; subscribing again"
-                    ));
+                None => break,
+                Some(End::Reset) => {
+                    link.down("ClusterD ended the signal stream; subscribing again".into());
                     backoff.reset();
                     cfg.retry_min
                 }
-                End::Failed(why) => {
+                Some(End::Failed(why)) => {
                     link.down(why);
                     backoff.next_delay()
                 }
@@ -91,49 +117,56 @@ pub(super) async fn run(
     .await
 }
 
-/// One session.
+/// One session: one signal stream and what belongs to it.
 struct Session<'a> {
+    /// The session's number (the reports it is owed carry it).
+    id: u64,
     cfg: &'a ClusterdConfig,
     manager: &'a Addr<Manager>,
-    reports: &'a mut UnboundedReceiver<Report>,
-    outbox: &'a mut VecDeque<Report>,
+    reports: &'a mut UnboundedReceiver<Outgoing>,
+    outbox: Outbox,
     link: &'a mut Link,
 }
 
 impl Session<'_> {
     async fn run(&mut self) -> End {
-        let (mut client, mut signals, mut switches) = match self.open().await {
-            Ok(s) => s,
+        let client = match self.open().await {
+            Ok(c) => c,
             Err(why) => return End::Failed(why),
         };
-        self.link.up();
+        let me = self.me();
+        let mut signals = Sub::Calling(signal_call(&client, &me));
+        let mut switches: Option<Sub<proto::SwitchRankList>> = None;
         let mut quiet_until = Instant::now() + self.cfg.silence;
         loop {
-            if let Some(r) = self.outbox.front().cloned() {
-                if let Err(why) = self.deliver(&mut client, &r).await {
-                    return End::Failed(why);
-                }
-                self.outbox.pop_front();
-                continue;
-            }
             tokio::select! {
-                m = signals.message() => match m {
-                    Ok(Some(m)) => self.signal(m),
-                    Ok(None) => return End::Reset("signal"),
-                    Err(s) => return End::Failed(format!("signal stream: {s}")),
+                ev = signals.next(|| signal_call(&client, &me)) => match ev {
+                    Event::Message(m) => {
+                        self.signal(m);
+                        if switches.is_none() {
+                            switches = Some(Sub::Calling(switch_call(&client, &me)));
+                            self.link.up();
+                        }
+                    }
+                    Event::Ended => return End::Reset,
+                    Event::Failed(s) => return End::Failed(format!("signal stream: {s}")),
                 },
-                m = switches.message() => match m {
-                    Ok(Some(m)) => self.switch(m),
-                    Ok(None) => return End::Reset("switch"),
-                    Err(s) => return End::Failed(format!("switch stream: {s}")),
+                ev = next_of(&mut switches, || switch_call(&client, &me)) => match ev {
+                    Event::Message(m) => self.switch(m),
+                    Event::Ended => self.switch_again(&mut switches, "ended".into()),
+                    Event::Failed(s) => self.switch_again(&mut switches, s.to_string()),
                 },
                 r = self.reports.recv() => match r {
                     Some(r) => {
-                        self.outbox.push_back(r);
+                        self.outbox.push(r, self.id);
                         continue;
                     }
                     None => return End::Failed("the manager is gone".into()),
                 },
+                (r, sent) = self.outbox.next(&client) => {
+                    self.outbox.answered(&r, sent, self.cfg);
+                    continue;
+                }
                 _ = tokio::time::sleep_until(quiet_until) => {
                     return End::Failed(format!(
                         "nothing from ClusterD for {:?} (it sends a keep-alive every 5 s)",
@@ -145,17 +178,15 @@ impl Session<'_> {
         }
     }
 
-    /// Connects, `Init`, `Register`, both subscriptions.
-    async fn open(
-        &mut self,
-    ) -> Result<
-        (
-            RecoverClient<Channel>,
-            Streaming<proto::ProcessManageSignal>,
-            Streaming<proto::SwitchRankList>,
-        ),
-        String,
-    > {
+    fn me(&self) -> ClientInfo {
+        ClientInfo {
+            job_id: self.cfg.job.0.clone(),
+            role: ROLE.into(),
+        }
+    }
+
+    /// Connects, `Init`, `Register`.
+    async fn open(&mut self) -> Result<RecoverClient<Channel>, String> {
         let addr = &self.cfg.addr;
         let channel = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| format!("bad ClusterD address {addr:?}: {e}"))?
@@ -167,30 +198,24 @@ impl Session<'_> {
         let mut client = RecoverClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE);
-        let me = ClientInfo {
-            job_id: self.cfg.job.0.clone(),
-            role: ROLE.into(),
-        };
+        let me = self.me();
         answered("Init", client.init(me.clone()).await)?;
-        answered("Register", client.register(me.clone()).await)?;
-        let signals = client
-            .subscribe_process_manage_signal(me.clone())
-            .await
-            .map_err(|s| format!("SubscribeProcessManageSignal: {s}"))?
-            .into_inner();
-        let mut tries = 0;
-        let switches = loop {
-            match client.subscribe_notify_switch(me.clone()).await {
-                Ok(s) => break s.into_inner(),
-                Err(s) if tries + 1 < NOTIFY_TRIES => {
-                    tries += 1;
-                    tracing::debug!(status = %s, tries, "SubscribeNotifySwitch not yet");
-                    tokio::time::sleep(self.cfg.retry_min / 4).await;
-                }
-                Err(s) => return Err(format!("SubscribeNotifySwitch: {s}")),
-            }
-        };
-        Ok((client, signals, switches))
+        answered("Register", client.register(me).await)?;
+        Ok(client)
+    }
+
+    /// The session ended: the reports still owed to it are dropped, and the manager ends the
+    /// flow it drove.
+    fn close(&mut self) {
+        for r in self.outbox.queue.drain(..) {
+            dropped(&r, "its session ended before ClusterD took it");
+        }
+        self.manager
+            .do_send(ClusterdSessionEnded { session: self.id });
+    }
+
+    fn origin(&self, job: String) -> Origin {
+        Origin::new(self.id, job)
     }
 
     fn signal(&mut self, m: proto::ProcessManageSignal) {
@@ -199,37 +224,204 @@ impl Session<'_> {
         if signal == Signal::KeepAlive {
             return;
         }
-        tracing::info!(signal = signal.kind(), clusterd_uuid = %m.uuid, "ClusterD signal");
-        self.manager.do_send(ClusterdSignal(signal));
+        tracing::info!(signal = signal.kind(), clusterd_uuid = %m.uuid, job = %m.job_id, "ClusterD signal");
+        self.manager.do_send(ClusterdSignal {
+            signal,
+            from: self.origin(m.job_id),
+        });
     }
 
     fn switch(&mut self, m: proto::SwitchRankList) {
         metrics::counter!(telemetry::CLUSTERD_SIGNALS_TOTAL, "type" => "switch").increment(1);
-        tracing::info!(ranks = ?m.rank_id, ops = ?m.op, "ClusterD SwitchRankList");
+        tracing::info!(ranks = ?m.rank_id, ops = ?m.op, job = %m.job_id, "ClusterD SwitchRankList");
         self.manager.do_send(ClusterdSwitch {
             ranks: m.rank_id,
             ops: m.op,
+            from: self.origin(m.job_id),
         });
     }
 
-    /// Sends one report. ClusterD's answer, whatever its code, means it took it; a failed
-    /// call keeps it for the next session.
-    async fn deliver(
-        &mut self,
-        client: &mut RecoverClient<Channel>,
-        r: &Report,
-    ) -> Result<(), String> {
-        let job = self.cfg.job.0.clone();
-        let status = |code: &i32, info: &String| {
-            Some(proto::Status {
-                code: *code,
-                info: info.clone(),
-            })
+    /// The switch stream ended or was refused: subscribe it again, alone, a little later.
+    fn switch_again(&mut self, sub: &mut Option<Sub<proto::SwitchRankList>>, why: String) {
+        tracing::info!(
+            "ClusterD's switch stream {why}; subscribing it again in {:?}",
+            self.cfg.retry_min
+        );
+        *sub = Some(Sub::Later(Instant::now() + self.cfg.retry_min));
+    }
+}
+
+/// A subscription call's future: it resolves with the response headers.
+type Call<T> =
+    Pin<Box<dyn Future<Output = Result<tonic::Response<Streaming<T>>, tonic::Status>> + Send>>;
+
+fn signal_call(
+    client: &RecoverClient<Channel>,
+    me: &ClientInfo,
+) -> Call<proto::ProcessManageSignal> {
+    let (mut client, me) = (client.clone(), me.clone());
+    Box::pin(async move { client.subscribe_process_manage_signal(me).await })
+}
+
+fn switch_call(client: &RecoverClient<Channel>, me: &ClientInfo) -> Call<proto::SwitchRankList> {
+    let (mut client, me) = (client.clone(), me.clone());
+    Box::pin(async move { client.subscribe_notify_switch(me).await })
+}
+
+/// One server-stream subscription. Its state lives here, not in the future that
+/// [`Sub::next`] returns, so dropping that future (another branch of the session's loop was
+/// ready first) loses nothing.
+enum Sub<T> {
+    /// To be subscribed (again) at this instant.
+    Later(Instant),
+    /// The call is out; its headers have not come.
+    Calling(Call<T>),
+    /// The stream.
+    Open(Streaming<T>),
+}
+
+/// What a subscription delivered.
+enum Event<T> {
+    Message(T),
+    /// The stream ended (OK), or the server answered with an empty stream.
+    Ended,
+    /// The call or the stream failed.
+    Failed(tonic::Status),
+}
+
+impl<T> Sub<T> {
+    /// The next message, end or failure; subscribes with `call` when it is time.
+    async fn next(&mut self, call: impl Fn() -> Call<T>) -> Event<T> {
+        loop {
+            match self {
+                Sub::Later(at) => {
+                    tokio::time::sleep_until(*at).await;
+                    *self = Sub::Calling(call());
+                }
+                Sub::Calling(pending) => match pending.as_mut().await {
+                    Ok(r) => *self = Sub::Open(r.into_inner()),
+                    Err(s) => return Event::Failed(s),
+                },
+                Sub::Open(stream) => {
+                    return match stream.message().await {
+                        Ok(Some(m)) => Event::Message(m),
+                        Ok(None) => Event::Ended,
+                        Err(s) => Event::Failed(s),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// [`Sub::next`] of a subscription that may not exist yet (then never ready).
+async fn next_of<T>(sub: &mut Option<Sub<T>>, call: impl Fn() -> Call<T>) -> Event<T> {
+    match sub {
+        Some(s) => s.next(call).await,
+        None => std::future::pending().await,
+    }
+}
+
+type Reply = Pin<Box<dyn Future<Output = Result<proto::Status, tonic::Status>> + Send>>;
+
+/// The reports owed in this session, in order; the first is being sent (or waits to be
+/// retried).
+#[derive(Default)]
+struct Outbox {
+    queue: VecDeque<Outgoing>,
+    sending: Option<Reply>,
+    retry_at: Option<Instant>,
+    failures: u32,
+}
+
+impl Outbox {
+    /// Queues a report owed to `session` (the current one); one owed to another is dropped.
+    fn push(&mut self, r: Outgoing, session: u64) {
+        if r.session == session {
+            self.queue.push_back(r);
+        } else {
+            dropped(&r, "the session that asked for it ended");
+        }
+    }
+
+    /// The first report's answer (never ready while there is none).
+    async fn next(&mut self, client: &RecoverClient<Channel>) -> (Outgoing, Result<(), String>) {
+        if let Some(at) = self.retry_at {
+            tokio::time::sleep_until(at).await;
+            self.retry_at = None;
+        }
+        let Some(front) = self.queue.front().cloned() else {
+            return std::future::pending().await;
         };
-        let sent = match r {
+        let sending = self
+            .sending
+            .get_or_insert_with(|| deliver(client.clone(), front.clone()));
+        let res = sending.as_mut().await;
+        self.sending = None;
+        let res = res.map_err(|s| s.to_string()).and_then(|a| took(&front, a));
+        (front, res)
+    }
+
+    /// Counts and logs the answer to `r`; a failed call is retried after a pause.
+    fn answered(&mut self, r: &Outgoing, sent: Result<(), String>, cfg: &ClusterdConfig) {
+        let kind = r.report.kind();
+        let result = match (&sent, r.report.ok()) {
+            (Err(_), _) => "error",
+            (Ok(_), true) => "ok",
+            (Ok(_), false) => "failed",
+        };
+        metrics::counter!(telemetry::CLUSTERD_REPORTS_TOTAL, "report" => kind, "result" => result)
+            .increment(1);
+        match sent {
+            Ok(()) => {
+                self.queue.pop_front();
+                self.failures = 0;
+            }
+            Err(why) => {
+                self.failures += 1;
+                let wait = (cfg.retry_min / 4).saturating_mul(self.failures.min(8));
+                tracing::warn!(
+                    report = kind,
+                    tries = self.failures,
+                    "{kind} report not delivered: {why}; trying again in {wait:?}"
+                );
+                self.retry_at = Some(Instant::now() + wait);
+            }
+        }
+    }
+}
+
+/// ClusterD took the report (whatever its code: it answered).
+fn took(r: &Outgoing, a: proto::Status) -> Result<(), String> {
+    let kind = r.report.kind();
+    if a.code == external::CODE_OK {
+        tracing::info!(report = kind, ok = r.report.ok(), "reported to ClusterD");
+    } else {
+        tracing::warn!(report = kind, ok = r.report.ok(), code = a.code, info = %a.info, job = %r.job, "ClusterD took the report with an error code");
+    }
+    Ok(())
+}
+
+fn dropped(r: &Outgoing, why: &str) {
+    tracing::warn!(
+        report = r.report.kind(),
+        ok = r.report.ok(),
+        session = r.session,
+        "{} report not sent: {why} (ClusterD has reset that flow and would read it as the next one's answer)",
+        r.report.kind()
+    );
+    metrics::counter!(telemetry::CLUSTERD_REPORTS_TOTAL, "report" => r.report.kind(), "result" => "dropped")
+        .increment(1);
+}
+
+/// The unary call that sends `r`, under the job it answers for.
+fn deliver(mut client: RecoverClient<Channel>, r: Outgoing) -> Reply {
+    let status = |code: i32, info: String| Some(proto::Status { code, info });
+    Box::pin(async move {
+        let sent = match r.report {
             Report::StopComplete { code, info } => {
                 let req = proto::StopCompleteRequest {
-                    job_id: job,
+                    job_id: r.job,
                     status: status(code, info),
                     fault_ranks: vec![],
                 };
@@ -237,14 +429,14 @@ impl Session<'_> {
             }
             Report::SwitchResult { ok } => {
                 let req = proto::SwitchResult {
-                    job_id: job,
-                    result: *ok,
+                    job_id: r.job,
+                    result: ok,
                 };
                 client.reply_switch_nic_result(req).await
             }
             Report::RecoverStatus { code, info } => {
                 let req = proto::RecoverStatusRequest {
-                    job_id: job,
+                    job_id: r.job,
                     status: status(code, info),
                     strategy: CONTINUE_STRATEGY.into(),
                     isolate_rank_ids: vec![],
@@ -252,24 +444,8 @@ impl Session<'_> {
                 client.report_recover_status(req).await
             }
         };
-        let kind = r.kind();
-        let result = match (&sent, r.ok()) {
-            (Err(_), _) => "error",
-            (Ok(_), true) => "ok",
-            (Ok(_), false) => "failed",
-        };
-        metrics::counter!(telemetry::CLUSTERD_REPORTS_TOTAL, "report" => kind, "result" => result)
-            .increment(1);
-        let a = sent
-            .map_err(|s| format!("{kind} report not delivered (kept for the next session): {s}"))?
-            .into_inner();
-        if a.code == external::CODE_OK {
-            tracing::info!(report = kind, ok = r.ok(), "reported to ClusterD");
-        } else {
-            tracing::warn!(report = kind, ok = r.ok(), code = a.code, info = %a.info, "ClusterD took the report with an error code");
-        }
-        Ok(())
-    }
+        sent.map(tonic::Response::into_inner)
+    })
 }
 
 /// A unary call's answer: code 0, else why not.
@@ -308,7 +484,9 @@ impl Link {
         if self.up == Some(true) {
             return;
         }
-        tracing::info!("ClusterD session up (Init, Register, both subscriptions)");
+        tracing::info!(
+            "ClusterD session up (Init, Register, the signal stream's first message, SubscribeNotifySwitch sent)"
+        );
         self.set(true, "session up".into());
     }
 

@@ -8,7 +8,7 @@
 use super::Manager;
 use actix::prelude::*;
 use std::time::Duration;
-use taskd_core::external::{Level, Report, Sequencer, Signal, Step};
+use taskd_core::external::{Level, Origin, Outgoing, Sequencer, Signal, Step};
 use taskd_core::operation::Action;
 use taskd_core::OperationId;
 use tokio::sync::mpsc::UnboundedSender;
@@ -24,7 +24,7 @@ pub(super) struct Followed {
 /// The manager's ClusterD state: the sequencer, where reports go and how the link stands.
 pub(crate) struct Side {
     seq: Sequencer,
-    reports: UnboundedSender<Report>,
+    reports: UnboundedSender<Outgoing>,
     link: ClusterdLink,
 }
 
@@ -33,7 +33,8 @@ pub(crate) struct Side {
 pub struct ClusterdLink {
     /// ClusterD's `HOST:PORT`.
     pub addr: String,
-    /// Whether a session is up (Init and Register answered, both subscriptions open).
+    /// Whether a session is up (Init and Register answered, the signal stream's first message
+    /// in, the switch subscription sent).
     pub connected: bool,
     /// The last change of the link, for people.
     pub detail: String,
@@ -51,13 +52,18 @@ pub struct AttachClusterd {
     /// How long a hold waits for ClusterD's next signal.
     pub hold: Duration,
     /// Where the reports owed to ClusterD go.
-    pub reports: UnboundedSender<Report>,
+    pub reports: UnboundedSender<Outgoing>,
 }
 
 /// A `ProcessManageSignal` from ClusterD.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct ClusterdSignal(pub Signal);
+pub struct ClusterdSignal {
+    /// The signal.
+    pub signal: Signal,
+    /// The session it came in and the job it names.
+    pub from: Origin,
+}
 
 /// A `SwitchRankList` from ClusterD.
 #[derive(Message)]
@@ -67,6 +73,18 @@ pub struct ClusterdSwitch {
     pub ranks: Vec<String>,
     /// `op[i]` true: rank `ranks[i]` to its backup NIC.
     pub ops: Vec<bool>,
+    /// The session it came in and the job it names.
+    pub from: Origin,
+}
+
+/// The client's session `session` with ClusterD ended (its signal stream closed): ClusterD
+/// has reset the job's flow, so the flow that session drove ends
+/// ([`Sequencer::on_session_end`]).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ClusterdSessionEnded {
+    /// The session.
+    pub session: u64,
 }
 
 /// The client's session with ClusterD went up or down.
@@ -121,15 +139,35 @@ impl Handler<ClusterdLinkChanged> for Manager {
 impl Handler<ClusterdSignal> for Manager {
     type Result = ();
 
-    fn handle(&mut self, ClusterdSignal(signal): ClusterdSignal, ctx: &mut Self::Context) {
+    /// ClusterD's `stop_train` and `killMaster` are decided here, by the sequencer
+    /// (`Sequencer::on_signal`), and carried out by [`Manager::clusterd_step`].
+    fn handle(&mut self, m: ClusterdSignal, ctx: &mut Self::Context) {
         let now = self.now();
         let before = self.in_flight_id();
         let Some(side) = self.clusterd.as_mut() else {
             return;
         };
         let fresh = OperationId(uuid::Uuid::new_v4());
-        let span = signal_span(&signal);
-        let step = span.in_scope(|| side.seq.on_signal(&signal, &mut self.ledger, fresh, now));
+        let span = signal_span(&m.signal);
+        let step = span.in_scope(|| {
+            side.seq
+                .on_signal(&m.signal, &m.from, &mut self.ledger, fresh, now)
+        });
+        self.clusterd_step(step, before, &span, ctx);
+    }
+}
+
+impl Handler<ClusterdSessionEnded> for Manager {
+    type Result = ();
+
+    fn handle(&mut self, m: ClusterdSessionEnded, ctx: &mut Self::Context) {
+        let now = self.now();
+        let before = self.in_flight_id();
+        let Some(side) = self.clusterd.as_mut() else {
+            return;
+        };
+        let span = self.observer.operation_span();
+        let step = span.in_scope(|| side.seq.on_session_end(m.session, &mut self.ledger, now));
         self.clusterd_step(step, before, &span, ctx);
     }
 }
@@ -144,7 +182,10 @@ impl Handler<ClusterdSwitch> for Manager {
             return;
         };
         let span = self.observer.operation_span();
-        let step = span.in_scope(|| side.seq.on_switch(&m.ranks, &m.ops, &mut self.ledger, now));
+        let step = span.in_scope(|| {
+            side.seq
+                .on_switch(&m.ranks, &m.ops, &m.from, &mut self.ledger, now)
+        });
         if let Some(op) = self.ledger.in_flight() {
             self.observer.targets_known(op.plan());
         }
@@ -236,12 +277,13 @@ impl Manager {
         self.clusterd_step(f.step, f.before, &span, ctx);
     }
 
-    fn send_reports(&mut self, reports: Vec<Report>) {
+    fn send_reports(&mut self, reports: Vec<Outgoing>) {
         let Some(side) = self.clusterd.as_ref() else {
             return;
         };
         for r in reports {
-            tracing::info!(report = r.kind(), ok = r.ok(), "report owed to ClusterD");
+            let (kind, ok) = (r.report.kind(), r.report.ok());
+            tracing::info!(report = kind, ok, session = r.session, job = %r.job, "report owed to ClusterD");
             if side.reports.send(r).is_err() {
                 tracing::error!("the ClusterD client is gone: a report owed to ClusterD is lost");
             }

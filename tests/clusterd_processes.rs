@@ -1,28 +1,32 @@
 //! `taskd manager` as ClusterD's client, as a process: the flags, the address found in the
-//! environment, and one switch and back driven by a fake ClusterD through a job whose roles are
-//! processes of their own, while the manager's control API answers beside it.
+//! environment, and a switch and back, and a failing switch, driven by a fake ClusterD (serving
+//! its streams as grpc-go, as ClusterD does, and also sending headers at once) through a job
+//! whose roles are processes of their own, while the manager's control API answers beside it.
+//! Each switch gets exactly one answer, and no report is left unread in ClusterD's slots.
 
 mod clusterd_support;
 mod common;
 mod net_support;
 
-use clusterd_support::{FakeClusterd, SWITCH_FINISHED};
+use clusterd_support::{FakeClusterd, Headers, SWITCH_FAILED, SWITCH_FINISHED};
 use common::{lines_of, manager_args, taskd_command};
 use net_support::{fast_heartbeats, s, Cluster, ClusterSpec, Scratch};
 use std::process::{Command, Stdio};
 use taskd::core::env;
 
-#[test]
-fn a_job_of_processes_is_switched_and_back_by_clusterd() {
-    let scratch = Scratch::new("clusterd-processes");
-    let fake = FakeClusterd::start("cd-job");
+/// A job of 2 x 2 processes whose manager is the client of `fake`; `worker_flags` per rank.
+fn job_of_processes(
+    scratch: &Scratch,
+    fake: &FakeClusterd,
+    worker_flags: &dyn Fn(u32) -> Vec<String>,
+) -> Cluster {
     let mut c = Cluster::start(
-        &scratch,
+        scratch,
         ClusterSpec {
             job: "cd-job",
             nodes: 2,
             ppn: 2,
-            worker_flags: &|_| Vec::new(),
+            worker_flags,
             manager_flags: s(&["--clusterd", &fake.addr().to_string()]),
             common: fast_heartbeats(),
             tls: None,
@@ -31,6 +35,23 @@ fn a_job_of_processes_is_switched_and_back_by_clusterd() {
     let line = c.manager.wait_line("ClusterD's client at");
     assert!(line.ends_with(&fake.addr().to_string()), "{line}");
     fake.wait_sessions(1);
+    c
+}
+
+/// What the manager's log says of its reports: none dropped, and as many delivered as
+/// ClusterD asked for.
+fn assert_reports_delivered(c: &Cluster, asked: usize) {
+    let log = c.manager.stderr();
+    assert!(log.contains("ClusterD session up"), "{log}");
+    assert!(!log.contains("report not sent"), "{log}");
+    let delivered = log.matches("reported to ClusterD").count();
+    assert_eq!(delivered, asked, "{log}");
+}
+
+fn switched_and_back_by_clusterd(headers: Headers) {
+    let scratch = Scratch::new(&format!("clusterd-processes-{headers:?}"));
+    let fake = FakeClusterd::start_with("cd-job", headers);
+    let mut c = job_of_processes(&scratch, &fake, &|_| Vec::new());
 
     let uuid = fake.pause();
     let (code, info) = fake.stop_complete();
@@ -55,6 +76,8 @@ fn a_job_of_processes_is_switched_and_back_by_clusterd() {
     assert_eq!(st.state, "running");
 
     assert_eq!(fake.switch_nic(&[1, 2], &[false, false]), SWITCH_FINISHED);
+    assert_eq!(fake.answers(), vec![SWITCH_FINISHED]);
+    fake.wait_sessions(3);
     let st = c.status(2);
     assert!(st.ranks_on_backup.is_empty());
     assert!(
@@ -63,6 +86,44 @@ fn a_job_of_processes_is_switched_and_back_by_clusterd() {
         st.recent
     );
     fake.assert_clean();
+    assert_reports_delivered(&c, 6);
+    c.shutdown_cleanly();
+}
+
+#[test]
+fn a_job_of_processes_is_switched_and_back_by_a_clusterd_serving_streams_as_grpc_go() {
+    switched_and_back_by_clusterd(Headers::WithFirstMessage);
+}
+
+#[test]
+fn a_job_of_processes_is_switched_and_back_by_a_clusterd_sending_headers_at_once() {
+    switched_and_back_by_clusterd(Headers::AtOnce);
+}
+
+#[test]
+fn a_failing_switch_of_processes_is_answered_once_with_clusterds_failure() {
+    let scratch = Scratch::new("clusterd-processes-fail");
+    let fake = FakeClusterd::start("cd-job");
+    // Rank 1's first NIC-set fails (HCCL_E_NETWORK): the switch rolls back.
+    let fail = |r: u32| {
+        if r == 1 {
+            s(&["--sim-fail-nic-set", "19"])
+        } else {
+            Vec::new()
+        }
+    };
+    let mut c = job_of_processes(&scratch, &fake, &fail);
+    assert_eq!(fake.switch_nic(&[1, 2], &[true, true]), SWITCH_FAILED);
+    assert_eq!(fake.answers(), vec![SWITCH_FAILED]);
+    fake.wait_sessions(2);
+    // stop_train after the failed switch: every rank held, on the NICs it had before.
+    let st = c.status(1);
+    assert_eq!(st.state, "paused", "{st:?}");
+    assert!(st.ranks_on_backup.is_empty(), "{st:?}");
+    assert!(st.in_flight.is_none(), "{st:?}");
+    fake.assert_clean();
+    // StopComplete, the switch result, the StopComplete of stop_train.
+    assert_reports_delivered(&c, 3);
     c.shutdown_cleanly();
 }
 

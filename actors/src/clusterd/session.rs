@@ -276,8 +276,8 @@ enum Sub<T> {
     Later(Instant),
     /// The call is out; its headers have not come.
     Calling(Call<T>),
-    /// The stream.
-    Open(Streaming<T>),
+    /// The stream (boxed: it is much larger than the other states).
+    Open(Box<Streaming<T>>),
 }
 
 /// What a subscription delivered.
@@ -299,7 +299,7 @@ impl<T> Sub<T> {
                     *self = Sub::Calling(call());
                 }
                 Sub::Calling(pending) => match pending.as_mut().await {
-                    Ok(r) => *self = Sub::Open(r.into_inner()),
+                    Ok(r) => *self = Sub::Open(Box::new(r.into_inner())),
                     Err(s) => return Event::Failed(s),
                 },
                 Sub::Open(stream) => {

@@ -254,6 +254,12 @@ fn recover_refuses_with_clusterds_codes_and_names_what_is_wrong() {
     bad("sim", &[("node-7", &["0"], &[true])], "node-7");
     bad("sim", &[("node-1", &["4"], &[true])], "device 4");
     bad("sim", &[("node-1", &["x"], &[true])], "\"x\"");
+    // ClusterD matches device ids as exact strings: " 2" names no device.
+    bad(
+        "sim",
+        &[("node-1", &[" 2"], &[true])],
+        "\" 2\" of node \"node-1\"",
+    );
     bad(
         "sim",
         &[("node-1", &["0", "2"], &[true])],

@@ -69,7 +69,8 @@ pub const BUILD_INFO: &str = "taskd_build_info";
 /// held, which is safe, until the next manager's verification round releases them.
 pub const RANKS_HELD: &str = "taskd_ranks_held";
 /// Gauge: 1 while the manager's ClusterD client has a session (Init and Register answered,
-/// both subscriptions open), 0 while it reconnects. Only a manager that is a ClusterD client
+/// the signal stream's first message in, the switch subscription sent), 0 while it
+/// reconnects. Only a manager that is a ClusterD client
 /// exports it.
 pub const CLUSTERD_CONNECTED: &str = "taskd_clusterd_connected";
 /// Counter `{type}`: what ClusterD sent: `keep_alive`, `pause_train`, `stop_train`,
@@ -77,7 +78,7 @@ pub const CLUSTERD_CONNECTED: &str = "taskd_clusterd_connected";
 pub const CLUSTERD_SIGNALS_TOTAL: &str = "taskd_clusterd_signals_total";
 /// Counter `{report, result}`: reports to ClusterD (`stop_complete`, `switch_result`,
 /// `recover_status`) by what they said (`ok`, `failed`), or `error` when ClusterD could not be
-/// told.
+/// told (retried while the session lasts), or `dropped` when the session that asked ended.
 pub const CLUSTERD_REPORTS_TOTAL: &str = "taskd_clusterd_reports_total";
 
 /// Counter `{action, reason}`: the automatic failover policy's decisions: `action` =

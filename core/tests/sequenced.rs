@@ -179,12 +179,13 @@ fn duplicates_are_not_answered_twice() {
 #[test]
 fn bad_rank_lists_are_refused_with_false_and_change_nothing() {
     for (ranks, ops) in [
-        (ids(&[8]), vec![true]),             // not in the table
-        (ids(&[1, 1]), vec![true, true]),    // twice
-        (ids(&[1, 2]), vec![true]),          // lengths differ
-        (vec!["x".to_string()], vec![true]), // not a number
-        (vec![], vec![]),                    // empty
-        (ids(&[0, 1]), vec![true, false]),   // two dies of one NPU, opposite sides
+        (ids(&[8]), vec![true]),              // not in the table
+        (ids(&[1, 1]), vec![true, true]),     // twice
+        (ids(&[1, 2]), vec![true]),           // lengths differ
+        (vec!["x".to_string()], vec![true]),  // not a number
+        (vec![" 2".to_string()], vec![true]), // not as ClusterD writes a number
+        (vec![], vec![]),                     // empty
+        (ids(&[0, 1]), vec![true, false]),    // two dies of one NPU, opposite sides
     ] {
         let mut w = world();
         paused(&mut w, "u1");

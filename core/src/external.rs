@@ -553,14 +553,7 @@ impl Sequencer {
                     "pause {uuid} refused: pause {} (operation {}) is in effect",
                     cur.uuid, cur.op
                 );
-                cx.step.note(Level::Error, info.clone());
-                cx.step.report(
-                    &cx.from,
-                    Report::StopComplete {
-                        code: CODE_FAILED,
-                        info,
-                    },
-                );
+                stop_failed(info, cx);
             }
             return;
         }
@@ -580,17 +573,7 @@ impl Sequencer {
                 self.drive(uuid, cx.from.clone(), cx.fresh, Owed::StopComplete);
                 cx.step.actions = actions;
             }
-            Err(e) => {
-                let info = format!("pause {uuid} refused: {e}");
-                cx.step.note(Level::Error, info.clone());
-                cx.step.report(
-                    &cx.from,
-                    Report::StopComplete {
-                        code: CODE_FAILED,
-                        info,
-                    },
-                );
-            }
+            Err(e) => stop_failed(format!("pause {uuid} refused: {e}"), cx),
         }
     }
 
@@ -932,7 +915,14 @@ impl Sequencer {
 }
 
 fn refuse_stop(uuid: &str, why: &str, cx: &mut Cx<'_>) {
-    let info = format!("stop_train {uuid}: training could not be stopped: {why}");
+    stop_failed(
+        format!("stop_train {uuid}: training could not be stopped: {why}"),
+        cx,
+    );
+}
+
+/// Logs `info` and answers the pause or stop with 499.
+fn stop_failed(info: String, cx: &mut Cx<'_>) {
     cx.step.note(Level::Error, info.clone());
     cx.step.report(
         &cx.from,

@@ -10,7 +10,7 @@ use actix::prelude::*;
 use std::time::Duration;
 use taskd_core::external::{Level, Origin, Outgoing, Sequencer, Signal, Step};
 use taskd_core::operation::Action;
-use taskd_core::OperationId;
+use taskd_core::{JobLedger, OperationId};
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::Span;
 
@@ -142,18 +142,11 @@ impl Handler<ClusterdSignal> for Manager {
     /// ClusterD's `stop_train` and `killMaster` are decided here, by the sequencer
     /// (`Sequencer::on_signal`), and carried out by [`Manager::clusterd_step`].
     fn handle(&mut self, m: ClusterdSignal, ctx: &mut Self::Context) {
-        let now = self.now();
-        let before = self.in_flight_id();
-        let Some(side) = self.clusterd.as_mut() else {
-            return;
-        };
         let fresh = OperationId(uuid::Uuid::new_v4());
         let span = signal_span(&m.signal);
-        let step = span.in_scope(|| {
-            side.seq
-                .on_signal(&m.signal, &m.from, &mut self.ledger, fresh, now)
+        self.clusterd_input(span, ctx, |seq, ledger, now| {
+            seq.on_signal(&m.signal, &m.from, ledger, fresh, now)
         });
-        self.clusterd_step(step, before, &span, ctx);
     }
 }
 
@@ -161,14 +154,10 @@ impl Handler<ClusterdSessionEnded> for Manager {
     type Result = ();
 
     fn handle(&mut self, m: ClusterdSessionEnded, ctx: &mut Self::Context) {
-        let now = self.now();
-        let before = self.in_flight_id();
-        let Some(side) = self.clusterd.as_mut() else {
-            return;
-        };
         let span = self.observer.operation_span();
-        let step = span.in_scope(|| side.seq.on_session_end(m.session, &mut self.ledger, now));
-        self.clusterd_step(step, before, &span, ctx);
+        self.clusterd_input(span, ctx, |seq, ledger, now| {
+            seq.on_session_end(m.session, ledger, now)
+        });
     }
 }
 
@@ -176,20 +165,10 @@ impl Handler<ClusterdSwitch> for Manager {
     type Result = ();
 
     fn handle(&mut self, m: ClusterdSwitch, ctx: &mut Self::Context) {
-        let now = self.now();
-        let before = self.in_flight_id();
-        let Some(side) = self.clusterd.as_mut() else {
-            return;
-        };
         let span = self.observer.operation_span();
-        let step = span.in_scope(|| {
-            side.seq
-                .on_switch(&m.ranks, &m.ops, &m.from, &mut self.ledger, now)
+        self.clusterd_input(span, ctx, |seq, ledger, now| {
+            seq.on_switch(&m.ranks, &m.ops, &m.from, ledger, now)
         });
-        if let Some(op) = self.ledger.in_flight() {
-            self.observer.targets_known(op.plan());
-        }
-        self.clusterd_step(step, before, &span, ctx);
     }
 }
 
@@ -213,6 +192,26 @@ fn signal_span(signal: &Signal) -> Span {
 impl Manager {
     fn in_flight_id(&self) -> Option<OperationId> {
         self.ledger.in_flight().map(|op| op.id())
+    }
+
+    /// Hands one of ClusterD's inputs to the sequencer under `span`, then carries out what it
+    /// decided. Nothing when the manager is not ClusterD's client.
+    fn clusterd_input(
+        &mut self,
+        span: Span,
+        ctx: &mut Context<Self>,
+        input: impl FnOnce(&mut Sequencer, &mut JobLedger, Duration) -> Step,
+    ) {
+        let now = self.now();
+        let before = self.in_flight_id();
+        let Some(side) = self.clusterd.as_mut() else {
+            return;
+        };
+        let step = span.in_scope(|| input(&mut side.seq, &mut self.ledger, now));
+        if let Some(op) = self.ledger.in_flight() {
+            self.observer.targets_known(op.plan());
+        }
+        self.clusterd_step(step, before, &span, ctx);
     }
 
     /// What the sequencer decided: log its notes, send its reports, carry out its actions (a

@@ -51,6 +51,7 @@ against_both!(
     a_pause_then_kill_master_keeps_every_rank_held_and_answers_nothing,
     a_pause_while_an_operator_switch_runs_is_refused_as_busy,
     signals_for_another_job_are_refused_under_that_job_and_change_nothing,
+    a_signal_stream_silent_from_the_start_is_given_up_and_the_session_is_never_up,
 );
 
 fn sim() -> Simulation {
@@ -434,6 +435,34 @@ fn signals_for_another_job_are_refused_under_that_job_and_change_nothing(headers
     assert_eq!(sim.fabric().nic_set_log().len(), calls_before);
     assert_eq!(fake.switch_nic(&[6], &[true]), SWITCH_FINISHED);
     assert_eq!(fake.foreign_reports().len(), 2);
+    end(sim, &fake, c);
+}
+
+/// With grpc-go, a signal stream that sends nothing sends no headers either: the wait for
+/// them is bounded by the silence limit, the switch stream is never subscribed, and the
+/// session never counts as up.
+fn a_signal_stream_silent_from_the_start_is_given_up_and_the_session_is_never_up(headers: Headers) {
+    let sim = sim();
+    let fake = FakeClusterd::start_with("sim", headers);
+    fake.mute_keep_alives(true);
+    let mut cfg = ClusterdConfig::new(fake.addr().to_string(), JobId("sim".into()));
+    cfg.retry_min = Duration::from_millis(10);
+    cfg.retry_max = Duration::from_millis(20);
+    cfg.silence = Duration::from_millis(200);
+    let c = ClusterdClient::start(sim.job().manager(), cfg).expect("the client starts");
+    // Given up and subscribed again, by itself; no switch subscription meanwhile.
+    fake.wait_signal_subscriptions(3);
+    assert_eq!(fake.subscriptions().1, 0);
+    let link = sim.job().status(0).unwrap().clusterd.unwrap();
+    assert!(!link.connected, "{link:?}");
+    assert!(
+        link.detail.contains("nothing from ClusterD for"),
+        "{link:?}"
+    );
+    // ClusterD speaks again: the next session comes up and drives a switch.
+    fake.mute_keep_alives(false);
+    fake.wait_switch_subscriptions(1);
+    assert_eq!(fake.switch_nic(&[5], &[true]), SWITCH_FINISHED);
     end(sim, &fake, c);
 }
 

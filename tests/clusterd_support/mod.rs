@@ -98,6 +98,8 @@ struct State {
     answers: Vec<String>,
     violations: Vec<String>,
     roles: Vec<String>,
+    /// No keep-alives (a ClusterD that does not answer on its signal stream).
+    mute: bool,
 }
 
 impl State {
@@ -523,6 +525,19 @@ impl FakeClusterd {
         self.shared.update(|s| s.signals = None);
     }
 
+    /// Stops (`true`) or starts again the keep-alives on the signal stream.
+    pub(crate) fn mute_keep_alives(&self, mute: bool) {
+        self.shared.update(|s| s.mute = mute);
+    }
+
+    /// Waits until the signal stream has been subscribed `n` times in all.
+    pub(crate) fn wait_signal_subscriptions(&self, n: usize) {
+        self.shared
+            .wait_until(&format!("signal subscription {n}"), |s| {
+                (s.signal_subs >= n).then_some(())
+            });
+    }
+
     /// Subscriptions so far: `(signal streams, switch streams)`.
     pub(crate) fn subscriptions(&self) -> (usize, usize) {
         let s = self.shared.state.lock();
@@ -645,7 +660,7 @@ async fn keep_alive(shared: Arc<Shared>) {
     loop {
         tick.tick().await;
         let s = shared.state.lock();
-        if let Some(tx) = &s.signals {
+        if let Some(tx) = s.signals.as_ref().filter(|_| !s.mute) {
             let m = ProcessManageSignal {
                 job_id: shared.job.clone(),
                 signal_type: "keep-alive".into(),

@@ -5,7 +5,9 @@
 //! each awaited report in a one-slot buffer, as the real one does. Between its steps the world
 //! does random things: ranks answer correctly, fail, stay silent or apply without answering;
 //! deadlines fire (ClusterD or a rank is slow); ClusterD delivers its last message again or
-//! sends killMaster; the manager is told to stop. Random rank lists include bad ones.
+//! sends killMaster; the manager is told to stop; ClusterD resets the job's flow (the signal
+//! stream ends: a new session starts, and reports owed to the old one are dropped, as the
+//! client drops them). Random rank lists include bad ones.
 //!
 //! Properties: every report is the one ClusterD awaits, and there is no report when it awaits
 //! none (exactly one per request, never unsolicited); once the world goes quiet every awaited
@@ -37,6 +39,8 @@ enum Move {
     Fire,
     /// The manager is stopping (SIGTERM): the operation in flight ends safely.
     Abort,
+    /// ClusterD resets the job's flow: the session ends, a new one starts.
+    Reset,
 }
 
 fn moves() -> impl Strategy<Value = Vec<Move>> {
@@ -47,6 +51,7 @@ fn moves() -> impl Strategy<Value = Vec<Move>> {
         1 => Just(Move::Kill),
         1 => Just(Move::Fire),
         1 => Just(Move::Abort),
+        1 => Just(Move::Reset),
     ];
     prop::collection::vec(m, 0..60)
 }
@@ -205,6 +210,17 @@ impl ClusterD {
         };
     }
 
+    /// The flow is reset (ClusterD's state machine is back in INIT); the manager's session
+    /// ends and a new one starts.
+    fn reset(&mut self, w: &mut World) {
+        self.awaiting = None;
+        self.flow = Flow::Idle;
+        self.last = None;
+        let ended = w.from.session;
+        w.from.session += 1;
+        w.session_end(ended);
+    }
+
     fn kill(&mut self, w: &mut World) -> Vec<Report> {
         self.n += 1;
         self.awaiting = None;
@@ -239,7 +255,8 @@ fn play(nodes: u32, per_node: u32, lists: Vec<(Vec<String>, Vec<bool>)>, script:
         n: 0,
     };
     let step = |w: &mut World, cd: &mut ClusterD, m: &Move| {
-        let reports = match m {
+        let before = w.sent_to.len();
+        match m {
             Move::Next => cd.next(w),
             Move::Again => match cd.last.clone() {
                 Some(Sent::Signal(s)) => {
@@ -267,7 +284,18 @@ fn play(nodes: u32, per_node: u32, lists: Vec<(Vec<String>, Vec<bool>)>, script:
                 let actions = w.ledger.abort("stopping".into(), w.now);
                 w.run_actions(actions)
             }
+            Move::Reset => {
+                cd.reset(w);
+                Vec::new()
+            }
         };
+        // What the client sends: the reports of the current session (it drops the others).
+        let session = w.from.session;
+        let reports: Vec<Report> = w.sent_to[before..]
+            .iter()
+            .filter(|o| o.session == session)
+            .map(|o| o.report.clone())
+            .collect();
         for r in &reports {
             cd.receive(w, r);
         }

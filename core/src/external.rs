@@ -390,6 +390,8 @@ struct Driven {
     continued: bool,
     /// The `stop_train` uuids it was told (a stop delivered again is not a new request).
     stops: BTreeSet<String>,
+    /// It was told `killMaster`: it ends held.
+    killed: bool,
 }
 
 /// The ClusterD side of the manager: which sequenced operation ClusterD drives and which
@@ -521,7 +523,7 @@ impl Sequencer {
                 format!("pause {uuid}: the {owed:?} report is dropped: ClusterD's flow ended with the session that asked for it"),
             );
         }
-        if cur.continued || !cur.stops.is_empty() {
+        if cur.continued || cur.killed || !cur.stops.is_empty() {
             step.note(
                 Level::Info,
                 format!(
@@ -586,6 +588,7 @@ impl Sequencer {
             switch: None,
             continued: false,
             stops: BTreeSet::new(),
+            killed: false,
         });
         self.owed.push(owed);
     }
@@ -675,6 +678,9 @@ impl Sequencer {
         let reason = format!("ClusterD killMaster {uuid}: the job restarts");
         match cx.ledger.stop_sequenced(reason, cx.now) {
             Ok(actions) => {
+                if let Some(cur) = self.current.as_mut() {
+                    cur.killed = true;
+                }
                 cx.step.note(
                     Level::Warn,
                     format!("killMaster {uuid}: every rank stays held until the job restarts"),

@@ -480,3 +480,20 @@ fn the_end_of_the_session_after_continue_or_stop_lets_the_operation_end_as_told(
     assert_eq!(w.ledger.state(), JobState::Paused);
     assert!(w.ledger.in_flight().is_none() && w.seq.current().is_none());
 }
+
+#[test]
+fn a_kill_master_while_pausing_stays_held_when_its_session_ends() {
+    let mut w = world();
+    assert!(w.signal(pause("u1")).is_empty());
+    assert!(w.answer(|_, _| Reply::Correct).is_empty(), "sampled");
+    // killMaster before every rank holds, then ClusterD's reset ends the session: the
+    // operation still ends held (ClusterD restarts the job), nothing is answered.
+    assert!(w
+        .signal(Signal::KillMaster { uuid: "k1".into() })
+        .is_empty());
+    assert!(w.session_end(1).is_empty());
+    assert!(w.settle().is_empty());
+    assert!(w.ledger.in_flight().is_none());
+    assert_eq!(w.ledger.state(), JobState::Paused);
+    assert!(!w.sent.iter().any(|d| d.kind == DirectiveKind::Resume));
+}

@@ -502,9 +502,10 @@ impl Sequencer {
 
     /// The client's signal-stream session `session` ended. ClusterD resets the job's flow
     /// whenever that stream ends, so nobody will read the reports owed to it or `continue` the
-    /// operation it drove: the reports are dropped, and an operation not yet told to continue
-    /// or stop ends as a hold expiry ends it (it resumes on the NIC state every group agrees
-    /// on, or stays held where that is not safe); the next pause is then a new flow.
+    /// operation it drove: the reports are dropped, and an operation not yet told to
+    /// continue, stop or `killMaster` ends as a hold expiry ends it (it resumes on the NIC
+    /// state every group agrees on, or stays held where that is not safe); the next pause is
+    /// then a new flow.
     pub fn on_session_end(&mut self, session: u64, ledger: &mut JobLedger, now: Duration) -> Step {
         let mut step = Step::default();
         if let Some((uuid, _)) = self.stop_after.take_if(|(_, from)| from.session == session) {

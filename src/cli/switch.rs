@@ -2,7 +2,7 @@
 
 use super::connect::{call_error, explain, ConnectArgs};
 use super::error::{exit, CliError};
-use super::net_common::runtime;
+use super::runtime;
 use clap::{Args, ValueEnum};
 use std::process::ExitCode;
 use taskd_actors::control::proto::{self, switch_event::Event, RefusalKind};

@@ -106,7 +106,7 @@ async fn follow(
 ) -> Result<u8, CliError> {
     let mut code = None;
     // Phases as they happen: a bar redrawn in place on a terminal, plain lines otherwise.
-    let mut printer = crate::progress::ProgressPrinter::stdout();
+    let mut printer = crate::sim::progress::ProgressPrinter::stdout();
     while let Some(ev) = stream
         .message()
         .await

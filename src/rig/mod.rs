@@ -9,11 +9,12 @@
 //! communicator it is a member of with `HcclCommInitRootInfo`: the world group (all ranks) and
 //! any extra groups of [`RigConfig::extra_groups`] (each from a root info of its own, generated
 //! by the main thread after `aclInit` and `aclrtSetDevice` of the group's first member). Its
-//! communicators become an [`AscendRankHal`], the production rank HAL, shared between the
-//! training loop and the rank's [`taskd_actors::Worker`] behind a mutex (so one rank's HCCL
-//! calls stay sequential, as HCCL requires). The manager, the node's proxy and the workers are
-//! the production actors in one process ([`LocalJob`]); the proxy reads link health through
-//! [`AscendNodeHal`] (DCMI) or, without DCMI, through [`UnmonitoredNodeHal`].
+//! communicators become an [`AscendRankHal`](taskd_hal_ascend::AscendRankHal), the production
+//! rank HAL, shared between the training loop and the rank's [`taskd_actors::Worker`] behind a
+//! mutex (so one rank's HCCL calls stay sequential, as HCCL requires). The manager, the node's
+//! proxy and the workers are the production actors in one process ([`LocalJob`]); the proxy
+//! reads link health through [`AscendNodeHal`](taskd_hal_ascend::AscendNodeHal) (DCMI) or,
+//! without DCMI, through [`UnmonitoredNodeHal`].
 //!
 //! **Training.** Each step, every rank spends [`RigConfig::compute`] on the host (standing in
 //! for the forward and backward passes), then all-reduces (sum) a buffer of

@@ -111,7 +111,7 @@ pub struct Invariant {
 /// The rig's final report.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RigReport {
-    /// The rig's devices, logical ids ([`RigConfig::devices`]).
+    /// The rig's devices, logical ids ([`RigConfig::devices`](super::RigConfig::devices)).
     pub devices: Vec<u32>,
     /// Their physical ids, as the rank table and the manager name them.
     pub physical_devices: Vec<u32>,
@@ -128,7 +128,7 @@ pub struct RigReport {
     /// All-reduces whose sum differed from the expected one: data a switch lost or mixed up.
     pub wrong_results: u64,
     /// Collectives that ran on the default NIC of a switched communicator, by HCCL's
-    /// documented per-operator rule: the evaluations ([`RigConfig::eval_every`]) issued while
+    /// documented per-operator rule: the evaluations ([`RigConfig::eval_every`](super::RigConfig::eval_every)) issued while
     /// a rank was on its backup NIC (a NIC set reaches only the operators issued before it).
     /// What the rig's own bookkeeping predicts; HCCL cannot be asked. The HCCL stub counts
     /// the same thing itself, which is what the tests compare.
@@ -179,7 +179,7 @@ pub enum RigCommand {
     Train(u64),
     /// `switch D[,D...]` (to backup) or `back D[,D...]` (to primary).
     Switch {
-        /// Logical device ids, as [`RigConfig::devices`] lists them.
+        /// Logical device ids, as [`RigConfig::devices`](super::RigConfig::devices) lists them.
         devices: Vec<DeviceId>,
         /// `switch` (to backup) or `back` (to primary).
         use_backup: bool,

@@ -54,7 +54,7 @@ enum Cmd {
 }
 
 /// How the bench simulates its ranks' training loops and HAL threads.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum Harness {
     /// A thread per rank for training, a thread per worker for HAL calls.
     Threads,
@@ -167,7 +167,7 @@ async fn train_task(solo: SoloRank, gate: Arc<StepGate>, stop: Arc<AtomicBool>) 
 /// Which thread hosts what: `--layout roles` (the manager, all proxies, all workers on a
 /// thread each, workers spread over `--worker-threads`) or `--layout nodes` (each node's proxy
 /// with its workers, as they share a host; nodes spread over `--worker-threads` threads).
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum Layout {
     Roles,
     Nodes,
@@ -468,27 +468,42 @@ fn measure(
     job
 }
 
+/// Control-plane cost of the network transport on loopback.
+#[derive(clap::Parser)]
+struct Args {
+    /// Job sizes in ranks, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "8,64,512")]
+    sizes: Vec<u32>,
+    /// Operations per size.
+    #[arg(long, default_value_t = 10)]
+    ops: usize,
+    /// Round trips of the ping measurement.
+    #[arg(long, default_value_t = 2000)]
+    pings: usize,
+    /// How many actix systems host the workers.
+    #[arg(long, default_value_t = 1)]
+    worker_threads: u32,
+    /// `tasks` (every rank a task) or `threads` (every rank a training thread).
+    #[arg(long, value_enum, default_value_t = Harness::Tasks)]
+    harness: Harness,
+    /// `roles` (a thread per role) or `nodes` (each node's proxy with its workers).
+    #[arg(long, value_enum, default_value_t = Layout::Roles)]
+    layout: Layout,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let sizes: Vec<u32> = args
-        .iter()
-        .position(|a| a == "--sizes")
-        .and_then(|i| args.get(i + 1))
-        .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
-        .unwrap_or_else(|| vec![8, 64, 512]);
-    let ops: usize = common::arg(&args, "--ops").unwrap_or(10);
-    let pings: usize = common::arg(&args, "--pings").unwrap_or(2000);
-    let worker_threads: u32 = common::arg(&args, "--worker-threads").unwrap_or(1);
-    let harness = match common::arg::<String>(&args, "--harness").as_deref() {
-        None | Some("tasks") => Harness::Tasks,
-        Some("threads") => Harness::Threads,
-        Some(other) => panic!("--harness {other}: expected tasks or threads"),
-    };
-    let layout = match common::arg::<String>(&args, "--layout").as_deref() {
-        None | Some("roles") => Layout::Roles,
-        Some("nodes") => Layout::Nodes,
-        Some(other) => panic!("--layout {other}: expected roles or nodes"),
-    };
+    let Args {
+        sizes,
+        ops,
+        pings,
+        worker_threads,
+        harness,
+        layout,
+        ..
+    } = clap::Parser::parse();
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|c| {

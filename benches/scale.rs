@@ -567,26 +567,41 @@ fn measure_sim(ranks: u32) {
     }
 }
 
-fn list(args: &[String], name: &str, default: &[u32]) -> Vec<u32> {
-    common::arg::<String>(args, name)
-        .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
-        .unwrap_or_else(|| default.to_vec())
+/// Does the manager's work grow with nodes, not ranks? And the simulator's stall.
+#[derive(clap::Parser)]
+struct Args {
+    /// Job sizes in ranks for the manager's measurement, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384")]
+    sizes: Vec<u32>,
+    /// Job sizes in ranks for the stall against its floor, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "512,16384")]
+    sim_sizes: Vec<u32>,
+    /// Operations per size.
+    #[arg(long, default_value_t = 10)]
+    ops: usize,
+    /// Threads hosting the simulated proxies.
+    #[arg(long, default_value_t = 2)]
+    proxy_threads: u32,
+    /// Only the stall against its floor.
+    #[arg(long, conflicts_with = "no_sim")]
+    sim_only: bool,
+    /// Not the stall against its floor.
+    #[arg(long)]
+    no_sim: bool,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let has = |f: &str| args.iter().any(|a| a == f);
-    let sizes = list(&args, "--sizes", &[1024, 4096, 16384]);
-    let sim_sizes = list(&args, "--sim-sizes", &[512, 16384]);
-    let ops: usize = common::arg(&args, "--ops").unwrap_or(10);
-    let proxy_threads: u32 = common::arg(&args, "--proxy-threads").unwrap_or(2);
-    if !has("--sim-only") {
-        for &n in &sizes {
-            measure(n, ops, proxy_threads);
+    let args: Args = clap::Parser::parse();
+    if !args.sim_only {
+        for &n in &args.sizes {
+            measure(n, args.ops, args.proxy_threads);
         }
     }
-    if !has("--no-sim") {
-        for &n in &sim_sizes {
+    if !args.no_sim {
+        for &n in &args.sim_sizes {
             measure_sim(n);
         }
     }

@@ -90,12 +90,34 @@ async fn run_op(client: &mut ControlClient, use_backup: bool) {
     }
 }
 
+/// The live simulator's memory over thousands of operations.
+#[derive(clap::Parser)]
+struct Args {
+    /// Operations to run.
+    #[arg(long, default_value_t = 5000)]
+    ops: u64,
+    /// Measure the memory every this many operations.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..))]
+    every: u64,
+    /// Nodes of the simulated job.
+    #[arg(long, default_value_t = 2)]
+    nodes: u32,
+    /// Devices per node.
+    #[arg(long, default_value_t = 8)]
+    devices_per_node: u32,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let ops = common::arg(&args, "--ops").unwrap_or(5000u64);
-    let every = common::arg(&args, "--every").unwrap_or(500u64).max(1);
-    let nodes = common::arg(&args, "--nodes").unwrap_or(2u64) as u32;
-    let devices = common::arg(&args, "--devices-per-node").unwrap_or(8u64) as u32;
+    let Args {
+        ops,
+        every,
+        nodes,
+        devices_per_node: devices,
+        ..
+    } = clap::Parser::parse();
     let rig = Rig::start(nodes, devices);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

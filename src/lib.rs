@@ -5,7 +5,7 @@
 //!
 //! This facade re-exports the crates a launcher links ([`core`], [`actors`], [`hal_mock`]) and
 //! holds what the `taskd` binary runs beyond starting roles: the command line ([`cli`]), the
-//! simulator ([`sim`], with automatic failover in [`auto_sim`], and the fault campaign
+//! simulator ([`sim`], with automatic failover in [`sim::auto`], and the fault campaign
 //! [`chaos`]), the node preflight ([`doctor`]) and the hardware-in-the-loop rig
 //! ([`rig`]).
 //!
@@ -30,8 +30,9 @@
 //!
 //! - [`cli`]: the `taskd` command line; `src/main.rs` only calls [`cli::main`].
 //! - [`sim`]: `taskd sim`, a simulated job through a switch to backup and back, with the
-//!   invariants every run is judged by; [`report`] is its JSON contract and table,
-//!   [`progress`] the live rendering of an operation's phases, [`timeline`] the per-step CSV.
+//!   invariants every run is judged by; [`sim::report`] is its JSON contract and table,
+//!   [`sim::progress`] the live rendering of an operation's phases, [`sim::timeline`] the
+//!   per-step CSV.
 //! - [`doctor`]: `taskd doctor`, the checks a node must pass before a job can switch.
 //! - [`rig`]: one node's real NPUs training under the production control plane, switched and
 //!   measured (`examples/hil_rig.rs` is its command line; with stub libraries in the tests).
@@ -42,12 +43,8 @@ pub use taskd_actors as actors;
 pub use taskd_core as core;
 pub use taskd_hal_mock as hal_mock;
 
-pub mod auto_sim;
 pub mod chaos;
 pub mod cli;
 pub mod doctor;
-pub mod progress;
-pub mod report;
 pub mod rig;
 pub mod sim;
-pub mod timeline;

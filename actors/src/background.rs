@@ -1,5 +1,7 @@
-//! Work on a thread of its own, with its own tokio runtime, that stops when told: the
-//! ClusterD client runs this way, whatever runtime (or none) its caller has.
+//! Work on a thread of its own, with its own tokio runtime, that stops when told: the ClusterD
+//! client, the control API's server and the metrics endpoint run this way, whatever runtime
+//! (or none) their caller has. Each is a `run(listener, stop)`-shaped future; this owns the
+//! thread, the runtime, the stop signal and the join.
 
 use std::future::Future;
 use tokio::sync::oneshot;

@@ -14,6 +14,7 @@
 //! adds `job` and `instance`). Per-rank detail belongs in logs (spans carry the rank), not in
 //! series: a job can have tens of thousands of ranks.
 
+use crate::background::Background;
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
@@ -326,8 +327,7 @@ const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 #[must_use = "the endpoint stops when this is dropped"]
 pub struct MetricsServer {
     addr: SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    server: Background,
 }
 
 impl MetricsServer {
@@ -343,22 +343,7 @@ impl MetricsServer {
 
     /// Stops listening and waits for the server thread.
     pub fn shutdown(mut self) {
-        self.stop();
-    }
-
-    fn stop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for MetricsServer {
-    fn drop(&mut self) {
-        self.stop();
+        self.server.stop();
     }
 }
 
@@ -384,21 +369,12 @@ pub fn serve_metrics(addr: SocketAddr) -> Result<MetricsServer, MetricsError> {
     listener
         .set_nonblocking(true)
         .map_err(MetricsError::Start)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .enable_time()
-        .build()
-        .map_err(MetricsError::Start)?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
-    let thread = std::thread::Builder::new()
-        .name("taskd-metrics".into())
-        .spawn(move || runtime.block_on(serve(listener, handle, stop_rx)))
+    let server = Background::spawn("taskd-metrics", move |stop| serve(listener, handle, stop))
         .map_err(MetricsError::Start)?;
     tracing::info!(addr = %local, "serving Prometheus metrics at /metrics");
     Ok(MetricsServer {
         addr: local,
-        stop: Some(stop_tx),
-        thread: Some(thread),
+        server,
     })
 }
 

@@ -68,14 +68,6 @@ pub(crate) fn switch_device_0(job: &str, node: &str, use_backup: bool) -> Switch
     }
 }
 
-/// The value after flag `name` on the command line, parsed.
-pub(crate) fn arg<T: std::str::FromStr>(args: &[String], name: &str) -> Option<T> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-}
-
 /// The `p`-quantile of `v` (nearest rank; NaN when empty).
 pub(crate) fn pct(v: &mut [f64], p: f64) -> f64 {
     if v.is_empty() {

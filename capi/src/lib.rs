@@ -48,18 +48,10 @@ pub fn init_logging() {
     });
 }
 
-/// A `taskd` subcommand's refusal as the C API's error for `role`.
-fn from_cli(role: &'static str, e: taskd::cli::CliError) -> CapiError {
-    use taskd::cli::CliError as C;
-    match e {
-        C::Refused(reason) => CapiError::Refused(reason),
-        C::Start(_) | C::Failed(_) => CapiError::Start {
-            role,
-            message: e.to_string(),
-        },
-        _ => CapiError::Config {
-            role,
-            message: e.to_string(),
-        },
+/// A role's refused configuration as the C API's error for `role`.
+fn config_error(role: &'static str, e: taskd_roles::ConfigError) -> CapiError {
+    CapiError::Config {
+        role,
+        message: e.to_string(),
     }
 }

@@ -10,11 +10,11 @@ use serde_json::Value;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use taskd::cli::manager::ManagerArgs;
 use taskd_actors::manager::AwaitRegistered;
 use taskd_actors::process::{ManagerProcess, ManagerProcessConfig, ShutdownSignals};
 use taskd_actors::telemetry::MetricsServer;
 use taskd_core::env::{TASKD_CONTROL_ADDR, TASKD_MANAGER_LISTEN};
+use taskd_roles::ManagerArgs;
 
 #[derive(Parser)]
 #[command(name = "manager", no_binary_name = true)]
@@ -61,7 +61,7 @@ pub fn check(json: &str) -> Result<(), CapiError> {
     manager_args(json)?
         .config()
         .map(drop)
-        .map_err(|e| crate::from_cli("manager", e))
+        .map_err(|e| crate::config_error("manager", e))
 }
 
 /// Where a running manager listens, and for what job.
@@ -102,10 +102,12 @@ impl EmbeddedManager {
     pub fn start(json: &str, signals: bool) -> Result<EmbeddedManager, CapiError> {
         crate::init_logging();
         let args = manager_args(json)?;
-        let cfg = args.config().map_err(|e| crate::from_cli("manager", e))?;
+        let cfg = args
+            .config()
+            .map_err(|e| crate::config_error("manager", e))?;
         let metrics = args
             .serve_metrics()
-            .map_err(|e| crate::from_cli("manager", e))?;
+            .map_err(|e| crate::config_error("manager", e))?;
         let state = Arc::new(Shared::new(ManagerState::default()));
         let (ready, stopped) = (state.clone(), state.clone());
         let (role, info) = RoleThread::spawn(

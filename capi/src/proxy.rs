@@ -11,9 +11,9 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
-use taskd::cli::proxy::ProxyArgs;
 use taskd_actors::net::{ProxyNode, ProxyNodeConfig, DEFAULT_MANAGER_PORT, DEFAULT_PROXY_PORT};
 use taskd_actors::telemetry::MetricsServer;
+use taskd_roles::ProxyArgs;
 
 #[derive(Parser)]
 #[command(name = "proxy", no_binary_name = true)]
@@ -96,7 +96,7 @@ pub fn check(json: &str) -> Result<(), CapiError> {
     proxy_args(json)?
         .config()
         .map(drop)
-        .map_err(|e| crate::from_cli("proxy", e))
+        .map_err(|e| crate::config_error("proxy", e))
 }
 
 /// Which node the manager made this proxy.
@@ -128,10 +128,10 @@ impl EmbeddedProxy {
     pub fn start(json: &str) -> Result<EmbeddedProxy, CapiError> {
         crate::init_logging();
         let args = proxy_args(json)?;
-        let cfg = args.config().map_err(|e| crate::from_cli("proxy", e))?;
+        let cfg = args.config().map_err(|e| crate::config_error("proxy", e))?;
         let metrics = args
             .serve_metrics()
-            .map_err(|e| crate::from_cli("proxy", e))?;
+            .map_err(|e| crate::config_error("proxy", e))?;
         let state = Arc::new(Shared::new(ProxyState::default()));
         let (admitted, stopped) = (state.clone(), state.clone());
         let (role, addr) = RoleThread::spawn(

@@ -7,47 +7,24 @@ use crate::framework::{FrameworkHal, FrameworkSwitch};
 use crate::state::Shared;
 use clap::{CommandFactory, Parser};
 use parking_lot::Mutex;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use taskd::cli::flags;
-use taskd::cli::net_common::{NetArgs, TlsArgs};
 use taskd_actors::net::client::ClientState;
-use taskd_actors::net::{RemoteWorker, RemoteWorkerConfig, WorkerRegistration, DEFAULT_PROXY_PORT};
-use taskd_actors::process::rank_table;
+use taskd_actors::net::{RemoteWorker, RemoteWorkerConfig, WorkerRegistration};
 use taskd_actors::telemetry::MetricsServer;
 use taskd_actors::StepGate;
-use taskd_core::env::{self, process_env};
-use taskd_core::{GlobalRank, JobId};
+use taskd_core::env::process_env;
+use taskd_core::GlobalRank;
+use taskd_roles::WorkerArgs;
 use tokio::sync::watch;
 
-/// An embedded worker's settings: the keys of its JSON configuration.
+/// An embedded worker's settings: the keys of its JSON configuration are the flags of a
+/// worker ([`WorkerArgs`], the same as `taskd worker`'s but for the simulated rank's).
 #[derive(Parser)]
 #[command(name = "worker", no_binary_name = true)]
 pub struct WorkerOptions {
-    /// The job (default: $MINDX_TASK_ID).
-    #[arg(long, value_name = "JOB", env = env::MINDX_TASK_ID, value_parser = flags::non_empty)]
-    job_id: String,
-    /// This process's global rank.
-    #[arg(long, value_name = "R")]
-    rank: u32,
-    /// This node's proxy, HOST:PORT (default: $TASKD_PROXY, else 127.0.0.1:9602).
-    #[arg(long, value_name = "HOST:PORT", env = env::TASKD_PROXY,
-          default_value_t = format!("127.0.0.1:{DEFAULT_PROXY_PORT}"), value_parser = flags::host_port)]
-    proxy: String,
-    /// This process's node rank as its launcher sets it (logged; the proxy places the rank).
-    #[arg(long, value_name = "K")]
-    node_rank: Option<u32>,
-    /// The HCCL rank table: the node this rank must be on (the proxy checks it).
-    #[arg(long, value_name = "FILE")]
-    rank_table: Option<PathBuf>,
-    /// Whether this rank runs with TSP:1 (default: from $MS_ENABLE_TFT).
-    #[arg(long)]
-    tsp: Option<bool>,
     #[command(flatten)]
-    tls: TlsArgs,
-    #[command(flatten)]
-    net: NetArgs,
+    args: WorkerArgs,
 }
 
 impl WorkerOptions {
@@ -65,34 +42,9 @@ impl WorkerOptions {
 
     /// The worker's configuration, or why these settings cannot run.
     pub fn config(&self) -> Result<RemoteWorkerConfig, CapiError> {
-        let bad = |message: String| CapiError::Config {
-            role: "worker",
-            message,
-        };
-        let rank = GlobalRank(self.rank);
-        let node = match &self.rank_table {
-            None => None,
-            Some(path) => {
-                let table = rank_table::load(path).map_err(|e| bad(e.to_string()))?;
-                let slot = table.slot(rank).ok_or_else(|| {
-                    bad(format!(
-                        "rank {rank} is not in the rank table {}",
-                        path.display()
-                    ))
-                })?;
-                Some(slot.node.clone())
-            }
-        };
-        let tft = env::get(&process_env, env::MS_ENABLE_TFT);
-        Ok(RemoteWorkerConfig {
-            job: JobId(self.job_id.clone()),
-            rank,
-            proxy: self.proxy.clone(),
-            node,
-            tsp: self.tsp.unwrap_or_else(|| env::tsp_enabled(tft.as_deref())),
-            tls: self.tls.load().map_err(|e| bad(e.to_string()))?,
-            net: self.net.config(),
-        })
+        self.args
+            .config()
+            .map_err(|e| crate::config_error("worker", e))
     }
 }
 
@@ -126,9 +78,9 @@ impl EmbeddedWorker {
         let opts = WorkerOptions::parse(json)?;
         let cfg = opts.config()?;
         let metrics = opts
-            .net
-            .serve_metrics("worker")
-            .map_err(|e| crate::from_cli("worker", e))?;
+            .args
+            .serve_metrics()
+            .map_err(|e| crate::config_error("worker", e))?;
         let rank = cfg.rank;
         let caps = taskd_hal_ascend::rank::capabilities_from_env(&process_env);
         // The HAL asks for the job's size only for a directive, which comes after the
@@ -147,7 +99,7 @@ impl EmbeddedWorker {
         })?;
         let watches = worker.watch();
         handoff.update(|h| *h = Some(watches.0.clone()));
-        tracing::info!(rank = rank.0, node_rank = ?opts.node_rank, proxy = %opts.proxy, "embedded worker started");
+        tracing::info!(rank = rank.0, node_rank = ?opts.args.node_rank, proxy = %opts.args.proxy, "embedded worker started");
         Ok(EmbeddedWorker {
             rank,
             gate: worker.gate(),

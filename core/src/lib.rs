@@ -47,6 +47,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod assessment;
 pub mod auto;
 pub mod command;
 pub mod display;
@@ -54,6 +55,7 @@ pub mod env;
 pub mod external;
 pub mod hal;
 pub mod ids;
+pub mod job_state;
 pub mod ledger;
 pub mod operation;
 pub mod planner;

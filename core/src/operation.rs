@@ -24,10 +24,12 @@
 //! switch (or its rollback), it *holds* every rank and waits for its next command (the targets,
 //! the resume, a stop), with a deadline. Its commands are in `operation/sequenced.rs`.
 
+use crate::assessment::VerifyReport;
 use crate::command::{Direction, RankTarget, SwitchPlan};
 use crate::display::short_list;
 use crate::hal::NicSide;
 use crate::ids::{GlobalRank, NodeName, OperationId};
+pub use crate::job_state::JobState;
 use crate::protocol::{
     AppliedCall, Directive, DirectiveKind, NodeReply, Phase, RankError, ReplyBody,
 };
@@ -157,7 +159,7 @@ pub enum Action {
     /// The one final result. Nothing follows it.
     Finish(Box<OperationReport>),
     /// A verification round ended (see [`crate::verify`]); the ledger has applied it.
-    Verified(Box<crate::verify::VerifyReport>),
+    Verified(Box<VerifyReport>),
     /// A [`OperationKind::Sequenced`] operation holds every rank and waits for its next
     /// command.
     Held(HoldPoint),
@@ -200,36 +202,6 @@ impl Outcome {
             Outcome::Succeeded => "succeeded",
             Outcome::Failed => "failed",
             Outcome::Rejected => "rejected",
-        }
-    }
-}
-
-/// The state of the training job after an operation.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum JobState {
-    /// Training runs; every group agrees on its NIC configuration.
-    Running,
-    /// Training is held at the step gate because groups may disagree on their NICs:
-    /// resuming would hang or corrupt training. An operator must intervene.
-    Paused,
-    /// A process is gone; the job needs process-level recovery.
-    NeedsRecovery,
-}
-
-impl fmt::Display for JobState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl JobState {
-    /// The name used in logs, metrics labels and JSON.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobState::Running => "running",
-            JobState::Paused => "paused",
-            JobState::NeedsRecovery => "needs_recovery",
         }
     }
 }

@@ -9,9 +9,7 @@
 //! notifies one condition variable, for observers ([`Fabric::wait_activity`]).
 
 use crate::fault::{NicSetFault, NicSetRecord};
-use crate::node_hal::MockNodeHal;
 use crate::operator::{self, Collective, OperatorViews};
-use crate::rank_hal::MockRankHal;
 use crate::view::BackupSet;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -133,8 +131,8 @@ pub struct Activity {
 }
 
 /// The simulated cluster: topology, NIC ports, HCCL groups, processes, faults and the rule
-/// book of what went wrong. Share it as `Arc<Fabric>`; hand [`MockRankHal`]s to workers and
-/// [`MockNodeHal`]s to proxies, drive faults from the test.
+/// book of what went wrong. Share it as `Arc<Fabric>`; hand [`Fabric::rank_hal`]s to workers
+/// and [`Fabric::node_hal`]s to proxies, drive faults from the test.
 ///
 /// Why one object: every rendezvous, link and fault interacts, and one lock makes every
 /// interleaving a test provokes well defined.
@@ -458,18 +456,6 @@ impl Fabric {
         let (node, dev) = self.location(rank)?;
         let p = dev.partner().0;
         (p < self.cfg.devices_per_node).then(|| GlobalRank(node * self.cfg.devices_per_node + p))
-    }
-
-    /// The handle a worker uses for `rank`. Any rank is accepted; calls for a rank outside
-    /// the fabric fail with `HCCL_E_NOT_FOUND`.
-    pub fn rank_hal(self: &Arc<Self>, rank: GlobalRank) -> MockRankHal {
-        MockRankHal::new(Arc::clone(self), rank)
-    }
-
-    /// The handle a proxy uses for node `node_index`. Any index is accepted; calls for a
-    /// node outside the fabric fail with an invalid-argument error of the mock.
-    pub fn node_hal(self: &Arc<Self>, node_index: u32) -> MockNodeHal {
-        MockNodeHal::new(Arc::clone(self), node_index)
     }
 
     /// The groups `rank` belongs to, in the fixed global order (world, tp, dp), members in

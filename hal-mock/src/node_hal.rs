@@ -16,6 +16,15 @@ pub struct MockNodeHal {
     node_index: u32,
 }
 
+/// Where the handles come from: the fabric hands them out, one per rank or node.
+impl Fabric {
+    /// The handle a proxy uses for node `node_index`. Any index is accepted; calls for a
+    /// node outside the fabric fail with an invalid-argument error of the mock.
+    pub fn node_hal(self: &Arc<Self>, node_index: u32) -> MockNodeHal {
+        MockNodeHal::new(Arc::clone(self), node_index)
+    }
+}
+
 impl MockNodeHal {
     pub(crate) fn new(fabric: Arc<Fabric>, node_index: u32) -> Self {
         MockNodeHal { fabric, node_index }

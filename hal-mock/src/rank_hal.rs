@@ -18,6 +18,15 @@ pub struct MockRankHal {
     rank: GlobalRank,
 }
 
+/// Where the handles come from: the fabric hands them out, one per rank or node.
+impl Fabric {
+    /// The handle a worker uses for `rank`. Any rank is accepted; calls for a rank outside
+    /// the fabric fail with `HCCL_E_NOT_FOUND`.
+    pub fn rank_hal(self: &Arc<Self>, rank: GlobalRank) -> MockRankHal {
+        MockRankHal::new(Arc::clone(self), rank)
+    }
+}
+
 impl MockRankHal {
     pub(crate) fn new(fabric: Arc<Fabric>, rank: GlobalRank) -> Self {
         MockRankHal { fabric, rank }

@@ -509,8 +509,11 @@ mod tests {
         hooks[3] = gate.clone();
         let t = SimTraining::start(Arc::clone(&f), hooks, fast());
         // Rank 3 stops at its step boundary and never calls the next collective: its seven
-        // peers finish step 3 and then all sit in the world all-reduce of step 4.
+        // peers finish step 3 and then all sit in the world all-reduce of step 4. (Waiting for
+        // the count first: a peer still waking from step 3's world all-reduce is seen waiting
+        // in the world group too.)
         assert!(gate.wait_held(1));
+        assert!(t.wait_min_steps(3, Duration::from_secs(5)));
         assert!(f.wait_activity(Duration::from_secs(5), |a| {
             a.waiting_in_collective.len() == 7
                 && a.waiting_in_collective

@@ -5,6 +5,7 @@ use clap::Args;
 use std::path::PathBuf;
 use taskd_actors::control::{ClientError, ControlClient};
 use taskd_actors::net::{PemIdentity, TlsPem};
+pub use taskd_roles::manager::control_token;
 
 /// Where the control API is and how to authenticate.
 #[derive(Args, Clone, Debug)]
@@ -50,27 +51,6 @@ fn read(path: &PathBuf) -> Result<Vec<u8>, ConnectError> {
         path: path.clone(),
         source,
     })
-}
-
-/// The control API's bearer token, for the client and the server alike: the trimmed contents of
-/// `file`, or else `TASKD_CONTROL_TOKEN` when set and not empty. An empty file is an error (it
-/// would otherwise turn authentication off without anyone noticing).
-pub fn control_token(file: Option<&std::path::Path>) -> Result<Option<String>, String> {
-    match file {
-        Some(p) => {
-            let t = std::fs::read_to_string(p)
-                .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
-            let t = t.trim();
-            if t.is_empty() {
-                return Err(format!("the token file {} is empty", p.display()));
-            }
-            Ok(Some(t.to_owned()))
-        }
-        None => Ok(taskd_core::env::get(
-            &taskd_core::env::process_env,
-            taskd_core::env::TASKD_CONTROL_TOKEN,
-        )),
-    }
 }
 
 impl ConnectArgs {

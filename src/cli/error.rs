@@ -8,6 +8,7 @@ use taskd_actors::process::rank_table::RankTableFileError;
 use taskd_actors::process::{IdentityError, ProcessError};
 use taskd_core::env::{AddressError, EnvError};
 use taskd_core::rank_table::RankTableError;
+use taskd_roles::ConfigError;
 
 /// Exit codes of the `taskd` commands (the README lists them per command).
 pub mod exit {
@@ -67,6 +68,9 @@ pub enum CliError {
         /// Why, in the manager's words (naming the bad node, device, job, ...).
         reason: String,
     },
+    /// A role's flags or environment cannot run.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     /// Anything else that stops the command.
     #[error("{0}")]
     Failed(String),
@@ -83,6 +87,7 @@ impl CliError {
             | CliError::JobSize(_)
             | CliError::Tls(_)
             | CliError::Identity(_)
+            | CliError::Config(_)
             | CliError::Refused(_) => exit::USAGE,
             CliError::Sim(SimError::Setup(_) | SimError::Target(_)) => exit::USAGE,
             // A --state-dir whose journal cannot be used: the operator moves it away.

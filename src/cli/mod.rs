@@ -1,23 +1,22 @@
 //! The `taskd` command line. Each subcommand lives in a file of its own and returns its exit
 //! code or a [`CliError`]; [`main`] prints the error (the one place that does) and exits with
-//! its code. Starting and stopping the roles is the library's (`taskd_actors::process`);
-//! `main.rs` only calls [`main`].
+//! its code. The roles' flags and configuration are `taskd_roles`' (the C ABI parses the same
+//! ones); starting and stopping the roles is `taskd_actors::process`'; `main.rs` only calls
+//! [`main`].
 
 use clap::{Parser, Subcommand};
 pub use error::CliError;
 use std::process::ExitCode;
+use taskd_core::GlobalRank;
+pub use taskd_roles::{auto, flags, say};
 
-pub mod auto;
 pub mod chaos;
 pub mod connect;
 pub mod doctor;
 pub mod error;
-pub mod flags;
-pub mod manager;
-pub mod net_common;
-pub mod proxy;
 pub mod recover;
 pub mod render;
+pub mod roles;
 pub mod serve;
 pub mod sim;
 pub mod status;
@@ -66,11 +65,11 @@ enum Command {
     Doctor(doctor::DoctorArgs),
     /// Run the job's manager: proxies connect to it (port 9601), operators reach it through
     /// the control API (--control-addr).
-    Manager(manager::ManagerArgs),
+    Manager(taskd_roles::ManagerArgs),
     /// Run one node's proxy, between the node's workers and the manager.
-    Proxy(proxy::ProxyArgs),
+    Proxy(taskd_roles::ProxyArgs),
     /// Run one simulated rank (--sim) as a process of its own, connected to its node's proxy.
-    Worker(worker::WorkerArgs),
+    Worker(worker::SimWorkerArgs),
 }
 
 /// Parses the command line, sets up logging and runs the subcommand.
@@ -84,8 +83,8 @@ pub fn main() -> ExitCode {
         Command::Status(args) => ("status", status::run(args)),
         Command::Recover(args) => ("recover", recover::run(args)),
         Command::Doctor(args) => ("doctor", Ok(doctor::run(args))),
-        Command::Manager(args) => ("manager", manager::run(args)),
-        Command::Proxy(args) => ("proxy", proxy::run(args)),
+        Command::Manager(args) => ("manager", roles::manager(args)),
+        Command::Proxy(args) => ("proxy", roles::proxy(args)),
         Command::Worker(args) => ("worker", worker::run(args)),
     };
     finish(name, result)
@@ -101,6 +100,28 @@ pub fn finish(command: &str, result: Result<ExitCode, CliError>) -> ExitCode {
             ExitCode::from(e.exit_code())
         }
     }
+}
+
+/// `0-3` or `0, 2, 5`.
+pub fn rank_span(ranks: &[GlobalRank]) -> String {
+    match (ranks.first(), ranks.last()) {
+        (Some(a), Some(b)) if (b.0 - a.0) as usize + 1 == ranks.len() && ranks.len() > 1 => {
+            format!("{a}-{b}")
+        }
+        _ => ranks
+            .iter()
+            .map(|r| r.0.to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
+/// A current-thread tokio runtime for a role or a command.
+pub fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Failed(format!("cannot start a runtime: {e}")))
 }
 
 /// Logs go to stderr, filtered by `RUST_LOG` (default: errors only), as text or JSON.
@@ -120,5 +141,19 @@ fn init_logging(format: LogFormat) {
             .with_current_span(true)
             .with_span_list(true)
             .init(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_spans() {
+        assert_eq!(
+            rank_span(&[GlobalRank(4), GlobalRank(5), GlobalRank(6)]),
+            "4-6"
+        );
+        assert_eq!(rank_span(&[GlobalRank(1), GlobalRank(3)]), "1, 3");
     }
 }

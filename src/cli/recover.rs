@@ -4,7 +4,7 @@
 
 use super::connect::{call_error, ConnectArgs};
 use super::error::{exit, CliError};
-use super::net_common::runtime;
+use super::runtime;
 use clap::{Args, ValueEnum};
 use std::process::ExitCode;
 use taskd_actors::control::proto::{self, recover_reply::Outcome};

@@ -3,7 +3,7 @@
 
 use super::error::CliError;
 use super::flags;
-use super::net_common::runtime;
+use super::runtime;
 use crate::sim::{SimConfig, Simulation};
 use clap::Args;
 use std::io::Write as _;

@@ -3,7 +3,7 @@
 use super::auto::AutoArgs;
 use super::error::CliError;
 use super::flags;
-use crate::progress::{self, ProgressPrinter};
+use crate::sim::progress::{self, ProgressPrinter};
 use crate::sim::{
     run_scenario_observed, LinkEvent, ScenarioRun, SimConfig, SimError, MAX_SIM_RANKS,
 };

@@ -2,7 +2,7 @@
 
 use super::connect::{call_error, ConnectArgs};
 use super::error::{exit, CliError};
-use super::net_common::runtime;
+use super::runtime;
 use clap::Args;
 use std::process::ExitCode;
 

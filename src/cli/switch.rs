@@ -2,7 +2,7 @@
 
 use super::connect::{call_error, explain, ConnectArgs};
 use super::error::{exit, CliError};
-use super::net_common::runtime;
+use super::runtime;
 use clap::{Args, ValueEnum};
 use std::process::ExitCode;
 use taskd_actors::control::proto::{self, switch_event::Event, RefusalKind};
@@ -106,7 +106,7 @@ async fn follow(
 ) -> Result<u8, CliError> {
     let mut code = None;
     // Phases as they happen: a bar redrawn in place on a terminal, plain lines otherwise.
-    let mut printer = crate::progress::ProgressPrinter::stdout();
+    let mut printer = crate::sim::progress::ProgressPrinter::stdout();
     while let Some(ev) = stream
         .message()
         .await

@@ -5,34 +5,23 @@
 
 use super::error::CliError;
 use super::flags;
-use super::net_common::{runtime, say, NetArgs, TlsArgs};
+use super::{runtime, say};
 use clap::Args;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-use taskd_actors::net::{RemoteWorker, RemoteWorkerConfig, WorkerRegistration, DEFAULT_PROXY_PORT};
-use taskd_actors::process::{rank_table, LateRankHal, LateRankHalSlot, ShutdownSignals};
-use taskd_core::env::{self, process_env};
-use taskd_core::{GlobalRank, HcclCode, JobId, StepBoundary, SwitchCapabilities};
+use taskd_actors::net::{RemoteWorker, RemoteWorkerConfig, WorkerRegistration};
+use taskd_actors::process::{LateRankHal, LateRankHalSlot, ShutdownSignals};
+use taskd_core::{HcclCode, StepBoundary, SwitchCapabilities};
 use taskd_hal_mock::{NicSetFault, SoloLayout, SoloRank, SoloTraining, SoloTrainingOptions};
+use taskd_roles::WorkerArgs;
 
-/// The flags of `taskd worker --sim`: the job and rank, where the node's proxy is, TLS, and
-/// the simulated rank's training and faults.
+/// The flags of `taskd worker --sim`: a worker's (the job and rank, where the node's proxy
+/// is, TLS), and the simulated rank's training and faults.
 #[derive(Args)]
-pub struct WorkerArgs {
-    /// The job (default: $MINDX_TASK_ID).
-    #[arg(long, value_name = "JOB", env = env::MINDX_TASK_ID, value_parser = flags::non_empty)]
-    job_id: String,
-    /// This process's global rank (default: $RANK).
-    #[arg(long, value_name = "R")]
-    rank: Option<u32>,
-    /// This node's proxy, HOST:PORT (IPv6 in brackets).
-    #[arg(long, value_name = "HOST:PORT", default_value_t = format!("127.0.0.1:{DEFAULT_PROXY_PORT}"), value_parser = flags::host_port)]
-    proxy: String,
-    /// The HCCL rank table: the node this rank must be on (the proxy checks it).
-    #[arg(long, value_name = "FILE")]
-    rank_table: Option<PathBuf>,
+pub struct SimWorkerArgs {
+    #[command(flatten)]
+    worker: WorkerArgs,
     /// Run a simulated rank: a mock HAL for this rank alone and a simulated training loop.
     #[arg(long)]
     sim: bool,
@@ -49,53 +38,22 @@ pub struct WorkerArgs {
     /// With --sim: HCCL runs without L2 retry here (a switch must be refused).
     #[arg(long)]
     sim_l2_off: bool,
-    /// Whether this rank reports TSP:1 (MS_ENABLE_TFT). Simulated ranks default to true;
-    /// `--tsp false` makes every switch of the job be refused.
-    #[arg(long)]
-    tsp: Option<bool>,
-    #[command(flatten)]
-    tls: TlsArgs,
-    #[command(flatten)]
-    net: NetArgs,
 }
 
-impl WorkerArgs {
+impl SimWorkerArgs {
     fn capabilities(&self) -> SwitchCapabilities {
         SwitchCapabilities {
-            tsp: self.tsp.unwrap_or(true),
+            tsp: self.worker.tsp.unwrap_or(true),
             l2_retry: !self.sim_l2_off,
             rdma: true,
         }
     }
 
-    /// The worker's configuration, or why these flags and this environment cannot run.
+    /// The worker's configuration: a simulated rank reports TSP:1 unless `--tsp false`.
     fn config(&self) -> Result<RemoteWorkerConfig, CliError> {
-        let rank = match self.rank {
-            Some(r) => r,
-            None => env::rank(&process_env)?
-                .ok_or_else(|| CliError::usage("which rank? give --rank or set RANK"))?,
-        };
-        let rank = GlobalRank(rank);
-        let node = match &self.rank_table {
-            None => None,
-            Some(path) => match rank_table::load(path)?.slot(rank) {
-                Some(s) => Some(s.node.clone()),
-                None => {
-                    return Err(CliError::usage(format!(
-                        "rank {rank} is not in the rank table {}",
-                        path.display()
-                    )))
-                }
-            },
-        };
         Ok(RemoteWorkerConfig {
-            job: JobId(self.job_id.clone()),
-            rank,
-            proxy: self.proxy.clone(),
-            node,
             tsp: self.capabilities().tsp,
-            tls: self.tls.load()?,
-            net: self.net.config(),
+            ..self.worker.config()?
         })
     }
 
@@ -139,7 +97,7 @@ impl WorkerArgs {
 
 /// Runs the simulated rank until SIGINT, SIGTERM or SIGHUP (exit 0), or until its proxy
 /// refuses it for good (exit 2).
-pub fn run(a: WorkerArgs) -> Result<ExitCode, CliError> {
+pub fn run(a: SimWorkerArgs) -> Result<ExitCode, CliError> {
     if !a.sim {
         return Err(CliError::usage(
             "only simulated ranks run as a process of their own (--sim). A real training \
@@ -148,7 +106,7 @@ pub fn run(a: WorkerArgs) -> Result<ExitCode, CliError> {
              are.",
         ));
     }
-    let _metrics = a.net.serve_metrics("worker")?;
+    let _metrics = a.worker.serve_metrics()?;
     let cfg = a.config()?;
     let rank = cfg.rank;
     let rt = runtime()?;

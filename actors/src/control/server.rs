@@ -7,6 +7,7 @@ use super::proto::control_server::ControlServer as ControlService;
 use super::recover::recover_server::RecoverServer;
 use super::retention::{Clock, LastResult};
 use super::service::ControlSvc;
+use crate::background::Background;
 use crate::manager::{Manager, SubscribeProgress};
 use crate::net::{TlsError, TlsPem};
 use actix::Addr;
@@ -73,8 +74,7 @@ pub enum ServeError {
 /// A running control server. Dropping it stops it.
 pub struct ControlServer {
     local_addr: SocketAddr,
-    shutdown: Option<oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    server: Background,
 }
 
 impl ControlServer {
@@ -85,22 +85,7 @@ impl ControlServer {
 
     /// Stops accepting, finishes the requests in progress and returns.
     pub fn shutdown(mut self) {
-        self.stop();
-    }
-
-    fn stop(&mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for ControlServer {
-    fn drop(&mut self) {
-        self.stop();
+        self.server.stop();
     }
 }
 
@@ -119,23 +104,12 @@ pub fn serve(manager: Addr<Manager>, cfg: ControlConfig) -> Result<ControlServer
             .tls_config(tls.server_config()?)
             .map_err(|e| TlsError::Config(e.to_string()))?;
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("taskd-control")
-        .enable_all()
-        .build()
-        .map_err(ServeError::Runtime)?;
-    let (tx, rx) = oneshot::channel::<()>();
-    let thread = std::thread::Builder::new()
-        .name("taskd-control".into())
-        .spawn(move || runtime.block_on(run(listener, builder, manager, cfg, rx)))
-        .map_err(ServeError::Runtime)?;
-    tracing::info!(%local_addr, "control API listening");
-    Ok(ControlServer {
-        local_addr,
-        shutdown: Some(tx),
-        thread: Some(thread),
+    let server = Background::spawn("taskd-control", move |stop| {
+        run(listener, builder, manager, cfg, stop)
     })
+    .map_err(ServeError::Runtime)?;
+    tracing::info!(%local_addr, "control API listening");
+    Ok(ControlServer { local_addr, server })
 }
 
 /// The server's life on its runtime: follow the manager's results, serve until asked to stop.

@@ -7,11 +7,12 @@
 //! twice the loss time (a real second process, not the ghost of a restarted one).
 
 use super::backoff::Backoff;
+use super::frame::End;
 use super::heartbeat::Liveness;
 use super::outbound::{outbound, OutboundTx};
 use super::outbox::Outbox;
 use super::pb;
-use super::session::{Delivery, End, Inbound, Session};
+use super::session::{Delivery, Inbound, Session};
 use super::NetConfig;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -25,6 +25,7 @@
 pub(crate) mod backoff;
 pub mod client;
 pub mod codec;
+pub(crate) mod frame;
 pub(crate) mod heartbeat;
 pub mod manager_node;
 pub(crate) mod outbound;

@@ -11,8 +11,8 @@
 //! Every frame leaves stamped with the highest message received from the peer, whoever made
 //! it; the stamp is shared (`Stamp`) so the writer knows what was acknowledged already.
 
+use super::frame::{End, Frame};
 use super::outbox::{Outbox, Stop};
-use super::session::{End, Frame};
 use parking_lot::Mutex;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -9,11 +9,12 @@
 //! refused. What a role does with its peers is its `Host` (the manager for proxies, a proxy
 //! for workers).
 
+use super::frame::End;
 use super::heartbeat::Liveness;
 use super::outbound::outbound;
 use super::outbox::Outbox;
 use super::pb;
-use super::session::{Delivery, End, Inbound, Session};
+use super::session::{Delivery, Inbound, Session};
 use super::{NetConfig, NetError};
 use parking_lot::Mutex;
 use std::collections::HashMap;

@@ -1,25 +1,22 @@
-//! `taskd manager`: the job's manager, serving its proxies (and, with `--control-addr`, the
-//! operators' control API; in a MindCluster cluster, as ClusterD's client). Starting and
-//! stopping it is [`ManagerProcess`]'s.
+//! The manager's options: the job's manager, serving its proxies (and, with `--control-addr`,
+//! the operators' control API; in a MindCluster cluster, as ClusterD's client). Starting and
+//! stopping it is `taskd_actors::process::ManagerProcess`'s.
 
-use super::auto::AutoArgs;
-use super::error::CliError;
-use super::flags;
-use super::net_common::{say, NetArgs, TlsArgs};
+use crate::auto::AutoArgs;
+use crate::error::ConfigError;
+use crate::flags;
+use crate::net::{NetArgs, TlsArgs};
 use clap::Args;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::path::PathBuf;
-use std::process::ExitCode;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use taskd_actors::clusterd::ClusterdConfig;
 use taskd_actors::control::{ControlConfig, GuardConfig, RateLimit};
-use taskd_actors::manager::SubscribeProgress;
 use taskd_actors::net::{ManagerNodeConfig, DEFAULT_MANAGER_PORT};
-use taskd_actors::process::{rank_table, ManagerProcess, ManagerProcessConfig, ShutdownSignals};
+use taskd_actors::process::{rank_table, ManagerProcessConfig};
 use taskd_actors::telemetry::MetricsServer;
 use taskd_core::env::{self, process_env};
 use taskd_core::external;
-use taskd_core::operation::Trigger;
 use taskd_core::rank_table::{MAX_NODES, MAX_RANKS};
 use taskd_core::{JobId, PhaseDeadlines, RankTable};
 
@@ -99,13 +96,13 @@ pub struct ManagerArgs {
 
 impl ManagerArgs {
     /// The process's configuration, or why these flags and this environment cannot run.
-    /// (Also what the embedded manager of `taskd-capi` runs, from its JSON configuration.)
-    pub fn config(&self) -> Result<ManagerProcessConfig, CliError> {
+    /// (`taskd manager` runs it, and so does the embedded manager of `taskd-capi`.)
+    pub fn config(&self) -> Result<ManagerProcessConfig, ConfigError> {
         let sched = env::get(&process_env, env::MS_SCHED_HOST);
         if !self.force {
             if let (Some(sched), Some(pod)) = (&sched, env::get(&process_env, env::POD_IP)) {
                 if !env::same_host(sched, &pod) {
-                    return Err(CliError::usage(format!(
+                    return Err(ConfigError::usage(format!(
                         "MS_SCHED_HOST ({sched}) is not this pod's POD_IP ({pod}): the manager \
                          runs on the scheduler host only; use --force to run it here anyway"
                     )));
@@ -116,7 +113,7 @@ impl ManagerArgs {
             (Some(path), _, _) => rank_table::load(path)?,
             (None, Some(n), Some(p)) => RankTable::try_uniform(n, p)?,
             _ => {
-                return Err(CliError::usage(
+                return Err(ConfigError::usage(
                     "give --nodes and --procs-per-node, or --rank-table",
                 ))
             }
@@ -128,15 +125,15 @@ impl ManagerArgs {
             per_second: self.control_rate_per_sec,
         };
         rate.check().map_err(|e| {
-            CliError::usage(format!("--control-rate-burst/--control-rate-per-sec: {e}"))
+            ConfigError::usage(format!("--control-rate-burst/--control-rate-per-sec: {e}"))
         })?;
         let control = match self.control_addr {
             None => None,
             // The transport's TLS files serve the control port too (mutual: the job's CA).
             Some(addr) => Some(ControlConfig {
                 guard: GuardConfig {
-                    token: super::connect::control_token(self.control_token_file.as_deref())
-                        .map_err(CliError::Usage)?,
+                    token: control_token(self.control_token_file.as_deref())
+                        .map_err(ConfigError::Usage)?,
                     rate,
                 },
                 tls: tls.clone(),
@@ -148,7 +145,7 @@ impl ManagerArgs {
             .unwrap_or_else(|| default_listen(sched.as_deref()));
         let clusterd = self.clusterd_config(&job)?;
         if let (Some(c), true) = (&clusterd, self.auto.config().is_some()) {
-            return Err(CliError::usage(format!(
+            return Err(ConfigError::usage(format!(
                 "--auto-failover is off in ClusterD client mode: ClusterD (at {}) decides every \
                  switch there; drop --auto-failover, or pass --no-clusterd for a job ClusterD \
                  does not drive",
@@ -172,12 +169,12 @@ impl ManagerArgs {
     }
 
     /// Starts the metrics endpoint when `--metrics-addr` was given (keep it while the role runs).
-    pub fn serve_metrics(&self) -> Result<Option<MetricsServer>, CliError> {
+    pub fn serve_metrics(&self) -> Result<Option<MetricsServer>, ConfigError> {
         self.net.serve_metrics("manager")
     }
 
     /// ClusterD's client: `--clusterd`, else the environment (`--no-clusterd`: none).
-    fn clusterd_config(&self, job: &JobId) -> Result<Option<ClusterdConfig>, CliError> {
+    fn clusterd_config(&self, job: &JobId) -> Result<Option<ClusterdConfig>, ConfigError> {
         let addr = match (&self.clusterd, self.no_clusterd) {
             (Some(a), _) => a.clone(),
             (None, true) => return Ok(None),
@@ -185,7 +182,7 @@ impl ManagerArgs {
                 None => return Ok(None),
                 Some(a) => {
                     env::check_host_port(&a).map_err(|e| {
-                        CliError::usage(format!(
+                        ConfigError::usage(format!(
                             "{} or {}: ClusterD's address {e}",
                             env::MINDX_SERVER_IP,
                             env::LOCAL_PROXY_ENABLE
@@ -214,26 +211,25 @@ impl ManagerArgs {
     }
 }
 
-/// Prints one line on stdout for every automatic operation's result, as it comes (the
-/// decisions themselves are in the log).
-async fn say_automatic_results(manager: &ManagerProcess) {
-    use tokio::sync::broadcast::error::RecvError;
-    let Ok(mut rx) = manager.node().manager().send(SubscribeProgress).await else {
-        return;
-    };
-    actix_rt::spawn(async move {
-        loop {
-            match rx.recv().await {
-                Ok(ev) => {
-                    if let Some(r) = ev.report().filter(|r| r.trigger == Trigger::Auto) {
-                        say(format!("taskd manager: automatic {r}"));
-                    }
-                }
-                Err(RecvError::Lagged(_)) => continue,
-                Err(RecvError::Closed) => return,
+/// The control API's bearer token, for the client and the server alike: the trimmed contents of
+/// `file`, or else `TASKD_CONTROL_TOKEN` when set and not empty. An empty file is an error (it
+/// would otherwise turn authentication off without anyone noticing).
+pub fn control_token(file: Option<&Path>) -> Result<Option<String>, String> {
+    match file {
+        Some(p) => {
+            let t = std::fs::read_to_string(p)
+                .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+            let t = t.trim();
+            if t.is_empty() {
+                return Err(format!("the token file {} is empty", p.display()));
             }
+            Ok(Some(t.to_owned()))
         }
-    });
+        None => Ok(taskd_core::env::get(
+            &taskd_core::env::process_env,
+            taskd_core::env::TASKD_CONTROL_TOKEN,
+        )),
+    }
 }
 
 /// Every address of the manager's port, in the family of `MS_SCHED_HOST` (the address its
@@ -244,52 +240,6 @@ fn default_listen(sched_host: Option<&str>) -> SocketAddr {
         _ => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
     };
     SocketAddr::new(any, DEFAULT_MANAGER_PORT)
-}
-
-/// Runs the manager until SIGINT, SIGTERM or SIGHUP.
-pub fn run(a: ManagerArgs) -> Result<ExitCode, CliError> {
-    let _metrics = a.serve_metrics()?;
-    let cfg = a.config()?;
-    let (job, nodes, ranks, auto) = (
-        cfg.node.job.clone(),
-        cfg.node.table.nodes().len(),
-        cfg.node.table.world_size(),
-        cfg.auto,
-    );
-    actix_rt::System::new().block_on(async move {
-        let mut signals = ShutdownSignals::install()?;
-        let manager = ManagerProcess::start(cfg).await?;
-        say(format!(
-            "taskd manager listening on {} (job {job}, {nodes} nodes, {ranks} ranks)",
-            manager.local_addr()
-        ));
-        if let Some(addr) = manager.control_addr() {
-            say(format!("taskd manager control API on {addr}"));
-        }
-        if let Some(addr) = manager.clusterd_addr() {
-            say(format!("taskd manager is ClusterD's client at {addr}"));
-        }
-        if let Some(a) = auto {
-            say(format!(
-                "taskd manager: automatic failover on (links probed every {} ms)",
-                a.link_probe.as_millis()
-            ));
-            say_automatic_results(&manager).await;
-        }
-        let sig = signals.recv().await;
-        eprintln!("taskd manager: {sig}: shutting down");
-        // Never leave ranks held: the operation in flight ends safely first (a second signal
-        // stops at once; the next manager then adopts what is left).
-        match signals.or_signal(manager.drain(sig)).await {
-            Ok(Some(report)) => eprintln!("taskd manager: ended before stopping: {report}"),
-            Ok(None) => {}
-            Err(again) => eprintln!(
-                "taskd manager: {again} again: stopping now; held ranks stay held until the next manager verifies them"
-            ),
-        }
-        manager.shutdown().await;
-        Ok(ExitCode::SUCCESS)
-    })
 }
 
 #[cfg(test)]

@@ -5,11 +5,11 @@
 //! policy waits for nothing. The report lists every operation with its trigger, and every
 //! decision.
 
-use crate::report::{DecisionSummary, OperationSummary, ScenarioReport};
-use crate::sim::{
-    inject_faults, one_result_each, LinkEvent, ScenarioRun, SimConfig, SimError, Simulation,
+use super::report::{DecisionSummary, OperationSummary, ScenarioReport, ScenarioRun};
+use super::simulation::{
+    inject_faults, one_result_each, LinkEvent, SimConfig, SimError, Simulation,
 };
-use crate::timeline::{PhaseLog, StepClock, Timeline};
+use super::timeline::{PhaseLog, StepClock, Timeline};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -70,7 +70,7 @@ pub(crate) fn run(
 ) -> Result<ScenarioRun, SimError> {
     let table = RankTable::uniform(cfg.nodes, cfg.devices_per_node);
     if !cfg.switch.is_empty() {
-        crate::sim::switch_command(&cfg.job, &cfg.switch, true).resolve(&table)?;
+        super::simulation::switch_command(&cfg.job, &cfg.switch, true).resolve(&table)?;
     }
     let sim = Simulation::start(cfg)?;
     let mut events = sim.job().subscribe_progress();

@@ -1,14 +1,13 @@
-//! What `taskd manager`, `taskd proxy` and `taskd worker` share: TLS and transport flags, the
-//! metrics endpoint, and the lines they print for scripts.
+//! What the manager, the proxy and the worker share: TLS and transport options, the metrics
+//! endpoint, and the line it prints for scripts.
 
-use super::error::CliError;
-use super::flags;
+use crate::error::ConfigError;
+use crate::flags;
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Duration;
 use taskd_actors::net::{NetConfig, TlsError, TlsFiles, TlsPem};
 use taskd_actors::telemetry::MetricsServer;
-use taskd_core::GlobalRank;
 
 /// Mutual TLS between the roles of the job.
 #[derive(Args, Clone, Debug)]
@@ -70,12 +69,11 @@ pub struct NetArgs {
 impl NetArgs {
     /// Starts the metrics endpoint when `--metrics-addr` was given and says where; keep the
     /// returned server for as long as the role runs.
-    pub fn serve_metrics(&self, role: &str) -> Result<Option<MetricsServer>, CliError> {
+    pub fn serve_metrics(&self, role: &str) -> Result<Option<MetricsServer>, ConfigError> {
         let Some(addr) = self.metrics_addr else {
             return Ok(None);
         };
-        let m = taskd_actors::telemetry::serve_metrics(addr)
-            .map_err(|e| CliError::usage(format!("metrics endpoint: {e}")))?;
+        let m = taskd_actors::telemetry::serve_metrics(addr)?;
         say(format!("taskd {role} metrics on {}", m.url()));
         Ok(Some(m))
     }
@@ -98,40 +96,4 @@ pub fn say(line: impl AsRef<str>) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{}", line.as_ref());
     let _ = out.flush();
-}
-
-/// `0-3` or `0, 2, 5`.
-pub fn rank_span(ranks: &[GlobalRank]) -> String {
-    match (ranks.first(), ranks.last()) {
-        (Some(a), Some(b)) if (b.0 - a.0) as usize + 1 == ranks.len() && ranks.len() > 1 => {
-            format!("{a}-{b}")
-        }
-        _ => ranks
-            .iter()
-            .map(|r| r.0.to_string())
-            .collect::<Vec<_>>()
-            .join(", "),
-    }
-}
-
-/// A current-thread tokio runtime for a role or a command.
-pub fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| CliError::Failed(format!("cannot start a runtime: {e}")))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rank_spans() {
-        assert_eq!(
-            rank_span(&[GlobalRank(4), GlobalRank(5), GlobalRank(6)]),
-            "4-6"
-        );
-        assert_eq!(rank_span(&[GlobalRank(1), GlobalRank(3)]), "1, 3");
-    }
 }

@@ -1,20 +1,17 @@
-//! `taskd proxy`: one node's proxy, between the node's workers and the job's manager.
+//! The proxy's options: one node's proxy, between the node's workers and the job's manager.
 
-use super::error::CliError;
-use super::flags;
-use super::net_common::{rank_span, say, NetArgs, TlsArgs};
+use crate::error::ConfigError;
+use crate::flags;
+use crate::net::{NetArgs, TlsArgs};
 use clap::Args;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::ExitCode;
 use taskd_actors::net::proxy_node::{NodeAssignment, NodeHalFactory};
-use taskd_actors::net::{ProxyNode, ProxyNodeConfig, DEFAULT_MANAGER_PORT, DEFAULT_PROXY_PORT};
-use taskd_actors::process::{rank_table, ProxyIdentity, ShutdownSignals};
+use taskd_actors::net::{ProxyNodeConfig, DEFAULT_MANAGER_PORT, DEFAULT_PROXY_PORT};
+use taskd_actors::process::{rank_table, ProxyIdentity};
 use taskd_actors::telemetry::MetricsServer;
 use taskd_core::env::{self, process_env};
-use taskd_core::{
-    DeviceId, GlobalRank, HalError, HalErrorKind, JobId, Library, LinkHealth, NodeHal, NodeName,
-};
+use taskd_core::{DeviceId, HalError, HalErrorKind, JobId, Library, LinkHealth, NodeHal, NodeName};
 use taskd_hal_mock::SoloNodeHal;
 
 /// The flags of `taskd proxy`: the job, which node this is, where the manager and the
@@ -87,23 +84,25 @@ fn no_dcmi() -> HalError {
 
 impl ProxyArgs {
     /// The manager's address: `--manager`, else `$MS_SCHED_HOST:9601` (IPv6 in brackets).
-    fn manager(&self) -> Result<String, CliError> {
+    fn manager(&self) -> Result<String, ConfigError> {
         if let Some(m) = &self.manager {
             return Ok(m.clone());
         }
         let host = env::get(&process_env, env::MS_SCHED_HOST).ok_or_else(|| {
-            CliError::usage("where is the manager? give --manager HOST:PORT or set MS_SCHED_HOST")
+            ConfigError::usage(
+                "where is the manager? give --manager HOST:PORT or set MS_SCHED_HOST",
+            )
         })?;
         let addr = env::host_port(&host, DEFAULT_MANAGER_PORT);
         env::check_host_port(&addr).map_err(|e| {
-            CliError::usage(format!("MS_SCHED_HOST={host:?} is not a usable host ({e})"))
+            ConfigError::usage(format!("MS_SCHED_HOST={host:?} is not a usable host ({e})"))
         })?;
         Ok(addr)
     }
 
     /// The node's HAL: simulated with `--sim`, DCMI otherwise (its probes bounded by
     /// `TASKD_DCMI_TIMEOUT_MS`, default 1 s; a value that is not a number is refused).
-    fn node_hal(&self) -> Result<NodeHalFactory, CliError> {
+    fn node_hal(&self) -> Result<NodeHalFactory, ConfigError> {
         if !self.sim {
             let timeout = taskd_hal_ascend::node::probe_timeout_from_env(&process_env)?;
             return Ok(Box::new(move |_: &NodeAssignment| {
@@ -122,13 +121,13 @@ impl ProxyArgs {
     }
 
     /// Starts the metrics endpoint when `--metrics-addr` was given (keep it while the role runs).
-    pub fn serve_metrics(&self) -> Result<Option<MetricsServer>, CliError> {
+    pub fn serve_metrics(&self) -> Result<Option<MetricsServer>, ConfigError> {
         self.net.serve_metrics("proxy")
     }
 
     /// The proxy's configuration, or why these flags and this environment cannot run.
-    /// (Also what the embedded proxy of `taskd-capi` runs, from its JSON configuration.)
-    pub fn config(&self) -> Result<ProxyNodeConfig, CliError> {
+    /// (`taskd proxy` runs it, and so does the embedded proxy of `taskd-capi`.)
+    pub fn config(&self) -> Result<ProxyNodeConfig, ConfigError> {
         let node_rank = match self.node_rank {
             Some(k) => Some(k),
             None => env::node_rank(&process_env)?,
@@ -145,7 +144,7 @@ impl ProxyArgs {
             table.as_ref(),
         )
         .map_err(|e| match &self.rank_table {
-            Some(path) => CliError::usage(format!("{e} ({})", path.display())),
+            Some(path) => ConfigError::usage(format!("{e} ({})", path.display())),
             None => e.into(),
         })?;
         Ok(ProxyNodeConfig {
@@ -160,42 +159,4 @@ impl ProxyArgs {
             net: self.net.config(),
         })
     }
-}
-
-/// Runs the proxy until SIGINT, SIGTERM or SIGHUP (exit 0), or until the manager refuses the
-/// node for good (exit 2).
-pub fn run(a: ProxyArgs) -> Result<ExitCode, CliError> {
-    let _metrics = a.serve_metrics()?;
-    let cfg = a.config()?;
-    let manager = cfg.manager.clone();
-    actix_rt::System::new().block_on(async move {
-        let mut signals = ShutdownSignals::install()?;
-        let proxy = ProxyNode::spawn(cfg)
-            .await
-            .map_err(|e| CliError::Start(e.into()))?;
-        say(format!(
-            "taskd proxy listening on {} (manager {manager})",
-            proxy.local_addr()
-        ));
-        let sig = match signals.or_signal(proxy.assigned()).await {
-            Ok(Ok(n)) => {
-                let ranks: Vec<GlobalRank> = n.ranks.keys().copied().collect();
-                say(format!(
-                    "taskd proxy registered as {} (ranks {})",
-                    n.node,
-                    rank_span(&ranks)
-                ));
-                signals.recv().await
-            }
-            Ok(Err(e)) => {
-                proxy.shutdown("refused by the manager").await;
-                return Err(CliError::Refused(e.to_string()));
-            }
-            Err(sig) => sig,
-        };
-        eprintln!("taskd proxy: {sig}: shutting down");
-        let reason = format!("the proxy process stopped ({sig})");
-        proxy.shutdown(&reason).await;
-        Ok(ExitCode::SUCCESS)
-    })
 }

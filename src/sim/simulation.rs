@@ -11,13 +11,10 @@
 //! its gate a parked task too, and its worker still answers the pause sample from the step the
 //! gate published, exactly as for a real training thread.
 
-use crate::report::{OperationSummary, ScenarioReport};
-use crate::timeline::{Holds, PhaseLog, StepClock, Timeline};
+use super::timeline::StepClock;
 use std::sync::Arc;
 use std::time::Duration;
-use taskd_actors::{
-    LocalJob, LocalJobConfig, LocalJobError, ProgressEvent, RankSpec, StepGate, WorkerHal,
-};
+use taskd_actors::{LocalJob, LocalJobConfig, LocalJobError, RankSpec, StepGate, WorkerHal};
 use taskd_core::auto::AutoConfig;
 use taskd_core::command::Target;
 use taskd_core::operation::{JobState, OperationReport};
@@ -107,7 +104,7 @@ pub struct SimConfig {
     /// never used before (a new HCCL operator, which after a switch runs on the default NIC;
     /// `taskd_hal_mock::operator`). 0: never.
     pub eval_every: u64,
-    /// Automatic failover, when on (see [`crate::auto_sim`]): the manager runs the policy
+    /// Automatic failover, when on (see [`super::auto`]): the manager runs the policy
     /// and every proxy probes its links. With it on, an empty `switch` means no operator
     /// operation.
     pub auto: Option<AutoConfig>,
@@ -367,7 +364,7 @@ impl Simulation {
         self.training.as_ref().expect("training runs until finish")
     }
 
-    /// When every rank completed each step (see [`crate::timeline`]).
+    /// When every rank completed each step (see [`super::timeline`]).
     pub fn step_clock(&self) -> &Arc<StepClock> {
         &self.clock
     }
@@ -460,87 +457,6 @@ pub struct FinalState {
     pub violations: Vec<String>,
     /// The manager's job state at the end.
     pub job_state: JobState,
-}
-
-/// Runs `taskd sim`'s default scenario: train; operation 1 moves the targets to their backup
-/// NIC; train; operation 2 moves them back; train; report.
-pub fn run_scenario(cfg: &SimConfig) -> Result<ScenarioReport, SimError> {
-    run_scenario_observed(cfg, |_| {}).map(|run| run.report)
-}
-
-/// What a scenario produced: its report and its per-step timeline.
-#[derive(Clone, Debug)]
-pub struct ScenarioRun {
-    /// What `--json` prints, and the readable table.
-    pub report: ScenarioReport,
-    /// One row per training step with the phases it overlapped (`--timeline`).
-    pub timeline: Timeline,
-    /// Per operation (in the report's order), the ranks' holds at the step boundary: from the
-    /// first rank held to the last one training again (`None`: no rank was held). Empty for
-    /// the automatic failover scenario, whose operations start on their own.
-    pub holds: Vec<Option<Holds>>,
-}
-
-/// [`run_scenario`], handing every progress event of the operations to `on_progress` as it
-/// happens (on the calling thread), and keeping the per-step timeline.
-pub fn run_scenario_observed(
-    cfg: &SimConfig,
-    mut on_progress: impl FnMut(&ProgressEvent),
-) -> Result<ScenarioRun, SimError> {
-    cfg.validate()?;
-    if cfg.auto.is_some() {
-        return crate::auto_sim::run(cfg, on_progress);
-    }
-    let table = RankTable::uniform(cfg.nodes, cfg.devices_per_node);
-    // Refuse bad targets before starting anything, naming them.
-    switch_command(&cfg.job, &cfg.switch, true).resolve(&table)?;
-
-    let sim = Simulation::start(cfg)?;
-    let clock = sim.step_clock().clone();
-    let mut phases = PhaseLog::default();
-    let mut operations = Vec::new();
-    // The operations the manager admitted (whatever their result): each must have exactly
-    // one final result. Commands refused at submission never became operations.
-    let mut admitted = Vec::new();
-    let mut holds = Vec::new();
-    sim.train(cfg.steps_between)?;
-    inject_faults(&sim, cfg);
-    let mut steps_ok = true;
-    for use_backup in [true, false] {
-        let cmd = sim.command(&cfg.switch, use_backup);
-        let observe = |ev: &ProgressEvent| {
-            phases.observe(ev, clock.elapsed());
-            on_progress(ev);
-        };
-        let summary = match sim.job().run_with_progress(cmd.clone(), observe) {
-            Ok(report) => {
-                admitted.push(report.id);
-                OperationSummary::from(&report)
-            }
-            Err(LocalJobError::Refused(e)) => OperationSummary::rejected(&cmd, &table, &e),
-            Err(e) => return Err(e.into()),
-        };
-        operations.push(summary);
-        let running = sim.job().status(0)?.state == JobState::Running;
-        if running && steps_ok {
-            if let Err(e) = sim.train(cfg.steps_between) {
-                tracing::error!(error = %e, "training stopped making progress");
-                steps_ok = false;
-            }
-        }
-        // Every rank held by the operation trained on since (or is still held): its hold is in.
-        holds.push(clock.take_holds());
-    }
-    let results = sim.job().status(usize::MAX)?.recent;
-    let exactly_one_each = one_result_each(&admitted, &results);
-    let end = sim.finish();
-    let timeline = Timeline::build(&clock.completed_steps(), &phases);
-    let report = ScenarioReport::new(cfg, &table, operations, end, exactly_one_each, steps_ok);
-    Ok(ScenarioRun {
-        report,
-        timeline,
-        holds,
-    })
 }
 
 /// Arms operation 1's faults: `--fail-rank` and `--hang-rank`.

@@ -1,7 +1,7 @@
 //! `--auto-failover` and the policy's knobs, shared by `taskd manager` and `taskd sim` (README
 //! "Automatic failover and switchback" explains each default).
 
-use super::flags;
+use crate::flags;
 use clap::Args;
 use std::time::Duration;
 use taskd_core::auto::AutoConfig;

@@ -6,7 +6,7 @@
 //! printed once and never rewritten, so logs stay clean. `taskd sim` and `taskd switch --wait`
 //! render through this module.
 
-use crate::report::OperationSummary;
+use super::report::OperationSummary;
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::io::{self, IsTerminal, Write};
@@ -310,7 +310,7 @@ pub fn table(ops: &[OperationSummary]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::{PhasesMs, TargetSummary};
+    use crate::sim::report::{PhasesMs, TargetSummary};
     use taskd_core::command::{Direction, RankTarget};
     use taskd_core::operation::Trigger;
     use taskd_core::operation::{JobState, OperationReport, PhaseDurations};

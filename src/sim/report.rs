@@ -1,7 +1,8 @@
 //! What `taskd sim` prints: the JSON contract (stable: scripts and dashboards depend on it)
 //! and the readable timeline.
 
-use crate::sim::{FinalState, SimConfig};
+use super::simulation::{FinalState, SimConfig};
+use super::timeline::{Holds, Timeline};
 use serde::Serialize;
 use std::fmt::Write as _;
 use taskd_core::auto::AutoDecision;
@@ -225,4 +226,17 @@ impl ScenarioReport {
         }
         s
     }
+}
+
+/// What a scenario produced: its report and its per-step timeline.
+#[derive(Clone, Debug)]
+pub struct ScenarioRun {
+    /// What `--json` prints, and the readable table.
+    pub report: ScenarioReport,
+    /// One row per training step with the phases it overlapped (`--timeline`).
+    pub timeline: Timeline,
+    /// Per operation (in the report's order), the ranks' holds at the step boundary: from the
+    /// first rank held to the last one training again (`None`: no rank was held). Empty for
+    /// the automatic failover scenario, whose operations start on their own.
+    pub holds: Vec<Option<Holds>>,
 }

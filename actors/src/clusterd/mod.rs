@@ -7,7 +7,7 @@
 //! and, once that stream's first message is in, `SubscribeNotifySwitch` (the ranks to switch).
 //! ClusterD is a grpc-go server: it sends a stream's headers only with its first message, so
 //! nothing waits for them (`session.rs` says how). The client hands every signal to the
-//! manager actor (`actors/src/manager/clusterd.rs`, where `core/src/external.rs` decides),
+//! manager actor (`actors/src/manager/clusterd.rs`, where `core/src/clusterd.rs` decides),
 //! tagged with its session, and sends the reports the manager owes: `ReportStopComplete`,
 //! `ReplySwitchNicResult`, `ReportRecoverStatus`, in the order they are owed, each once, as
 //! soon as they are owed.
@@ -31,7 +31,7 @@ use crate::telemetry;
 use actix::Addr;
 use std::time::Duration;
 use taskd_core::env::{check_host_port, AddressError};
-use taskd_core::external::DEFAULT_HOLD;
+use taskd_core::clusterd::DEFAULT_HOLD;
 use taskd_core::JobId;
 
 /// Generated from `proto/clusterd/recover.proto` (no package, as ClusterD's).

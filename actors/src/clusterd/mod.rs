@@ -1,4 +1,4 @@
-//! The manager as ClusterD's client, as TaskD's manager is (README "In a MindCluster cluster").
+//! The manager as ClusterD's client, as TaskD's manager is (`docs/clusterd.md`).
 //!
 //! In a MindCluster cluster the operators' platform calls ClusterD, and ClusterD drives each
 //! job's manager over gRPC (service `Recover`, no package: `proto/clusterd.proto`). The

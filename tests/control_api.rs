@@ -11,13 +11,13 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
-use taskd::actors::control::clusterd::{
+use taskd::actors::clusterd::proto::recover_client::RecoverClient;
+use taskd::actors::clusterd::proto::{ClientInfo, DeviceList, SwitchNicRequest, SwitchNics};
+use taskd::actors::control::proto::{self, switch_event::Event, RefusalKind};
+use taskd::actors::control::recover::{
     busy_info, not_registered, not_switching, SWITCH_FAILED, SWITCH_FINISHED, SWITCH_STARTED,
     SWITCH_TIMEOUT,
 };
-use taskd::actors::control::proto::{self, switch_event::Event, RefusalKind};
-use taskd::actors::control::recover::recover_client::RecoverClient;
-use taskd::actors::control::recover::{ClientInfo, DeviceList, SwitchNicRequest, SwitchNics};
 use taskd::actors::control::{
     codes, serve, ClientError, Clock, ControlClient, ControlConfig, ControlServer, GuardConfig,
     ManualClock, RateLimit, RESULT_RETENTION,

@@ -48,8 +48,8 @@
 //!   manager's restart.
 //! - [`net`]: the network transport and a process per role (`proto/net.proto`).
 //! - [`control`]: the operators' API on the manager's control port, ClusterD-compatible
-//!   (`proto/control.proto`, `proto/recover.proto`).
-//! - [`clusterd`]: the manager as ClusterD's client (`proto/clusterd/recover.proto`).
+//!   (`proto/control.proto`, `proto/clusterd.proto`).
+//! - [`clusterd`]: the manager as ClusterD's client (`proto/clusterd.proto`).
 //! - `manager/auto.rs`: automatic failover, wired into the manager.
 //! - [`process`]: role startup and shutdown for the binaries.
 //! - [`progress`]: the manager's feed of what an operation is doing, as it happens.

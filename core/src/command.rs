@@ -207,7 +207,7 @@ impl SwitchCommand {
                 });
             }
             for (dev, op) in devs.iter().zip(ops) {
-                let device = crate::external::decimal_id(dev)
+                let device = crate::clusterd::decimal_id(dev)
                     .map(DeviceId)
                     .ok_or_else(|| ValidationError::BadDevice {
                         node: node.clone(),

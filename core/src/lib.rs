@@ -41,7 +41,7 @@
 //! - [`display`]: how lists appear in messages for people.
 //! - [`env`](mod@env): the environment variables taskd reads, one lookup type for them, and how
 //!   their values are interpreted.
-//! - [`external`]: ClusterD as the driver of a job's switches: its signals, the reports it is
+//! - [`clusterd`]: ClusterD as the driver of a job's switches: its signals, the reports it is
 //!   owed, and the sequencer that ties them to one externally sequenced operation.
 //! - [`auto`]: the automatic failover policy (when to move a device without an operator).
 
@@ -49,10 +49,10 @@
 
 pub mod assessment;
 pub mod auto;
+pub mod clusterd;
 pub mod command;
 pub mod display;
 pub mod env;
-pub mod external;
 pub mod hal;
 pub mod ids;
 pub mod job_state;

@@ -8,7 +8,7 @@ mod common;
 
 use common::world::{ids, Reply, World};
 use common::*;
-use taskd_core::external::{Origin, Report, Signal, CODE_FAILED, CODE_OK};
+use taskd_core::clusterd::{Origin, Report, Signal, CODE_FAILED, CODE_OK};
 use taskd_core::operation::{Awaiting, OperationError};
 use taskd_core::protocol::{DirectiveKind, Phase};
 use taskd_core::{GlobalRank, JobState, OperationId, Outcome, SubmitError};

@@ -1,4 +1,4 @@
-//! Property tests of a switch driven by ClusterD (`core/src/external.rs`).
+//! Property tests of a switch driven by ClusterD (`core/src/clusterd.rs`).
 //!
 //! A random job and a ClusterD that runs its own state machine (pause, then the switch, then
 //! continue; a failed switch sends it to stop_train, a failed pause to killMaster) and keeps
@@ -21,7 +21,7 @@ mod common;
 use common::world::{ids, Reply, World};
 use common::*;
 use proptest::prelude::*;
-use taskd_core::external::{Report, Signal, CODE_OK};
+use taskd_core::clusterd::{Report, Signal, CODE_OK};
 use taskd_core::{GlobalRank, JobState};
 
 /// One move of the world.

@@ -3,7 +3,7 @@
 # file) runs it in every pod. It starts taskd's manager where MS_SCHED_HOST == POD_IP (the
 # Scheduler pod), a taskd proxy in every pod, then msrun with the arguments it was given.
 # Ascend Operator sets every variable read here but POD_IP, which the job YAML takes from the
-# downward API. README "In a MindCluster cluster" says what runs where and what to expect.
+# downward API. docs/clusterd.md says what runs where and what to expect.
 set -uo pipefail
 
 TASKD="${TASKD_BIN:-taskd}"

@@ -15,8 +15,8 @@ use taskd_actors::control::{ControlConfig, GuardConfig, RateLimit};
 use taskd_actors::net::{ManagerNodeConfig, DEFAULT_MANAGER_PORT};
 use taskd_actors::process::{rank_table, ManagerProcessConfig};
 use taskd_actors::telemetry::MetricsServer;
+use taskd_core::clusterd;
 use taskd_core::env::{self, process_env};
-use taskd_core::external;
 use taskd_core::rank_table::{MAX_NODES, MAX_RANKS};
 use taskd_core::{JobId, PhaseDeadlines, RankTable};
 
@@ -178,7 +178,7 @@ impl ManagerArgs {
         let addr = match (&self.clusterd, self.no_clusterd) {
             (Some(a), _) => a.clone(),
             (None, true) => return Ok(None),
-            (None, false) => match env::clusterd_addr(&process_env, external::DEFAULT_PORT) {
+            (None, false) => match env::clusterd_addr(&process_env, clusterd::DEFAULT_PORT) {
                 None => return Ok(None),
                 Some(a) => {
                     env::check_host_port(&a).map_err(|e| {

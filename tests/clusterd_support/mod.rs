@@ -265,12 +265,10 @@ impl Recover for Svc {
         ok("register success")
     }
 
-    type SubscribeProcessManageSignalStream = Stream<ProcessManageSignal>;
-
     async fn subscribe_process_manage_signal(
         &self,
         r: Request<ClientInfo>,
-    ) -> Result<Response<Self::SubscribeProcessManageSignalStream>, tonic::Status> {
+    ) -> Result<Response<Stream<ProcessManageSignal>>, tonic::Status> {
         self.subscribe(r, |s, tx| {
             s.reset("a new SubscribeProcessManageSignal");
             s.signals = Some(tx);
@@ -279,12 +277,10 @@ impl Recover for Svc {
         .await
     }
 
-    type SubscribeNotifySwitchStream = Stream<SwitchRankList>;
-
     async fn subscribe_notify_switch(
         &self,
         r: Request<ClientInfo>,
-    ) -> Result<Response<Self::SubscribeNotifySwitchStream>, tonic::Status> {
+    ) -> Result<Response<Stream<SwitchRankList>>, tonic::Status> {
         self.subscribe(r, |s, tx| {
             s.switches = Some(tx);
             s.switch_subs += 1;

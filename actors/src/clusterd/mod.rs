@@ -1,13 +1,13 @@
-//! The manager as ClusterD's client, as TaskD's manager is (README "In a MindCluster cluster").
+//! The manager as ClusterD's client, as TaskD's manager is (`docs/clusterd.md`).
 //!
 //! In a MindCluster cluster the operators' platform calls ClusterD, and ClusterD drives each
-//! job's manager over gRPC (service `Recover`, no package: `proto/clusterd/recover.proto`). The
+//! job's manager over gRPC (service `Recover`, no package: `proto/clusterd.proto`). The
 //! client keeps a session with ClusterD: `Init`, `Register`, then two server streams,
 //! `SubscribeProcessManageSignal` (pause, stop, continue, killMaster, a keep-alive every 5 s)
 //! and, once that stream's first message is in, `SubscribeNotifySwitch` (the ranks to switch).
 //! ClusterD is a grpc-go server: it sends a stream's headers only with its first message, so
 //! nothing waits for them (`session.rs` says how). The client hands every signal to the
-//! manager actor (`actors/src/manager/clusterd.rs`, where `core/src/external.rs` decides),
+//! manager actor (`actors/src/manager/clusterd.rs`, where `core/src/clusterd.rs` decides),
 //! tagged with its session, and sends the reports the manager owes: `ReportStopComplete`,
 //! `ReplySwitchNicResult`, `ReportRecoverStatus`, in the order they are owed, each once, as
 //! soon as they are owed.
@@ -30,14 +30,15 @@ use crate::manager::{AttachClusterd, Manager};
 use crate::telemetry;
 use actix::Addr;
 use std::time::Duration;
+use taskd_core::clusterd::DEFAULT_HOLD;
 use taskd_core::env::{check_host_port, AddressError};
-use taskd_core::external::DEFAULT_HOLD;
 use taskd_core::JobId;
 
-/// Generated from `proto/clusterd/recover.proto` (no package, as ClusterD's).
+/// Generated from `proto/clusterd.proto`: ClusterD's `Recover` (no package, as ClusterD's). Its
+/// client is used here; its server is the operator API of [`crate::control::recover`].
 pub mod proto {
     #![allow(clippy::all, missing_docs)]
-    include!(concat!(env!("OUT_DIR"), "/clusterd/_.rs"));
+    include!(concat!(env!("OUT_DIR"), "/_.rs"));
 }
 
 /// How the client reaches ClusterD and how patient it is.
@@ -120,5 +121,40 @@ impl ClusterdClient {
     /// Ends the session and waits for the client's thread.
     pub fn shutdown(mut self) {
         self.thread.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::proto;
+
+    /// The paths a real ClusterD serves and calls: service `Recover` in no package, exactly
+    /// these methods (generated once, for the client here and the server of
+    /// [`crate::control::recover`]).
+    #[test]
+    fn the_recover_paths_are_clusterds() {
+        assert_eq!(proto::recover_server::SERVICE_NAME, "Recover");
+        let generated = include_str!(concat!(env!("OUT_DIR"), "/_.rs"));
+        let mut paths: Vec<&str> = generated
+            .split("\"/Recover/")
+            .skip(1)
+            .filter_map(|rest| rest.split('"').next())
+            .collect();
+        paths.sort_unstable();
+        paths.dedup();
+        let mut want = [
+            "HealthCheck",
+            "Init",
+            "Register",
+            "ReplySwitchNicResult",
+            "ReportRecoverStatus",
+            "ReportStopComplete",
+            "SubscribeNotifySwitch",
+            "SubscribeProcessManageSignal",
+            "SubscribeSwitchNicSignal",
+            "SwitchNicTrack",
+        ];
+        want.sort_unstable();
+        assert_eq!(paths, want);
     }
 }

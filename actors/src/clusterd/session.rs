@@ -42,7 +42,7 @@ use actix::Addr;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use taskd_core::external::{self, Origin, Outgoing, Report, Signal, CONTINUE_STRATEGY, ROLE};
+use taskd_core::clusterd::{Origin, Outgoing, Report, Signal, CODE_OK, CONTINUE_STRATEGY, ROLE};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -394,7 +394,7 @@ impl Outbox {
 /// ClusterD took the report (whatever its code: it answered).
 fn took(r: &Outgoing, a: proto::Status) -> Result<(), String> {
     let kind = r.report.kind();
-    if a.code == external::CODE_OK {
+    if a.code == CODE_OK {
         tracing::info!(report = kind, ok = r.report.ok(), "reported to ClusterD");
     } else {
         tracing::warn!(report = kind, ok = r.report.ok(), code = a.code, info = %a.info, job = %r.job, "ClusterD took the report with an error code");
@@ -454,7 +454,7 @@ fn answered(
     res: Result<tonic::Response<proto::Status>, tonic::Status>,
 ) -> Result<(), String> {
     match res {
-        Ok(a) if a.get_ref().code == external::CODE_OK => Ok(()),
+        Ok(a) if a.get_ref().code == CODE_OK => Ok(()),
         Ok(a) => {
             let a = a.into_inner();
             Err(format!("{rpc} answered {}: {}", a.code, a.info))

@@ -1,8 +1,8 @@
 //! The control API operators and AI platforms drive, served by the manager on its control
 //! port (the only operator surface: the transport port carries the job's own traffic only):
 //!
-//! - ClusterD's `Recover` service (`proto/recover.proto`), wire-compatible and answering as
-//!   ClusterD does ([`clusterd`]), so a platform written against ClusterD works unchanged.
+//! - ClusterD's `Recover` service (its operator API, `proto/clusterd.proto`), wire-compatible
+//!   and answering as ClusterD does ([`recover`]), so a platform written against ClusterD works unchanged.
 //! - taskd's own `taskd.control.v1.Control` (`proto/control.proto`): job status with the NIC
 //!   table, lost ranks and past results, waiting for registrations, and submit-and-wait with the
 //!   phases as they happen ([`ControlClient`] is its typed client).
@@ -11,10 +11,10 @@
 //! optional bearer token and a per-client rate limit); TLS, optionally mutual, is the port's.
 
 pub mod client;
-pub mod clusterd;
 pub mod codes;
 pub mod convert;
 pub mod guard;
+pub mod recover;
 pub mod retention;
 pub mod server;
 mod service;
@@ -23,12 +23,6 @@ pub use client::{ClientError, ControlClient, Progress, Switching};
 pub use guard::{Guard, GuardConfig, RateLimit};
 pub use retention::{Clock, ManualClock, RESULT_RETENTION};
 pub use server::{serve, ControlConfig, ControlServer, ServeError};
-
-/// Generated from `proto/recover.proto` (no package, as ClusterD's).
-pub mod recover {
-    #![allow(clippy::all, missing_docs)]
-    include!(concat!(env!("OUT_DIR"), "/_.rs"));
-}
 
 /// Generated from `proto/control.proto`.
 pub mod proto {

@@ -1,13 +1,13 @@
 //! The control server: `Recover` and `Control` on one port, behind one [`Guard`] interceptor,
 //! on a runtime thread of its own, in front of the manager actor.
 
-use super::clusterd::RecoverSvc;
 use super::guard::{Guard, GuardConfig};
 use super::proto::control_server::ControlServer as ControlService;
-use super::recover::recover_server::RecoverServer;
+use super::recover::RecoverSvc;
 use super::retention::{Clock, LastResult};
 use super::service::ControlSvc;
 use crate::background::Background;
+use crate::clusterd::proto::recover_server::RecoverServer;
 use crate::manager::{Manager, SubscribeProgress};
 use crate::net::{TlsError, TlsPem};
 use actix::Addr;

@@ -1,5 +1,5 @@
 //! The manager's side of ClusterD's client (`actors/src/clusterd/`): ClusterD's signals come in
-//! as messages, go through the [`Sequencer`] (`core/src/external.rs`) into the same
+//! as messages, go through the [`Sequencer`] (`core/src/clusterd.rs`) into the same
 //! [`taskd_core::JobLedger`] the control API uses, and the reports it owes go back to the
 //! client, which sends them. An operation ClusterD drives is one operation of the job like any
 //! other: the control API sees it in flight and is refused as busy while it runs, and ClusterD's
@@ -8,7 +8,7 @@
 use super::Manager;
 use actix::prelude::*;
 use std::time::Duration;
-use taskd_core::external::{Level, Origin, Outgoing, Sequencer, Signal, Step};
+use taskd_core::clusterd::{Level, Origin, Outgoing, Sequencer, Signal, Step};
 use taskd_core::operation::Action;
 use taskd_core::{JobLedger, OperationId};
 use tokio::sync::mpsc::UnboundedSender;

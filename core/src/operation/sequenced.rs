@@ -1,5 +1,5 @@
 //! A [`OperationKind::Sequenced`] operation: the stages of a switch, each started by an outside
-//! driver (ClusterD, through `core/src/external.rs`).
+//! driver (ClusterD, through `core/src/clusterd.rs`).
 //!
 //! ```text
 //!  Sample ─▶ Pause ─▶ HOLD (Action::Held(Paused)) ──command_switch──▶ Switch ─▶ HOLD (Held(Switched))

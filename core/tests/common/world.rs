@@ -5,7 +5,7 @@
 //! agree, and a switch result reports what the ranks really hold.
 
 use super::*;
-use taskd_core::external::{Origin, Outgoing, Report, Sequencer, Signal, Step};
+use taskd_core::clusterd::{Origin, Outgoing, Report, Sequencer, Signal, Step};
 use taskd_core::protocol::{GateReport, WorkerHello};
 use taskd_core::{JobLedger, JobState, SwitchCapabilities};
 

@@ -1,4 +1,4 @@
-//! ClusterD's operator API (`Recover`, `proto/recover.proto`), answering exactly as ClusterD's
+//! ClusterD's operator API (`Recover`, `proto/clusterd.proto`), answering exactly as ClusterD's
 //! own service does, so a platform written against ClusterD reads taskd's answers right:
 //!
 //! - `SwitchNicTrack`: code 0 and [`SWITCH_STARTED`]; 411 when an operation is in flight or
@@ -13,8 +13,8 @@
 //! Per-phase durations, per-rank errors and JSON belong to taskd's own `Control` service.
 
 use super::codes;
-use super::recover::{self, SwitchNicResponse};
 use super::retention::LastResult;
+use crate::clusterd::proto::{self, SwitchNicResponse};
 use crate::manager::{AwaitResult, GetStatus, Manager, Submission, Submit};
 use actix::Addr;
 use std::collections::BTreeMap;
@@ -97,8 +97,8 @@ pub fn result_message(r: &OperationReport) -> String {
     }
 }
 
-fn status(code: i32, info: impl Into<String>) -> Response<recover::Status> {
-    Response::new(recover::Status {
+fn status(code: i32, info: impl Into<String>) -> Response<proto::Status> {
+    Response::new(proto::Status {
         code,
         info: info.into(),
     })
@@ -145,11 +145,11 @@ impl RecoverSvc {
 }
 
 #[tonic::async_trait]
-impl recover::recover_server::Recover for RecoverSvc {
+impl proto::recover_server::Recover for RecoverSvc {
     async fn switch_nic_track(
         &self,
-        req: Request<recover::SwitchNics>,
-    ) -> Result<Response<recover::Status>, Status> {
+        req: Request<proto::SwitchNics>,
+    ) -> Result<Response<proto::Status>, Status> {
         let m = req.into_inner();
         if m.job_id.is_empty() {
             return Ok(status(codes::PARAMETER_INVALID, "jobID is empty"));
@@ -179,12 +179,10 @@ impl recover::recover_server::Recover for RecoverSvc {
         })
     }
 
-    type SubscribeSwitchNicSignalStream = Boxed<SwitchNicResponse>;
-
     async fn subscribe_switch_nic_signal(
         &self,
-        req: Request<recover::SwitchNicRequest>,
-    ) -> Result<Response<Self::SubscribeSwitchNicSignalStream>, Status> {
+        req: Request<proto::SwitchNicRequest>,
+    ) -> Result<Response<Boxed<SwitchNicResponse>>, Status> {
         let job = req.into_inner().job_id;
         if job != self.job.0 {
             return Err(Status::unknown(not_registered(&job)));
@@ -204,8 +202,8 @@ impl recover::recover_server::Recover for RecoverSvc {
 
     async fn health_check(
         &self,
-        req: Request<recover::ClientInfo>,
-    ) -> Result<Response<recover::Status>, Status> {
+        req: Request<proto::ClientInfo>,
+    ) -> Result<Response<proto::Status>, Status> {
         let info = req.into_inner();
         if !info.job_id.is_empty() && info.job_id != self.job.0 {
             return Ok(status(

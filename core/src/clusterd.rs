@@ -3,7 +3,7 @@
 //! [`OperationKind::Sequenced`](crate::operation::OperationKind::Sequenced) operation.
 //!
 //! In a MindCluster cluster the platform calls ClusterD, which drives the job's manager in three
-//! steps (README "In a MindCluster cluster"):
+//! steps (`docs/clusterd.md`):
 //!
 //! 1. `ProcessManageSignal{stopTrain, [pause_train], uuid U}`: pause every rank at one step
 //!    boundary, then `ReportStopComplete` (code 0, or [`CODE_FAILED`]).

@@ -401,6 +401,20 @@ impl StepGate {
         self.inner.lock().stopped.clone()
     }
 
+    /// Resolves, with the reason, once training was stopped: for a process whose training
+    /// loop runs elsewhere and which must then exit for its launcher to restart it.
+    pub async fn training_stopped(&self) -> String {
+        loop {
+            let armed = self.armed_task.notified();
+            tokio::pin!(armed);
+            armed.as_mut().enable();
+            if let Some(why) = self.stopped() {
+                return why;
+            }
+            armed.await;
+        }
+    }
+
     /// The rank holds no more: its stall is counted.
     fn boundary_leave(g: &mut Inner) {
         if let Some((_, since)) = g.held.take() {
@@ -1039,6 +1053,7 @@ mod tests {
             .step_completed_or_hold(7)
             .expect("a stopped gate never passes");
         assert_eq!(rt.block_on(hold), stop);
+        assert_eq!(rt.block_on(g.training_stopped()), "the rollback failed");
     }
 
     #[test]

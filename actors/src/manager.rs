@@ -195,7 +195,10 @@ impl Manager {
             .in_flight()
             .map(|op| op.pending().len())
             .unwrap_or(0);
-        self.observer.phase_started(&d, waiting);
+        // A stop of training is no operation's phase (`manager/hold.rs` reports it).
+        if d.phase() != Phase::Stop {
+            self.observer.phase_started(&d, waiting);
+        }
         let mut gone = Vec::new();
         for (node, link) in &self.nodes {
             self.observer.sent(d.phase());

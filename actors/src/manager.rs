@@ -9,6 +9,10 @@ pub use auto::AwaitAutoSettled;
 
 mod clusterd;
 
+mod hold;
+
+pub use hold::{HoldPolicy, SetHoldPolicy, StopTraining, DEFAULT_HOLD_BOUND};
+
 pub use clusterd::{
     AttachClusterd, ClusterdLink, ClusterdLinkChanged, ClusterdSessionEnded, ClusterdSignal,
     ClusterdSwitch,
@@ -60,6 +64,8 @@ pub struct Manager {
     auto: Option<auto::Auto>,
     /// Where every final result is recorded for the next manager ([`Manager::with_journal`]).
     journal: Option<Arc<dyn OperationJournal>>,
+    /// What a job that does not run leads to, and the hold it watches (`manager/hold.rs`).
+    hold: hold::Hold,
 }
 
 impl Manager {
@@ -80,6 +86,7 @@ impl Manager {
             clusterd: None,
             auto: None,
             journal: None,
+            hold: hold::Hold::default(),
         }
     }
 
@@ -179,6 +186,7 @@ impl Manager {
             let _ = w.send(report.clone());
         }
         self.job_changed();
+        self.after_verification(ctx);
         self.auto_evaluate(ctx);
     }
 
@@ -188,7 +196,10 @@ impl Manager {
             .in_flight()
             .map(|op| op.pending().len())
             .unwrap_or(0);
-        self.observer.phase_started(&d, waiting);
+        // A stop of training is no operation's phase (`manager/hold.rs` reports it).
+        if d.phase() != Phase::Stop {
+            self.observer.phase_started(&d, waiting);
+        }
         let mut gone = Vec::new();
         for (node, link) in &self.nodes {
             self.observer.sent(d.phase());
@@ -215,6 +226,7 @@ impl Manager {
         }
         self.observe_waiting();
         self.job_changed();
+        self.watch_hold(ctx);
     }
 
     fn finish(&mut self, report: OperationReport, ctx: &mut Context<Self>) {
@@ -228,6 +240,7 @@ impl Manager {
             let _ = w.send(report.clone());
         }
         self.maybe_verify(ctx);
+        self.watch_hold(ctx);
         self.auto_finished(&report, ctx);
     }
 
@@ -373,6 +386,7 @@ impl Handler<Deliver<ProxyToManager>> for Manager {
                 self.observe_waiting();
                 self.run(actions, ctx);
                 self.maybe_verify(ctx);
+                self.watch_hold(ctx);
             }
             ProxyToManager::Reply(nr) => {
                 self.observer.received("node_reply");
@@ -558,6 +572,13 @@ pub struct ManagerStatus {
     /// ranks, until each has answered ([`SubmitError::InCalls`]).
     #[serde(default)]
     pub in_calls: Option<(OperationId, Vec<GlobalRank>)>,
+    /// Training stopped and the processes restarting (`stopping`, `restarting` and the ranks
+    /// not back yet), while it lasts.
+    #[serde(default)]
+    pub training_stop: Option<taskd_core::ledger::TrainingStop>,
+    /// The last stop of training that ended (every rank came back).
+    #[serde(default)]
+    pub last_training_stop: Option<taskd_core::ledger::TrainingStop>,
 }
 
 /// Ask for a [`ManagerStatus`] with up to `recent` past results.
@@ -597,6 +618,8 @@ impl Handler<GetStatus> for Manager {
             in_calls: l
                 .ranks_in_calls()
                 .map(|(op, ranks)| (op, ranks.iter().copied().collect())),
+            training_stop: l.training_stop().cloned(),
+            last_training_stop: l.last_training_stop().cloned(),
             recent: history.into_iter().rev().collect(),
             lost_ranks: self
                 .lost

@@ -69,6 +69,9 @@ pub const BUILD_INFO: &str = "taskd_build_info";
 /// no operation in flight (`taskd_operation_in_flight` 0) mean a manager went away: they stay
 /// held, which is safe, until the next manager's verification round releases them.
 pub const RANKS_HELD: &str = "taskd_ranks_held";
+/// Counter: training stopped for good on a rank of this process (the manager's stop), or, on
+/// the manager, stops it sent, by who decided (`by`: operator, policy, clusterd).
+pub const TRAINING_STOPS: &str = "taskd_training_stops_total";
 /// Gauge: 1 while the manager's ClusterD client has a session (Init and Register answered,
 /// the signal stream's first message in, the switch subscription sent), 0 while it
 /// reconnects. Only a manager that is a ClusterD client
@@ -107,6 +110,7 @@ pub const ALL: &[&str] = &[
     OPERATION_PENDING_RANKS,
     BUILD_INFO,
     RANKS_HELD,
+    TRAINING_STOPS,
     CLUSTERD_CONNECTED,
     CLUSTERD_SIGNALS_TOTAL,
     CLUSTERD_REPORTS_TOTAL,
@@ -237,6 +241,11 @@ fn describe_job() {
         RANKS_HELD,
         Unit::Count,
         "Ranks whose training is held at the step gate now"
+    );
+    describe_counter!(
+        TRAINING_STOPS,
+        Unit::Count,
+        "Training stopped for good (a rank's gate, or the manager's stop by who decided)"
     );
     describe_gauge!(
         CLUSTERD_CONNECTED,

@@ -3,18 +3,18 @@
 
 use crate::config::{self, Keys};
 use crate::error::CapiError;
-use crate::framework::{FrameworkHal, FrameworkSwitch};
+use crate::framework::{self, FrameworkHal, FrameworkSwitch};
 use crate::state::Shared;
 use clap::{CommandFactory, Parser};
 use parking_lot::Mutex;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use taskd_actors::net::client::ClientState;
 use taskd_actors::net::{RemoteWorker, RemoteWorkerConfig, WorkerRegistration};
 use taskd_actors::telemetry::MetricsServer;
 use taskd_actors::StepGate;
 use taskd_core::env::process_env;
-use taskd_core::GlobalRank;
+use taskd_core::{GlobalRank, StepOutcome};
 use taskd_roles::WorkerArgs;
 use tokio::sync::watch;
 
@@ -92,11 +92,16 @@ impl EmbeddedWorker {
             let size = reg.borrow().as_ref().map(|r| r.world_size);
             size
         });
-        let hal = FrameworkHal::new(switch, world, caps);
+        // The framework's function runs on the training thread held at the gate, which
+        // exists once the worker has started.
+        let gate_slot = Arc::new(OnceLock::new());
+        let run = framework::on_training_thread(gate_slot.clone());
+        let hal = FrameworkHal::new(switch, run, world, caps);
         let worker = RemoteWorker::start(cfg, Box::new(hal)).map_err(|e| CapiError::Start {
             role: "worker",
             message: e.to_string(),
         })?;
+        let _ = gate_slot.set(worker.gate());
         let watches = worker.watch();
         handoff.update(|h| *h = Some(watches.0.clone()));
         tracing::info!(rank = rank.0, node_rank = ?opts.args.node_rank, proxy = %opts.args.proxy, "embedded worker started");
@@ -116,9 +121,11 @@ impl EmbeddedWorker {
     }
 
     /// The training loop completed `step`: returns at once unless an operation holds the rank
-    /// here. One training thread calls it.
+    /// here (while it holds, the framework's switch function runs on this thread, inside this
+    /// call). [`StepOutcome::Stop`] once the manager stopped training. One training thread
+    /// calls it.
     #[inline]
-    pub fn step_completed(&self, step: u64) {
+    pub fn step_completed(&self, step: u64) -> StepOutcome {
         self.gate.step_completed(step)
     }
 

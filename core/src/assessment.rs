@@ -10,6 +10,21 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
 
+/// What a [`Disagreement`] is.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DisagreementKind {
+    /// Members of a group report different members on backup, each view a clean one.
+    #[default]
+    Views,
+    /// Not every member of a group reported it.
+    Partial,
+    /// A rank's last NIC-set call on the group failed: its operators may be split.
+    Unsettled,
+    /// A rank is on different sides in its groups.
+    SidesAcrossGroups,
+}
+
 /// A group whose members do not agree, or a rank whose groups do not.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Disagreement {
@@ -22,6 +37,9 @@ pub struct Disagreement {
     pub in_doubt: Vec<GlobalRank>,
     /// What differs, for a person.
     pub detail: String,
+    /// What kind of disagreement it is.
+    #[serde(default)]
+    pub kind: DisagreementKind,
 }
 
 impl fmt::Display for Disagreement {

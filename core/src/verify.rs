@@ -31,7 +31,7 @@
 //! "consistent" under it; the simulator counts collectives that ran on the default NIC of a
 //! switched group apart from disagreements.
 
-pub use crate::assessment::{Assessment, Disagreement, VerifyReport};
+pub use crate::assessment::{Assessment, Disagreement, DisagreementKind, VerifyReport};
 use crate::display::short_list;
 use crate::ids::{GlobalRank, OperationId};
 use crate::operation::Action;
@@ -118,6 +118,7 @@ impl GroupViews<'_> {
                 ranks: reporters,
                 in_doubt,
                 detail,
+                kind: DisagreementKind::Views,
             });
         }
         (reporters.len() < self.size as usize).then(|| Disagreement {
@@ -131,6 +132,7 @@ impl GroupViews<'_> {
             // Every member agrees on the sides: nothing a re-statement could fix (a group of
             // another size is a process started with another layout).
             in_doubt: Vec::new(),
+            kind: DisagreementKind::Partial,
         })
     }
 }
@@ -150,6 +152,7 @@ fn unsettled(rank: GlobalRank, report: &WorkerReport) -> impl Iterator<Item = Di
                 "rank {rank}'s last NIC-set call on it failed; the side of ranks {} is not known",
                 short_list(v.unsettled.iter())
             ),
+            kind: DisagreementKind::Unsettled,
         })
 }
 
@@ -173,6 +176,7 @@ fn sides_across_groups(rank: GlobalRank, report: &WorkerReport) -> Option<Disagr
             on.join(", "),
             off.join(", ")
         ),
+        kind: DisagreementKind::SidesAcrossGroups,
     })
 }
 

@@ -9,8 +9,8 @@ use common::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use taskd_core::ledger::{
-    FinishedOperation, RecoverTo, RecoveryStarted, RegisterError, RequestFingerprint, Submitted,
-    HISTORY_LEN,
+    FinishedOperation, RecoverTo, RecoveryStarted, RegisterError, RequestFingerprint, StopBy,
+    StopPhase, Submitted, HISTORY_LEN,
 };
 use taskd_core::operation::OperationError;
 use taskd_core::protocol::{
@@ -202,14 +202,17 @@ fn drive(
                 Answer::Correct => match &d.kind {
                     DirectiveKind::Sample { .. } => ReplyBody::Sampled { in_step: 10 },
                     DirectiveKind::PauseAt { step } => ReplyBody::Paused { step: *step },
-                    DirectiveKind::Switch { targets } => ReplyBody::Applied {
+                    DirectiveKind::Switch { targets, .. } => ReplyBody::Applied {
                         calls: layout.calls(GlobalRank(r), targets),
                     },
-                    DirectiveKind::Rollback { targets, restate } => ReplyBody::Applied {
+                    DirectiveKind::Rollback {
+                        targets, restate, ..
+                    } => ReplyBody::Applied {
                         calls: layout.rollback_calls(GlobalRank(r), targets, restate),
                     },
                     DirectiveKind::Resume => ReplyBody::Resumed { stalled: secs(1) },
                     DirectiveKind::Verify => panic!("an operation never verifies"),
+                    DirectiveKind::StopTraining { .. } => ReplyBody::Stopped,
                 },
             };
             by_node
@@ -346,6 +349,7 @@ fn a_good_switch_updates_the_nic_table_and_a_switch_back_restores_it() {
         DirectiveKind::Rollback {
             targets: vec![(GlobalRank(6), NicSide::Backup)],
             restate: vec![],
+            call_timeout: DEADLINES.call_timeout(Phase::Rollback),
         }
     );
     assert_eq!(backup_of(&l), vec![1, 6]);
@@ -364,7 +368,8 @@ fn a_good_switch_updates_the_nic_table_and_a_switch_back_restores_it() {
     assert_eq!(
         sent[2].kind,
         DirectiveKind::Switch {
-            targets: vec![(GlobalRank(6), NicSide::Primary)]
+            targets: vec![(GlobalRank(6), NicSide::Primary)],
+            call_timeout: DEADLINES.call_timeout(Phase::Switch),
         }
     );
     assert_eq!(backup_of(&l), vec![1]);
@@ -718,7 +723,7 @@ fn after_a_failed_rollback_the_job_is_not_running_until_acknowledged() {
     assert_eq!(id, op_id(3));
     let (rec, sent) = drive(&mut l, &layout, actions, &mut now, |_, _| Answer::Correct);
     assert_eq!(rec.outcome, Outcome::Succeeded, "{rec}");
-    assert!(sent.iter().any(|d| matches!(&d.kind, DirectiveKind::Switch { targets } if targets.iter().any(|(r, side)| r.0 == 6 && *side == NicSide::Primary))));
+    assert!(sent.iter().any(|d| matches!(&d.kind, DirectiveKind::Switch { targets, .. } if targets.iter().any(|(r, side)| r.0 == 6 && *side == NicSide::Primary))));
     assert_eq!(l.state(), JobState::Running);
     // A round confirms the recovery before the next switch is admitted.
     assert!(matches!(
@@ -975,7 +980,7 @@ fn a_restarted_manager_keeps_disagreeing_groups_held() {
     let switch = sent
         .iter()
         .find_map(|d| match &d.kind {
-            DirectiveKind::Switch { targets } => Some(targets.clone()),
+            DirectiveKind::Switch { targets, .. } => Some(targets.clone()),
             _ => None,
         })
         .expect("a switch");
@@ -1461,4 +1466,150 @@ fn events_without_an_operation_are_ignored() {
     assert_eq!(l.handle(Event::Replies(nr), secs(0)), vec![]);
     assert_eq!(l.state(), JobState::Running);
     assert_eq!(l.history().count(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stopping training
+// ---------------------------------------------------------------------------------------------
+
+/// Every rank's answer to a stop, one reply per node.
+fn answer_stop(l: &mut JobLedger, layout: &Layout, stop: OperationId, now: Duration) {
+    let mut by_node: BTreeMap<NodeName, Vec<_>> = BTreeMap::new();
+    for r in layout.ranks() {
+        by_node
+            .entry(layout.node_of(r))
+            .or_default()
+            .push(rank_reply(stop, r.0, Phase::Stop, ReplyBody::Stopped));
+    }
+    for (node, replies) in by_node {
+        let nr = NodeReply {
+            node,
+            op: stop,
+            phase: Phase::Stop,
+            replies,
+            health: vec![],
+        };
+        assert_eq!(l.handle(Event::Replies(nr), now), vec![], "nothing runs");
+    }
+}
+
+#[test]
+fn a_stop_of_training_lasts_until_every_rank_is_back_and_forgets_the_old_nic_table() {
+    let layout = Layout::new(2, 4);
+    let mut l = ledger(&layout);
+    let mut now = secs(0);
+    let (r, _) = run(&mut l, &layout, &[(6, true)], op_id(1), &mut now, |_, _| {
+        Answer::Correct
+    });
+    assert_eq!(r.outcome, Outcome::Succeeded);
+    assert_eq!(backup_of(&l), vec![6]);
+
+    let actions = l
+        .stop_training(op_id(2), StopBy::Operator, "maintenance".into(), now)
+        .unwrap();
+    assert_eq!(
+        broadcasts(&actions)[0].kind,
+        DirectiveKind::StopTraining {
+            reason: "maintenance".into()
+        }
+    );
+    assert_eq!(l.state(), JobState::NeedsRecovery);
+    let stop = l.training_stop().expect("under way").clone();
+    assert_eq!(
+        (stop.by, stop.phase(), stop.stopping.len()),
+        (StopBy::Operator, StopPhase::Stopping, 8)
+    );
+    // Nothing else runs meanwhile, and each refusal says what the stop waits for.
+    for refused in [
+        l.submit(&layout.command(&[(1, true)]), op_id(3), now)
+            .map(drop),
+        l.recover(RecoverTo::Primary, op_id(3), now).map(drop),
+        l.stop_training(op_id(3), StopBy::Policy, "again".into(), now)
+            .map(drop),
+    ] {
+        assert!(
+            matches!(&refused, Err(SubmitError::TrainingStopped { waiting, .. }) if waiting.contains("have not stopped")),
+            "{refused:?}"
+        );
+    }
+    answer_stop(&mut l, &layout, op_id(2), now);
+    assert_eq!(
+        l.training_stop().map(|s| s.phase()),
+        Some(StopPhase::Restarting)
+    );
+    // The old processes exit; their new incarnations register one by one.
+    for r in 0..layout.world() {
+        assert!(l
+            .worker_lost(GlobalRank(r), "exited".into(), now)
+            .is_empty());
+    }
+    for r in 0..layout.world() {
+        assert!(!l.verify_due(), "no round before every rank is back");
+        l.register(hello(&layout, r, SwitchCapabilities::ALL))
+            .unwrap();
+    }
+    assert!(l.training_stop().unwrap().not_back.is_empty());
+    // The new processes applied nothing: the table comes from them, not from before.
+    let v = verify(&mut l, &layout, &BTreeSet::new(), now);
+    assert_eq!(v.job_state(), Some(JobState::Running), "{v}");
+    assert_eq!(l.state(), JobState::Running);
+    assert!(backup_of(&l).is_empty());
+    assert!(l.training_stop().is_none());
+    let last = l.last_training_stop().expect("remembered");
+    assert_eq!((last.id, last.phase()), (op_id(2), StopPhase::Restarted));
+    start(&mut l, &layout.command(&[(1, true)]), op_id(4), now);
+}
+
+/// What every rank reports after a cut during the switch of rank 6 to its backup NIC: node-1
+/// applied it, node-0 did not, every gate held for operation 1; rank 0 also has `extra` on
+/// backup.
+fn cut_views(layout: &Layout, extra: Option<u32>) -> impl Fn(GlobalRank) -> WorkerReport + '_ {
+    move |r: GlobalRank| {
+        let mut b: BTreeSet<GlobalRank> = if r.0 >= 4 {
+            ranks(&[6]).into_iter().collect()
+        } else {
+            BTreeSet::new()
+        };
+        if let Some(x) = extra.filter(|_| r.0 == 0) {
+            b.insert(GlobalRank(x));
+        }
+        let held = GateReport {
+            op: Some(op_id(1)),
+            held_after: Some(10),
+        };
+        layout.report(r, &b, held)
+    }
+}
+
+#[test]
+fn only_the_interrupted_targets_split_cleanly_are_restated_by_the_manager_itself() {
+    let layout = Layout::new(2, 4);
+    let mut l = ledger(&layout);
+    let mut now = secs(10);
+    // A cut during the switch: node-1's ranks applied it but their answers were lost.
+    let a = start(&mut l, &layout.command(&[(6, true)]), op_id(1), now);
+    let (r, _) = drive(&mut l, &layout, a, &mut now, |phase, r| match (phase, r) {
+        (Phase::Switch, 4..=7) => Answer::Silent,
+        _ => Answer::Correct,
+    });
+    assert_eq!(r.job_state, JobState::Paused);
+    assert!(
+        !l.restates_by_itself(),
+        "ranks are still inside their calls"
+    );
+    for rank in 4..=7 {
+        late_answer(&mut l, &layout, op_id(1), rank, Phase::Switch, now);
+    }
+    verify_with(&mut l, &layout, now, op_id(2), cut_views(&layout, None));
+    assert_eq!(l.state(), JobState::Paused);
+    assert!(
+        l.restates_by_itself(),
+        "exactly the target, each view clean"
+    );
+    // A rank in doubt that was no target of the operation: an operator decides.
+    l.register(hello(&layout, 0, SwitchCapabilities::ALL))
+        .unwrap();
+    verify_with(&mut l, &layout, now, op_id(3), cut_views(&layout, Some(1)));
+    assert_eq!(l.state(), JobState::Paused);
+    assert!(!l.restates_by_itself());
 }

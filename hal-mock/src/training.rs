@@ -21,7 +21,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
-use taskd_core::{GlobalRank, HalErrorKind};
+use taskd_core::{GlobalRank, HalErrorKind, StepOutcome};
 
 /// How the simulated training behaves.
 ///
@@ -64,6 +64,9 @@ pub enum RankExit {
     PeerLost,
     /// The step hook panicked.
     Panicked,
+    /// The manager stopped training (the step hook said [`StepOutcome::Stop`]): the process
+    /// exits (the fabric sees it die) and its launcher restarts it.
+    TrainingStopped,
 }
 
 /// The end state of a simulated training run.
@@ -91,8 +94,8 @@ impl TrainingSummary {
     }
 }
 
-/// What a rank waits for at a step boundary before its next step.
-pub type Hold<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+/// What a rank waits for at a step boundary before its next step: then it goes on, or stops.
+pub type Hold<'a> = Pin<Box<dyn Future<Output = StepOutcome> + Send + 'a>>;
 
 /// The hook a simulated rank calls at every step boundary, after it completed `step` (1 for
 /// the first): `None` to go on at once, or what to wait for first (a pause holds the rank
@@ -302,6 +305,24 @@ impl SimTraining {
         }
     }
 
+    /// Waits until every rank's loop has ended (a stop of training ends them at their gates).
+    /// Returns `false` on timeout.
+    pub fn wait_ended(&self, timeout: Duration) -> bool {
+        let deadline = deadline_after(timeout);
+        let mut st = self.shared.state.lock();
+        while st.running > 0 {
+            match deadline {
+                None => self.shared.cv.wait(&mut st),
+                Some(d) => {
+                    if self.shared.cv.wait_until(&mut st, d).timed_out() {
+                        return st.running == 0;
+                    }
+                }
+            }
+        }
+        true
+    }
+
     /// Collectives that returned an error so far (not counting those ended by shutdown).
     pub fn collective_failures(&self) -> u64 {
         self.shared.state.lock().failures
@@ -385,7 +406,12 @@ async fn run_rank(
             shared.cv.notify_all();
         }
         if let Some(hold) = hook.step_completed(step) {
-            hold.await;
+            if hold.await.is_stop() {
+                // The process exits: its communicators go with it, and a peer already
+                // waiting in the next step's collective learns it (HCCL_E_REMOTE).
+                fabric.kill_rank(rank);
+                return RankExit::TrainingStopped;
+            }
         }
     }
 }
@@ -477,7 +503,7 @@ mod tests {
                     tokio::pin!(released);
                     released.as_mut().enable();
                     if self.state.lock().1 {
-                        return;
+                        return StepOutcome::Go;
                     }
                     released.await;
                 }

@@ -27,6 +27,9 @@
 //! - `bounded`: every wait ends in time (a result, a stopping manager, re-registration).
 //! - `not_running`: after the recovery contract's steps (every lost process back, `recover`
 //!   when the job is `paused`), the job runs and a new switch succeeds (`final_switch`).
+//! - `hold_bounded`: in schedules with an odd seed no operator recovers at the end: a job
+//!   that does not run must have training stopped by the manager's hold policy within its
+//!   bound ([`HOLD_BOUND`]), and run again once its processes restart as new incarnations.
 
 use super::schedule::{
     Disruption, Interrupt, NicFault, Schedule, Step, Switch, Target, DEVICES, NODES,
@@ -61,6 +64,8 @@ pub const HCCL_TIMEOUT: Duration = Duration::from_secs(1);
 pub const WAIT: Duration = Duration::from_secs(20);
 /// The most a schedule waits for training to progress a few steps.
 pub const TRAIN_WAIT: Duration = Duration::from_secs(10);
+/// The hold policy's bound at the end of a schedule no operator recovers.
+pub const HOLD_BOUND: Duration = Duration::from_millis(500);
 
 /// The simulated job every schedule runs on: 2 nodes x 4 devices, 1 ms steps, short
 /// deadlines and HCCL timeouts.
@@ -194,7 +199,7 @@ pub fn run(schedule: &Schedule) -> RunResult {
         seed: schedule.seed,
         ..RunResult::default()
     };
-    let sim = match Simulation::start(&sim_config()) {
+    let mut sim = match Simulation::start(&sim_config()) {
         Ok(sim) => sim,
         Err(e) => {
             out.violations.push(Violation {
@@ -205,7 +210,7 @@ pub fn run(schedule: &Schedule) -> RunResult {
             return out;
         }
     };
-    let mut d = Driver::new(&sim, schedule, out);
+    let mut d = Driver::new(&mut sim, schedule, out);
     let ok = d.steps().and_then(|()| d.end()).is_ok();
     let mut out = d.out;
     if ok {
@@ -257,7 +262,7 @@ fn check_final(end: &FinalState, seed: u64, out: &mut RunResult) {
 }
 
 struct Driver<'a> {
-    sim: &'a Simulation,
+    sim: &'a mut Simulation,
     schedule: &'a Schedule,
     rt: tokio::runtime::Runtime,
     out: RunResult,
@@ -274,7 +279,7 @@ struct Driver<'a> {
 }
 
 impl<'a> Driver<'a> {
-    fn new(sim: &'a Simulation, schedule: &'a Schedule, out: RunResult) -> Driver<'a> {
+    fn new(sim: &'a mut Simulation, schedule: &'a Schedule, out: RunResult) -> Driver<'a> {
         Driver {
             sim,
             schedule,
@@ -294,7 +299,7 @@ impl<'a> Driver<'a> {
         }
     }
 
-    fn job(&self) -> &'a LocalJob {
+    fn job(&self) -> &LocalJob {
         self.sim.job()
     }
 

@@ -3,7 +3,7 @@
 //! A real training process links the worker API instead ([`taskd_actors::RemoteWorker`],
 //! `examples/remote_worker.rs`): its worker must live where its HCCL communicators are.
 
-use super::error::CliError;
+use super::error::{exit, CliError};
 use super::flags;
 use super::{runtime, say};
 use clap::Args;
@@ -95,8 +95,9 @@ impl SimWorkerArgs {
     }
 }
 
-/// Runs the simulated rank until SIGINT, SIGTERM or SIGHUP (exit 0), or until its proxy
-/// refuses it for good (exit 2).
+/// Runs the simulated rank until SIGINT, SIGTERM or SIGHUP (exit 0), until the manager stops
+/// training (exit 1, for its launcher to restart it), or until its proxy refuses it for good
+/// (exit 2).
 pub fn run(a: SimWorkerArgs) -> Result<ExitCode, CliError> {
     if !a.sim {
         return Err(CliError::usage(
@@ -136,8 +137,17 @@ pub fn run(a: SimWorkerArgs) -> Result<ExitCode, CliError> {
             "taskd worker rank {rank} registered on {} (device {}); simulated training, {} ms a step",
             reg.node, reg.device, a.step_ms
         ));
-        let sig = signals.recv().await;
-        worker.gate().shutdown();
+        let gate = worker.gate();
+        let sig = tokio::select! {
+            sig = signals.recv() => sig,
+            why = gate.training_stopped() => {
+                let steps = training.stop();
+                eprintln!("taskd worker rank {rank}: training stopped after step {steps}: {why}");
+                worker.stop_with("training stopped by the manager");
+                return Ok(ExitCode::from(exit::FAILED));
+            }
+        };
+        gate.shutdown();
         let steps = training.stop();
         eprintln!("taskd worker: {sig}: stopping after step {steps}");
         worker.stop_with(&format!("the worker process stopped ({sig})"));

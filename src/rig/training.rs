@@ -6,7 +6,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use taskd_actors::StepGate;
 use taskd_core::{
-    DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, RankHal, StepBoundary, SwitchCapabilities,
+    DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, RankHal, StepBoundary, StepOutcome,
+    SwitchCapabilities,
 };
 use taskd_hal_ascend::result;
 use taskd_hal_ascend::sys::acl::{AclLib, MemMallocPolicy};
@@ -314,7 +315,11 @@ pub(super) fn train(
         }
         shared.cv.notify_all();
         step = next;
-        gate.step_completed(step);
+        if let StepOutcome::Stop(why) = gate.step_completed(step) {
+            let stopped = format!("rank {r} after step {step}: training stopped: {why}");
+            shared.lock().errors.push(stopped);
+            return;
+        }
     }
 }
 

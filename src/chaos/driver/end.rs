@@ -3,8 +3,9 @@
 //! whole again: training progresses, a new switch succeeds, the NIC table is the fabric's and
 //! every operation this manager ran has exactly one result.
 
-use super::{Checked, Driver, Watch};
+use super::{Checked, Driver, Watch, HOLD_BOUND};
 use std::collections::BTreeMap;
+use taskd_actors::manager::HoldPolicy;
 use taskd_core::ledger::RecoverTo;
 use taskd_core::operation::{JobState, Outcome};
 use taskd_core::{DeviceId, GlobalRank, OperationId};
@@ -20,7 +21,11 @@ impl Driver<'_> {
             return self.end_without(rank);
         }
         self.restore()?;
-        self.bring_back()?;
+        if self.schedule.seed % 2 == 1 {
+            self.outlast_the_hold()?;
+        } else {
+            self.bring_back()?;
+        }
         self.train(3)?;
         self.final_switch()?;
         self.train(1)?;
@@ -102,6 +107,59 @@ impl Driver<'_> {
                 st.state
             ),
         ))
+    }
+
+    /// No operator comes (odd seeds): a job that does not run must have training stopped by
+    /// the hold policy within its bound, and run again once its processes restart, as a
+    /// launcher restarts them, as new incarnations on their default NIC.
+    fn outlast_the_hold(&mut self) -> Checked {
+        let st = self.status()?;
+        if st.state == JobState::Running {
+            return Ok(());
+        }
+        self.log(format!(
+            "  the job is {}; no operator comes: hold policy stop after {HOLD_BOUND:?}",
+            st.state
+        ));
+        if let Err(e) = self
+            .job()
+            .set_hold_policy(HoldPolicy::StopAfter(HOLD_BOUND))
+        {
+            return Err(self.fail("bounded", format!("setting the hold policy: {e}")));
+        }
+        if !self.sim.training().wait_ended(HOLD_BOUND + super::WAIT) {
+            return Err(self.fail(
+                "hold_bounded",
+                format!(
+                    "the job stayed {} past the hold bound {HOLD_BOUND:?}: training was never stopped",
+                    st.state
+                ),
+            ));
+        }
+        let stop = self.status()?.training_stop;
+        self.log(format!(
+            "  training stopped: {}",
+            stop.as_ref().map_or("?".into(), |s| s.to_string())
+        ));
+        self.observe("stopped_by_the_hold_policy");
+        // What the old processes did is judged before they are replaced.
+        self.check_fabric()?;
+        if let Err(e) = self.sim.restart_processes() {
+            return Err(self.fail("not_running", format!("restarting the processes: {e}")));
+        }
+        self.settle()?;
+        let st = self.status()?;
+        if st.state != JobState::Running || !st.ranks_on_backup.is_empty() {
+            return Err(self.fail(
+                "not_running",
+                format!(
+                    "after the restart the job is {} with ranks {:?} on backup",
+                    st.state, st.ranks_on_backup
+                ),
+            ));
+        }
+        self.log("  every process restarted on its default NIC: running".into());
+        Ok(())
     }
 
     /// A new switch on the recovered job must succeed.

@@ -99,11 +99,18 @@ def set_cable(node: int, plane: str, up: bool) -> None:
     run(["ip", "-n", SWITCH, "link", "set", cable(node, plane), "up" if up else "down"])
 
 
+def link_up(node: int, plane: str) -> bool:
+    """Whether the kernel calls the node's interface up (operstate; it follows a carrier change
+    a moment later)."""
+    info = json.loads(run(["ip", "-n", ns(node), "-j", "link", "show", "dev", plane]))
+    return bool(info) and info[0].get("operstate") == "UP"
+
+
 def limit(node: int, plane: str, rate: str) -> None:
     """Rate-limits a node's link both ways (``tc ... tbf`` on each end)."""
     for where, dev in ((ns(node), plane), (SWITCH, cable(node, plane))):
         run(["ip", "netns", "exec", where, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
-             "rate", rate, "burst", "16kb", "latency", "200ms"])
+             "rate", rate, "burst", "1600", "latency", "200ms"])
 
 
 def unlimit(node: int, plane: str) -> None:

@@ -13,7 +13,7 @@ from taskd.rig.job import Job
 
 #: Bytes per probe round the Linux HAL's probe sends and receives on one interface per peer
 #: (see ``Rig.proxy_hal``): echo requests and their replies.
-PROBE_COUNT, PROBE_SIZE = 4, 1000
+PROBE_COUNT, PROBE_SIZE = 8, 1400
 
 
 class Rig:
@@ -45,7 +45,7 @@ class Rig:
                 "devices": {str(d): {"primary": "pri", "backup": "bak"} for d in range(self.per_node)},
                 "probe": {"primary_peers": peers["pri"], "backup_peers": peers["bak"],
                           "count": PROBE_COUNT, "size": PROBE_SIZE, "timeout_ms": 150,
-                          "max_loss": 0.25, "max_rtt_ms": 40},
+                          "max_loss": 0.25, "max_rtt_ms": 60},
             }, f, indent=1)
         return {"linux_links": path}
 

@@ -87,11 +87,21 @@ class Scenario:
                "steps": params.get("steps", self.job.last_step()),
                "params_match_replay": params["params_match_replay"], "params": params,
                "phases": phase_bytes(self.sampler.samples, self.marks),
+               "marks": [{"name": n, "t": round(t, 3)} for n, t in self.marks],
                "step_ms_median": _median([x["ms"] for x in series])}
+        out["gloo_rebuild_ms"] = _rebuilds(self.job.results())
         out.update(self.extra)
         out["series"] = {"steps": [[round(x["t"], 3), round(x["ms"], 2)] for x in series],
                          "bytes": _plane_series(self.sampler.samples, self.rig.nodes)}
         return out
+
+
+def _rebuilds(results: List[dict]) -> List[float]:
+    """Each Gloo switch's rebuild time, the slowest rank's (ms), in the order they ran."""
+    per_rank = [[h["rebuild_ms"] for h in r.get("switches", [])] for r in results]
+    if not per_rank:
+        return []
+    return [round(max(col), 2) for col in zip(*per_rank)]
 
 
 def _median(xs: List[float]) -> float:
@@ -135,6 +145,7 @@ def maintenance(rig: Rig) -> dict:
         sc.job.wait_steps(60)
         for k in every:
             net.set_cable(k, "pri", True)
+        wait_until(lambda: all(net.link_up(k, "pri") for k in every), 30, "the primaries up again")
         sc.mark("primary cables back")
         sc.job.wait_steps(10)
         t_off = sc.mark("switch back")
@@ -265,4 +276,60 @@ def wait_until(pred: Callable[[], bool], timeout: float, what: str, period: floa
     return now()
 
 
-SCENARIOS = {"maintenance": maintenance, "subset": subset, "link-dies": link_dies}
+#: The automatic failover's knobs in the degraded scenario: probe every 200 ms, act after 3
+#: degraded probes, a 6 s hold before the switchback.
+AUTO = {"auto_failover": True, "link_probe_ms": 200, "down_after": 3, "coalesce_ms": 200,
+        "switchback_after_ms": 6000, "min_interval_ms": 1000, "max_flaps": 6,
+        "flap_window_ms": 10000}
+RATE = "1mbit"
+
+
+def auto_ops(job: Job, direction: str) -> List[dict]:
+    """The automatic operations in ``direction`` the manager reports."""
+    recent = job.status().get("recent", [])
+    return [r for r in recent if r.get("trigger") == "auto" and r.get("direction") == direction]
+
+
+def degraded(rig: Rig) -> dict:
+    """The last node's primary link rate-limited (``tc tbf``): its probe calls it degraded, the
+    automatic failover moves the node's devices to their backup NIC, step time recovers; the
+    limit goes, and the switchback follows the hold time."""
+    k = rig.nodes - 1
+    hold_s = AUTO["switchback_after_ms"] / 1000.0
+
+    def body(sc: Scenario) -> None:
+        sc.job.wait_steps(40)
+        base = _median([x["ms"] for x in step_series(sc.job)][-30:])
+        t_fault = sc.mark("node-%d primary limited to %s" % (k, RATE))
+        net.limit(k, "pri", RATE)
+        wait_until(lambda: auto_ops(sc.job, "to_backup"), 90, "the automatic failover", period=0.4)
+        sc.mark("moved by the automatic failover")
+        sc.job.wait_steps(40)
+        moved_at = sc.marks[-1][1]
+        after = _median([x["ms"] for x in step_series(sc.job) if x["t"] > moved_at + 0.5])
+        t_heal = sc.mark("limit removed")
+        net.unlimit(k, "pri")
+        wait_until(lambda: auto_ops(sc.job, "to_primary"), hold_s + 60, "the switchback", period=0.4)
+        t_back = sc.mark("switched back")
+        sc.job.wait_steps(20)
+        ops = auto_ops(sc.job, "to_backup") + auto_ops(sc.job, "to_primary")
+        sc.operations.extend(ops)
+        sc.check("the automatic failover moved the degraded node",
+                 any(any(t["node"] == "node-%d" % k for t in o.get("targets", [])) for o in ops))
+        sc.check("every automatic operation succeeded", all(o.get("result") == "succeeded" for o in ops))
+        sc.check("step time recovered on the backup", after <= 1.5 * base + 5)
+        sc.check("the switchback came after the hold", t_back - t_heal >= hold_s)
+        nodes = sorted({int(t["node"].split("-")[1]) for o in ops for t in o.get("targets", [])})
+        moved = switched_bytes(sc, nodes, moved_at, t_heal)
+        sc.extra.update(bytes_while_switched=moved, switched_nodes=["node-%d" % n for n in nodes],
+                        fault_to_backup_ms=_first_bytes_ms(sc, k, "bak", t_fault, t_fault),
+                        step_ms_before=base, step_ms_on_backup=after,
+                        heal_to_switchback_ms=round((t_back - t_heal) * 1000))
+        sc.check("no training bytes on the moved nodes' primaries while switched",
+                 _quiet_primary(sc, moved, t_heal - moved_at, len(nodes)))
+
+    return Scenario(rig, "degraded", auto=AUTO).run(body)
+
+
+SCENARIOS = {"maintenance": maintenance, "degraded": degraded, "link-dies": link_dies,
+             "subset": subset}

@@ -82,7 +82,7 @@ def main():
                os.path.join(a.run, "params%d.pt" % rank))
     with open(os.path.join(a.run, "rank%d.json" % rank), "w") as f:
         json.dump({"rank": rank, "steps": step, "sides": gloo.sides(),
-                   "last_switch": gloo.last_timings()}, f)
+                   "switches": gloo.history()}, f)
     dist.destroy_process_group()
 
 

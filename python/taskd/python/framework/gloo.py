@@ -200,7 +200,7 @@ class _Registry:
         self.routes: Dict[int, bool] = {}
         self.generation = 0
         self.reaper = _Reaper()
-        self.last: Dict[str, float] = {}  # the last switch's timings (ms), for rigs and logs
+        self.history: List[Dict[str, float]] = []  # every call's timings (ms), for rigs and logs
 
 
 _reg = _Registry()
@@ -293,7 +293,7 @@ class _Switch:
             raise
         votes = self._vote("plan", mine)
         if all(v == "noop" for v in votes.values()):
-            _reg.last = {"rebuild_ms": 0.0, "total_ms": (time.perf_counter() - t0) * 1000}
+            self._record(rebuild_ms=0.0, total_ms=(time.perf_counter() - t0) * 1000)
             return True
         t1 = time.perf_counter()
         try:
@@ -309,12 +309,13 @@ class _Switch:
         t2 = time.perf_counter()
         self._swap(built)
         _reg.sides = p.sides
-        _reg.last = {
-            "rebuild_ms": (t2 - t1) * 1000,
-            "swap_ms": (time.perf_counter() - t2) * 1000,
-            "total_ms": (time.perf_counter() - t0) * 1000,
-        }
+        self._record(rebuild_ms=(t2 - t1) * 1000, swap_ms=(time.perf_counter() - t2) * 1000,
+                     total_ms=(time.perf_counter() - t0) * 1000)
         return True
+
+    def _record(self, **ms: float) -> None:
+        ms["generation"] = self.gen
+        _reg.history.append(ms)
 
     def _targets(self) -> Dict[int, object]:
         """Every distinct group to move, by identity: the default group, the DDP modules',
@@ -459,9 +460,10 @@ def build_group(store, prefix: str, members: List[int], rank: int, ifname: str, 
     return pg
 
 
-def last_timings() -> Dict[str, float]:
-    """The last switch's rebuild / swap / total time on this rank, in ms."""
-    return dict(_reg.last)
+def history() -> List[Dict[str, float]]:
+    """Every switch that succeeded on this rank: its rebuild / swap / total time in ms (a
+    rebuild of 0: nothing to do)."""
+    return [dict(h) for h in _reg.history]
 
 
 def sides() -> Optional[List[bool]]:

@@ -43,6 +43,15 @@ class Plan(unittest.TestCase):
         self.assertTrue(plan(p.sides, [2], [True], route=True, routes={1: True}).noop)
         self.assertFalse(plan(p.sides, [2], [True], route=True).noop)
 
+    def test_routes_change_only_while_the_job_is_split(self):
+        # The whole job to backup: no route command (the backup plane reaches everyone).
+        p = plan([False] * 4, [0, 1, 2, 3], [True] * 4, route=True)
+        self.assertEqual(p.route, {})
+        # Back to primary from a split: every node's route to the primary plane is its own.
+        back = plan([False, False, True, True], [2, 3], [False, False], route=True, routes={1: True})
+        self.assertEqual(back.route, {0: False, 1: False})
+        self.assertFalse(back.noop)
+
     def test_a_part_of_a_node_is_refused(self):
         with self.assertRaises(gloo.GlooSwitchError) as e:
             plan([False] * 4, [2], [True], route=True)

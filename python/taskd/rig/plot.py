@@ -13,13 +13,13 @@ def plot(scenario: dict, path: str) -> str:
 
     series = scenario["series"]
     steps = series["steps"]
-    t0 = min([t for t, _ in steps] + [m for m in _marks(scenario)] or [0.0])
+    t0 = next((m["t"] for m in scenario.get("marks", []) if m["name"] == "start"), steps[0][0] if steps else 0.0)
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 5.5))
-    top.plot([t - t0 for t, _ in steps], [ms for _, ms in steps], lw=0.8, color="black")
+    top.plot([t - t0 for t, _ in steps], [ms for _, ms in steps], ".-", ms=2, lw=0.6, color="black")
     top.set_ylabel("step time (ms)")
     top.set_yscale("log")
     for plane, colour, label in (("pri", "tab:blue", "primary plane"), ("bak", "tab:orange", "backup plane")):
-        pts = series["bytes"][plane]
+        pts = [p for p in series["bytes"][plane] if p[0] >= t0]
         bottom.plot([t - t0 for t, _ in pts], [b / 1e6 for _, b in pts], color=colour, label=label)
     bottom.set_ylabel("MB/s (all nodes)")
     bottom.set_xlabel("seconds")
@@ -40,6 +40,3 @@ def plot(scenario: dict, path: str) -> str:
 def _named_marks(scenario: dict):
     return [(m["name"], m["t"]) for m in scenario.get("marks", []) if m["name"] not in ("start", "end")]
 
-
-def _marks(scenario: dict):
-    return [m["t"] for m in scenario.get("marks", [])]

@@ -29,7 +29,6 @@ class Rig:
         pkg = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         self.env["PYTHONPATH"] = os.pathsep.join(
             [pkg] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-        self.probe_ms = 200
 
     def proxy_hal(self, k: int) -> dict:
         """The proxy's node HAL: the kernel's view of the node's interfaces (``linux``), or

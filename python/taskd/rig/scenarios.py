@@ -22,12 +22,16 @@ def op_ok(summary: dict) -> bool:
     return summary.get("exit_status") == 0 and result.get("result") == "succeeded"
 
 
-def probe_budget(rig: Rig, seconds: float) -> int:
-    """What the Linux HAL's probe may send and receive on one interface in ``seconds``."""
+def probe_budget(sc: "Scenario", seconds: float) -> int:
+    """What the Linux HAL's probe may send and receive on one interface in ``seconds``: the
+    automatic failover's rounds, else the link check of an operation or two. Each round sends
+    a train to every peer and answers every peer's train (requests and replies both ways)."""
+    rig = sc.rig
     if rig.hal != "linux":
         return 0
-    rounds = int(seconds * 1000 / rig.probe_ms) + 2
-    return rounds * (rig.nodes - 1) * PROBE_COUNT * 2 * (PROBE_SIZE + 42)
+    auto = sc.job.auto
+    rounds = (int(seconds * 1000 / auto["link_probe_ms"]) if auto else 0) + 2
+    return rounds * (rig.nodes - 1) * PROBE_COUNT * 4 * (PROBE_SIZE + 42)
 
 
 class Scenario:
@@ -124,7 +128,7 @@ def switched_bytes(sc: Scenario, nodes: List[int], t0: float, t1: float) -> dict
 
 
 def _quiet_primary(sc: Scenario, moved: Dict[str, int], seconds: float, nodes: int) -> bool:
-    budget = probe_budget(sc.rig, seconds) * nodes + SLACK * nodes
+    budget = probe_budget(sc, seconds) * nodes + SLACK * nodes
     sc.extra["primary_budget_bytes"] = budget
     return moved["primary"] <= budget and moved["backup"] > 0
 
@@ -256,14 +260,18 @@ def _first_error(job: Job) -> str:
 
 
 def _first_bytes_ms(sc: Scenario, k: int, plane: str, after: float, t_fault: float):
-    """From the fault to the first sample after ``after`` with training bytes on node k's
-    ``plane`` interface (more than the probe sends in a sample)."""
+    """From the fault to the first half second after ``after`` in which node k's ``plane``
+    interface carried training traffic: more than three times what the probe may send."""
     key = "n%d/%s" % (k, plane)
     samples = [s for s in sc.sampler.samples if s[0] >= after]
-    for (t0, a), (t1, b) in zip(samples, samples[1:]):
-        d = (b[key]["rx"] - a[key]["rx"]) + (b[key]["tx"] - a[key]["tx"])
-        if d > 100_000:
-            return round((t1 - t_fault) * 1000)
+    for i, (t0, a) in enumerate(samples):
+        later = [s for s in samples[i:] if s[0] >= t0 + 0.5]
+        if not later:
+            break
+        t1, b = later[0]
+        moved = (b[key]["rx"] - a[key]["rx"]) + (b[key]["tx"] - a[key]["tx"])
+        if moved > max(200_000, 3 * probe_budget(sc, t1 - t0)):
+            return round((t0 - t_fault) * 1000)
     return None
 
 
@@ -276,9 +284,9 @@ def wait_until(pred: Callable[[], bool], timeout: float, what: str, period: floa
     return now()
 
 
-#: The automatic failover's knobs in the degraded scenario: probe every 200 ms, act after 3
+#: The automatic failover's knobs in the degraded scenario: probe every 500 ms, act after 3
 #: degraded probes, a 6 s hold before the switchback.
-AUTO = {"auto_failover": True, "link_probe_ms": 200, "down_after": 3, "coalesce_ms": 200,
+AUTO = {"auto_failover": True, "link_probe_ms": 500, "down_after": 3, "coalesce_ms": 200,
         "switchback_after_ms": 6000, "min_interval_ms": 1000, "max_flaps": 6,
         "flap_window_ms": 10000}
 RATE = "1mbit"

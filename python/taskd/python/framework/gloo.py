@@ -137,7 +137,10 @@ def plan(
             "plane over its primary interface (Gloo's connections follow the node's routes). "
             "Switch all %d ranks, or give the route command" % (ENV_ROUTE_CMD, world)
         )
-    route = {k: side for k, side in per_node.items()} if route_cmd else {}
+    # A node's route matters only while the job is split: on the backup plane everyone is
+    # reached there anyway (stale routes are harmless), on the primary plane none may remain.
+    everyone_on_backup = whole and per_node.get(0, False)
+    route = {} if not route_cmd or everyone_on_backup else dict(per_node)
     noop = new == list(sides) and all(routes.get(k, False) == v for k, v in route.items())
     return Plan(new, route, noop)
 

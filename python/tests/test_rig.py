@@ -27,6 +27,11 @@ class Accounting(unittest.TestCase):
         self.assertEqual(rig.plane_bytes(b, [0], "bak"), 100)
         self.assertEqual(rig.plane_bytes(b, [1], "bak"), 0)
 
+    def test_bytes_within_count_only_what_moved_inside_the_window(self):
+        samples = [sample(0.0, 0, 0), sample(1.0, 100, 0), sample(2.0, 100, 50), sample(3.0, 400, 50)]
+        self.assertEqual(rig.bytes_within(samples, 0.5, 2.5), {"n0/pri": 0, "n0/bak": 100})
+        self.assertEqual(rig.bytes_within(samples, 1.5, 2.5), {"n0/pri": 0, "n0/bak": 0})
+
     def test_stall_is_the_longest_step_around_the_operation_past_the_median(self):
         series = [{"t": float(t), "ms": 10.0} for t in range(10)] + [{"t": 10.0, "ms": 160.0}]
         self.assertEqual(rig.stall_ms(series, 9.5, 9.9), 150.0)

@@ -63,6 +63,16 @@ def bytes_between(samples: List, t0: float, t1: float) -> Dict[str, int]:
     return net.delta(before[-1][1], after[0][1])
 
 
+def bytes_within(samples: List, t0: float, t1: float) -> Dict[str, int]:
+    """Bytes per interface between the first sample at or after ``t0`` and the last at or
+    before ``t1``: only what moved inside the window (the sampler's period would otherwise
+    count traffic from before it)."""
+    inside = [s for s in samples if t0 <= s[0] <= t1]
+    if len(inside) < 2:
+        return {k: 0 for k in (samples[-1][1] if samples else {})}
+    return net.delta(inside[0][1], inside[-1][1])
+
+
 def plane_bytes(b: Dict[str, int], nodes: List[int], plane: str) -> int:
     return sum(b.get("n%d/%s" % (k, plane), 0) for k in nodes)
 

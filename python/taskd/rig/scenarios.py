@@ -9,7 +9,7 @@ from typing import Callable, Dict, List
 
 from taskd.rig import net
 from taskd.rig.job import Job, RigError
-from taskd.rig.rig import (PROBE_COUNT, PROBE_SIZE, Rig, bytes_between, now, params_check,
+from taskd.rig.rig import (PROBE_COUNT, PROBE_SIZE, Rig, bytes_between, bytes_within, now, params_check,
                            phase_bytes, plane_bytes, stall_ms, step_series)
 
 #: Bytes on an interface that are not training traffic while it is not used: ARP.
@@ -123,7 +123,7 @@ def _plane_series(samples: List, nodes: int) -> Dict[str, List]:
 
 
 def switched_bytes(sc: Scenario, nodes: List[int], t0: float, t1: float) -> dict:
-    b = bytes_between(sc.sampler.samples, t0, t1)
+    b = bytes_within(sc.sampler.samples, t0, t1)
     return {"primary": plane_bytes(b, nodes, "pri"), "backup": plane_bytes(b, nodes, "bak")}
 
 

@@ -36,7 +36,8 @@ class Proc:
         self.p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=self.log,
                                   stderr=subprocess.PIPE, start_new_session=True)
         self.lines: "queue.Queue" = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
         for raw in iter(self.p.stderr.readline, b""):
@@ -64,6 +65,11 @@ class Proc:
                 os.killpg(self.p.pid, sig)
             except ProcessLookupError:
                 pass
+
+    def close_log(self) -> None:
+        """Once the process is gone: the rest of its stderr into the log, and the log closed."""
+        self._reader.join(10)
+        self.log.close()
 
     def wait(self, timeout: float = WAIT_S) -> Optional[int]:
         try:
@@ -235,5 +241,6 @@ class Job:
                 self.manager.signal(signal.SIGKILL)
                 self.manager.wait(10)
         for p in self.launchers + ([self.manager] if self.manager else []):
-            p.log.close()
+            if not p.log.closed:
+                p.close_log()
 

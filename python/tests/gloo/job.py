@@ -76,6 +76,7 @@ def main():
     dist.barrier()
     out["sides"] = gloo.sides()
     out["timings"] = gloo.history()[-1]
+    out["history"] = gloo.history()
     gloo._reg.reaper.drain()
     out["reaped"] = gloo._reg.reaper.destroyed
     print(json.dumps(out), flush=True)

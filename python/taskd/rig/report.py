@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -30,6 +31,8 @@ def run_all(a, workdir: str) -> dict:
         for check, ok in s["checks"].items():
             print("    %s %s" % ("ok  " if ok else "FAIL", check), flush=True)
         out["scenarios"].append(s)
+        with open(os.path.join(workdir, name, "report.json"), "w") as f:
+            json.dump(s, f, indent=1)
         if a.plots and name in ("maintenance", "degraded"):
             from taskd.rig.plot import plot
 

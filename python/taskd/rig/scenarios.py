@@ -197,12 +197,13 @@ def subset(rig: Rig) -> dict:
 
 
 def link_dies(rig: Rig) -> dict:
-    """A node's primary cable pulled for good while its all-reduces run. What decides is the
-    collective's own timeout: the job stops; the rig restarts it from the last checkpoint with
-    every rank on its backup interface."""
+    """A node's primary cable pulled for good while its all-reduces run, the automatic failover
+    on. What decides is the collective's own timeout: the failover sees the link go but its
+    pause cannot finish a step stuck in an all-reduce; the ranks raise at the group's timeout
+    and the job stops. The rig restarts it from the last checkpoint on the backup interfaces."""
     k = rig.nodes - 1
     timeout_s = 8.0
-    sc = Scenario(rig, "link-dies", collective_timeout_s=timeout_s)
+    sc = Scenario(rig, "link-dies", collective_timeout_s=timeout_s, auto=AUTO)
     sc.sampler = None
     from taskd.rig.job import Sampler
 
@@ -221,6 +222,8 @@ def link_dies(rig: Rig) -> dict:
         sc.check("the job stopped on the collective's timeout", all(c not in (0, None) for c in codes))
         sc.extra["fault_to_stop_ms"] = round((t_stop - t_fault) * 1000)
         sc.extra["collective_error"] = _first_error(first)
+        sc.operations.extend(_auto_results(first))
+        sc.extra["auto_decisions"] = _auto_lines(first)
         first.close()
         restart = rig.job("link-dies", resume=True, start_on_backup=True)
         sc.job = restart
@@ -234,10 +237,14 @@ def link_dies(rig: Rig) -> dict:
         moved = switched_bytes(sc, [k], t_on, now())
         sc.extra["bytes_while_switched"] = moved
         sc.extra["fault_to_backup_ms"] = _first_bytes_ms(sc, k, "bak", t_stop, t_fault)
+        results = ", ".join("%s %s%s" % (o.get("direction"), o.get("result"),
+                                          ": %s" % o["error"] if o.get("error") else "")
+                            for o in sc.operations) or "none finished"
         sc.extra["what_happened"] = (
             "the all-reduce in flight on node-%d's dead primary ended at the group's timeout "
-            "(%.0f s); the training processes raised and exited, the job stopped; restarted from "
-            "its last checkpoint on the backup interfaces" % (k, timeout_s))
+            "(%.0f s); the training processes raised and exited and the job stopped; the "
+            "automatic failover's operations: %s; restarted from the last checkpoint on the "
+            "backup interfaces" % (k, timeout_s, results))
     except RigError as e:
         error = str(e)
     finally:
@@ -246,6 +253,26 @@ def link_dies(rig: Rig) -> dict:
         first.close()
         sc.sampler.stop()
     return sc.report(error)
+
+
+def _auto_results(job: Job) -> List[dict]:
+    """The automatic operations' results the manager still reports (none if it cannot)."""
+    try:
+        return [r for r in job.status().get("recent", []) if r.get("trigger") == "auto"]
+    except (RigError, ValueError):
+        return []
+
+
+def _auto_lines(job: Job) -> List[str]:
+    """The automatic failover's decisions, as the manager logged them."""
+    import re
+
+    out = []
+    with open(job.manager.log.name, errors="replace") as f:
+        for line in f:
+            if "automatic failover:" in line or "automatic operation" in line:
+                out.append(re.sub(r"\x1b\[[0-9;]*m", "", line).strip()[:300])
+    return out
 
 
 def _first_error(job: Job) -> str:

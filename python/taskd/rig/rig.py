@@ -3,6 +3,7 @@ accounting per phase and the check of the parameters against a serial replay."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Dict, List, Optional
@@ -37,8 +38,6 @@ class Rig:
             return {"sim": True}
         path = os.path.join(self.workdir, "links-node-%d.json" % k)
         peers = {side: [net.addr(side, j) for j in range(self.nodes) if j != k] for side in net.DATA}
-        import json
-
         with open(path, "w") as f:
             json.dump({
                 "devices": {str(d): {"primary": "pri", "backup": "bak"} for d in range(self.per_node)},

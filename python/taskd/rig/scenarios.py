@@ -4,11 +4,13 @@ stall, checks) and leaves nothing running."""
 
 from __future__ import annotations
 
+import glob
+import re
 import time
 from typing import Callable, Dict, List
 
 from taskd.rig import net
-from taskd.rig.job import Job, RigError
+from taskd.rig.job import Job, RigError, Sampler
 from taskd.rig.rig import (PROBE_COUNT, PROBE_SIZE, Rig, bytes_between, bytes_within, now, params_check,
                            phase_bytes, plane_bytes, stall_ms, step_series)
 
@@ -63,8 +65,6 @@ class Scenario:
         return s
 
     def run(self, body: Callable[["Scenario"], None]) -> dict:
-        from taskd.rig.job import Sampler
-
         self.sampler = Sampler(self.rig.nodes)
         error = None
         try:
@@ -204,9 +204,6 @@ def link_dies(rig: Rig) -> dict:
     k = rig.nodes - 1
     timeout_s = 8.0
     sc = Scenario(rig, "link-dies", collective_timeout_s=timeout_s, auto=AUTO)
-    sc.sampler = None
-    from taskd.rig.job import Sampler
-
     sc.sampler = Sampler(rig.nodes)
     first = sc.job
     error = None
@@ -265,8 +262,6 @@ def _auto_results(job: Job) -> List[dict]:
 
 def _auto_lines(job: Job) -> List[str]:
     """The automatic failover's decisions, as the manager logged them."""
-    import re
-
     out = []
     with open(job.manager.log.name, errors="replace") as f:
         for line in f:
@@ -276,8 +271,6 @@ def _auto_lines(job: Job) -> List[str]:
 
 
 def _first_error(job: Job) -> str:
-    import glob
-
     for path in sorted(glob.glob(job.run_dir + "/node-*.log")):
         with open(path, errors="replace") as f:
             for line in f:

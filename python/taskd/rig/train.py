@@ -52,7 +52,7 @@ def main():
     a = parse()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=a.collective_timeout_s))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     init_taskd_worker(rank, 5000, "pt")
     start_taskd_worker()
     ddp = torch.nn.parallel.DistributedDataParallel(problem.make_model())

@@ -7,7 +7,6 @@ JSON line with what happened.
 
 import datetime
 import json
-import os
 import sys
 import time
 

@@ -10,8 +10,9 @@
 //!   `max_loss` of them or its slowest answer takes longer than `max_rtt_ms`. A train rather
 //!   than one echo: a link that is up but starved (rate-limited, congested) delays the last
 //!   echoes of the train behind the first ones, which a single ping does not see;
-//! - **up** otherwise; **unknown** when the interface cannot be read or the probe cannot run
-//!   (no raw socket: the proxy needs `CAP_NET_RAW`).
+//! - **up** otherwise; **unknown** when the interface cannot be read or a probe fails to send.
+//!   A proxy that cannot open a raw ICMP socket (it needs `CAP_NET_RAW`) says so once and goes
+//!   by the kernel's state alone, as without a probe.
 //!
 //! A device the configuration does not name is unknown on both sides, with that reason.
 //! Several devices sharing an interface are read and probed once per round: answers are kept
@@ -45,6 +46,8 @@ pub struct LinuxNodeHal {
     cfg: LinkConfig,
     sys: sysfs::SysNet,
     cache: HashMap<(String, NicSide), (Instant, SideState)>,
+    /// The probe cannot run in this process (no raw socket): said once, then not tried again.
+    no_probe: bool,
 }
 
 impl LinuxNodeHal {
@@ -59,6 +62,7 @@ impl LinuxNodeHal {
             cfg,
             sys,
             cache: HashMap::new(),
+            no_probe: false,
         }
     }
 
@@ -76,7 +80,7 @@ impl LinuxNodeHal {
         state
     }
 
-    fn measure(&self, iface: &str, side: NicSide) -> SideState {
+    fn measure(&mut self, iface: &str, side: NicSide) -> SideState {
         match self.sys.link(iface) {
             Err(e) => SideState::Unknown(e.to_string()),
             Ok(l) if !l.is_up() => SideState::Down(l.to_string()),
@@ -84,15 +88,20 @@ impl LinuxNodeHal {
         }
     }
 
-    fn probe_side(&self, iface: &str, side: NicSide) -> SideState {
+    fn probe_side(&mut self, iface: &str, side: NicSide) -> SideState {
         let Some(p) = &self.cfg.probe else {
             return SideState::Up;
         };
         let peers = p.peers(side);
-        if peers.is_empty() {
+        if peers.is_empty() || self.no_probe {
             return SideState::Up;
         }
         match probe::probe(iface, peers, p) {
+            Err(e @ probe::ProbeError::Socket(_)) => {
+                tracing::warn!(error = %e, "link probe off: links are up or down as the kernel says");
+                self.no_probe = true;
+                SideState::Up
+            }
             Err(e) => SideState::Unknown(e.to_string()),
             Ok(stats) => match stats.verdict(p) {
                 None => SideState::Up,

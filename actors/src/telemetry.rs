@@ -88,7 +88,7 @@ pub const CLUSTERD_REPORTS_TOTAL: &str = "taskd_clusterd_reports_total";
 /// Counter `{action, reason}`: the automatic failover policy's decisions: `action` =
 /// `to_backup`, `to_primary` (the device moved in an automatic operation) or `hold` (it was held
 /// back); `reason` = why (`taskd_core::auto::AutoReason::as_str`: `primary_down`,
-/// `backup_down`, `primary_recovered`, `flapping`, `operation_running`, `job_not_running`,
+/// `backup_down`, `primary_degraded`, `backup_degraded`, `primary_recovered`, `flapping`, `operation_running`, `job_not_running`,
 /// `unverified`, `min_interval`, `failed_before`, `partner_conflict`, `refused`). Both sets are
 /// fixed.
 pub const AUTO_DECISIONS_TOTAL: &str = "taskd_auto_decisions_total";

@@ -24,6 +24,11 @@
 //!   call, see [`crate::command::ValidationError::PartnerConflict`]): when both fall due that
 //!   way, the one due first goes now and its partner in the next operation.
 //!
+//! A link that is up but *degraded* (its probe's loss or round-trip time past a threshold:
+//! `taskd-hal-linux`) counts as not up, with reasons of its own (`primary_degraded`,
+//! `backup_degraded`): the device moves off it under the same damping, and a switchback waits
+//! until the primary has been up and healthy for the hold time.
+//!
 //! Only changes of a link's *up-ness* count: a link going from down to unknown did not change.
 
 use crate::hal::{LinkHealth, NicSide};
@@ -124,6 +129,8 @@ pub enum LinkState {
     Down,
     /// The probe failed or did not answer in time: not known to be up, so treated as not up.
     Unknown,
+    /// Up, but its probe's loss or round-trip time is past a threshold: treated as not up.
+    Degraded,
 }
 
 impl LinkState {
@@ -133,6 +140,7 @@ impl LinkState {
             LinkState::Up => "up",
             LinkState::Down => "down",
             LinkState::Unknown => "unknown",
+            LinkState::Degraded => "degraded",
         }
     }
 
@@ -175,9 +183,17 @@ impl Links {
         }
     }
 
-    /// What a node HAL's answer says (a probe that failed is [`Links::UNKNOWN`]).
+    /// What a node HAL's answer says (a probe that failed is [`Links::UNKNOWN`]); a side that
+    /// is up but degraded is [`LinkState::Degraded`].
     pub fn from_health(h: &LinkHealth) -> Self {
-        Links::known(h.is_up(NicSide::Primary), h.is_up(NicSide::Backup))
+        let state = |side| match (h.is_up(side), h.degraded(side)) {
+            (true, Some(_)) => LinkState::Degraded,
+            (up, _) => LinkState::from_up(up),
+        };
+        Links {
+            primary: state(NicSide::Primary),
+            backup: state(NicSide::Backup),
+        }
     }
 
     /// Neither link's state is known.
@@ -286,6 +302,10 @@ pub enum AutoReason {
     /// The backup link failed: a move back to primary, or a hold of a device whose primary
     /// failed with no backup to go to.
     BackupDown,
+    /// The primary link is up but degraded: a move to backup (or a hold, as for a failure).
+    PrimaryDegraded,
+    /// The backup link is up but degraded: a move back to primary (or a hold).
+    BackupDegraded,
     /// The primary link has been up for the switchback time: a move back to primary.
     PrimaryRecovered,
     /// The device's links change too often: it stays where it is until they calm down.
@@ -308,9 +328,11 @@ pub enum AutoReason {
 
 impl AutoReason {
     /// Every reason.
-    pub const ALL: [AutoReason; 11] = [
+    pub const ALL: [AutoReason; 13] = [
         AutoReason::PrimaryDown,
         AutoReason::BackupDown,
+        AutoReason::PrimaryDegraded,
+        AutoReason::BackupDegraded,
         AutoReason::PrimaryRecovered,
         AutoReason::Flapping,
         AutoReason::OperationRunning,
@@ -327,6 +349,8 @@ impl AutoReason {
         match self {
             AutoReason::PrimaryDown => "primary_down",
             AutoReason::BackupDown => "backup_down",
+            AutoReason::PrimaryDegraded => "primary_degraded",
+            AutoReason::BackupDegraded => "backup_degraded",
             AutoReason::PrimaryRecovered => "primary_recovered",
             AutoReason::Flapping => "flapping",
             AutoReason::OperationRunning => "operation_running",
@@ -344,6 +368,8 @@ impl AutoReason {
         match self {
             AutoReason::PrimaryDown => "its primary link is not up",
             AutoReason::BackupDown => "its backup link is not up",
+            AutoReason::PrimaryDegraded => "its primary link is degraded (probe loss or delay)",
+            AutoReason::BackupDegraded => "its backup link is degraded (probe loss or delay)",
             AutoReason::PrimaryRecovered => "its primary link has been up for the switchback time",
             AutoReason::Flapping => "its links change too often (flapping)",
             AutoReason::OperationRunning => "another operation runs",
@@ -531,22 +557,14 @@ fn rule(t: &Track, side: NicSide, cfg: &AutoConfig, now: Duration) -> Rule {
         if now < due {
             return Rule::Later(due);
         }
-        let failed = match side {
-            NicSide::Primary => AutoReason::PrimaryDown,
-            NicSide::Backup => AutoReason::BackupDown,
-        };
         return if t.links.side(other).is_up() {
             Rule::Move {
                 to: other,
-                reason: failed,
+                reason: not_up(side, t.links.side(side)),
                 due,
             }
         } else {
-            let missing = match other {
-                NicSide::Primary => AutoReason::PrimaryDown,
-                NicSide::Backup => AutoReason::BackupDown,
-            };
-            Rule::Stuck(missing)
+            Rule::Stuck(not_up(other, t.links.side(other)))
         };
     }
     if side == NicSide::Backup && t.moved_by_policy && t.links.primary.is_up() {
@@ -562,6 +580,16 @@ fn rule(t: &Track, side: NicSide, cfg: &AutoConfig, now: Duration) -> Rule {
         };
     }
     Rule::Nothing
+}
+
+/// Why `side`'s link, in `state`, is not up: degraded has reasons of its own.
+fn not_up(side: NicSide, state: LinkState) -> AutoReason {
+    match (side, state == LinkState::Degraded) {
+        (NicSide::Primary, false) => AutoReason::PrimaryDown,
+        (NicSide::Backup, false) => AutoReason::BackupDown,
+        (NicSide::Primary, true) => AutoReason::PrimaryDegraded,
+        (NicSide::Backup, true) => AutoReason::BackupDegraded,
+    }
 }
 
 /// A move the links ask for, waiting for the job's gates.
@@ -954,6 +982,57 @@ mod tests {
         job.apply(&e);
         // On backup with its primary down: nothing more.
         assert_eq!(job.eval(2000 * MS), Evaluation::default());
+    }
+
+    #[test]
+    fn a_degraded_primary_moves_with_its_own_reason_and_comes_back_after_the_hold() {
+        let mut job = Job::new(cfg());
+        let degraded = Links {
+            primary: LinkState::Degraded,
+            backup: LinkState::Up,
+        };
+        assert!(job.policy.link_changed(key(1, 2), degraded, 100 * MS));
+        // The same damping as a failure: confirmed after down_after probes, then gathered.
+        assert!(job.eval(100 * MS).decisions.is_empty());
+        let e = job.eval(125 * MS);
+        assert_eq!(summary(&e), ["node-1:2 to_backup primary_degraded"]);
+        assert_eq!(e.decisions[0].links, degraded);
+        assert_eq!(
+            e.decisions[0].to_string(),
+            "node-1:2 to_backup: its primary link is degraded (probe loss or delay) \
+             (primary degraded, backup up)"
+        );
+        job.apply(&e);
+        // Still degraded: it stays. Healthy again at 400 ms: back after the hold time.
+        assert!(job.eval(300 * MS).moves().next().is_none());
+        assert!(job
+            .policy
+            .link_changed(key(1, 2), links(true, true), 400 * MS));
+        let e = job.eval(1399 * MS);
+        assert!(e.moves().next().is_none());
+        assert_eq!(e.wake_at, Some(1400 * MS));
+        let e = job.eval(1405 * MS);
+        assert_eq!(summary(&e), ["node-1:2 to_primary primary_recovered"]);
+    }
+
+    #[test]
+    fn a_degraded_backup_holds_a_device_whose_primary_failed() {
+        let mut job = Job::new(cfg());
+        let l = Links {
+            primary: LinkState::Down,
+            backup: LinkState::Degraded,
+        };
+        job.policy.link_changed(key(0, 3), l, 10 * MS);
+        let e = job.eval(40 * MS);
+        assert_eq!(summary(&e), ["node-0:3 hold backup_degraded"]);
+    }
+
+    #[test]
+    fn a_hals_degraded_side_is_a_degraded_link() {
+        let h = LinkHealth::new(DeviceId(0), true, true).with_degraded(NicSide::Backup, "slow");
+        let l = Links::from_health(&h);
+        assert_eq!((l.primary, l.backup), (LinkState::Up, LinkState::Degraded));
+        assert_eq!(serde_json::to_value(l.backup).unwrap(), "degraded");
     }
 
     #[test]

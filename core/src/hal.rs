@@ -139,6 +139,13 @@ pub struct LinkHealth {
     /// Why the backup side's state is not known, when it is not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup_unknown: Option<String>,
+    /// Why the primary side, up, is degraded (its probe's loss or round-trip time is past a
+    /// threshold), when it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_degraded: Option<String>,
+    /// Why the backup side, up, is degraded, when it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_degraded: Option<String>,
 }
 
 impl LinkHealth {
@@ -150,6 +157,28 @@ impl LinkHealth {
             backup_up,
             primary_unknown: None,
             backup_unknown: None,
+            primary_degraded: None,
+            backup_degraded: None,
+        }
+    }
+
+    /// `side` is up but degraded, for `reason`. A side that is not up stays not up.
+    pub fn with_degraded(mut self, side: NicSide, reason: impl Into<String>) -> Self {
+        if self.is_up(side) {
+            let reason = Some(reason.into());
+            match side {
+                NicSide::Primary => self.primary_degraded = reason,
+                NicSide::Backup => self.backup_degraded = reason,
+            }
+        }
+        self
+    }
+
+    /// Why `side` is degraded; `None` when it is not.
+    pub fn degraded(&self, side: NicSide) -> Option<&str> {
+        match side {
+            NicSide::Primary => self.primary_degraded.as_deref(),
+            NicSide::Backup => self.backup_degraded.as_deref(),
         }
     }
 
@@ -304,6 +333,24 @@ mod tests {
             serde_json::json!({"device": 1, "primary_up": true, "backup_up": false})
         );
         let back: LinkHealth = serde_json::from_value(serde_json::to_value(&h).unwrap()).unwrap();
+        assert_eq!(back, h);
+    }
+
+    #[test]
+    fn a_degraded_side_stays_up_and_says_why() {
+        let h = LinkHealth::new(DeviceId(2), true, false)
+            .with_degraded(NicSide::Primary, "probe lost 3/8 echoes")
+            .with_degraded(NicSide::Backup, "not up: ignored");
+        assert!(h.is_up(NicSide::Primary));
+        assert_eq!(h.degraded(NicSide::Primary), Some("probe lost 3/8 echoes"));
+        assert_eq!(
+            h.degraded(NicSide::Backup),
+            None,
+            "a side that is down is not degraded"
+        );
+        let json = serde_json::to_value(&h).unwrap();
+        assert_eq!(json["primary_degraded"], "probe lost 3/8 echoes");
+        let back: LinkHealth = serde_json::from_value(json).unwrap();
         assert_eq!(back, h);
     }
 

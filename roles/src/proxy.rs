@@ -42,6 +42,10 @@ pub struct ProxyArgs {
     /// With --sim: the port of this device is down (its primary NIC, its partner's backup).
     #[arg(long, value_name = "DEV", requires = "sim")]
     sim_link_down: Vec<u32>,
+    /// Link health from Linux interfaces: a JSON file naming each device's primary and backup
+    /// interface and the probe of each plane (README, "The rig").
+    #[arg(long, value_name = "FILE", conflicts_with = "sim")]
+    linux_links: Option<PathBuf>,
     #[command(flatten)]
     tls: TlsArgs,
     #[command(flatten)]
@@ -63,6 +67,24 @@ fn hardware_node_hal(timeout: std::time::Duration) -> Box<dyn NodeHal> {
             Box::new(NoHealth)
         }
     }
+}
+
+/// The Linux HAL over the interfaces `path` names; a device of the node it does not name is
+/// said once (its links read as unknown).
+fn linux_node_hal(path: &std::path::Path) -> Result<NodeHalFactory, ConfigError> {
+    let cfg =
+        taskd_hal_linux::LinkConfig::load(path).map_err(|e| ConfigError::usage(e.to_string()))?;
+    Ok(Box::new(move |n: &NodeAssignment| {
+        for d in n.ranks.values() {
+            if !cfg.devices.contains_key(&d.0) {
+                eprintln!(
+                    "taskd proxy: device {} of this node has no interfaces in the link configuration; its links read as unknown",
+                    d.0
+                );
+            }
+        }
+        Box::new(taskd_hal_linux::LinuxNodeHal::new(cfg)) as Box<dyn NodeHal>
+    }))
 }
 
 struct NoHealth;
@@ -103,6 +125,9 @@ impl ProxyArgs {
     /// The node's HAL: simulated with `--sim`, DCMI otherwise (its probes bounded by
     /// `TASKD_DCMI_TIMEOUT_MS`, default 1 s; a value that is not a number is refused).
     fn node_hal(&self) -> Result<NodeHalFactory, ConfigError> {
+        if let Some(path) = &self.linux_links {
+            return linux_node_hal(path);
+        }
         if !self.sim {
             let timeout = taskd_hal_ascend::node::probe_timeout_from_env(&process_env)?;
             return Ok(Box::new(move |_: &NodeAssignment| {

@@ -248,6 +248,8 @@ fn needs_attention(d: &AutoDecision) -> bool {
         d.reason,
         AutoReason::PrimaryDown
             | AutoReason::BackupDown
+            | AutoReason::PrimaryDegraded
+            | AutoReason::BackupDegraded
             | AutoReason::Flapping
             | AutoReason::FailedBefore
             | AutoReason::Refused

@@ -444,6 +444,10 @@ pub(crate) fn node_reply_from_pb(n: pb::NodeReply) -> Result<NodeReply, WireErro
                 backup_up: h.backup_up,
                 primary_unknown: Some(h.primary_unknown).filter(|r| !r.is_empty()),
                 backup_unknown: Some(h.backup_unknown).filter(|r| !r.is_empty()),
+                // A switch's link check asks whether the target is up; degradation travels
+                // in link reports (`LinkState::Degraded`).
+                primary_degraded: None,
+                backup_degraded: None,
             })
             .collect(),
     })
@@ -476,6 +480,7 @@ fn link_state_to_pb(s: LinkState) -> pb::LinkState {
         LinkState::Up => pb::LinkState::Up,
         LinkState::Down => pb::LinkState::Down,
         LinkState::Unknown => pb::LinkState::Unknown,
+        LinkState::Degraded => pb::LinkState::Degraded,
     }
 }
 
@@ -484,6 +489,7 @@ fn link_state_from_pb(side: &str, raw: i32) -> Result<LinkState, WireError> {
     match pb::LinkState::try_from(raw) {
         Ok(pb::LinkState::Up) => Ok(LinkState::Up),
         Ok(pb::LinkState::Down) => Ok(LinkState::Down),
+        Ok(pb::LinkState::Degraded) => Ok(LinkState::Degraded),
         Ok(pb::LinkState::Unspecified) => Err(missing("link report", side)),
         Ok(pb::LinkState::Unknown) | Err(_) => Ok(LinkState::Unknown),
     }
@@ -799,6 +805,7 @@ mod tests {
             },
             links(LinkState::Down, LinkState::Up),
             links(LinkState::Up, LinkState::Unknown),
+            links(LinkState::Degraded, LinkState::Up),
         ] {
             assert_eq!(proxy_msg_from_pb(proxy_msg_to_pb(m.clone())).unwrap(), m);
         }

@@ -7,6 +7,7 @@ their flags, the same on every rank): the framework maps them onto each of its c
 
 import ctypes
 import importlib
+import importlib.util
 
 from taskd.python.cython_api.cython_api import SWITCH_FN
 
@@ -22,7 +23,12 @@ class FrameworkError(Exception):
 
 
 def resolve(framework):
-    """``(name, function)`` of the framework's switch function."""
+    """``(name, function)`` of the framework's switch function (``"pt"`` without torch_npu:
+    taskd's own switch for Gloo process groups)."""
+    if framework == "pt" and importlib.util.find_spec("torch_npu") is None:
+        from taskd.python.framework import gloo
+
+        return gloo.NAME, gloo.switch_nic
     module_name, attr = SWITCH_FUNCTIONS[framework]
     name = "%s.%s" % (module_name, attr)
     try:

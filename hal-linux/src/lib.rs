@@ -1,0 +1,210 @@
+//! taskd-hal-linux: the node HAL for devices whose NICs are Linux network interfaces (a rig of
+//! namespaces, a PyTorch job on Gloo, any host whose planes are kernel interfaces).
+//!
+//! Each device names its primary and backup interface ([`LinkConfig`]). A side is
+//!
+//! - **down** when the kernel says so: `operstate` is not `up` (or `unknown` with carrier) or
+//!   `carrier` is 0, read from `/sys/class/net/IF/` ([`sysfs`]);
+//! - **degraded** when it is up but the probe on its plane ([`probe`]: a short train of ICMP
+//!   echo requests to the job's peers on that plane, sent from that interface) loses more than
+//!   `max_loss` of them or its slowest answer takes longer than `max_rtt_ms`. A train rather
+//!   than one echo: a link that is up but starved (rate-limited, congested) delays the last
+//!   echoes of the train behind the first ones, which a single ping does not see;
+//! - **up** otherwise; **unknown** when the interface cannot be read or a probe fails to send.
+//!   A proxy that cannot open a raw ICMP socket (it needs `CAP_NET_RAW`) says so once and goes
+//!   by the kernel's state alone, as without a probe.
+//!
+//! A device the configuration does not name is unknown on both sides, with that reason.
+//! Several devices sharing an interface are read and probed once per round: answers are kept
+//! for `cache_ms`.
+
+pub mod config;
+pub mod probe;
+pub mod sysfs;
+
+pub use config::{ConfigError, DeviceLinks, LinkConfig, ProbeConfig};
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+use taskd_core::{DeviceId, HalError, LinkHealth, NicSide, NodeHal};
+
+/// What one interface was found to be.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SideState {
+    /// Carrier and answers within the thresholds.
+    Up,
+    /// Up, but the probe's loss or round-trip time is past a threshold: why.
+    Degraded(String),
+    /// No carrier or administratively down: the kernel's words.
+    Down(String),
+    /// Could not be read or probed: why.
+    Unknown(String),
+}
+
+/// The node HAL over Linux interfaces.
+pub struct LinuxNodeHal {
+    cfg: LinkConfig,
+    sys: sysfs::SysNet,
+    cache: HashMap<(String, NicSide), (Instant, SideState)>,
+    /// The probe cannot run in this process (no raw socket): said once, then not tried again.
+    no_probe: bool,
+}
+
+impl LinuxNodeHal {
+    /// A HAL reading `/sys/class/net`, probing as `cfg` says.
+    pub fn new(cfg: LinkConfig) -> Self {
+        LinuxNodeHal::with_sysfs(cfg, sysfs::SysNet::default())
+    }
+
+    /// A HAL reading interfaces under another root (tests).
+    pub fn with_sysfs(cfg: LinkConfig, sys: sysfs::SysNet) -> Self {
+        LinuxNodeHal {
+            cfg,
+            sys,
+            cache: HashMap::new(),
+            no_probe: false,
+        }
+    }
+
+    /// The state of `iface`, the interface of `side`: the kernel's, then the probe's.
+    pub fn side_state(&mut self, iface: &str, side: NicSide) -> SideState {
+        let key = (iface.to_owned(), side);
+        let ttl = Duration::from_millis(self.cfg.cache_ms);
+        if let Some((at, s)) = self.cache.get(&key) {
+            if at.elapsed() < ttl {
+                return s.clone();
+            }
+        }
+        let state = self.measure(iface, side);
+        self.cache.insert(key, (Instant::now(), state.clone()));
+        state
+    }
+
+    fn measure(&mut self, iface: &str, side: NicSide) -> SideState {
+        match self.sys.link(iface) {
+            Err(e) => SideState::Unknown(e.to_string()),
+            Ok(l) if !l.is_up() => SideState::Down(l.to_string()),
+            Ok(_) => self.probe_side(iface, side),
+        }
+    }
+
+    fn probe_side(&mut self, iface: &str, side: NicSide) -> SideState {
+        let Some(p) = &self.cfg.probe else {
+            return SideState::Up;
+        };
+        let peers = p.peers(side);
+        if peers.is_empty() || self.no_probe {
+            return SideState::Up;
+        }
+        match probe::probe(iface, peers, p) {
+            Err(e @ probe::ProbeError::Socket(_)) => {
+                tracing::warn!(error = %e, "link probe off: links are up or down as the kernel says");
+                self.no_probe = true;
+                SideState::Up
+            }
+            Err(e) => SideState::Unknown(e.to_string()),
+            Ok(stats) => match stats.verdict(p) {
+                None => SideState::Up,
+                Some(why) => SideState::Degraded(why),
+            },
+        }
+    }
+}
+
+impl NodeHal for LinuxNodeHal {
+    fn link_health(&mut self, device: DeviceId) -> Result<LinkHealth, HalError> {
+        let Some(links) = self.cfg.devices.get(&device.0).cloned() else {
+            let why = format!(
+                "device {} has no interfaces in the link configuration",
+                device.0
+            );
+            return Ok(LinkHealth::new(device, false, false)
+                .with_unknown(NicSide::Primary, why.clone())
+                .with_unknown(NicSide::Backup, why));
+        };
+        let primary = self.side_state(&links.primary, NicSide::Primary);
+        let backup = self.side_state(&links.backup, NicSide::Backup);
+        Ok(health(device, &primary, &backup))
+    }
+}
+
+/// The [`LinkHealth`] both sides' states make.
+pub fn health(device: DeviceId, primary: &SideState, backup: &SideState) -> LinkHealth {
+    let up = |s: &SideState| matches!(s, SideState::Up | SideState::Degraded(_));
+    let mut h = LinkHealth::new(device, up(primary), up(backup));
+    for (side, s) in [(NicSide::Primary, primary), (NicSide::Backup, backup)] {
+        h = match s {
+            SideState::Degraded(why) => h.with_degraded(side, why.clone()),
+            SideState::Unknown(why) => h.with_unknown(side, why.clone()),
+            SideState::Up | SideState::Down(_) => h,
+        };
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn cfg() -> LinkConfig {
+        let mut devices = BTreeMap::new();
+        for d in 0..2 {
+            devices.insert(
+                d,
+                DeviceLinks {
+                    primary: "pri".into(),
+                    backup: "bak".into(),
+                },
+            );
+        }
+        LinkConfig {
+            devices,
+            probe: None,
+            cache_ms: 0,
+        }
+    }
+
+    #[test]
+    fn the_kernels_state_is_each_sides_state() {
+        let dir = sysfs::tests::FakeSys::new();
+        dir.set("pri", "up", Some("1"));
+        dir.set("bak", "down", None);
+        let mut hal = LinuxNodeHal::with_sysfs(cfg(), dir.sys());
+        let h = hal.link_health(DeviceId(1)).unwrap();
+        assert!(h.is_up(NicSide::Primary) && !h.is_up(NicSide::Backup));
+        assert_eq!(
+            h.unknown(NicSide::Backup),
+            None,
+            "down is known, not unknown"
+        );
+        dir.set("bak", "up", Some("1"));
+        dir.set("pri", "lowerlayerdown", Some("0"));
+        let h = hal.link_health(DeviceId(0)).unwrap();
+        assert!(!h.is_up(NicSide::Primary) && h.is_up(NicSide::Backup));
+    }
+
+    #[test]
+    fn a_missing_interface_or_device_is_unknown() {
+        let dir = sysfs::tests::FakeSys::new();
+        dir.set("pri", "up", Some("1"));
+        let mut hal = LinuxNodeHal::with_sysfs(cfg(), dir.sys());
+        let h = hal.link_health(DeviceId(0)).unwrap();
+        assert!(h.unknown(NicSide::Backup).unwrap().contains("bak"));
+        let h = hal.link_health(DeviceId(7)).unwrap();
+        assert!(h.unknown(NicSide::Primary).unwrap().contains("device 7"));
+        assert!(!h.is_up(NicSide::Backup));
+    }
+
+    #[test]
+    fn a_degraded_side_is_up_and_says_why() {
+        let h = health(
+            DeviceId(3),
+            &SideState::Degraded("loss 50% > 25%".into()),
+            &SideState::Up,
+        );
+        assert!(h.is_up(NicSide::Primary));
+        assert_eq!(h.degraded(NicSide::Primary), Some("loss 50% > 25%"));
+        assert_eq!(h.degraded(NicSide::Backup), None);
+    }
+}

@@ -1,0 +1,363 @@
+"""The rig's scenarios. Each returns its report entry (``name``, ``passed``, ``operations``,
+``bytes_while_switched``, ``fault_to_backup_ms``, ``steps``, ``params_match_replay``, phases,
+stall, checks) and leaves nothing running."""
+
+from __future__ import annotations
+
+import glob
+import re
+import time
+from typing import Callable, Dict, List
+
+from taskd.rig import net
+from taskd.rig.job import Job, RigError, Sampler
+from taskd.rig.rig import (PROBE_COUNT, PROBE_SIZE, Rig, bytes_between, bytes_within, now, params_check,
+                           phase_bytes, plane_bytes, stall_ms, step_series)
+
+#: Bytes on an interface that are not training traffic while it is not used: ARP.
+SLACK = 2048
+
+
+def op_ok(summary: dict) -> bool:
+    """``taskd switch --json``'s result event says it succeeded (and the command exited 0)."""
+    result = summary.get("result") or {}
+    return summary.get("exit_status") == 0 and result.get("result") == "succeeded"
+
+
+def probe_budget(sc: "Scenario", seconds: float) -> int:
+    """What the Linux HAL's probe may send and receive on one interface in ``seconds``: the
+    automatic failover's rounds, else the link check of an operation or two. Each round sends
+    a train to every peer and answers every peer's train (requests and replies both ways)."""
+    rig = sc.rig
+    if rig.hal != "linux":
+        return 0
+    auto = sc.job.auto
+    rounds = (int(seconds * 1000 / auto["link_probe_ms"]) if auto else 0) + 2
+    return rounds * (rig.nodes - 1) * PROBE_COUNT * 4 * (PROBE_SIZE + 42)
+
+
+class Scenario:
+    """A job's run with marks on the clock, the counters sampled, and the report's checks."""
+
+    def __init__(self, rig: Rig, name: str, **job):
+        self.rig, self.name = rig, name
+        self.job: Job = rig.job(name, **job)
+        self.marks: List[tuple] = []
+        self.checks: Dict[str, bool] = {}
+        self.operations: List[dict] = []
+        self.extra: dict = {}
+        self.sampler = None
+
+    def mark(self, name: str) -> float:
+        t = now()
+        self.marks.append((name, t))
+        return t
+
+    def check(self, name: str, ok: bool) -> bool:
+        self.checks[name] = bool(ok)
+        return ok
+
+    def switch(self, targets: List[tuple], expect_ok: bool = True) -> dict:
+        s = self.job.switch(targets)
+        self.operations.append(s)
+        self.check("operation %d %s" % (len(self.operations), "succeeded" if expect_ok else "refused"),
+                   op_ok(s) == expect_ok)
+        return s
+
+    def run(self, body: Callable[["Scenario"], None]) -> dict:
+        self.sampler = Sampler(self.rig.nodes)
+        error = None
+        try:
+            self.job.start()
+            self.mark("start")
+            body(self)
+            self.mark("end")
+            codes = self.job.stop()
+            self.check("every process exited 0", codes == [0] * len(codes))
+        except RigError as e:
+            error = str(e)
+        finally:
+            self.job.close()
+            self.sampler.stop()
+        return self.report(error)
+
+    def report(self, error) -> dict:
+        series = step_series(self.job)
+        params = params_check(self.job, self.rig.world) if error is None else {"params_match_replay": False}
+        if error is None:
+            self.check("parameters equal the serial replay", params["params_match_replay"])
+        out = {"name": self.name, "passed": error is None and all(self.checks.values()),
+               "error": error, "checks": self.checks, "operations": self.operations,
+               "steps": params.get("steps", self.job.last_step()),
+               "params_match_replay": params["params_match_replay"], "params": params,
+               "phases": phase_bytes(self.sampler.samples, self.marks),
+               "marks": [{"name": n, "t": round(t, 3)} for n, t in self.marks],
+               "step_ms_median": _median([x["ms"] for x in series])}
+        out["gloo_rebuild_ms"] = _rebuilds(self.job.results())
+        out.update(self.extra)
+        out["series"] = {"steps": [[round(x["t"], 3), round(x["ms"], 2)] for x in series],
+                         "bytes": _plane_series(self.sampler.samples, self.rig.nodes)}
+        return out
+
+
+def _rebuilds(results: List[dict]) -> List[float]:
+    """Each Gloo switch's rebuild time, the slowest rank's (ms), in the order they ran."""
+    per_rank = [[h["rebuild_ms"] for h in r.get("switches", [])] for r in results]
+    if not per_rank:
+        return []
+    return [round(max(col), 2) for col in zip(*per_rank)]
+
+
+def _median(xs: List[float]) -> float:
+    return sorted(xs)[len(xs) // 2] if xs else 0.0
+
+
+def _plane_series(samples: List, nodes: int) -> Dict[str, List]:
+    """Bytes per second per plane (every node's interfaces) between consecutive samples."""
+    out: Dict[str, List] = {p: [] for p in net.DATA}
+    for (t0, a), (t1, b) in zip(samples, samples[1:]):
+        d = net.delta(a, b)
+        for p in net.DATA:
+            out[p].append([round(t1, 3), round(plane_bytes(d, list(range(nodes)), p) / (t1 - t0))])
+    return out
+
+
+def switched_bytes(sc: Scenario, nodes: List[int], t0: float, t1: float) -> dict:
+    b = bytes_within(sc.sampler.samples, t0, t1)
+    return {"primary": plane_bytes(b, nodes, "pri"), "backup": plane_bytes(b, nodes, "bak")}
+
+
+def _quiet_primary(sc: Scenario, moved: Dict[str, int], seconds: float, nodes: int) -> bool:
+    budget = probe_budget(sc, seconds) * nodes + SLACK * nodes
+    sc.extra["primary_budget_bytes"] = budget
+    return moved["primary"] <= budget and moved["backup"] > 0
+
+
+def maintenance(rig: Rig) -> dict:
+    """Every device to its backup NIC, the primary cables pulled, training, the cables back,
+    every device back to its primary NIC."""
+    every = list(range(rig.nodes))
+
+    def body(sc: Scenario) -> None:
+        sc.job.wait_steps(20)
+        sc.mark("switch to backup")
+        sc.switch([(k, rig.devices(), "backup") for k in every])
+        t_on = sc.mark("on backup")
+        for k in every:
+            net.set_cable(k, "pri", False)
+        sc.mark("primary cables pulled")
+        sc.job.wait_steps(60)
+        for k in every:
+            net.set_cable(k, "pri", True)
+        wait_until(lambda: all(net.link_up(k, "pri") for k in every), 30, "the primaries up again")
+        sc.mark("primary cables back")
+        sc.job.wait_steps(10)
+        t_off = sc.mark("switch back")
+        sc.switch([(k, rig.devices(), "primary") for k in every])
+        sc.mark("on primary")
+        sc.job.wait_steps(30)
+        moved = switched_bytes(sc, every, t_on, t_off)
+        sc.extra["bytes_while_switched"] = moved
+        sc.check("no training bytes on the primary interfaces while switched",
+                 _quiet_primary(sc, moved, t_off - t_on, rig.nodes))
+        back = bytes_between(sc.sampler.samples, sc.marks[-1][1], now())
+        sc.check("training back on the primary plane", plane_bytes(back, every, "pri") > plane_bytes(back, every, "bak"))
+        sc.extra["stall_ms"] = [stall_ms(step_series(sc.job), m[1], m[1]) for m in sc.marks
+                                if m[0] in ("switch to backup", "switch back")]
+
+    return Scenario(rig, "maintenance").run(body)
+
+
+def subset(rig: Rig) -> dict:
+    """Part of one node refused up front; then one node's devices alone to the backup NIC
+    (its routes follow) and back."""
+    k = rig.nodes - 1
+
+    def body(sc: Scenario) -> None:
+        sc.job.wait_steps(20)
+        if rig.per_node > 1:
+            refused = sc.switch([(k, [0], "backup")], expect_ok=False)
+            sc.check("the partial node's refusal says what moves", "share node" in str(refused))
+        sc.job.wait_steps(10)
+        sc.mark("switch node to backup")
+        sc.switch([(k, rig.devices(), "backup")])
+        t_on = sc.mark("node on backup")
+        sc.job.wait_steps(60)
+        t_off = sc.mark("switch back")
+        sc.switch([(k, rig.devices(), "primary")])
+        sc.mark("on primary")
+        sc.job.wait_steps(20)
+        moved = switched_bytes(sc, [k], t_on, t_off)
+        sc.extra["bytes_while_switched"] = moved
+        sc.extra["switched_nodes"] = ["node-%d" % k]
+        sc.check("no training bytes on the switched node's primary while switched",
+                 _quiet_primary(sc, moved, t_off - t_on, 1))
+
+    return Scenario(rig, "subset").run(body)
+
+
+def link_dies(rig: Rig) -> dict:
+    """A node's primary cable pulled for good while its all-reduces run, the automatic failover
+    on. What decides is the collective's own timeout: the failover sees the link go but its
+    pause cannot finish a step stuck in an all-reduce; the ranks raise at the group's timeout
+    and the job stops. The rig restarts it from the last checkpoint on the backup interfaces."""
+    k = rig.nodes - 1
+    timeout_s = 8.0
+    sc = Scenario(rig, "link-dies", collective_timeout_s=timeout_s, auto=AUTO)
+    sc.sampler = Sampler(rig.nodes)
+    first = sc.job
+    error = None
+    try:
+        first.start()
+        sc.mark("start")
+        first.wait_steps(30)
+        t_fault = sc.mark("primary cable of node-%d pulled" % k)
+        net.set_cable(k, "pri", False)
+        codes = [p.wait(timeout_s * 6) for p in first.launchers]
+        t_stop = sc.mark("job stopped")
+        sc.extra["first_run_exit_statuses"] = codes
+        sc.check("the job stopped on the collective's timeout", all(c not in (0, None) for c in codes))
+        sc.extra["fault_to_stop_ms"] = round((t_stop - t_fault) * 1000)
+        sc.extra["collective_error"] = _first_error(first)
+        sc.operations.extend(_auto_results(first))
+        sc.extra["auto_decisions"] = _auto_lines(first)
+        first.close()
+        restart = rig.job("link-dies", resume=True, start_on_backup=True)
+        sc.job = restart
+        restart.start()
+        sc.mark("restarted on backup")
+        restart.wait_steps(30)
+        t_on = sc.marks[-1][1]
+        sc.mark("end")
+        codes = restart.stop()
+        sc.check("the restarted job exited 0", codes == [0] * len(codes))
+        moved = switched_bytes(sc, [k], t_on, now())
+        sc.extra["bytes_while_switched"] = moved
+        sc.extra["fault_to_backup_ms"] = _first_bytes_ms(sc, k, "bak", t_stop, t_fault)
+        results = ", ".join("%s %s%s" % (o.get("direction"), o.get("result"),
+                                          ": %s" % o["error"] if o.get("error") else "")
+                            for o in sc.operations) or "none finished"
+        sc.extra["what_happened"] = (
+            "the all-reduce in flight on node-%d's dead primary ended at the group's timeout "
+            "(%.0f s); the training processes raised and exited and the job stopped; the "
+            "automatic failover's operations: %s; restarted from the last checkpoint on the "
+            "backup interfaces" % (k, timeout_s, results))
+    except RigError as e:
+        error = str(e)
+    finally:
+        net.set_cable(k, "pri", True)
+        sc.job.close()
+        first.close()
+        sc.sampler.stop()
+    return sc.report(error)
+
+
+def _auto_results(job: Job) -> List[dict]:
+    """The automatic operations' results the manager still reports (none if it cannot)."""
+    try:
+        return [r for r in job.status().get("recent", []) if r.get("trigger") == "auto"]
+    except (RigError, ValueError):
+        return []
+
+
+def _auto_lines(job: Job) -> List[str]:
+    """The automatic failover's decisions, as the manager logged them."""
+    out = []
+    with open(job.manager.log.name, errors="replace") as f:
+        for line in f:
+            if "automatic failover:" in line or "automatic operation" in line:
+                out.append(re.sub(r"\x1b\[[0-9;]*m", "", line).strip()[:300])
+    return out
+
+
+def _first_error(job: Job) -> str:
+    for path in sorted(glob.glob(job.run_dir + "/node-*.log")):
+        with open(path, errors="replace") as f:
+            for line in f:
+                if "Timed out" in line or "Connection closed" in line or "Error" in line:
+                    return line.strip()[:300]
+    return ""
+
+
+def _first_bytes_ms(sc: Scenario, k: int, plane: str, after: float, t_fault: float):
+    """From the fault to the first half second after ``after`` in which node k's ``plane``
+    interface carried training traffic: more than three times what the probe may send."""
+    key = "n%d/%s" % (k, plane)
+    samples = [s for s in sc.sampler.samples if s[0] >= after]
+    for i, (t0, a) in enumerate(samples):
+        later = [s for s in samples[i:] if s[0] >= t0 + 0.5]
+        if not later:
+            break
+        t1, b = later[0]
+        moved = (b[key]["rx"] - a[key]["rx"]) + (b[key]["tx"] - a[key]["tx"])
+        if moved > max(200_000, 3 * probe_budget(sc, t1 - t0)):
+            return round((t0 - t_fault) * 1000)
+    return None
+
+
+def wait_until(pred: Callable[[], bool], timeout: float, what: str, period: float = 0.1) -> float:
+    end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > end:
+            raise RigError("%s did not happen within %.0f s" % (what, timeout))
+        time.sleep(period)
+    return now()
+
+
+#: The automatic failover's knobs in the degraded scenario: probe every 500 ms, act after 3
+#: degraded probes, a 6 s hold before the switchback.
+AUTO = {"auto_failover": True, "link_probe_ms": 500, "down_after": 3, "coalesce_ms": 200,
+        "switchback_after_ms": 6000, "min_interval_ms": 1000, "max_flaps": 6,
+        "flap_window_ms": 10000}
+RATE = "1mbit"
+
+
+def auto_ops(job: Job, direction: str) -> List[dict]:
+    """The automatic operations in ``direction`` the manager reports."""
+    recent = job.status().get("recent", [])
+    return [r for r in recent if r.get("trigger") == "auto" and r.get("direction") == direction]
+
+
+def degraded(rig: Rig) -> dict:
+    """The last node's primary link rate-limited (``tc tbf``): its probe calls it degraded, the
+    automatic failover moves the node's devices to their backup NIC, step time recovers; the
+    limit goes, and the switchback follows the hold time."""
+    k = rig.nodes - 1
+    hold_s = AUTO["switchback_after_ms"] / 1000.0
+
+    def body(sc: Scenario) -> None:
+        sc.job.wait_steps(40)
+        base = _median([x["ms"] for x in step_series(sc.job)][-30:])
+        t_fault = sc.mark("node-%d primary limited to %s" % (k, RATE))
+        net.limit(k, "pri", RATE)
+        wait_until(lambda: auto_ops(sc.job, "to_backup"), 90, "the automatic failover", period=0.4)
+        sc.mark("moved by the automatic failover")
+        sc.job.wait_steps(40)
+        moved_at = sc.marks[-1][1]
+        after = _median([x["ms"] for x in step_series(sc.job) if x["t"] > moved_at + 0.5])
+        t_heal = sc.mark("limit removed")
+        net.unlimit(k, "pri")
+        wait_until(lambda: auto_ops(sc.job, "to_primary"), hold_s + 60, "the switchback", period=0.4)
+        t_back = sc.mark("switched back")
+        sc.job.wait_steps(20)
+        ops = auto_ops(sc.job, "to_backup") + auto_ops(sc.job, "to_primary")
+        sc.operations.extend(ops)
+        sc.check("the automatic failover moved the degraded node",
+                 any(any(t["node"] == "node-%d" % k for t in o.get("targets", [])) for o in ops))
+        sc.check("every automatic operation succeeded", all(o.get("result") == "succeeded" for o in ops))
+        sc.check("step time recovered on the backup", after <= 1.5 * base + 5)
+        sc.check("the switchback came after the hold", t_back - t_heal >= hold_s)
+        nodes = sorted({int(t["node"].split("-")[1]) for o in ops for t in o.get("targets", [])})
+        moved = switched_bytes(sc, nodes, moved_at, t_heal)
+        sc.extra.update(bytes_while_switched=moved, switched_nodes=["node-%d" % n for n in nodes],
+                        fault_to_backup_ms=_first_bytes_ms(sc, k, "bak", t_fault, t_fault),
+                        step_ms_before=base, step_ms_on_backup=after,
+                        heal_to_switchback_ms=round((t_back - t_heal) * 1000))
+        sc.check("no training bytes on the moved nodes' primaries while switched",
+                 _quiet_primary(sc, moved, t_heal - moved_at, len(nodes)))
+
+    return Scenario(rig, "degraded", auto=AUTO).run(body)
+
+
+SCENARIOS = {"maintenance": maintenance, "degraded": degraded, "link-dies": link_dies,
+             "subset": subset}

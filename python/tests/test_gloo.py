@@ -1,0 +1,171 @@
+"""taskd's Gloo switch: the plan every rank computes (no torch needed), the dispatch of "pt"
+without torch_npu, and real Gloo jobs on the loopback interface (skipped without a real torch:
+give its interpreter in $TASKD_TORCH_PYTHON, e.g. the virtual environment of the rig)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import unittest
+
+import support  # noqa: F401 - the fakes on the path
+from taskd.python.framework import gloo, switch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PACKAGE = os.path.dirname(HERE)
+TORCH_PYTHON = os.environ.get("TASKD_TORCH_PYTHON", sys.executable)
+
+
+def plan(sides, ranks, flags, local=2, route=False, routes=None):
+    return gloo.plan(sides, routes or {}, ranks, flags, local, route)
+
+
+class Plan(unittest.TestCase):
+    def test_the_whole_job_moves_and_back(self):
+        p = plan([False] * 4, [3, 2, 1, 0], [True] * 4)
+        self.assertEqual((p.sides, p.route, p.noop), ([True] * 4, {}, False))
+        back = plan(p.sides, [0, 1, 2, 3], [False] * 4)
+        self.assertEqual(back.sides, [False] * 4)
+        self.assertTrue(plan(back.sides, [0], [False]).noop)
+
+    def test_a_subset_is_refused_without_the_route_command_saying_what_moves(self):
+        with self.assertRaises(gloo.GlooSwitchError) as e:
+            plan([False] * 4, [2, 3], [True, True])
+        self.assertIn("moves the whole job at once unless $TASKD_GLOO_ROUTE_CMD", str(e.exception))
+        self.assertIn("Switch all 4 ranks", str(e.exception))
+
+    def test_a_node_moves_alone_with_the_route_command(self):
+        p = plan([False] * 4, [3, 2], [True, True], route=True)
+        self.assertEqual((p.sides, p.route), ([False, False, True, True], {0: False, 1: True}))
+        self.assertFalse(p.noop)
+        # The same state with the routes already set is nothing to do; routes not set are.
+        self.assertTrue(plan(p.sides, [2], [True], route=True, routes={1: True}).noop)
+        self.assertFalse(plan(p.sides, [2], [True], route=True).noop)
+
+    def test_routes_change_only_while_the_job_is_split(self):
+        # The whole job to backup: no route command (the backup plane reaches everyone).
+        p = plan([False] * 4, [0, 1, 2, 3], [True] * 4, route=True)
+        self.assertEqual(p.route, {})
+        # Back to primary from a split: every node's route to the primary plane is its own.
+        back = plan([False, False, True, True], [2, 3], [False, False], route=True, routes={1: True})
+        self.assertEqual(back.route, {0: False, 1: False})
+        self.assertFalse(back.noop)
+
+    def test_a_part_of_a_node_is_refused(self):
+        with self.assertRaises(gloo.GlooSwitchError) as e:
+            plan([False] * 4, [2], [True], route=True)
+        self.assertIn("ranks 2-3 share node 1's routes", str(e.exception))
+
+    def test_bad_arguments_are_refused(self):
+        with self.assertRaises(gloo.GlooSwitchError):
+            plan([False] * 2, [2], [True])
+        with self.assertRaises(gloo.GlooSwitchError):
+            plan([False] * 2, [0, 1], [True])
+
+
+class Configuration(unittest.TestCase):
+    def test_interfaces_and_timeout_come_from_the_environment(self):
+        env = {gloo.ENV_PRIMARY: "pri", gloo.ENV_BACKUP: "bak"}
+        self.assertEqual(gloo.interfaces(env), {False: "pri", True: "bak"})
+        with self.assertRaises(gloo.GlooSwitchError) as e:
+            gloo.interfaces({gloo.ENV_PRIMARY: "pri"})
+        self.assertIn(gloo.ENV_BACKUP, str(e.exception))
+        self.assertEqual(gloo.timeout_from_env({}), gloo.DEFAULT_TIMEOUT_MS)
+        self.assertEqual(gloo.timeout_from_env({gloo.ENV_TIMEOUT: "1500"}), 1500)
+        for bad in ("soon", "0", "-3"):
+            with self.assertRaises(gloo.GlooSwitchError):
+                gloo.timeout_from_env({gloo.ENV_TIMEOUT: bad})
+
+    def test_deadline_counts_down(self):
+        now = [10.0]
+        d = gloo.Deadline(2500, clock=lambda: now[0])
+        self.assertAlmostEqual(d.left_s(), 2.5)
+        now[0] = 20.0
+        self.assertEqual(d.left_s(), 0.0)
+        self.assertGreater(d.left().total_seconds(), 0)
+
+
+class Dispatch(unittest.TestCase):
+    def test_pt_with_torch_npu_uses_it(self):
+        # The fakes provide torch_npu.
+        name, _ = switch.resolve("pt")
+        self.assertEqual(name, "torch_npu.npu._comm_switch_nic")
+
+    def test_pt_without_torch_npu_uses_the_gloo_switch(self):
+        code = ("import sys; sys.path.insert(0, %r); from taskd.python.framework import switch; "
+                "print(switch.resolve('pt')[0])" % PACKAGE)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        out = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                             check=True, timeout=60)
+        self.assertEqual(out.stdout.decode().strip(), gloo.NAME)
+
+
+def _real_torch():
+    code = "import torch.distributed as d; assert d.is_gloo_available()"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    try:
+        return subprocess.run([TORCH_PYTHON, "-c", code], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_job(case, world, backup=lambda r: "lo"):
+    """Runs tests/gloo/job.py as ``world`` ranks; their JSON lines, by rank."""
+    port = str(_free_port())
+    procs = []
+    for r in range(world):
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env.update(PYTHONPATH=PACKAGE, RANK=str(r), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE="1",
+                   LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                   GLOO_SOCKET_IFNAME="lo", TASKD_GLOO_PRIMARY_IFNAME="lo",
+                   TASKD_GLOO_BACKUP_IFNAME=backup(r))
+        procs.append(subprocess.Popen([TORCH_PYTHON, os.path.join(HERE, "gloo", "job.py"), case],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=180)
+        if p.returncode != 0:
+            raise AssertionError("a rank exited %d:\n%s" % (p.returncode, stderr.decode()))
+        out.append(json.loads(stdout.decode().strip().splitlines()[-1]))
+    return out
+
+
+@unittest.skipUnless(_real_torch(), "needs a real torch with Gloo: set TASKD_TORCH_PYTHON to its python")
+class RealGloo(unittest.TestCase):
+    def test_every_group_is_rebuilt_swapped_and_training_agrees(self):
+        for world in (2, 4):
+            ranks = run_job("whole", world)
+            for r in ranks:
+                self.assertEqual([a["ok"] for a in r["attempts"]], [True, True, True], r)
+                self.assertEqual(r["replaced"], [True, True, True])
+                self.assertTrue(r["ddp_is_world"] and r["agree_world"] and r["agree_own"], r)
+                self.assertEqual(r["sides"], [False] * world)
+                self.assertEqual(r["timings"]["rebuild_ms"], 0.0)  # the last one had nothing to do
+                self.assertEqual(r["reaped"], 2)
+
+    def test_one_rank_failing_fails_every_rank_at_once_and_nothing_moves(self):
+        ranks = run_job("one-fails", 2, backup=lambda r: "lo" if r == 0 else "taskdnosuch0")
+        for r in ranks:
+            a = r["attempts"][0]
+            self.assertFalse(a["ok"])
+            self.assertEqual(a["why"], "rank 1: interface taskdnosuch0 does not exist in this network namespace")
+            self.assertEqual(r["replaced"], [False, False, False])
+            self.assertTrue(r["agree_world"])
+
+    def test_a_subset_is_refused_on_every_rank_before_anything_moves(self):
+        for r in run_job("subset", 2):
+            self.assertFalse(r["attempts"][0]["ok"])
+            self.assertIn("moves the whole job at once", r["attempts"][0]["why"])
+            self.assertEqual(r["replaced"], [False, False, False])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -304,3 +304,92 @@ fn automatic_failover_is_refused_in_clusterd_client_mode() {
         &["ClusterD (at 10.0.0.9:8899)", "--no-clusterd"],
     );
 }
+
+/// Heartbeat flags that together lose a peer after less than a quarter of a second are
+/// refused on every role, naming both flags: `--heartbeat-ms 1` made the job flap (its proxy
+/// lost every few milliseconds, half the switches failed).
+#[test]
+fn heartbeats_that_would_lose_peers_on_a_loaded_machine_are_refused() {
+    let manager = manager_args("j", "1");
+    let proxy = common::proxy_args("j", "127.0.0.1:1");
+    let worker = [
+        "worker",
+        "--job-id",
+        "j",
+        "--sim",
+        "--rank",
+        "0",
+        "--proxy",
+        "127.0.0.1:1",
+    ];
+    for base in [&manager[..], &proxy[..], &worker[..]] {
+        for (hb, missed) in [("1", "3"), ("80", "3"), ("249", "1")] {
+            let args = [base, &["--heartbeat-ms", hb, "--missed-heartbeats", missed]].concat();
+            refused(
+                &args,
+                &[],
+                &[
+                    &format!("--heartbeat-ms {hb} with --missed-heartbeats {missed}"),
+                    "250 ms",
+                ],
+            );
+        }
+    }
+}
+
+/// Control tokens a header cannot carry (a newline inside), or only whitespace (which would
+/// turn authentication off), are refused at start naming where they came from, on the
+/// manager and on the operator's commands alike.
+#[test]
+fn control_tokens_a_client_cannot_send_or_that_are_blank_are_refused() {
+    let dir = common::fresh_dir("cli-limits", "tokens");
+    std::fs::create_dir_all(&dir).unwrap();
+    let two = dir.join("two-lines");
+    std::fs::write(&two, "first\nsecond\n").unwrap();
+    let two = two.display().to_string();
+    let mut manager = manager_args("j", "1").to_vec();
+    manager.extend(["--control-addr", "127.0.0.1:0"]);
+    let with_file = [&manager[..], &["--control-token-file", &two]].concat();
+    refused(&with_file, &[], &[&two, "'\\n'", "header cannot carry"]);
+    refused(
+        &manager,
+        &[("TASKD_CONTROL_TOKEN", " ")],
+        &["TASKD_CONTROL_TOKEN", "only whitespace"],
+    );
+    let status = ["status", "--addr", "127.0.0.1:1", "--job", "j"];
+    refused(
+        &[&status[..], &["--token-file", &two]].concat(),
+        &[],
+        &[&two, "header cannot carry"],
+    );
+    refused(
+        &status,
+        &[("TASKD_CONTROL_TOKEN", "\t ")],
+        &["TASKD_CONTROL_TOKEN", "only whitespace"],
+    );
+}
+
+/// A control rate so slow it locks a client out for ever, and a control address that is not
+/// HOST:PORT, are bad input (exit 2), not a start or an unreachable manager.
+#[test]
+fn absurd_control_rates_and_addresses_are_bad_input() {
+    let mut manager = manager_args("j", "1").to_vec();
+    manager.extend(["--control-addr", "127.0.0.1:0"]);
+    refused(
+        &[&manager[..], &["--control-rate-per-sec", "1e-300"]].concat(),
+        &[],
+        &["--control-rate-per-sec", "at least 0.001"],
+    );
+    for cmd in [
+        &[
+            "switch", "--job", "j", "--node", "node-0", "--dev", "0", "--to", "backup",
+        ][..],
+        &["status", "--job", "j"][..],
+    ] {
+        refused(
+            &[cmd, &["--addr", "nonsense"]].concat(),
+            &[],
+            &["--addr", "'nonsense'", "HOST:PORT"],
+        );
+    }
+}

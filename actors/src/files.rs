@@ -76,6 +76,22 @@ pub fn read_regular(path: &Path, max: u64) -> io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// Held by the tests that fork a process and by those that lock a state directory twice in
+/// a row: a child forked between the two holds the first lock until it execs.
+#[cfg(test)]
+pub(crate) static FORKING: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
+/// Makes a FIFO at `path` (with `mkfifo(1)`: no unsafe code here); the caller holds
+/// [`FORKING`].
+#[cfg(test)]
+pub(crate) fn mkfifo(path: &Path) {
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(made.success());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,11 +117,10 @@ mod tests {
 
         // A FIFO nobody writes: opening it blocking would never return.
         let fifo = d.join("fifo");
-        let made = std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .unwrap();
-        assert!(made.success());
+        {
+            let _fork = FORKING.lock();
+            mkfifo(&fifo);
+        }
         let e = read_regular(&fifo, 10).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
         assert!(e.to_string().contains("a FIFO"), "{e}");

@@ -446,17 +446,22 @@ mod tests {
     use taskd_core::operation::{JobState, OperationReport, Outcome, PhaseDurations};
     use taskd_core::{DeviceId, GlobalRank, OperationId};
 
-    /// A fresh directory under the system's temporary one, removed when dropped.
-    struct TempDir(PathBuf);
+    /// A fresh directory under the system's temporary one, removed when dropped. It holds
+    /// [`crate::files::FORKING`] meanwhile: the tests reopen journals they just closed.
+    struct TempDir(
+        PathBuf,
+        #[allow(dead_code)] parking_lot::MutexGuard<'static, ()>,
+    );
 
     impl TempDir {
         fn new(test: &str) -> TempDir {
+            let fork = crate::files::FORKING.lock();
             let dir = std::env::temp_dir().join(format!(
                 "taskd-journal-{test}-{}-{}",
                 std::process::id(),
                 uuid::Uuid::new_v4()
             ));
-            TempDir(dir)
+            TempDir(dir, fork)
         }
     }
 
@@ -484,6 +489,7 @@ mod tests {
             ..PhaseDurations::default()
         };
         FinishedOperation::of(&OperationReport {
+            journal_error: None,
             id: OperationId(uuid::Uuid::from_u128(n.into())),
             direction: Direction::ToBackup,
             targets: vec![target],
@@ -687,11 +693,7 @@ mod tests {
         );
 
         std::fs::remove_file(&path).unwrap();
-        let made = std::process::Command::new("mkfifo")
-            .arg(&path)
-            .status()
-            .unwrap();
-        assert!(made.success());
+        crate::files::mkfifo(&path);
         let e = FileJournal::open(&dir.0, &job()).unwrap_err();
         assert!(e.to_string().contains("a FIFO"), "{e}");
     }

@@ -165,6 +165,14 @@ pub enum SubmitError {
         /// The reused id.
         id: OperationId,
     },
+    /// The manager's journal (`--state-dir`) cannot be written: a result now could not be
+    /// made durable (after a restart its uuid would run again), so nothing new is admitted
+    /// until a write succeeds again.
+    #[error("the manager's operation journal cannot be written ({why}); no operation starts until it can (free space or fix the state directory; the manager retries every second)")]
+    JournalFailing {
+        /// The last write's error, naming the file.
+        why: String,
+    },
 }
 
 /// Why a command to a sequenced operation was not carried out. Nothing was changed.
@@ -354,6 +362,14 @@ impl JobLedger {
     pub fn seed_interrupted(&mut self, ops: impl IntoIterator<Item = AdmittedOperation>) {
         for op in ops {
             push_bounded(&mut self.interrupted, op);
+        }
+    }
+
+    /// Marks the finished operation `id` in the history as one whose result the manager could
+    /// not journal (`why`), so whoever asks for it later is told too.
+    pub fn note_not_journaled(&mut self, id: OperationId, why: &str) {
+        if let Some(r) = self.history.iter_mut().rev().find(|r| r.id == id) {
+            r.journal_error = Some(why.to_owned());
         }
     }
 

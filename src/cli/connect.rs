@@ -10,7 +10,7 @@ use taskd_actors::net::{PemIdentity, TlsPem};
 #[derive(Args, Clone, Debug)]
 pub struct ConnectArgs {
     /// The manager's control address, HOST:PORT.
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, value_name = "HOST:PORT", value_parser = super::flags::host_port)]
     pub addr: String,
     /// File holding the bearer token (or set TASKD_CONTROL_TOKEN).
     #[arg(long, value_name = "FILE")]
@@ -52,25 +52,53 @@ fn read(path: &PathBuf) -> Result<Vec<u8>, ConnectError> {
     })
 }
 
+/// The longest token file read: far above any bearer token (a larger file is not one).
+const MAX_TOKEN_BYTES: u64 = 4096;
+
 /// The control API's bearer token, for the client and the server alike: the trimmed contents of
-/// `file`, or else `TASKD_CONTROL_TOKEN` when set and not empty. An empty file is an error (it
-/// would otherwise turn authentication off without anyone noticing).
+/// `file` (a regular file, read without blocking), or else `TASKD_CONTROL_TOKEN` when set and
+/// not empty. Refused, naming the source, when it is only whitespace (it would otherwise turn
+/// authentication off without anyone noticing) or holds a character an HTTP header cannot
+/// carry (no client could send it: every operator would be locked out).
 pub fn control_token(file: Option<&std::path::Path>) -> Result<Option<String>, String> {
-    match file {
+    token_from(file, &taskd_core::env::process_env)
+}
+
+fn token_from(
+    file: Option<&std::path::Path>,
+    env: taskd_core::env::EnvLookup<'_>,
+) -> Result<Option<String>, String> {
+    use taskd_core::env::TASKD_CONTROL_TOKEN;
+    let (text, source) = match file {
         Some(p) => {
-            let t = std::fs::read_to_string(p)
-                .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
-            let t = t.trim();
-            if t.is_empty() {
-                return Err(format!("the token file {} is empty", p.display()));
-            }
-            Ok(Some(t.to_owned()))
+            let source = format!("the token file {}", p.display());
+            let bytes = taskd_actors::files::read_regular(p, MAX_TOKEN_BYTES)
+                .map_err(|e| format!("cannot read {source}: {e}"))?;
+            let text = String::from_utf8(bytes).map_err(|_| format!("{source} is not text"))?;
+            (text, source)
         }
-        None => Ok(taskd_core::env::get(
-            &taskd_core::env::process_env,
-            taskd_core::env::TASKD_CONTROL_TOKEN,
-        )),
+        None => match env(TASKD_CONTROL_TOKEN) {
+            None => return Ok(None),
+            Some(v) if v.is_empty() => return Ok(None),
+            Some(v) => (
+                v.into_string()
+                    .map_err(|_| format!("{TASKD_CONTROL_TOKEN} is not text"))?,
+                TASKD_CONTROL_TOKEN.to_owned(),
+            ),
+        },
+    };
+    let t = text.trim();
+    if t.is_empty() {
+        return Err(format!(
+            "{source} is empty or only whitespace, which would turn authentication off; give a token, or none at all"
+        ));
     }
+    if let Some(c) = t.chars().find(|c| !(' '..='~').contains(c)) {
+        return Err(format!(
+            "{source} holds {c:?}, which an HTTP header cannot carry, so no client could send the token; a token is one line of printable ASCII"
+        ));
+    }
+    Ok(Some(t.to_owned()))
 }
 
 impl ConnectArgs {
@@ -148,4 +176,56 @@ pub fn explain(status: &tonic::Status) -> String {
         _ => "",
     };
     format!("{}{hint}", status.message())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsString;
+
+    fn env(v: Option<&str>) -> impl Fn(&str) -> Option<OsString> + '_ {
+        move |name| (name == taskd_core::env::TASKD_CONTROL_TOKEN).then(|| v.map(OsString::from))?
+    }
+
+    #[test]
+    fn tokens_a_header_cannot_carry_or_that_are_blank_are_refused_naming_the_source() {
+        assert_eq!(token_from(None, &env(None)), Ok(None));
+        assert_eq!(token_from(None, &env(Some(""))), Ok(None));
+        assert_eq!(
+            token_from(None, &env(Some(" s3cret \n"))),
+            Ok(Some("s3cret".into()))
+        );
+        let e = token_from(None, &env(Some(" "))).unwrap_err();
+        assert!(
+            e.starts_with("TASKD_CONTROL_TOKEN is empty or only whitespace"),
+            "{e}"
+        );
+        let e = token_from(None, &env(Some("a\tb"))).unwrap_err();
+        assert!(e.contains("TASKD_CONTROL_TOKEN holds '\\t'"), "{e}");
+
+        let dir = std::env::temp_dir().join(format!("taskd-token-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("tok");
+        for (text, want) in [
+            (
+                "first\nsecond\n",
+                "holds '\\n', which an HTTP header cannot carry",
+            ),
+            ("  \n\t", "is empty or only whitespace"),
+            ("caf\u{e9}", "holds '\u{e9}'"),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let e = token_from(Some(&file), &env(None)).unwrap_err();
+            assert!(e.contains(want), "{text:?}: {e}");
+            assert!(e.contains(&file.display().to_string()), "{e}");
+        }
+        std::fs::write(&file, "one line\n").unwrap();
+        assert_eq!(
+            token_from(Some(&file), &env(Some("ignored"))),
+            Ok(Some("one line".into()))
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        let e = token_from(Some(std::path::Path::new("/dev/zero")), &env(None)).unwrap_err();
+        assert!(e.contains("a character device"), "{e}");
+    }
 }

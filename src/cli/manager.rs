@@ -162,7 +162,7 @@ impl ManagerArgs {
                 deadlines: self.deadlines(),
                 listen,
                 tls,
-                net: self.net.config(),
+                net: self.net.checked()?,
             },
             control,
             clusterd,

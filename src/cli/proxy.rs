@@ -157,7 +157,7 @@ impl ProxyArgs {
             listen: self.listen,
             node_hal: self.node_hal()?,
             tls: self.tls.load()?,
-            net: self.net.config(),
+            net: self.net.checked()?,
         })
     }
 }

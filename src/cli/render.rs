@@ -113,6 +113,12 @@ pub fn result_text(r: &OperationSummary) -> String {
     if let Some(e) = &r.error {
         let _ = writeln!(s, "  reason    {e}");
     }
+    if let Some(e) = &r.journal_error {
+        let _ = writeln!(
+            s,
+            "  journal   NOT RECORDED: a restarted manager would not know this result ({e})"
+        );
+    }
     for e in &r.rank_errors {
         let _ = writeln!(s, "  rank {:>5} {:<8} {}", e.rank, e.phase, e.message);
     }
@@ -162,6 +168,7 @@ pub fn status_json(s: &proto::JobStatus) -> Value {
         "in_calls": s.in_calls.as_ref().map(|c| json!({
             "uuid": c.uuid, "ranks": c.ranks,
         })),
+        "journal_error": (!s.journal_error.is_empty()).then_some(&s.journal_error),
     })
 }
 
@@ -263,6 +270,13 @@ pub fn status_text(s: &proto::JobStatus) -> String {
         "no (switches wait for every rank's report)"
     };
     let _ = writeln!(out, "verified   {verified}");
+    if !s.journal_error.is_empty() {
+        let _ = writeln!(
+            out,
+            "journal    CANNOT BE WRITTEN, no operation starts until it can: {}",
+            s.journal_error
+        );
+    }
     // Only a manager that is ClusterD's client has the line.
     if let Some(c) = &s.clusterd {
         let _ = writeln!(out, "clusterd   {}", clusterd_text(c));

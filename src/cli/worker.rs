@@ -95,7 +95,7 @@ impl WorkerArgs {
             node,
             tsp: self.capabilities().tsp,
             tls: self.tls.load()?,
-            net: self.net.config(),
+            net: self.net.checked()?,
         })
     }
 

@@ -52,6 +52,7 @@ impl From<&OperationSummary> for proto::OperationResult {
             job_state: s.job_state.clone(),
             applied: s.applied,
             trigger: s.trigger.as_str().into(),
+            journal_error: s.journal_error.clone().unwrap_or_default(),
         }
     }
 }
@@ -104,6 +105,7 @@ impl From<&proto::OperationResult> for OperationSummary {
             } else {
                 Trigger::Operator
             },
+            journal_error: Some(r.journal_error.clone()).filter(|e| !e.is_empty()),
         }
     }
 }
@@ -148,6 +150,7 @@ pub fn status(s: &ManagerStatus) -> proto::JobStatus {
             uuid: op.to_string(),
             ranks: ranks.iter().map(|r| r.0).collect(),
         }),
+        journal_error: s.journal_error.clone().unwrap_or_default(),
     }
 }
 
@@ -179,6 +182,7 @@ mod tests {
     #[test]
     fn a_summary_survives_the_wire() {
         let s = OperationSummary {
+            journal_error: None,
             uuid: "8b1f8d36-0000-4000-8000-000000000001".into(),
             direction: "to_backup".into(),
             targets: vec![TargetSummary {
@@ -214,6 +218,7 @@ mod tests {
         let wire = proto::OperationResult::from(&s);
         assert_eq!(OperationSummary::from(&wire), s);
         let none = OperationSummary {
+            journal_error: None,
             error: None,
             rank_errors: Vec::new(),
             ..s

@@ -141,7 +141,7 @@ fn rank_tables_are_bounded_and_checked() {
     refused(
         &["manager", "--job-id", "j", "--rank-table", "/dev/zero"],
         &[],
-        &["/dev/zero", "larger than"],
+        &["/dev/zero", "a character device, not a regular file"],
     );
     let dir = std::env::temp_dir().join(format!("taskd-cli-limits-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -161,6 +161,29 @@ fn rank_tables_are_bounded_and_checked() {
         &["manager", "--job-id", "j", "--rank-table", &huge_device],
         &[],
         &[&huge_device, "a:4000000000"],
+    );
+    let nameless = table(
+        "nameless.json",
+        r#"{"server_list": [{"server_id": "", "device": [{"device_id": 0, "rank_id": 0}]}]}"#,
+    );
+    refused(
+        &["manager", "--job-id", "j", "--rank-table", &nameless],
+        &[],
+        &[&nameless, "empty name"],
+    );
+    let fifo = dir.join("fifo.json");
+    let _ = std::fs::remove_file(&fifo);
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let fifo = fifo.to_string_lossy().into_owned();
+    // Blocked for ever in the open before.
+    refused(
+        &["manager", "--job-id", "j", "--rank-table", &fifo],
+        &[],
+        &[&fifo, "a FIFO"],
     );
     let two_nodes = table(
         "two.json",

@@ -45,8 +45,12 @@ pub enum ConnectError {
     Client(#[from] ClientError),
 }
 
+/// The most of a certificate or key file read.
+const MAX_PEM_BYTES: u64 = 1 << 20;
+
+/// A certificate or key file: a regular file only, read without blocking.
 fn read(path: &PathBuf) -> Result<Vec<u8>, ConnectError> {
-    std::fs::read(path).map_err(|source| ConnectError::Read {
+    taskd_actors::files::read_regular(path, MAX_PEM_BYTES).map_err(|source| ConnectError::Read {
         path: path.clone(),
         source,
     })

@@ -312,7 +312,7 @@ impl Client {
         if let Some(tls) = tls {
             endpoint = endpoint
                 .tls_config(tls)
-                .map_err(|e| Attempt::Fatal(format!("TLS setup: {e}")))?;
+                .map_err(|e| Attempt::Fatal(format!("TLS setup: {}", error_chain(&e))))?;
         }
         let channel = endpoint.connect().await.map_err(|e| {
             Attempt::Retry(format!(
@@ -371,13 +371,17 @@ impl Client {
     }
 }
 
-/// The whole chain of a transport error ("transport error: tcp connect error: refused").
+/// The whole chain of a transport error ("transport error: tcp connect error: refused"); a
+/// cause that only repeats what is said already is left out.
 pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut src = e.source();
     while let Some(x) = src {
-        s.push_str(": ");
-        s.push_str(&x.to_string());
+        let text = x.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
         src = x.source();
     }
     s

@@ -92,6 +92,44 @@ fn switch_to_backup_and_back_across_processes() {
         "{}",
         dup.stderr_tail()
     );
+    // And a second proxy for a live node; said at its first refusal (a warning), before it
+    // gives up after twice the loss time in case the other one was its own predecessor.
+    let mut dup_proxy = Proc::spawn(
+        &scratch,
+        "duplicate-proxy",
+        &[
+            s(&[
+                "proxy",
+                "--job-id",
+                "net-switch",
+                "--node-rank",
+                "0",
+                "--manager",
+                &c.manager_addr,
+                "--listen",
+                "127.0.0.1:0",
+                "--sim",
+            ]),
+            fast_heartbeats(),
+        ]
+        .concat(),
+    );
+    assert_eq!(dup_proxy.wait_exit().code(), Some(2));
+    let log = dup_proxy.stderr();
+    let first = log
+        .lines()
+        .position(|l| l.contains("WARN") && l.contains("registration refused as a duplicate"))
+        .unwrap_or_else(|| panic!("no warning at the first refusal:\n{log}"));
+    let attempts_before = log
+        .lines()
+        .take(first)
+        .filter(|l| l.contains("retrying"))
+        .count();
+    assert_eq!(attempts_before, 0, "said at the first refusal:\n{log}");
+    assert!(
+        log.contains("already registered by another live process"),
+        "{log}"
+    );
     // So is a worker of another job, at once.
     let mut stranger = Proc::spawn(
         &scratch,

@@ -210,8 +210,13 @@ impl Client {
                     return;
                 }
                 Err(Attempt::Conflict(msg)) => {
+                    let patience = net.loss_after() * 2;
+                    if first_conflict.is_none() {
+                        // Said at once: a real second process is the likelier case.
+                        tracing::warn!(server = %self.server, reason = %msg, "registration refused as a duplicate; retrying for {patience:?} in case the other registration is this process's own predecessor, then giving up");
+                    }
                     let since = *first_conflict.get_or_insert_with(Instant::now);
-                    if since.elapsed() > net.loss_after() * 2 {
+                    if since.elapsed() > patience {
                         tracing::error!(server = %self.server, reason = %msg, "registration refused");
                         self.state.send_replace(ClientState::Refused(msg));
                         return;

@@ -416,3 +416,14 @@ fn absurd_control_rates_and_addresses_are_bad_input() {
         );
     }
 }
+
+/// `MS_SCHED_HOST` with a zone id (`fe80::1%lo`) is refused naming it, rather than dropping
+/// the zone and connecting for ever to an address no route reaches.
+#[test]
+fn a_scheduler_host_with_a_zone_id_is_refused() {
+    refused(
+        &["proxy", "--job-id", "j", "--node-rank", "0", "--sim"],
+        &[("MS_SCHED_HOST", "fe80::1%lo")],
+        &["MS_SCHED_HOST=\"fe80::1%lo\"", "zone id (%lo)"],
+    );
+}

@@ -110,7 +110,10 @@ pub enum SubmitError {
     /// Some rank's HCCL would accept `HcclCommWorkingDevNicSet` and switch nothing (no L2
     /// retry, no RDMA links, no TSP), leaving the NIC table wrong. Checked on every rank, not
     /// only the targets: every member of a group makes the call.
-    #[error("ranks {ranks} cannot switch NICs: {missing}; fix the environment of those processes and restart them")]
+    #[error(
+        "{} switch NICs: {missing}; fix the environment of those processes and restart them",
+        crate::display::ranks_with(ranks, "cannot", "cannot")
+    )]
     CapabilityMissing {
         /// The ranks that cannot switch, abbreviated for a message.
         ranks: String,
@@ -120,7 +123,7 @@ pub enum SubmitError {
     },
     /// A failed operation left the job held or without a process; switching now would plan
     /// from a NIC table that may not be true. Recovery comes first.
-    #[error("the job is {state} after a failed operation; run `taskd recover` (or wait for the lost ranks to come back) before any new switch")]
+    #[error("the job is {state} (after a failed operation, or a rank lost or restarted since the last verification); run `taskd recover` (or wait for the lost ranks to come back) before any new switch")]
     NotRunning {
         /// The job's state now (never `Running`).
         state: JobState,
@@ -138,7 +141,7 @@ pub enum SubmitError {
     /// deadline passed, or they were lost): a new call now would pair, on some group, with one
     /// of their late calls. HCCL's own timeout ends those calls; a rank's answer, or its report
     /// in a verification round (made after its calls), clears it.
-    #[error("ranks {ranks} have not answered the NIC-set calls of operation {op} yet (HCCL's timeout ends them); recover once they have")]
+    #[error("{} not answered the NIC-set calls of operation {op} yet (HCCL's timeout ends them); recover once they have", crate::display::ranks_with(ranks, "has", "have"))]
     InCalls {
         /// The operation whose calls they have not answered.
         op: OperationId,

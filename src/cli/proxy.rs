@@ -94,6 +94,13 @@ impl ProxyArgs {
         let host = env::get(&process_env, env::MS_SCHED_HOST).ok_or_else(|| {
             CliError::usage("where is the manager? give --manager HOST:PORT or set MS_SCHED_HOST")
         })?;
+        if let Some((_, zone)) = host.split_once('%') {
+            // Dropping it would leave a link-local address no route reaches.
+            return Err(CliError::usage(format!(
+                "MS_SCHED_HOST={host:?} has a zone id (%{zone}), which the proxy's connection \
+                 cannot carry; give the manager's global or unique-local address, or --manager"
+            )));
+        }
         let addr = env::host_port(&host, DEFAULT_MANAGER_PORT);
         env::check_host_port(&addr).map_err(|e| {
             CliError::usage(format!("MS_SCHED_HOST={host:?} is not a usable host ({e})"))

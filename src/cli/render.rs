@@ -291,8 +291,12 @@ pub fn status_text(s: &proto::JobStatus) -> String {
     if let Some(c) = &s.in_calls {
         let _ = writeln!(
             out,
-            "in calls   ranks {} have not answered the NIC-set calls of {} (recover waits for them)",
-            taskd_core::display::short_list(&c.ranks),
+            "in calls   {} not answered the NIC-set calls of {} (recover waits for them)",
+            taskd_core::display::ranks_with(
+                &taskd_core::display::short_list(&c.ranks),
+                "has",
+                "have"
+            ),
             c.uuid
         );
     }

@@ -464,3 +464,40 @@ fn a_restarted_manager_with_a_state_dir_answers_a_repeated_uuid_with_the_earlier
     );
     c.shutdown_cleanly();
 }
+
+/// A node waiting on one slow rank says which: the replies of its other ranks reach the
+/// manager without waiting for the slow one, so the manager's count goes down during the
+/// phase and its status names the slow rank alone, not every rank of the node.
+#[test]
+fn a_slow_rank_is_the_only_one_its_node_still_waits_for() {
+    use taskd::actors::control::Progress;
+    const SLOW: u32 = 1;
+    let scratch = Scratch::new("net-pending");
+    let mut c = start(&scratch, "net-pending", 1, 3, Some((SLOW, SLOW_STEP)), &[]);
+    let cmd = c.command(&[(0, 0, true)]);
+    let mut op = c.submit(&cmd).expect("admitted");
+    c.until_phase(&mut op, "pause");
+    loop {
+        match c.rt.block_on(op.next()).expect("progress") {
+            Progress::Phase(p) if p.phase == "pause" && p.kind == "waiting" && p.waiting == 1 => {
+                break
+            }
+            Progress::Phase(p) if p.phase == "pause" && p.kind == "finished" => {
+                panic!("the pause ended without its count going down to the slow rank: {p:?}")
+            }
+            Progress::Phase(_) => continue,
+            Progress::Finished(r) => panic!("finished first: {r:?}"),
+        }
+    }
+    let st = c.status(0);
+    // Unless the slow rank answered meanwhile, the pause waits for it alone.
+    if let Some(f) = st.in_flight.filter(|f| f.phase == "pause") {
+        assert_eq!(f.pending_ranks, [SLOW], "only the slow rank");
+    }
+    let r = c.result(op);
+    assert_eq!(r.result, "succeeded", "{r:#?}");
+    let st = c.status(0);
+    assert_eq!(st.ranks_on_backup, [0]);
+    assert!(st.verified, "{st:#?}");
+    c.shutdown_cleanly();
+}

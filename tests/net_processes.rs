@@ -501,3 +501,62 @@ fn a_slow_rank_is_the_only_one_its_node_still_waits_for() {
     assert!(st.verified, "{st:#?}");
     c.shutdown_cleanly();
 }
+
+/// A proxy whose rank table puts the node's ranks on other devices than the manager's (the
+/// same ranks, so the manager's check of the ranks passes) exits 2 after registering, naming
+/// the first rank whose device differs: it would probe and switch the wrong dies.
+#[test]
+fn a_proxy_whose_rank_table_maps_devices_differently_is_refused() {
+    let scratch = Scratch::new("net-table-devices");
+    let table = |name: &str, devices: [u32; 2]| {
+        let p = scratch.path(name);
+        let text = format!(
+            r#"{{"server_list": [{{"server_id": "a", "device": [
+                {{"device_id": {}, "rank_id": 0}}, {{"device_id": {}, "rank_id": 1}}]}}]}}"#,
+            devices[0], devices[1]
+        );
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let (mine, other) = (table("manager.json", [0, 1]), table("proxy.json", [1, 0]));
+    let mut manager = Proc::spawn(
+        &scratch,
+        "manager",
+        &s(&[
+            "manager",
+            "--job-id",
+            "devices",
+            "--rank-table",
+            &mine,
+            "--listen",
+            "127.0.0.1:0",
+        ]),
+    );
+    let addr = manager.listening_addr();
+    let mut proxy = Proc::spawn(
+        &scratch,
+        "proxy",
+        &s(&[
+            "proxy",
+            "--job-id",
+            "devices",
+            "--node-rank",
+            "0",
+            "--manager",
+            &addr,
+            "--listen",
+            "127.0.0.1:0",
+            "--sim",
+            "--rank-table",
+            &other,
+        ]),
+    );
+    assert_eq!(proxy.wait_exit().code(), Some(2), "{}", proxy.stderr_tail());
+    let err = proxy.stderr();
+    assert!(
+        err.contains("puts rank 0 on device 0 of a, this proxy's --rank-table on device 1"),
+        "{err}"
+    );
+    manager.term();
+    assert!(manager.wait_exit().success(), "{}", manager.stderr_tail());
+}

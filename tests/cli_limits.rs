@@ -401,7 +401,7 @@ fn absurd_control_rates_and_addresses_are_bad_input() {
     refused(
         &[&manager[..], &["--control-rate-per-sec", "1e-300"]].concat(),
         &[],
-        &["--control-rate-per-sec", "at least 0.001"],
+        &["--control-rate-per-sec", "at least 0.0001"],
     );
     for cmd in [
         &[

@@ -8,6 +8,20 @@ use std::io::{self, Read as _};
 use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
 use std::path::Path;
 
+/// `O_NONBLOCK`, for [`std::os::unix::fs::OpenOptionsExt::custom_flags`].
+pub(crate) const NONBLOCK: i32 = rustix::fs::OFlags::NONBLOCK.bits() as i32;
+
+/// Takes an exclusive `flock` on `f` without waiting: `Ok(false)` when another open file holds
+/// it (released when that file is closed, or its process dies).
+pub(crate) fn try_lock_exclusive(f: &File) -> io::Result<bool> {
+    use rustix::fs::{flock, FlockOperation};
+    match flock(f, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(true),
+        Err(e) if e == rustix::io::Errno::WOULDBLOCK => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// What kind of file `t` is, for a message ("a FIFO", "a directory", ...).
 fn kind(t: std::fs::FileType) -> &'static str {
     if t.is_dir() {
@@ -41,7 +55,7 @@ fn not_regular(t: std::fs::FileType) -> io::Error {
 pub fn open_regular(path: &Path) -> io::Result<File> {
     let f = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK)
+        .custom_flags(NONBLOCK)
         .open(path)?;
     let t = f.metadata()?.file_type();
     if !t.is_file() {

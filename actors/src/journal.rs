@@ -319,12 +319,12 @@ fn lock(dir: &Path) -> Result<std::fs::File, JournalError> {
         .write(true)
         .create(true)
         .truncate(false)
-        .custom_flags(libc::O_NONBLOCK)
+        .custom_flags(crate::files::NONBLOCK)
         .open(&path)
         .map_err(dir_err)?;
-    match f.try_lock() {
-        Ok(()) => {}
-        Err(std::fs::TryLockError::WouldBlock) => {
+    match crate::files::try_lock_exclusive(&f) {
+        Ok(true) => {}
+        Ok(false) => {
             let holder = crate::files::read_regular(&path, MAX_HOLDER_BYTES)
                 .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
                 .ok()
@@ -335,7 +335,7 @@ fn lock(dir: &Path) -> Result<std::fs::File, JournalError> {
                 holder,
             });
         }
-        Err(std::fs::TryLockError::Error(e)) => return Err(dir_err(e)),
+        Err(e) => return Err(dir_err(e)),
     }
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let me = format!("pid {} on {}", std::process::id(), host.trim());

@@ -49,9 +49,9 @@ pub enum ConnectError {
 const MAX_PEM_BYTES: u64 = 1 << 20;
 
 /// A certificate or key file: a regular file only, read without blocking.
-fn read(path: &PathBuf) -> Result<Vec<u8>, ConnectError> {
+fn read(path: &std::path::Path) -> Result<Vec<u8>, ConnectError> {
     taskd_actors::files::read_regular(path, MAX_PEM_BYTES).map_err(|source| ConnectError::Read {
-        path: path.clone(),
+        path: path.to_owned(),
         source,
     })
 }
@@ -125,7 +125,7 @@ impl ConnectArgs {
             _ => None,
         };
         Ok(Some(TlsPem {
-            ca: self.tls_ca.as_ref().map(read).transpose()?,
+            ca: self.tls_ca.as_deref().map(read).transpose()?,
             identity,
             domain: self.tls_domain.clone(),
         }))

@@ -14,6 +14,7 @@ use taskd_actors::telemetry::MetricsServer;
 use taskd_core::env::{self, process_env};
 use taskd_core::{
     DeviceId, GlobalRank, HalError, HalErrorKind, JobId, Library, LinkHealth, NodeHal, NodeName,
+    RankTable,
 };
 use taskd_hal_mock::SoloNodeHal;
 
@@ -169,11 +170,34 @@ impl ProxyArgs {
     }
 }
 
+/// Where the manager's assignment `n` puts a rank on another device than this proxy's rank
+/// `table` does (the manager checks the ranks of the node, not their devices): the first such
+/// rank, in words. A proxy that probed and switched the wrong dies would corrupt the job.
+fn devices_differ(table: &RankTable, n: &NodeAssignment) -> Option<String> {
+    n.ranks.iter().find_map(|(rank, device)| {
+        let mine = table
+            .slot(*rank)
+            .filter(|s| s.node == n.node)
+            .map(|s| s.device);
+        (mine != Some(*device)).then(|| {
+            let mine = mine.map_or("no device".to_owned(), |d| format!("device {d}"));
+            format!(
+                "the manager's rank table puts rank {rank} on device {device} of {}, this \
+                 proxy's --rank-table on {mine}: the two rank tables differ; give every role \
+                 the same file",
+                n.node
+            )
+        })
+    })
+}
+
 /// Runs the proxy until SIGINT, SIGTERM or SIGHUP (exit 0), or until the manager refuses the
 /// node for good (exit 2).
 pub fn run(a: ProxyArgs) -> Result<ExitCode, CliError> {
     let _metrics = a.serve_metrics()?;
     let cfg = a.config()?;
+    // Loaded again (config read it already): the manager's assignment is checked against it.
+    let table = a.rank_table.as_deref().map(rank_table::load).transpose()?;
     let manager = cfg.manager.clone();
     actix_rt::System::new().block_on(async move {
         let mut signals = ShutdownSignals::install()?;
@@ -186,6 +210,12 @@ pub fn run(a: ProxyArgs) -> Result<ExitCode, CliError> {
         ));
         let sig = match signals.or_signal(proxy.assigned()).await {
             Ok(Ok(n)) => {
+                if let Some(why) = table.as_ref().and_then(|t| devices_differ(t, &n)) {
+                    proxy
+                        .shutdown("its rank table differs from the manager's")
+                        .await;
+                    return Err(CliError::Refused(why));
+                }
                 let ranks: Vec<GlobalRank> = n.ranks.keys().copied().collect();
                 say(format!(
                     "taskd proxy registered as {} (ranks {})",

@@ -205,6 +205,8 @@ async fn next_event(s: &mut tonic::Streaming<proto::SwitchEvent>) -> Result<Even
 
 /// What an accepted operation does next.
 #[derive(Debug)]
+// One value an operation, handed on at once: boxing the result would save nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Progress {
     /// A phase started, its count of ranks to answer went down, or it finished.
     Phase(proto::PhaseEvent),

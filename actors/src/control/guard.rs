@@ -20,9 +20,9 @@ pub struct RateLimit {
     pub per_second: f64,
 }
 
-/// The slowest refill a [`RateLimit`] may have: one request per 1,000 seconds. Slower is a
+/// The slowest refill a [`RateLimit`] may have: one request per 10,000 seconds. Slower is a
 /// typo (`1e-300`) that would lock a client out for ever after its burst.
-pub const MIN_PER_SECOND: f64 = 0.001;
+pub const MIN_PER_SECOND: f64 = 0.0001;
 
 impl RateLimit {
     /// `Err` naming the value when the limit would refuse every request (a burst of 0, a

@@ -267,7 +267,9 @@ impl Proxy {
                 return;
             };
             f.partial_armed = false;
-            if f.replies.is_empty() {
+            // Only while a rank is still to answer: the last replies go with the node's link
+            // health (a sample's health gates the switch), never ahead of it.
+            if f.replies.is_empty() || f.waiting.is_empty() {
                 return;
             }
             // The replies only: the node's link health comes with its last reply.

@@ -74,7 +74,8 @@ pub struct ManagerArgs {
     force: bool,
     /// Keep what must survive a restart here (created when missing): the journal of finished
     /// operations, so a command repeated with its uuid after a restart returns the earlier
-    /// result instead of running again. Without it a restarted manager forgets every uuid.
+    /// result instead of running again. Without it a restarted manager forgets every uuid. One
+    /// manager per directory (it holds DIR/manager.lock); it must be writable.
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
     /// Deadline of each pause part (sample, pause).

@@ -141,7 +141,7 @@ fn rank_tables_are_bounded_and_checked() {
     refused(
         &["manager", "--job-id", "j", "--rank-table", "/dev/zero"],
         &[],
-        &["/dev/zero", "larger than"],
+        &["/dev/zero", "a character device, not a regular file"],
     );
     let dir = std::env::temp_dir().join(format!("taskd-cli-limits-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -161,6 +161,29 @@ fn rank_tables_are_bounded_and_checked() {
         &["manager", "--job-id", "j", "--rank-table", &huge_device],
         &[],
         &[&huge_device, "a:4000000000"],
+    );
+    let nameless = table(
+        "nameless.json",
+        r#"{"server_list": [{"server_id": "", "device": [{"device_id": 0, "rank_id": 0}]}]}"#,
+    );
+    refused(
+        &["manager", "--job-id", "j", "--rank-table", &nameless],
+        &[],
+        &[&nameless, "empty name"],
+    );
+    let fifo = dir.join("fifo.json");
+    let _ = std::fs::remove_file(&fifo);
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let fifo = fifo.to_string_lossy().into_owned();
+    // Blocked for ever in the open before.
+    refused(
+        &["manager", "--job-id", "j", "--rank-table", &fifo],
+        &[],
+        &[&fifo, "a FIFO"],
     );
     let two_nodes = table(
         "two.json",
@@ -302,5 +325,105 @@ fn automatic_failover_is_refused_in_clusterd_client_mode() {
         &base,
         &[("MINDX_SERVER_IP", "10.0.0.9")],
         &["ClusterD (at 10.0.0.9:8899)", "--no-clusterd"],
+    );
+}
+
+/// Heartbeat flags that together lose a peer after less than a quarter of a second are
+/// refused on every role, naming both flags: `--heartbeat-ms 1` made the job flap (its proxy
+/// lost every few milliseconds, half the switches failed).
+#[test]
+fn heartbeats_that_would_lose_peers_on_a_loaded_machine_are_refused() {
+    let manager = manager_args("j", "1");
+    let proxy = common::proxy_args("j", "127.0.0.1:1");
+    let worker = [
+        "worker",
+        "--job-id",
+        "j",
+        "--sim",
+        "--rank",
+        "0",
+        "--proxy",
+        "127.0.0.1:1",
+    ];
+    for base in [&manager[..], &proxy[..], &worker[..]] {
+        for (hb, missed) in [("1", "3"), ("80", "3"), ("249", "1")] {
+            let args = [base, &["--heartbeat-ms", hb, "--missed-heartbeats", missed]].concat();
+            refused(
+                &args,
+                &[],
+                &[
+                    &format!("--heartbeat-ms {hb} with --missed-heartbeats {missed}"),
+                    "250 ms",
+                ],
+            );
+        }
+    }
+}
+
+/// Control tokens a header cannot carry (a newline inside), or only whitespace (which would
+/// turn authentication off), are refused at start naming where they came from, on the
+/// manager and on the operator's commands alike.
+#[test]
+fn control_tokens_a_client_cannot_send_or_that_are_blank_are_refused() {
+    let dir = common::fresh_dir("cli-limits", "tokens");
+    std::fs::create_dir_all(&dir).unwrap();
+    let two = dir.join("two-lines");
+    std::fs::write(&two, "first\nsecond\n").unwrap();
+    let two = two.display().to_string();
+    let mut manager = manager_args("j", "1").to_vec();
+    manager.extend(["--control-addr", "127.0.0.1:0"]);
+    let with_file = [&manager[..], &["--control-token-file", &two]].concat();
+    refused(&with_file, &[], &[&two, "'\\n'", "header cannot carry"]);
+    refused(
+        &manager,
+        &[("TASKD_CONTROL_TOKEN", " ")],
+        &["TASKD_CONTROL_TOKEN", "only whitespace"],
+    );
+    let status = ["status", "--addr", "127.0.0.1:1", "--job", "j"];
+    refused(
+        &[&status[..], &["--token-file", &two]].concat(),
+        &[],
+        &[&two, "header cannot carry"],
+    );
+    refused(
+        &status,
+        &[("TASKD_CONTROL_TOKEN", "\t ")],
+        &["TASKD_CONTROL_TOKEN", "only whitespace"],
+    );
+}
+
+/// A control rate so slow it locks a client out for ever, and a control address that is not
+/// HOST:PORT, are bad input (exit 2), not a start or an unreachable manager.
+#[test]
+fn absurd_control_rates_and_addresses_are_bad_input() {
+    let mut manager = manager_args("j", "1").to_vec();
+    manager.extend(["--control-addr", "127.0.0.1:0"]);
+    refused(
+        &[&manager[..], &["--control-rate-per-sec", "1e-300"]].concat(),
+        &[],
+        &["--control-rate-per-sec", "at least 0.0001"],
+    );
+    for cmd in [
+        &[
+            "switch", "--job", "j", "--node", "node-0", "--dev", "0", "--to", "backup",
+        ][..],
+        &["status", "--job", "j"][..],
+    ] {
+        refused(
+            &[cmd, &["--addr", "nonsense"]].concat(),
+            &[],
+            &["--addr", "'nonsense'", "HOST:PORT"],
+        );
+    }
+}
+
+/// `MS_SCHED_HOST` with a zone id (`fe80::1%lo`) is refused naming it, rather than dropping
+/// the zone and connecting for ever to an address no route reaches.
+#[test]
+fn a_scheduler_host_with_a_zone_id_is_refused() {
+    refused(
+        &["proxy", "--job-id", "j", "--node-rank", "0", "--sim"],
+        &[("MS_SCHED_HOST", "fe80::1%lo")],
+        &["MS_SCHED_HOST=\"fe80::1%lo\"", "zone id (%lo)"],
     );
 }

@@ -92,6 +92,44 @@ fn switch_to_backup_and_back_across_processes() {
         "{}",
         dup.stderr_tail()
     );
+    // And a second proxy for a live node; said at its first refusal (a warning), before it
+    // gives up after twice the loss time in case the other one was its own predecessor.
+    let mut dup_proxy = Proc::spawn(
+        &scratch,
+        "duplicate-proxy",
+        &[
+            s(&[
+                "proxy",
+                "--job-id",
+                "net-switch",
+                "--node-rank",
+                "0",
+                "--manager",
+                &c.manager_addr,
+                "--listen",
+                "127.0.0.1:0",
+                "--sim",
+            ]),
+            fast_heartbeats(),
+        ]
+        .concat(),
+    );
+    assert_eq!(dup_proxy.wait_exit().code(), Some(2));
+    let log = dup_proxy.stderr();
+    let first = log
+        .lines()
+        .position(|l| l.contains("WARN") && l.contains("registration refused as a duplicate"))
+        .unwrap_or_else(|| panic!("no warning at the first refusal:\n{log}"));
+    let attempts_before = log
+        .lines()
+        .take(first)
+        .filter(|l| l.contains("retrying"))
+        .count();
+    assert_eq!(attempts_before, 0, "said at the first refusal:\n{log}");
+    assert!(
+        log.contains("already registered by another live process"),
+        "{log}"
+    );
     // So is a worker of another job, at once.
     let mut stranger = Proc::spawn(
         &scratch,
@@ -425,4 +463,100 @@ fn a_restarted_manager_with_a_state_dir_answers_a_repeated_uuid_with_the_earlier
         "{refused:?}"
     );
     c.shutdown_cleanly();
+}
+
+/// A node waiting on one slow rank says which: the replies of its other ranks reach the
+/// manager without waiting for the slow one, so the manager's count goes down during the
+/// phase and its status names the slow rank alone, not every rank of the node.
+#[test]
+fn a_slow_rank_is_the_only_one_its_node_still_waits_for() {
+    use taskd::actors::control::Progress;
+    const SLOW: u32 = 1;
+    let scratch = Scratch::new("net-pending");
+    let mut c = start(&scratch, "net-pending", 1, 3, Some((SLOW, SLOW_STEP)), &[]);
+    let cmd = c.command(&[(0, 0, true)]);
+    let mut op = c.submit(&cmd).expect("admitted");
+    c.until_phase(&mut op, "pause");
+    loop {
+        match c.rt.block_on(op.next()).expect("progress") {
+            Progress::Phase(p) if p.phase == "pause" && p.kind == "waiting" && p.waiting == 1 => {
+                break
+            }
+            Progress::Phase(p) if p.phase == "pause" && p.kind == "finished" => {
+                panic!("the pause ended without its count going down to the slow rank: {p:?}")
+            }
+            Progress::Phase(_) => continue,
+            Progress::Finished(r) => panic!("finished first: {r:?}"),
+        }
+    }
+    let st = c.status(0);
+    // Unless the slow rank answered meanwhile, the pause waits for it alone.
+    if let Some(f) = st.in_flight.filter(|f| f.phase == "pause") {
+        assert_eq!(f.pending_ranks, [SLOW], "only the slow rank");
+    }
+    let r = c.result(op);
+    assert_eq!(r.result, "succeeded", "{r:#?}");
+    let st = c.status(0);
+    assert_eq!(st.ranks_on_backup, [0]);
+    assert!(st.verified, "{st:#?}");
+    c.shutdown_cleanly();
+}
+
+/// A proxy whose rank table puts the node's ranks on other devices than the manager's (the
+/// same ranks, so the manager's check of the ranks passes) exits 2 after registering, naming
+/// the first rank whose device differs: it would probe and switch the wrong dies.
+#[test]
+fn a_proxy_whose_rank_table_maps_devices_differently_is_refused() {
+    let scratch = Scratch::new("net-table-devices");
+    let table = |name: &str, devices: [u32; 2]| {
+        let p = scratch.path(name);
+        let text = format!(
+            r#"{{"server_list": [{{"server_id": "a", "device": [
+                {{"device_id": {}, "rank_id": 0}}, {{"device_id": {}, "rank_id": 1}}]}}]}}"#,
+            devices[0], devices[1]
+        );
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let (mine, other) = (table("manager.json", [0, 1]), table("proxy.json", [1, 0]));
+    let mut manager = Proc::spawn(
+        &scratch,
+        "manager",
+        &s(&[
+            "manager",
+            "--job-id",
+            "devices",
+            "--rank-table",
+            &mine,
+            "--listen",
+            "127.0.0.1:0",
+        ]),
+    );
+    let addr = manager.listening_addr();
+    let mut proxy = Proc::spawn(
+        &scratch,
+        "proxy",
+        &s(&[
+            "proxy",
+            "--job-id",
+            "devices",
+            "--node-rank",
+            "0",
+            "--manager",
+            &addr,
+            "--listen",
+            "127.0.0.1:0",
+            "--sim",
+            "--rank-table",
+            &other,
+        ]),
+    );
+    assert_eq!(proxy.wait_exit().code(), Some(2), "{}", proxy.stderr_tail());
+    let err = proxy.stderr();
+    assert!(
+        err.contains("puts rank 0 on device 0 of a, this proxy's --rank-table on device 1"),
+        "{err}"
+    );
+    manager.term();
+    assert!(manager.wait_exit().success(), "{}", manager.stderr_tail());
 }

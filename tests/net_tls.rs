@@ -62,3 +62,60 @@ fn a_job_over_mutual_tls_switches_and_refuses_strangers() {
 
     c.shutdown_cleanly();
 }
+
+/// TLS material that cannot work is named with its cause: a key that is not the
+/// certificate's is refused at start (exit 2, naming both files and what TLS said), and a
+/// client that does not trust the server's CA is told why the handshake failed, not a bare
+/// "transport error".
+#[test]
+fn tls_failures_name_their_cause() {
+    let scratch = Scratch::new("net-tls-causes");
+    let (flags, pem) = make_tls(&scratch, "job");
+    let (other, _) = make_tls(&scratch, "other");
+    // The job's CA and certificate with another certificate's key.
+    let mismatched = [&flags[..4], &other[4..]].concat();
+    let mut args = common::manager_args("tls-causes", "1").to_vec();
+    args.extend(mismatched.iter().map(String::as_str));
+    let (code, _, err) = common::taskd(&args);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("do not make an identity"), "{err}");
+    assert!(err.contains(&other[5]), "names the key: {err}");
+    let cause = err
+        .split("do not make an identity: ")
+        .nth(1)
+        .unwrap_or_default();
+    assert!(
+        cause.trim() != "transport error" && cause.len() > "transport error".len(),
+        "a cause under the transport's error: {err}"
+    );
+
+    let c = Cluster::start(
+        &scratch,
+        ClusterSpec {
+            job: "tls-causes",
+            nodes: 1,
+            ppn: 1,
+            worker_flags: &|_| Vec::new(),
+            manager_flags: Vec::new(),
+            common: [fast_heartbeats(), flags.clone()].concat(),
+            tls: Some(pem),
+        },
+    );
+    // A client trusting another CA: the handshake fails, and the message says why.
+    let (code, _, err) = common::taskd(&[
+        "status",
+        "--addr",
+        &c.control_addr,
+        "--job",
+        "tls-causes",
+        "--tls-ca",
+        &other[1],
+    ]);
+    assert_eq!(code, 3, "{err}");
+    let cause = err.split("transport error").nth(1).unwrap_or_default();
+    assert!(
+        cause.len() > 2,
+        "a cause under the transport's error: {err}"
+    );
+    c.shutdown_cleanly();
+}

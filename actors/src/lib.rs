@@ -44,6 +44,7 @@
 //!   [`Outbox`](transport::Outbox) trait is the sending end an actor holds; not to be confused
 //!   with [`net::outbox::Outbox`], the network transport's acknowledged queue behind it.
 //! - [`local`]: a whole job in one process.
+//! - [`files`]: reading the files a role is given without blocking (regular files only).
 //! - [`journal`]: the manager's journal of finished operations, so a repeated uuid survives a
 //!   manager's restart.
 //! - [`net`]: the network transport and a process per role (`proto/net.proto`).
@@ -62,6 +63,7 @@
 mod background;
 pub mod clusterd;
 pub mod control;
+pub mod files;
 pub mod gate;
 pub mod hal_exec;
 pub mod journal;

@@ -21,6 +21,7 @@ pub use clusterd::{
 use crate::journal::OperationJournal;
 use crate::observer::{self, Observer};
 use crate::progress::ProgressFeed;
+use crate::telemetry;
 use crate::transport::{Deliver, Link};
 use actix::prelude::*;
 use std::collections::{BTreeMap, HashMap};
@@ -37,6 +38,9 @@ use taskd_core::{
 };
 use tokio::sync::oneshot;
 use tracing::Span;
+
+/// How often a journal that cannot be written is tried again.
+const JOURNAL_RETRY: Duration = Duration::from_secs(1);
 
 /// The manager actor: the job's [`JobLedger`], the links to the nodes' proxies, the deadline
 /// armed and whoever waits for a result. What it shows of its work (spans, metrics, the
@@ -66,6 +70,9 @@ pub struct Manager {
     journal: Option<Arc<dyn OperationJournal>>,
     /// What a job that does not run leads to, and the hold it watches (`manager/hold.rs`).
     hold: hold::Hold,
+    /// The last journal write's error while the journal cannot be written (nothing new is
+    /// admitted then); `None` while it can.
+    journal_failing: Option<String>,
 }
 
 impl Manager {
@@ -87,6 +94,7 @@ impl Manager {
             auto: None,
             journal: None,
             hold: hold::Hold::default(),
+            journal_failing: None,
         }
     }
 
@@ -110,6 +118,7 @@ impl Manager {
         self.ledger.seed(earlier);
         self.ledger.seed_interrupted(interrupted);
         self.journal = Some(journal);
+        metrics::gauge!(telemetry::JOURNAL_FAILING).set(0.0);
         self
     }
 
@@ -229,11 +238,14 @@ impl Manager {
         self.watch_hold(ctx);
     }
 
-    fn finish(&mut self, report: OperationReport, ctx: &mut Context<Self>) {
+    fn finish(&mut self, mut report: OperationReport, ctx: &mut Context<Self>) {
         if let Some(h) = self.deadline.take() {
             ctx.cancel_future(h);
         }
-        self.journal();
+        if let Some(why) = self.journal(ctx) {
+            self.ledger.note_not_journaled(report.id, &why);
+            report.journal_error = Some(why);
+        }
         self.observer.operation_finished(&report, &self.ledger);
         self.wake_registered();
         for w in self.waiters.remove(&report.id).unwrap_or_default() {
@@ -246,24 +258,70 @@ impl Manager {
 
     /// Records the ledger's new admissions and final results in the journal, in that order:
     /// an admission before the operation's first directive, a result before it is published
-    /// (a client that saw a result can count on a new manager knowing it). What cannot be
-    /// recorded does not stop the operation; only the next manager does not know it, which
-    /// the log says.
-    fn journal(&mut self) {
+    /// (a client that saw a result can count on a new manager knowing it). A write that fails
+    /// does not stop the operation, but nothing new is admitted until the journal can be
+    /// written again ([`Manager::journal_ready`]); the error is returned, for the report of a
+    /// result that is not durable to say so.
+    fn journal(&mut self, ctx: &mut Context<Self>) -> Option<String> {
         let (admitted, finished) = (self.ledger.take_admitted(), self.ledger.take_finished());
-        let Some(journal) = &self.journal else {
-            return;
-        };
+        let journal = self.journal.as_ref()?;
+        let mut failed = None;
         for op in admitted {
             let id = op.id;
             if let Err(e) = journal.admit(op) {
-                tracing::error!(%id, error = %e, "the admission is not journaled: were this manager to stop before the result, its uuid would run again");
+                tracing::error!(%id, error = %e, "the admission is not journaled: were this manager to stop before the result, its uuid would run again; nothing new starts until the journal can be written");
+                failed = Some(e.to_string());
             }
         }
         for op in finished {
             let id = op.report.id;
             if let Err(e) = journal.record(op) {
-                tracing::error!(%id, error = %e, "the result is not journaled: after a restart its uuid would run again");
+                tracing::error!(%id, error = %e, "the result is not journaled: after a restart its uuid would run again; nothing new starts until the journal can be written");
+                failed = Some(e.to_string());
+            }
+        }
+        if let Some(why) = &failed {
+            self.journal_failed(why.clone(), ctx);
+        }
+        failed
+    }
+
+    /// A journal write failed with `why`: say so (status, metrics) and retry every second
+    /// until a write succeeds.
+    fn journal_failed(&mut self, why: String, ctx: &mut Context<Self>) {
+        metrics::counter!(telemetry::JOURNAL_WRITE_FAILURES_TOTAL).increment(1);
+        if self.journal_failing.replace(why).is_none() {
+            metrics::gauge!(telemetry::JOURNAL_FAILING).set(1.0);
+            ctx.run_later(JOURNAL_RETRY, Self::retry_journal);
+        }
+    }
+
+    fn retry_journal(&mut self, ctx: &mut Context<Self>) {
+        if self.journal_failing.is_some() && self.journal_ready().is_err() {
+            metrics::counter!(telemetry::JOURNAL_WRITE_FAILURES_TOTAL).increment(1);
+            ctx.run_later(JOURNAL_RETRY, Self::retry_journal);
+        }
+    }
+
+    /// `Ok` when the journal can take a new operation: it is writable, or a write of what it
+    /// holds succeeds now; else [`SubmitError::JournalFailing`] with the last error.
+    fn journal_ready(&mut self) -> Result<(), SubmitError> {
+        let (Some(journal), Some(_)) = (&self.journal, &self.journal_failing) else {
+            return Ok(());
+        };
+        match journal.flush() {
+            Ok(()) => {
+                tracing::warn!(
+                    "the operation journal can be written again: operations are admitted again"
+                );
+                self.journal_failing = None;
+                metrics::gauge!(telemetry::JOURNAL_FAILING).set(0.0);
+                Ok(())
+            }
+            Err(e) => {
+                let why = e.to_string();
+                self.journal_failing = Some(why.clone());
+                Err(SubmitError::JournalFailing { why })
             }
         }
     }
@@ -277,7 +335,7 @@ impl Manager {
         actions: Vec<Action>,
         ctx: &mut Context<Self>,
     ) {
-        self.journal();
+        self.journal(ctx);
         let plan = self.ledger.in_flight().map(|op| op.plan());
         let (job, ranks) = (self.ledger.job(), self.ledger.expected());
         self.observer.operation_started(id, span, job, plan, ranks);
@@ -434,7 +492,10 @@ impl Handler<Submit> for Manager {
         let id = cmd.id.unwrap_or_else(|| OperationId(uuid::Uuid::new_v4()));
         let now = self.now();
         let span = observer::submit_span(id, &cmd, Trigger::Operator);
-        let res = span.in_scope(|| self.ledger.submit(&cmd, id, now));
+        let res = match self.journal_ready() {
+            Ok(()) => span.in_scope(|| self.ledger.submit(&cmd, id, now)),
+            Err(e) => Err(e),
+        };
         match res {
             Ok(Submitted::Started { id, actions }) => {
                 self.operation_started(id, span, actions, ctx);
@@ -579,6 +640,10 @@ pub struct ManagerStatus {
     /// The last stop of training that ended (every rank came back).
     #[serde(default)]
     pub last_training_stop: Option<taskd_core::ledger::TrainingStop>,
+    /// Why the journal (`--state-dir`) cannot be written now; `None` while it can. While it
+    /// cannot, nothing new is admitted ([`SubmitError::JournalFailing`]).
+    #[serde(default)]
+    pub journal_error: Option<String>,
 }
 
 /// Ask for a [`ManagerStatus`] with up to `recent` past results.
@@ -620,6 +685,7 @@ impl Handler<GetStatus> for Manager {
                 .map(|(op, ranks)| (op, ranks.iter().copied().collect())),
             training_stop: l.training_stop().cloned(),
             last_training_stop: l.last_training_stop().cloned(),
+            journal_error: self.journal_failing.clone(),
             recent: history.into_iter().rev().collect(),
             lost_ranks: self
                 .lost
@@ -660,7 +726,10 @@ impl Handler<Recover> for Manager {
         let id = m.id.unwrap_or_else(|| OperationId(uuid::Uuid::new_v4()));
         let span = observer::recover_span(id, self.ledger.job(), m.to);
         let now = self.now();
-        let res = span.in_scope(|| self.ledger.recover(m.to, id, now));
+        let res = match self.journal_ready() {
+            Ok(()) => span.in_scope(|| self.ledger.recover(m.to, id, now)),
+            Err(e) => Err(e),
+        };
         match res {
             Ok(RecoveryStarted::Operation { id, actions }) => {
                 span.in_scope(|| tracing::warn!(to = m.to.as_str(), "recovery started"));

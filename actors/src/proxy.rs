@@ -28,7 +28,15 @@ struct FanIn {
     replies: Vec<RankReply>,
     /// `None` while the node HAL is still being read.
     health: Option<Vec<LinkHealth>>,
+    /// Whether a [`PARTIAL_REPLY_AFTER`] send of the replies so far is armed.
+    partial_armed: bool,
 }
+
+/// How long replies wait for the node's slowest rank before the proxy sends them anyway: the
+/// manager then knows which rank the node still waits for (its status names that rank, not
+/// every rank of the node). Longer than a phase takes when no rank is slow, so a healthy
+/// node still sends one reply a phase.
+const PARTIAL_REPLY_AFTER: Duration = Duration::from_millis(250);
 
 /// The proxy actor of one node: its state is the node's worker links, their introductions
 /// (replayed to a new manager) and the fan-in of the directive in flight. Start it with
@@ -242,6 +250,49 @@ impl Proxy {
         }
     }
 
+    /// Arms the send of the replies gathered so far, unless one is armed: a node waiting on a
+    /// slow rank tells the manager what the others answered.
+    fn arm_partial(&mut self, ctx: &mut Context<Self>) {
+        let Some(f) = self.fan_in.as_mut().filter(|f| !f.partial_armed) else {
+            return;
+        };
+        f.partial_armed = true;
+        let (op, phase) = (f.op, f.phase);
+        ctx.run_later(PARTIAL_REPLY_AFTER, move |act, _| {
+            let Some(f) = act
+                .fan_in
+                .as_mut()
+                .filter(|f| f.op == op && f.phase == phase)
+            else {
+                return;
+            };
+            f.partial_armed = false;
+            // Only while a rank is still to answer: the last replies go with the node's link
+            // health (a sample's health gates the switch), never ahead of it.
+            if f.replies.is_empty() || f.waiting.is_empty() {
+                return;
+            }
+            // The replies only: the node's link health comes with its last reply.
+            let reply = NodeReply {
+                node: act.node.clone(),
+                op,
+                phase,
+                replies: std::mem::take(&mut f.replies),
+                health: Vec::new(),
+            };
+            let waiting = f.waiting.len();
+            act.phase_span.in_scope(|| {
+                tracing::debug!(
+                    replies = reply.replies.len(),
+                    waiting,
+                    "partial node reply: a rank is slow"
+                )
+            });
+            telemetry::message("out", "node_reply");
+            act.up(ProxyToManager::Reply(reply));
+        });
+    }
+
     fn lose_worker(&mut self, rank: GlobalRank, reason: String) {
         self.hellos.remove(&rank);
         if self.workers.remove(&rank).is_none() {
@@ -363,6 +414,7 @@ impl Handler<Deliver<Directive>> for Proxy {
             waiting: self.workers.keys().copied().collect(),
             replies: Vec::new(),
             health: Some(Vec::new()),
+            partial_armed: false,
         };
         if let DirectiveKind::Sample { targets } = &d.kind {
             let devices: BTreeSet<_> = targets
@@ -425,7 +477,7 @@ impl Handler<Deliver<Directive>> for Proxy {
 impl Handler<Deliver<WorkerToProxy>> for Proxy {
     type Result = ();
 
-    fn handle(&mut self, Deliver(m): Deliver<WorkerToProxy>, _: &mut Self::Context) {
+    fn handle(&mut self, Deliver(m): Deliver<WorkerToProxy>, ctx: &mut Self::Context) {
         match m {
             WorkerToProxy::Hello(hello) => {
                 telemetry::message("in", "hello");
@@ -459,6 +511,7 @@ impl Handler<Deliver<WorkerToProxy>> for Proxy {
                     Some(f) => {
                         f.replies.push(r);
                         self.flush(failed);
+                        self.arm_partial(ctx);
                     }
                     None => {
                         // Late (a switch finishing after the rollback was sent): pass it on.

@@ -93,6 +93,13 @@ pub const CLUSTERD_REPORTS_TOTAL: &str = "taskd_clusterd_reports_total";
 /// fixed.
 pub const AUTO_DECISIONS_TOTAL: &str = "taskd_auto_decisions_total";
 
+/// Gauge: 1 while the manager's journal (`--state-dir`) cannot be written (no operation is
+/// admitted then, and a result finished meanwhile is not durable), 0 while it can. Only a
+/// manager with a journal exports it.
+pub const JOURNAL_FAILING: &str = "taskd_journal_failing";
+/// Counter: writes of the manager's journal that failed.
+pub const JOURNAL_WRITE_FAILURES_TOTAL: &str = "taskd_journal_write_failures_total";
+
 /// Every metric name this crate exports.
 pub const ALL: &[&str] = &[
     OPERATIONS_TOTAL,
@@ -115,6 +122,8 @@ pub const ALL: &[&str] = &[
     CLUSTERD_SIGNALS_TOTAL,
     CLUSTERD_REPORTS_TOTAL,
     AUTO_DECISIONS_TOTAL,
+    JOURNAL_FAILING,
+    JOURNAL_WRITE_FAILURES_TOTAL,
 ];
 
 /// Buckets (seconds) of the phase and stall histograms: a millisecond (a simulated step) up
@@ -271,6 +280,16 @@ fn describe_job() {
         AUTO_DECISIONS_TOTAL,
         Unit::Count,
         "Automatic failover decisions by action (to_backup, to_primary, hold) and reason"
+    );
+    describe_gauge!(
+        JOURNAL_FAILING,
+        Unit::Count,
+        "1 while the manager's operation journal cannot be written"
+    );
+    describe_counter!(
+        JOURNAL_WRITE_FAILURES_TOTAL,
+        Unit::Count,
+        "Failed writes of the manager's operation journal"
     );
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
 }

@@ -23,9 +23,27 @@ pub fn short_list<T: Display>(items: impl IntoIterator<Item = T>) -> String {
     }
 }
 
+/// `rank 7 has` or `ranks 1, 3 have`: the subject of a message for a list [`short_list`]
+/// wrote, with the verb that agrees with it (`one` for a single rank, `many` for more).
+pub fn ranks_with(list: &str, one: &str, many: &str) -> String {
+    if list.contains(',') {
+        format!("ranks {list} {many}")
+    } else {
+        format!("rank {list} {one}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_rank_is_singular() {
+        assert_eq!(ranks_with("7", "has", "have"), "rank 7 has");
+        assert_eq!(ranks_with("1, 3", "has", "have"), "ranks 1, 3 have");
+        let long = short_list(0..40);
+        assert!(ranks_with(&long, "is", "are").ends_with("(40 in all) are"));
+    }
 
     #[test]
     fn names_a_few_and_counts_the_rest() {

@@ -108,9 +108,13 @@ pub fn parse_u32(env: EnvLookup<'_>, var: &'static str) -> Result<Option<u32>, E
     match get(env, var) {
         None => Ok(None),
         Some(v) => v.parse().map(Some).map_err(|_| EnvError {
+            expected: if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+                "an integer of at most 4294967295"
+            } else {
+                "a non-negative integer"
+            },
             var,
             value: v,
-            expected: "a non-negative integer",
         }),
     }
 }
@@ -306,6 +310,11 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "MS_NODE_RANK=\"-1\" is not a non-negative integer"
+        );
+        let e = node_rank(&map(&[(MS_NODE_RANK, "99999999999")])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "MS_NODE_RANK=\"99999999999\" is not an integer of at most 4294967295"
         );
         let e = node_rank(&map(&[(RANK, "37"), (LOCAL_WORLD_SIZE, "0")])).unwrap_err();
         assert_eq!(

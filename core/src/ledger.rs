@@ -113,7 +113,10 @@ pub enum SubmitError {
     /// Some rank's HCCL would accept `HcclCommWorkingDevNicSet` and switch nothing (no L2
     /// retry, no RDMA links, no TSP), leaving the NIC table wrong. Checked on every rank, not
     /// only the targets: every member of a group makes the call.
-    #[error("ranks {ranks} cannot switch NICs: {missing}; fix the environment of those processes and restart them")]
+    #[error(
+        "{} switch NICs: {missing}; fix the environment of those processes and restart them",
+        crate::display::ranks_with(ranks, "cannot", "cannot")
+    )]
     CapabilityMissing {
         /// The ranks that cannot switch, abbreviated for a message.
         ranks: String,
@@ -123,7 +126,7 @@ pub enum SubmitError {
     },
     /// A failed operation left the job held or without a process; switching now would plan
     /// from a NIC table that may not be true. Recovery comes first.
-    #[error("the job is {state} after a failed operation; run `taskd recover` (or wait for the lost ranks to come back) before any new switch")]
+    #[error("the job is {state} (after a failed operation, or a rank lost or restarted since the last verification); run `taskd recover` (or wait for the lost ranks to come back) before any new switch")]
     NotRunning {
         /// The job's state now (never `Running`).
         state: JobState,
@@ -141,7 +144,7 @@ pub enum SubmitError {
     /// deadline passed, or they were lost): a new call now would pair, on some group, with one
     /// of their late calls. HCCL's own timeout ends those calls; a rank's answer, or its report
     /// in a verification round (made after its calls), clears it.
-    #[error("ranks {ranks} have not answered the NIC-set calls of operation {op} yet (HCCL's timeout ends them); recover once they have")]
+    #[error("{} not answered the NIC-set calls of operation {op} yet (HCCL's timeout ends them); recover once they have", crate::display::ranks_with(ranks, "has", "have"))]
     InCalls {
         /// The operation whose calls they have not answered.
         op: OperationId,
@@ -176,6 +179,14 @@ pub enum SubmitError {
     IdReused {
         /// The reused id.
         id: OperationId,
+    },
+    /// The manager's journal (`--state-dir`) cannot be written: a result now could not be
+    /// made durable (after a restart its uuid would run again), so nothing new is admitted
+    /// until a write succeeds again.
+    #[error("the manager's operation journal cannot be written ({why}); no operation starts until it can (free space or fix the state directory; the manager retries every second)")]
+    JournalFailing {
+        /// The last write's error, naming the file.
+        why: String,
     },
 }
 
@@ -372,6 +383,14 @@ impl JobLedger {
     pub fn seed_interrupted(&mut self, ops: impl IntoIterator<Item = AdmittedOperation>) {
         for op in ops {
             push_bounded(&mut self.interrupted, op);
+        }
+    }
+
+    /// Marks the finished operation `id` in the history as one whose result the manager could
+    /// not journal (`why`), so whoever asks for it later is told too.
+    pub fn note_not_journaled(&mut self, id: OperationId, why: &str) {
+        if let Some(r) = self.history.iter_mut().rev().find(|r| r.id == id) {
+            r.journal_error = Some(why.to_owned());
         }
     }
 

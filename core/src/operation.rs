@@ -375,6 +375,11 @@ pub struct OperationReport {
     /// Who asked for it.
     #[serde(default)]
     pub trigger: Trigger,
+    /// Why the manager could not record this result in its journal, when it could not: the
+    /// result is not durable (a manager restarted before a later write succeeds does not know
+    /// it, and runs its uuid again or refuses it as interrupted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal_error: Option<String>,
 }
 
 /// One operation in flight.
@@ -1122,6 +1127,7 @@ impl Operation {
             JobState::Paused
         };
         let report = OperationReport {
+            journal_error: None,
             id: self.id,
             direction: self.plan.direction(),
             targets: self.plan.targets.clone(),
@@ -1218,6 +1224,12 @@ impl fmt::Display for OperationReport {
                 " (rolled back: {}, job {})",
                 self.rolled_back,
                 self.job_state.as_str()
+            )?;
+        }
+        if let Some(e) = &self.journal_error {
+            write!(
+                f,
+                "; NOT JOURNALED, a restarted manager would not know it: {e}"
             )?;
         }
         Ok(())

@@ -111,6 +111,10 @@ pub struct OperationSummary {
     /// writer's summary, which does not say, is an operator's.
     #[serde(default)]
     pub trigger: Trigger,
+    /// Why the manager could not journal this result, when it could not (it is then not
+    /// durable across a restart of the manager).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal_error: Option<String>,
 }
 
 impl From<&OperationReport> for OperationSummary {
@@ -146,6 +150,7 @@ impl From<&OperationReport> for OperationSummary {
                 .collect(),
             lost_ranks: r.lost_ranks.iter().map(|r| r.0).collect(),
             trigger: r.trigger,
+            journal_error: r.journal_error.clone(),
         }
     }
 }
@@ -156,6 +161,7 @@ impl OperationSummary {
     pub fn rejected(cmd: &SwitchCommand, table: &RankTable, e: &SubmitError) -> Self {
         let plan = cmd.resolve(table).ok();
         OperationSummary {
+            journal_error: None,
             uuid: cmd.id.map(|i| i.to_string()).unwrap_or_default(),
             direction: plan
                 .as_ref()
@@ -229,6 +235,7 @@ mod tests {
     #[test]
     fn the_json_field_names_are_the_documented_ones() {
         let s = OperationSummary {
+            journal_error: None,
             uuid: "u".into(),
             direction: "to_backup".into(),
             targets: vec![TargetSummary {

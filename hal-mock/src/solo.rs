@@ -114,9 +114,28 @@ struct State {
     faults: VecDeque<NicSetFault>,
     l2_retry: bool,
     rdma: bool,
-    log: Vec<NicSetRecord>,
+    /// The newest [`SOLO_LOG_LEN`] calls: a long-running worker makes calls for ever.
+    log: VecDeque<NicSetRecord>,
+    /// The first [`SOLO_LOG_LEN`] violations (the first is what matters), and how many
+    /// more were seen.
     violations: Vec<String>,
+    violations_dropped: u64,
     collectives: u64,
+}
+
+/// How many NIC-set calls and rule violations a [`SoloRank`] keeps: a rank makes a few calls
+/// an operation, so the newest of many operations; bounded, so a simulated worker that runs
+/// for days does not grow.
+pub const SOLO_LOG_LEN: usize = 256;
+
+impl State {
+    fn violation(&mut self, v: String) {
+        if self.violations.len() < SOLO_LOG_LEN {
+            self.violations.push(v);
+        } else {
+            self.violations_dropped += 1;
+        }
+    }
 }
 
 /// One simulated rank: its groups and its view of each. Clone it to share between the HAL
@@ -164,8 +183,9 @@ impl SoloRank {
                 faults: VecDeque::new(),
                 l2_retry: true,
                 rdma: true,
-                log: Vec::new(),
+                log: VecDeque::new(),
                 violations: Vec::new(),
+                violations_dropped: 0,
                 collectives: 0,
             })),
         })
@@ -234,15 +254,20 @@ impl SoloRank {
         })
     }
 
-    /// Every NIC-set call so far.
+    /// The NIC-set calls so far, oldest first: the newest [`SOLO_LOG_LEN`].
     pub fn nic_set_log(&self) -> Vec<NicSetRecord> {
-        self.state.lock().log.clone()
+        self.state.lock().log.iter().cloned().collect()
     }
 
     /// Rule violations seen (a call on a group that never ran a collective, a call while a
     /// collective was in flight, a collective during a NIC set).
     pub fn violations(&self) -> Vec<String> {
-        self.state.lock().violations.clone()
+        let st = self.state.lock();
+        let mut v = st.violations.clone();
+        if st.violations_dropped > 0 {
+            v.push(format!("... and {} more", st.violations_dropped));
+        }
+        v
     }
 
     /// Collectives run so far (one per group per step).
@@ -254,7 +279,7 @@ impl SoloRank {
     pub fn run_collectives(&self) {
         let mut st = self.state.lock();
         if st.in_nic_set {
-            st.violations.push(format!(
+            st.violation(format!(
                 "rank {}: a collective ran while {NIC_SET_OP} was in progress (training was not paused)",
                 self.rank
             ));
@@ -277,7 +302,7 @@ impl SoloRank {
         let fault = {
             let mut st = self.state.lock();
             if st.in_nic_set {
-                st.violations.push(format!(
+                st.violation(format!(
                     "rank {}: concurrent {NIC_SET_OP} (group {group})",
                     self.rank
                 ));
@@ -293,7 +318,10 @@ impl SoloRank {
         let (code, applied, detail) = self.nic_set(group, ranks, use_backup, fault);
         let mut st = self.state.lock();
         st.in_nic_set = false;
-        st.log.push(NicSetRecord {
+        if st.log.len() == SOLO_LOG_LEN {
+            st.log.pop_front();
+        }
+        st.log.push_back(NicSetRecord {
             rank: self.rank,
             group: group.to_owned(),
             ranks: ranks.to_vec(),
@@ -345,7 +373,7 @@ impl SoloRank {
             return (HcclCode::Para, false, detail);
         }
         if !g.ran_op {
-            st.violations.push(format!(
+            st.violation(format!(
                 "{NIC_SET_OP} by rank {} on group {group}, which has not run any collective yet",
                 self.rank
             ));
@@ -356,7 +384,7 @@ impl SoloRank {
             );
         }
         if in_collective {
-            st.violations.push(format!(
+            st.violation(format!(
                 "{NIC_SET_OP} by rank {} on group {group} while a collective is in flight",
                 self.rank
             ));
@@ -658,6 +686,27 @@ mod tests {
         hal.set_working_nic("tp_0", &gr(&[1]), &[false]).unwrap();
         assert_eq!(solo.view("tp_0").unwrap(), [false, true, false, false]);
         assert_eq!(solo.nic_set_log().len(), 7);
+    }
+
+    #[test]
+    fn the_call_log_and_the_violations_stay_bounded() {
+        let solo = SoloRank::new(SoloLayout::new(1, 4), r(1)).unwrap();
+        let mut hal = solo.hal();
+        // Calls before any collective: each a violation.
+        for _ in 0..SOLO_LOG_LEN + 3 {
+            let _ = hal.set_working_nic("tp_0", &gr(&[1]), &[true]);
+        }
+        let v = solo.violations();
+        assert_eq!(v.len(), SOLO_LOG_LEN + 1);
+        assert_eq!(v[SOLO_LOG_LEN], "... and 3 more");
+        solo.run_collectives();
+        for n in 0..2 * SOLO_LOG_LEN {
+            hal.set_working_nic("tp_0", &gr(&[1]), &[n % 2 == 0])
+                .unwrap();
+        }
+        let log = solo.nic_set_log();
+        assert_eq!(log.len(), SOLO_LOG_LEN, "the newest only");
+        assert_eq!(log.last().unwrap().use_backup, [false], "the last call");
     }
 
     #[test]

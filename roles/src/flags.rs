@@ -19,6 +19,12 @@ pub const MAX_HEARTBEAT_MS: u64 = 60_000;
 /// The most heartbeat intervals a peer may miss before it is lost.
 pub const MAX_MISSED_HEARTBEATS: u64 = 1_000;
 
+/// The shortest time without a heartbeat before a peer is lost (`--heartbeat-ms` times
+/// `--missed-heartbeats`): a quarter of a second. A loaded machine stalls a process for tens
+/// of milliseconds (scheduling, a journal's fsync, a page fault storm); a shorter limit
+/// declares live peers lost, over and over, and every switch fails or is refused.
+pub const MIN_LOSS_MS: u64 = 250;
+
 /// The most unacknowledged messages queued per peer.
 pub const MAX_QUEUE_CAPACITY: u64 = 65_536;
 

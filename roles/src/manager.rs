@@ -8,7 +8,7 @@ use crate::flags;
 use crate::net::{NetArgs, TlsArgs};
 use clap::Args;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 use taskd_actors::clusterd::ClusterdConfig;
 use taskd_actors::control::{ControlConfig, GuardConfig, RateLimit};
@@ -81,7 +81,8 @@ pub struct ManagerArgs {
     force: bool,
     /// Keep what must survive a restart here (created when missing): the journal of finished
     /// operations, so a command repeated with its uuid after a restart returns the earlier
-    /// result instead of running again. Without it a restarted manager forgets every uuid.
+    /// result instead of running again. Without it a restarted manager forgets every uuid. One
+    /// manager per directory (it holds DIR/manager.lock); it must be writable.
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
     /// Deadline of each pause part (sample, pause).
@@ -179,7 +180,7 @@ impl ManagerArgs {
                 deadlines: self.deadlines(),
                 listen,
                 tls,
-                net: self.net.config(),
+                net: self.net.checked()?,
             },
             control,
             clusterd,
@@ -237,25 +238,53 @@ impl ManagerArgs {
     }
 }
 
+/// The longest token file read: far above any bearer token (a larger file is not one).
+const MAX_TOKEN_BYTES: u64 = 4096;
+
 /// The control API's bearer token, for the client and the server alike: the trimmed contents of
-/// `file`, or else `TASKD_CONTROL_TOKEN` when set and not empty. An empty file is an error (it
-/// would otherwise turn authentication off without anyone noticing).
-pub fn control_token(file: Option<&Path>) -> Result<Option<String>, String> {
-    match file {
+/// `file` (a regular file, read without blocking), or else `TASKD_CONTROL_TOKEN` when set and
+/// not empty. Refused, naming the source, when it is only whitespace (it would otherwise turn
+/// authentication off without anyone noticing) or holds a character an HTTP header cannot
+/// carry (no client could send it: every operator would be locked out).
+pub fn control_token(file: Option<&std::path::Path>) -> Result<Option<String>, String> {
+    token_from(file, &taskd_core::env::process_env)
+}
+
+fn token_from(
+    file: Option<&std::path::Path>,
+    env: taskd_core::env::EnvLookup<'_>,
+) -> Result<Option<String>, String> {
+    use taskd_core::env::TASKD_CONTROL_TOKEN;
+    let (text, source) = match file {
         Some(p) => {
-            let t = std::fs::read_to_string(p)
-                .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
-            let t = t.trim();
-            if t.is_empty() {
-                return Err(format!("the token file {} is empty", p.display()));
-            }
-            Ok(Some(t.to_owned()))
+            let source = format!("the token file {}", p.display());
+            let bytes = taskd_actors::files::read_regular(p, MAX_TOKEN_BYTES)
+                .map_err(|e| format!("cannot read {source}: {e}"))?;
+            let text = String::from_utf8(bytes).map_err(|_| format!("{source} is not text"))?;
+            (text, source)
         }
-        None => Ok(taskd_core::env::get(
-            &taskd_core::env::process_env,
-            taskd_core::env::TASKD_CONTROL_TOKEN,
-        )),
+        None => match env(TASKD_CONTROL_TOKEN) {
+            None => return Ok(None),
+            Some(v) if v.is_empty() => return Ok(None),
+            Some(v) => (
+                v.into_string()
+                    .map_err(|_| format!("{TASKD_CONTROL_TOKEN} is not text"))?,
+                TASKD_CONTROL_TOKEN.to_owned(),
+            ),
+        },
+    };
+    let t = text.trim();
+    if t.is_empty() {
+        return Err(format!(
+            "{source} is empty or only whitespace, which would turn authentication off; give a token, or none at all"
+        ));
     }
+    if let Some(c) = t.chars().find(|c| !(' '..='~').contains(c)) {
+        return Err(format!(
+            "{source} holds {c:?}, which an HTTP header cannot carry, so no client could send the token; a token is one line of printable ASCII"
+        ));
+    }
+    Ok(Some(t.to_owned()))
 }
 
 /// Every address of the manager's port, in the family of `MS_SCHED_HOST` (the address its
@@ -279,5 +308,53 @@ mod tests {
         assert_eq!(default_listen(Some("fd00::1")).to_string(), "[::]:9601");
         assert_eq!(default_listen(Some("[fd00::1]")).to_string(), "[::]:9601");
         assert_eq!(default_listen(Some("mgr-0")).to_string(), "0.0.0.0:9601");
+    }
+
+    use std::ffi::OsString;
+
+    fn env(v: Option<&str>) -> impl Fn(&str) -> Option<OsString> + '_ {
+        move |name| (name == taskd_core::env::TASKD_CONTROL_TOKEN).then(|| v.map(OsString::from))?
+    }
+
+    #[test]
+    fn tokens_a_header_cannot_carry_or_that_are_blank_are_refused_naming_the_source() {
+        assert_eq!(token_from(None, &env(None)), Ok(None));
+        assert_eq!(token_from(None, &env(Some(""))), Ok(None));
+        assert_eq!(
+            token_from(None, &env(Some(" s3cret \n"))),
+            Ok(Some("s3cret".into()))
+        );
+        let e = token_from(None, &env(Some(" "))).unwrap_err();
+        assert!(
+            e.starts_with("TASKD_CONTROL_TOKEN is empty or only whitespace"),
+            "{e}"
+        );
+        let e = token_from(None, &env(Some("a\tb"))).unwrap_err();
+        assert!(e.contains("TASKD_CONTROL_TOKEN holds '\\t'"), "{e}");
+
+        let dir = std::env::temp_dir().join(format!("taskd-roles-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("tok");
+        for (text, want) in [
+            (
+                "first\nsecond\n",
+                "holds '\\n', which an HTTP header cannot carry",
+            ),
+            ("  \n\t", "is empty or only whitespace"),
+            ("caf\u{e9}", "holds '\u{e9}'"),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let e = token_from(Some(&file), &env(None)).unwrap_err();
+            assert!(e.contains(want), "{text:?}: {e}");
+            assert!(e.contains(&file.display().to_string()), "{e}");
+        }
+        std::fs::write(&file, "one line\n").unwrap();
+        assert_eq!(
+            token_from(Some(&file), &env(Some("ignored"))),
+            Ok(Some("one line".into()))
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        let e = token_from(Some(std::path::Path::new("/dev/zero")), &env(None)).unwrap_err();
+        assert!(e.contains("a character device"), "{e}");
     }
 }

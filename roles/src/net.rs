@@ -78,7 +78,26 @@ impl NetArgs {
         Ok(Some(m))
     }
 
-    /// The transport's configuration (the flags are range-checked when parsed).
+    /// The transport's configuration, or why the flags cannot run: each is range-checked
+    /// when parsed, and together they must leave a peer at least [`flags::MIN_LOSS_MS`]
+    /// before it is lost.
+    pub fn checked(&self) -> Result<NetConfig, ConfigError> {
+        let loss = self.heartbeat_ms * u64::from(self.missed_heartbeats);
+        if loss < flags::MIN_LOSS_MS {
+            return Err(ConfigError::usage(format!(
+                "--heartbeat-ms {} with --missed-heartbeats {} loses a peer after {loss} ms \
+                 without a heartbeat, below the {} ms a loaded machine keeps (a scheduling \
+                 hiccup would flap the job); raise --heartbeat-ms or --missed-heartbeats",
+                self.heartbeat_ms,
+                self.missed_heartbeats,
+                flags::MIN_LOSS_MS
+            )));
+        }
+        Ok(self.config())
+    }
+
+    /// The transport's configuration (the flags are range-checked when parsed; see
+    /// [`NetArgs::checked`] for the check of the two heartbeat flags together).
     pub fn config(&self) -> NetConfig {
         NetConfig {
             heartbeat_interval: Duration::from_millis(self.heartbeat_ms),

@@ -11,7 +11,9 @@ use taskd_actors::net::{ProxyNodeConfig, DEFAULT_MANAGER_PORT, DEFAULT_PROXY_POR
 use taskd_actors::process::{rank_table, ProxyIdentity};
 use taskd_actors::telemetry::MetricsServer;
 use taskd_core::env::{self, process_env};
-use taskd_core::{DeviceId, HalError, HalErrorKind, JobId, Library, LinkHealth, NodeHal, NodeName};
+use taskd_core::{
+    DeviceId, HalError, HalErrorKind, JobId, Library, LinkHealth, NodeHal, NodeName, RankTable,
+};
 use taskd_hal_mock::SoloNodeHal;
 
 /// The flags of `taskd proxy`: the job, which node this is, where the manager and the
@@ -105,6 +107,16 @@ fn no_dcmi() -> HalError {
 }
 
 impl ProxyArgs {
+    /// `--rank-table`, loaded (again: [`ProxyArgs::config`] read it already), for checking the
+    /// manager's assignment against it ([`devices_differ`]).
+    pub fn rank_table(&self) -> Result<Option<RankTable>, ConfigError> {
+        Ok(self
+            .rank_table
+            .as_deref()
+            .map(rank_table::load)
+            .transpose()?)
+    }
+
     /// The manager's address: `--manager`, else `$MS_SCHED_HOST:9601` (IPv6 in brackets).
     fn manager(&self) -> Result<String, ConfigError> {
         if let Some(m) = &self.manager {
@@ -115,6 +127,13 @@ impl ProxyArgs {
                 "where is the manager? give --manager HOST:PORT or set MS_SCHED_HOST",
             )
         })?;
+        if let Some((_, zone)) = host.split_once('%') {
+            // Dropping it would leave a link-local address no route reaches.
+            return Err(ConfigError::usage(format!(
+                "MS_SCHED_HOST={host:?} has a zone id (%{zone}), which the proxy's connection \
+                 cannot carry; give the manager's global or unique-local address, or --manager"
+            )));
+        }
         let addr = env::host_port(&host, DEFAULT_MANAGER_PORT);
         env::check_host_port(&addr).map_err(|e| {
             ConfigError::usage(format!("MS_SCHED_HOST={host:?} is not a usable host ({e})"))
@@ -181,7 +200,28 @@ impl ProxyArgs {
             listen: self.listen,
             node_hal: self.node_hal()?,
             tls: self.tls.load()?,
-            net: self.net.config(),
+            net: self.net.checked()?,
         })
     }
+}
+
+/// Where the manager's assignment `n` puts a rank on another device than this proxy's rank
+/// `table` does (the manager checks the ranks of the node, not their devices): the first such
+/// rank, in words. A proxy that probed and switched the wrong dies would corrupt the job.
+pub fn devices_differ(table: &RankTable, n: &NodeAssignment) -> Option<String> {
+    n.ranks.iter().find_map(|(rank, device)| {
+        let mine = table
+            .slot(*rank)
+            .filter(|s| s.node == n.node)
+            .map(|s| s.device);
+        (mine != Some(*device)).then(|| {
+            let mine = mine.map_or("no device".to_owned(), |d| format!("device {d}"));
+            format!(
+                "the manager's rank table puts rank {rank} on device {device} of {}, this \
+                 proxy's --rank-table on {mine}: the two rank tables differ; give every role \
+                 the same file",
+                n.node
+            )
+        })
+    })
 }

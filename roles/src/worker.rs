@@ -77,7 +77,7 @@ impl WorkerArgs {
             node,
             tsp: self.tsp.unwrap_or_else(|| env::tsp_enabled(tft.as_deref())),
             tls: self.tls.load()?,
-            net: self.net.config(),
+            net: self.net.checked()?,
         })
     }
 }

@@ -11,7 +11,7 @@ pub use taskd_roles::manager::control_token;
 #[derive(Args, Clone, Debug)]
 pub struct ConnectArgs {
     /// The manager's control address, HOST:PORT.
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, value_name = "HOST:PORT", value_parser = super::flags::host_port)]
     pub addr: String,
     /// File holding the bearer token (or set TASKD_CONTROL_TOKEN).
     #[arg(long, value_name = "FILE")]
@@ -46,9 +46,13 @@ pub enum ConnectError {
     Client(#[from] ClientError),
 }
 
-fn read(path: &PathBuf) -> Result<Vec<u8>, ConnectError> {
-    std::fs::read(path).map_err(|source| ConnectError::Read {
-        path: path.clone(),
+/// The most of a certificate or key file read.
+const MAX_PEM_BYTES: u64 = 1 << 20;
+
+/// A certificate or key file: a regular file only, read without blocking.
+fn read(path: &std::path::Path) -> Result<Vec<u8>, ConnectError> {
+    taskd_actors::files::read_regular(path, MAX_PEM_BYTES).map_err(|source| ConnectError::Read {
+        path: path.to_owned(),
         source,
     })
 }
@@ -73,7 +77,7 @@ impl ConnectArgs {
             _ => None,
         };
         Ok(Some(TlsPem {
-            ca: self.tls_ca.as_ref().map(read).transpose()?,
+            ca: self.tls_ca.as_deref().map(read).transpose()?,
             identity,
             domain: self.tls_domain.clone(),
         }))

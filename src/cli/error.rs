@@ -3,7 +3,7 @@
 //! `taskd SUBCOMMAND: MESSAGE` on stderr, and exits with [`CliError::exit_code`].
 
 use crate::sim::SimError;
-use taskd_actors::net::TlsError;
+use taskd_actors::net::{NetError, TlsError};
 use taskd_actors::process::rank_table::RankTableFileError;
 use taskd_actors::process::{IdentityError, ProcessError};
 use taskd_core::env::{AddressError, EnvError};
@@ -92,6 +92,8 @@ impl CliError {
             CliError::Sim(SimError::Setup(_) | SimError::Target(_)) => exit::USAGE,
             // A --state-dir whose journal cannot be used: the operator moves it away.
             CliError::Start(ProcessError::Journal(_)) => exit::USAGE,
+            // TLS material the server cannot use (the message names the cause).
+            CliError::Start(ProcessError::Net(NetError::Tls(_))) => exit::USAGE,
             CliError::Start(_)
             | CliError::Sim(_)
             | CliError::Failed(_)

@@ -113,6 +113,12 @@ pub fn result_text(r: &OperationSummary) -> String {
     if let Some(e) = &r.error {
         let _ = writeln!(s, "  reason    {e}");
     }
+    if let Some(e) = &r.journal_error {
+        let _ = writeln!(
+            s,
+            "  journal   NOT RECORDED: a restarted manager would not know this result ({e})"
+        );
+    }
     for e in &r.rank_errors {
         let _ = writeln!(s, "  rank {:>5} {:<8} {}", e.rank, e.phase, e.message);
     }
@@ -164,6 +170,7 @@ pub fn status_json(s: &proto::JobStatus) -> Value {
         })),
         "training_stop": s.training_stop.as_ref().map(training_stop_json),
         "last_training_stop": s.last_training_stop.as_ref().map(training_stop_json),
+        "journal_error": (!s.journal_error.is_empty()).then_some(&s.journal_error),
     })
 }
 
@@ -287,6 +294,13 @@ pub fn status_text(s: &proto::JobStatus) -> String {
         "no (switches wait for every rank's report)"
     };
     let _ = writeln!(out, "verified   {verified}");
+    if !s.journal_error.is_empty() {
+        let _ = writeln!(
+            out,
+            "journal    CANNOT BE WRITTEN, no operation starts until it can: {}",
+            s.journal_error
+        );
+    }
     // Only a manager that is ClusterD's client has the line.
     if let Some(c) = &s.clusterd {
         let _ = writeln!(out, "clusterd   {}", clusterd_text(c));
@@ -301,8 +315,12 @@ pub fn status_text(s: &proto::JobStatus) -> String {
     if let Some(c) = &s.in_calls {
         let _ = writeln!(
             out,
-            "in calls   ranks {} have not answered the NIC-set calls of {} (recover waits for them)",
-            taskd_core::display::short_list(&c.ranks),
+            "in calls   {} not answered the NIC-set calls of {} (recover waits for them)",
+            taskd_core::display::ranks_with(
+                &taskd_core::display::short_list(&c.ranks),
+                "has",
+                "have"
+            ),
             c.uuid
         );
     }

@@ -10,6 +10,7 @@ use taskd_actors::net::ProxyNode;
 use taskd_actors::process::{ManagerProcess, ShutdownSignals};
 use taskd_core::operation::Trigger;
 use taskd_core::GlobalRank;
+use taskd_roles::proxy::devices_differ;
 use taskd_roles::{ManagerArgs, ProxyArgs};
 
 /// Prints one line on stdout for every automatic operation's result, as it comes (the
@@ -85,6 +86,7 @@ pub fn manager(a: ManagerArgs) -> Result<ExitCode, CliError> {
 pub fn proxy(a: ProxyArgs) -> Result<ExitCode, CliError> {
     let _metrics = a.serve_metrics()?;
     let cfg = a.config()?;
+    let table = a.rank_table()?;
     let manager = cfg.manager.clone();
     actix_rt::System::new().block_on(async move {
         let mut signals = ShutdownSignals::install()?;
@@ -97,6 +99,12 @@ pub fn proxy(a: ProxyArgs) -> Result<ExitCode, CliError> {
         ));
         let sig = match signals.or_signal(proxy.assigned()).await {
             Ok(Ok(n)) => {
+                if let Some(why) = table.as_ref().and_then(|t| devices_differ(t, &n)) {
+                    proxy
+                        .shutdown("its rank table differs from the manager's")
+                        .await;
+                    return Err(CliError::Refused(why));
+                }
                 let ranks: Vec<GlobalRank> = n.ranks.keys().copied().collect();
                 say(format!(
                     "taskd proxy registered as {} (ranks {})",

@@ -82,6 +82,9 @@ impl ServeArgs {
     }
 }
 
+/// How many steps the live simulator's step clock keeps (it builds no timeline).
+const SERVE_STEPS_KEPT: usize = 1024;
+
 /// Runs the live rig until SIGINT, SIGTERM or SIGHUP; exit 1 if an invariant broke.
 pub fn run(mut cfg: SimConfig, a: ServeArgs) -> Result<ExitCode, CliError> {
     cfg.job = JobId(a.job_id.clone());
@@ -90,6 +93,8 @@ pub fn run(mut cfg: SimConfig, a: ServeArgs) -> Result<ExitCode, CliError> {
     let rt = runtime()?;
     let mut signals = rt.block_on(async { ShutdownSignals::install() })?;
     let sim = Simulation::start(&cfg).map_err(|e| CliError::Failed(e.to_string()))?;
+    // No timeline is built here: a few seconds of steps, not minutes of them.
+    sim.step_clock().keep_latest(SERVE_STEPS_KEPT);
     let server = control::serve(
         sim.job().manager().clone(),
         ControlConfig {

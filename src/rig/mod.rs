@@ -467,6 +467,7 @@ impl Rig {
                 OperationSummary::from(&r)
             }
             Err(refusal) => OperationSummary {
+                journal_error: None,
                 job_state: if running { "running" } else { "paused" }.into(),
                 ..OperationSummary::rejected(&cmd, self.table(), &refusal)
             },

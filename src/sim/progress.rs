@@ -338,6 +338,7 @@ mod tests {
             use_backup: true,
         };
         let report = OperationReport {
+            journal_error: None,
             id: id(),
             direction: Direction::ToBackup,
             targets: vec![target.clone()],
@@ -505,6 +506,7 @@ mod tests {
     #[test]
     fn the_table_aligns_columns_and_lists_reasons() {
         let op = |uuid: &str, result: &str, error: Option<&str>| OperationSummary {
+            journal_error: None,
             uuid: uuid.into(),
             direction: "to_backup".into(),
             targets: vec![TargetSummary {
@@ -536,6 +538,7 @@ mod tests {
             op("bbbbbbbb-2", "failed", Some("rank 3 failed in switch")),
         ]);
         let auto = OperationSummary {
+            journal_error: None,
             trigger: Trigger::Auto,
             ..op("cccccccc-3", "succeeded", None)
         };

@@ -48,9 +48,11 @@ impl Holds {
     }
 }
 
-/// Per step from `first` on: ranks that completed it, and when the last one did.
+/// Per step from `first` on: ranks that completed it, and when the last one did; at most
+/// `kept` steps.
 struct Steps {
     first: u64,
+    kept: usize,
     v: VecDeque<(u32, Duration)>,
 }
 
@@ -63,6 +65,7 @@ impl StepClock {
             world,
             steps: Mutex::new(Steps {
                 first: 1,
+                kept: STEPS_KEPT,
                 v: VecDeque::new(),
             }),
             holds: Mutex::new(None),
@@ -87,6 +90,18 @@ impl StepClock {
         self.holds.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
+    /// Keeps only the latest `n` steps (at least 1) from now on, instead of [`STEPS_KEPT`]:
+    /// for a simulator that never builds a timeline (`--serve`), whose steps are then a few
+    /// kilobytes however long it trains.
+    pub fn keep_latest(&self, n: usize) {
+        let mut steps = self.lock();
+        steps.kept = n.max(1);
+        let excess = steps.v.len().saturating_sub(steps.kept);
+        steps.v.drain(..excess);
+        steps.first += excess as u64;
+        steps.v.shrink_to_fit();
+    }
+
     /// Time since the clock started.
     pub fn elapsed(&self) -> Duration {
         self.start.elapsed()
@@ -99,12 +114,12 @@ impl StepClock {
         let Some(i) = step.checked_sub(steps.first) else {
             return;
         };
-        let i = i as usize;
-        if i >= STEPS_KEPT {
+        let (i, kept) = (i as usize, steps.kept);
+        if i >= kept {
             // Slide the window so that `step` is its newest entry.
-            let drop = (i + 1 - STEPS_KEPT).min(steps.v.len());
+            let drop = (i + 1 - kept).min(steps.v.len());
             steps.v.drain(..drop);
-            steps.first = step + 1 - STEPS_KEPT as u64;
+            steps.first = step + 1 - kept as u64;
         }
         let i = (step - steps.first) as usize;
         if steps.v.len() <= i {
@@ -306,6 +321,24 @@ mod tests {
         clock.record(total + 3 * STEPS_KEPT as u64);
         clock.record(total + 3 * STEPS_KEPT as u64);
         assert_eq!(clock.completed_steps().len(), 1);
+    }
+
+    #[test]
+    fn a_clock_told_to_keep_fewer_steps_stays_that_small() {
+        let clock = StepClock::new(1);
+        for step in 1..=100 {
+            clock.record(step);
+        }
+        clock.keep_latest(10);
+        let done = clock.completed_steps();
+        assert_eq!(done.len(), 10);
+        assert_eq!(done[0].0, 91);
+        for step in 101..=10_000 {
+            clock.record(step);
+        }
+        let done = clock.completed_steps();
+        assert_eq!((done.len(), done[0].0), (10, 9_991));
+        assert!(clock.lock().v.capacity() < 64, "the memory stays small");
     }
 
     fn ms(v: u64) -> Duration {

@@ -16,8 +16,12 @@ pub enum ClientError {
     /// The TLS material is unusable.
     #[error(transparent)]
     Tls(#[from] TlsError),
-    /// Nothing answers at the address (or the TLS handshake failed).
-    #[error("cannot connect to {addr}: {source}")]
+    /// Nothing answers at the address (or the TLS handshake failed): the transport's error
+    /// and every cause under it (a bare "transport error" tells nobody anything).
+    #[error(
+        "cannot connect to {addr}: {}",
+        crate::net::client::error_chain(source)
+    )]
     Connect {
         /// The address tried.
         addr: String,
@@ -59,7 +63,7 @@ impl ControlClient {
         if let Some(t) = tls {
             endpoint = endpoint
                 .tls_config(t.client_config(addr))
-                .map_err(|e| TlsError::Config(e.to_string()))?;
+                .map_err(|e| TlsError::Config(crate::net::client::error_chain(&e)))?;
         }
         let channel = endpoint
             .connect()
@@ -218,6 +222,8 @@ async fn next_event(s: &mut tonic::Streaming<proto::SwitchEvent>) -> Result<Even
 
 /// What an accepted operation does next.
 #[derive(Debug)]
+// One value an operation, handed on at once: boxing the result would save nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Progress {
     /// A phase started, its count of ranks to answer went down, or it finished.
     Phase(proto::PhaseEvent),

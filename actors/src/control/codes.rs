@@ -13,7 +13,7 @@
 //! | 499 | CLIENT_ERROR | | the request is malformed (a uuid that is not a UUID) |
 //! | 504 | QUEUE_BUSY | reserved (ClusterD's "signal queue busy") | |
 //! | 507 | REPORT_TIMEOUT | reserved (ClusterD's "waiting for a report timed out") | |
-//! | 599 | SERVER_ERROR | the manager is not answering | the manager is not answering |
+//! | 599 | SERVER_ERROR | the manager is not answering | the manager is not answering, or its journal cannot be written |
 //!
 //! Every number keeps ClusterD's meaning (its `common.RespCode`): `Recover` answers exactly as
 //! ClusterD's `SwitchNicTrack` does — 411 (`OMIsRunning`) when it cannot start now, 413
@@ -60,6 +60,7 @@ pub fn control_code(e: &SubmitError) -> i32 {
         SubmitError::NotRunning { .. }
         | SubmitError::NothingToRecover { .. }
         | SubmitError::TrainingStopped { .. } => OUT_OF_ORDER,
+        SubmitError::JournalFailing { .. } => SERVER_ERROR,
     }
 }
 
@@ -71,7 +72,8 @@ pub fn recover_code(e: &SubmitError) -> i32 {
         | SubmitError::InCalls { .. }
         | SubmitError::NotRunning { .. }
         | SubmitError::TrainingStopped { .. }
-        | SubmitError::Unverified { .. } => OPERATION_RUNNING,
+        | SubmitError::Unverified { .. }
+        | SubmitError::JournalFailing { .. } => OPERATION_RUNNING,
         SubmitError::UnknownJob { .. }
         | SubmitError::NothingToRecover { .. }
         | SubmitError::WorkersMissing { .. }
@@ -99,6 +101,7 @@ pub fn refusal_kind(e: &SubmitError) -> RefusalKind {
         SubmitError::IdReused { .. } | SubmitError::Interrupted { .. } => RefusalKind::IdReused,
         SubmitError::Unverified { .. } => RefusalKind::Unverified,
         SubmitError::NothingToRecover { .. } => RefusalKind::NothingToRecover,
+        SubmitError::JournalFailing { .. } => RefusalKind::JournalFailing,
     }
 }
 

@@ -53,6 +53,7 @@ impl From<&OperationSummary> for proto::OperationResult {
             job_state: s.job_state.clone(),
             applied: s.applied,
             trigger: s.trigger.as_str().into(),
+            journal_error: s.journal_error.clone().unwrap_or_default(),
         }
     }
 }
@@ -105,6 +106,7 @@ impl From<&proto::OperationResult> for OperationSummary {
             } else {
                 Trigger::Operator
             },
+            journal_error: Some(r.journal_error.clone()).filter(|e| !e.is_empty()),
         }
     }
 }
@@ -151,6 +153,7 @@ pub fn status(s: &ManagerStatus) -> proto::JobStatus {
         }),
         training_stop: s.training_stop.as_ref().map(training_stop),
         last_training_stop: s.last_training_stop.as_ref().map(training_stop),
+        journal_error: s.journal_error.clone().unwrap_or_default(),
     }
 }
 
@@ -195,6 +198,7 @@ mod tests {
     #[test]
     fn a_summary_survives_the_wire() {
         let s = OperationSummary {
+            journal_error: None,
             uuid: "8b1f8d36-0000-4000-8000-000000000001".into(),
             direction: "to_backup".into(),
             targets: vec![TargetSummary {
@@ -230,6 +234,7 @@ mod tests {
         let wire = proto::OperationResult::from(&s);
         assert_eq!(OperationSummary::from(&wire), s);
         let none = OperationSummary {
+            journal_error: None,
             error: None,
             rank_errors: Vec::new(),
             ..s

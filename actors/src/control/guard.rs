@@ -20,15 +20,20 @@ pub struct RateLimit {
     pub per_second: f64,
 }
 
+/// The slowest refill a [`RateLimit`] may have: one request per 10,000 seconds. Slower is a
+/// typo (`1e-300`) that would lock a client out for ever after its burst.
+pub const MIN_PER_SECOND: f64 = 0.0001;
+
 impl RateLimit {
-    /// `Err` naming the value when the limit would refuse every request or is not a number.
+    /// `Err` naming the value when the limit would refuse every request (a burst of 0, a
+    /// refill slower than [`MIN_PER_SECOND`]) or is not a number.
     pub fn check(&self) -> Result<(), String> {
         if self.burst == 0 {
             return Err("the rate limit's burst is 0: every request would be refused".into());
         }
-        if !(self.per_second.is_finite() && self.per_second > 0.0) {
+        if !(self.per_second.is_finite() && self.per_second >= MIN_PER_SECOND) {
             return Err(format!(
-                "the rate limit's refill of {} requests per second must be a positive number",
+                "the rate limit's refill of {} requests per second must be a number of at least {MIN_PER_SECOND}",
                 self.per_second
             ));
         }
@@ -85,8 +90,11 @@ impl Guard {
         }
     }
 
-    /// `Err` with `unauthenticated` or `resource_exhausted` when the request may not pass.
+    /// `Err` with `resource_exhausted` or `unauthenticated` when the request may not pass.
+    /// Every request is charged to its client's bucket first, so wrong-token guesses are
+    /// rate-limited as any other request.
     fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        self.take(req.remote_addr().map(|a| a.ip()), Instant::now())?;
         if let Some(want) = &self.cfg.token {
             let got = req
                 .metadata()
@@ -105,7 +113,7 @@ impl Guard {
                 Some(_) => {}
             }
         }
-        self.take(req.remote_addr().map(|a| a.ip()), Instant::now())
+        Ok(())
     }
 
     fn take(&self, client: Option<IpAddr>, now: Instant) -> Result<(), Status> {
@@ -168,7 +176,7 @@ mod tests {
     }
 
     #[test]
-    fn the_interceptor_wants_the_token_before_it_counts() {
+    fn the_interceptor_wants_the_token() {
         let mut g = Guard::new(GuardConfig {
             token: Some("s3cret".into()),
             rate: RateLimit::default(),
@@ -189,6 +197,37 @@ mod tests {
     }
 
     #[test]
+    fn wrong_token_guesses_are_charged_to_the_bucket() {
+        let mut g = Guard::new(GuardConfig {
+            token: Some("s3cret".into()),
+            rate: RateLimit {
+                burst: 3,
+                per_second: MIN_PER_SECOND,
+            },
+        });
+        let guess = |n: u32| {
+            let mut r = Request::new(());
+            let v = format!("Bearer guess{n}").parse().unwrap();
+            r.metadata_mut().insert("authorization", v);
+            r
+        };
+        let codes: Vec<_> = (0..5)
+            .map(|n| g.call(guess(n)).unwrap_err().code())
+            .collect();
+        use tonic::Code::{ResourceExhausted, Unauthenticated};
+        assert_eq!(
+            codes,
+            [
+                Unauthenticated,
+                Unauthenticated,
+                Unauthenticated,
+                ResourceExhausted,
+                ResourceExhausted
+            ]
+        );
+    }
+
+    #[test]
     fn limits_that_refuse_everything_are_named() {
         assert!(RateLimit::default().check().is_ok());
         let zero = RateLimit {
@@ -196,7 +235,14 @@ mod tests {
             per_second: 1.0,
         };
         assert!(zero.check().unwrap_err().contains("burst is 0"));
-        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        for bad in [
+            0.0,
+            -1.0,
+            f64::NAN,
+            f64::INFINITY,
+            1e-300,
+            MIN_PER_SECOND / 2.0,
+        ] {
             let r = RateLimit {
                 burst: 1,
                 per_second: bad,

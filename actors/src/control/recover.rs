@@ -235,6 +235,7 @@ mod tests {
 
     fn failed(error: Option<OperationError>) -> OperationReport {
         OperationReport {
+            journal_error: None,
             id: OperationId(uuid::Uuid::from_u128(7)),
             direction: Direction::ToBackup,
             targets: Vec::new(),

@@ -151,6 +151,7 @@ mod tests {
 
     fn report(id: OperationId) -> OperationReport {
         OperationReport {
+            journal_error: None,
             id,
             direction: Direction::ToBackup,
             targets: Vec::new(),

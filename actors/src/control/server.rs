@@ -102,7 +102,7 @@ pub fn serve(manager: Addr<Manager>, cfg: ControlConfig) -> Result<ControlServer
     if let Some(tls) = &cfg.tls {
         builder = builder
             .tls_config(tls.server_config()?)
-            .map_err(|e| TlsError::Config(e.to_string()))?;
+            .map_err(|e| TlsError::Config(crate::net::client::error_chain(&e)))?;
     }
     let server = Background::spawn("taskd-control", move |stop| {
         run(listener, builder, manager, cfg, stop)

@@ -175,7 +175,10 @@ impl Manager {
         };
         let id = OperationId(uuid::Uuid::new_v4());
         let span = crate::observer::submit_span(id, &cmd, Trigger::Auto);
-        let res = span.in_scope(|| self.ledger.submit_by(Trigger::Auto, &cmd, id, now));
+        let res = match self.journal_ready() {
+            Ok(()) => span.in_scope(|| self.ledger.submit_by(Trigger::Auto, &cmd, id, now)),
+            Err(e) => Err(e),
+        };
         match res {
             Ok(Submitted::Started { id, actions }) => {
                 for d in eval.decisions.iter_mut().filter(|d| d.is_move()) {

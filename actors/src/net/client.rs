@@ -211,8 +211,13 @@ impl Client {
                     return;
                 }
                 Err(Attempt::Conflict(msg)) => {
+                    let patience = net.loss_after() * 2;
+                    if first_conflict.is_none() {
+                        // Said at once: a real second process is the likelier case.
+                        tracing::warn!(server = %self.server, reason = %msg, "registration refused as a duplicate; retrying for {patience:?} in case the other registration is this process's own predecessor, then giving up");
+                    }
                     let since = *first_conflict.get_or_insert_with(Instant::now);
-                    if since.elapsed() > net.loss_after() * 2 {
+                    if since.elapsed() > patience {
                         tracing::error!(server = %self.server, reason = %msg, "registration refused");
                         self.state.send_replace(ClientState::Refused(msg));
                         return;
@@ -313,7 +318,7 @@ impl Client {
         if let Some(tls) = tls {
             endpoint = endpoint
                 .tls_config(tls)
-                .map_err(|e| Attempt::Fatal(format!("TLS setup: {e}")))?;
+                .map_err(|e| Attempt::Fatal(format!("TLS setup: {}", error_chain(&e))))?;
         }
         let channel = endpoint.connect().await.map_err(|e| {
             Attempt::Retry(format!(
@@ -372,13 +377,17 @@ impl Client {
     }
 }
 
-/// The whole chain of a transport error ("transport error: tcp connect error: refused").
+/// The whole chain of a transport error ("transport error: tcp connect error: refused"); a
+/// cause that only repeats what is said already is left out.
 pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut src = e.source();
     while let Some(x) = src {
-        s.push_str(": ");
-        s.push_str(&x.to_string());
+        let text = x.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
         src = x.source();
     }
     s

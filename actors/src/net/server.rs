@@ -226,7 +226,7 @@ impl<H: Host> NetService<H> {
         if let Some(tls) = tls {
             builder = builder
                 .tls_config(tls.server_config()?)
-                .map_err(|e| super::tls::TlsError::Config(e.to_string()))?;
+                .map_err(|e| super::tls::TlsError::Config(super::client::error_chain(&e)))?;
         }
         let router = builder.add_service(self.into_server());
         let (tx, rx) = oneshot::channel::<()>();

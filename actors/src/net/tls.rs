@@ -71,14 +71,21 @@ pub struct PemIdentity {
     pub key: Vec<u8>,
 }
 
+/// The largest PEM file read: far above a certificate chain (a larger file is not one).
+const MAX_PEM_BYTES: u64 = 1 << 20;
+
 impl TlsFiles {
-    /// Reads the three files; each must hold a PEM block.
+    /// Reads the three files (regular files only, read without blocking); each must hold a
+    /// PEM block, and the key must be the certificate's (a mismatch is named here, at start,
+    /// rather than as a failed handshake later).
     pub fn load(&self) -> Result<TlsPem, TlsError> {
         let read = |what: &'static str, path: &PathBuf| -> Result<Vec<u8>, TlsError> {
-            let bytes = std::fs::read(path).map_err(|source| TlsError::Read {
-                what,
-                path: path.clone(),
-                source,
+            let bytes = crate::files::read_regular(path, MAX_PEM_BYTES).map_err(|source| {
+                TlsError::Read {
+                    what,
+                    path: path.clone(),
+                    source,
+                }
             })?;
             if !String::from_utf8_lossy(&bytes).contains("-----BEGIN") {
                 return Err(TlsError::NotPem {
@@ -94,6 +101,18 @@ impl TlsFiles {
             read("key", &self.key)?,
         );
         pem.domain = self.domain.clone();
+        // Building a server's configuration parses the certificate and the key and checks
+        // that they belong together.
+        tonic::transport::Server::builder()
+            .tls_config(pem.server_config()?)
+            .map_err(|e| {
+                TlsError::Config(format!(
+                    "the certificate {} and the key {} do not make an identity: {}",
+                    self.cert.display(),
+                    self.key.display(),
+                    crate::net::client::error_chain(&e)
+                ))
+            })?;
         Ok(pem)
     }
 }

@@ -3,7 +3,6 @@
 //! [`taskd_core::rank_table`]), with errors that name the file and the bad value.
 
 use serde::Deserialize;
-use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use taskd_core::rank_table::{RankSlot, RankTableError};
 use taskd_core::{DeviceId, GlobalRank, NodeName, RankTable};
@@ -67,6 +66,13 @@ pub enum RankTableParseError {
         /// The value found.
         value: u64,
     },
+    /// A server's name (its `server_name`, else its `server_id`) is empty: no proxy could be
+    /// that node.
+    #[error("server {index} of server_list has an empty name (server_name or server_id)")]
+    EmptyNode {
+        /// Its index in `server_list`.
+        index: usize,
+    },
     /// The slots do not make a valid table (duplicates, gaps, above the job size limits).
     #[error(transparent)]
     Table(#[from] RankTableError),
@@ -123,16 +129,17 @@ pub fn load(path: &Path) -> Result<RankTable, RankTableFileError> {
         path: path.to_owned(),
         source,
     };
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_RANK_TABLE_BYTES + 1).read_to_end(&mut bytes))
-        .map_err(read_err)?;
-    if bytes.len() as u64 > MAX_RANK_TABLE_BYTES {
-        return Err(RankTableFileError::TooLarge {
-            path: path.to_owned(),
-            max: MAX_RANK_TABLE_BYTES,
-        });
-    }
+    // A regular file only, opened without blocking: a FIFO or a device is refused at once.
+    let bytes = match crate::files::read_regular(path, MAX_RANK_TABLE_BYTES) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+            return Err(RankTableFileError::TooLarge {
+                path: path.to_owned(),
+                max: MAX_RANK_TABLE_BYTES,
+            })
+        }
+        Err(e) => return Err(read_err(e)),
+    };
     let invalid = |source| RankTableFileError::Invalid {
         path: path.to_owned(),
         source,
@@ -145,8 +152,12 @@ pub fn load(path: &Path) -> Result<RankTable, RankTableFileError> {
 pub fn parse(text: &str) -> Result<RankTable, RankTableParseError> {
     let t: HcclRankTable = serde_json::from_str(text)?;
     let mut slots = Vec::new();
-    for s in t.server_list {
-        let node = NodeName(s.server_name.unwrap_or(s.server_id));
+    for (index, s) in t.server_list.into_iter().enumerate() {
+        let name = s.server_name.unwrap_or(s.server_id);
+        if name.trim().is_empty() {
+            return Err(RankTableParseError::EmptyNode { index });
+        }
+        let node = NodeName(name);
         for d in s.device {
             slots.push(RankSlot {
                 node: node.clone(),
@@ -194,13 +205,33 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.to_string(), "rank_id 5000000000 is too large");
         assert!(parse("{}").is_err());
+        for blank in [
+            r#"{"server_list": [{"server_id": "", "device": [{"device_id": 0, "rank_id": 0}]}]}"#,
+            r#"{"server_list": [{"server_id": "a", "server_name": " ", "device": [{"device_id": 0, "rank_id": 0}]}]}"#,
+        ] {
+            let e = parse(blank).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "server 0 of server_list has an empty name (server_name or server_id)"
+            );
+        }
     }
 
     #[test]
-    fn a_file_larger_than_the_bound_is_refused_naming_it() {
-        let e = load(Path::new("/dev/zero")).unwrap_err();
+    fn a_file_larger_than_the_bound_or_not_a_file_is_refused_naming_it() {
+        let big = std::env::temp_dir().join(format!("taskd-big-table-{}", uuid::Uuid::new_v4()));
+        // Sparse: nothing is written.
+        std::fs::File::create(&big)
+            .and_then(|f| f.set_len(MAX_RANK_TABLE_BYTES + 1))
+            .unwrap();
+        let e = load(&big).unwrap_err();
+        std::fs::remove_file(&big).unwrap();
         assert!(matches!(e, RankTableFileError::TooLarge { .. }), "{e}");
+        assert!(e.to_string().contains(&big.display().to_string()), "{e}");
+        let e = load(Path::new("/dev/zero")).unwrap_err();
+        assert!(matches!(e, RankTableFileError::Read { .. }), "{e}");
         assert!(e.to_string().contains("/dev/zero"), "{e}");
+        assert!(e.to_string().contains("a character device"), "{e}");
         let e = load(Path::new("/nonexistent/table.json")).unwrap_err();
         assert!(e.to_string().contains("/nonexistent/table.json"), "{e}");
     }

@@ -50,9 +50,17 @@ def _env_int(name):
 
 
 def _node_rank(framework):
-    """``"ms"``: ``$MS_NODE_RANK``; ``"pt"``: ``$RANK // $LOCAL_WORLD_SIZE``."""
+    """``"ms"``: ``$MS_NODE_RANK`` (MindCluster's platform sets it; msrun's taskd agent sets it
+    for the workers it starts). ``"pt"``: ``$RANK // $LOCAL_WORLD_SIZE``, else torchrun's
+    ``$GROUP_RANK``."""
     if framework == "ms":
+        if not os.environ.get("MS_NODE_RANK", "").strip():
+            raise ValueError(
+                "$MS_NODE_RANK is not set: set it to this node's rank (msrun's --node_rank); "
+                "msrun's taskd agent (MS_ENABLE_TFT with TSP:1) sets it for its workers")
         return _env_int("MS_NODE_RANK")
+    if not os.environ.get("RANK", "").strip() and os.environ.get("GROUP_RANK", "").strip():
+        return _env_int("GROUP_RANK")
     local = _env_int("LOCAL_WORLD_SIZE")
     if local <= 0:
         raise ValueError("$LOCAL_WORLD_SIZE=%d is not positive" % local)
@@ -109,10 +117,24 @@ def _install_hooks(framework, log):
     return [remove]
 
 
+#: how long a worker may take to reach its proxy before the training log says it has not
+REACH_PROXY_MS = 3000
+
+
 def _log_registration(worker, rank):
+    """Logs the registration; if it takes longer than ``REACH_PROXY_MS``, one warning first."""
     log = get_logger()
+    proxy = os.environ.get("TASKD_PROXY", "").strip() or "127.0.0.1:9602"
     try:
-        node = worker.wait_registered()
+        try:
+            node = worker.wait_registered(REACH_PROXY_MS)
+        except cython_api.TaskdError as e:
+            if e.code != cython_api.TASKD_ERR_TIMEOUT:
+                raise
+            log.warning(
+                "taskd worker rank %d cannot reach its proxy at %s (after %d ms; $TASKD_PROXY): "
+                "still trying, training is not gated until it does", rank, proxy, REACH_PROXY_MS)
+            node = worker.wait_registered()
         log.info("taskd worker rank %d registered on %s", rank, node)
     except cython_api.TaskdError as e:
         if e.code == cython_api.TASKD_ERR_STOPPED:

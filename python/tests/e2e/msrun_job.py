@@ -1,0 +1,263 @@
+"""The seed's MindSpore job for real: the real ``mindspore`` (the CPU build) under its real
+``msrun``, with taskd's agent as msrun's process manager.
+
+The seed's ``manager.py`` (``msrun_manager.py``, for this job's one node of two processes), and
+``msrun`` with ``MS_ENABLE_TFT='{TTP:1,TSP:1}'`` and ``MS_SCHED_HOST`` set, which hands its
+workers to ``start_taskd_agent()``; the training processes are ``msrun_train.py``, the seed's
+worker lines before data-parallel training. Scenarios (each a job of its own):
+
+- ``train``, ``epochs``, ``fit``: one ``model.train`` call, a per-epoch loop of
+  ``model.train(1, ...)``, ``model.fit``. ``taskd switch --wait`` moves both ranks to the
+  backup NIC and back while it trains.
+- ``restart``: ``PROCESS_RECOVER=on``; a worker is SIGKILLed mid-training, the agent restarts
+  every worker, they register again, and a switch to the backup NIC and back succeeds.
+- ``sigterm``: SIGTERM to msrun while it trains: msrun exits with 143 and no process of the
+  job is left (the other checks do not apply).
+
+Checks, for every scenario: every rank's framework function was called once per operation
+with the whole list, every rank held after the same step, training went on after the last
+operation, the parameters are equal on every rank at the end, msrun exits 0, and no process of
+the job is left. Prints each switch's stall (the manager's pause-to-resume time).
+
+    python msrun_job.py --taskd target/debug/taskd --python VENV/bin/python [SCENARIO...]
+"""
+
+import argparse
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+JOB = "msrun-job"
+WAIT = 180  # seconds: a bound on what takes seconds (MindSpore's start is the slowest)
+SCENARIOS = ("train", "epochs", "fit", "restart", "sigterm")
+EXPECTED = [([0, 1], [True, True]), ([0, 1], [False, False])]
+
+
+class Proc:
+    """A child process whose output lines (stdout and stderr together) are read as they come."""
+
+    def __init__(self, name, args, env):
+        self.name = name
+        self.p = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+        self.lines = queue.Queue()
+        self.seen = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in iter(self.p.stdout.readline, b""):
+            self.lines.put(line.decode(errors="replace"))
+        self.lines.put(None)
+
+    def wait_line(self, text):
+        """The next output line containing ``text``."""
+        while True:
+            try:
+                line = self.lines.get(timeout=WAIT)
+            except queue.Empty:
+                line = None
+            if line is None:
+                raise AssertionError("%s: %r never came; output:\n%s" % (self.name, text, self.output()))
+            self.seen.append(line)
+            if text in line:
+                return line
+
+    def output(self):
+        while True:
+            try:
+                line = self.lines.get_nowait()
+            except queue.Empty:
+                break
+            if line is not None:
+                self.seen.append(line)
+        return "".join(l for l in self.seen if not l.startswith(("[WARNING]", "[INFO]")))
+
+
+def free_port():
+    """A port for msrun's scheduler (msrun takes a number, not 0)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def taskd(args, argv):
+    out = subprocess.run([args.taskd] + argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         timeout=WAIT)
+    return out.returncode, out.stdout.decode()
+
+
+def job_processes(mark):
+    """Every live process carrying this job's mark in its environment."""
+    found = []
+    needle = ("TASKD_TEST_JOB=%s" % mark).encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    with open("/proc/%s/cmdline" % pid, "rb") as c:
+                        found.append((int(pid), c.read().replace(b"\0", b" ").decode()))
+        except OSError:
+            continue
+    return found
+
+
+def worker_pid(mark, rank):
+    for pid, cmd in job_processes(mark):
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            env = f.read().split(b"\0")
+        if b"MS_ROLE=MS_WORKER" in env and ("RANK_ID=%d" % rank).encode() in env and "msrun_train.py" in cmd:
+            return pid
+    raise AssertionError("no worker of rank %d runs" % rank)
+
+
+def switch(args, control, to, manager):
+    """``taskd switch --wait``. Refused because the manager is still verifying the job's
+    (re)started workers: again once it says the job runs."""
+    for _ in range(3):
+        code, out = taskd(args, ["switch", "--addr", control, "--job", JOB, "--node", "node-0",
+                                 "--dev", "0,1", "--to", to, "--wait"])
+        if "OPERATION_RUNNING" not in out and "JOB_NOT_REGISTERED" not in out:
+            return code, out
+        manager.wait_line("verified: the job runs")
+    return code, out
+
+
+def switch_there_and_back(args, control, manager):
+    stalls = []
+    for to in ("backup", "primary"):
+        code, out = switch(args, control, to, manager)
+        assert code == 0 and "SUCCEEDED" in out, out
+        stall = [l.split()[-2] for l in out.splitlines() if l.strip().startswith("stall ")]
+        stalls.append("%s: stall %s ms" % (to, stall[0] if stall else "?"))
+    return stalls
+
+
+def check_ranks(out_dir):
+    reports = []
+    for r in (0, 1):
+        with open(os.path.join(out_dir, "rank-%d.json" % r)) as f:
+            reports.append(json.load(f))
+    for r, rep in enumerate(reports):
+        got = [(c["ranks"], c["use_backup"]) for c in rep["calls"]]
+        assert got == EXPECTED, "rank %d: %s" % (r, got)
+        assert rep["steps"] > rep["calls"][-1]["step"], "rank %d did not train after the last switch" % r
+    held = [[c["step"] for c in rep["calls"]] for rep in reports]
+    assert held[0] == held[1], "the ranks were held after different steps: %s" % held
+    assert reports[0]["params"] == reports[1]["params"], "the ranks' parameters differ"
+    threads = sorted({c["training_thread"] for rep in reports for c in rep["calls"]})
+    step_ms = [1000 * rep["seconds"] / max(1, rep["steps"] - 1) for rep in reports]
+    return held[0], reports[0]["steps"], threads, max(step_ms)
+
+
+def start_manager(args, env, procs):
+    manager = Proc("manager", [args.python, os.path.join(HERE, "msrun_manager.py")],
+                   dict(env, TASKD_MANAGER_LISTEN="127.0.0.1:0", TASKD_CONTROL_ADDR="127.0.0.1:0",
+                        RUST_LOG="info"))
+    procs.append(manager)
+    port = manager.wait_line("taskd manager listening on ").strip().rsplit(":", 1)[1]
+    control = manager.wait_line("taskd manager control API on ").strip().rsplit(" ", 1)[1]
+    return manager, port, control
+
+
+def start_msrun(args, env, tmp, procs):
+    msrun = os.path.join(os.path.dirname(args.python), "msrun")
+    cmd = [msrun, "--worker_num", "2", "--local_worker_num", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), "--log_dir", os.path.join(tmp, "log"), "--join", "True",
+           os.path.join(HERE, "msrun_train.py")]
+    p = Proc("msrun", cmd, env)
+    procs.append(p)
+    return p
+
+
+def end_manager(manager):
+    manager.p.send_signal(signal.SIGTERM)
+    assert manager.p.wait(WAIT) == 0, manager.output()
+
+
+def restart_a_worker(mark, msrun, manager):
+    os.kill(worker_pid(mark, 1), signal.SIGKILL)
+    msrun.wait_line("restarting every worker of this node (restart 1 of")
+    manager.wait_line("verified: the job runs")
+
+
+def run(args, scenario):
+    mark = uuid.uuid4().hex
+    with tempfile.TemporaryDirectory() as tmp:
+        stop = os.path.join(tmp, "stop")
+        env = dict(os.environ, MINDX_TASK_ID=JOB, TASKD_LOG_PATH=tmp, TASKD_TEST_JOB=mark,
+                   PATH=os.path.dirname(args.python) + os.pathsep + os.environ.get("PATH", ""),
+                   HCCL_OP_RETRY_ENABLE="L0:0, L1:1, L2:1", GLOG_v="3",
+                   TRAIN_LOOP="train" if scenario == "restart" else scenario,
+                   TRAIN_STOP_FILE=stop, TRAIN_OUT=tmp)
+        procs = []
+        try:
+            manager, port, control = start_manager(args, env, procs)
+            env.update(MS_ENABLE_TFT="{TTP:1,TSP:1}", MS_SCHED_HOST="127.0.0.1",
+                       TASKD_MANAGER_PORT=port, TASKD_PROXY="127.0.0.1:0")
+            if scenario == "restart":
+                env["PROCESS_RECOVER"] = "on"
+            started = time.monotonic()
+            msrun = start_msrun(args, env, tmp, procs)
+            manager.wait_line("every worker registered, the job is verified")
+            if scenario == "sigterm":
+                msrun.p.send_signal(signal.SIGTERM)
+                code = msrun.p.wait(WAIT)
+                assert code == 128 + signal.SIGTERM, "msrun exited %s:\n%s" % (code, msrun.output())
+                msrun.wait_line("SIGTERM: every worker was killed")
+                end_manager(manager)
+                assert not job_processes(mark), "processes of the job are left: %s" % job_processes(mark)
+                print("msrun job (sigterm): msrun exited %d, nothing left" % code, flush=True)
+                return
+            if scenario == "restart":
+                restart_a_worker(mark, msrun, manager)
+            stalls = switch_there_and_back(args, control, manager)
+            code, out = taskd(args, ["status", "--addr", control, "--job", JOB, "--json"])
+            status = json.loads(out)
+            assert status["state"] == "running" and status["ranks_on_backup"] == [], status
+            open(stop, "w").close()
+            code = msrun.p.wait(WAIT)
+            assert code == 0, "msrun exited %s:\n%s" % (code, msrun.output())
+            held, steps, threads, step_ms = check_ranks(tmp)
+            end_manager(manager)
+            left = job_processes(mark)
+            assert not left, "processes of the job are left: %s" % left
+        except BaseException:
+            for p in procs:
+                print("---- %s\n%s" % (p.name, p.output()), file=sys.stderr)
+            raise
+        finally:
+            for p in procs:
+                if p.p.poll() is None:
+                    os.killpg(p.p.pid, signal.SIGKILL)
+                    p.p.wait()
+            for pid, _ in job_processes(mark):
+                os.kill(pid, signal.SIGKILL)
+    print("msrun job (%s, %.0f s): held after steps %s of %d (%.2f ms a step); switch calls on "
+          "the training thread: %s; %s" % (scenario, time.monotonic() - started, held, steps,
+                                          step_ms, threads, ", ".join(stalls)), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--taskd", required=True, help="the taskd command")
+    ap.add_argument("--python", default=sys.executable, help="a Python with mindspore and taskd")
+    ap.add_argument("scenarios", nargs="*", default=list(SCENARIOS))
+    args = ap.parse_args()
+    for scenario in args.scenarios:
+        if scenario not in SCENARIOS:
+            ap.error("unknown scenario %r (%s)" % (scenario, ", ".join(SCENARIOS)))
+        run(args, scenario)
+    print("msrun job: every check holds (%s)" % ", ".join(args.scenarios))
+
+
+if __name__ == "__main__":
+    main()

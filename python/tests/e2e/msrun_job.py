@@ -1,7 +1,7 @@
 """The seed's MindSpore job for real: the real ``mindspore`` (the CPU build) under its real
 ``msrun``, with taskd's agent as msrun's process manager.
 
-The seed's ``manager.py`` (``msrun_manager.py``, for this job's one node of two processes), and
+The seed's ``manager.py`` (``manager_1x2.py``, for this job's one node of two processes), and
 ``msrun`` with ``MS_ENABLE_TFT='{TTP:1,TSP:1}'`` and ``MS_SCHED_HOST`` set, which hands its
 workers to ``start_taskd_agent()``; the training processes are ``msrun_train.py``, the seed's
 worker lines before data-parallel training. Scenarios (each a job of its own):
@@ -25,89 +25,18 @@ the job is left. Prints each switch's stall (the manager's pause-to-resume time)
 import argparse
 import json
 import os
-import queue
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 
+from jobs import WAIT, Proc, describe, free_port, job_processes, switch_there_and_back, taskd
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = "msrun-job"
-WAIT = 180  # seconds: a bound on what takes seconds (MindSpore's start is the slowest)
 SCENARIOS = ("train", "epochs", "fit", "restart", "sigterm")
 EXPECTED = [([0, 1], [True, True]), ([0, 1], [False, False])]
-
-
-class Proc:
-    """A child process whose output lines (stdout and stderr together) are read as they come."""
-
-    def __init__(self, name, args, env):
-        self.name = name
-        self.p = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
-        self.lines = queue.Queue()
-        self.seen = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in iter(self.p.stdout.readline, b""):
-            self.lines.put(line.decode(errors="replace"))
-        self.lines.put(None)
-
-    def wait_line(self, text):
-        """The next output line containing ``text``."""
-        while True:
-            try:
-                line = self.lines.get(timeout=WAIT)
-            except queue.Empty:
-                line = None
-            if line is None:
-                raise AssertionError("%s: %r never came; output:\n%s" % (self.name, text, self.output()))
-            self.seen.append(line)
-            if text in line:
-                return line
-
-    def output(self):
-        while True:
-            try:
-                line = self.lines.get_nowait()
-            except queue.Empty:
-                break
-            if line is not None:
-                self.seen.append(line)
-        return "".join(l for l in self.seen if not l.startswith(("[WARNING]", "[INFO]")))
-
-
-def free_port():
-    """A port for msrun's scheduler (msrun takes a number, not 0)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def taskd(args, argv):
-    out = subprocess.run([args.taskd] + argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         timeout=WAIT)
-    return out.returncode, out.stdout.decode()
-
-
-def job_processes(mark):
-    """Every live process carrying this job's mark in its environment."""
-    found = []
-    needle = ("TASKD_TEST_JOB=%s" % mark).encode()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open("/proc/%s/environ" % pid, "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    with open("/proc/%s/cmdline" % pid, "rb") as c:
-                        found.append((int(pid), c.read().replace(b"\0", b" ").decode()))
-        except OSError:
-            continue
-    return found
 
 
 def worker_pid(mark, rank):
@@ -117,33 +46,6 @@ def worker_pid(mark, rank):
         if b"MS_ROLE=MS_WORKER" in env and ("RANK_ID=%d" % rank).encode() in env and "msrun_train.py" in cmd:
             return pid
     raise AssertionError("no worker of rank %d runs" % rank)
-
-
-def switch(args, control, to, manager):
-    """``taskd switch --wait``. Refused because the manager is still verifying the job's
-    (re)started workers: again once it says the job runs."""
-    for _ in range(3):
-        code, out = taskd(args, ["switch", "--addr", control, "--job", JOB, "--node", "node-0",
-                                 "--dev", "0,1", "--to", to, "--wait"])
-        if "OPERATION_RUNNING" not in out and "JOB_NOT_REGISTERED" not in out:
-            return code, out
-        manager.wait_line("verified: the job runs")
-    return code, out
-
-
-def switch_there_and_back(args, control, manager):
-    stalls = []
-    for to in ("backup", "primary") * args.pairs:
-        code, out = switch(args, control, to, manager)
-        assert code == 0 and "SUCCEEDED" in out, out
-        stalls += [float(l.split()[-2]) for l in out.splitlines() if l.strip().startswith("stall ")]
-    return stalls
-
-
-def describe(stalls):
-    s = sorted(stalls)
-    return "stall %.1f ms median, %.1f-%.1f ms over %d switches" % (
-        s[len(s) // 2], s[0], s[-1], len(s))
 
 
 def check_ranks(out_dir, pairs):
@@ -164,7 +66,7 @@ def check_ranks(out_dir, pairs):
 
 
 def start_manager(args, env, procs):
-    manager = Proc("manager", [args.python, os.path.join(HERE, "msrun_manager.py")],
+    manager = Proc("manager", [args.python, os.path.join(HERE, "manager_1x2.py")],
                    dict(env, TASKD_MANAGER_LISTEN="127.0.0.1:0", TASKD_CONTROL_ADDR="127.0.0.1:0",
                         RUST_LOG="info"))
     procs.append(manager)
@@ -224,7 +126,7 @@ def run(args, scenario):
                 return
             if scenario == "restart":
                 restart_a_worker(mark, msrun, manager)
-            stalls = switch_there_and_back(args, control, manager)
+            stalls = switch_there_and_back(args, control, manager, JOB)
             code, out = taskd(args, ["status", "--addr", control, "--job", JOB, "--json"])
             status = json.loads(out)
             assert status["state"] == "running" and status["ranks_on_backup"] == [], status

@@ -69,7 +69,8 @@ def run(args):
         stop = os.path.join(tmp, "stop")
         path = [STANDIN] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         env = dict(os.environ, MINDX_TASK_ID=JOB, TASKD_LOG_PATH=tmp, TASKD_TEST_JOB=mark,
-                   HCCL_OP_RETRY_ENABLE="L0:0, L1:1, L2:1", PYTHONPATH=os.pathsep.join(path),
+                   HCCL_OP_RETRY_ENABLE="L0:0, L1:1, L2:1", MS_ENABLE_TFT="{TTP:1,TSP:1}",
+                   PYTHONPATH=os.pathsep.join(path),
                    TRAIN_STOP_FILE=stop, TRAIN_OUT=tmp)
         procs = []
         try:

@@ -1,0 +1,27 @@
+"""The torchrun job (``e2e/torchrun_job.py``: real torch, real torchrun, a stand-in torch_npu),
+where torch is importable; skipped with a message otherwise. The ``taskd`` command is
+``$TASKD_CLI``, else the repository's ``target/debug/taskd``."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+CLI = os.environ.get("TASKD_CLI") or os.path.join(REPO, "target", "debug", "taskd")
+NO_TORCH = importlib.util.find_spec("torch") is None
+
+
+@unittest.skipIf(NO_TORCH, "torch is not importable by %s: the torchrun job runs where it is "
+                 "(python -m unittest test_torchrun with a Python that has torch)" % sys.executable)
+class Torchrun(unittest.TestCase):
+    def test_the_torchrun_job(self):
+        if not os.path.exists(CLI):
+            self.skipTest("no taskd command at %s (cargo build --bin taskd, or set $TASKD_CLI)" % CLI)
+        out = subprocess.run([sys.executable, os.path.join(HERE, "e2e", "torchrun_job.py"),
+                              "--taskd", CLI, "--python", sys.executable],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
+        self.assertEqual(out.returncode, 0, out.stdout.decode()[-6000:])
+        self.assertIn("torchrun job: every check holds", out.stdout.decode())

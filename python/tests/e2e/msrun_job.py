@@ -14,8 +14,8 @@ worker lines before data-parallel training. Scenarios (each a job of its own):
 - ``sigterm``: SIGTERM to msrun while it trains: msrun exits with 143 and no process of the
   job is left (the other checks do not apply).
 
-Checks, for every scenario: every rank's framework function was called once per operation
-with the whole list, every rank held after the same step, training went on after the last
+Checks, for every scenario: MindSpore warned about no callback of taskd's, every rank's
+framework function was called once per operation with the whole list, every rank held after the same step, training went on after the last
 operation, the parameters are equal on every rank at the end, msrun exits 0, and no process of
 the job is left. Prints each switch's stall (the manager's pause-to-resume time).
 
@@ -133,6 +133,9 @@ def run(args, scenario):
             open(stop, "w").close()
             code = msrun.p.wait(WAIT)
             assert code == 0, "msrun exited %s:\n%s" % (code, msrun.output())
+            msrun.output()
+            warned = [l for l in msrun.seen if "TaskdStepCallback" in l]
+            assert not warned, "MindSpore warned about taskd's callback: %s" % warned
             held, steps, threads, step_ms = check_ranks(tmp, args.pairs)
             end_manager(manager)
             left = job_processes(mark)

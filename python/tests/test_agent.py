@@ -42,7 +42,7 @@ class Agent(support.TaskdTestCase):
         self.assertEqual(r["kills"], [[-1]])
         for out in r["outputs"].values():
             env = json.loads(out)
-            self.assertEqual(env["MS_NODE_RANK"], "0")
+            self.assertEqual((env["MS_NODE_RANK"], env["TASKD_RESTART_COUNT"]), ("0", "0"))
             host, port = env["TASKD_PROXY"].rsplit(":", 1)
             self.assertEqual(host, "127.0.0.1")
             self.assertNotEqual(port, "0", "the proxy's real port")
@@ -67,6 +67,8 @@ class Agent(support.TaskdTestCase):
         self.assertEqual(r["status"], 0, r["log"])
         self.assertEqual(r["calls"], ["START_ALL_WORKER", "KILL_WORKER", "START_ALL_WORKER", "KILL_WORKER"])
         self.assertIn("restarting every worker of this node (restart 1 of 3)", r["log"])
+        for out in r["outputs"].values():
+            self.assertEqual(json.loads(out)["TASKD_RESTART_COUNT"], "1", "the second incarnation")
 
     def test_restarts_are_bounded(self):
         r = self.run_agent("bounded", PROCESS_RECOVER="on", TASKD_AGENT_MAX_RESTARTS="2")

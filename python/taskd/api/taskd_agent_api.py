@@ -11,7 +11,8 @@ daemon thread with ``UpstreamAddr = $MS_SCHED_HOST``, ``UpstreamPort = $TASKD_MA
 (default ``9601``), listening where ``$TASKD_PROXY`` says (default ``127.0.0.1:9602``; port
 ``0`` picks a free one) and ``ServerRank = $MS_NODE_RANK``, or, when the platform does not set
 it (plain msrun), the node rank msrun's ``MONITOR`` gives (``--node_rank``). The workers the
-agent starts get ``MS_NODE_RANK`` and ``TASKD_PROXY`` in their environment.
+agent starts get ``MS_NODE_RANK``, ``TASKD_PROXY`` and ``TASKD_RESTART_COUNT`` (0, then 1 after
+the first restart, ...) in their environment.
 
 A worker that fails ends the job on this node: the others are killed, and ``start_taskd_agent``
 exits the process with status 1. With ``PROCESS_RECOVER=on`` the agent instead kills the others

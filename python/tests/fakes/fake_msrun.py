@@ -19,7 +19,8 @@ RUN = "import sys; sys.stdin.read()"
 def exits(code):
     """A worker that records its environment's taskd variables and exits with ``code``."""
     return ("import json, os, sys; print(json.dumps({k: os.environ.get(k) for k in "
-            "('MS_NODE_RANK', 'TASKD_PROXY')}), flush=True); sys.exit(%d)" % code)
+            "('MS_NODE_RANK', 'TASKD_PROXY', 'TASKD_RESTART_COUNT')}), flush=True); "
+            "sys.exit(%d)" % code)
 
 
 class FakeMsrun:

@@ -27,6 +27,8 @@ KILL_ALL = -1
 MONITOR_ALL = -1
 NOT_STARTED = 200
 CALLBACKS = ("KILL_WORKER", "START_ALL_WORKER", "START_WORKER_LIST", "MONITOR")
+#: how many times the workers have been restarted, in the environment of the workers started
+RESTART_COUNT = "TASKD_RESTART_COUNT"
 #: how long the launcher's other children (msrun's scheduler) may take to end on their own
 CHILD_GRACE_S = 30.0
 #: how long a terminated child has before it is killed
@@ -139,6 +141,7 @@ class ProcessAgent:
         self.stop.set()
 
     def _start_all(self):
+        os.environ[RESTART_COUNT] = str(self.restarts)  # the workers' environment is ours
         code = self.cb["START_ALL_WORKER"]()
         statuses = self._monitor()
         if code != 0:

@@ -168,15 +168,15 @@ def start_taskd_agent():
         # A launcher handed its workers over and none will run: end what it started.
         end_children(child_pids(), 0.0, log)
         raise SystemExit(1)
+    outcome = None
     try:
         with _Signals(agent):
             outcome = agent.run()
     except Exception as e:
         log.error("taskd agent: %s: killing every worker", e)
         agent.cb["KILL_WORKER"]([-1])
-        outcome = None
     finally:
-        agent.reap_others()
+        agent.reap_others(outcome is not None and outcome.code == 0)
         if taskd_proxy_api.running():
             taskd_proxy_api.destroy_taskd_proxy()
     if outcome is None:

@@ -142,11 +142,9 @@ class ProcessAgent:
 
     def _start_all(self):
         os.environ[RESTART_COUNT] = str(self.restarts)  # the workers' environment is ours
-        code = self.cb["START_ALL_WORKER"]()
-        statuses = self._monitor()
-        if code != 0:
-            self.log.error("taskd agent: START_ALL_WORKER answered %r: %s", code, statuses)
-        return statuses
+        # Its answer (1: a worker is not running) is not needed: MONITOR says which, and why.
+        self.cb["START_ALL_WORKER"]()
+        return self._monitor()
 
     def _monitor(self):
         statuses = _statuses(self.cb["MONITOR"]([MONITOR_ALL]))
@@ -195,10 +193,10 @@ class ProcessAgent:
                        lost, self.restarts, self.max_restarts)
         return None
 
-    def reap_others(self):
-        """Ends the launcher's children that are not workers (msrun's scheduler): each has
-        ``CHILD_GRACE_S`` to end on its own."""
+    def reap_others(self, clean):
+        """Ends the launcher's children that are not workers (msrun's scheduler): after a
+        clean end each has ``CHILD_GRACE_S`` to end on its own, otherwise none."""
         others = child_pids() - self.worker_pids
         if others:
-            self.log.info("taskd agent: waiting for the launcher's other processes %s", sorted(others))
-            end_children(others, CHILD_GRACE_S, self.log)
+            self.log.info("taskd agent: ending the launcher's other processes %s", sorted(others))
+            end_children(others, CHILD_GRACE_S if clean else 0.0, self.log)

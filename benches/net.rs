@@ -138,7 +138,9 @@ fn train_threads(
                     if gate.wait_armed(Duration::from_millis(200)) {
                         step += 1;
                         solo.run_collectives();
-                        gate.step_completed(step);
+                        if gate.step_completed(step).is_stop() {
+                            return;
+                        }
                     }
                 }
             })
@@ -159,7 +161,9 @@ async fn train_task(solo: SoloRank, gate: Arc<StepGate>, stop: Arc<AtomicBool>) 
         step += 1;
         solo.run_collectives();
         if let Some(hold) = gate.step_completed_or_hold(step) {
-            hold.await;
+            if hold.await.is_stop() {
+                return;
+            }
         }
     }
 }

@@ -260,16 +260,17 @@ impl SimRank {
                 st.held_since = Some(Instant::now());
                 ReplyBody::Paused { step: *step }
             }
-            DirectiveKind::Switch { targets } => self.apply(&mut st, &[targets]),
-            DirectiveKind::Rollback { targets, restate } => {
-                self.apply(&mut st, &[targets, restate])
-            }
+            DirectiveKind::Switch { targets, .. } => self.apply(&mut st, &[targets]),
+            DirectiveKind::Rollback {
+                targets, restate, ..
+            } => self.apply(&mut st, &[targets, restate]),
             DirectiveKind::Resume => {
                 st.gate = None;
                 let stalled = st.held_since.take().map_or(Duration::ZERO, |t| t.elapsed());
                 ReplyBody::Resumed { stalled }
             }
             DirectiveKind::Verify => ReplyBody::Verified(self.report(&st)),
+            DirectiveKind::StopTraining { .. } => ReplyBody::Stopped,
         }
     }
 

@@ -14,13 +14,19 @@
  *   MINDX_TASK_ID=demo TASKD_PROXY=127.0.0.1:9602 MS_ENABLE_TFT='{TSP:1}' /tmp/taskd/c_worker 0 2
  *
  * Arguments: RANK [SWITCHES]. With SWITCHES, it trains until its switch function ran that
- * many times, then three more steps, and exits; without, it trains until killed.
+ * many times, then three more steps, and exits; without, it trains until killed. When the
+ * manager stops training (taskd_worker_step_completed returns TASKD_STOP_TRAINING) it prints
+ * the reason and exits 3, for its launcher to restart it.
+ *
+ * The switch function runs on the training thread, inside taskd_worker_step_completed: it
+ * says so ("on the training thread") by comparing its thread with main's.
  * capi/tests/embedded.rs builds and runs it against a manager and a proxy.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "taskd.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,14 +38,18 @@ struct framework {
     atomic_int switches;
     atomic_bool in_step;
     atomic_uint_fast64_t step;
+    pthread_t trainer; /* the training thread: main's */
 };
 
-static bool switch_nic(const uint32_t *ranks, const bool *use_backup, size_t n, void *user,
-                       char *err, size_t err_len)
+static bool switch_nic(const uint32_t *ranks, const bool *use_backup, size_t n,
+                       uint64_t timeout_ms, void *user, char *err, size_t err_len)
 {
     struct framework *fw = user;
-    printf("switch: after step %" PRIuFAST64 ", %s, targets",
-           atomic_load(&fw->step), atomic_load(&fw->in_step) ? "during a step" : "training held");
+    const char *where = atomic_load(&fw->in_step)                 ? "during a step"
+                        : pthread_equal(pthread_self(), fw->trainer) ? "on the training thread"
+                                                                     : "on another thread";
+    printf("switch: after step %" PRIuFAST64 ", %s, within %" PRIu64 " ms, targets",
+           atomic_load(&fw->step), where, timeout_ms);
     for (size_t i = 0; i < n; i++)
         printf(" %" PRIu32 ":%s", ranks[i], use_backup[i] ? "backup" : "primary");
     printf("\n");
@@ -77,6 +87,7 @@ int main(int argc, char **argv)
     char config[128];
     snprintf(config, sizeof config, "{\"rank\": %lu}", rank);
     static struct framework fw;
+    fw.trainer = pthread_self();
     taskd_worker *w = NULL;
     if (taskd_worker_start(config, switch_nic, &fw, &w) != TASKD_OK)
         return fail("taskd_worker_start");
@@ -97,7 +108,17 @@ int main(int argc, char **argv)
         compute();
         atomic_store(&fw.in_step, false);
         atomic_store(&fw.step, step);
-        taskd_worker_step_completed(w, step); /* held here while taskd switches */
+        /* Held here while taskd switches; the switch function runs inside this call. */
+        int32_t rc = taskd_worker_step_completed(w, step);
+        if (rc == TASKD_STOP_TRAINING) {
+            printf("rank %lu stopped after step %" PRIu64 ": %s\n", rank, step, taskd_last_error());
+            fflush(stdout);
+            taskd_worker_stop(w);
+            taskd_worker_free(w);
+            return 3;
+        }
+        if (rc != TASKD_OK)
+            return fail("taskd_worker_step_completed");
         int now = atomic_load(&fw.switches);
         if (now != seen) {
             seen = now;

@@ -51,12 +51,18 @@ fn training_process(job: &str, rank: u32, proxy: &str, layout: SoloLayout, steps
         reg.node, reg.device
     );
     // 3. The training loop calls the gate after every step. With no operation pending this
-    //    is one atomic load; during an operation it holds the loop at the agreed step.
+    //    is one atomic load; during an operation it holds the loop at the agreed step. When
+    //    the manager stops training the loop ends, and the process exits with a failure for
+    //    its launcher to restart it.
     let gate = worker.gate();
     for step in 1..=steps {
         std::thread::sleep(Duration::from_millis(2)); // the step's compute and collectives
         solo.run_collectives();
-        gate.step_completed(step);
+        if let taskd::core::StepOutcome::Stop(why) = gate.step_completed(step) {
+            eprintln!("rank {rank}: training stopped after step {step}: {why}");
+            worker.stop();
+            std::process::exit(3);
+        }
     }
     // 4. Stop: the gate opens for good and the proxy is told this rank is leaving.
     worker.stop();

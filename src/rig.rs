@@ -61,8 +61,8 @@ use taskd_core::operation::{JobState, OperationReport, Outcome};
 use taskd_core::summary::ms;
 use taskd_core::{
     env as flags, DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, JobId, LinkHealth, NodeHal,
-    NodeName, OperationSummary, PhaseDeadlines, RankHal, RankTable, StepBoundary, SubmitError,
-    SwitchCapabilities, SwitchCommand,
+    NodeName, OperationSummary, PhaseDeadlines, RankHal, RankTable, StepBoundary, StepOutcome,
+    SubmitError, SwitchCapabilities, SwitchCommand,
 };
 use taskd_hal_ascend::node;
 use taskd_hal_ascend::result::{self, acl::AclInit};
@@ -547,7 +547,11 @@ fn train(
         }
         shared.cv.notify_all();
         step = next;
-        gate.step_completed(step);
+        if let StepOutcome::Stop(why) = gate.step_completed(step) {
+            let stopped = format!("rank {r} after step {step}: training stopped: {why}");
+            shared.lock().errors.push(stopped);
+            return;
+        }
     }
 }
 

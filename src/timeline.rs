@@ -153,8 +153,9 @@ impl StepHook for TimedHook {
         let hold = self.inner.step_completed(step)?;
         let from = self.clock.elapsed();
         Some(Box::pin(async move {
-            hold.await;
+            let outcome = hold.await;
             self.clock.held(from, self.clock.elapsed());
+            outcome
         }))
     }
 }

@@ -98,8 +98,9 @@ impl StepHook for Latched {
                     }
                     opened.await;
                 }
-                if let Some(hold) = self.gate.step_completed(step) {
-                    hold.await;
+                match self.gate.step_completed(step) {
+                    Some(hold) => hold.await,
+                    None => taskd::core::StepOutcome::Go,
                 }
             })),
             _ => self.gate.step_completed(step),

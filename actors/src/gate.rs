@@ -26,6 +26,16 @@
 //! [`StepGate::resume`] opens the gate. One training thread calls a gate; any thread may
 //! control it.
 //!
+//! Two more things reach a held training thread:
+//!
+//! - **A call to run on it** ([`StepGate::call_on_training_thread`]): a framework's switch
+//!   function must run on the thread that owns the device context and the streams, the one
+//!   held here. The worker's HAL thread hands the call over and waits for its answer; the
+//!   training thread runs it inside `step_completed`, then goes back to holding.
+//! - **A stop** ([`StepGate::stop_training`]): the manager stopped training. A held thread
+//!   (or one arriving at a boundary) gets [`StepOutcome::Stop`] instead of a resume, at every
+//!   boundary from then on: the process ends its loop, and its launcher restarts it.
+//!
 //! A simulated rank that is a task rather than a thread (the simulator runs thousands in one
 //! process) calls [`StepGate::step_completed_or_hold`] instead: the same step, the same state
 //! machine and events, only a hold is a future to await instead of a blocked thread.
@@ -36,7 +46,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 use taskd_core::protocol::GateReport;
-use taskd_core::{OperationId, StepBoundary};
+use taskd_core::{OperationId, StepBoundary, StepOutcome};
 
 /// The high bit of the gate word: an operation is pending, boundaries take the slow path.
 const ARMED: u64 = 1 << 63;
@@ -106,7 +116,24 @@ pub enum GateError {
     /// The worker is stopping; the gate never holds again.
     #[error("the gate was shut down")]
     Shutdown,
+    /// Training was stopped; the gate never holds or runs a call again.
+    #[error("training was stopped: {0}")]
+    Stopped(String),
+    /// A call for the training thread, which is not held at the gate (or holds as a task,
+    /// which cannot run a blocking call).
+    #[error("training is not held at the step gate: nothing can run on its thread")]
+    NotHeld,
+    /// The call did not answer within its time (it may still be running on the training
+    /// thread, which then goes on holding once it returns).
+    #[error("the call on the training thread did not return within {0:?}")]
+    CallTimedOut(Duration),
+    /// The call ended without an answer (it panicked).
+    #[error("the call on the training thread ended without an answer (it panicked)")]
+    CallLost,
 }
+
+/// A call waiting for the held training thread.
+type Call = Box<dyn FnOnce() + Send>;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
@@ -131,6 +158,12 @@ struct Inner {
     held: Option<(u64, Instant)>,
     /// Time held during the current operation.
     stalled: Duration,
+    /// Why training was stopped, once it was: every boundary from then on says so.
+    stopped: Option<String>,
+    /// A call handed to the held training thread, not started yet.
+    call: Option<Call>,
+    /// Whether the training thread holds as a thread (it can run a call) rather than a task.
+    thread_held: bool,
 }
 
 type Notify = Box<dyn Fn(GateEvent) + Send + Sync>;
@@ -169,6 +202,9 @@ impl StepGate {
                 last: None,
                 held: None,
                 stalled: Duration::ZERO,
+                stopped: None,
+                call: None,
+                thread_held: false,
             }),
             released: Condvar::new(),
             released_task: tokio::sync::Notify::new(),
@@ -190,43 +226,64 @@ impl StepGate {
     }
 
     /// Called by the training thread after it finished `step` (1 for the first). Returns at
-    /// once unless an operation holds this rank here.
+    /// once unless an operation holds this rank here; while it holds, the thread runs the
+    /// calls handed to it ([`StepGate::call_on_training_thread`]). [`StepOutcome::Stop`]
+    /// once training was stopped: the loop must end.
     #[inline]
-    pub fn step_completed(&self, step: u64) {
-        if !self.try_pass(step) {
+    pub fn step_completed(&self, step: u64) -> StepOutcome {
+        if self.try_pass(step) {
+            StepOutcome::Go
+        } else {
             self.boundary_slow(step)
         }
     }
 
     /// [`StepGate::step_completed`] for a training loop that is a task: `None` when the rank
     /// goes on at once (one atomic load and one compare-and-swap with no operation pending),
-    /// otherwise the hold, a future that resolves when the gate lets the rank go on. The
-    /// state machine, the events and the rules are those of [`StepGate::step_completed`].
+    /// otherwise a future that resolves when the gate lets the rank go on, or tells it to
+    /// stop. The state machine, the events and the rules are those of
+    /// [`StepGate::step_completed`]; a task runs no calls (it is not a thread).
     #[inline]
-    pub fn step_completed_or_hold(&self, step: u64) -> Option<impl Future<Output = ()> + '_> {
+    pub fn step_completed_or_hold(
+        &self,
+        step: u64,
+    ) -> Option<impl Future<Output = StepOutcome> + '_> {
         if self.try_pass(step) {
             return None;
         }
         let mut g = self.inner.lock();
-        if !self.boundary_enter(&mut g, step) {
+        let stopped = g.stopped.is_some();
+        let hold = !stopped && self.boundary_enter(&mut g, step);
+        if !hold && !stopped {
             return None;
         }
         drop(g);
         Some(async move {
-            loop {
-                let released = self.released_task.notified();
-                tokio::pin!(released);
-                released.as_mut().enable();
-                {
-                    let mut g = self.inner.lock();
-                    if !Self::holds(&g, step) {
-                        Self::boundary_leave(&mut g);
-                        return;
+            if hold {
+                loop {
+                    let released = self.released_task.notified();
+                    tokio::pin!(released);
+                    released.as_mut().enable();
+                    {
+                        let mut g = self.inner.lock();
+                        if !Self::holds(&g, step) {
+                            Self::boundary_leave(&mut g);
+                            break;
+                        }
                     }
+                    released.await;
                 }
-                released.await;
             }
+            Self::outcome(&self.inner.lock())
         })
+    }
+
+    /// Go on, or the stop.
+    fn outcome(g: &Inner) -> StepOutcome {
+        match &g.stopped {
+            Some(why) => StepOutcome::Stop(why.clone()),
+            None => StepOutcome::Go,
+        }
     }
 
     /// The fast path: publishes `step` unless the gate is armed (then `false`).
@@ -250,19 +307,98 @@ impl StepGate {
     }
 
     #[cold]
-    fn boundary_slow(&self, step: u64) {
+    fn boundary_slow(&self, step: u64) -> StepOutcome {
         let mut g = self.inner.lock();
-        if self.boundary_enter(&mut g, step) {
-            while Self::holds(&g, step) {
+        // Marked before the hold's event goes out: whoever reacts to it may hand a call over.
+        g.thread_held = true;
+        if g.stopped.is_none() && self.boundary_enter(&mut g, step) {
+            loop {
+                if let Some(call) = g.call.take() {
+                    // A panic in the call must not unwind out of the gate: its caller sees the
+                    // answer lost.
+                    MutexGuard::unlocked(&mut g, || {
+                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(call));
+                    });
+                    continue;
+                }
+                if !Self::holds(&g, step) {
+                    break;
+                }
                 self.released.wait(&mut g);
             }
             Self::boundary_leave(&mut g);
         }
+        g.thread_held = false;
+        Self::outcome(&g)
     }
 
-    /// Whether a rank held after `step` must go on holding.
+    /// Whether a rank held after `step` must go on holding (never once training stopped).
     fn holds(g: &Inner, step: u64) -> bool {
-        matches!(g.mode, Mode::HoldAfter { step: bound, .. } if bound <= step)
+        g.stopped.is_none()
+            && matches!(g.mode, Mode::HoldAfter { step: bound, .. } if bound <= step)
+    }
+
+    /// Runs `f` on the training thread held at this gate and returns its answer, waiting at
+    /// most `wait` for it. The held thread runs it inside its `step_completed`, then goes on
+    /// holding. Refused when the training thread is not held (nothing may run on it while it
+    /// trains) or training was stopped. A call the thread has not started when `wait` ends
+    /// is withdrawn; one it has started goes on to its end, and the thread runs a later call
+    /// after it.
+    ///
+    /// # Errors
+    /// [`GateError::NotHeld`], [`GateError::Stopped`], [`GateError::CallTimedOut`],
+    /// [`GateError::CallLost`] (`f` panicked).
+    pub fn call_on_training_thread<R: Send + 'static>(
+        &self,
+        wait: Duration,
+        f: impl FnOnce() -> R + Send + 'static,
+    ) -> Result<R, GateError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        {
+            let mut g = self.inner.lock();
+            if let Some(why) = &g.stopped {
+                return Err(GateError::Stopped(why.clone()));
+            }
+            if !g.thread_held || g.held.is_none() || g.call.is_some() {
+                return Err(GateError::NotHeld);
+            }
+            g.call = Some(Box::new(move || {
+                let _ = tx.send(f());
+            }));
+        }
+        self.released.notify_all();
+        match rx.recv_timeout(wait) {
+            Ok(answer) => Ok(answer),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                // Not started yet: withdraw it (one caller at a time: the slot is this one's).
+                self.inner.lock().call = None;
+                Err(GateError::CallTimedOut(wait))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(GateError::CallLost),
+        }
+    }
+
+    /// Stops training for good: a rank held at the gate, or arriving at a boundary from now
+    /// on, gets [`StepOutcome::Stop`] with `reason`, and the gate never holds, resumes or
+    /// runs a call again. Returns whether this call stopped it (`false`: it already was).
+    pub fn stop_training(&self, reason: &str) -> bool {
+        let mut g = self.inner.lock();
+        if g.stopped.is_some() {
+            return false;
+        }
+        g.stopped = Some(reason.to_owned());
+        g.op = None;
+        g.call = None;
+        // Every boundary takes the slow path from now on, and finds the stop there.
+        self.word.fetch_or(ARMED, Ordering::AcqRel);
+        self.wake_held();
+        self.wake_armed();
+        true
+    }
+
+    /// Why training was stopped, once it was.
+    pub fn stopped(&self) -> Option<String> {
+        self.inner.lock().stopped.clone()
     }
 
     /// The rank holds no more: its stall is counted.
@@ -345,6 +481,9 @@ impl StepGate {
     /// and a recovery takes its place. The bound stays: a held rank keeps holding.
     pub fn sample(&self, op: OperationId) -> Result<Option<u64>, GateError> {
         let mut g = self.inner.lock();
+        if let Some(why) = &g.stopped {
+            return Err(GateError::Stopped(why.clone()));
+        }
         if g.mode == Mode::Shutdown {
             return Err(GateError::Shutdown);
         }
@@ -376,6 +515,9 @@ impl StepGate {
     /// holds there (at once if it already does).
     pub fn pause_at(&self, op: OperationId, step: u64) -> Result<(), GateError> {
         let mut g = self.inner.lock();
+        if let Some(why) = &g.stopped {
+            return Err(GateError::Stopped(why.clone()));
+        }
         match (g.mode, g.op) {
             (Mode::Shutdown, _) => return Err(GateError::Shutdown),
             (_, Some(busy)) if busy != op => {
@@ -447,7 +589,7 @@ impl StepGate {
     /// late resume must never open a gate a later operation holds).
     pub fn resume(&self, op: OperationId) -> Duration {
         let mut g = self.inner.lock();
-        if g.op.is_some_and(|busy| busy != op) {
+        if g.op.is_some_and(|busy| busy != op) || g.stopped.is_some() {
             return Duration::ZERO;
         }
         if g.mode != Mode::Shutdown {
@@ -464,9 +606,10 @@ impl StepGate {
         stalled
     }
 
-    /// Clears [`ARMED`], leaving the last completed step in the word for the next sample.
+    /// Clears [`ARMED`], leaving the last completed step in the word for the next sample. A
+    /// stopped gate stays armed: its boundaries must find the stop.
     fn disarm(&self, g: &Inner) {
-        if self.word.load(Ordering::Acquire) & ARMED != 0 {
+        if g.stopped.is_none() && self.word.load(Ordering::Acquire) & ARMED != 0 {
             let w = g.last.map_or(0, |l| SEEN | (l & STEP));
             self.word.store(w, Ordering::Release);
         }
@@ -512,7 +655,7 @@ impl StepGate {
 }
 
 impl StepBoundary for StepGate {
-    fn step_completed(&self, step: u64) {
+    fn step_completed(&self, step: u64) -> StepOutcome {
         StepGate::step_completed(self, step)
     }
 }
@@ -527,6 +670,11 @@ mod tests {
         OperationId(uuid::Uuid::from_u128(n))
     }
 
+    /// The boundary let the rank go on.
+    fn go(o: StepOutcome) {
+        assert_eq!(o, StepOutcome::Go);
+    }
+
     fn gate() -> (Arc<StepGate>, mpsc::Receiver<GateEvent>) {
         let g = Arc::new(StepGate::new());
         let (tx, rx) = mpsc::channel();
@@ -539,7 +687,7 @@ mod tests {
     fn idle_gate_never_holds_and_publishes_the_step() {
         let (g, rx) = gate();
         for s in 1..1000 {
-            g.step_completed(s);
+            go(g.step_completed(s));
         }
         assert!(rx.try_recv().is_err());
         assert_eq!(g.held_step(), None);
@@ -550,7 +698,7 @@ mod tests {
     #[test]
     fn sample_answers_at_once_then_pause_holds_exactly_at_t() {
         let (g, rx) = gate();
-        g.step_completed(4);
+        go(g.step_completed(4));
         // The training thread finished step 4: it is in step 5, and says so without having
         // to reach a boundary.
         assert_eq!(g.sample(op(1)), Ok(Some(5)));
@@ -560,9 +708,9 @@ mod tests {
         let trainer = {
             let g = g.clone();
             std::thread::spawn(move || {
-                g.step_completed(5); // passes: 5 < 6
-                g.step_completed(6); // holds here
-                g.step_completed(7);
+                go(g.step_completed(5)); // passes: 5 < 6
+                go(g.step_completed(6)); // holds here
+                go(g.step_completed(7));
                 7
             })
         };
@@ -597,7 +745,7 @@ mod tests {
                     .step_completed_or_hold(6)
                     .expect("holds after the pause step");
                 // The task's hold resolves only once the gate opens.
-                rt.block_on(hold);
+                go(rt.block_on(hold));
                 g.held_step()
             })
         };
@@ -624,15 +772,15 @@ mod tests {
     #[test]
     fn provisional_hold_is_released_to_the_later_pause_step() {
         let (g, rx) = gate();
-        g.step_completed(3);
+        go(g.step_completed(3));
         assert_eq!(g.sample(op(2)), Ok(Some(4)));
         // Asked again (a repeated directive): the same answer.
         assert_eq!(g.sample(op(2)), Ok(Some(4)));
         let trainer = {
             let g = g.clone();
             std::thread::spawn(move || {
-                g.step_completed(4); // holds provisionally
-                g.step_completed(5); // holds at T = 5
+                go(g.step_completed(4)); // holds provisionally
+                go(g.step_completed(5)); // holds at T = 5
             })
         };
         assert!(matches!(
@@ -652,11 +800,11 @@ mod tests {
     #[test]
     fn pause_at_the_held_step_reports_at_once() {
         let (g, rx) = gate();
-        g.step_completed(1);
+        go(g.step_completed(1));
         assert_eq!(g.sample(op(3)), Ok(Some(2)));
         let trainer = {
             let g = g.clone();
-            std::thread::spawn(move || g.step_completed(2))
+            std::thread::spawn(move || go(g.step_completed(2)))
         };
         assert!(matches!(
             rx.recv().unwrap(),
@@ -678,7 +826,7 @@ mod tests {
     #[test]
     fn another_operation_is_refused_and_shutdown_frees_the_thread() {
         let (g, rx) = gate();
-        g.step_completed(0);
+        go(g.step_completed(0));
         assert_eq!(g.sample(op(4)), Ok(Some(1)));
         assert!(matches!(
             g.pause_at(op(5), 3),
@@ -687,9 +835,9 @@ mod tests {
         let trainer = {
             let g = g.clone();
             std::thread::spawn(move || {
-                g.step_completed(1);
-                g.step_completed(2);
-                g.step_completed(3);
+                go(g.step_completed(1));
+                go(g.step_completed(2));
+                go(g.step_completed(3));
             })
         };
         assert!(matches!(
@@ -704,14 +852,14 @@ mod tests {
     #[test]
     fn a_recovery_takes_over_an_orphaned_hold_and_a_stale_resume_opens_nothing() {
         let (g, rx) = gate();
-        g.step_completed(8);
+        go(g.step_completed(8));
         assert_eq!(g.sample(op(10)), Ok(Some(9)));
         g.pause_at(op(10), 9).unwrap();
         let trainer = {
             let g = g.clone();
             std::thread::spawn(move || {
-                g.step_completed(9); // holds for operation 10, whose manager then dies
-                g.step_completed(10);
+                go(g.step_completed(9)); // holds for operation 10, whose manager then dies
+                go(g.step_completed(10));
             })
         };
         assert!(matches!(
@@ -748,8 +896,8 @@ mod tests {
         let trainer = {
             let g = g.clone();
             std::thread::spawn(move || {
-                g.step_completed(100); // answers: in step 101
-                g.step_completed(101); // holds provisionally
+                go(g.step_completed(100)); // answers: in step 101
+                go(g.step_completed(101)); // holds provisionally
             })
         };
         assert_eq!(
@@ -790,9 +938,9 @@ mod tests {
         let trainer = {
             let g = g.clone();
             std::thread::spawn(move || {
-                g.step_completed(10); // answers the sample: in step 11
-                g.step_completed(11); // holds provisionally, then at the pause step
-                g.step_completed(12);
+                go(g.step_completed(10)); // answers the sample: in step 11
+                go(g.step_completed(11)); // holds provisionally, then at the pause step
+                go(g.step_completed(12));
             })
         };
         assert_eq!(
@@ -836,7 +984,7 @@ mod tests {
         assert_eq!(g.sample(op(10)), Ok(Some(13)));
         let trainer = {
             let g = g.clone();
-            std::thread::spawn(move || g.step_completed(20))
+            std::thread::spawn(move || go(g.step_completed(20)))
         };
         assert_eq!(
             rx.recv().unwrap(),
@@ -852,5 +1000,125 @@ mod tests {
         );
         g.resume(op(10));
         trainer.join().unwrap();
+    }
+
+    #[test]
+    fn a_stop_reaches_a_held_thread_and_every_later_boundary() {
+        let (g, rx) = gate();
+        go(g.step_completed(3));
+        assert_eq!(g.sample(op(20)), Ok(Some(4)));
+        g.pause_at(op(20), 4).unwrap();
+        let trainer = {
+            let g = g.clone();
+            std::thread::spawn(move || {
+                let at_hold = g.step_completed(4);
+                (at_hold, g.step_completed(5))
+            })
+        };
+        assert!(matches!(
+            rx.recv().unwrap(),
+            GateEvent::Held { step: 4, .. }
+        ));
+        assert!(g.stop_training("the rollback failed"));
+        assert!(!g.stop_training("again"), "the first reason stands");
+        let stop = StepOutcome::Stop("the rollback failed".into());
+        assert_eq!(trainer.join().unwrap(), (stop.clone(), stop.clone()));
+        // Nothing holds, resumes or samples a stopped gate again.
+        assert_eq!(g.resume(op(20)), Duration::ZERO);
+        assert_eq!(g.step_completed(6), stop);
+        assert_eq!(
+            g.sample(op(21)),
+            Err(GateError::Stopped("the rollback failed".into()))
+        );
+        assert_eq!(g.stopped().as_deref(), Some("the rollback failed"));
+        // A rank that is a task learns it the same way.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let hold = g
+            .step_completed_or_hold(7)
+            .expect("a stopped gate never passes");
+        assert_eq!(rt.block_on(hold), stop);
+    }
+
+    #[test]
+    fn a_call_runs_on_the_held_training_thread_then_the_thread_holds_on() {
+        let (g, rx) = gate();
+        // Not held: nothing may run on a thread that trains.
+        assert_eq!(
+            g.call_on_training_thread(Duration::from_secs(5), || ()),
+            Err(GateError::NotHeld)
+        );
+        go(g.step_completed(1));
+        assert_eq!(g.sample(op(30)), Ok(Some(2)));
+        g.pause_at(op(30), 2).unwrap();
+        let trainer = {
+            let g = g.clone();
+            std::thread::spawn(move || {
+                let me = std::thread::current().id();
+                (me, g.step_completed(2))
+            })
+        };
+        assert!(matches!(
+            rx.recv().unwrap(),
+            GateEvent::Held { step: 2, .. }
+        ));
+        let ran_on = g
+            .call_on_training_thread(Duration::from_secs(60), || std::thread::current().id())
+            .unwrap();
+        // A second call (the rollback) runs there too; a panicking one answers as lost.
+        let again = g
+            .call_on_training_thread(Duration::from_secs(60), || std::thread::current().id())
+            .unwrap();
+        assert_eq!(
+            g.call_on_training_thread(Duration::from_secs(60), || panic!("the framework")),
+            Err::<(), _>(GateError::CallLost)
+        );
+        assert_eq!(g.held_step(), Some(2), "still held after its calls");
+        g.resume(op(30));
+        let (trainer_id, outcome) = trainer.join().unwrap();
+        go(outcome);
+        assert_eq!((ran_on, again), (trainer_id, trainer_id));
+        assert_ne!(ran_on, std::thread::current().id());
+    }
+
+    #[test]
+    fn a_call_the_thread_never_starts_is_withdrawn_at_its_deadline() {
+        let (g, rx) = gate();
+        go(g.step_completed(1));
+        assert_eq!(g.sample(op(31)), Ok(Some(2)));
+        g.pause_at(op(31), 2).unwrap();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let trainer = {
+            let g = g.clone();
+            std::thread::spawn(move || g.step_completed(2))
+        };
+        assert!(matches!(
+            rx.recv().unwrap(),
+            GateEvent::Held { step: 2, .. }
+        ));
+        // The first call blocks the training thread (a framework function that hangs) ...
+        let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
+        let blocker = {
+            let g = g.clone();
+            std::thread::spawn(move || {
+                g.call_on_training_thread(Duration::from_secs(60), move || {
+                    started_tx.send(()).unwrap();
+                    release_rx.recv().unwrap();
+                })
+            })
+        };
+        // ... so a second one, posted once the first started, is never started and is
+        // withdrawn when its wait ends.
+        started_rx.recv().unwrap();
+        assert_eq!(
+            g.call_on_training_thread(Duration::from_millis(1), || 7),
+            Err(GateError::CallTimedOut(Duration::from_millis(1)))
+        );
+        assert!(g.inner.lock().call.is_none());
+        release_tx.send(()).unwrap();
+        assert_eq!(blocker.join().unwrap(), Ok(()));
+        g.resume(op(31));
+        go(trainer.join().unwrap());
     }
 }

@@ -45,6 +45,10 @@ impl TaskRankHal for Blocking<'_> {
     fn capabilities(&mut self) -> SwitchCapabilities {
         self.0.capabilities()
     }
+
+    fn set_call_timeout(&mut self, timeout: std::time::Duration) {
+        self.0.set_call_timeout(timeout)
+    }
 }
 
 /// How a worker runs its rank's HAL.

@@ -68,6 +68,9 @@ pub const BUILD_INFO: &str = "taskd_build_info";
 /// no operation in flight (`taskd_operation_in_flight` 0) mean a manager went away: they stay
 /// held, which is safe, until the next manager's verification round releases them.
 pub const RANKS_HELD: &str = "taskd_ranks_held";
+/// Counter: training stopped for good on a rank of this process (the manager's stop), or, on
+/// the manager, stops it sent, by who decided (`by`: operator, policy, clusterd).
+pub const TRAINING_STOPS: &str = "taskd_training_stops_total";
 /// Gauge: 1 while the manager's ClusterD client has a session (Init and Register answered,
 /// both subscriptions open), 0 while it reconnects. Only a manager that is a ClusterD client
 /// exports it.
@@ -105,6 +108,7 @@ pub const ALL: &[&str] = &[
     OPERATION_PENDING_RANKS,
     BUILD_INFO,
     RANKS_HELD,
+    TRAINING_STOPS,
     CLUSTERD_CONNECTED,
     CLUSTERD_SIGNALS_TOTAL,
     CLUSTERD_REPORTS_TOTAL,
@@ -235,6 +239,11 @@ fn describe_job() {
         RANKS_HELD,
         Unit::Count,
         "Ranks whose training is held at the step gate now"
+    );
+    describe_counter!(
+        TRAINING_STOPS,
+        Unit::Count,
+        "Training stopped for good (a rank's gate, or the manager's stop by who decided)"
     );
     describe_gauge!(
         CLUSTERD_CONNECTED,

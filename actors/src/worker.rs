@@ -13,7 +13,7 @@ use crate::transport::{Deliver, Link};
 use actix::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use taskd_core::protocol::{
     AppliedCall, Directive, DirectiveKind, GroupView, Phase, RankError, RankReply, ReplyBody,
     WorkerHello, WorkerReport, WorkerToProxy,
@@ -48,6 +48,8 @@ enum HalJob {
     /// Apply each round of `(rank, side)` in turn (a switch has one, a rollback two).
     Apply {
         rounds: Vec<Vec<(GlobalRank, NicSide)>>,
+        /// The time the calls have (the directive's).
+        call_timeout: Duration,
         reply: oneshot::Sender<Result<Vec<AppliedCall>, RankError>>,
         /// The phase's span, entered on the HAL thread for the calls.
         span: Span,
@@ -123,7 +125,7 @@ impl Worker {
         &mut self,
         ctx: &mut Context<Self>,
         (op, phase): (OperationId, Phase),
-        rounds: Vec<Vec<(GlobalRank, NicSide)>>,
+        (rounds, call_timeout): (Vec<Vec<(GlobalRank, NicSide)>>, Duration),
         span: Span,
     ) {
         if self.gate.held_step().is_none() {
@@ -137,6 +139,7 @@ impl Worker {
         let (tx, rx) = oneshot::channel();
         let job = HalJob::Apply {
             rounds,
+            call_timeout,
             reply: tx,
             span,
         };
@@ -249,6 +252,19 @@ impl Worker {
         }
     }
 
+    /// Stops training for good (see [`DirectiveKind::StopTraining`]) and says so once, at
+    /// ERROR: it ends this training process.
+    fn stop_training(&mut self, op: OperationId, reason: &str) {
+        if self.gate.stop_training(reason) {
+            tracing::error!(rank = self.cfg.rank.0, %reason, "the manager stopped training; the training loop ends at its step gate");
+            metrics::counter!(telemetry::TRAINING_STOPS).increment(1);
+        }
+        self.set_held(false);
+        self.reply(op, Phase::Stop, ReplyBody::Stopped);
+        self.phase_span = Span::none();
+        self.op_span = None;
+    }
+
     fn fail(&self, op: OperationId, phase: Phase, message: String) {
         self.reply(
             op,
@@ -337,12 +353,24 @@ impl Handler<Deliver<Directive>> for Worker {
                     self.fail(op, phase, e.to_string());
                 }
             }
-            DirectiveKind::Switch { targets } => {
-                self.set_nics(ctx, (op, phase), vec![targets], span.clone())
+            DirectiveKind::Switch {
+                targets,
+                call_timeout,
+            } => self.set_nics(
+                ctx,
+                (op, phase),
+                (vec![targets], call_timeout),
+                span.clone(),
+            ),
+            DirectiveKind::Rollback {
+                targets,
+                restate,
+                call_timeout,
+            } => {
+                let rounds = vec![targets, restate];
+                self.set_nics(ctx, (op, phase), (rounds, call_timeout), span.clone())
             }
-            DirectiveKind::Rollback { targets, restate } => {
-                self.set_nics(ctx, (op, phase), vec![targets, restate], span.clone())
-            }
+            DirectiveKind::StopTraining { reason } => self.stop_training(op, &reason),
             DirectiveKind::Verify => {
                 let (tx, rx) = oneshot::channel();
                 self.on_hal(
@@ -483,9 +511,11 @@ async fn run_job(rank: GlobalRank, hal: &mut dyn TaskRankHal, applied: &mut Appl
         }
         HalJob::Apply {
             rounds,
+            call_timeout,
             reply,
             span,
         } => {
+            hal.set_call_timeout(call_timeout);
             let res = apply_rounds(rank, hal, &rounds, applied)
                 .instrument(span)
                 .await;

@@ -174,8 +174,14 @@ fn directive() -> impl Strategy<Value = pb::Directive> {
             0..4,
         )
     };
-    let flags = (flag_list(), flag_list())
-        .prop_map(|(targets, restate)| pb::NicTargets { targets, restate });
+    let flags =
+        (flag_list(), flag_list(), any::<u64>()).prop_map(|(targets, restate, call_timeout_ms)| {
+            pb::NicTargets {
+                targets,
+                restate,
+                call_timeout_ms,
+            }
+        });
     let kind = prop::option::weighted(
         0.9,
         prop_oneof![
@@ -185,6 +191,7 @@ fn directive() -> impl Strategy<Value = pb::Directive> {
             flags.clone().prop_map(Kind::SwitchNics),
             flags.prop_map(Kind::Rollback),
             Just(Kind::Resume(pb::ResumeTraining {})),
+            any::<String>().prop_map(|reason| Kind::StopTraining(pb::StopTraining { reason })),
         ],
     );
     (op(), kind).prop_map(|(op, kind)| pb::Directive { op, kind })

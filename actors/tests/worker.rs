@@ -18,7 +18,7 @@ use taskd_core::protocol::{
 };
 use taskd_core::{
     GlobalRank, GroupCall, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCode, NicSide,
-    OperationId, SwitchCapabilities,
+    OperationId, StepOutcome, SwitchCapabilities,
 };
 use taskd_hal_mock::{Expect, ScriptedRankHal};
 use tokio::sync::mpsc;
@@ -27,6 +27,8 @@ const RANK: GlobalRank = GlobalRank(1);
 const WORLD: &str = "hccl_world_group";
 /// A safety net: a broken worker fails the test instead of hanging it.
 const PATIENCE: Duration = Duration::from_secs(30);
+/// The time the directives give the calls (an HCCL HAL ignores it).
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn layout() -> Vec<GroupInfo> {
     let group = |name: &str, members: &[u32]| GroupInfo {
@@ -124,8 +126,8 @@ impl Harness {
 
     /// Samples and pauses the rank after step 2, with a training thread that holds there
     /// until the gate opens. Returns that thread.
-    async fn hold(&mut self, op: OperationId) -> std::thread::JoinHandle<()> {
-        self.gate.step_completed(1);
+    async fn hold(&mut self, op: OperationId) -> std::thread::JoinHandle<StepOutcome> {
+        assert_eq!(self.gate.step_completed(1), StepOutcome::Go);
         self.send(op, DirectiveKind::Sample { targets: vec![] });
         assert_eq!(
             self.reply(op, Phase::Sample).await,
@@ -141,13 +143,16 @@ impl Harness {
         training
     }
 
-    async fn resume(&mut self, op: OperationId, training: std::thread::JoinHandle<()>) {
+    async fn resume(&mut self, op: OperationId, training: std::thread::JoinHandle<StepOutcome>) {
         self.send(op, DirectiveKind::Resume);
         assert!(matches!(
             self.reply(op, Phase::Resume).await,
             ReplyBody::Resumed { .. }
         ));
-        training.join().expect("the training thread");
+        assert_eq!(
+            training.join().expect("the training thread"),
+            StepOutcome::Go
+        );
     }
 }
 
@@ -190,6 +195,7 @@ async fn a_switch_makes_the_planned_calls_in_order_and_reports_each() {
         op(1),
         DirectiveKind::Switch {
             targets: to_backup(),
+            call_timeout: CALL_TIMEOUT,
         },
     );
     let applied = |c: GroupCall, size: u32| AppliedCall {
@@ -232,6 +238,7 @@ async fn a_rollback_restates_in_a_second_round_and_reports_one_entry_per_group()
         DirectiveKind::Rollback {
             targets: vec![(GlobalRank(3), NicSide::Primary)],
             restate: vec![(GlobalRank(1), NicSide::Backup)],
+            call_timeout: CALL_TIMEOUT,
         },
     );
     let mut want = Vec::new();
@@ -276,6 +283,7 @@ async fn a_failed_group_does_not_stop_the_others_and_the_first_failure_is_report
         op(2),
         DirectiveKind::Switch {
             targets: to_backup(),
+            call_timeout: CALL_TIMEOUT,
         },
     );
     let ReplyBody::Failed(e) = w.reply(op(2), Phase::Switch).await else {
@@ -312,6 +320,7 @@ async fn groups_that_cannot_be_read_are_reported_and_nothing_is_set() {
         DirectiveKind::Rollback {
             targets: to_backup(),
             restate: vec![],
+            call_timeout: CALL_TIMEOUT,
         },
     );
     assert_eq!(
@@ -331,11 +340,12 @@ async fn a_switch_while_training_is_not_held_is_refused_without_a_hal_call() {
     // Only the start-up question: any groups or NIC-set call would break the script.
     let mut w = Harness::start([hal_capabilities()]);
     w.next().await; // hello
-    w.gate.step_completed(7); // training runs, nobody holds it
+    assert_eq!(w.gate.step_completed(7), StepOutcome::Go); // training runs, nobody holds it
     w.send(
         op(4),
         DirectiveKind::Switch {
             targets: to_backup(),
+            call_timeout: CALL_TIMEOUT,
         },
     );
     let ReplyBody::Failed(e) = w.reply(op(4), Phase::Switch).await else {
@@ -347,5 +357,39 @@ async fn a_switch_while_training_is_not_held_is_refused_without_a_hal_call() {
         "{}",
         e.message
     );
+    w.hal.done();
+}
+
+#[actix_rt::test]
+async fn a_stop_ends_the_held_training_loop_and_no_hal_call_is_made() {
+    // Only the start-up question: a stop touches no NIC.
+    let mut w = Harness::start([hal_capabilities()]);
+    w.next().await; // hello
+    let training = w.hold(op(6)).await;
+    let reason = "the rollback of operation 6 failed; held 60s without an operator";
+    w.send(
+        op(7),
+        DirectiveKind::StopTraining {
+            reason: reason.into(),
+        },
+    );
+    assert_eq!(w.reply(op(7), Phase::Stop).await, ReplyBody::Stopped);
+    assert_eq!(
+        training.join().expect("the training thread"),
+        StepOutcome::Stop(reason.into())
+    );
+    // The operation's late resume opens nothing and the loop keeps being told to stop; a
+    // new operation is refused.
+    w.send(op(6), DirectiveKind::Resume);
+    assert!(matches!(
+        w.reply(op(6), Phase::Resume).await,
+        ReplyBody::Resumed { .. }
+    ));
+    assert!(w.gate.step_completed(3).is_stop());
+    w.send(op(8), DirectiveKind::Sample { targets: vec![] });
+    let ReplyBody::Failed(e) = w.reply(op(8), Phase::Sample).await else {
+        panic!("a stopped rank takes no new operation");
+    };
+    assert!(e.message.contains("training was stopped"), "{}", e.message);
     w.hal.done();
 }

@@ -16,7 +16,8 @@
  * Threads: the roles run on threads of their own. Every function taking a handle may be
  * called from any thread, concurrently, except taskd_*_free, which must be a handle's last
  * call. taskd_worker_step_completed is the training thread's (one thread per worker); it is a
- * load and a compare-and-swap unless an operation holds the rank at that step.
+ * load and a compare-and-swap unless an operation holds the rank at that step. The
+ * framework's switch function runs on that thread, inside taskd_worker_step_completed.
  *
  * Link: cc prog.c -I capi/include -L <dir of libtaskd.so> -ltaskd. `cargo build -p
  * taskd-capi` writes target/<profile>/libtaskd_capi.so, whose SONAME is libtaskd.so: copy or
@@ -43,6 +44,7 @@ extern "C" {
 #define TASKD_ERR_TIMEOUT 5  /* a wait ran out of time */
 #define TASKD_ERR_STOPPED 6  /* the role stopped before what was waited for happened */
 #define TASKD_ERR_PANIC 7    /* a bug in taskd, caught at the boundary */
+#define TASKD_STOP_TRAINING 8 /* taskd_worker_step_completed: the manager stopped training */
 
 /* taskd_manager_start flags. */
 #define TASKD_MANAGER_SIGNALS 1 /* SIGINT, SIGTERM and SIGHUP stop the manager, not the process */
@@ -66,11 +68,18 @@ typedef struct TaskdWorker taskd_worker;
  * written into err (it becomes this rank's error in the operation's report, and the operation
  * rolls back, calling the function again with the previous state).
  *
- * Called on a thread of the worker's (never two calls at once) while the training thread is
- * held in taskd_worker_step_completed; user is the pointer given to taskd_worker_start.
+ * timeout_ms is the time this call has: shorter than the manager's switch phase, so that a
+ * rollback still has time. A function that cannot finish in time (a collective rebuild whose
+ * peer gave up) returns false with a reason; one that overstays it by a quarter is reported
+ * as timed out while it goes on running.
+ *
+ * Called ON THE TRAINING THREAD, inside its taskd_worker_step_completed, while that thread is
+ * held at the step gate (never two calls at once, never while the thread trains); after the
+ * call the thread goes on waiting there for the resume, the stop, or the next call (a
+ * rollback). user is the pointer given to taskd_worker_start.
  */
 typedef bool (*taskd_switch_fn)(const uint32_t *ranks, const bool *use_backup, size_t n,
-                                void *user, char *err, size_t err_len);
+                                uint64_t timeout_ms, void *user, char *err, size_t err_len);
 
 /* The library's version ("0.1.0"), a static string. */
 const char *taskd_version(void);
@@ -125,9 +134,12 @@ void taskd_proxy_free(taskd_proxy *p);
 int32_t taskd_worker_start(const char *config_json, taskd_switch_fn switch_fn, void *user,
                            taskd_worker **out);
 
-/* The step gate: call after every training step (step 1 is the first). Returns at once
- * unless an operation holds the rank at this step; a NULL or stopped worker passes. */
-void taskd_worker_step_completed(const taskd_worker *w, uint64_t step);
+/* The step gate: call after every training step (step 1 is the first). Returns TASKD_OK at
+ * once unless an operation holds the rank at this step (the switch function then runs on
+ * this thread, inside this call); a stopped worker passes. TASKD_STOP_TRAINING once the
+ * manager stopped training: end the training loop and exit non-zero (the launcher restarts
+ * the process); taskd_last_error() has the reason, one line. TASKD_ERR_ARGUMENT for NULL. */
+int32_t taskd_worker_step_completed(const taskd_worker *w, uint64_t step);
 
 /* Waits until the proxy admitted the worker; writes the node's name into `node` (may be
  * NULL). TASKD_ERR_REFUSED when refused for good. */

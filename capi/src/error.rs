@@ -26,6 +26,10 @@ pub const TASKD_ERR_TIMEOUT: i32 = 5;
 pub const TASKD_ERR_STOPPED: i32 = 6;
 /// A bug in taskd: a panic, caught at the boundary (it never unwinds into C).
 pub const TASKD_ERR_PANIC: i32 = 7;
+/// `taskd_worker_step_completed`: the manager stopped training. End the training loop and
+/// exit with a failure (the launcher restarts the process); `taskd_last_error()` has the
+/// reason, one line.
+pub const TASKD_STOP_TRAINING: i32 = 8;
 
 /// Why a call of the C API failed.
 #[derive(Debug, thiserror::Error)]

@@ -15,6 +15,7 @@ use crate::framework::FrameworkSwitch;
 use crate::state::timeout_ms;
 use crate::{manager, proxy, worker, EmbeddedManager, EmbeddedProxy, EmbeddedWorker};
 use std::ffi::{c_char, c_void, CStr};
+use taskd_core::StepOutcome;
 
 /// A manager (opaque to C).
 pub struct TaskdManager(EmbeddedManager);
@@ -24,12 +25,14 @@ pub struct TaskdProxy(EmbeddedProxy);
 pub struct TaskdWorker(EmbeddedWorker);
 
 /// The framework's switch function: `ranks[i]` (global ranks) use their backup NIC when
-/// `use_backup[i]`, for `n` targets. Returns whether every communicator switched; on `false`
-/// it may write a NUL-terminated reason of at most `err_len` bytes into `err`.
+/// `use_backup[i]`, for `n` targets, within `timeout_ms`. Returns whether every communicator
+/// switched; on `false` it may write a NUL-terminated reason of at most `err_len` bytes into
+/// `err`. Called on the training thread, inside its `taskd_worker_step_completed`.
 pub type TaskdSwitchFn = unsafe extern "C" fn(
     ranks: *const u32,
     use_backup: *const bool,
     n: usize,
+    timeout_ms: u64,
     user: *mut c_void,
     err: *mut c_char,
     err_len: usize,
@@ -354,20 +357,27 @@ pub unsafe extern "C" fn taskd_proxy_free(p: *mut TaskdProxy) {
     });
 }
 
-/// A switch function and its `user` pointer, called on the worker's HAL thread.
+/// A switch function and its `user` pointer, called on the training thread held in
+/// `taskd_worker_step_completed`.
 struct CSwitch {
     f: TaskdSwitchFn,
     user: *mut c_void,
 }
 
 // SAFETY: the header tells the caller of `taskd_worker_start` that the switch function is
-// called with `user` from a thread of the worker's, never two calls at once; the pointer is
-// only passed back to that function.
+// called with `user` on the training thread, inside its `taskd_worker_step_completed`, never
+// two calls at once; the pointer is only passed back to that function.
 unsafe impl Send for CSwitch {}
 
 impl FrameworkSwitch for CSwitch {
-    fn switch_nic(&mut self, ranks: &[u32], use_backup: &[bool]) -> Result<(), String> {
+    fn switch_nic(
+        &mut self,
+        ranks: &[u32],
+        use_backup: &[bool],
+        timeout: std::time::Duration,
+    ) -> Result<(), String> {
         let mut err = vec![0u8; SWITCH_ERR_LEN];
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         let n = ranks.len().min(use_backup.len());
         // SAFETY: `ranks` and `use_backup` hold at least `n` elements and `err` is writable
         // for its length, all for the duration of the call; `f` and `user` come from the
@@ -377,6 +387,7 @@ impl FrameworkSwitch for CSwitch {
                 ranks.as_ptr(),
                 use_backup.as_ptr(),
                 n,
+                timeout_ms,
                 self.user,
                 err.as_mut_ptr().cast::<c_char>(),
                 err.len(),
@@ -399,7 +410,8 @@ impl FrameworkSwitch for CSwitch {
 ///
 /// # Safety
 /// `config_json` is a NUL-terminated string; `out` is writable; `switch_fn` may be called
-/// with `user` from a thread of the worker's until `taskd_worker_stop`/`_free` returned.
+/// with `user` on the training thread, inside `taskd_worker_step_completed`, until
+/// `taskd_worker_stop`/`_free` returned.
 #[no_mangle]
 pub unsafe extern "C" fn taskd_worker_start(
     config_json: *const c_char,
@@ -419,20 +431,27 @@ pub unsafe extern "C" fn taskd_worker_start(
     })
 }
 
-/// The step gate: the training loop completed `step`. Returns at once unless an operation
-/// holds the rank here; a null handle is a no-op.
+/// The step gate: the training loop completed `step`. Returns `TASKD_OK` at once unless an
+/// operation holds the rank here (the framework's switch function is then called on this
+/// thread, inside this call); `TASKD_STOP_TRAINING` once the manager stopped training, with
+/// the reason as the thread's last error; `TASKD_ERR_ARGUMENT` for a null handle.
 ///
 /// # Safety
 /// `w` is null or a live handle.
 #[no_mangle]
-pub unsafe extern "C" fn taskd_worker_step_completed(w: *const TaskdWorker, step: u64) {
+pub unsafe extern "C" fn taskd_worker_step_completed(w: *const TaskdWorker, step: u64) -> i32 {
     // SAFETY: null or a live handle by the caller's contract.
-    if let Some(w) = unsafe { w.as_ref() } {
-        // The gate never panics on this path; a bug there must still not unwind into C.
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.0.step_completed(step)));
-        if let Err(p) = r {
-            error::record(&CapiError::from_panic(p));
+    let Some(w) = (unsafe { w.as_ref() }) else {
+        return error::record(&CapiError::Argument("the worker is a null pointer".into()));
+    };
+    // The gate never panics on this path; a bug there must still not unwind into C.
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.0.step_completed(step))) {
+        Ok(StepOutcome::Go) => error::TASKD_OK,
+        Ok(StepOutcome::Stop(why)) => {
+            error::set_last_error(&why);
+            error::TASKD_STOP_TRAINING
         }
+        Err(p) => error::record(&CapiError::from_panic(p)),
     }
 }
 

@@ -3,12 +3,12 @@
 
 use crate::config::{self, Keys};
 use crate::error::CapiError;
-use crate::framework::{FrameworkHal, FrameworkSwitch};
+use crate::framework::{self, FrameworkHal, FrameworkSwitch};
 use crate::state::Shared;
 use clap::{CommandFactory, Parser};
 use parking_lot::Mutex;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use taskd::cli::flags;
 use taskd::cli::net_common::{NetArgs, TlsArgs};
@@ -18,7 +18,7 @@ use taskd_actors::process::rank_table;
 use taskd_actors::telemetry::MetricsServer;
 use taskd_actors::StepGate;
 use taskd_core::env::{self, process_env};
-use taskd_core::{GlobalRank, JobId};
+use taskd_core::{GlobalRank, JobId, StepOutcome};
 use tokio::sync::watch;
 
 /// An embedded worker's settings: the keys of its JSON configuration.
@@ -140,11 +140,16 @@ impl EmbeddedWorker {
             let size = reg.borrow().as_ref().map(|r| r.world_size);
             size
         });
-        let hal = FrameworkHal::new(switch, world, caps);
+        // The framework's function runs on the training thread held at the gate, which
+        // exists once the worker has started.
+        let gate_slot = Arc::new(OnceLock::new());
+        let run = framework::on_training_thread(gate_slot.clone());
+        let hal = FrameworkHal::new(switch, run, world, caps);
         let worker = RemoteWorker::start(cfg, Box::new(hal)).map_err(|e| CapiError::Start {
             role: "worker",
             message: e.to_string(),
         })?;
+        let _ = gate_slot.set(worker.gate());
         let watches = worker.watch();
         handoff.update(|h| *h = Some(watches.0.clone()));
         tracing::info!(rank = rank.0, node_rank = ?opts.node_rank, proxy = %opts.proxy, "embedded worker started");
@@ -164,9 +169,11 @@ impl EmbeddedWorker {
     }
 
     /// The training loop completed `step`: returns at once unless an operation holds the rank
-    /// here. One training thread calls it.
+    /// here (while it holds, the framework's switch function runs on this thread, inside this
+    /// call). [`StepOutcome::Stop`] once the manager stopped training. One training thread
+    /// calls it.
     #[inline]
-    pub fn step_completed(&self, step: u64) {
+    pub fn step_completed(&self, step: u64) -> StepOutcome {
         self.gate.step_completed(step)
     }
 

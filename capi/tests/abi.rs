@@ -203,7 +203,7 @@ fn the_header_declares_what_the_library_exports() {
     assert_eq!(taskd_capi::state::timeout_ms(u64::MAX), None);
     r.retain(|k, _| k != "TASKD_FOREVER");
     assert_eq!(r, h);
-    assert_eq!(r.len(), 11, "{r:?}");
+    assert_eq!(r.len(), 12, "{r:?}");
 }
 
 #[test]
@@ -294,10 +294,15 @@ fn bad_arguments_are_codes_with_a_message() {
     };
     assert_eq!(code, TASKD_ERR_ARGUMENT);
     assert!(last_error().starts_with("switch_fn is a null pointer"));
-    // A null worker is a no-op; freeing null is too.
+    // A null worker's step is a bad argument; freeing null is a no-op.
+    assert_eq!(
+        // SAFETY: null, as taskd.h allows.
+        unsafe { ffi::taskd_worker_step_completed(std::ptr::null(), 1) },
+        TASKD_ERR_ARGUMENT
+    );
+    assert!(last_error().contains("null"), "{}", last_error());
     // SAFETY: null, or live NUL-terminated strings and writable locals, as taskd.h allows.
     unsafe {
-        ffi::taskd_worker_step_completed(std::ptr::null(), 1);
         ffi::taskd_worker_free(std::ptr::null_mut());
         ffi::taskd_manager_free(std::ptr::null_mut());
         ffi::taskd_proxy_free(std::ptr::null_mut());

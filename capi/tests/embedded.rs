@@ -229,8 +229,11 @@ fn check_c_output(rank: usize, out: &str) {
             .unwrap()
     };
     for (line, side) in switches.iter().zip(["1:backup", "1:primary"]) {
+        // Called on the training thread, with the call timeout of the default switch phase.
         assert!(
-            line.ends_with(&format!("training held, targets {side}")),
+            line.ends_with(&format!(
+                "on the training thread, within 225000 ms, targets {side}"
+            )),
             "{line}"
         );
     }

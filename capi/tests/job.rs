@@ -1,19 +1,20 @@
 //! A whole job in this process through the embedded roles (`EmbeddedManager`, two
 //! `EmbeddedProxy`, four `EmbeddedWorker` whose framework switch function records its calls):
-//! every rank's framework gets the whole target list once per operation, while its training
-//! thread is held; a framework that answers false fails the operation naming its rank, and the
+//! every rank's framework gets the whole target list once per operation, on its training
+//! thread while that thread is held; a framework that answers false fails the operation naming its rank, and the
 //! rollback calls every framework again. One test in this file: it sets the environment the
 //! workers read before any other thread runs.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use taskd::actors::control::ControlClient;
 use taskd::core::command::Target;
 use taskd::core::{DeviceId, JobId, NodeName, SwitchCommand};
 use taskd_capi::{EmbeddedManager, EmbeddedProxy, EmbeddedWorker};
 
-/// One call of a framework's switch function: ranks, flags, whether a training step ran.
+/// One call of a framework's switch function: ranks, flags, and whether it was misplaced
+/// (made during a training step, or on another thread than the training thread).
 type Call = (Vec<u32>, Vec<bool>, bool);
 
 /// What one rank's framework was told: every call, and whether a training step ran then.
@@ -22,6 +23,8 @@ struct Framework {
     calls: Mutex<Vec<Call>>,
     in_step: AtomicBool,
     fail: AtomicBool,
+    /// The training thread.
+    trainer: OnceLock<std::thread::ThreadId>,
 }
 
 struct Rank {
@@ -34,12 +37,15 @@ struct Rank {
 fn start_rank(job: &str, rank: u32, proxy: &str, stop: Arc<AtomicBool>) -> Rank {
     let framework = Arc::new(Framework::default());
     let fw = framework.clone();
-    let switch = move |ranks: &[u32], flags: &[bool]| {
+    let switch = move |ranks: &[u32], flags: &[bool], timeout: Duration| {
         let in_step = fw.in_step.load(Ordering::SeqCst);
+        let elsewhere = fw.trainer.get() != Some(&std::thread::current().id());
+        // The manager's default switch phase: three quarters of it for the call.
+        assert_eq!(timeout, Duration::from_secs(225));
         fw.calls
             .lock()
             .unwrap()
-            .push((ranks.to_vec(), flags.to_vec(), in_step));
+            .push((ranks.to_vec(), flags.to_vec(), in_step || elsewhere));
         if fw.fail.swap(false, Ordering::SeqCst) {
             Err("_comm_switch_nic returned False".to_owned())
         } else {
@@ -53,6 +59,7 @@ fn start_rank(job: &str, rank: u32, proxy: &str, stop: Arc<AtomicBool>) -> Rank 
     let steps = Arc::new(AtomicU64::new(0));
     let (w, fw, n) = (worker.clone(), framework.clone(), steps.clone());
     let training = std::thread::spawn(move || {
+        fw.trainer.set(std::thread::current().id()).unwrap();
         let mut step = 0;
         while !stop.load(Ordering::SeqCst) {
             fw.in_step.store(true, Ordering::SeqCst);
@@ -60,7 +67,7 @@ fn start_rank(job: &str, rank: u32, proxy: &str, stop: Arc<AtomicBool>) -> Rank 
             fw.in_step.store(false, Ordering::SeqCst);
             step += 1;
             n.store(step, Ordering::SeqCst);
-            w.step_completed(step);
+            assert!(!w.step_completed(step).is_stop());
         }
     });
     Rank {

@@ -198,6 +198,12 @@ pub trait RankHal: Send {
     /// `tsp` a HAL reports is ignored: it is the worker process's own configuration
     /// (`MS_ENABLE_TFT`), which the worker joins in.
     fn capabilities(&mut self) -> SwitchCapabilities;
+
+    /// The time the NIC-set calls of the directive the worker handles now have: shorter than
+    /// the phase's deadline, so that a call that gives up still leaves the rollback its
+    /// time. A HAL whose calls another timeout bounds (HCCL's own) ignores it; a framework's
+    /// switch function is handed it.
+    fn set_call_timeout(&mut self, _timeout: std::time::Duration) {}
 }
 
 /// The answer of one NIC-set call of a [`TaskRankHal`], when it comes.
@@ -222,6 +228,9 @@ pub trait TaskRankHal: Send {
 
     /// What a NIC-set call on this rank can do (see [`RankHal::capabilities`]).
     fn capabilities(&mut self) -> SwitchCapabilities;
+
+    /// The time the next NIC-set calls have (see [`RankHal::set_call_timeout`]).
+    fn set_call_timeout(&mut self, _timeout: std::time::Duration) {}
 }
 
 /// Per-node device capability, owned by the node's proxy.
@@ -238,13 +247,40 @@ pub trait NodeHal: Send {
     fn link_health(&mut self, device: DeviceId) -> Result<LinkHealth, HalError>;
 }
 
+/// What a training loop does after a step boundary: go on, or stop training.
+#[must_use = "a rank told to stop must end its training loop"]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StepOutcome {
+    /// Run the next step.
+    Go,
+    /// The manager stopped training (its reason, one line): end the training loop and exit
+    /// with a failure, so the launcher restarts the process as a new incarnation.
+    Stop(String),
+}
+
+impl StepOutcome {
+    /// Whether the loop must end.
+    pub fn is_stop(&self) -> bool {
+        matches!(self, StepOutcome::Stop(_))
+    }
+
+    /// Why training was stopped, when it was.
+    pub fn stop_reason(&self) -> Option<&str> {
+        match self {
+            StepOutcome::Stop(why) => Some(why),
+            StepOutcome::Go => None,
+        }
+    }
+}
+
 /// The hook a training loop calls at every step boundary, after it completed `step`
 /// (1 for the first step). A pause holds the calling thread here; otherwise it returns at once.
 pub trait StepBoundary: Send + Sync {
     /// Called after step `step` completed and before the next step issues any collective: a
     /// rank held here has no collective in flight, which HCCL's NIC-set call requires
     /// (`docs/hal.md`). Must be cheap when no operation is pending: it runs every step.
-    fn step_completed(&self, step: u64);
+    /// [`StepOutcome::Stop`] ends the loop.
+    fn step_completed(&self, step: u64) -> StepOutcome;
 }
 
 #[cfg(test)]

@@ -65,7 +65,7 @@ pub mod verify;
 pub use command::{Direction, RankTarget, SwitchCommand, SwitchPlan, ValidationError};
 pub use hal::{
     GroupInfo, HalError, HalErrorKind, HalFuture, HcclCode, Library, LinkHealth, NicSide, NodeHal,
-    RankHal, StepBoundary, SwitchCapabilities, TaskRankHal, VendorCode,
+    RankHal, StepBoundary, StepOutcome, SwitchCapabilities, TaskRankHal, VendorCode,
 };
 pub use ids::{DeviceId, GlobalRank, GroupRank, JobId, NodeName, OperationId};
 pub use ledger::{JobLedger, JobState, SubmitError};

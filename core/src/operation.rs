@@ -66,12 +66,20 @@ impl Default for PhaseDeadlines {
 }
 
 impl PhaseDeadlines {
+    /// The time a rank's NIC-set calls get in the switch or the rollback: three quarters of
+    /// the phase's deadline. A framework's switch function is handed it, so that a collective
+    /// switch one rank gave up on ends on every rank before the phase does, and the rollback
+    /// meets ranks that are out of their calls.
+    pub fn call_timeout(&self, p: Phase) -> Duration {
+        self.for_phase(p) * 3 / 4
+    }
+
     fn for_phase(&self, p: Phase) -> Duration {
         match p {
             Phase::Sample | Phase::Pause => self.pause,
             Phase::Switch => self.switch,
             Phase::Rollback => self.rollback,
-            Phase::Resume | Phase::Verify => self.resume,
+            Phase::Resume | Phase::Verify | Phase::Stop => self.resume,
         }
     }
 }
@@ -966,7 +974,12 @@ impl Operation {
                 }
                 let targets = self.plan.rank_sides();
                 let applying = Stage::Applying(Tally::default());
-                self.enter(applying, DirectiveKind::Switch { targets }, now)
+                let call_timeout = self.deadlines.call_timeout(Phase::Switch);
+                let switch = DirectiveKind::Switch {
+                    targets,
+                    call_timeout,
+                };
+                self.enter(applying, switch, now)
             }
             Stage::Applying(tally) => {
                 self.durations.switch = Some(took);
@@ -1032,11 +1045,13 @@ impl Operation {
                     error: None,
                 };
                 let RollbackTargets { targets, restate } = self.previous.clone();
-                self.enter(
-                    rolling_back,
-                    DirectiveKind::Rollback { targets, restate },
-                    now,
-                )
+                let call_timeout = self.deadlines.call_timeout(Phase::Rollback);
+                let rollback = DirectiveKind::Rollback {
+                    targets,
+                    restate,
+                    call_timeout,
+                };
+                self.enter(rolling_back, rollback, now)
             }
             // A rollback that fails leaves groups that may disagree: stay paused.
             Stage::RollingBack { .. } => {

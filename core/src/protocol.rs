@@ -28,6 +28,9 @@ pub enum Phase {
     Resume,
     /// Every rank reports what it has applied and where its gate stands (no operation runs).
     Verify,
+    /// Every rank stops training: its training loop ends, and its launcher restarts the
+    /// process as a new incarnation (no operation runs, no NIC is touched).
+    Stop,
 }
 
 impl Phase {
@@ -40,6 +43,7 @@ impl Phase {
             Phase::Rollback => "rollback",
             Phase::Resume => "resume",
             Phase::Verify => "verify",
+            Phase::Stop => "stop",
         }
     }
 }
@@ -70,6 +74,7 @@ impl Directive {
             DirectiveKind::Rollback { .. } => Phase::Rollback,
             DirectiveKind::Resume => Phase::Resume,
             DirectiveKind::Verify => Phase::Verify,
+            DirectiveKind::StopTraining { .. } => Phase::Stop,
         }
     }
 }
@@ -93,6 +98,10 @@ pub enum DirectiveKind {
         /// The targets and the side each moves to, in the operator's order: every rank
         /// plans from the same list, so every member of a group makes the same call.
         targets: Vec<(GlobalRank, NicSide)>,
+        /// The time a rank's calls have ([`crate::PhaseDeadlines::call_timeout`]): shorter
+        /// than the phase, so that a call one rank gave up on ends in time for the rollback.
+        #[serde(default)]
+        call_timeout: Duration,
     },
     /// Same as `Switch`, with the previous NIC state of the targets, in two rounds: `targets`
     /// first, then `restate` in a second call on each group it touches.
@@ -103,6 +112,9 @@ pub enum DirectiveKind {
         /// re-stated after `targets`, because one call may not tell the two dies of one NPU
         /// opposite sides (see `crate::operation::RollbackTargets`).
         restate: Vec<(GlobalRank, NicSide)>,
+        /// The time a rank's calls have, as for `Switch`.
+        #[serde(default)]
+        call_timeout: Duration,
     },
     /// Open the step gate, if it serves this operation (a gate serving another operation
     /// stays as it is, and the rank answers how long it was held: zero).
@@ -110,6 +122,13 @@ pub enum DirectiveKind {
     /// Report the NIC configuration applied to every group and the gate's state
     /// ([`ReplyBody::Verified`]). Changes nothing.
     Verify,
+    /// Stop training for good: a rank held at its gate, or arriving there, gets a stop
+    /// instead of a resume and its training loop ends (the process exits non-zero and its
+    /// launcher restarts it). No NIC call. Answered with [`ReplyBody::Stopped`].
+    StopTraining {
+        /// Why, one line: the training process logs it and its gate hands it to the loop.
+        reason: String,
+    },
 }
 
 /// One NIC-set call a rank made, as it reports it for cross-rank agreement checks.
@@ -178,6 +197,9 @@ pub enum ReplyBody {
     },
     /// The answer to [`DirectiveKind::Verify`].
     Verified(WorkerReport),
+    /// The answer to [`DirectiveKind::StopTraining`]: the gate stopped training; the
+    /// process ends once its loop reaches (or leaves) the gate.
+    Stopped,
     /// The directive failed on this rank.
     Failed(RankError),
 }

@@ -202,14 +202,17 @@ fn drive(
                 Answer::Correct => match &d.kind {
                     DirectiveKind::Sample { .. } => ReplyBody::Sampled { in_step: 10 },
                     DirectiveKind::PauseAt { step } => ReplyBody::Paused { step: *step },
-                    DirectiveKind::Switch { targets } => ReplyBody::Applied {
+                    DirectiveKind::Switch { targets, .. } => ReplyBody::Applied {
                         calls: layout.calls(GlobalRank(r), targets),
                     },
-                    DirectiveKind::Rollback { targets, restate } => ReplyBody::Applied {
+                    DirectiveKind::Rollback {
+                        targets, restate, ..
+                    } => ReplyBody::Applied {
                         calls: layout.rollback_calls(GlobalRank(r), targets, restate),
                     },
                     DirectiveKind::Resume => ReplyBody::Resumed { stalled: secs(1) },
                     DirectiveKind::Verify => panic!("an operation never verifies"),
+                    DirectiveKind::StopTraining { .. } => ReplyBody::Stopped,
                 },
             };
             by_node
@@ -346,6 +349,7 @@ fn a_good_switch_updates_the_nic_table_and_a_switch_back_restores_it() {
         DirectiveKind::Rollback {
             targets: vec![(GlobalRank(6), NicSide::Backup)],
             restate: vec![],
+            call_timeout: DEADLINES.call_timeout(Phase::Rollback),
         }
     );
     assert_eq!(backup_of(&l), vec![1, 6]);
@@ -364,7 +368,8 @@ fn a_good_switch_updates_the_nic_table_and_a_switch_back_restores_it() {
     assert_eq!(
         sent[2].kind,
         DirectiveKind::Switch {
-            targets: vec![(GlobalRank(6), NicSide::Primary)]
+            targets: vec![(GlobalRank(6), NicSide::Primary)],
+            call_timeout: DEADLINES.call_timeout(Phase::Switch),
         }
     );
     assert_eq!(backup_of(&l), vec![1]);
@@ -718,7 +723,7 @@ fn after_a_failed_rollback_the_job_is_not_running_until_acknowledged() {
     assert_eq!(id, op_id(3));
     let (rec, sent) = drive(&mut l, &layout, actions, &mut now, |_, _| Answer::Correct);
     assert_eq!(rec.outcome, Outcome::Succeeded, "{rec}");
-    assert!(sent.iter().any(|d| matches!(&d.kind, DirectiveKind::Switch { targets } if targets.iter().any(|(r, side)| r.0 == 6 && *side == NicSide::Primary))));
+    assert!(sent.iter().any(|d| matches!(&d.kind, DirectiveKind::Switch { targets, .. } if targets.iter().any(|(r, side)| r.0 == 6 && *side == NicSide::Primary))));
     assert_eq!(l.state(), JobState::Running);
     // A round confirms the recovery before the next switch is admitted.
     assert!(matches!(
@@ -975,7 +980,7 @@ fn a_restarted_manager_keeps_disagreeing_groups_held() {
     let switch = sent
         .iter()
         .find_map(|d| match &d.kind {
-            DirectiveKind::Switch { targets } => Some(targets.clone()),
+            DirectiveKind::Switch { targets, .. } => Some(targets.clone()),
             _ => None,
         })
         .expect("a switch");

@@ -91,7 +91,9 @@ fn happy_path_samples_pauses_at_max_step_switches_and_resumes() {
                 targets: vec![
                     (GlobalRank(1), NicSide::Backup),
                     (GlobalRank(6), NicSide::Backup)
-                ]
+                ],
+                // Three quarters of the 20 s switch phase.
+                call_timeout: secs(15),
             },
             3,
             secs(124)
@@ -209,6 +211,7 @@ fn hal_failure_in_switch_rolls_back_with_previous_values_and_resumes() {
                     (GlobalRank(6), NicSide::Backup)
                 ],
                 restate: vec![],
+                call_timeout: DEADLINES.call_timeout(Phase::Rollback),
             },
             4,
             secs(130)
@@ -697,6 +700,7 @@ fn switch_with(odd: u32, calls: Vec<taskd_core::protocol::AppliedCall>) -> Harne
                 (GlobalRank(6), NicSide::Primary)
             ],
             restate: vec![],
+            call_timeout: DEADLINES.call_timeout(Phase::Rollback),
         },
         "{a:?}"
     );

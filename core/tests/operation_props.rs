@@ -226,7 +226,7 @@ impl World {
             Phase::Switch => 2,
             Phase::Rollback => 3,
             Phase::Resume => 4,
-            Phase::Verify => unreachable!("an operation never verifies"),
+            Phase::Verify | Phase::Stop => unreachable!("an operation never verifies or stops"),
         };
         if self.wild & (1 << bit) != 0 {
             self.chaos
@@ -292,7 +292,7 @@ impl World {
             Some(Phase::Pause) => matches!(phase, Phase::Switch | Phase::Resume),
             Some(Phase::Switch) => matches!(phase, Phase::Rollback | Phase::Resume),
             Some(Phase::Rollback) => phase == Phase::Resume,
-            Some(Phase::Resume | Phase::Verify) => false,
+            Some(Phase::Resume | Phase::Verify | Phase::Stop) => false,
         };
         assert!(allowed, "{prev:?} -> {phase}");
         match &d.kind {
@@ -312,7 +312,7 @@ impl World {
                 assert_eq!(*step, t, "T = max(step)");
                 assert!(self.lost.is_empty() && !self.link_down_seen);
             }
-            DirectiveKind::Switch { targets } => {
+            DirectiveKind::Switch { targets, .. } => {
                 assert_eq!(targets, &self.targets);
                 // Never switch unless every rank holds at T.
                 let t = match self.window(Phase::Pause).unwrap().directive.kind {
@@ -329,10 +329,14 @@ impl World {
                 }
                 assert!(self.lost.is_empty() && !self.link_down_seen);
             }
-            DirectiveKind::Rollback { targets, restate } => {
+            DirectiveKind::Rollback {
+                targets, restate, ..
+            } => {
                 assert_eq!((targets, restate), (&self.previous.0, &self.previous.1))
             }
-            DirectiveKind::Verify => panic!("an operation never verifies"),
+            DirectiveKind::Verify | DirectiveKind::StopTraining { .. } => {
+                panic!("an operation never verifies or stops training")
+            }
             DirectiveKind::Resume => {
                 // Never resume while a switch is unconfirmed.
                 if self.window(Phase::Switch).is_some() {
@@ -385,16 +389,20 @@ impl World {
                 in_step: self.steps[&r],
             },
             DirectiveKind::PauseAt { step } => ReplyBody::Paused { step: *step },
-            DirectiveKind::Switch { targets } => ReplyBody::Applied {
+            DirectiveKind::Switch { targets, .. } => ReplyBody::Applied {
                 calls: self.layout.calls(r, targets),
             },
-            DirectiveKind::Rollback { targets, restate } => ReplyBody::Applied {
+            DirectiveKind::Rollback {
+                targets, restate, ..
+            } => ReplyBody::Applied {
                 calls: self.layout.rollback_calls(r, targets, restate),
             },
             DirectiveKind::Resume => ReplyBody::Resumed {
                 stalled: Duration::from_millis(10 * u64::from(r.0)),
             },
-            DirectiveKind::Verify => unreachable!("an operation never verifies"),
+            DirectiveKind::Verify | DirectiveKind::StopTraining { .. } => {
+                unreachable!("an operation never verifies or stops training")
+            }
         }
     }
 
@@ -431,7 +439,7 @@ impl World {
             },
             Phase::Switch | Phase::Rollback => ReplyBody::Resumed { stalled: secs(1) },
             Phase::Resume => ReplyBody::Applied { calls: vec![] },
-            Phase::Verify => unreachable!("an operation never verifies"),
+            Phase::Verify | Phase::Stop => unreachable!("an operation never verifies or stops"),
         }
     }
 

@@ -20,7 +20,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 use taskd_core::{
     DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCode, LinkHealth,
-    NodeHal, RankHal, StepBoundary, SwitchCapabilities,
+    NodeHal, RankHal, StepBoundary, StepOutcome, SwitchCapabilities,
 };
 
 /// The shape of the job a solo rank belongs to.
@@ -589,7 +589,10 @@ fn run(
         rank.run_collectives();
         step = next;
         steps.store(step, Ordering::Release);
-        hook.step_completed(step);
+        if let StepOutcome::Stop(why) = hook.step_completed(step) {
+            tracing::error!(rank = rank.rank().0, reason = %why, "training stopped by the manager");
+            return;
+        }
     }
 }
 
@@ -671,8 +674,9 @@ mod tests {
 
     struct Count(AtomicU64);
     impl StepBoundary for Count {
-        fn step_completed(&self, step: u64) {
+        fn step_completed(&self, step: u64) -> StepOutcome {
             self.0.store(step, Ordering::Release);
+            StepOutcome::Go
         }
     }
 

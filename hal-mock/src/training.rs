@@ -21,7 +21,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
-use taskd_core::{GlobalRank, HalErrorKind};
+use taskd_core::{GlobalRank, HalErrorKind, StepOutcome};
 
 /// How the simulated training behaves.
 ///
@@ -64,6 +64,9 @@ pub enum RankExit {
     PeerLost,
     /// The step hook panicked.
     Panicked,
+    /// The manager stopped training (the step hook said [`StepOutcome::Stop`]): the process
+    /// would exit and its launcher restart it.
+    TrainingStopped,
 }
 
 /// The end state of a simulated training run.
@@ -91,8 +94,8 @@ impl TrainingSummary {
     }
 }
 
-/// What a rank waits for at a step boundary before its next step.
-pub type Hold<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+/// What a rank waits for at a step boundary before its next step: then it goes on, or stops.
+pub type Hold<'a> = Pin<Box<dyn Future<Output = StepOutcome> + Send + 'a>>;
 
 /// The hook a simulated rank calls at every step boundary, after it completed `step` (1 for
 /// the first): `None` to go on at once, or what to wait for first (a pause holds the rank
@@ -385,7 +388,9 @@ async fn run_rank(
             shared.cv.notify_all();
         }
         if let Some(hold) = hook.step_completed(step) {
-            hold.await;
+            if hold.await.is_stop() {
+                return RankExit::TrainingStopped;
+            }
         }
     }
 }
@@ -477,7 +482,7 @@ mod tests {
                     tokio::pin!(released);
                     released.as_mut().enable();
                     if self.state.lock().1 {
-                        return;
+                        return StepOutcome::Go;
                     }
                     released.await;
                 }

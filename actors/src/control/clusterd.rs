@@ -68,8 +68,8 @@ fn failure_string(r: &OperationReport) -> &'static str {
         (Phase::Sample | Phase::Pause, true) => PAUSE_TIMEOUT,
         (Phase::Switch | Phase::Rollback, false) => SWITCH_FAILED,
         (Phase::Switch | Phase::Rollback, true) => SWITCH_TIMEOUT,
-        (Phase::Resume | Phase::Verify, false) => CONTINUE_FAILED,
-        (Phase::Resume | Phase::Verify, true) => CONTINUE_TIMEOUT,
+        (Phase::Resume | Phase::Verify | Phase::Stop, false) => CONTINUE_FAILED,
+        (Phase::Resume | Phase::Verify | Phase::Stop, true) => CONTINUE_TIMEOUT,
     };
     match &r.error {
         Some(OperationError::Timeout { phase, .. }) => by_phase(*phase, true),

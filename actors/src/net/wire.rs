@@ -40,6 +40,11 @@ fn op_id(what: &'static str, s: &str) -> Result<OperationId, WireError> {
     })
 }
 
+/// A duration in whole milliseconds, saturating.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 pub(crate) fn phase_to_pb(p: Phase) -> pb::Phase {
     match p {
         Phase::Sample => pb::Phase::Sample,
@@ -48,6 +53,7 @@ pub(crate) fn phase_to_pb(p: Phase) -> pb::Phase {
         Phase::Rollback => pb::Phase::Rollback,
         Phase::Resume => pb::Phase::Resume,
         Phase::Verify => pb::Phase::Verify,
+        Phase::Stop => pb::Phase::Stop,
     }
 }
 
@@ -59,6 +65,7 @@ pub(crate) fn phase_from_pb(what: &'static str, raw: i32) -> Result<Phase, WireE
         Ok(pb::Phase::Rollback) => Ok(Phase::Rollback),
         Ok(pb::Phase::Resume) => Ok(Phase::Resume),
         Ok(pb::Phase::Verify) => Ok(Phase::Verify),
+        Ok(pb::Phase::Stop) => Ok(Phase::Stop),
         _ => Err(WireError {
             what,
             detail: format!("unknown phase {raw}"),
@@ -134,16 +141,26 @@ pub fn directive_to_pb(d: Directive) -> pb::Directive {
                 .collect(),
         }),
         DirectiveKind::PauseAt { step } => Kind::PauseAt(pb::PauseAt { step }),
-        DirectiveKind::Switch { targets } => Kind::SwitchNics(pb::NicTargets {
+        DirectiveKind::Switch {
+            targets,
+            call_timeout,
+        } => Kind::SwitchNics(pb::NicTargets {
             targets: flags_to_pb(targets),
             restate: Vec::new(),
+            call_timeout_ms: millis(call_timeout),
         }),
-        DirectiveKind::Rollback { targets, restate } => Kind::Rollback(pb::NicTargets {
+        DirectiveKind::Rollback {
+            targets,
+            restate,
+            call_timeout,
+        } => Kind::Rollback(pb::NicTargets {
             targets: flags_to_pb(targets),
             restate: flags_to_pb(restate),
+            call_timeout_ms: millis(call_timeout),
         }),
         DirectiveKind::Resume => Kind::Resume(pb::ResumeTraining {}),
         DirectiveKind::Verify => Kind::Verify(pb::VerifyState {}),
+        DirectiveKind::StopTraining { reason } => Kind::StopTraining(pb::StopTraining { reason }),
     };
     pb::Directive {
         op: d.op.to_string(),
@@ -173,13 +190,16 @@ pub fn directive_from_pb(d: pb::Directive) -> Result<Directive, WireError> {
         Kind::PauseAt(p) => DirectiveKind::PauseAt { step: p.step },
         Kind::SwitchNics(t) => DirectiveKind::Switch {
             targets: flags_from_pb(t.targets),
+            call_timeout: Duration::from_millis(t.call_timeout_ms),
         },
         Kind::Rollback(t) => DirectiveKind::Rollback {
             targets: flags_from_pb(t.targets),
             restate: flags_from_pb(t.restate),
+            call_timeout: Duration::from_millis(t.call_timeout_ms),
         },
         Kind::Resume(_) => DirectiveKind::Resume,
         Kind::Verify(_) => DirectiveKind::Verify,
+        Kind::StopTraining(t) => DirectiveKind::StopTraining { reason: t.reason },
     };
     Ok(Directive { op, kind })
 }
@@ -342,6 +362,7 @@ pub(crate) fn rank_reply_to_pb(r: RankReply) -> pb::RankReply {
         }
         ReplyBody::Failed(e) => Body::Failed(rank_error_to_pb(e)),
         ReplyBody::Verified(w) => Body::Verified(worker_report_to_pb(w)),
+        ReplyBody::Stopped => Body::Stopped(pb::StoppedTraining {}),
     };
     pb::RankReply {
         rank: r.rank.0,
@@ -373,6 +394,7 @@ pub(crate) fn rank_reply_from_pb(r: pb::RankReply) -> Result<RankReply, WireErro
         },
         Body::Failed(e) => ReplyBody::Failed(rank_error_from_pb(e)?),
         Body::Verified(w) => ReplyBody::Verified(worker_report_from_pb(w)?),
+        Body::Stopped(_) => ReplyBody::Stopped,
     };
     Ok(RankReply {
         rank: GlobalRank(r.rank),
@@ -656,13 +678,18 @@ mod tests {
                     (GlobalRank(11), NicSide::Backup),
                     (GlobalRank(2), NicSide::Primary),
                 ],
+                call_timeout: Duration::from_millis(225_000),
             },
             DirectiveKind::Rollback {
                 targets: vec![(GlobalRank(11), NicSide::Primary)],
                 restate: vec![(GlobalRank(10), NicSide::Backup)],
+                call_timeout: Duration::from_millis(1),
             },
             DirectiveKind::Resume,
             DirectiveKind::Verify,
+            DirectiveKind::StopTraining {
+                reason: "the rollback of U failed; held 60s".into(),
+            },
         ];
         for kind in kinds {
             let d = Directive { op: op(), kind };
@@ -685,6 +712,7 @@ mod tests {
             ReplyBody::Resumed {
                 stalled: Duration::from_micros(1234),
             },
+            ReplyBody::Stopped,
             ReplyBody::Verified(WorkerReport {
                 groups: vec![GroupView {
                     group: "world".into(),

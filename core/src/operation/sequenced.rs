@@ -159,7 +159,12 @@ impl Operation {
         self.plan = plan;
         let targets = self.plan.rank_sides();
         let applying = Stage::Applying(Tally::default());
-        Ok(self.enter(applying, DirectiveKind::Switch { targets }, now))
+        let call_timeout = self.deadlines.call_timeout(Phase::Switch);
+        let switch = DirectiveKind::Switch {
+            targets,
+            call_timeout,
+        };
+        Ok(self.enter(applying, switch, now))
     }
 
     /// Resumes: at once while holding, else at the next hold point.

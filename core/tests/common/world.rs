@@ -210,8 +210,10 @@ impl World {
 
     fn apply(&mut self, r: GlobalRank, kind: &DirectiveKind) {
         let (targets, restate) = match kind {
-            DirectiveKind::Switch { targets } => (targets, &[][..]),
-            DirectiveKind::Rollback { targets, restate } => (targets, &restate[..]),
+            DirectiveKind::Switch { targets, .. } => (targets, &[][..]),
+            DirectiveKind::Rollback {
+                targets, restate, ..
+            } => (targets, &restate[..]),
             _ => return,
         };
         let view = self.views.get_mut(&r).expect("a rank of the job");
@@ -228,14 +230,17 @@ impl World {
         match kind {
             DirectiveKind::Sample { .. } => ReplyBody::Sampled { in_step: 10 },
             DirectiveKind::PauseAt { step } => ReplyBody::Paused { step: *step },
-            DirectiveKind::Switch { targets } => ReplyBody::Applied {
+            DirectiveKind::Switch { targets, .. } => ReplyBody::Applied {
                 calls: self.layout.calls(r, targets),
             },
-            DirectiveKind::Rollback { targets, restate } => ReplyBody::Applied {
+            DirectiveKind::Rollback {
+                targets, restate, ..
+            } => ReplyBody::Applied {
                 calls: self.layout.rollback_calls(r, targets, restate),
             },
             DirectiveKind::Resume => ReplyBody::Resumed { stalled: secs(1) },
             DirectiveKind::Verify => panic!("a driven operation never verifies"),
+            DirectiveKind::StopTraining { .. } => ReplyBody::Stopped,
         }
     }
 

@@ -27,13 +27,15 @@ TASKD_MANAGER_SIGNALS = 1
 TASKD_ADDR_LISTEN = 0
 TASKD_ADDR_CONTROL = 1
 
-#: ``bool (*)(const uint32_t *ranks, const bool *use_backup, size_t n, void *user, char *err,
-#: size_t err_len)``; ``err`` arrives as an address.
+#: ``bool (*)(const uint32_t *ranks, const bool *use_backup, size_t n, uint64_t timeout_ms,
+#: void *user, char *err, size_t err_len)``; ``err`` arrives as an address. Called on the
+#: training thread, inside ``taskd_worker_step_completed``.
 SWITCH_FN = ctypes.CFUNCTYPE(
     ctypes.c_bool,
     ctypes.POINTER(ctypes.c_uint32),
     ctypes.POINTER(ctypes.c_bool),
     ctypes.c_size_t,
+    ctypes.c_uint64,
     ctypes.c_void_p,
     ctypes.c_void_p,
     ctypes.c_size_t,
@@ -59,7 +61,7 @@ _PROTOTYPES = {
     "taskd_proxy_stop": (_I, [_P]),
     "taskd_proxy_free": (None, [_P]),
     "taskd_worker_start": (_I, [_S, SWITCH_FN, _P, _PP]),
-    "taskd_worker_step_completed": (None, [_P, ctypes.c_uint64]),
+    "taskd_worker_step_completed": (_I, [_P, ctypes.c_uint64]),
     "taskd_worker_wait_registered": (_I, [_P, ctypes.c_uint64, _S, ctypes.c_size_t]),
     "taskd_worker_stop": (_I, [_P]),
     "taskd_worker_free": (None, [_P]),

@@ -19,14 +19,14 @@ PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Conventions(support.TaskdTestCase):
-    def test_the_api_exports_the_references_ten_functions_and_the_gate(self):
+    def test_the_api_exports_the_references_ten_functions_the_gate_and_its_exception(self):
         self.assertEqual(
             sorted(api.__all__),
             sorted([
                 "init_taskd_worker", "start_taskd_worker", "destroy_taskd_worker",
                 "init_taskd_manager", "start_taskd_manager", "init_taskd_proxy",
                 "destroy_taskd_proxy", "init_taskd_agent", "start_taskd_agent",
-                "register_func", "step_completed",
+                "register_func", "step_completed", "TrainingStopped",
             ]),
         )
         self.assertIs(api.step_completed, taskd_worker_api.step_completed)

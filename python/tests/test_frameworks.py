@@ -130,3 +130,59 @@ class PyTorch(support.TaskdTestCase):
         steps = support.record_gate(self)
         torch.optim.SGD().step()
         self.assertEqual(steps, [])
+
+
+class TrainingStops(support.TaskdTestCase):
+    """The library's gate answers TASKD_STOP_TRAINING (a fake native gate here; the real stop
+    runs in the end-to-end jobs): whatever calls the gate raises taskd.TrainingStopped."""
+
+    def stop_after(self, steps):
+        """Replaces the running worker's native gate by one that stops after ``steps``."""
+        seen = []
+
+        def native(step):
+            seen.append(step)
+            return taskd_worker_api.TASKD_STOP_TRAINING if len(seen) > steps else 0
+
+        taskd_worker_api._state.stop_logged = False
+        reason = lambda: "rank 1's switch failed and could not be undone"  # noqa: E731
+        taskd_worker_api._state.gate = taskd_worker_api.checked_gate(native, reason)
+        return seen
+
+    def test_the_exception_is_one_class_exported_twice(self):
+        import taskd
+
+        self.assertIs(api.TrainingStopped, taskd.TrainingStopped)
+        self.assertTrue(issubclass(taskd.TrainingStopped, RuntimeError))
+        self.assertIn("TrainingStopped", api.__all__)
+
+    def test_model_train_raises_it_with_the_reason_logged_once(self):
+        from mindspore.train import Model
+
+        os.environ["MS_NODE_RANK"] = "0"
+        self.assertTrue(api.init_taskd_worker(0, 5000, "ms"))
+        self.assertTrue(api.start_taskd_worker())
+        seen = self.stop_after(3)
+        with self.assertLogs("taskd", "ERROR") as logs:
+            with self.assertRaisesRegex(api.TrainingStopped, "could not be undone"):
+                Model(lambda _: None).train(10, range(5))
+            with self.assertRaises(api.TrainingStopped):
+                api.step_completed(99)
+        self.assertEqual(seen, [1, 2, 3, 4, 99])
+        self.assertEqual(len(logs.output), 1, logs.output)
+        self.assertIn("training stopped at step 4: rank 1's switch failed", logs.output[0])
+
+    def test_the_optimizer_hook_and_the_loops_call_raise_it(self):
+        import torch
+
+        os.environ.update(RANK="0", LOCAL_WORLD_SIZE="1")
+        self.assertTrue(api.init_taskd_worker(0))
+        self.assertTrue(api.start_taskd_worker())
+        self.stop_after(1)
+        opt = torch.optim.SGD()
+        opt.step()
+        with self.assertLogs("taskd", "ERROR"):
+            with self.assertRaises(api.TrainingStopped):
+                opt.step()
+        with self.assertRaises(api.TrainingStopped):
+            api.step_completed(3)

@@ -4,19 +4,24 @@
 The worker connects to its node's proxy at ``$TASKD_PROXY`` (``HOST:PORT``, default
 ``127.0.0.1:9602``) for the job ``$MINDX_TASK_ID``; ``TSP`` comes from ``$MS_ENABLE_TFT``. When
 the manager switches NICs, the worker holds training at the step gate and calls its framework's
-``_comm_switch_nic`` with the whole target list (``taskd.python.framework.switch``).
+``_comm_switch_nic`` with the whole target list (``taskd.python.framework.switch``), on the
+training thread, inside the gate. When the manager stops training, the gate raises
+``taskd.TrainingStopped``.
 """
 
 import atexit
 import os
 import threading
 
+from taskd import TrainingStopped
 from taskd.python.cython_api import cython_api
 from taskd.python.framework import mindspore_hook, switch, torch_hook
 from taskd.python.utils.convention import returns_bool
 from taskd.python.utils.log import get_logger
 
 FRAMEWORKS = ("pt", "ms")
+#: ``taskd_worker_step_completed``: the manager stopped training (``capi/include/taskd.h``)
+TASKD_STOP_TRAINING = 8
 
 
 class _State:
@@ -28,6 +33,7 @@ class _State:
         self.undo = []  # how to remove the framework hooks
         self.hook_gates = True  # the optimizer hook gates until an explicit call
         self.retired = []  # stopped workers: their handles stay valid for late callers
+        self.stop_logged = False  # the stop's reason is logged once
 
 
 _state = _State()
@@ -89,6 +95,26 @@ def init_taskd_worker(rank_id, upper_limit_of_disk_in_mb=5000, framework="pt"):
         "taskd worker initialised: rank %d, node rank %d, framework %s", rank, node_rank, framework
     )
     return True
+
+
+def checked_gate(native, last_error):
+    """The gate of a training loop: ``native(step)`` (the library's ``step_completed``), and
+    ``TrainingStopped`` with the manager's reason (``last_error()``, the same thread's) when it
+    answers ``TASKD_STOP_TRAINING``. The reason is logged once, at ERROR."""
+
+    def gate(step):
+        if native(step) == TASKD_STOP_TRAINING:
+            reason = last_error() or "the manager stopped training"
+            if not _state.stop_logged:
+                _state.stop_logged = True
+                get_logger().error("taskd: training stopped at step %d: %s", step, reason)
+            raise TrainingStopped(reason)
+
+    return gate
+
+
+def _native_reason():
+    return cython_api.lib().taskd_last_error().decode("utf-8", "replace")
 
 
 def _hook_gate(step):
@@ -154,16 +180,16 @@ def start_taskd_worker():
             log.warning("start_taskd_worker: the worker already runs")
             return True
         rank, _, framework, node_rank = _state.config
-        name, function = switch.resolve(framework)
+        name, function, sync = switch.resolve(framework)
         worker = cython_api.Worker(
-            _worker_config(rank, node_rank), switch.callback(name, function, log)
+            _worker_config(rank, node_rank), switch.callback(name, function, log, sync)
         )
         try:
             _state.undo = _install_hooks(framework, log)
         except Exception:
             worker.stop()
             raise
-        _state.worker, _state.gate = worker, worker.gate()
+        _state.worker, _state.gate = worker, checked_gate(worker.gate(), _native_reason)
     threading.Thread(
         target=_log_registration, args=(worker, rank), name="taskd-registration", daemon=True
     ).start()
@@ -191,7 +217,8 @@ def destroy_taskd_worker():
 
 def step_completed(step):
     """The training loop finished ``step``: returns at once unless taskd holds training here
-    for a NIC switch. Without a running worker it does nothing. Never raises."""
+    for a NIC switch. Without a running worker it does nothing and returns ``False``. Raises
+    ``TrainingStopped`` (only that) when the manager stopped training."""
     gate = _state.gate
     if gate is None:
         return False
@@ -199,6 +226,8 @@ def step_completed(step):
     try:
         gate(step)
         return True
+    except TrainingStopped:
+        raise
     except Exception as e:
         get_logger().error("step_completed(%r) failed: %s", step, e)
         return False

@@ -5,7 +5,8 @@ The seed's ``manager.py``; two management processes starting their node's proxy 
 the fake frameworks). Then ``taskd switch --wait`` moves node-1's devices to the backup NIC and
 back through the control API, and a third switch fails on rank 1's framework and rolls back.
 Checks: each rank's framework got exactly one call per operation (two for the failed one: the
-switch and the rollback), with the whole target list; no training step ran during a call;
+switch and the rollback), with the whole target list, on the training thread (MindSpore's after
+``mindspore.runtime.synchronize()``); no training step ran during a call;
 training went on after each; the manager's NIC table is empty and the job running at the end;
 every rank's framework was last told the same state; every process exits cleanly.
 
@@ -164,6 +165,11 @@ def check_rank(r, summary):
     got = [(c["ranks"], c["use_backup"]) for c in calls]
     assert got == EXPECTED, "rank %d: %s" % (r, got)
     assert not any(c["in_step"] for c in calls), "rank %d: a step ran during a call: %s" % (r, calls)
+    threads = {c["thread"] for c in calls}
+    assert threads == {"MainThread"}, "rank %d: not on the training thread: %s" % (r, threads)
+    frameworks = {c["framework"] for c in calls}
+    assert frameworks != {"ms"} or all(c["synced"] for c in calls), \
+        "rank %d: MindSpore's streams not synchronised before a call: %s" % (r, calls)
     steps = [c["step"] for c in calls]
     assert steps == sorted(steps) and steps[1] > steps[0] and steps[2] > steps[1], (r, steps)
     assert summary["steps"] > steps[-1], "rank %d did not train after the last operation" % r

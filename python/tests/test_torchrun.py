@@ -19,11 +19,17 @@ NO_TORCH = subprocess.run([sys.executable, "-c", "import torch.distributed"], st
 @unittest.skipIf(NO_TORCH, "torch is not importable by %s: the torchrun job runs where it is "
                  "(python -m unittest test_torchrun with a Python that has torch)" % sys.executable)
 class Torchrun(unittest.TestCase):
-    def test_the_torchrun_job(self):
+    def run_job(self, scenario):
         if not os.path.exists(CLI):
             self.skipTest("no taskd command at %s (cargo build --bin taskd, or set $TASKD_CLI)" % CLI)
         out = subprocess.run([sys.executable, os.path.join(HERE, "e2e", "torchrun_job.py"),
-                              "--taskd", CLI, "--python", sys.executable],
+                              "--taskd", CLI, "--python", sys.executable, scenario],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
         self.assertEqual(out.returncode, 0, out.stdout.decode()[-6000:])
-        self.assertIn("torchrun job: every check holds", out.stdout.decode())
+        self.assertIn("torchrun job (%s): every check holds" % scenario, out.stdout.decode())
+
+    def test_switches_under_torchrun(self):
+        self.run_job("switch")
+
+    def test_a_stopped_job_is_restarted_by_torchrun_and_runs_again(self):
+        self.run_job("stop")

@@ -11,6 +11,11 @@ worker lines before data-parallel training. Scenarios (each a job of its own):
   backup NIC and back while it trains.
 - ``restart``: ``PROCESS_RECOVER=on``; a worker is SIGKILLed mid-training, the agent restarts
   every worker, they register again, and a switch to the backup NIC and back succeeds.
+- ``stop``: ``PROCESS_RECOVER=on``; rank 1's framework function fails every call in the first
+  incarnation (the framework's own error when it cannot switch): the switch and its rollback
+  fail, ``taskd recover --stop-training`` stops training, both workers raise
+  ``taskd.TrainingStopped`` and exit, the agent restarts them, the job runs again on its
+  default NIC and switches to the backup NIC and back.
 - ``sigterm``: SIGTERM to msrun while it trains: msrun exits with 143 and no process of the
   job is left (the other checks do not apply).
 
@@ -31,11 +36,13 @@ import tempfile
 import time
 import uuid
 
-from jobs import WAIT, Proc, describe, free_port, job_processes, switch_there_and_back, taskd
+from jobs import WAIT, Proc, describe, free_port, job_processes, switch, switch_there_and_back, taskd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = "msrun-job"
-SCENARIOS = ("train", "epochs", "fit", "restart", "sigterm")
+SCENARIOS = ("train", "epochs", "fit", "restart", "stop", "sigterm")
+#: what runs without naming scenarios: ``stop`` needs the manager's ``taskd recover --stop-training``
+DEFAULT = ("train", "epochs", "fit", "restart", "sigterm")
 EXPECTED = [([0, 1], [True, True]), ([0, 1], [False, False])]
 
 
@@ -97,6 +104,37 @@ def restart_a_worker(mark, msrun, manager):
     manager.wait_line("verified: the job runs")
 
 
+def sigterm(msrun, manager, mark):
+    msrun.p.send_signal(signal.SIGTERM)
+    code = msrun.p.wait(WAIT)
+    assert code == 128 + signal.SIGTERM, "msrun exited %s:\n%s" % (code, msrun.output())
+    msrun.wait_line("SIGTERM: every worker was killed")
+    end_manager(manager)
+    assert not job_processes(mark), "processes of the job are left: %s" % job_processes(mark)
+    print("msrun job (sigterm): msrun exited %d, nothing left" % code, flush=True)
+
+
+def stop_and_restart(args, control, msrun, manager):
+    """Rank 1's framework fails every call: the switch and its rollback fail; the operator stops
+    training; both workers raise TrainingStopped and exit; the agent restarts them."""
+    code, out = switch(args, control, "backup", manager, JOB)
+    assert code != 0 and "rank 1" in out and "device_comm_lib_instance_" in out, out
+    code, out = taskd(args, ["recover", "--addr", control, "--job", JOB, "--stop-training"])
+    assert code == 0, out
+    for _ in (0, 1):
+        msrun.wait_line("training stopped at step")
+    msrun.wait_line("restarting every worker of this node (restart 1 of")
+    manager.wait_line("verified: the job runs")
+
+
+def disturb(args, scenario, mark, msrun, manager, control):
+    """What the scenario does to the running job before it switches there and back."""
+    if scenario == "restart":
+        restart_a_worker(mark, msrun, manager)
+    elif scenario == "stop":
+        stop_and_restart(args, control, msrun, manager)
+
+
 def run(args, scenario):
     mark = uuid.uuid4().hex
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,29 +142,23 @@ def run(args, scenario):
         env = dict(os.environ, MINDX_TASK_ID=JOB, TASKD_LOG_PATH=tmp, TASKD_TEST_JOB=mark,
                    PATH=os.path.dirname(args.python) + os.pathsep + os.environ.get("PATH", ""),
                    HCCL_OP_RETRY_ENABLE="L0:0, L1:1, L2:1", GLOG_v="3",
-                   TRAIN_LOOP="train" if scenario == "restart" else scenario,
+                   TRAIN_LOOP=scenario if scenario in ("epochs", "fit") else "train",
                    TRAIN_STOP_FILE=stop, TRAIN_OUT=tmp)
         procs = []
         try:
             manager, port, control = start_manager(args, env, procs)
             env.update(MS_ENABLE_TFT="{TTP:1,TSP:1}", MS_SCHED_HOST="127.0.0.1",
                        TASKD_MANAGER_PORT=port, TASKD_PROXY="127.0.0.1:0")
-            if scenario == "restart":
+            if scenario in ("restart", "stop"):
                 env["PROCESS_RECOVER"] = "on"
+            if scenario == "stop":
+                env["TRAIN_FAIL_SWITCH_RANK"] = "1"
             started = time.monotonic()
             msrun = start_msrun(args, env, tmp, procs)
             manager.wait_line("every worker registered, the job is verified")
             if scenario == "sigterm":
-                msrun.p.send_signal(signal.SIGTERM)
-                code = msrun.p.wait(WAIT)
-                assert code == 128 + signal.SIGTERM, "msrun exited %s:\n%s" % (code, msrun.output())
-                msrun.wait_line("SIGTERM: every worker was killed")
-                end_manager(manager)
-                assert not job_processes(mark), "processes of the job are left: %s" % job_processes(mark)
-                print("msrun job (sigterm): msrun exited %d, nothing left" % code, flush=True)
-                return
-            if scenario == "restart":
-                restart_a_worker(mark, msrun, manager)
+                return sigterm(msrun, manager, mark)
+            disturb(args, scenario, mark, msrun, manager, control)
             stalls = switch_there_and_back(args, control, manager, JOB)
             code, out = taskd(args, ["status", "--addr", control, "--job", JOB, "--json"])
             status = json.loads(out)
@@ -162,7 +194,7 @@ def main():
     ap.add_argument("--python", default=sys.executable, help="a Python with mindspore and taskd")
     ap.add_argument("--pairs", type=int, default=1,
                     help="switches to the backup NIC and back per job (more: a measurement)")
-    ap.add_argument("scenarios", nargs="*", default=list(SCENARIOS))
+    ap.add_argument("scenarios", nargs="*", default=list(DEFAULT))
     args = ap.parse_args()
     for scenario in args.scenarios:
         if scenario not in SCENARIOS:

@@ -8,8 +8,8 @@ call per epoch) or ``fit`` (``model.fit``). Training ends on every rank at the s
 ``$TRAIN_STOP_FILE`` exists on any rank (the ranks agree through an all-reduce at each step).
 Then the process writes ``$TRAIN_OUT/rank-R.json``: the steps it trained, every call of the
 framework's ``_comm_switch_nic`` (at which step, on which thread, with what) and its
-parameters. ``$TRAIN_FAIL_SWITCH_RANK=R``: rank R's framework function fails every call, with
-the framework's own error when it cannot switch.
+parameters. ``$TRAIN_FAIL_SWITCH_RANK=R``: rank R's framework function fails every call in the first
+incarnation (``$TASKD_RESTART_COUNT`` 0), with the framework's own error when it cannot switch.
 """
 
 import json
@@ -55,7 +55,8 @@ def record_switches(steps, rank):
     """Wraps the framework's switch function: what it is asked, when, on which thread."""
     real = management._comm_switch_nic
     calls = []
-    fail = os.environ.get("TRAIN_FAIL_SWITCH_RANK", "") == str(rank)
+    first = os.environ.get("TASKD_RESTART_COUNT", "0") == "0"  # set by taskd's agent
+    fail = first and os.environ.get("TRAIN_FAIL_SWITCH_RANK", "") == str(rank)
 
     def switch(ranks, use_backup):
         calls.append({"ranks": list(ranks), "use_backup": list(use_backup), "step": steps.done,

@@ -6,9 +6,12 @@ own (``management.py``: plain torchrun has no taskd agent), and ``torchrun --max
 of ``torchrun_train.py``. ``taskd switch --wait`` moves both ranks to the backup NIC and back
 while they train; every rank's framework function got one call per operation, the ranks were
 held after the same step, the parameters are equal at the end, torchrun exits 0 and no process
-of the job is left.
+of the job is left. ``stop``: first, rank 1's stand-in fails every call in the first
+incarnation: the switch and its rollback fail, ``taskd recover --stop-training`` stops training,
+both workers raise ``taskd.TrainingStopped``, torchrun restarts them (``--max-restarts 1``), and
+the job runs again on its default NIC; then the same switches.
 
-    python torchrun_job.py --taskd target/debug/taskd --python VENV/bin/python
+    python torchrun_job.py [switch|stop] --taskd target/debug/taskd --python VENV/bin/python
 """
 
 import argparse
@@ -20,7 +23,7 @@ import tempfile
 import time
 import uuid
 
-from jobs import WAIT, Proc, describe, job_processes, switch_there_and_back
+from jobs import WAIT, Proc, describe, job_processes, switch, switch_there_and_back, taskd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STANDIN = os.path.join(os.path.dirname(HERE), "standin")
@@ -47,7 +50,7 @@ def start_job(args, env, tmp, procs):
     return manager, node, run, control
 
 
-def check_ranks(out_dir, pairs):
+def check_ranks(out_dir, pairs, restarts):
     reports = []
     for r in (0, 1):
         with open(os.path.join(out_dir, "rank-%d.json" % r)) as f:
@@ -55,11 +58,24 @@ def check_ranks(out_dir, pairs):
     for r, rep in enumerate(reports):
         got = [(c["ranks"], c["use_backup"]) for c in rep["calls"]]
         assert got == EXPECTED * pairs, "rank %d: %s" % (r, got)
+        assert rep["restart"] == restarts, "rank %d is incarnation %d" % (r, rep["restart"])
         assert rep["steps"] > rep["calls"][-1]["step"], "rank %d did not train after the last switch" % r
     held = [[c["step"] for c in rep["calls"]] for rep in reports]
     assert held[0] == held[1], "the ranks were held after different steps: %s" % held
     assert reports[0]["params"] == reports[1]["params"], "the ranks' parameters differ"
     return held[0], reports[0]["steps"]
+
+
+def stop_and_restart(args, control, torchrun, manager):
+    """Rank 1's stand-in fails every call: the switch and its rollback fail; the operator stops
+    training; both workers raise TrainingStopped and exit; torchrun restarts them."""
+    code, out = switch(args, control, "backup", manager, JOB)
+    assert code != 0 and "rank 1" in out and "HcclCommWorkingDevNicSet" in out, out
+    code, out = taskd(args, ["recover", "--addr", control, "--job", JOB, "--stop-training"])
+    assert code == 0, out
+    for _ in (0, 1):
+        torchrun.wait_line("training stopped at step")
+    manager.wait_line("verified: the job runs")
 
 
 def run(args):
@@ -72,14 +88,18 @@ def run(args):
                    HCCL_OP_RETRY_ENABLE="L0:0, L1:1, L2:1", MS_ENABLE_TFT="{TTP:1,TSP:1}",
                    PYTHONPATH=os.pathsep.join(path),
                    TRAIN_STOP_FILE=stop, TRAIN_OUT=tmp)
+        if args.scenario == "stop":
+            env["STANDIN_FAIL_RANK"] = "1"
         procs = []
         try:
             manager, node, torchrun, control = start_job(args, env, tmp, procs)
+            if args.scenario == "stop":
+                stop_and_restart(args, control, torchrun, manager)
             stalls = switch_there_and_back(args, control, manager, JOB)
             open(stop, "w").close()
             code = torchrun.p.wait(WAIT)
             assert code == 0, "torchrun exited %s:\n%s" % (code, torchrun.output())
-            held, steps = check_ranks(tmp, args.pairs)
+            held, steps = check_ranks(tmp, args.pairs, 1 if args.scenario == "stop" else 0)
             node.p.stdin.close()
             assert node.p.wait(WAIT) == 0, node.output()
             manager.p.send_signal(signal.SIGTERM)
@@ -97,8 +117,8 @@ def run(args):
                     p.p.wait()
             for pid, _ in job_processes(mark):
                 os.kill(pid, signal.SIGKILL)
-    print("torchrun job (%.0f s): held after steps %s of %d; %s"
-          % (time.monotonic() - started, held, steps, describe(stalls)), flush=True)
+    print("torchrun job (%s, %.0f s): held after steps %s of %d; %s"
+          % (args.scenario, time.monotonic() - started, held, steps, describe(stalls)), flush=True)
 
 
 def main():
@@ -106,9 +126,10 @@ def main():
     ap.add_argument("--taskd", required=True, help="the taskd command")
     ap.add_argument("--python", default=sys.executable, help="a Python with torch and taskd")
     ap.add_argument("--pairs", type=int, default=1, help="switches to the backup NIC and back")
+    ap.add_argument("scenario", nargs="?", choices=["switch", "stop"], default="switch")
     args = ap.parse_args()
     run(args)
-    print("torchrun job: every check holds")
+    print("torchrun job (%s): every check holds" % args.scenario)
 
 
 if __name__ == "__main__":

@@ -63,7 +63,8 @@ def check_ranks(out_dir, pairs, restarts):
     held = [[c["step"] for c in rep["calls"]] for rep in reports]
     assert held[0] == held[1], "the ranks were held after different steps: %s" % held
     assert reports[0]["params"] == reports[1]["params"], "the ranks' parameters differ"
-    return held[0], reports[0]["steps"]
+    step_ms = max(1000 * rep["seconds"] / max(1, rep["steps"] - 1) for rep in reports)
+    return held[0], reports[0]["steps"], step_ms
 
 
 def stop_and_restart(args, control, torchrun, manager):
@@ -99,7 +100,7 @@ def run(args):
             open(stop, "w").close()
             code = torchrun.p.wait(WAIT)
             assert code == 0, "torchrun exited %s:\n%s" % (code, torchrun.output())
-            held, steps = check_ranks(tmp, args.pairs, 1 if args.scenario == "stop" else 0)
+            held, steps, step_ms = check_ranks(tmp, args.pairs, 1 if args.scenario == "stop" else 0)
             node.p.stdin.close()
             assert node.p.wait(WAIT) == 0, node.output()
             manager.p.send_signal(signal.SIGTERM)
@@ -117,8 +118,9 @@ def run(args):
                     p.p.wait()
             for pid, _ in job_processes(mark):
                 os.kill(pid, signal.SIGKILL)
-    print("torchrun job (%s, %.0f s): held after steps %s of %d; %s"
-          % (args.scenario, time.monotonic() - started, held, steps, describe(stalls)), flush=True)
+    print("torchrun job (%s, %.0f s): held after steps %s of %d (%.2f ms a step); %s"
+          % (args.scenario, time.monotonic() - started, held, steps, step_ms, describe(stalls)),
+          flush=True)
 
 
 def main():

@@ -6,6 +6,7 @@ writes ``$TRAIN_OUT/rank-R.json`` (steps, the framework's calls, parameters, inc
 
 import json
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,7 @@ def main():
     start_taskd_worker()
     stop_file = os.environ["TRAIN_STOP_FILE"]
     steps = 0
+    first = last = None  # when the first and the last step ended
     while True:
         x = torch.randn(4, 8, generator=data)
         loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
@@ -35,13 +37,15 @@ def main():
         optimizer.step()  # taskd's optimizer hook: the gate
         steps += 1
         torch_npu.npu.step = steps
+        last = time.monotonic()
+        first = last if first is None else first
         stop = torch.tensor([1.0 if os.path.exists(stop_file) else 0.0])
         dist.all_reduce(stop)
         if stop.item() > 0:
             break
     out = os.path.join(os.environ["TRAIN_OUT"], "rank-%d.json" % rank)
     with open(out, "w") as f:
-        json.dump({"steps": steps, "calls": torch_npu.npu.calls,
+        json.dump({"steps": steps, "seconds": last - first, "calls": torch_npu.npu.calls,
                    "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
                    "params": [p.detach().flatten().tolist() for p in model.parameters()]}, f)
     dist.destroy_process_group()

@@ -140,13 +140,14 @@ class TrainingStops(support.TaskdTestCase):
         """Replaces the running worker's native gate by one that stops after ``steps``."""
         seen = []
 
-        def native(step):
+        def native(handle, step):
+            self.assertEqual(handle, "the handle")
             seen.append(step)
             return taskd_worker_api.TASKD_STOP_TRAINING if len(seen) > steps else 0
 
         taskd_worker_api._state.stop_logged = False
         reason = lambda: "rank 1's switch failed and could not be undone"  # noqa: E731
-        taskd_worker_api._state.gate = taskd_worker_api.checked_gate(native, reason)
+        taskd_worker_api._state.gate = taskd_worker_api.checked_gate(native, "the handle", reason)
         return seen
 
     def test_the_exception_is_one_class_exported_twice(self):

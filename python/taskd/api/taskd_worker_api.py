@@ -97,20 +97,23 @@ def init_taskd_worker(rank_id, upper_limit_of_disk_in_mb=5000, framework="pt"):
     return True
 
 
-def checked_gate(native, last_error):
-    """The gate of a training loop: ``native(step)`` (the library's ``step_completed``), and
+def checked_gate(fn, handle, last_error):
+    """The gate of a training loop: ``fn(handle, step)`` (the library's ``step_completed``), and
     ``TrainingStopped`` with the manager's reason (``last_error()``, the same thread's) when it
     answers ``TASKD_STOP_TRAINING``. The reason is logged once, at ERROR."""
 
     def gate(step):
-        if native(step) == TASKD_STOP_TRAINING:
-            reason = last_error() or "the manager stopped training"
-            if not _state.stop_logged:
-                _state.stop_logged = True
-                get_logger().error("taskd: training stopped at step %d: %s", step, reason)
-            raise TrainingStopped(reason)
+        if fn(handle, step) == TASKD_STOP_TRAINING:
+            _stopped(step, last_error() or "the manager stopped training")
 
     return gate
+
+
+def _stopped(step, reason):
+    if not _state.stop_logged:
+        _state.stop_logged = True
+        get_logger().error("taskd: training stopped at step %d: %s", step, reason)
+    raise TrainingStopped(reason)
 
 
 def _native_reason():
@@ -189,7 +192,7 @@ def start_taskd_worker():
         except Exception:
             worker.stop()
             raise
-        _state.worker, _state.gate = worker, checked_gate(worker.gate(), _native_reason)
+        _state.worker, _state.gate = worker, checked_gate(*worker.gate(), _native_reason)
     threading.Thread(
         target=_log_registration, args=(worker, rank), name="taskd-registration", daemon=True
     ).start()

@@ -26,7 +26,7 @@ use taskd_core::{
     RankTable, SwitchCommand, ValidationError,
 };
 use taskd_hal_mock::{
-    Fabric, FabricConfig, Hold, NicSetFault, SimTraining, StepHook, TrainingOptions,
+    Fabric, FabricConfig, Hold, NicSetFault, RankExit, SimTraining, StepHook, TrainingOptions,
 };
 
 /// How long the simulator waits for training to make progress before it declares the job
@@ -287,6 +287,10 @@ pub struct Simulation {
     job: Option<LocalJob>,
     training: Option<SimTraining>,
     clock: Arc<StepClock>,
+    /// The training loops' options, for restarted processes.
+    options: TrainingOptions,
+    /// Ranks whose processes lack `TSP:1`.
+    tsp: Vec<GlobalRank>,
 }
 
 impl Simulation {
@@ -326,15 +330,12 @@ impl Simulation {
         let hooks: Vec<Arc<dyn StepHook>> = (0..table.world_size() as u32)
             .map(|r| clock.wrap(Arc::new(GateHook(job.gate(GlobalRank(r))))))
             .collect();
-        let training = SimTraining::start(
-            fabric.clone(),
-            hooks,
-            TrainingOptions {
-                step_time: cfg.step_time,
-                eval_every: cfg.eval_every,
-                ..TrainingOptions::default()
-            },
-        );
+        let options = TrainingOptions {
+            step_time: cfg.step_time,
+            eval_every: cfg.eval_every,
+            ..TrainingOptions::default()
+        };
+        let training = SimTraining::start(fabric.clone(), hooks, options.clone());
         let sim = Simulation {
             job_id: cfg.job.clone(),
             fabric,
@@ -342,6 +343,8 @@ impl Simulation {
             job: Some(job),
             training: Some(training),
             clock,
+            options,
+            tsp: cfg.tsp_off.clone(),
         };
         sim.train(1)?;
         Ok(sim)
@@ -390,6 +393,53 @@ impl Simulation {
         use_backup: bool,
     ) -> SwitchCommand {
         switch_command(&self.job_id, targets, use_backup)
+    }
+
+    /// Restarts every rank's process as a new incarnation, as a launcher does once training
+    /// stopped (the manager's stop, or its hold policy's): waits for every training loop to
+    /// end, then starts new processes (a new fabric: new communicators, every NIC on its
+    /// default) whose workers register, and their training. Returns once every rank is
+    /// registered, the manager's verification round is over and every rank trained a step,
+    /// with how each old loop ended.
+    ///
+    /// # Errors
+    /// When the old loops do not end, or the new workers do not register or train, within
+    /// the simulation's bound.
+    pub fn restart_processes(&mut self) -> Result<Vec<RankExit>, SimError> {
+        if !self.training().wait_ended(PROGRESS_TIMEOUT) {
+            return Err(SimError::Stuck(
+                PROGRESS_TIMEOUT,
+                self.training().min_steps(),
+            ));
+        }
+        let old = self.training.take().expect("training runs until finish");
+        let exits = old.join().exits;
+        tracing::info!(
+            ?exits,
+            "sim: every training loop ended; restarting the processes"
+        );
+        let fabric = Fabric::new(self.fabric.config().clone());
+        let world = self.table.world_size() as u32;
+        let tsp = self.tsp.clone();
+        let ranks: Vec<RankSpec> = (0..world)
+            .map(|r| RankSpec {
+                hal: WorkerHal::Task(Box::new(fabric.rank_hal(GlobalRank(r)))),
+                tsp: !tsp.contains(&GlobalRank(r)),
+            })
+            .collect();
+        self.job().restart_ranks(ranks, PROGRESS_TIMEOUT)?;
+        self.job().wait_registered(PROGRESS_TIMEOUT)?;
+        let hooks: Vec<Arc<dyn StepHook>> = (0..world)
+            .map(|r| {
+                self.clock
+                    .wrap(Arc::new(GateHook(self.job().gate(GlobalRank(r)))))
+            })
+            .collect();
+        let options = self.options.clone();
+        self.training = Some(SimTraining::start(fabric.clone(), hooks, options));
+        self.fabric = fabric;
+        self.train(1)?;
+        Ok(exits)
     }
 
     /// Stops training at a common step (nobody left inside a collective), stops the actors

@@ -6,12 +6,15 @@
 use crate::gate::StepGate;
 use crate::hal_exec::WorkerHal;
 use crate::journal::{MemoryJournal, OperationJournal};
+use crate::manager::HoldPolicy;
 use crate::manager::{
     AwaitAutoSettled, AwaitCallsAnswered, AwaitRegistered, AwaitResult, AwaitVerification, Drain,
     GetStatus, Manager, ManagerStatus, ProxyConnected, ProxyDisconnected, Recover, Recovery,
     StopManager, Submission, Submit,
 };
 use crate::progress::{ProgressEvent, ProgressFeed};
+
+mod restart;
 use crate::proxy::{ManagerConnected, Proxy, WorkerConnected, WorkerDisconnected};
 use crate::transport::{actor_link, Deliver, Link, Outbox, TransportError};
 use crate::worker::{StopWorker, Worker, WorkerConfig};
@@ -153,13 +156,21 @@ pub struct LocalJob {
     /// The finished operations of every manager of the job: a restarted manager answers a
     /// repeated uuid with the earlier result, as one with `--state-dir` does.
     journal: Arc<MemoryJournal>,
-    workers: Vec<Addr<Worker>>,
-    /// Each worker's connection to its proxy (cut and restored by the fault hooks).
-    uplinks: Vec<Arc<Uplink>>,
-    gates: Vec<Arc<StepGate>>,
+    /// Each rank's worker, its connection to its proxy (cut and restored by the fault hooks)
+    /// and its gate: a new set for a new incarnation ([`LocalJob::restart_ranks`]).
+    ranks: Mutex<Incarnation>,
+    /// What a job that does not run leads to (a restarted manager keeps it).
+    hold: Mutex<HoldPolicy>,
     system: System,
     thread: Option<std::thread::JoinHandle<()>>,
     client: tokio::runtime::Runtime,
+}
+
+/// The processes of the job's ranks, as one incarnation.
+struct Incarnation {
+    workers: Vec<Addr<Worker>>,
+    uplinks: Vec<Arc<Uplink>>,
+    gates: Vec<Arc<StepGate>>,
 }
 
 /// How a recovery ended (see [`LocalJob::recover`]).
@@ -251,9 +262,12 @@ impl LocalJob {
             config,
             auto,
             journal,
-            workers,
-            uplinks,
-            gates,
+            ranks: Mutex::new(Incarnation {
+                workers,
+                uplinks,
+                gates,
+            }),
+            hold: Mutex::new(HoldPolicy::default()),
             system,
             thread: Some(thread),
             client,
@@ -272,9 +286,11 @@ impl LocalJob {
         let proxies = self.proxies.clone();
         let auto = self.auto;
         let journal: Arc<dyn OperationJournal> = self.journal.clone();
+        let hold = *self.hold.lock();
         let (tx, rx) = std::sync::mpsc::channel();
         self.system.arbiter().spawn(async move {
-            let manager = new_manager(&job, &table, deadlines, auto, journal);
+            let manager =
+                new_manager(&job, &table, deadlines, auto, journal).with_hold_policy(hold);
             let progress = manager.progress();
             let addr = manager.start();
             for (node, proxy) in table.nodes().iter().zip(&proxies) {
@@ -402,7 +418,7 @@ impl LocalJob {
 
     /// The step gate of `rank`, for its training loop.
     pub fn gate(&self, rank: GlobalRank) -> Arc<StepGate> {
-        self.gates[rank.0 as usize].clone()
+        self.ranks.lock().gates[rank.0 as usize].clone()
     }
 
     /// The manager in charge now.
@@ -523,7 +539,7 @@ impl LocalJob {
 
     /// Stops one worker as if its process died: its proxy sees the connection close.
     pub fn kill_worker(&self, rank: GlobalRank) {
-        self.workers[rank.0 as usize].do_send(StopWorker);
+        self.ranks.lock().workers[rank.0 as usize].do_send(StopWorker);
     }
 
     /// Cuts the connection between `rank`'s worker and its proxy, as a network fault does: the
@@ -534,7 +550,7 @@ impl LocalJob {
         let Some(node) = self.node_index(rank) else {
             return;
         };
-        self.uplinks[rank.0 as usize].cut();
+        self.ranks.lock().uplinks[rank.0 as usize].cut();
         self.proxies[node].do_send(WorkerDisconnected {
             rank,
             reason: "connection to the worker closed (fault injected)".into(),
@@ -558,9 +574,11 @@ impl LocalJob {
         let Some(name) = self.config.1.nodes().get(node).cloned() else {
             return;
         };
+        let ranks = self.ranks.lock();
         for rank in self.config.1.ranks_of(&name) {
-            self.uplinks[rank.0 as usize].cut();
+            ranks.uplinks[rank.0 as usize].cut();
         }
+        drop(ranks);
         // Whatever the dead proxy still had to say is lost.
         self.proxies[node].do_send(ManagerConnected {
             link: Arc::new(Severed),
@@ -602,12 +620,13 @@ impl LocalJob {
     /// Connects `rank`'s worker to `proxy` and repeats its introduction.
     fn attach(&self, rank: GlobalRank, proxy: &Addr<Proxy>) {
         let r = rank.0 as usize;
+        let ranks = self.ranks.lock();
         proxy.do_send(WorkerConnected {
             rank,
-            link: actor_link(&self.workers[r]),
+            link: actor_link(&ranks.workers[r]),
         });
-        self.uplinks[r].connect(actor_link(proxy));
-        if let Some(hello) = self.uplinks[r].hello() {
+        ranks.uplinks[r].connect(actor_link(proxy));
+        if let Some(hello) = ranks.uplinks[r].hello() {
             proxy.do_send(Deliver(WorkerToProxy::Hello(hello)));
         }
     }
@@ -625,7 +644,7 @@ impl LocalJob {
     }
 
     fn stop(&mut self) {
-        for g in &self.gates {
+        for g in &self.ranks.lock().gates {
             g.shutdown();
         }
         self.system.stop();

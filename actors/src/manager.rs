@@ -9,6 +9,10 @@ pub use auto::AwaitAutoSettled;
 
 mod clusterd;
 
+mod hold;
+
+pub use hold::{HoldPolicy, SetHoldPolicy, StopTraining, DEFAULT_HOLD_BOUND};
+
 pub use clusterd::{
     AttachClusterd, ClusterdLink, ClusterdLinkChanged, ClusterdSignal, ClusterdSwitch,
 };
@@ -59,6 +63,8 @@ pub struct Manager {
     auto: Option<auto::Auto>,
     /// Where every final result is recorded for the next manager ([`Manager::with_journal`]).
     journal: Option<Arc<dyn OperationJournal>>,
+    /// What a job that does not run leads to, and the hold it watches (`manager/hold.rs`).
+    hold: hold::Hold,
 }
 
 impl Manager {
@@ -79,6 +85,7 @@ impl Manager {
             clusterd: None,
             auto: None,
             journal: None,
+            hold: hold::Hold::default(),
         }
     }
 
@@ -178,6 +185,7 @@ impl Manager {
             let _ = w.send(report.clone());
         }
         self.job_changed();
+        self.after_verification(ctx);
         self.auto_evaluate(ctx);
     }
 
@@ -214,6 +222,7 @@ impl Manager {
         }
         self.observe_waiting();
         self.job_changed();
+        self.watch_hold(ctx);
     }
 
     fn finish(&mut self, report: OperationReport, ctx: &mut Context<Self>) {
@@ -227,6 +236,7 @@ impl Manager {
             let _ = w.send(report.clone());
         }
         self.maybe_verify(ctx);
+        self.watch_hold(ctx);
         self.auto_finished(&report, ctx);
     }
 
@@ -372,6 +382,7 @@ impl Handler<Deliver<ProxyToManager>> for Manager {
                 self.observe_waiting();
                 self.run(actions, ctx);
                 self.maybe_verify(ctx);
+                self.watch_hold(ctx);
             }
             ProxyToManager::Reply(nr) => {
                 self.observer.received("node_reply");
@@ -557,6 +568,13 @@ pub struct ManagerStatus {
     /// ranks, until each has answered ([`SubmitError::InCalls`]).
     #[serde(default)]
     pub in_calls: Option<(OperationId, Vec<GlobalRank>)>,
+    /// Training stopped and the processes restarting (`stopping`, `restarting` and the ranks
+    /// not back yet), while it lasts.
+    #[serde(default)]
+    pub training_stop: Option<taskd_core::ledger::TrainingStop>,
+    /// The last stop of training that ended (every rank came back).
+    #[serde(default)]
+    pub last_training_stop: Option<taskd_core::ledger::TrainingStop>,
 }
 
 /// Ask for a [`ManagerStatus`] with up to `recent` past results.
@@ -596,6 +614,8 @@ impl Handler<GetStatus> for Manager {
             in_calls: l
                 .ranks_in_calls()
                 .map(|(op, ranks)| (op, ranks.iter().copied().collect())),
+            training_stop: l.training_stop().cloned(),
+            last_training_stop: l.last_training_stop().cloned(),
             recent: history.into_iter().rev().collect(),
             lost_ranks: self
                 .lost

@@ -25,6 +25,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
+mod stop;
+pub use stop::{StopBy, StopPhase, TrainingStop};
+
 /// How many finished operations the ledger remembers (for repeated ids and status).
 pub const HISTORY_LEN: usize = 256;
 
@@ -159,6 +162,15 @@ pub enum SubmitError {
         /// The job's state (`Running`).
         state: JobState,
     },
+    /// Training was stopped and the processes are restarting (see [`TrainingStop`]): nothing
+    /// runs until every rank is back and verified.
+    #[error("training was stopped ({reason}); {waiting}: the job runs again once every rank's new process registered and the verification round found every group agreeing")]
+    TrainingStopped {
+        /// Why training was stopped.
+        reason: String,
+        /// What the stop waits for.
+        waiting: String,
+    },
     #[error("operation id {id} was already used for a different request (other targets); use a new uuid for a new request")]
     /// The id ran (or runs) with other targets: a new request needs a new id.
     IdReused {
@@ -264,6 +276,10 @@ pub struct JobLedger {
     /// The last round's judgement (for status and for `recover`).
     assessment: Option<Assessment>,
     last_verification: Option<VerifyReport>,
+    /// Training stopped, until every rank is back ([`JobLedger::stop_training`]).
+    stop: Option<TrainingStop>,
+    /// The last stop that ended.
+    last_stop: Option<TrainingStop>,
 }
 
 /// Which NIC configuration a recovery re-states for the ranks in doubt.
@@ -333,6 +349,8 @@ impl JobLedger {
             verify_owed: true,
             assessment: None,
             last_verification: None,
+            stop: None,
+            last_stop: None,
         }
     }
 
@@ -393,6 +411,7 @@ impl JobLedger {
             && self.in_flight.is_none()
             && self.verifying.is_none()
             && self.workers.len() == self.table.world_size()
+            && !self.stop_blocks_verification()
     }
 
     /// Starts a verification round under `id` (see [`JobLedger::verify_due`]).
@@ -424,6 +443,7 @@ impl JobLedger {
             }
         }
         self.last_verification = Some(report.clone());
+        self.stop_verified();
         vec![Action::Verified(Box::new(report))]
     }
 
@@ -442,6 +462,7 @@ impl JobLedger {
         if let Some(v) = &self.verifying {
             return Err(SubmitError::Busy { in_flight: v.id() });
         }
+        self.refuse_while_stopped()?;
         if self.state == JobState::Running && self.verified {
             return Err(SubmitError::NothingToRecover { state: self.state });
         }
@@ -564,6 +585,7 @@ impl JobLedger {
         // have another NIC configuration than the table says: ask every rank again.
         self.verify_owed = true;
         self.verified = false;
+        self.stop_registered(hello.rank);
         self.workers.insert(hello.rank, hello);
         Ok(())
     }
@@ -665,6 +687,7 @@ impl JobLedger {
             return Err(SubmitError::Busy { in_flight: v.id() });
         }
         let plan = cmd.resolve(&self.table)?;
+        self.refuse_while_stopped()?;
         // Missing ranks first: the most specific reason while a lost process is away.
         self.check_registered()?;
         if self.state != JobState::Running {
@@ -754,6 +777,7 @@ impl JobLedger {
         if let Some(v) = &self.verifying {
             return Err(SubmitError::Busy { in_flight: v.id() });
         }
+        self.refuse_while_stopped()?;
         self.check_registered()?;
         if self.state != JobState::Running {
             return Err(SubmitError::NotRunning { state: self.state });
@@ -856,6 +880,7 @@ impl JobLedger {
     pub fn handle(&mut self, event: Event, now: Duration) -> Vec<Action> {
         if let Event::Replies(nr) = &event {
             self.answered_calls(nr);
+            self.stop_replies(nr);
         }
         if let Some(op) = self.in_flight.as_mut() {
             let actions = op.handle(event, now);
@@ -889,6 +914,7 @@ impl JobLedger {
         if self.workers.remove(&rank).is_none() {
             return Vec::new();
         }
+        self.stop_lost(rank);
         self.verify_owed = true;
         self.verified = false;
         let busy = self.in_flight.is_some() || self.verifying.is_some();

@@ -43,6 +43,21 @@ use std::time::Duration;
 /// Deadline tokens of verification rounds live above this, apart from an operation's.
 const TOKEN_BASE: u64 = 1 << 40;
 
+/// What a [`Disagreement`] is.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DisagreementKind {
+    /// Members of a group report different members on backup, each view a clean one.
+    #[default]
+    Views,
+    /// Not every member of a group reported it.
+    Partial,
+    /// A rank's last NIC-set call on the group failed: its operators may be split.
+    Unsettled,
+    /// A rank is on different sides in its groups.
+    SidesAcrossGroups,
+}
+
 /// A group whose members do not agree, or a rank whose groups do not.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Disagreement {
@@ -55,6 +70,9 @@ pub struct Disagreement {
     pub in_doubt: Vec<GlobalRank>,
     /// What differs, for a person.
     pub detail: String,
+    /// What kind of disagreement it is.
+    #[serde(default)]
+    pub kind: DisagreementKind,
 }
 
 impl fmt::Display for Disagreement {
@@ -177,6 +195,7 @@ impl GroupViews<'_> {
                 ranks: reporters,
                 in_doubt,
                 detail,
+                kind: DisagreementKind::Views,
             });
         }
         (reporters.len() < self.size as usize).then(|| Disagreement {
@@ -190,6 +209,7 @@ impl GroupViews<'_> {
             // Every member agrees on the sides: nothing a re-statement could fix (a group of
             // another size is a process started with another layout).
             in_doubt: Vec::new(),
+            kind: DisagreementKind::Partial,
         })
     }
 }
@@ -209,6 +229,7 @@ fn unsettled(rank: GlobalRank, report: &WorkerReport) -> impl Iterator<Item = Di
                 "rank {rank}'s last NIC-set call on it failed; the side of ranks {} is not known",
                 short_list(v.unsettled.iter())
             ),
+            kind: DisagreementKind::Unsettled,
         })
 }
 
@@ -232,6 +253,7 @@ fn sides_across_groups(rank: GlobalRank, report: &WorkerReport) -> Option<Disagr
             on.join(", "),
             off.join(", ")
         ),
+        kind: DisagreementKind::SidesAcrossGroups,
     })
 }
 

@@ -305,6 +305,24 @@ impl SimTraining {
         }
     }
 
+    /// Waits until every rank's loop has ended (a stop of training ends them at their gates).
+    /// Returns `false` on timeout.
+    pub fn wait_ended(&self, timeout: Duration) -> bool {
+        let deadline = deadline_after(timeout);
+        let mut st = self.shared.state.lock();
+        while st.running > 0 {
+            match deadline {
+                None => self.shared.cv.wait(&mut st),
+                Some(d) => {
+                    if self.shared.cv.wait_until(&mut st, d).timed_out() {
+                        return st.running == 0;
+                    }
+                }
+            }
+        }
+        true
+    }
+
     /// Collectives that returned an error so far (not counting those ended by shutdown).
     pub fn collective_failures(&self) -> u64 {
         self.shared.state.lock().failures

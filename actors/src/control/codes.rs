@@ -57,7 +57,9 @@ pub fn control_code(e: &SubmitError) -> i32 {
         | SubmitError::IdReused { .. }
         | SubmitError::Interrupted { .. } => PARAMETER_INVALID,
         SubmitError::CapabilityMissing { .. } => SWITCH_UNSUPPORTED,
-        SubmitError::NotRunning { .. } | SubmitError::NothingToRecover { .. } => OUT_OF_ORDER,
+        SubmitError::NotRunning { .. }
+        | SubmitError::NothingToRecover { .. }
+        | SubmitError::TrainingStopped { .. } => OUT_OF_ORDER,
     }
 }
 
@@ -68,6 +70,7 @@ pub fn recover_code(e: &SubmitError) -> i32 {
         SubmitError::Busy { .. }
         | SubmitError::InCalls { .. }
         | SubmitError::NotRunning { .. }
+        | SubmitError::TrainingStopped { .. }
         | SubmitError::Unverified { .. } => OPERATION_RUNNING,
         SubmitError::UnknownJob { .. }
         | SubmitError::NothingToRecover { .. }
@@ -88,7 +91,10 @@ pub fn refusal_kind(e: &SubmitError) -> RefusalKind {
         SubmitError::Busy { .. } | SubmitError::InCalls { .. } => RefusalKind::Busy,
         SubmitError::Invalid(_) => RefusalKind::Invalid,
         SubmitError::CapabilityMissing { .. } => RefusalKind::CapabilityMissing,
-        SubmitError::NotRunning { .. } => RefusalKind::NotRunning,
+        // The job runs again by itself once the restarted processes are verified.
+        SubmitError::NotRunning { .. } | SubmitError::TrainingStopped { .. } => {
+            RefusalKind::NotRunning
+        }
         // Neither uuid can be used again: a new one is the way forward.
         SubmitError::IdReused { .. } | SubmitError::Interrupted { .. } => RefusalKind::IdReused,
         SubmitError::Unverified { .. } => RefusalKind::Unverified,

@@ -1,0 +1,118 @@
+//! No training held for ever, through the actors on the simulated fabric: a job a failed
+//! rollback left `paused` is stopped by the hold policy once its bound passed (or by an
+//! operator, when the policy holds), every rank's training loop ends at its gate, the
+//! launcher restarts the processes as new incarnations on their default NIC, and the job is
+//! `running` again. Every test ends with the invariant: every group agrees on its NICs.
+
+mod common;
+
+use common::{assert_consistent_end, cmd, small, WAIT};
+use std::time::Duration;
+use taskd::actors::manager::HoldPolicy;
+use taskd::actors::LocalJobError;
+use taskd::core::ledger::{StopBy, StopPhase};
+use taskd::core::operation::JobState;
+use taskd::core::{GlobalRank, HcclCode, SubmitError};
+use taskd::hal_mock::{NicSetFault, RankExit};
+use taskd::sim::Simulation;
+
+/// Rank 1's first switch call and its rollback call fail: the world group is left split and
+/// the job `paused`, every rank held.
+fn paused_by_a_failed_rollback(sim: &Simulation) {
+    let f = sim.fabric();
+    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Fail(HcclCode::Network));
+    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Slow(Duration::ZERO));
+    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Slow(Duration::ZERO));
+    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Fail(HcclCode::Network));
+    let r = sim.job().run(cmd(&[("node-0", 0, true)])).unwrap();
+    assert_eq!(r.job_state, JobState::Paused, "{r}");
+}
+
+/// After the restart: running, verified, every rank on its default NIC, the stop recorded.
+fn assert_running_again(sim: &Simulation, by: StopBy) {
+    let s = sim.job().status(1).unwrap();
+    assert_eq!(s.state, JobState::Running, "{s:?}");
+    assert!(s.verified && s.ranks_on_backup.is_empty(), "{s:?}");
+    assert!(s.training_stop.is_none(), "{s:?}");
+    let last = s.last_training_stop.expect("the stop is remembered");
+    assert_eq!((last.by, last.phase()), (by, StopPhase::Restarted));
+}
+
+#[test]
+fn a_job_held_past_its_bound_is_stopped_restarted_and_runs_again() {
+    let mut sim = Simulation::start(&small()).unwrap();
+    // A bound far below the test's patience: the stop comes from the policy, not the test.
+    sim.job()
+        .set_hold_policy(HoldPolicy::StopAfter(Duration::from_millis(50)))
+        .unwrap();
+    paused_by_a_failed_rollback(&sim);
+    // The policy stops training: every loop ends at its gate.
+    assert!(
+        sim.training().wait_ended(WAIT),
+        "training was never stopped"
+    );
+    let s = sim.job().status(0).unwrap();
+    let stop = s.training_stop.expect("a stop under way");
+    assert_eq!(stop.by, StopBy::Policy);
+    assert!(stop.reason.contains("paused"), "{}", stop.reason);
+    // Nothing runs while the processes restart.
+    let refused = sim.job().run(cmd(&[("node-0", 0, true)])).unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            LocalJobError::Refused(SubmitError::TrainingStopped { .. })
+        ),
+        "{refused}"
+    );
+    let exits = sim.restart_processes().unwrap();
+    assert!(
+        exits.iter().all(|e| *e == RankExit::TrainingStopped),
+        "{exits:?}"
+    );
+    assert_running_again(&sim, StopBy::Policy);
+    // The job switches again on its new processes.
+    let r = sim.job().run(cmd(&[("node-1", 2, true)])).unwrap();
+    assert_eq!(r.job_state, JobState::Running, "{r}");
+    sim.train(2).unwrap();
+    assert_consistent_end(&sim.finish());
+}
+
+#[test]
+fn with_the_hold_policy_an_operator_stops_training_and_the_job_runs_again() {
+    let mut sim = Simulation::start(&small()).unwrap();
+    sim.job().set_hold_policy(HoldPolicy::Hold).unwrap();
+    paused_by_a_failed_rollback(&sim);
+    assert_eq!(sim.job().status(0).unwrap().state, JobState::Paused);
+    sim.job()
+        .stop_training("the operator gave up on the recovery")
+        .unwrap();
+    assert!(
+        sim.training().wait_ended(WAIT),
+        "training was never stopped"
+    );
+    // A second stop while the first lasts is refused, naming what it waits for.
+    let again = sim.job().stop_training("again").unwrap_err();
+    assert!(again.to_string().contains("not back yet"), "{again}");
+    sim.restart_processes().unwrap();
+    assert_running_again(&sim, StopBy::Operator);
+    sim.train(2).unwrap();
+    assert_consistent_end(&sim.finish());
+}
+
+#[test]
+fn a_stopped_simulated_rank_ends_its_loop_as_stopped() {
+    let mut sim = Simulation::start(&small()).unwrap();
+    // A running job may be stopped too: every loop ends at its next boundary.
+    sim.job().stop_training("maintenance").unwrap();
+    assert!(sim.training().wait_ended(WAIT));
+    let s = sim.job().status(0).unwrap();
+    assert_eq!(s.state, JobState::NeedsRecovery);
+    let exits = sim.restart_processes().unwrap();
+    // Every loop of the first incarnation ended because it was told to stop.
+    assert!(
+        exits.iter().all(|e| *e == RankExit::TrainingStopped),
+        "{exits:?}"
+    );
+    assert_running_again(&sim, StopBy::Operator);
+    assert_consistent_end(&sim.finish());
+}

@@ -155,7 +155,9 @@ def run(args, scenario):
                 env["TRAIN_FAIL_SWITCH_RANK"] = "1"
             started = time.monotonic()
             msrun = start_msrun(args, env, tmp, procs)
-            manager.wait_line("every worker registered, the job is verified")
+            # The manager's own line for each verification that finds the job running: the
+            # first now, one more after every restart (the Python line may come before it).
+            manager.wait_line("verified: the job runs")
             if scenario == "sigterm":
                 return sigterm(msrun, manager, mark)
             disturb(args, scenario, mark, msrun, manager, control)

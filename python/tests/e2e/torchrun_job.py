@@ -46,7 +46,7 @@ def start_job(args, env, tmp, procs):
            os.path.join(HERE, "torchrun_train.py")]
     run = Proc("torchrun", cmd, dict(env, TASKD_PROXY=proxy))
     procs.append(run)
-    manager.wait_line("every worker registered, the job is verified")
+    manager.wait_line("verified: the job runs")  # the first verification (one more per restart)
     return manager, node, run, control
 
 

@@ -100,7 +100,7 @@ fn with_the_hold_policy_an_operator_stops_training_and_the_job_runs_again() {
 }
 
 #[test]
-fn a_stopped_simulated_rank_ends_its_loop_as_stopped() {
+fn a_running_job_stopped_by_an_operator_restarts_and_runs_again() {
     let mut sim = Simulation::start(&small()).unwrap();
     // A running job may be stopped too: every loop ends at its next boundary.
     sim.job().stop_training("maintenance").unwrap();
@@ -108,11 +108,63 @@ fn a_stopped_simulated_rank_ends_its_loop_as_stopped() {
     let s = sim.job().status(0).unwrap();
     assert_eq!(s.state, JobState::NeedsRecovery);
     let exits = sim.restart_processes().unwrap();
-    // Every loop of the first incarnation ended because it was told to stop.
+    // Ranks that trained on are a step apart: a rank stopped after its step, or one whose
+    // peer's process exited while it waited in the next step's collective.
     assert!(
-        exits.iter().all(|e| *e == RankExit::TrainingStopped),
+        exits
+            .iter()
+            .all(|e| matches!(e, RankExit::TrainingStopped | RankExit::PeerLost)),
         "{exits:?}"
     );
+    assert!(exits.contains(&RankExit::TrainingStopped), "{exits:?}");
     assert_running_again(&sim, StopBy::Operator);
+    assert_consistent_end(&sim.finish());
+}
+
+#[test]
+fn an_operator_stops_training_through_the_control_api_and_status_follows_the_restart() {
+    use taskd::actors::control::proto::recover_reply::Outcome;
+    use taskd::actors::control::{serve, ControlClient, ControlConfig};
+    let mut sim = Simulation::start(&small()).unwrap();
+    sim.job().set_hold_policy(HoldPolicy::Hold).unwrap();
+    paused_by_a_failed_rollback(&sim);
+    let control = ControlConfig::new("127.0.0.1:0".parse().unwrap(), "sim".into());
+    let server = serve(sim.job().manager().clone(), control).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let addr = server.local_addr().to_string();
+    let mut client = rt.block_on(ControlClient::connect(&addr, None)).unwrap();
+    let reply = rt
+        .block_on(client.stop_training("sim", "the NICs of node-0 are being replaced"))
+        .unwrap();
+    let Some(Outcome::Stopped(stop)) = reply.outcome else {
+        panic!("not stopped: {reply:?}");
+    };
+    assert_eq!(
+        (stop.by.as_str(), stop.reason.as_str()),
+        ("operator", "the NICs of node-0 are being replaced")
+    );
+    assert!(
+        sim.training().wait_ended(WAIT),
+        "training was never stopped"
+    );
+    // Every old process confirmed the stop; the launcher has not restarted them yet.
+    let status = rt.block_on(client.status("sim", 0)).unwrap();
+    let t = status.training_stop.expect("the stop is under way");
+    assert_eq!(t.phase, "restarting", "{t:?}");
+    assert_eq!(t.not_back.len(), 8, "{t:?}");
+    sim.restart_processes().unwrap();
+    let status = rt.block_on(client.status("sim", 0)).unwrap();
+    assert_eq!(status.state, "running");
+    assert!(status.training_stop.is_none());
+    assert_eq!(
+        status.last_training_stop.map(|t| t.phase).as_deref(),
+        Some("restarted")
+    );
+    drop(client);
+    drop(rt);
+    server.shutdown();
     assert_consistent_end(&sim.finish());
 }

@@ -117,6 +117,8 @@ pub struct ManagerProcessConfig {
     /// earlier result. `None`: results live in memory only and a restarted manager runs a
     /// repeated uuid again.
     pub state_dir: Option<PathBuf>,
+    /// What a job that does not run leads to (`--hold-policy`, `--hold-bound-ms`).
+    pub hold: crate::manager::HoldPolicy,
 }
 
 /// A running manager process: the manager node, its control API and its ClusterD client.
@@ -137,7 +139,8 @@ impl ManagerProcess {
             node_cfg.job.clone(),
             node_cfg.table.clone(),
             node_cfg.deadlines,
-        );
+        )
+        .with_hold_policy(cfg.hold);
         if let Some(dir) = &cfg.state_dir {
             let journal = FileJournal::open(dir, &node_cfg.job)?;
             tracing::info!(journal = %journal.path().display(), "finished operations are journaled");

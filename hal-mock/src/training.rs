@@ -65,7 +65,7 @@ pub enum RankExit {
     /// The step hook panicked.
     Panicked,
     /// The manager stopped training (the step hook said [`StepOutcome::Stop`]): the process
-    /// would exit and its launcher restart it.
+    /// exits (the fabric sees it die) and its launcher restarts it.
     TrainingStopped,
 }
 
@@ -407,6 +407,9 @@ async fn run_rank(
         }
         if let Some(hold) = hook.step_completed(step) {
             if hold.await.is_stop() {
+                // The process exits: its communicators go with it, and a peer already
+                // waiting in the next step's collective learns it (HCCL_E_REMOTE).
+                fabric.kill_rank(rank);
                 return RankExit::TrainingStopped;
             }
         }

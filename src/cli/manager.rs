@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 use taskd_actors::clusterd::ClusterdConfig;
 use taskd_actors::control::{ControlConfig, GuardConfig, RateLimit};
-use taskd_actors::manager::SubscribeProgress;
+use taskd_actors::manager::{HoldPolicy, SubscribeProgress};
 use taskd_actors::net::{ManagerNodeConfig, DEFAULT_MANAGER_PORT};
 use taskd_actors::process::{rank_table, ManagerProcess, ManagerProcessConfig, ShutdownSignals};
 use taskd_actors::telemetry::MetricsServer;
@@ -22,6 +22,15 @@ use taskd_core::external;
 use taskd_core::operation::Trigger;
 use taskd_core::rank_table::{MAX_NODES, MAX_RANKS};
 use taskd_core::{JobId, PhaseDeadlines, RankTable};
+
+/// `--hold-policy`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HeldPolicyArg {
+    /// Stop training once the job has not run for --hold-bound-ms.
+    Stop,
+    /// Hold training until an operator acts.
+    Hold,
+}
 
 /// The flags of `taskd manager`: the job, its shape, the manager's two ports and their
 /// TLS, and the deadlines of every operation.
@@ -89,6 +98,16 @@ pub struct ManagerArgs {
     /// Deadline of the resume.
     #[arg(long, value_name = "MS", value_parser = flags::deadline_ms())]
     resume_timeout_ms: Option<u64>,
+    /// What a job that does not run (paused or needs_recovery: a failed rollback, a recovery
+    /// that could not re-state, a lost process) leads to: `stop` stops training once it has
+    /// not run for --hold-bound-ms (the launcher restarts the processes on their default
+    /// NIC); `hold` holds training until an operator acts.
+    #[arg(long, value_name = "POLICY", value_enum, default_value_t = HeldPolicyArg::Stop)]
+    hold_policy: HeldPolicyArg,
+    /// With --hold-policy stop: how long a job may not run before training is stopped.
+    #[arg(long, value_name = "MS", value_parser = flags::deadline_ms(),
+          default_value_t = taskd_actors::manager::DEFAULT_HOLD_BOUND.as_millis() as u64)]
+    hold_bound_ms: u64,
     #[command(flatten)]
     auto: AutoArgs,
     #[command(flatten)]
@@ -168,6 +187,12 @@ impl ManagerArgs {
             clusterd,
             auto: self.auto.config(),
             state_dir: self.state_dir.clone(),
+            hold: match self.hold_policy {
+                HeldPolicyArg::Stop => {
+                    HoldPolicy::StopAfter(Duration::from_millis(self.hold_bound_ms))
+                }
+                HeldPolicyArg::Hold => HoldPolicy::Hold,
+            },
         })
     }
 

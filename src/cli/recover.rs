@@ -1,6 +1,8 @@
 //! `taskd recover`: brings a job that is not running back (README "Recovery"). The ranks in
 //! doubt are re-stated to one side and training resumes, or, with nothing in doubt, a
 //! verification round establishes the job's state; either way a round confirms the result.
+//! `--stop-training` stops training instead: every process ends, its launcher restarts it on
+//! its default NIC, and the job runs again once every rank is back and verified.
 
 use super::connect::{call_error, ConnectArgs};
 use super::error::{exit, CliError};
@@ -21,8 +23,21 @@ pub struct RecoverArgs {
     job: String,
     /// The side the ranks in doubt are re-stated to: their primary NIC, their backup NIC, or
     /// the side the manager's NIC table has for each.
-    #[arg(long, value_enum, default_value_t = To::AsIs)]
+    #[arg(long, value_enum, default_value_t = To::AsIs, conflicts_with = "stop_training")]
     to: To,
+    /// Stop training on every rank instead (no NIC is touched): each training process ends
+    /// with an error, its launcher restarts it, and the new processes come back on their
+    /// default NIC. Answers once the stop is sent; `taskd status` follows the restart.
+    #[arg(long)]
+    stop_training: bool,
+    /// With --stop-training: why, one line, for every training process's log.
+    #[arg(
+        long,
+        value_name = "TEXT",
+        requires = "stop_training",
+        default_value = ""
+    )]
+    reason: String,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -46,16 +61,18 @@ impl To {
     }
 }
 
-/// Runs the recovery; exit 0 when it ran and the job runs afterwards, 1 when it was refused or
-/// the job does not run (the output says why), 2 for bad input, 3 when the control API cannot
-/// be reached.
+/// Runs the recovery; exit 0 when it ran and the job runs afterwards (with --stop-training:
+/// when the stop was sent), 1 when it was refused or the job does not run (the output says
+/// why), 2 for bad input, 3 when the control API cannot be reached.
 pub fn run(a: RecoverArgs) -> Result<ExitCode, CliError> {
     let reply = runtime()?.block_on(async {
         let mut client = a.connect.client().await?;
-        client
-            .recover(&a.job, a.to.as_str())
-            .await
-            .map_err(call_error)
+        if a.stop_training {
+            client.stop_training(&a.job, &a.reason).await
+        } else {
+            client.recover(&a.job, a.to.as_str()).await
+        }
+        .map_err(call_error)
     })?;
     if a.json {
         println!("{:#}", reply_json(&reply));
@@ -63,8 +80,9 @@ pub fn run(a: RecoverArgs) -> Result<ExitCode, CliError> {
         print!("{}", reply_text(&reply, a.to));
     }
     let refused = matches!(reply.outcome, Some(Outcome::Refused(_)));
+    let stopped = matches!(reply.outcome, Some(Outcome::Stopped(_)));
     Ok(ExitCode::from(
-        if reply.job_state == "running" && !refused {
+        if stopped || (reply.job_state == "running" && !refused) {
             exit::OK
         } else {
             exit::FAILED
@@ -87,6 +105,10 @@ fn reply_text(r: &proto::RecoverReply, to: To) -> String {
             f.code,
             taskd_actors::control::codes::name(f.code),
             f.reason
+        ),
+        Some(Outcome::Stopped(t)) => format!(
+            "training stopped ({}): {}; {}\n",
+            t.uuid, t.reason, t.waiting_for
         ),
         None => "no answer\n".to_owned(),
     };
@@ -112,6 +134,9 @@ fn reply_json(r: &proto::RecoverReply) -> serde_json::Value {
         }),
         Some(Outcome::Refused(f)) => serde_json::json!({
             "refused": { "code": f.code, "reason": f.reason },
+        }),
+        Some(Outcome::Stopped(t)) => serde_json::json!({
+            "stopped": super::render::training_stop_json(t),
         }),
         None => serde_json::json!({}),
     };

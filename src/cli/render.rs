@@ -162,6 +162,21 @@ pub fn status_json(s: &proto::JobStatus) -> Value {
         "in_calls": s.in_calls.as_ref().map(|c| json!({
             "uuid": c.uuid, "ranks": c.ranks,
         })),
+        "training_stop": s.training_stop.as_ref().map(training_stop_json),
+        "last_training_stop": s.last_training_stop.as_ref().map(training_stop_json),
+    })
+}
+
+/// A stop of training as JSON (`status --json`, `recover --stop-training --json`).
+pub fn training_stop_json(t: &proto::TrainingStop) -> serde_json::Value {
+    json!({
+        "uuid": t.uuid,
+        "by": t.by,
+        "reason": t.reason,
+        "phase": t.phase,
+        "stopping": t.stopping,
+        "not_back": t.not_back,
+        "waiting_for": t.waiting_for,
     })
 }
 
@@ -227,7 +242,16 @@ fn recent_text(out: &mut String, recent: &[proto::OperationResult]) {
 pub fn status_text(s: &proto::JobStatus) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "job        {}", s.job_id);
-    let _ = writeln!(out, "state      {}", s.state);
+    // While training is stopped the job's state is the stop's: what it waits for is next.
+    match &s.training_stop {
+        Some(t) => {
+            let _ = writeln!(out, "state      {} (training stopped by {})", t.phase, t.by);
+            let _ = writeln!(out, "stop       {}; {}", t.reason, t.waiting_for);
+        }
+        None => {
+            let _ = writeln!(out, "state      {}", s.state);
+        }
+    }
     let _ = writeln!(
         out,
         "workers    {}/{} registered, {} nodes connected",
@@ -315,6 +339,37 @@ mod tests {
             status_text(&s)
         );
         assert_eq!(status_json(&s)["in_calls"]["ranks"], json!([1, 3]));
+    }
+
+    #[test]
+    fn a_stop_of_training_says_what_it_waits_for() {
+        let mut s = proto::JobStatus {
+            job_id: "j".into(),
+            state: "needs_recovery".into(),
+            ..proto::JobStatus::default()
+        };
+        s.training_stop = Some(proto::TrainingStop {
+            uuid: "u-2".into(),
+            by: "policy".into(),
+            reason: "the job was paused for 300s".into(),
+            phase: "restarting".into(),
+            stopping: vec![],
+            not_back: vec![2, 5],
+            waiting_for: "ranks 2, 5 are not back yet".into(),
+        });
+        let text = status_text(&s);
+        assert!(
+            text.contains("state      restarting (training stopped by policy)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("stop       the job was paused for 300s; ranks 2, 5 are not back yet"),
+            "{text}"
+        );
+        let j = status_json(&s);
+        assert_eq!(j["training_stop"]["not_back"], json!([2, 5]));
+        assert_eq!(j["training_stop"]["phase"], "restarting");
+        assert!(j["last_training_stop"].is_null());
     }
 
     #[test]

@@ -157,6 +157,23 @@ impl ControlClient {
         let req = self.request(proto::RecoverRequest {
             job_id: job.to_owned(),
             to: to.to_owned(),
+            ..Default::default()
+        });
+        Ok(self.inner.recover(req).await?.into_inner())
+    }
+
+    /// Stops training on every rank, for `reason` (empty: the operator's default); answers
+    /// once the stop is sent (`GetStatus` follows the restart).
+    pub async fn stop_training(
+        &mut self,
+        job: &str,
+        reason: &str,
+    ) -> Result<proto::RecoverReply, ClientError> {
+        let req = self.request(proto::RecoverRequest {
+            job_id: job.to_owned(),
+            stop_training: true,
+            reason: reason.to_owned(),
+            ..Default::default()
         });
         Ok(self.inner.recover(req).await?.into_inner())
     }

@@ -4,6 +4,7 @@
 
 use super::proto;
 use crate::manager::ManagerStatus;
+use taskd_core::ledger::TrainingStop;
 use taskd_core::operation::{OperationReport, Trigger};
 use taskd_core::summary::{PhasesMs, RankErrorSummary, TargetSummary};
 use taskd_core::verify::VerifyReport;
@@ -148,6 +149,21 @@ pub fn status(s: &ManagerStatus) -> proto::JobStatus {
             uuid: op.to_string(),
             ranks: ranks.iter().map(|r| r.0).collect(),
         }),
+        training_stop: s.training_stop.as_ref().map(training_stop),
+        last_training_stop: s.last_training_stop.as_ref().map(training_stop),
+    }
+}
+
+/// A stop of training for the wire.
+pub fn training_stop(t: &TrainingStop) -> proto::TrainingStop {
+    proto::TrainingStop {
+        uuid: t.id.to_string(),
+        by: t.by.as_str().into(),
+        reason: t.reason.clone(),
+        phase: t.phase().as_str().into(),
+        stopping: t.stopping.iter().map(|r| r.0).collect(),
+        not_back: t.not_back.iter().map(|r| r.0).collect(),
+        waiting_for: t.waiting_for(),
     }
 }
 

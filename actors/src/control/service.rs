@@ -6,7 +6,7 @@ use super::convert;
 use super::proto::{self, switch_event, RefusalKind};
 use crate::manager::{
     AwaitRegistered, AwaitResult, AwaitVerification, GetStatus, Manager, Recover, Recovery,
-    Submission, Submit, SubscribeProgress,
+    StopTraining, Submission, Submit, SubscribeProgress,
 };
 use crate::progress::{ProgressEvent, ProgressKind};
 use actix::Addr;
@@ -191,6 +191,38 @@ async fn recover(
     }
 }
 
+/// An operator's stop of training: answered once the stop is sent (the restart is the
+/// launcher's, and `GetStatus` follows it).
+async fn stop_training(
+    manager: &Addr<Manager>,
+    reason: String,
+) -> Result<proto::recover_reply::Outcome, Status> {
+    use proto::recover_reply::Outcome;
+    let gone = |_| Status::unavailable("the manager is not answering");
+    let reason = if reason.trim().is_empty() {
+        "an operator stopped training (taskd recover --stop-training)".to_owned()
+    } else {
+        reason.lines().next().unwrap_or_default().to_owned()
+    };
+    let by = taskd_core::ledger::StopBy::Operator;
+    match manager
+        .send(StopTraining { reason, by })
+        .await
+        .map_err(gone)?
+    {
+        Err(e) => Ok(Outcome::Refused(proto::Refused {
+            code: codes::control_code(&e),
+            reason: e.to_string(),
+            kind: codes::refusal_kind(&e).into(),
+        })),
+        Ok(_) => {
+            let status = manager.send(GetStatus { recent: 0 }).await.map_err(gone)?;
+            let stop = status.training_stop.as_ref().map(convert::training_stop);
+            Ok(Outcome::Stopped(stop.unwrap_or_default()))
+        }
+    }
+}
+
 type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 #[tonic::async_trait]
@@ -231,6 +263,14 @@ impl proto::control_server::Control for ControlSvc {
     ) -> Result<Response<proto::RecoverReply>, Status> {
         let r = req.into_inner();
         self.check_job(&r.job_id)?;
+        if r.stop_training {
+            let outcome = stop_training(&self.manager, r.reason).await?;
+            let job_state = self.status(0).await?.state;
+            return Ok(Response::new(proto::RecoverReply {
+                outcome: Some(outcome),
+                job_state,
+            }));
+        }
         let to = match r.to.as_str() {
             "primary" => RecoverTo::Primary,
             "backup" => RecoverTo::Backup,

@@ -41,8 +41,6 @@ from jobs import WAIT, Proc, describe, free_port, job_processes, switch, switch_
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = "msrun-job"
 SCENARIOS = ("train", "epochs", "fit", "restart", "stop", "sigterm")
-#: what runs without naming scenarios: ``stop`` needs the manager's ``taskd recover --stop-training``
-DEFAULT = ("train", "epochs", "fit", "restart", "sigterm")
 EXPECTED = [([0, 1], [True, True]), ([0, 1], [False, False])]
 
 
@@ -119,12 +117,15 @@ def stop_and_restart(args, control, msrun, manager):
     training; both workers raise TrainingStopped and exit; the agent restarts them."""
     code, out = switch(args, control, "backup", manager, JOB)
     assert code != 0 and "rank 1" in out and "device_comm_lib_instance_" in out, out
-    code, out = taskd(args, ["recover", "--addr", control, "--job", JOB, "--stop-training"])
+    failed = out
+    code, out = taskd(args, ["recover", "--addr", control, "--job", JOB, "--stop-training",
+                             "--reason", "the switch failed on rank 1 and could not be undone"])
     assert code == 0, out
-    for _ in (0, 1):
-        msrun.wait_line("training stopped at step")
-    msrun.wait_line("restarting every worker of this node (restart 1 of")
+    stopped = [msrun.wait_line("training stopped at step") for _ in (0, 1)]
+    restarting = msrun.wait_line("restarting every worker of this node (restart 1 of")
     manager.wait_line("verified: the job runs")
+    print("".join(["msrun job (stop): the failed switch:\n", failed, out] + stopped + [restarting]),
+          flush=True)
 
 
 def disturb(args, scenario, mark, msrun, manager, control):
@@ -196,7 +197,7 @@ def main():
     ap.add_argument("--python", default=sys.executable, help="a Python with mindspore and taskd")
     ap.add_argument("--pairs", type=int, default=1,
                     help="switches to the backup NIC and back per job (more: a measurement)")
-    ap.add_argument("scenarios", nargs="*", default=list(DEFAULT))
+    ap.add_argument("scenarios", nargs="*", default=list(SCENARIOS))
     args = ap.parse_args()
     for scenario in args.scenarios:
         if scenario not in SCENARIOS:

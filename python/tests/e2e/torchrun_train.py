@@ -16,8 +16,19 @@ from torch.nn.parallel import DistributedDataParallel
 from taskd.api import init_taskd_worker, start_taskd_worker
 
 
+def init_process_group():
+    """Gloo's group, its rendezvous keys under this incarnation's prefix in torchrun's store: a
+    restarted process must not read the addresses its predecessors left there."""
+    env = os.environ
+    world = int(env["WORLD_SIZE"])
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world, is_master=False)
+    prefix = "incarnation-%s" % env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group("gloo", store=dist.PrefixStore(prefix, store), rank=int(env["RANK"]),
+                            world_size=world)
+
+
 def main():
-    dist.init_process_group("gloo")
+    init_process_group()
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(8, 1))

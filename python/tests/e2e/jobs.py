@@ -42,6 +42,16 @@ class Proc:
             if text in line:
                 return line
 
+    def wait_count(self, text, n):
+        """Until ``text`` came ``n`` times (two processes' lines may come joined in one); the
+        lines it came in."""
+        found, count = [], 0
+        while count < n:
+            line = self.wait_line(text)
+            found.append(line)
+            count += line.count(text)
+        return found
+
     def output(self):
         while True:
             try:

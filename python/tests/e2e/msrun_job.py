@@ -96,10 +96,18 @@ def end_manager(manager):
     assert manager.p.wait(WAIT) == 0, manager.output()
 
 
+def restarted(msrun, manager):
+    """The agent restarted the workers and both trained a step (MindSpore's first collective
+    right after a restart sometimes fails: the agent then restarts them once more)."""
+    line = msrun.wait_line("restarting every worker of this node (restart 1 of")
+    msrun.wait_count("trained its first step", 2)
+    manager.wait_line("verified: the job runs")
+    return line
+
+
 def restart_a_worker(mark, msrun, manager):
     os.kill(worker_pid(mark, 1), signal.SIGKILL)
-    msrun.wait_line("restarting every worker of this node (restart 1 of")
-    manager.wait_line("verified: the job runs")
+    restarted(msrun, manager)
 
 
 def sigterm(msrun, manager, mark):
@@ -121,9 +129,8 @@ def stop_and_restart(args, control, msrun, manager):
     code, out = taskd(args, ["recover", "--addr", control, "--job", JOB, "--stop-training",
                              "--reason", "the switch failed on rank 1 and could not be undone"])
     assert code == 0, out
-    stopped = [msrun.wait_line("training stopped at step") for _ in (0, 1)]
-    restarting = msrun.wait_line("restarting every worker of this node (restart 1 of")
-    manager.wait_line("verified: the job runs")
+    stopped = msrun.wait_count("training stopped at step", 2)
+    restarting = restarted(msrun, manager)
     print("".join(["msrun job (stop): the failed switch:\n", failed, out] + stopped + [restarting]),
           flush=True)
 

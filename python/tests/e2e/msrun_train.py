@@ -32,8 +32,9 @@ from taskd.api import init_taskd_worker, start_taskd_worker
 class Steps(Callback):
     """The script's own callback: counts the process's steps and stops every rank at once."""
 
-    def __init__(self, stop_file):
+    def __init__(self, stop_file, rank):
         super().__init__()
+        self.rank = rank
         self.done = 0
         self.first = self.last = None  # when the first and the last step ended
         self.stop_file = stop_file
@@ -49,6 +50,9 @@ class Steps(Callback):
         if self.sum(Tensor(np.array([mine], np.float32))).asnumpy()[0] > 0:
             self.stopped = True
             run_context.request_stop()
+        if self.done == 1:  # the collectives of this incarnation work
+            print("rank %d trained its first step (incarnation %s)" % (
+                self.rank, os.environ.get("TASKD_RESTART_COUNT", "0")), flush=True)
 
 
 def record_switches(steps, rank):
@@ -87,7 +91,7 @@ def main():
     rank = get_rank()
     net = nn.Dense(8, 1)
     model = Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.01))
-    steps = Steps(os.environ["TRAIN_STOP_FILE"])
+    steps = Steps(os.environ["TRAIN_STOP_FILE"], rank)
     calls = record_switches(steps, rank)
     data = dataset(rank)
     loop = os.environ.get("TRAIN_LOOP", "train")

@@ -74,8 +74,7 @@ def stop_and_restart(args, control, torchrun, manager):
     assert code != 0 and "rank 1" in out and "HcclCommWorkingDevNicSet" in out, out
     code, out = taskd(args, ["recover", "--addr", control, "--job", JOB, "--stop-training"])
     assert code == 0, out
-    for _ in (0, 1):
-        torchrun.wait_line("training stopped at step")
+    torchrun.wait_count("training stopped at step", 2)
     manager.wait_line("verified: the job runs")
 
 

@@ -1,30 +1,32 @@
 """The reference's conventions: the names taskd.api exports, bools that never raise with the
 reason logged (logger ``taskd``), a no-op step gate without a worker, the library's location."""
 
+import logging
 import os
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 
 import support  # noqa: F401 - the fakes on the path
 import taskd
 import taskd.api as api
-from taskd.api import taskd_manager_api, taskd_worker_api
+from taskd.api import taskd_agent_api, taskd_manager_api, taskd_worker_api
 from taskd.python.cython_api import cython_api
 
 PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Conventions(support.TaskdTestCase):
-    def test_the_api_exports_the_references_ten_functions_and_the_gate(self):
+    def test_the_api_exports_the_references_ten_functions_the_gate_and_its_exception(self):
         self.assertEqual(
             sorted(api.__all__),
             sorted([
                 "init_taskd_worker", "start_taskd_worker", "destroy_taskd_worker",
                 "init_taskd_manager", "start_taskd_manager", "init_taskd_proxy",
                 "destroy_taskd_proxy", "init_taskd_agent", "start_taskd_agent",
-                "register_func", "step_completed",
+                "register_func", "step_completed", "TrainingStopped",
             ]),
         )
         self.assertIs(api.step_completed, taskd_worker_api.step_completed)
@@ -75,7 +77,12 @@ class Conventions(support.TaskdTestCase):
             lambda: api.init_taskd_agent({"Framework": "TF"}), "Framework must be PyTorch or MindSpore")
         self.assert_false_with_reason(
             lambda: api.init_taskd_agent({"Framework": "MindSpore"}), "$MS_SCHED_HOST is not set")
-        self.assert_false_with_reason(api.start_taskd_agent, "not provide")
+        saved = taskd_agent_api._framework
+        taskd_agent_api._framework = None
+        try:
+            self.assert_false_with_reason(api.start_taskd_agent, "manages msrun's workers")
+        finally:
+            taskd_agent_api._framework = saved
         self.assert_false_with_reason(lambda: api.register_func("STOP", print), "unknown operator")
         self.assertIs(api.register_func("KILL_WORKER", print), True)
         self.assertIs(api.init_taskd_agent({"Framework": "PyTorch"}), True)
@@ -108,3 +115,37 @@ class Conventions(support.TaskdTestCase):
                 self.assertIn(reason, err)
             with open(os.path.join(tmp, "taskd.log")) as f:
                 self.assertIn("the libtaskd.so has not been loaded", f.read())
+
+
+class LaunchersEnvironment(support.TaskdTestCase):
+    def test_the_node_rank_comes_from_what_the_launcher_gives(self):
+        f = api.init_taskd_worker
+        os.environ["GROUP_RANK"] = "2"  # torchrun's, when the script's environment lost $RANK
+        self.assertTrue(f(5))
+        self.assertEqual(taskd_worker_api._state.config[3], 2)
+        self.assertTrue(api.destroy_taskd_worker())
+        with self.assertLogs("taskd", "ERROR") as logs:
+            self.assertFalse(f(0, 5000, "ms"))
+        self.assertIn("set it to this node's rank (msrun's --node_rank)", "\n".join(logs.output))
+
+    def test_a_worker_that_cannot_reach_its_proxy_says_so_once(self):
+        os.environ["MS_NODE_RANK"] = "0"  # $TASKD_PROXY: nothing listens there
+        seen = threading.Event()
+        lines = []
+
+        class Watch(logging.Handler):
+            def emit(self, record):
+                lines.append(record.getMessage())
+                if "cannot reach its proxy" in record.getMessage():
+                    seen.set()
+
+        handler = Watch(logging.WARNING)
+        logging.getLogger("taskd").addHandler(handler)
+        try:
+            self.assertTrue(api.init_taskd_worker(0, 5000, "ms"))
+            self.assertTrue(api.start_taskd_worker())
+            self.assertTrue(seen.wait(60), lines)
+        finally:
+            logging.getLogger("taskd").removeHandler(handler)
+        self.assertEqual(len(lines), 1, "one line, then quiet: %s" % lines)
+        self.assertIn("127.0.0.1:1", lines[0])

@@ -15,16 +15,18 @@ class MindSpore(support.TaskdTestCase):
         self.assertTrue(api.init_taskd_worker(0, 5000, "ms"))
         self.assertTrue(api.start_taskd_worker())
 
-    def test_every_model_train_call_holds_at_the_gate_after_each_step(self):
+    def test_every_train_and_fit_call_holds_at_the_gate_with_one_count_per_process(self):
+        from mindspore import train as ms_train
         from mindspore.train import Callback, Model
 
-        original = Model.train
+        original = (Model.train, Model.fit)
+        ms_train.warnings.clear()
         self.start()
         steps = support.record_gate(self)
         order = []
 
         class Mine(Callback):
-            def step_end(self, run_context):
+            def on_train_step_end(self, run_context):
                 # How many steps the gate had seen when the user's callback ran.
                 order.append(("mine", run_context.original_args().cur_step_num, len(steps)))
 
@@ -34,15 +36,36 @@ class MindSpore(support.TaskdTestCase):
             order[:4], ["compute", ("mine", 1, 0), "compute", ("mine", 2, 1)],
             "the user's callbacks first, then the gate",
         )
-        Model(lambda _: None).train(1, range(2))  # no callbacks
-        Model(lambda _: None).train(1, range(1), Mine())  # one callback, positional
-        self.assertEqual(steps, [1, 2, 3, 4, 5, 6, 1, 2, 1])
+        model = Model(lambda _: None)
+        for _ in range(2):  # a per-epoch loop: cur_step_num starts again at every call
+            model.train(1, range(2))
+        model.train(1, range(1), Mine())  # one callback, positional
+        self.assertEqual(steps, list(range(1, 12)), "one count across every call")
+        model.fit(1, range(2), None, 1, [Mine()])  # positional callbacks
+        model.fit(1, range(1), callbacks=Mine())
+        self.assertEqual(steps, list(range(1, 15)), "fit is gated too")
         gate_cls = Model.train.taskd_step_callback
-        Model(lambda _: None).train(1, range(2), callbacks=[gate_cls()])
-        self.assertEqual(steps[-2:], [1, 2], "a list already holding the gate is left alone")
-        self.assertEqual(len(steps), 11)
+        model.train(1, range(2), callbacks=[gate_cls()])
+        self.assertEqual(steps[-2:], [15, 16], "a list already holding the gate is left alone")
+        self.assertEqual(ms_train.warnings, [], "MindSpore warns about no callback of taskd's")
         self.assertTrue(api.destroy_taskd_worker())
-        self.assertIs(Model.train, original, "destroy puts Model.train back")
+        self.assertEqual((Model.train, Model.fit), original, "destroy puts both methods back")
+
+    def test_sink_mode_gates_once_per_sink_with_the_same_count(self):
+        from mindspore.train import Callback, Model
+
+        self.start()
+        steps = support.record_gate(self)
+        seen = []
+
+        class CurStep(Callback):
+            def on_train_step_end(self, run_context):
+                seen.append(run_context.original_args().cur_step_num)
+
+        Model(lambda _: None).train(2, range(8), callbacks=[CurStep()], dataset_sink_mode=True,
+                                    sink_size=4)
+        self.assertEqual(seen, [4, 8, 12, 16], "MindSpore's step rises by sink_size")
+        self.assertEqual(steps, [1, 2, 3, 4], "the gate's by one per sink boundary")
 
     def test_the_callback_can_be_turned_off(self):
         from mindspore.train import Model
@@ -107,3 +130,60 @@ class PyTorch(support.TaskdTestCase):
         steps = support.record_gate(self)
         torch.optim.SGD().step()
         self.assertEqual(steps, [])
+
+
+class TrainingStops(support.TaskdTestCase):
+    """The library's gate answers TASKD_STOP_TRAINING (a fake native gate here; the real stop
+    runs in the end-to-end jobs): whatever calls the gate raises taskd.TrainingStopped."""
+
+    def stop_after(self, steps):
+        """Replaces the running worker's native gate by one that stops after ``steps``."""
+        seen = []
+
+        def native(handle, step):
+            self.assertEqual(handle, "the handle")
+            seen.append(step)
+            return taskd_worker_api.TASKD_STOP_TRAINING if len(seen) > steps else 0
+
+        taskd_worker_api._state.stop_logged = False
+        reason = lambda: "rank 1's switch failed and could not be undone"  # noqa: E731
+        taskd_worker_api._state.gate = taskd_worker_api.checked_gate(native, "the handle", reason)
+        return seen
+
+    def test_the_exception_is_one_class_exported_twice(self):
+        import taskd
+
+        self.assertIs(api.TrainingStopped, taskd.TrainingStopped)
+        self.assertTrue(issubclass(taskd.TrainingStopped, RuntimeError))
+        self.assertIn("TrainingStopped", api.__all__)
+
+    def test_model_train_raises_it_with_the_reason_logged_once(self):
+        from mindspore.train import Model
+
+        os.environ["MS_NODE_RANK"] = "0"
+        self.assertTrue(api.init_taskd_worker(0, 5000, "ms"))
+        self.assertTrue(api.start_taskd_worker())
+        seen = self.stop_after(3)
+        with self.assertLogs("taskd", "ERROR") as logs:
+            with self.assertRaisesRegex(api.TrainingStopped, "could not be undone"):
+                Model(lambda _: None).train(10, range(5))
+            with self.assertRaises(api.TrainingStopped):
+                api.step_completed(99)
+        self.assertEqual(seen, [1, 2, 3, 4, 99])
+        self.assertEqual(len(logs.output), 1, logs.output)
+        self.assertIn("training stopped at step 4: rank 1's switch failed", logs.output[0])
+
+    def test_the_optimizer_hook_and_the_loops_call_raise_it(self):
+        import torch
+
+        os.environ.update(RANK="0", LOCAL_WORLD_SIZE="1")
+        self.assertTrue(api.init_taskd_worker(0))
+        self.assertTrue(api.start_taskd_worker())
+        self.stop_after(1)
+        opt = torch.optim.SGD()
+        opt.step()
+        with self.assertLogs("taskd", "ERROR"):
+            with self.assertRaises(api.TrainingStopped):
+                opt.step()
+        with self.assertRaises(api.TrainingStopped):
+            api.step_completed(3)

@@ -89,7 +89,7 @@ class Configuration(unittest.TestCase):
 class Dispatch(unittest.TestCase):
     def test_pt_with_torch_npu_uses_it(self):
         # The fakes provide torch_npu.
-        name, _ = switch.resolve("pt")
+        name, _, _ = switch.resolve("pt")
         self.assertEqual(name, "torch_npu.npu._comm_switch_nic")
 
     def test_pt_without_torch_npu_uses_the_gloo_switch(self):

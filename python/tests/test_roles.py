@@ -13,7 +13,7 @@ import threading
 
 import support
 import taskd.api as api
-from taskd.api import taskd_agent_api
+from taskd.api import taskd_proxy_api
 from taskd.python.cython_api import cython_api
 
 PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -122,12 +122,29 @@ class Proxy(support.TaskdTestCase):
             {"job_id": "x", "nodes": 1, "procs_per_node": 1, "listen": "127.0.0.1:0"}, False)
 
     def test_the_mindspore_agent_starts_the_proxy_from_the_launchers_environment(self):
-        os.environ.update(MS_SCHED_HOST="127.0.0.1", MS_NODE_RANK="0")
+        os.environ.update(MS_SCHED_HOST="10.0.0.1", MS_NODE_RANK="1", TASKD_MANAGER_PORT="9700",
+                          TASKD_PROXY="127.0.0.1:0")
         started = queue.Queue()
-        real = taskd_agent_api.init_taskd_proxy
-        taskd_agent_api.init_taskd_proxy = started.put
+        real = taskd_proxy_api.init_taskd_proxy
+        taskd_proxy_api.init_taskd_proxy = started.put
         try:
             self.assertTrue(api.init_taskd_agent({"Framework": "MindSpore"}))
         finally:
-            taskd_agent_api.init_taskd_proxy = real
-        self.assertEqual(started.get(timeout=WAIT), {"UpstreamAddr": "127.0.0.1", "ServerRank": "0"})
+            taskd_proxy_api.init_taskd_proxy = real
+        self.assertEqual(started.get(timeout=WAIT), {
+            "UpstreamAddr": "10.0.0.1", "UpstreamPort": "9700", "ListenAddr": "127.0.0.1",
+            "ListenPort": "0", "ServerRank": "1"})
+
+    def test_the_node_rank_comes_from_the_launcher(self):
+        from taskd.api.taskd_proxy_api import _server_rank
+
+        self.assertEqual(_server_rank(["torchrun", "--node_rank", "2", "train.py"]), "2")
+        self.assertEqual(_server_rank(["torchrun", "--node-rank=3", "train.py"]), "3")
+        os.environ["GROUP_RANK"] = "4"
+        self.assertEqual(_server_rank(["torchrun", "--node-rank=3"]), "4")
+        os.environ["MS_NODE_RANK"] = "5"
+        self.assertEqual(_server_rank([]), "5")
+        del os.environ["GROUP_RANK"], os.environ["MS_NODE_RANK"]
+        with self.assertLogs("taskd", "WARNING") as logs:
+            self.assertEqual(_server_rank(["msrun", "--node_rank", "-1"]), "0")
+        self.assertIn("set ServerRank or $MS_NODE_RANK", "\n".join(logs.output))

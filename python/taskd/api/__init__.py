@@ -1,6 +1,9 @@
 """The reference TaskD's Python API (names, arguments, defaults and return values), and
 ``step_completed``, taskd-rs's step gate. Every ``init_*``, ``start_*`` and ``destroy_*`` returns
-a bool and never raises: errors are logged (logger ``taskd``)."""
+a bool and never raises: errors are logged (logger ``taskd``). The gate raises one exception,
+``TrainingStopped``, when the manager stopped training."""
+
+from taskd import TrainingStopped
 
 from taskd.api.taskd_agent_api import init_taskd_agent, register_func, start_taskd_agent
 from taskd.api.taskd_manager_api import init_taskd_manager, start_taskd_manager
@@ -24,4 +27,5 @@ __all__ = [
     "start_taskd_agent",
     "register_func",
     "step_completed",
+    "TrainingStopped",
 ]

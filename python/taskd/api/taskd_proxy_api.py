@@ -2,11 +2,13 @@
 
 Keys (string values, as the reference's): ``UpstreamAddr`` (default ``127.0.0.1``),
 ``UpstreamPort`` (``"9601"``), ``ListenAddr`` (``127.0.0.1``), ``ListenPort`` (``"9602"``),
-``ServerRank`` (``$RANK``, else ``$MS_NODE_RANK``, else ``"0"``); also every flag of
+``ServerRank`` (``$RANK``, else ``$MS_NODE_RANK``, ``$GROUP_RANK``, ``$PET_NODE_RANK``, the
+launcher's ``--node_rank`` option, else ``"0"``); also every flag of
 ``taskd proxy`` with underscores. The job is ``$MINDX_TASK_ID`` (or ``job_id``).
 """
 
 import os
+import sys
 import threading
 
 from taskd.python.cython_api import cython_api
@@ -14,7 +16,9 @@ from taskd.python.utils.convention import returns_bool
 from taskd.python.utils.log import get_logger
 
 _lock = threading.Lock()
+_started = threading.Condition(_lock)  # notified when a proxy starts
 _proxy = None
+_start_error = None  # why the last init_taskd_proxy could not start one
 _retired = []  # stopped proxies: an init call may still be waiting on one
 
 DEFAULTS = {
@@ -25,11 +29,36 @@ DEFAULTS = {
 }
 
 
-def _server_rank():
-    for var in ("RANK", "MS_NODE_RANK"):
+#: where a node's management process finds its node rank, in this order: the variables, then
+#: the launcher's own option (torchrun's agent and msrun have ``--node_rank`` / ``--node-rank``)
+RANK_VARS = ("RANK", "MS_NODE_RANK", "GROUP_RANK", "PET_NODE_RANK")
+RANK_OPTIONS = ("--node_rank", "--node-rank")
+
+
+def _option(argv, names):
+    for i, arg in enumerate(argv):
+        for name in names:
+            if arg == name and i + 1 < len(argv):
+                return argv[i + 1]
+            if arg.startswith(name + "="):
+                return arg[len(name) + 1:]
+    return None
+
+
+def _server_rank(argv=None):
+    """This node's rank: ``$RANK``, ``$MS_NODE_RANK``, ``$GROUP_RANK``, ``$PET_NODE_RANK``, then
+    the launcher's ``--node_rank`` (``-1``, msrun's "not given", is not a rank), else ``"0"``
+    with a warning."""
+    for var in RANK_VARS:
         value = os.environ.get(var, "").strip()
         if value:
             return value
+    given = _option(sys.argv if argv is None else argv, RANK_OPTIONS)
+    if given is not None and given.strip().isdigit():
+        return given.strip()
+    get_logger().warning(
+        "init_taskd_proxy: no node rank in $%s or the launcher's --node_rank: this node is "
+        "node 0 (set ServerRank or $MS_NODE_RANK on every other node)", ", $".join(RANK_VARS))
     return "0"
 
 
@@ -49,7 +78,7 @@ def _with_defaults(config):
 def init_taskd_proxy(config):
     """Starts this node's proxy and blocks until the manager admitted it (run it on a daemon
     thread). A second call in the same process does nothing and returns ``True``."""
-    global _proxy
+    global _proxy, _start_error
     log = get_logger()
     if not isinstance(config, dict):
         raise TypeError("config must be a dict, got %s" % type(config).__name__)
@@ -58,18 +87,43 @@ def init_taskd_proxy(config):
             log.info("init_taskd_proxy: the proxy already runs")
             return True
         cfg = _with_defaults(config)
-        proxy = cython_api.Proxy(cfg)
-        _proxy = proxy
+        try:
+            proxy = cython_api.Proxy(cfg)
+        except Exception as e:
+            _start_error = str(e)
+            _started.notify_all()
+            raise
+        _proxy, _start_error = proxy, None
+        _started.notify_all()
     log.info("taskd proxy listening on %s (manager %s:%s)", proxy.addr(),
              cfg.get("UpstreamAddr", cfg.get("manager")), cfg.get("UpstreamPort", ""))
     try:
         node = proxy.wait_registered()
     except cython_api.TaskdError as e:
+        if e.code == cython_api.TASKD_ERR_STOPPED:
+            log.info("taskd proxy destroyed before the manager admitted it")
+            return False
         if e.code == cython_api.TASKD_ERR_REFUSED:
             destroy_taskd_proxy()
         raise
     log.info("taskd proxy registered as %s", node)
     return True
+
+
+def running():
+    """Whether a proxy runs in this process."""
+    with _lock:
+        return _proxy is not None
+
+
+def listening_addr(timeout_s=60.0):
+    """Where this process's proxy listens, once ``init_taskd_proxy`` (on another thread)
+    started it; ``RuntimeError`` if none started within ``timeout_s``."""
+    with _started:
+        _started.wait_for(lambda: _proxy is not None or _start_error is not None, timeout_s)
+        if _proxy is None:
+            raise RuntimeError("the proxy did not start: %s" % (_start_error or "not in %gs" % timeout_s))
+        return _proxy.addr()
 
 
 @returns_bool

@@ -4,19 +4,24 @@
 The worker connects to its node's proxy at ``$TASKD_PROXY`` (``HOST:PORT``, default
 ``127.0.0.1:9602``) for the job ``$MINDX_TASK_ID``; ``TSP`` comes from ``$MS_ENABLE_TFT``. When
 the manager switches NICs, the worker holds training at the step gate and calls its framework's
-``_comm_switch_nic`` with the whole target list (``taskd.python.framework.switch``).
+``_comm_switch_nic`` with the whole target list (``taskd.python.framework.switch``), on the
+training thread, inside the gate. When the manager stops training, the gate raises
+``taskd.TrainingStopped``.
 """
 
 import atexit
 import os
 import threading
 
+from taskd import TrainingStopped
 from taskd.python.cython_api import cython_api
 from taskd.python.framework import mindspore_hook, switch, torch_hook
 from taskd.python.utils.convention import returns_bool
 from taskd.python.utils.log import get_logger
 
 FRAMEWORKS = ("pt", "ms")
+#: ``taskd_worker_step_completed``: the manager stopped training (``capi/include/taskd.h``)
+TASKD_STOP_TRAINING = 8
 
 
 class _State:
@@ -28,6 +33,7 @@ class _State:
         self.undo = []  # how to remove the framework hooks
         self.hook_gates = True  # the optimizer hook gates until an explicit call
         self.retired = []  # stopped workers: their handles stay valid for late callers
+        self.stop_logged = False  # the stop's reason is logged once
 
 
 _state = _State()
@@ -50,9 +56,17 @@ def _env_int(name):
 
 
 def _node_rank(framework):
-    """``"ms"``: ``$MS_NODE_RANK``; ``"pt"``: ``$RANK // $LOCAL_WORLD_SIZE``."""
+    """``"ms"``: ``$MS_NODE_RANK`` (MindCluster's platform sets it; msrun's taskd agent sets it
+    for the workers it starts). ``"pt"``: ``$RANK // $LOCAL_WORLD_SIZE``, else torchrun's
+    ``$GROUP_RANK``."""
     if framework == "ms":
+        if not os.environ.get("MS_NODE_RANK", "").strip():
+            raise ValueError(
+                "$MS_NODE_RANK is not set: set it to this node's rank (msrun's --node_rank); "
+                "msrun's taskd agent (MS_ENABLE_TFT with TSP:1) sets it for its workers")
         return _env_int("MS_NODE_RANK")
+    if not os.environ.get("RANK", "").strip() and os.environ.get("GROUP_RANK", "").strip():
+        return _env_int("GROUP_RANK")
     local = _env_int("LOCAL_WORLD_SIZE")
     if local <= 0:
         raise ValueError("$LOCAL_WORLD_SIZE=%d is not positive" % local)
@@ -83,6 +97,29 @@ def init_taskd_worker(rank_id, upper_limit_of_disk_in_mb=5000, framework="pt"):
     return True
 
 
+def checked_gate(fn, handle, last_error):
+    """The gate of a training loop: ``fn(handle, step)`` (the library's ``step_completed``), and
+    ``TrainingStopped`` with the manager's reason (``last_error()``, the same thread's) when it
+    answers ``TASKD_STOP_TRAINING``. The reason is logged once, at ERROR."""
+
+    def gate(step):
+        if fn(handle, step) == TASKD_STOP_TRAINING:
+            _stopped(step, last_error() or "the manager stopped training")
+
+    return gate
+
+
+def _stopped(step, reason):
+    if not _state.stop_logged:
+        _state.stop_logged = True
+        get_logger().error("taskd: training stopped at step %d: %s", step, reason)
+    raise TrainingStopped(reason)
+
+
+def _native_reason():
+    return cython_api.lib().taskd_last_error().decode("utf-8", "replace")
+
+
 def _hook_gate(step):
     """The gate as the framework hooks call it: the running worker's, or nothing."""
     gate = _state.gate
@@ -109,10 +146,24 @@ def _install_hooks(framework, log):
     return [remove]
 
 
+#: how long a worker may take to reach its proxy before the training log says it has not
+REACH_PROXY_MS = 3000
+
+
 def _log_registration(worker, rank):
+    """Logs the registration; if it takes longer than ``REACH_PROXY_MS``, one warning first."""
     log = get_logger()
+    proxy = os.environ.get("TASKD_PROXY", "").strip() or "127.0.0.1:9602"
     try:
-        node = worker.wait_registered()
+        try:
+            node = worker.wait_registered(REACH_PROXY_MS)
+        except cython_api.TaskdError as e:
+            if e.code != cython_api.TASKD_ERR_TIMEOUT:
+                raise
+            log.warning(
+                "taskd worker rank %d cannot reach its proxy at %s (after %d ms; $TASKD_PROXY): "
+                "still trying, training is not gated until it does", rank, proxy, REACH_PROXY_MS)
+            node = worker.wait_registered()
         log.info("taskd worker rank %d registered on %s", rank, node)
     except cython_api.TaskdError as e:
         if e.code == cython_api.TASKD_ERR_STOPPED:
@@ -132,16 +183,16 @@ def start_taskd_worker():
             log.warning("start_taskd_worker: the worker already runs")
             return True
         rank, _, framework, node_rank = _state.config
-        name, function = switch.resolve(framework)
+        name, function, sync = switch.resolve(framework)
         worker = cython_api.Worker(
-            _worker_config(rank, node_rank), switch.callback(name, function, log)
+            _worker_config(rank, node_rank), switch.callback(name, function, log, sync)
         )
         try:
             _state.undo = _install_hooks(framework, log)
         except Exception:
             worker.stop()
             raise
-        _state.worker, _state.gate = worker, worker.gate()
+        _state.worker, _state.gate = worker, checked_gate(*worker.gate(), _native_reason)
     threading.Thread(
         target=_log_registration, args=(worker, rank), name="taskd-registration", daemon=True
     ).start()
@@ -169,7 +220,8 @@ def destroy_taskd_worker():
 
 def step_completed(step):
     """The training loop finished ``step``: returns at once unless taskd holds training here
-    for a NIC switch. Without a running worker it does nothing. Never raises."""
+    for a NIC switch. Without a running worker it does nothing and returns ``False``. Raises
+    ``TrainingStopped`` (only that) when the manager stopped training."""
     gate = _state.gate
     if gate is None:
         return False
@@ -177,6 +229,8 @@ def step_completed(step):
     try:
         gate(step)
         return True
+    except TrainingStopped:
+        raise
     except Exception as e:
         get_logger().error("step_completed(%r) failed: %s", step, e)
         return False

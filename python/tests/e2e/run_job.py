@@ -5,7 +5,8 @@ The seed's ``manager.py``; two management processes starting their node's proxy 
 the fake frameworks). Then ``taskd switch --wait`` moves node-1's devices to the backup NIC and
 back through the control API, and a third switch fails on rank 1's framework and rolls back.
 Checks: each rank's framework got exactly one call per operation (two for the failed one: the
-switch and the rollback), with the whole target list; no training step ran during a call;
+switch and the rollback), with the whole target list, on the training thread (MindSpore's after
+``mindspore.runtime.synchronize()``); no training step ran during a call;
 training went on after each; the manager's NIC table is empty and the job running at the end;
 every rank's framework was last told the same state; every process exits cleanly.
 
@@ -164,6 +165,11 @@ def check_rank(r, summary):
     got = [(c["ranks"], c["use_backup"]) for c in calls]
     assert got == EXPECTED, "rank %d: %s" % (r, got)
     assert not any(c["in_step"] for c in calls), "rank %d: a step ran during a call: %s" % (r, calls)
+    threads = {c["thread"] for c in calls}
+    assert threads == {"MainThread"}, "rank %d: not on the training thread: %s" % (r, threads)
+    frameworks = {c["framework"] for c in calls}
+    assert frameworks != {"ms"} or all(c["synced"] for c in calls), \
+        "rank %d: MindSpore's streams not synchronised before a call: %s" % (r, calls)
     steps = [c["step"] for c in calls]
     assert steps == sorted(steps) and steps[1] > steps[0] and steps[2] > steps[1], (r, steps)
     assert summary["steps"] > steps[-1], "rank %d did not train after the last operation" % r
@@ -189,6 +195,8 @@ def main():
     ap.add_argument("--framework", choices=["ms", "pt"], required=True)
     ap.add_argument("--taskd", required=True, help="the taskd command")
     ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--sink-size", type=int, default=0,
+                    help="MindSpore: train in (emulated) sink mode, a step-end callback every N steps")
     ap.add_argument("--installed", action="store_true",
                     help="check that PYTHON imports an installed package and its libtaskd.so")
     args = ap.parse_args()
@@ -199,16 +207,22 @@ def main():
         path = [FAKES] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         env = dict(os.environ, MINDX_TASK_ID=JOB, TASKD_LOG_PATH=tmp, TASKD_STD_LOG_LEVEL="INFO",
                    MS_ENABLE_TFT="{TTP:1,TSP:1}", HCCL_OP_RETRY_ENABLE="L0:0, L1:1, L2:1",
-                   FAKE_FRAMEWORK_FAIL_FILE=fail_file, PYTHONPATH=os.pathsep.join(path))
+                   FAKE_FRAMEWORK_FAIL_FILE=fail_file, PYTHONPATH=os.pathsep.join(path),
+                   TRAIN_SINK_SIZE=str(args.sink_size))
         procs = []
         try:
             manager, proxies, trainers, control = start_job(args, env, procs)
             operations(args, control, fail_file)
-            last = set()
+            last, held = set(), set()
             for r, t in enumerate(trainers):
                 code, out = t.finish()
                 assert code == 0, "rank %d exited %s:\n%s" % (r, code, t.stderr())
-                last.add(json.dumps(check_rank(r, json.loads(out))))
+                summary = json.loads(out)
+                last.add(json.dumps(check_rank(r, summary)))
+                steps = [c["step"] for c in summary["calls"]]
+                held.add(tuple(steps))
+                assert all(s % max(1, args.sink_size) == 0 for s in steps), (r, steps)
+            assert len(held) == 1, "the ranks were held after different steps: %s" % held
             # Every communication group agrees on its NIC configuration: one framework state.
             assert len(last) == 1, last
             for p in proxies:
@@ -226,7 +240,8 @@ def main():
                 if p.p.poll() is None:
                     p.p.kill()
                     p.p.wait()
-    print("end-to-end job (%s): every check holds" % args.framework)
+    sink = " in sink mode (%d steps a callback)" % args.sink_size if args.sink_size else ""
+    print("end-to-end job (%s%s): every check holds" % (args.framework, sink))
 
 
 if __name__ == "__main__":

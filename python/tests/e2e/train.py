@@ -3,6 +3,7 @@ frameworks of python/tests/fakes. It trains until its standard input closes, the
 its framework was asked (one JSON object) and exits.
 
     python train.py ms      # MindFormers: init_taskd_worker(get_rank(), 5000, "ms") before model.train
+                            # ($TRAIN_SINK_SIZE=N: in sink mode, a step-end callback every N steps)
     python train.py pt      # MindSpeed-LLM: the same lines with "pt" after torch.distributed init;
                             # $TRAIN_STEP_CALLS=1: the loop calls taskd.api.step_completed itself,
                             # otherwise taskd's optimizer step hook is the gate
@@ -42,7 +43,12 @@ def train_mindspore():
     model = Model(compute)
     init_taskd_worker(get_rank(), 5000, "ms")
     start_taskd_worker()
-    model.train(10 ** 9, range(100), callbacks=[StopWhenTold()])
+    sink = int(os.environ.get("TRAIN_SINK_SIZE") or 0)
+    if sink:  # Ascend's sink mode: one step-end callback every `sink` steps
+        model.train(10 ** 9, range(100), callbacks=[StopWhenTold()], dataset_sink_mode=True,
+                    sink_size=sink)
+    else:
+        model.train(10 ** 9, range(100), callbacks=[StopWhenTold()])
 
 
 def train_pytorch():

@@ -1,6 +1,7 @@
 """FAKE framework state shared by the fake ``mindspore`` and ``torch_npu`` packages of taskd's
 tests. Not MindSpore, not torch_npu: it records every ``_comm_switch_nic`` call and whether a
-training step was running during it, and can be told to answer ``False``."""
+training step was running during it, whether the streams were synchronised first and on
+which thread it ran, and can be told to answer ``False``."""
 
 import contextlib
 import os
@@ -9,7 +10,8 @@ import threading
 _lock = threading.Lock()
 in_step = False  # a training step is running
 last_step = 0  # the last step the fake training loop completed
-calls = []  # every _comm_switch_nic call: dicts with ranks, use_backup, in_step, step
+calls = []  # every _comm_switch_nic call: dicts with ranks, use_backup, in_step, step, synced
+synced = False  # mindspore.runtime.synchronize() ran since the last switch call
 fail_next = 0  # answer False to this many calls (tests in one process)
 _consumed = set()  # failure tokens of $FAKE_FRAMEWORK_FAIL_FILE already used
 
@@ -24,6 +26,12 @@ def training_step():
     finally:
         in_step = False
         last_step += 1
+
+
+def synchronized():
+    """The fake ``mindspore.runtime.synchronize()``."""
+    global synced
+    synced = True
 
 
 def _fail_from_file(rank):
@@ -43,7 +51,7 @@ def _fail_from_file(rank):
 def switch(framework, rank, ranks, use_backup):
     """One fake ``_comm_switch_nic`` call: checks the arguments as the framework does, records
     the call, answers True unless told to fail."""
-    global fail_next
+    global fail_next, synced
     if not isinstance(ranks, (list, tuple)) or not isinstance(use_backup, (list, tuple)):
         raise ValueError("ranks and use_backup must be lists or tuples")
     if len(ranks) != len(use_backup) or len(set(ranks)) != len(ranks):
@@ -58,8 +66,11 @@ def switch(framework, rank, ranks, use_backup):
                 "use_backup": list(use_backup),
                 "in_step": in_step,
                 "step": last_step,
+                "synced": synced,
+                "thread": threading.current_thread().name,
             }
         )
+        synced = False
         if fail_next > 0:
             fail_next -= 1
             return False

@@ -7,7 +7,6 @@ the step gate lets the worker's thread call the framework's switch function.
 """
 
 import ctypes
-import functools
 import json
 import os
 import threading
@@ -199,9 +198,9 @@ class Worker:
         _check(lib().taskd_worker_start(_json(config), switch_fn, None, ctypes.byref(self._h)))
 
     def gate(self):
-        """The step gate as a one-argument function: ``gate(step)`` (no Python frame of its own:
-        a training loop pays for the ctypes call only)."""
-        return functools.partial(lib().taskd_worker_step_completed, self._h)
+        """The step gate, ``(fn, handle)``: ``fn(handle, step)`` is the library's
+        ``taskd_worker_step_completed`` (its code), called with no Python frame between."""
+        return lib().taskd_worker_step_completed, self._h
 
     def wait_registered(self, timeout_ms=FOREVER):
         """The node's name once the proxy admitted the worker."""

@@ -1,19 +1,27 @@
-"""MindSpore: taskd's step gate as a step-end callback of every ``Model.train`` call.
+"""MindSpore: taskd's step gate as a step-end callback of every ``Model.train`` and
+``Model.fit`` call.
 
-From ``start_taskd_worker()`` on (framework ``"ms"``), ``mindspore.train.Model.train`` is
-wrapped: each call gets one more callback, last in its list, whose ``on_train_step_end``
-(MindSpore's ``Callback`` protocol; ``step_end`` for versions that call that instead) calls
-the gate with ``run_context.original_args().cur_step_num``. The user's callbacks are kept, in
-their order; a list that already holds the gate is left alone. ``destroy_taskd_worker()``
-restores ``Model.train``. ``TASKD_MS_STEP_CALLBACK=off`` leaves ``Model.train`` alone (the
-training loop then calls ``taskd.api.step_completed(step)`` itself).
+From ``start_taskd_worker()`` on (framework ``"ms"``), ``mindspore.train.Model.train`` and
+``Model.fit`` are wrapped: each call gets one more callback, last in its list, whose
+``on_train_step_end`` (MindSpore's ``Callback`` protocol) calls the gate. The gate's step is
+the process's own count of step ends, 1, 2, 3, ... across every call: ``cur_step_num`` starts
+again at every ``Model.train`` call (a per-epoch loop of ``model.train(1, ...)``), and in sink
+mode it rises by ``sink_size`` per callback, while the count rises by one per boundary that
+every rank of a job in lockstep reaches. The user's callbacks are kept, in their order; a list
+that already holds the gate is left alone. ``destroy_taskd_worker()`` restores both methods.
+``TASKD_MS_STEP_CALLBACK=off`` leaves them alone (the training loop then calls
+``taskd.api.step_completed(step)`` itself).
 """
 
 import functools
+import inspect
+import itertools
 import os
 
 ENV_SWITCH = "TASKD_MS_STEP_CALLBACK"
 _OFF = ("off", "0", "false", "no")
+#: the methods of ``mindspore.train.Model`` that train and take ``callbacks``
+GATED = ("train", "fit")
 
 
 def enabled():
@@ -22,15 +30,15 @@ def enabled():
 
 
 def _callback_class(base, gate):
+    steps = itertools.count(1)  # one count for the process, over every call
+
     class TaskdStepCallback(base):
-        """taskd's step gate (added by taskd to ``Model.train``; ``TASKD_MS_STEP_CALLBACK=off``
-        turns that off). Holds training at the end of a step while taskd switches NICs."""
+        """taskd's step gate (added by taskd to ``Model.train`` and ``Model.fit``;
+        ``TASKD_MS_STEP_CALLBACK=off`` turns that off). Holds training at the end of a step
+        while taskd switches NICs."""
 
         def on_train_step_end(self, run_context):
-            gate(run_context.original_args().cur_step_num)
-
-        def step_end(self, run_context):
-            gate(run_context.original_args().cur_step_num)
+            gate(next(steps))
 
     return TaskdStepCallback
 
@@ -44,22 +52,35 @@ def _with_gate(callbacks, cls):
     return listed + [cls()]
 
 
+def _gated(original, cls):
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def method(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.arguments["callbacks"] = _with_gate(bound.arguments.get("callbacks"), cls)
+        return original(*bound.args, **bound.kwargs)
+
+    method.taskd_step_callback = cls
+    return method
+
+
 def install(gate):
-    """Wraps ``mindspore.train.Model.train``; returns how to undo it."""
+    """Wraps ``Model.train`` and ``Model.fit`` (those this MindSpore has); returns how to undo
+    it."""
     from mindspore.train import Callback, Model
 
     cls = _callback_class(Callback, gate)
-    original = Model.train
-
-    @functools.wraps(original)
-    def train(self, epoch, train_dataset, callbacks=None, *args, **kwargs):
-        return original(self, epoch, train_dataset, _with_gate(callbacks, cls), *args, **kwargs)
-
-    train.taskd_step_callback = cls
-    Model.train = train
+    wrapped = {}
+    for name in GATED:
+        original = getattr(Model, name, None)
+        if original is not None:
+            wrapped[name] = (original, _gated(original, cls))
+            setattr(Model, name, wrapped[name][1])
 
     def uninstall():
-        if Model.train is train:
-            Model.train = original
+        for name, (original, method) in wrapped.items():
+            if getattr(Model, name) is method:
+                setattr(Model, name, original)
 
     return uninstall

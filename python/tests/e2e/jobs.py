@@ -1,0 +1,119 @@
+"""What the real-framework jobs (``msrun_job.py``, ``torchrun_job.py``) share: processes whose
+output is read as it comes, the ``taskd`` CLI, switches that wait for a job being verified, and
+the processes a job left behind (found by the mark every process of the job carries in its
+environment, ``TASKD_TEST_JOB``)."""
+
+import os
+import queue
+import socket
+import subprocess
+import threading
+
+WAIT = 180  # seconds: a bound on what takes seconds (MindSpore's start is the slowest)
+
+
+class Proc:
+    """A child process whose output lines (stdout and stderr together) are read as they come."""
+
+    def __init__(self, name, args, env, stdin=False):
+        self.name = name
+        self.p = subprocess.Popen(args, env=env, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+        self.lines = queue.Queue()
+        self.seen = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in iter(self.p.stdout.readline, b""):
+            self.lines.put(line.decode(errors="replace"))
+        self.lines.put(None)
+
+    def wait_line(self, text):
+        """The next output line containing ``text``."""
+        while True:
+            try:
+                line = self.lines.get(timeout=WAIT)
+            except queue.Empty:
+                line = None
+            if line is None:
+                raise AssertionError("%s: %r never came; output:\n%s" % (self.name, text, self.output()))
+            self.seen.append(line)
+            if text in line:
+                return line
+
+    def wait_count(self, text, n):
+        """Until ``text`` came ``n`` times (two processes' lines may come joined in one); the
+        lines it came in."""
+        found, count = [], 0
+        while count < n:
+            line = self.wait_line(text)
+            found.append(line)
+            count += line.count(text)
+        return found
+
+    def output(self):
+        while True:
+            try:
+                line = self.lines.get_nowait()
+            except queue.Empty:
+                break
+            if line is not None:
+                self.seen.append(line)
+        return "".join(l for l in self.seen if not l.startswith(("[WARNING]", "[INFO]")))
+
+
+def free_port():
+    """A port for a launcher that takes a number, not 0 (msrun's scheduler)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def taskd(args, argv):
+    """``args.taskd ARGV``: its exit status and output."""
+    out = subprocess.run([args.taskd] + argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         timeout=WAIT)
+    return out.returncode, out.stdout.decode()
+
+
+def job_processes(mark):
+    """Every live process carrying this job's mark in its environment."""
+    found = []
+    needle = ("TASKD_TEST_JOB=%s" % mark).encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    with open("/proc/%s/cmdline" % pid, "rb") as c:
+                        found.append((int(pid), c.read().replace(b"\0", b" ").decode()))
+        except OSError:
+            continue
+    return found
+
+
+def switch(args, control, to, manager, job, node="node-0", devs="0,1"):
+    """``taskd switch --wait``. Refused because the manager is still verifying the job's
+    (re)started workers: again once it says the job runs."""
+    for _ in range(3):
+        code, out = taskd(args, ["switch", "--addr", control, "--job", job, "--node", node,
+                                 "--dev", devs, "--to", to, "--wait"])
+        if "OPERATION_RUNNING" not in out and "JOB_NOT_REGISTERED" not in out:
+            return code, out
+        manager.wait_line("verified: the job runs")
+    return code, out
+
+
+def switch_there_and_back(args, control, manager, job):
+    stalls = []
+    for to in ("backup", "primary") * args.pairs:
+        code, out = switch(args, control, to, manager, job)
+        assert code == 0 and "SUCCEEDED" in out, out
+        stalls += [float(l.split()[-2]) for l in out.splitlines() if l.strip().startswith("stall ")]
+    return stalls
+
+
+def describe(stalls):
+    s = sorted(stalls)
+    return "stall %.1f ms median, %.1f-%.1f ms over %d switches" % (
+        s[len(s) // 2], s[0], s[-1], len(s))

@@ -1,0 +1,137 @@
+"""The seed's PyTorch job with real torch under real torchrun (Gloo, one node of two processes)
+and a stand-in torch_npu: runs where torch is importable.
+
+The seed's ``manager.py`` (``manager_1x2.py``), the node's proxy in a management process of its
+own (``management.py``: plain torchrun has no taskd agent), and ``torchrun --max-restarts 1``
+of ``torchrun_train.py``. ``taskd switch --wait`` moves both ranks to the backup NIC and back
+while they train; every rank's framework function got one call per operation, the ranks were
+held after the same step, the parameters are equal at the end, torchrun exits 0 and no process
+of the job is left. ``stop``: first, rank 1's stand-in fails every call in the first
+incarnation: the switch and its rollback fail, ``taskd recover --stop-training`` stops training,
+both workers raise ``taskd.TrainingStopped``, torchrun restarts them (``--max-restarts 1``), and
+the job runs again on its default NIC; then the same switches.
+
+    python torchrun_job.py [switch|stop] --taskd target/debug/taskd --python VENV/bin/python
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+import uuid
+
+from jobs import WAIT, Proc, describe, job_processes, switch, switch_there_and_back, taskd
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STANDIN = os.path.join(os.path.dirname(HERE), "standin")
+JOB = "torchrun-job"
+EXPECTED = [([0, 1], [True, True]), ([0, 1], [False, False])]
+
+
+def start_job(args, env, tmp, procs):
+    manager = Proc("manager", [args.python, os.path.join(HERE, "manager_1x2.py")],
+                   dict(env, TASKD_MANAGER_LISTEN="127.0.0.1:0", TASKD_CONTROL_ADDR="127.0.0.1:0",
+                        RUST_LOG="info"))
+    procs.append(manager)
+    port = manager.wait_line("taskd manager listening on ").strip().rsplit(":", 1)[1]
+    control = manager.wait_line("taskd manager control API on ").strip().rsplit(" ", 1)[1]
+    node = Proc("node-0", [args.python, os.path.join(HERE, "management.py"), port, "0"], env, stdin=True)
+    procs.append(node)
+    proxy = node.wait_line("taskd proxy listening on ").split(" on ", 1)[1].split()[0]
+    torchrun = os.path.join(os.path.dirname(args.python), "torchrun")
+    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+           os.path.join(HERE, "torchrun_train.py")]
+    run = Proc("torchrun", cmd, dict(env, TASKD_PROXY=proxy))
+    procs.append(run)
+    manager.wait_line("verified: the job runs")  # the first verification (one more per restart)
+    return manager, node, run, control
+
+
+def check_ranks(out_dir, pairs, restarts):
+    reports = []
+    for r in (0, 1):
+        with open(os.path.join(out_dir, "rank-%d.json" % r)) as f:
+            reports.append(json.load(f))
+    for r, rep in enumerate(reports):
+        got = [(c["ranks"], c["use_backup"]) for c in rep["calls"]]
+        assert got == EXPECTED * pairs, "rank %d: %s" % (r, got)
+        assert rep["restart"] == restarts, "rank %d is incarnation %d" % (r, rep["restart"])
+        assert rep["steps"] > rep["calls"][-1]["step"], "rank %d did not train after the last switch" % r
+    held = [[c["step"] for c in rep["calls"]] for rep in reports]
+    assert held[0] == held[1], "the ranks were held after different steps: %s" % held
+    assert reports[0]["params"] == reports[1]["params"], "the ranks' parameters differ"
+    step_ms = max(1000 * rep["seconds"] / max(1, rep["steps"] - 1) for rep in reports)
+    return held[0], reports[0]["steps"], step_ms
+
+
+def stop_and_restart(args, control, torchrun, manager):
+    """Rank 1's stand-in fails every call: the switch and its rollback fail; the operator stops
+    training; both workers raise TrainingStopped and exit; torchrun restarts them."""
+    code, out = switch(args, control, "backup", manager, JOB)
+    assert code != 0 and "rank 1" in out and "HcclCommWorkingDevNicSet" in out, out
+    code, out = taskd(args, ["recover", "--addr", control, "--job", JOB, "--stop-training"])
+    assert code == 0, out
+    torchrun.wait_count("training stopped at step", 2)
+    manager.wait_line("verified: the job runs")
+
+
+def run(args):
+    mark = uuid.uuid4().hex
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        stop = os.path.join(tmp, "stop")
+        path = [STANDIN] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env = dict(os.environ, MINDX_TASK_ID=JOB, TASKD_LOG_PATH=tmp, TASKD_TEST_JOB=mark,
+                   HCCL_OP_RETRY_ENABLE="L0:0, L1:1, L2:1", MS_ENABLE_TFT="{TTP:1,TSP:1}",
+                   PYTHONPATH=os.pathsep.join(path),
+                   TRAIN_STOP_FILE=stop, TRAIN_OUT=tmp)
+        if args.scenario == "stop":
+            env["STANDIN_FAIL_RANK"] = "1"
+        procs = []
+        try:
+            manager, node, torchrun, control = start_job(args, env, tmp, procs)
+            if args.scenario == "stop":
+                stop_and_restart(args, control, torchrun, manager)
+            stalls = switch_there_and_back(args, control, manager, JOB)
+            open(stop, "w").close()
+            code = torchrun.p.wait(WAIT)
+            assert code == 0, "torchrun exited %s:\n%s" % (code, torchrun.output())
+            held, steps, step_ms = check_ranks(tmp, args.pairs, 1 if args.scenario == "stop" else 0)
+            node.p.stdin.close()
+            assert node.p.wait(WAIT) == 0, node.output()
+            manager.p.send_signal(signal.SIGTERM)
+            assert manager.p.wait(WAIT) == 0, manager.output()
+            left = job_processes(mark)
+            assert not left, "processes of the job are left: %s" % left
+        except BaseException:
+            for p in procs:
+                print("---- %s\n%s" % (p.name, p.output()), file=sys.stderr)
+            raise
+        finally:
+            for p in procs:
+                if p.p.poll() is None:
+                    os.killpg(p.p.pid, signal.SIGKILL)
+                    p.p.wait()
+            for pid, _ in job_processes(mark):
+                os.kill(pid, signal.SIGKILL)
+    print("torchrun job (%s, %.0f s): held after steps %s of %d (%.2f ms a step); %s"
+          % (args.scenario, time.monotonic() - started, held, steps, step_ms, describe(stalls)),
+          flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--taskd", required=True, help="the taskd command")
+    ap.add_argument("--python", default=sys.executable, help="a Python with torch and taskd")
+    ap.add_argument("--pairs", type=int, default=1, help="switches to the backup NIC and back")
+    ap.add_argument("scenario", nargs="?", choices=["switch", "stop"], default="switch")
+    args = ap.parse_args()
+    run(args)
+    print("torchrun job (%s): every check holds" % args.scenario)
+
+
+if __name__ == "__main__":
+    main()

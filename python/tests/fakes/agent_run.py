@@ -1,0 +1,55 @@
+"""One scenario of taskd's agent as msrun's process manager, in a process of its own (as msrun
+is): ``python agent_run.py SCENARIO OUT``. The agent gets the FAKE msrun's callbacks; ``OUT``
+receives what happened (JSON) whatever the exit."""
+
+import json
+import os
+import signal
+import sys
+
+import fake_msrun
+from fake_msrun import RUN, exits
+from taskd.api import init_taskd_agent, register_func, start_taskd_agent
+from taskd.python.framework import agent as agent_module
+
+
+def terminate_me(_launcher):
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+SCENARIOS = {
+    "clean": dict(codes={0: [exits(0)], 1: [exits(0)]}),
+    "node-rank": dict(codes={0: [exits(0)], 1: [exits(0)]}, node_rank=1),
+    "fail": dict(codes={0: [exits(3)], 1: [RUN]}),
+    "recover": dict(codes={0: [exits(3), exits(0)], 1: [RUN, exits(0)]}),
+    "bounded": dict(codes={0: [exits(3)], 1: [RUN]}),
+    "sigterm": dict(codes={0: [RUN], 1: [RUN]}, on_start=terminate_me),
+    "scheduler": dict(codes={0: [exits(0)], 1: [exits(0)]}),
+}
+
+
+def main():
+    scenario, out = sys.argv[1], sys.argv[2]
+    launcher = fake_msrun.FakeMsrun(**SCENARIOS[scenario])
+    if scenario == "scheduler":
+        agent_module.CHILD_GRACE_S = 0.0
+        launcher.spawn_other(RUN)  # never ends on its own
+    report = {"init": init_taskd_agent({"Framework": "MindSpore"})}
+    try:
+        for name, fn in launcher.callbacks().items():
+            register_func(name, fn)
+        report["result"] = start_taskd_agent()
+        report["exit"] = 0
+    except SystemExit as e:
+        report["exit"] = e.code
+        raise
+    finally:
+        report["calls"] = [name for name, _ in launcher.calls if name != "MONITOR"]
+        report["kills"] = [arg for name, arg in launcher.calls if name == "KILL_WORKER"]
+        report["outputs"] = launcher.worker_output() if launcher.started else {}
+        report["alive"] = launcher.alive()
+        with open(out, "w") as f:
+            json.dump(report, f)
+
+
+main()

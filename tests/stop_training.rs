@@ -17,8 +17,8 @@ use taskd::hal_mock::{NicSetFault, RankExit};
 use taskd::sim::Simulation;
 
 /// Rank 1's first switch call and its rollback call fail: the world group is left split and
-/// the job `paused`, every rank held.
-fn paused_by_a_failed_rollback(sim: &Simulation) {
+/// the job `paused`, every rank held. Returns what the operation's report says comes next.
+fn paused_by_a_failed_rollback(sim: &Simulation) -> String {
     let f = sim.fabric();
     f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Fail(HcclCode::Network));
     f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Slow(Duration::ZERO));
@@ -26,6 +26,8 @@ fn paused_by_a_failed_rollback(sim: &Simulation) {
     f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Fail(HcclCode::Network));
     let r = sim.job().run(cmd(&[("node-0", 0, true)])).unwrap();
     assert_eq!(r.job_state, JobState::Paused, "{r}");
+    r.hold
+        .expect("a report of a job left not running says what that leads to")
 }
 
 /// After the restart: running, verified, every rank on its default NIC, the stop recorded.
@@ -45,7 +47,8 @@ fn a_job_held_past_its_bound_is_stopped_restarted_and_runs_again() {
     sim.job()
         .set_hold_policy(HoldPolicy::StopAfter(Duration::from_millis(50)))
         .unwrap();
-    paused_by_a_failed_rollback(&sim);
+    let then = paused_by_a_failed_rollback(&sim);
+    assert_eq!(then, "stop training after 50ms held");
     // The policy stops training: every loop ends at its gate.
     assert!(
         sim.training().wait_ended(WAIT),
@@ -81,7 +84,8 @@ fn a_job_held_past_its_bound_is_stopped_restarted_and_runs_again() {
 fn with_the_hold_policy_an_operator_stops_training_and_the_job_runs_again() {
     let mut sim = Simulation::start(&small()).unwrap();
     sim.job().set_hold_policy(HoldPolicy::Hold).unwrap();
-    paused_by_a_failed_rollback(&sim);
+    let then = paused_by_a_failed_rollback(&sim);
+    assert_eq!(then, "hold until an operator acts");
     assert_eq!(sim.job().status(0).unwrap().state, JobState::Paused);
     sim.job()
         .stop_training("the operator gave up on the recovery")
@@ -127,7 +131,7 @@ fn an_operator_stops_training_through_the_control_api_and_status_follows_the_res
     use taskd::actors::control::{serve, ControlClient, ControlConfig};
     let mut sim = Simulation::start(&small()).unwrap();
     sim.job().set_hold_policy(HoldPolicy::Hold).unwrap();
-    paused_by_a_failed_rollback(&sim);
+    let _ = paused_by_a_failed_rollback(&sim);
     let control = ControlConfig::new("127.0.0.1:0".parse().unwrap(), "sim".into());
     let server = serve(sim.job().manager().clone(), control).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()

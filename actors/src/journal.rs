@@ -490,6 +490,7 @@ mod tests {
         };
         FinishedOperation::of(&OperationReport {
             journal_error: None,
+            hold: None,
             id: OperationId(uuid::Uuid::from_u128(n.into())),
             direction: Direction::ToBackup,
             targets: vec![target],

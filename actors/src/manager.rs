@@ -246,6 +246,9 @@ impl Manager {
             self.ledger.note_not_journaled(report.id, &why);
             report.journal_error = Some(why);
         }
+        if report.job_state != JobState::Running {
+            report.hold = Some(self.hold.policy.to_string());
+        }
         self.observer.operation_finished(&report, &self.ledger);
         self.wake_registered();
         for w in self.waiters.remove(&report.id).unwrap_or_default() {

@@ -14,7 +14,7 @@ use taskd_actors::net::{RemoteWorker, RemoteWorkerConfig, WorkerRegistration};
 use taskd_actors::telemetry::MetricsServer;
 use taskd_actors::StepGate;
 use taskd_core::env::process_env;
-use taskd_core::{GlobalRank, StepOutcome};
+use taskd_core::{GlobalRank, StepOutcome, SwitchCapabilities};
 use taskd_roles::WorkerArgs;
 use tokio::sync::watch;
 
@@ -25,6 +25,11 @@ use tokio::sync::watch;
 pub struct WorkerOptions {
     #[command(flatten)]
     args: WorkerArgs,
+    /// The switch function moves HCCL communicators (the default: MindSpore's and torch_npu's),
+    /// so HCCL's L2 retry and RDMA links are what the switch needs; `false` for a function that
+    /// moves no HCCL communicator (taskd's Gloo switch), whose rank then needs neither.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    hccl: bool,
 }
 
 impl WorkerOptions {
@@ -38,6 +43,22 @@ impl WorkerOptions {
         };
         let argv = config::to_args("worker", &cmd, &map, &no_reference_keys)?;
         WorkerOptions::try_parse_from(argv).map_err(|e| config::parse_error("worker", &cmd, &e))
+    }
+
+    /// What this rank's switch needs that its process has: HCCL's L2 retry and RDMA links from
+    /// the environment for a function that moves HCCL communicators, nothing of HCCL's for one
+    /// that does not (`"hccl": false`).
+    fn capabilities(&self) -> SwitchCapabilities {
+        let env = taskd_hal_ascend::rank::capabilities_from_env(&process_env);
+        if self.hccl {
+            env
+        } else {
+            SwitchCapabilities {
+                l2_retry: true,
+                rdma: true,
+                ..env
+            }
+        }
     }
 
     /// The worker's configuration, or why these settings cannot run.
@@ -82,7 +103,7 @@ impl EmbeddedWorker {
             .serve_metrics()
             .map_err(|e| crate::config_error("worker", e))?;
         let rank = cfg.rank;
-        let caps = taskd_hal_ascend::rank::capabilities_from_env(&process_env);
+        let caps = opts.capabilities();
         // The HAL asks for the job's size only for a directive, which comes after the
         // registration; the registration's channel exists once the worker has started.
         let handoff: Arc<Shared<Option<Registrations>>> = Arc::new(Shared::new(None));
@@ -210,5 +231,21 @@ mod tests {
         assert!(e.to_string().contains("'nowhere' for 'proxy"), "{e}");
         let e = check(r#"{"job_id": "j", "rank": -1}"#).unwrap_err();
         assert!(e.to_string().contains("'-1' for 'rank"), "{e}");
+    }
+
+    #[test]
+    fn a_switch_that_moves_no_hccl_communicator_needs_nothing_of_hccls() {
+        let env = taskd_hal_ascend::rank::capabilities_from_env(&process_env);
+        let hccl = WorkerOptions::parse(r#"{"job_id": "j", "rank": 0}"#).unwrap();
+        assert_eq!(
+            hccl.capabilities(),
+            env,
+            "by default what the environment says"
+        );
+        let gloo = WorkerOptions::parse(r#"{"job_id": "j", "rank": 0, "hccl": false}"#).unwrap();
+        let caps = gloo.capabilities();
+        assert!(caps.l2_retry && caps.rdma, "{caps:?}");
+        assert_eq!(caps.tsp, env.tsp);
+        assert!(check(r#"{"job_id": "j", "rank": 0, "hccl": "no"}"#).is_err());
     }
 }

@@ -380,6 +380,11 @@ pub struct OperationReport {
     /// it, and runs its uuid again or refuses it as interrupted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub journal_error: Option<String>,
+    /// When the job is left not running (a failed rollback, a lost process): what that leads
+    /// to under the manager's hold policy, for a person (`stop training after 300s held`, or
+    /// `hold until an operator acts`). `None` when the job runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<String>,
 }
 
 /// One operation in flight.
@@ -1128,6 +1133,7 @@ impl Operation {
         };
         let report = OperationReport {
             journal_error: None,
+            hold: None,
             id: self.id,
             direction: self.plan.direction(),
             targets: self.plan.targets.clone(),
@@ -1231,6 +1237,9 @@ impl fmt::Display for OperationReport {
                 f,
                 "; NOT JOURNALED, a restarted manager would not know it: {e}"
             )?;
+        }
+        if let Some(h) = &self.hold {
+            write!(f, "; the job does not run: {h}")?;
         }
         Ok(())
     }

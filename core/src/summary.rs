@@ -115,6 +115,10 @@ pub struct OperationSummary {
     /// durable across a restart of the manager).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub journal_error: Option<String>,
+    /// When the job is left not running: what that leads to under the manager's hold policy
+    /// (`stop training after 300s held`, `hold until an operator acts`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<String>,
 }
 
 impl From<&OperationReport> for OperationSummary {
@@ -151,6 +155,7 @@ impl From<&OperationReport> for OperationSummary {
             lost_ranks: r.lost_ranks.iter().map(|r| r.0).collect(),
             trigger: r.trigger,
             journal_error: r.journal_error.clone(),
+            hold: r.hold.clone(),
         }
     }
 }
@@ -162,6 +167,7 @@ impl OperationSummary {
         let plan = cmd.resolve(table).ok();
         OperationSummary {
             journal_error: None,
+            hold: None,
             uuid: cmd.id.map(|i| i.to_string()).unwrap_or_default(),
             direction: plan
                 .as_ref()
@@ -236,6 +242,7 @@ mod tests {
     fn the_json_field_names_are_the_documented_ones() {
         let s = OperationSummary {
             journal_error: None,
+            hold: None,
             uuid: "u".into(),
             direction: "to_backup".into(),
             targets: vec![TargetSummary {

@@ -111,6 +111,7 @@ fn happy_path_samples_pauses_at_max_step_switches_and_resumes() {
         h.report(),
         OperationReport {
             journal_error: None,
+            hold: None,
             id,
             direction: Direction::ToBackup,
             targets: h.plan.targets.clone(),
@@ -234,6 +235,7 @@ fn hal_failure_in_switch_rolls_back_with_previous_values_and_resumes() {
         h.report(),
         OperationReport {
             journal_error: None,
+            hold: None,
             id,
             direction: Direction::Mixed,
             targets: h.plan.targets.clone(),

@@ -87,6 +87,7 @@ class SwitchCallback(unittest.TestCase):
         self.assertTrue(fn([0, 1], [True, False]))
         self.assertEqual(fake_framework.calls[-1]["ranks"], [0, 1])
         self.assertTrue(fake_framework.calls[-1]["synced"])
+        self.assertTrue(switch.moves_hccl(name), "MindSpore's switch moves HCCL communicators")
         name, fn, sync = switch.resolve("pt")
         self.assertEqual((name, sync), ("torch_npu.npu._comm_switch_nic", None),
                          "torch_npu's function synchronises itself")
@@ -94,7 +95,9 @@ class SwitchCallback(unittest.TestCase):
         sys.modules["torch_npu"] = None
         try:
             # Without torch_npu, "pt" is taskd's own switch for Gloo process groups.
-            self.assertEqual(switch.resolve("pt")[0], "taskd.python.framework.gloo.switch_nic")
+            gloo_name = switch.resolve("pt")[0]
+            self.assertEqual(gloo_name, "taskd.python.framework.gloo.switch_nic")
+            self.assertFalse(switch.moves_hccl(gloo_name), "Gloo needs nothing of HCCL's")
         finally:
             sys.modules["torch_npu"] = saved
         import mindspore.communication.management as m

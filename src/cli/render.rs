@@ -119,6 +119,9 @@ pub fn result_text(r: &OperationSummary) -> String {
             "  journal   NOT RECORDED: a restarted manager would not know this result ({e})"
         );
     }
+    if let Some(h) = &r.hold {
+        let _ = writeln!(s, "  then      the job does not run: {h}");
+    }
     for e in &r.rank_errors {
         let _ = writeln!(s, "  rank {:>5} {:<8} {}", e.rank, e.phase, e.message);
     }

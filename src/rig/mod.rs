@@ -468,6 +468,7 @@ impl Rig {
             }
             Err(refusal) => OperationSummary {
                 journal_error: None,
+                hold: None,
                 job_state: if running { "running" } else { "paused" }.into(),
                 ..OperationSummary::rejected(&cmd, self.table(), &refusal)
             },

@@ -339,6 +339,7 @@ mod tests {
         };
         let report = OperationReport {
             journal_error: None,
+            hold: None,
             id: id(),
             direction: Direction::ToBackup,
             targets: vec![target.clone()],
@@ -507,6 +508,7 @@ mod tests {
     fn the_table_aligns_columns_and_lists_reasons() {
         let op = |uuid: &str, result: &str, error: Option<&str>| OperationSummary {
             journal_error: None,
+            hold: None,
             uuid: uuid.into(),
             direction: "to_backup".into(),
             targets: vec![TargetSummary {
@@ -539,6 +541,7 @@ mod tests {
         ]);
         let auto = OperationSummary {
             journal_error: None,
+            hold: None,
             trigger: Trigger::Auto,
             ..op("cccccccc-3", "succeeded", None)
         };

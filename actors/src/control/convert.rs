@@ -54,6 +54,7 @@ impl From<&OperationSummary> for proto::OperationResult {
             applied: s.applied,
             trigger: s.trigger.as_str().into(),
             journal_error: s.journal_error.clone().unwrap_or_default(),
+            hold: s.hold.clone().unwrap_or_default(),
         }
     }
 }
@@ -107,6 +108,7 @@ impl From<&proto::OperationResult> for OperationSummary {
                 Trigger::Operator
             },
             journal_error: Some(r.journal_error.clone()).filter(|e| !e.is_empty()),
+            hold: Some(r.hold.clone()).filter(|h| !h.is_empty()),
         }
     }
 }
@@ -199,6 +201,7 @@ mod tests {
     fn a_summary_survives_the_wire() {
         let s = OperationSummary {
             journal_error: None,
+            hold: None,
             uuid: "8b1f8d36-0000-4000-8000-000000000001".into(),
             direction: "to_backup".into(),
             targets: vec![TargetSummary {
@@ -235,6 +238,7 @@ mod tests {
         assert_eq!(OperationSummary::from(&wire), s);
         let none = OperationSummary {
             journal_error: None,
+            hold: None,
             error: None,
             rank_errors: Vec::new(),
             ..s

@@ -236,6 +236,7 @@ mod tests {
     fn failed(error: Option<OperationError>) -> OperationReport {
         OperationReport {
             journal_error: None,
+            hold: None,
             id: OperationId(uuid::Uuid::from_u128(7)),
             direction: Direction::ToBackup,
             targets: Vec::new(),

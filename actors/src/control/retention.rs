@@ -152,6 +152,7 @@ mod tests {
     fn report(id: OperationId) -> OperationReport {
         OperationReport {
             journal_error: None,
+            hold: None,
             id,
             direction: Direction::ToBackup,
             targets: Vec::new(),

@@ -73,8 +73,13 @@ def _node_rank(framework):
     return _env_int("RANK") // local
 
 
-def _worker_config(rank, node_rank):
-    return {"rank": rank, "node_rank": node_rank}
+def _worker_config(rank, node_rank, hccl=True):
+    """The native worker's configuration; ``hccl=False`` for a switch function that moves no
+    HCCL communicator (taskd's Gloo switch: HCCL's L2 retry and RDMA are not its concern)."""
+    config = {"rank": rank, "node_rank": node_rank}
+    if not hccl:
+        config["hccl"] = False
+    return config
 
 
 @returns_bool
@@ -185,7 +190,8 @@ def start_taskd_worker():
         rank, _, framework, node_rank = _state.config
         name, function, sync = switch.resolve(framework)
         worker = cython_api.Worker(
-            _worker_config(rank, node_rank), switch.callback(name, function, log, sync)
+            _worker_config(rank, node_rank, hccl=switch.moves_hccl(name)),
+            switch.callback(name, function, log, sync),
         )
         try:
             _state.undo = _install_hooks(framework, log)

@@ -117,9 +117,7 @@ class Job:
         env = dict(os.environ)
         env.update(self.rig.env)
         env.update(MINDX_TASK_ID=JOB_ID, TASKD_LOG_PATH=self.run_dir, TASKD_STD_LOG_LEVEL="INFO",
-                   MS_ENABLE_TFT="{TTP:1,TSP:1}", PYTHONUNBUFFERED="1",
-                   # The worker checks HCCL's L2 retry for every framework today.
-                   HCCL_OP_RETRY_ENABLE="L0:0, L1:1, L2:1")
+                   MS_ENABLE_TFT="{TTP:1,TSP:1}", PYTHONUNBUFFERED="1")
         return env
 
     def start(self) -> None:

@@ -65,6 +65,14 @@ def resolve(framework):
     return name, function, sync
 
 
+def moves_hccl(name):
+    """Whether the switch function ``name`` (as :func:`resolve` names it) moves HCCL
+    communicators, so that the rank needs HCCL's L2 retry and RDMA links for it."""
+    from taskd.python.framework import gloo
+
+    return name != gloo.NAME
+
+
 def takes_deadline(function):
     """Whether ``function`` accepts a third positional argument (the deadline)."""
     try:

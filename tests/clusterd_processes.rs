@@ -10,7 +10,7 @@ mod net_support;
 
 use clusterd_support::{FakeClusterd, Headers, SWITCH_FAILED, SWITCH_FINISHED};
 use common::{lines_of, manager_args, taskd_command};
-use net_support::{fast_heartbeats, s, Cluster, ClusterSpec, Scratch};
+use net_support::{fast_heartbeats, s, worker_args, Cluster, ClusterSpec, Proc, Scratch};
 use std::process::{Command, Stdio};
 use taskd::core::env;
 
@@ -116,14 +116,42 @@ fn a_failing_switch_of_processes_is_answered_once_with_clusterds_failure() {
     assert_eq!(fake.switch_nic(&[1, 2], &[true, true]), SWITCH_FAILED);
     assert_eq!(fake.answers(), vec![SWITCH_FAILED]);
     fake.wait_sessions(2);
-    // stop_train after the failed switch: every rank held, on the NICs it had before.
+    // stop_train after the failed switch: the held operation ends, then training stops and
+    // every training process exits 1, for its launcher to restart it.
+    for w in c.workers.iter_mut().flatten() {
+        let st = w.wait_exit();
+        assert_eq!(st.code(), Some(1), "{}: {}", w.name, w.stderr_tail());
+        assert!(w.stderr().contains("stop_train"), "{}", w.stderr_tail());
+    }
     let st = c.status(1);
-    assert_eq!(st.state, "paused", "{st:?}");
     assert!(st.ranks_on_backup.is_empty(), "{st:?}");
     assert!(st.in_flight.is_none(), "{st:?}");
+    let stop = st.training_stop.expect("a stop under way");
+    assert_eq!(stop.by, "clusterd", "{stop:?}");
+    // The launcher restarts them: new incarnations, on their default NIC, and ClusterD's next
+    // switch runs on them.
+    for r in 0..4u32 {
+        let mut again = Proc::spawn(
+            &scratch,
+            &format!("worker-{r}-restarted"),
+            &[
+                worker_args("cd-job", r, &c.proxy_addrs[r as usize / 2]),
+                fast_heartbeats(),
+            ]
+            .concat(),
+        );
+        again.wait_line("registered on");
+        c.workers[r as usize] = Some(again);
+    }
+    let st = c.wait_registered();
+    assert_eq!(st.state, "running", "{st:#?}");
+    assert!(st.verified && st.ranks_on_backup.is_empty(), "{st:#?}");
+    assert_eq!(fake.switch_nic(&[2], &[true]), SWITCH_FINISHED);
+    fake.wait_sessions(3);
+    assert_eq!(c.status(0).ranks_on_backup, vec![2]);
     fake.assert_clean();
-    // StopComplete, the switch result, the StopComplete of stop_train.
-    assert_reports_delivered(&c, 3);
+    // StopComplete, the switch result, the StopComplete of stop_train; then three more.
+    assert_reports_delivered(&c, 6);
     c.shutdown_cleanly();
 }
 

@@ -10,13 +10,13 @@ mod clusterd_support;
 mod common;
 
 use clusterd_support::{FakeClusterd, Got, Headers, SWITCH_FAILED, SWITCH_FINISHED};
-use common::{assert_consistent_end, await_progress, cmd, ranks, small, WAIT};
+use common::{assert_consistent_end, await_progress, cmd, ranks, restart_after_stop, small, WAIT};
 use std::time::Duration;
 use taskd::actors::clusterd::{ClusterdClient, ClusterdConfig};
-use taskd::core::ledger::{StopBy, StopPhase};
+use taskd::core::ledger::StopBy;
 use taskd::core::operation::{JobState, OperationError, OperationReport};
 use taskd::core::{DeviceId, GlobalRank, HcclCode, JobId, NodeName};
-use taskd::hal_mock::{NicSetFault, RankExit};
+use taskd::hal_mock::NicSetFault;
 use taskd::sim::Simulation;
 
 /// Each scenario `name(headers)` as two tests, `name::grpc_go` and `name::headers_at_once`.
@@ -98,27 +98,6 @@ fn training_stopped_by_clusterd(sim: &Simulation, what: &str) {
     assert_eq!(stop.by, StopBy::Clusterd, "{stop}");
     assert!(stop.reason.contains(what), "{stop}");
     assert!(s.in_flight.is_none(), "{:?}", s.in_flight);
-}
-
-/// The simulated launcher restarts every process (each old one exited with the training
-/// stopped); the job runs again, verified, every rank on its default NIC.
-fn restarted_and_running(sim: &mut Simulation) {
-    let exits = sim.restart_processes().unwrap();
-    assert!(
-        exits
-            .iter()
-            .all(|e| matches!(e, RankExit::TrainingStopped | RankExit::PeerLost)),
-        "{exits:?}"
-    );
-    assert!(exits.contains(&RankExit::TrainingStopped), "{exits:?}");
-    let s = sim.job().status(1).unwrap();
-    assert_eq!(s.state, JobState::Running, "{s:?}");
-    assert!(s.verified && s.ranks_on_backup.is_empty(), "{s:?}");
-    let last = s.last_training_stop.expect("the stop is remembered");
-    assert_eq!(
-        (last.by, last.phase()),
-        (StopBy::Clusterd, StopPhase::Restarted)
-    );
 }
 
 /// ClusterD pauses and switches rank 0; rank 1's switch call and its rollback call fail: the
@@ -213,7 +192,7 @@ fn a_failed_nic_set_answers_false_after_the_rollback_and_the_job_stays_consisten
     // ClusterD resets the job; the launcher restarts the processes; the job runs again.
     fake.reset_streams();
     fake.wait_sessions(2);
-    restarted_and_running(&mut sim);
+    restart_after_stop(&mut sim, StopBy::Clusterd);
     end(sim, &fake, c);
 }
 
@@ -416,7 +395,7 @@ fn a_pause_then_kill_master_stops_training_answers_nothing_and_the_restarted_job
     let (code, info) = fake.stop_complete();
     assert_eq!(code, 499, "{info}");
     assert!(info.contains("training"), "{info}");
-    restarted_and_running(&mut sim);
+    restart_after_stop(&mut sim, StopBy::Clusterd);
     // The restarted job switches as ClusterD runs it.
     fake.reset_streams();
     fake.wait_sessions(3);
@@ -425,29 +404,34 @@ fn a_pause_then_kill_master_stops_training_answers_nothing_and_the_restarted_job
     end(sim, &fake, c);
 }
 
-fn a_failed_rollback_then_stop_train_stops_training_and_the_restarted_job_runs(headers: Headers) {
+/// A failed rollback holds the job; ClusterD's `signal` (its reports checked there) stops
+/// training, named in the stop's reason by `what`; ClusterD resets the job, the launcher
+/// restarts the processes and the job runs again.
+fn stopped_after_a_failed_rollback(headers: Headers, signal: fn(&FakeClusterd), what: &str) {
     let (mut sim, fake, c) = setup(headers);
     held_by_a_failed_rollback(&sim, &fake);
-    // ClusterD's way on after a failed switch: stop_train, answered once, in this session.
-    fake.stop_train("stop-1");
-    let (code, info) = fake.stop_complete();
-    assert_eq!(code, 0, "{info}");
-    training_stopped_by_clusterd(&sim, "stop_train stop-1");
+    signal(&fake);
+    training_stopped_by_clusterd(&sim, what);
     fake.reset_streams();
     fake.wait_sessions(2);
-    restarted_and_running(&mut sim);
+    restart_after_stop(&mut sim, StopBy::Clusterd);
     end(sim, &fake, c);
 }
 
+fn a_failed_rollback_then_stop_train_stops_training_and_the_restarted_job_runs(headers: Headers) {
+    // ClusterD's way on after a failed switch: stop_train, answered once, in this session.
+    let stop = |fake: &FakeClusterd| {
+        fake.stop_train("stop-1");
+        let (code, info) = fake.stop_complete();
+        assert_eq!(code, 0, "{info}");
+    };
+    stopped_after_a_failed_rollback(headers, stop, "stop_train stop-1");
+}
+
 fn a_failed_rollback_then_kill_master_stops_training_and_the_restarted_job_runs(headers: Headers) {
-    let (mut sim, fake, c) = setup(headers);
-    held_by_a_failed_rollback(&sim, &fake);
-    fake.kill_master("restart-1");
-    training_stopped_by_clusterd(&sim, "killMaster restart-1");
-    fake.reset_streams();
-    fake.wait_sessions(2);
-    restarted_and_running(&mut sim);
-    end(sim, &fake, c);
+    // killMaster has no answer (the fake fails the test on one it did not ask for).
+    let kill = |fake: &FakeClusterd| fake.kill_master("restart-1");
+    stopped_after_a_failed_rollback(headers, kill, "killMaster restart-1");
 }
 
 fn a_pause_while_an_operator_switch_runs_is_refused_as_busy(headers: Headers) {
@@ -547,6 +531,6 @@ fn a_failing_switch_is_answered_once_with_clusterds_failure() {
     assert_eq!(fake.answers(), vec![SWITCH_FAILED]);
     // The stop_train that follows a failed switch stops training; the launcher restarts it.
     training_stopped_by_clusterd(&sim, "stop_train");
-    restarted_and_running(&mut sim);
+    restart_after_stop(&mut sim, StopBy::Clusterd);
     end(sim, &fake, c);
 }

@@ -10,7 +10,7 @@ mod net_support;
 
 use clusterd_support::{FakeClusterd, Headers, SWITCH_FAILED, SWITCH_FINISHED};
 use common::{lines_of, manager_args, taskd_command};
-use net_support::{fast_heartbeats, s, worker_args, Cluster, ClusterSpec, Proc, Scratch};
+use net_support::{fast_heartbeats, s, Cluster, ClusterSpec, Scratch};
 use std::process::{Command, Stdio};
 use taskd::core::env;
 
@@ -118,11 +118,7 @@ fn a_failing_switch_of_processes_is_answered_once_with_clusterds_failure() {
     fake.wait_sessions(2);
     // stop_train after the failed switch: the held operation ends, then training stops and
     // every training process exits 1, for its launcher to restart it.
-    for w in c.workers.iter_mut().flatten() {
-        let st = w.wait_exit();
-        assert_eq!(st.code(), Some(1), "{}: {}", w.name, w.stderr_tail());
-        assert!(w.stderr().contains("stop_train"), "{}", w.stderr_tail());
-    }
+    c.wait_workers_stopped("stop_train");
     let st = c.status(1);
     assert!(st.ranks_on_backup.is_empty(), "{st:?}");
     assert!(st.in_flight.is_none(), "{st:?}");
@@ -130,20 +126,7 @@ fn a_failing_switch_of_processes_is_answered_once_with_clusterds_failure() {
     assert_eq!(stop.by, "clusterd", "{stop:?}");
     // The launcher restarts them: new incarnations, on their default NIC, and ClusterD's next
     // switch runs on them.
-    for r in 0..4u32 {
-        let mut again = Proc::spawn(
-            &scratch,
-            &format!("worker-{r}-restarted"),
-            &[
-                worker_args("cd-job", r, &c.proxy_addrs[r as usize / 2]),
-                fast_heartbeats(),
-            ]
-            .concat(),
-        );
-        again.wait_line("registered on");
-        c.workers[r as usize] = Some(again);
-    }
-    let st = c.wait_registered();
+    let st = c.restart_workers(&scratch);
     assert_eq!(st.state, "running", "{st:#?}");
     assert!(st.verified && st.ranks_on_backup.is_empty(), "{st:#?}");
     assert_eq!(fake.switch_nic(&[2], &[true]), SWITCH_FINISHED);

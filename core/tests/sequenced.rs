@@ -72,6 +72,26 @@ fn paused(w: &mut World, u: &str) {
     assert!(w.pending.is_none(), "nothing is broadcast while holding");
 }
 
+/// Pause `u1` and switch rank 2; rank 6 fails its NIC-set and rank 3 the rollback: the groups
+/// may disagree, nothing resumes, and ClusterD's answer is `false`.
+fn held_by_a_failed_rollback(w: &mut World) {
+    paused(w, "u1");
+    w.switch(&ids(&[2]), &[true]);
+    let fail = |bad: u32| {
+        move |_, r: GlobalRank| {
+            if r.0 == bad {
+                Reply::Failed
+            } else {
+                Reply::Correct
+            }
+        }
+    };
+    assert!(w.answer(fail(6)).is_empty(), "not before the rollback");
+    one(w.answer(fail(3)), |r| {
+        *r == Report::SwitchResult { ok: false }
+    });
+}
+
 #[test]
 fn pause_switch_continue_reports_once_each_and_updates_the_table() {
     let mut w = world();
@@ -138,26 +158,7 @@ fn a_failed_switch_reports_false_only_after_the_rollback() {
 #[test]
 fn a_failed_rollback_reports_false_and_keeps_every_gate_shut() {
     let mut w = world();
-    paused(&mut w, "u1");
-    w.switch(&ids(&[2]), &[true]);
-    w.answer(|_, r| {
-        if r == GlobalRank(6) {
-            Reply::Failed
-        } else {
-            Reply::Correct
-        }
-    });
-    // The rollback fails on rank 3: the groups may disagree; nothing resumes.
-    one(
-        w.answer(|_, r| {
-            if r == GlobalRank(3) {
-                Reply::Failed
-            } else {
-                Reply::Correct
-            }
-        }),
-        |r| *r == Report::SwitchResult { ok: false },
-    );
+    held_by_a_failed_rollback(&mut w);
     assert!(w.ledger.in_flight().is_none());
     assert_eq!(w.ledger.state(), JobState::Paused);
     assert!(!w.sent.iter().any(|d| d.kind == DirectiveKind::Resume));
@@ -186,25 +187,7 @@ fn a_failed_rollback_reports_false_and_keeps_every_gate_shut() {
 #[test]
 fn kill_master_after_a_failed_rollback_stops_training_and_answers_nothing() {
     let mut w = world();
-    paused(&mut w, "u1");
-    w.switch(&ids(&[2]), &[true]);
-    w.answer(|_, r| {
-        if r == GlobalRank(6) {
-            Reply::Failed
-        } else {
-            Reply::Correct
-        }
-    });
-    one(
-        w.answer(|_, r| {
-            if r == GlobalRank(3) {
-                Reply::Failed
-            } else {
-                Reply::Correct
-            }
-        }),
-        |r| *r == Report::SwitchResult { ok: false },
-    );
+    held_by_a_failed_rollback(&mut w);
     assert_eq!((w.ledger.state(), stops_sent(&w)), (JobState::Paused, 0));
     assert!(w
         .signal(Signal::KillMaster { uuid: "k1".into() })

@@ -342,8 +342,8 @@ pub struct Step {
     pub notes: Vec<Note>,
     /// ClusterD stopped training, for this reason (one line): once the actions are carried
     /// out, stop training on every rank ([`JobLedger::stop_training`] with
-    /// [`StopBy::Clusterd`](crate::ledger::StopBy::Clusterd)). Only asked when nothing is in flight and no stop is under way,
-    /// so the ledger accepts it.
+    /// [`StopBy::Clusterd`](crate::ledger::StopBy::Clusterd)). Only asked when nothing is in
+    /// flight and no stop is under way, so the ledger accepts it.
     pub stop_training: Option<String>,
 }
 
@@ -414,6 +414,9 @@ pub struct Sequencer {
     last: Option<Driven>,
     /// A `stop_train` that came while the gates were opening: it pauses again once they are.
     stop_after: Option<(String, Origin)>,
+    /// A `killMaster` that came while an operator's operation ran: training stops once it
+    /// has ended (the reason).
+    kill_after: Option<String>,
     /// Signals answered at once (refused, or nothing to do), newest last: delivered again,
     /// they are not answered twice.
     answered: VecDeque<(&'static str, String)>,
@@ -434,6 +437,7 @@ impl Sequencer {
             owed: Vec::new(),
             last: None,
             stop_after: None,
+            kill_after: None,
             answered: VecDeque::new(),
             orphan_list: None,
         }
@@ -694,10 +698,12 @@ impl Sequencer {
             let why = if let Some(s) = cx.ledger.training_stop() {
                 format!("nothing more to stop ({s})")
             } else if let Some(op) = cx.ledger.in_flight() {
-                format!(
-                    "operation {} runs; its own deadlines end it, training is not stopped under it",
+                let why = format!(
+                    "operation {} runs; training stops once it has ended, not under it",
                     op.id()
-                )
+                );
+                self.kill_after = Some(reason);
+                why
             } else {
                 cx.step.stop_training = Some(reason);
                 "training stops on every rank".to_owned()
@@ -891,6 +897,18 @@ impl Sequencer {
             step.notes.append(&mut again.notes);
             step.stop_training = step.stop_training.or(again.stop_training);
         }
+        let free = ledger.in_flight().is_none() && self.current.is_none();
+        if let Some(reason) = self.kill_after.take_if(|_| free) {
+            if ledger.training_stop().is_none() && step.stop_training.is_none() {
+                step.note(
+                    Level::Warn,
+                    format!(
+                        "{reason}: the operation it waited for ended; training stops on every rank"
+                    ),
+                );
+                step.stop_training = Some(reason);
+            }
+        }
         step
     }
 
@@ -952,9 +970,9 @@ impl Sequencer {
             Level::Error
         };
         step.note(level, format!("ClusterD's operation ended: {summary}"));
-        // ClusterD's stop_train or killMaster ended the operation first (held, no NIC call,
-        // the way it ends without them), and only now, with nothing in flight, does training
-        // stop. The ledger's refusal of a stop while an operation runs stays as it is: the
+        // ClusterD's stop_train or killMaster ended the operation first, as they always have
+        // (at a hold point, every gate shut, no NIC call), and only now, with nothing in
+        // flight, does training stop. The ledger's refusal of a stop while an operation runs stays as it is: the
         // held operation's end settles its reports, history and NIC table as any other, and
         // a switch or rollback still calling the NICs finishes first instead of being cut.
         if let Some(reason) = self.current.as_mut().and_then(|c| c.stop_reason.take()) {

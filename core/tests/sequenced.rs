@@ -9,7 +9,7 @@ mod common;
 use common::world::{ids, Reply, World};
 use common::*;
 use taskd_core::clusterd::{Origin, Report, Signal, CODE_FAILED, CODE_OK};
-use taskd_core::ledger::StopBy;
+use taskd_core::ledger::{StopBy, Submitted};
 use taskd_core::operation::{Awaiting, OperationError};
 use taskd_core::protocol::{DirectiveKind, Phase};
 use taskd_core::{GlobalRank, JobState, OperationId, Outcome, SubmitError};
@@ -334,11 +334,14 @@ fn kill_master_with_nothing_held_stops_training_at_once() {
 }
 
 #[test]
-fn stop_and_kill_during_an_operators_switch_stop_nothing_under_it() {
+fn during_an_operators_switch_nothing_is_stopped_under_it_and_kill_master_stops_after() {
     let mut w = world();
     let cmd = w.layout.command(&[(2, true)]);
     let id = OperationId(uuid::Uuid::from_u128(78));
-    w.ledger.submit(&cmd, id, w.now).expect("admitted");
+    let Ok(Submitted::Started { actions, .. }) = w.ledger.submit(&cmd, id, w.now) else {
+        panic!("admitted");
+    };
+    w.run_actions(actions);
     assert!(w
         .signal(Signal::KillMaster { uuid: "k1".into() })
         .is_empty());
@@ -349,6 +352,14 @@ fn stop_and_kill_during_an_operators_switch_stop_nothing_under_it() {
     assert_eq!(w.ledger.in_flight().map(|o| o.id()), Some(id));
     assert!(w.ledger.training_stop().is_none());
     assert_eq!(stops_sent(&w), 0);
+    // The operator's switch runs to its end (its gates open: it is not ClusterD's hold);
+    // then killMaster's stop of training comes.
+    w.settle();
+    assert_eq!(w.ledger.history().last().map(|r| r.id), Some(id));
+    assert_eq!(w.table(), vec![2]);
+    let stop = w.ledger.training_stop().expect("training is stopped");
+    assert!(stop.reason.contains("killMaster k1"), "{stop}");
+    assert_eq!(stops_sent(&w), 1);
 }
 
 #[test]

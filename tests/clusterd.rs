@@ -10,11 +10,10 @@ mod clusterd_support;
 mod common;
 
 use clusterd_support::{FakeClusterd, Got, Headers, SWITCH_FAILED, SWITCH_FINISHED};
-use common::{assert_consistent_end, await_progress, cmd, ranks, small};
+use common::{assert_consistent_end, await_progress, cmd, ranks, restart_after_stop, small, WAIT};
 use std::time::Duration;
 use taskd::actors::clusterd::{ClusterdClient, ClusterdConfig};
-use taskd::actors::RecoveryResult;
-use taskd::core::ledger::RecoverTo;
+use taskd::core::ledger::StopBy;
 use taskd::core::operation::{JobState, OperationError, OperationReport};
 use taskd::core::{DeviceId, GlobalRank, HcclCode, JobId, NodeName};
 use taskd::hal_mock::NicSetFault;
@@ -48,7 +47,9 @@ against_both!(
     a_duplicate_switch_rank_list_neither_switches_nor_answers_twice,
     a_pause_and_a_continue_delivered_twice_are_answered_once,
     a_continue_or_a_rank_list_out_of_order_is_answered_once_and_changes_nothing,
-    a_pause_then_kill_master_keeps_every_rank_held_and_answers_nothing,
+    a_pause_then_kill_master_stops_training_answers_nothing_and_the_restarted_job_runs,
+    a_failed_rollback_then_stop_train_stops_training_and_the_restarted_job_runs,
+    a_failed_rollback_then_kill_master_stops_training_and_the_restarted_job_runs,
     a_pause_while_an_operator_switch_runs_is_refused_as_busy,
     signals_for_another_job_are_refused_under_that_job_and_change_nothing,
     a_signal_stream_silent_from_the_start_is_given_up_and_the_session_is_never_up,
@@ -82,6 +83,39 @@ fn client(sim: &Simulation, fake: &FakeClusterd) -> ClusterdClient {
     let c = ClusterdClient::start(sim.job().manager(), cfg).expect("the client starts");
     fake.wait_sessions(1);
     c
+}
+
+/// ClusterD's `what` stopped training: every training loop ends at its gate (a held rank gets
+/// the stop instead of a resume), the stop is ClusterD's, and nothing runs until the launcher
+/// restarts the processes.
+fn training_stopped_by_clusterd(sim: &Simulation, what: &str) {
+    assert!(
+        sim.training().wait_ended(WAIT),
+        "training was never stopped"
+    );
+    let s = sim.job().status(0).unwrap();
+    let stop = s.training_stop.expect("a stop under way");
+    assert_eq!(stop.by, StopBy::Clusterd, "{stop}");
+    assert!(stop.reason.contains(what), "{stop}");
+    assert!(s.in_flight.is_none(), "{:?}", s.in_flight);
+}
+
+/// ClusterD pauses and switches rank 0; rank 1's switch call and its rollback call fail: the
+/// answer is `false`, the world group is left split, the job `paused` with every rank held.
+fn held_by_a_failed_rollback(sim: &Simulation, fake: &FakeClusterd) {
+    let f = sim.fabric();
+    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Fail(HcclCode::Network));
+    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Slow(Duration::ZERO));
+    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Slow(Duration::ZERO));
+    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Fail(HcclCode::Network));
+    fake.pause();
+    assert_eq!(fake.stop_complete().0, 0);
+    fake.switch(&[0], &[true]);
+    assert!(!fake.switch_result(), "the switch and its rollback failed");
+    let s = sim.job().status(0).unwrap();
+    assert_eq!(s.state, JobState::Paused, "{s:?}");
+    assert!(s.in_flight.is_none() && s.training_stop.is_none(), "{s:?}");
+    assert!(!sim.fabric().check_consistency().is_consistent());
 }
 
 /// Waits for the final report of the operation in flight (`progress` subscribed before it
@@ -134,7 +168,7 @@ fn a_switch_and_back_as_clusterd_runs_them(headers: Headers) {
 fn a_failed_nic_set_answers_false_after_the_rollback_and_the_job_stays_consistent(
     headers: Headers,
 ) {
-    let (sim, fake, c) = setup(headers);
+    let (mut sim, fake, c) = setup(headers);
     sim.fabric()
         .inject_nic_set_fault(GlobalRank(5), NicSetFault::Fail(HcclCode::Network));
     let uuid = fake.pause();
@@ -146,28 +180,19 @@ fn a_failed_nic_set_answers_false_after_the_rollback_and_the_job_stays_consisten
     assert!(sim.fabric().ranks_on_backup().is_empty());
     let s = sim.job().status(1).unwrap();
     assert!(s.in_flight.is_some(), "still held, waiting for ClusterD");
-    // ClusterD's way on after a failed switch: stop_train. Training stays held, consistent.
+    // ClusterD's way on after a failed switch: stop_train. The held operation ends (held,
+    // answered once), then training stops.
     fake.stop_train(&format!("{uuid}-stop"));
     let (code, info) = fake.stop_complete();
     assert_eq!(code, 0, "{info}");
+    training_stopped_by_clusterd(&sim, "stop_train");
     let s = sim.job().status(2).unwrap();
-    assert_eq!(s.state, JobState::Paused);
     assert!(s.recent.iter().any(|r| r.rolled_back), "{:?}", s.recent);
     assert!(s.ranks_on_backup.is_empty());
-    // ClusterD resets the job; the session that follows changes nothing of the held job.
+    // ClusterD resets the job; the launcher restarts the processes; the job runs again.
     fake.reset_streams();
     fake.wait_sessions(2);
-    assert_eq!(sim.job().status(0).unwrap().state, JobState::Paused);
-    // An operator (or the job's restart) brings it back: the targets of the stopped
-    // operation are re-stated as the NIC table has them (primary), then every gate opens.
-    match sim.job().recover(RecoverTo::AsIs).unwrap() {
-        RecoveryResult::Operation(r) => {
-            assert_eq!(r.job_state, JobState::Running, "{r}");
-            assert!(r.targets.iter().all(|t| !t.use_backup), "{r}");
-        }
-        other => panic!("{other:?}"),
-    }
-    assert_eq!(sim.job().status(0).unwrap().state, JobState::Running);
+    restart_after_stop(&mut sim, StopBy::Clusterd);
     end(sim, &fake, c);
 }
 
@@ -348,34 +373,65 @@ fn a_continue_or_a_rank_list_out_of_order_is_answered_once_and_changes_nothing(h
     end(sim, &fake, c);
 }
 
-fn a_pause_then_kill_master_keeps_every_rank_held_and_answers_nothing(headers: Headers) {
-    let (sim, fake, c) = setup(headers);
+fn a_pause_then_kill_master_stops_training_answers_nothing_and_the_restarted_job_runs(
+    headers: Headers,
+) {
+    let (mut sim, fake, c) = setup(headers);
     fake.pause();
     assert_eq!(fake.stop_complete().0, 0);
     let mut progress = sim.job().subscribe_progress();
     fake.kill_master("restart-1");
-    // killMaster has no answer; the operation ends with every rank held on agreeing groups.
+    // killMaster has no answer; the operation ends with every rank held on agreeing groups,
+    // then training stops.
     let r = final_report(&mut progress);
     assert_eq!(r.job_state, JobState::Paused, "{r}");
-    // ClusterD resets after killMaster: both streams end; the held job stays held.
+    assert!(!r.applied && r.pause_step.is_some(), "{r}");
+    training_stopped_by_clusterd(&sim, "killMaster restart-1");
+    // ClusterD resets after killMaster: both streams end.
     fake.reset_streams();
     fake.wait_sessions(2);
-    let s = sim.job().status(1).unwrap();
-    assert_eq!(s.state, JobState::Paused);
-    assert!(s.in_flight.is_none());
-    let r = &s.recent[0];
-    assert!(!r.applied && r.pause_step.is_some(), "{r:?}");
-    assert!(sim.fabric().check_consistency().is_consistent());
-    // ClusterD's next pause is refused truthfully (499) while the job is held.
+    // ClusterD's next pause is refused truthfully (499) while the processes restart.
     fake.pause();
     let (code, info) = fake.stop_complete();
     assert_eq!(code, 499, "{info}");
-    // The job's restart re-verifies every rank; here an operator's recover does the same.
-    assert!(matches!(
-        sim.job().recover(RecoverTo::AsIs).unwrap(),
-        RecoveryResult::Verification(_)
-    ));
+    assert!(info.contains("training"), "{info}");
+    restart_after_stop(&mut sim, StopBy::Clusterd);
+    // The restarted job switches as ClusterD runs it.
+    fake.reset_streams();
+    fake.wait_sessions(3);
+    assert_eq!(fake.switch_nic(&[4], &[true]), SWITCH_FINISHED);
+    assert_eq!(sim.fabric().ranks_on_backup(), ranks(&[4]));
     end(sim, &fake, c);
+}
+
+/// A failed rollback holds the job; ClusterD's `signal` (its reports checked there) stops
+/// training, named in the stop's reason by `what`; ClusterD resets the job, the launcher
+/// restarts the processes and the job runs again.
+fn stopped_after_a_failed_rollback(headers: Headers, signal: fn(&FakeClusterd), what: &str) {
+    let (mut sim, fake, c) = setup(headers);
+    held_by_a_failed_rollback(&sim, &fake);
+    signal(&fake);
+    training_stopped_by_clusterd(&sim, what);
+    fake.reset_streams();
+    fake.wait_sessions(2);
+    restart_after_stop(&mut sim, StopBy::Clusterd);
+    end(sim, &fake, c);
+}
+
+fn a_failed_rollback_then_stop_train_stops_training_and_the_restarted_job_runs(headers: Headers) {
+    // ClusterD's way on after a failed switch: stop_train, answered once, in this session.
+    let stop = |fake: &FakeClusterd| {
+        fake.stop_train("stop-1");
+        let (code, info) = fake.stop_complete();
+        assert_eq!(code, 0, "{info}");
+    };
+    stopped_after_a_failed_rollback(headers, stop, "stop_train stop-1");
+}
+
+fn a_failed_rollback_then_kill_master_stops_training_and_the_restarted_job_runs(headers: Headers) {
+    // killMaster has no answer (the fake fails the test on one it did not ask for).
+    let kill = |fake: &FakeClusterd| fake.kill_master("restart-1");
+    stopped_after_a_failed_rollback(headers, kill, "killMaster restart-1");
 }
 
 fn a_pause_while_an_operator_switch_runs_is_refused_as_busy(headers: Headers) {
@@ -468,15 +524,13 @@ fn a_signal_stream_silent_from_the_start_is_given_up_and_the_session_is_never_up
 
 #[test]
 fn a_failing_switch_is_answered_once_with_clusterds_failure() {
-    let (sim, fake, c) = setup(Headers::WithFirstMessage);
+    let (mut sim, fake, c) = setup(Headers::WithFirstMessage);
     sim.fabric()
         .inject_nic_set_fault(GlobalRank(2), NicSetFault::Fail(HcclCode::Network));
     assert_eq!(fake.switch_nic(&[2], &[true]), SWITCH_FAILED);
     assert_eq!(fake.answers(), vec![SWITCH_FAILED]);
-    assert_eq!(sim.job().status(0).unwrap().state, JobState::Paused);
-    assert!(matches!(
-        sim.job().recover(RecoverTo::AsIs).unwrap(),
-        RecoveryResult::Operation(_)
-    ));
+    // The stop_train that follows a failed switch stops training; the launcher restarts it.
+    training_stopped_by_clusterd(&sim, "stop_train");
+    restart_after_stop(&mut sim, StopBy::Clusterd);
     end(sim, &fake, c);
 }

@@ -116,14 +116,25 @@ fn a_failing_switch_of_processes_is_answered_once_with_clusterds_failure() {
     assert_eq!(fake.switch_nic(&[1, 2], &[true, true]), SWITCH_FAILED);
     assert_eq!(fake.answers(), vec![SWITCH_FAILED]);
     fake.wait_sessions(2);
-    // stop_train after the failed switch: every rank held, on the NICs it had before.
+    // stop_train after the failed switch: the held operation ends, then training stops and
+    // every training process exits 1, for its launcher to restart it.
+    c.wait_workers_stopped("stop_train");
     let st = c.status(1);
-    assert_eq!(st.state, "paused", "{st:?}");
     assert!(st.ranks_on_backup.is_empty(), "{st:?}");
     assert!(st.in_flight.is_none(), "{st:?}");
+    let stop = st.training_stop.expect("a stop under way");
+    assert_eq!(stop.by, "clusterd", "{stop:?}");
+    // The launcher restarts them: new incarnations, on their default NIC, and ClusterD's next
+    // switch runs on them.
+    let st = c.restart_workers(&scratch);
+    assert_eq!(st.state, "running", "{st:#?}");
+    assert!(st.verified && st.ranks_on_backup.is_empty(), "{st:#?}");
+    assert_eq!(fake.switch_nic(&[2], &[true]), SWITCH_FINISHED);
+    fake.wait_sessions(3);
+    assert_eq!(c.status(0).ranks_on_backup, vec![2]);
     fake.assert_clean();
-    // StopComplete, the switch result, the StopComplete of stop_train.
-    assert_reports_delivered(&c, 3);
+    // StopComplete, the switch result, the StopComplete of stop_train; then three more.
+    assert_reports_delivered(&c, 6);
     c.shutdown_cleanly();
 }
 

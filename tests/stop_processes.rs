@@ -7,7 +7,7 @@ mod common;
 mod net_support;
 
 use common::taskd;
-use net_support::{fast_heartbeats, worker_args, Cluster, ClusterSpec, Proc, Scratch};
+use net_support::{fast_heartbeats, Cluster, ClusterSpec, Scratch};
 
 #[test]
 fn stopped_workers_exit_for_their_launcher_and_the_restarted_job_runs() {
@@ -35,11 +35,7 @@ fn stopped_workers_exit_for_their_launcher_and_the_restarted_job_runs() {
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.starts_with("training stopped ("), "{out}");
     assert!(out.contains(reason), "{out}");
-    for w in c.workers.iter_mut().flatten() {
-        let st = w.wait_exit();
-        assert_eq!(st.code(), Some(1), "{}: {}", w.name, w.stderr_tail());
-        assert!(w.stderr().contains(reason), "{}", w.stderr_tail());
-    }
+    c.wait_workers_stopped(reason);
     // Every old process is gone; the launcher has not started the new ones yet.
     let (code, text, err) = taskd(&["status", "--addr", &c.control_addr, "--job", "net-stop"]);
     assert_eq!(code, 0, "{text}{err}");
@@ -52,20 +48,7 @@ fn stopped_workers_exit_for_their_launcher_and_the_restarted_job_runs() {
     assert_eq!(st.training_stop.map(|t| t.not_back), Some(vec![0, 1, 2, 3]));
 
     // The launcher restarts them: new incarnations, on their default NIC.
-    for r in 0..4u32 {
-        let mut again = Proc::spawn(
-            &scratch,
-            &format!("worker-{r}-restarted"),
-            &[
-                worker_args("net-stop", r, &c.proxy_addrs[r as usize / 2]),
-                fast_heartbeats(),
-            ]
-            .concat(),
-        );
-        again.wait_line("registered on");
-        c.workers[r as usize] = Some(again);
-    }
-    let st = c.wait_registered();
+    let st = c.restart_workers(&scratch);
     assert_eq!(st.state, "running", "{st:#?}");
     assert!(st.verified && st.ranks_on_backup.is_empty(), "{st:#?}");
     assert!(st.training_stop.is_none());

@@ -6,11 +6,11 @@
 
 mod common;
 
-use common::{assert_consistent_end, cmd, small, WAIT};
+use common::{assert_consistent_end, assert_running_again, cmd, restart_after_stop, small, WAIT};
 use std::time::Duration;
 use taskd::actors::manager::HoldPolicy;
 use taskd::actors::LocalJobError;
-use taskd::core::ledger::{StopBy, StopPhase};
+use taskd::core::ledger::StopBy;
 use taskd::core::operation::JobState;
 use taskd::core::{GlobalRank, HcclCode, SubmitError};
 use taskd::hal_mock::{NicSetFault, RankExit};
@@ -28,16 +28,6 @@ fn paused_by_a_failed_rollback(sim: &Simulation) -> String {
     assert_eq!(r.job_state, JobState::Paused, "{r}");
     r.hold
         .expect("a report of a job left not running says what that leads to")
-}
-
-/// After the restart: running, verified, every rank on its default NIC, the stop recorded.
-fn assert_running_again(sim: &Simulation, by: StopBy) {
-    let s = sim.job().status(1).unwrap();
-    assert_eq!(s.state, JobState::Running, "{s:?}");
-    assert!(s.verified && s.ranks_on_backup.is_empty(), "{s:?}");
-    assert!(s.training_stop.is_none(), "{s:?}");
-    let last = s.last_training_stop.expect("the stop is remembered");
-    assert_eq!((last.by, last.phase()), (by, StopPhase::Restarted));
 }
 
 #[test]
@@ -111,17 +101,8 @@ fn a_running_job_stopped_by_an_operator_restarts_and_runs_again() {
     assert!(sim.training().wait_ended(WAIT));
     let s = sim.job().status(0).unwrap();
     assert_eq!(s.state, JobState::NeedsRecovery);
-    let exits = sim.restart_processes().unwrap();
-    // Ranks that trained on are a step apart: a rank stopped after its step, or one whose
-    // peer's process exited while it waited in the next step's collective.
-    assert!(
-        exits
-            .iter()
-            .all(|e| matches!(e, RankExit::TrainingStopped | RankExit::PeerLost)),
-        "{exits:?}"
-    );
-    assert!(exits.contains(&RankExit::TrainingStopped), "{exits:?}");
-    assert_running_again(&sim, StopBy::Operator);
+    // Ranks that trained on are a step apart.
+    restart_after_stop(&mut sim, StopBy::Operator);
     assert_consistent_end(&sim.finish());
 }
 

@@ -18,7 +18,8 @@
 //! request and gets no second report; a switch result is reported only when every group agrees
 //! again (after the switch, or after its rollback) or the operation is over. `stop_train` and
 //! `killMaster` never release ranks onto groups that may disagree: the operation stops at a
-//! hold point with every gate shut.
+//! hold point with every gate shut, and then ClusterD's decision is carried out: training
+//! stops ([`Step::stop_training`]), every rank's process exits for its launcher to restart it.
 //!
 //! Every request comes with its [`Origin`]: the client's signal-stream session it arrived in
 //! and the `jobId` ClusterD named. A request for another job is refused, answered to that job
@@ -339,6 +340,11 @@ pub struct Step {
     pub reports: Vec<Outgoing>,
     /// For the log.
     pub notes: Vec<Note>,
+    /// ClusterD stopped training, for this reason (one line): once the actions are carried
+    /// out, stop training on every rank ([`JobLedger::stop_training`] with
+    /// [`StopBy::Clusterd`](crate::ledger::StopBy::Clusterd)). Only asked when nothing is in
+    /// flight and no stop is under way, so the ledger accepts it.
+    pub stop_training: Option<String>,
 }
 
 impl Step {
@@ -392,6 +398,9 @@ struct Driven {
     stops: BTreeSet<String>,
     /// It was told `killMaster`: it ends held.
     killed: bool,
+    /// Why ClusterD stopped training (its `stop_train` or `killMaster`): once the operation
+    /// is over, training stops.
+    stop_reason: Option<String>,
 }
 
 /// The ClusterD side of the manager: which sequenced operation ClusterD drives and which
@@ -405,6 +414,9 @@ pub struct Sequencer {
     last: Option<Driven>,
     /// A `stop_train` that came while the gates were opening: it pauses again once they are.
     stop_after: Option<(String, Origin)>,
+    /// A `killMaster` that came while an operator's operation ran: training stops once it
+    /// has ended (the reason).
+    kill_after: Option<String>,
     /// Signals answered at once (refused, or nothing to do), newest last: delivered again,
     /// they are not answered twice.
     answered: VecDeque<(&'static str, String)>,
@@ -425,6 +437,7 @@ impl Sequencer {
             owed: Vec::new(),
             last: None,
             stop_after: None,
+            kill_after: None,
             answered: VecDeque::new(),
             orphan_list: None,
         }
@@ -590,6 +603,7 @@ impl Sequencer {
             continued: false,
             stops: BTreeSet::new(),
             killed: false,
+            stop_reason: None,
         });
         self.owed.push(owed);
     }
@@ -605,9 +619,10 @@ impl Sequencer {
             return;
         }
         if let Some(cur) = self.current.as_mut() {
-            match cx.ledger.stop_sequenced(reason, cx.now) {
+            match cx.ledger.stop_sequenced(reason.clone(), cx.now) {
                 Ok(actions) => {
                     cur.stops.insert(uuid.to_owned());
+                    cur.stop_reason.get_or_insert(reason);
                     cx.step.note(
                         Level::Warn,
                         format!("stop_train {uuid}: training stays held at the next hold point"),
@@ -627,9 +642,17 @@ impl Sequencer {
             return;
         }
         match cx.ledger.state() {
-            JobState::Paused => {
-                let info = format!("training is held at the step gates (job paused): {uuid}");
-                cx.step.note(Level::Warn, format!("stop_train: {info}"));
+            // Not running, nothing in flight: no pause to hold the ranks first; they are held
+            // (a failed rollback) or waiting at their gates, and a stop reaches them there.
+            state if state != JobState::Running && cx.ledger.in_flight().is_none() => {
+                let info = match cx.ledger.training_stop() {
+                    Some(s) => format!("stop_train {uuid}: {s}"),
+                    None => {
+                        cx.step.stop_training = Some(reason);
+                        format!("stop_train {uuid}: the job was {state}; training stops on every rank (the launcher restarts the processes)")
+                    }
+                };
+                cx.step.note(Level::Warn, info.clone());
                 cx.step.report(
                     &cx.from,
                     Report::StopComplete {
@@ -640,7 +663,7 @@ impl Sequencer {
             }
             _ => match cx
                 .ledger
-                .start_sequenced(cx.fresh, self.hold, Some(reason), cx.now)
+                .start_sequenced(cx.fresh, self.hold, Some(reason.clone()), cx.now)
             {
                 Ok(actions) => {
                     cx.step.note(
@@ -653,6 +676,7 @@ impl Sequencer {
                     self.drive(uuid, cx.from.clone(), cx.fresh, Owed::StopComplete);
                     if let Some(cur) = self.current.as_mut() {
                         cur.stops.insert(uuid.to_owned());
+                        cur.stop_reason = Some(reason);
                     }
                     cx.step.actions = actions;
                 }
@@ -669,14 +693,30 @@ impl Sequencer {
                 format!("killMaster {uuid}: the {owed:?} report is no longer awaited; not sent"),
             );
         }
-        if self.current.is_none() {
+        let reason = format!("ClusterD killMaster {uuid}: the job restarts");
+        let Some(cur) = self.current.as_mut() else {
+            let why = if let Some(s) = cx.ledger.training_stop() {
+                format!("nothing more to stop ({s})")
+            } else if let Some(op) = cx.ledger.in_flight() {
+                let why = format!(
+                    "operation {} runs; training stops once it has ended, not under it",
+                    op.id()
+                );
+                self.kill_after = Some(reason);
+                why
+            } else {
+                cx.step.stop_training = Some(reason);
+                "training stops on every rank".to_owned()
+            };
             cx.step.note(
                 Level::Warn,
-                format!("killMaster {uuid}: ClusterD restarts the job; nothing held here"),
+                format!("killMaster {uuid}: ClusterD restarts the job; {why}"),
             );
             return;
-        }
-        let reason = format!("ClusterD killMaster {uuid}: the job restarts");
+        };
+        // Whatever the stop below answers, the operation ends (held, or by itself) and then
+        // training stops: ClusterD restarts the job either way.
+        cur.stop_reason.get_or_insert(reason.clone());
         match cx.ledger.stop_sequenced(reason, cx.now) {
             Ok(actions) => {
                 if let Some(cur) = self.current.as_mut() {
@@ -855,6 +895,19 @@ impl Sequencer {
             step.actions.append(&mut again.actions);
             step.reports.append(&mut again.reports);
             step.notes.append(&mut again.notes);
+            step.stop_training = step.stop_training.or(again.stop_training);
+        }
+        let free = ledger.in_flight().is_none() && self.current.is_none();
+        if let Some(reason) = self.kill_after.take_if(|_| free) {
+            if ledger.training_stop().is_none() && step.stop_training.is_none() {
+                step.note(
+                    Level::Warn,
+                    format!(
+                        "{reason}: the operation it waited for ended; training stops on every rank"
+                    ),
+                );
+                step.stop_training = Some(reason);
+            }
         }
         step
     }
@@ -917,6 +970,20 @@ impl Sequencer {
             Level::Error
         };
         step.note(level, format!("ClusterD's operation ended: {summary}"));
+        // ClusterD's stop_train or killMaster ended the operation first, as they always have
+        // (at a hold point, every gate shut, no NIC call), and only now, with nothing in
+        // flight, does training stop. The ledger's refusal of a stop while an operation runs stays as it is: the
+        // held operation's end settles its reports, history and NIC table as any other, and
+        // a switch or rollback still calling the NICs finishes first instead of being cut.
+        if let Some(reason) = self.current.as_mut().and_then(|c| c.stop_reason.take()) {
+            step.note(
+                Level::Warn,
+                format!(
+                    "{reason}: training stops on every rank (the launcher restarts the processes)"
+                ),
+            );
+            step.stop_training = Some(reason);
+        }
         self.last = self.current.take();
     }
 }

@@ -19,7 +19,7 @@
 //! stall. A [`OperationKind::Recovery`] has no way back: any failure before its resume ends it
 //! with the job held.
 //!
-//! A [`OperationKind::Sequenced`] operation (ClusterD's client, `core/src/external.rs`) runs the
+//! A [`OperationKind::Sequenced`] operation (ClusterD's client, [`crate::clusterd`]) runs the
 //! same stages, but an outside driver sequences them: after the pause, and again after the
 //! switch (or its rollback), it *holds* every rank and waits for its next command (the targets,
 //! the resume, a stop), with a deadline. Its commands are in `operation/sequenced.rs`.

@@ -9,6 +9,7 @@ mod common;
 use common::world::{ids, Reply, World};
 use common::*;
 use taskd_core::clusterd::{Origin, Report, Signal, CODE_FAILED, CODE_OK};
+use taskd_core::ledger::{StopBy, Submitted};
 use taskd_core::operation::{Awaiting, OperationError};
 use taskd_core::protocol::{DirectiveKind, Phase};
 use taskd_core::{GlobalRank, JobState, OperationId, Outcome, SubmitError};
@@ -38,6 +39,26 @@ fn one(reports: Vec<Report>, want: impl Fn(&Report) -> bool) {
     assert!(want(&reports[0]), "{reports:?}");
 }
 
+/// How many stops of training were broadcast.
+fn stops_sent(w: &World) -> usize {
+    w.sent
+        .iter()
+        .filter(|d| matches!(d.kind, DirectiveKind::StopTraining { .. }))
+        .count()
+}
+
+/// ClusterD stopped training: nothing in flight, the stop under way is ClusterD's and was
+/// broadcast once, and no gate ever opened (a held rank gets the stop instead of a resume).
+fn stopped_by_clusterd(w: &World, why: &str) {
+    assert!(w.ledger.in_flight().is_none() && w.seq.current().is_none());
+    let stop = w.ledger.training_stop().expect("training is stopped");
+    assert_eq!(stop.by, StopBy::Clusterd, "{stop}");
+    assert!(stop.reason.contains(why), "{stop}");
+    assert_eq!(w.ledger.state(), JobState::NeedsRecovery);
+    assert_eq!(stops_sent(w), 1, "{:?}", w.sent);
+    assert!(!w.sent.iter().any(|d| d.kind == DirectiveKind::Resume));
+}
+
 /// Pause `u` and hold: ClusterD gets its StopComplete only once every rank holds.
 fn paused(w: &mut World, u: &str) {
     assert!(w.signal(pause(u)).is_empty(), "no report before the pause");
@@ -49,6 +70,26 @@ fn paused(w: &mut World, u: &str) {
     let op = w.ledger.in_flight().expect("the operation holds");
     assert_eq!(op.awaiting(), Some(Awaiting::Targets));
     assert!(w.pending.is_none(), "nothing is broadcast while holding");
+}
+
+/// Pause `u1` and switch rank 2; rank 6 fails its NIC-set and rank 3 the rollback: the groups
+/// may disagree, nothing resumes, and ClusterD's answer is `false`.
+fn held_by_a_failed_rollback(w: &mut World) {
+    paused(w, "u1");
+    w.switch(&ids(&[2]), &[true]);
+    let fail = |bad: u32| {
+        move |_, r: GlobalRank| {
+            if r.0 == bad {
+                Reply::Failed
+            } else {
+                Reply::Correct
+            }
+        }
+    };
+    assert!(w.answer(fail(6)).is_empty(), "not before the rollback");
+    one(w.answer(fail(3)), |r| {
+        *r == Report::SwitchResult { ok: false }
+    });
 }
 
 #[test]
@@ -117,37 +158,44 @@ fn a_failed_switch_reports_false_only_after_the_rollback() {
 #[test]
 fn a_failed_rollback_reports_false_and_keeps_every_gate_shut() {
     let mut w = world();
-    paused(&mut w, "u1");
-    w.switch(&ids(&[2]), &[true]);
-    w.answer(|_, r| {
-        if r == GlobalRank(6) {
-            Reply::Failed
-        } else {
-            Reply::Correct
-        }
-    });
-    // The rollback fails on rank 3: the groups may disagree; nothing resumes.
-    one(
-        w.answer(|_, r| {
-            if r == GlobalRank(3) {
-                Reply::Failed
-            } else {
-                Reply::Correct
-            }
-        }),
-        |r| *r == Report::SwitchResult { ok: false },
-    );
+    held_by_a_failed_rollback(&mut w);
     assert!(w.ledger.in_flight().is_none());
     assert_eq!(w.ledger.state(), JobState::Paused);
     assert!(!w.sent.iter().any(|d| d.kind == DirectiveKind::Resume));
     // A continue now is answered truthfully: training does not run.
     one(w.signal(resume("u1")), recover_status(CODE_FAILED));
-    // stop_train: training is held, which is what ClusterD asks for.
+    // stop_train: training is held, which is what ClusterD asks for; then it stops, and
+    // the processes restart on their default NICs (the groups' split goes with them).
+    assert_eq!(stops_sent(&w), 0);
     one(
         w.signal(Signal::StopTrain { uuid: "s1".into() }),
         stop_complete(CODE_OK),
     );
+    stopped_by_clusterd(&w, "stop_train s1");
     assert!(w.signal(Signal::StopTrain { uuid: "s1".into() }).is_empty());
+    // Another stop_train while the stop lasts is answered, and stops nothing twice.
+    one(
+        w.signal(Signal::StopTrain { uuid: "s2".into() }),
+        stop_complete(CODE_OK),
+    );
+    assert!(w
+        .signal(Signal::KillMaster { uuid: "k1".into() })
+        .is_empty());
+    assert_eq!(stops_sent(&w), 1);
+}
+
+#[test]
+fn kill_master_after_a_failed_rollback_stops_training_and_answers_nothing() {
+    let mut w = world();
+    held_by_a_failed_rollback(&mut w);
+    assert_eq!((w.ledger.state(), stops_sent(&w)), (JobState::Paused, 0));
+    assert!(w
+        .signal(Signal::KillMaster { uuid: "k1".into() })
+        .is_empty());
+    stopped_by_clusterd(&w, "killMaster k1");
+    // Every rank confirms: the stop waits for the new processes.
+    assert!(w.settle().is_empty());
+    assert_eq!(w.reports.len(), 2, "{:?}", w.reports);
 }
 
 #[test]
@@ -203,29 +251,33 @@ fn bad_rank_lists_are_refused_with_false_and_change_nothing() {
 }
 
 #[test]
-fn stop_and_kill_while_paused_keep_every_rank_held() {
-    // stop_train while holding: the operation ends, every gate stays shut, one report.
+fn stop_and_kill_while_paused_end_the_hold_then_stop_training() {
+    // stop_train while holding: the operation ends, every gate stays shut, one report, and
+    // training stops.
     let mut w = world();
     paused(&mut w, "u1");
     one(
         w.signal(Signal::StopTrain { uuid: "s1".into() }),
         stop_complete(CODE_OK),
     );
-    assert!(w.ledger.in_flight().is_none());
-    assert_eq!(w.ledger.state(), JobState::Paused);
-    assert!(!w.sent.iter().any(|d| d.kind == DirectiveKind::Resume));
+    stopped_by_clusterd(&w, "stop_train s1");
     let r = w.ledger.history().last().unwrap().clone();
     assert!(
         matches!(r.error, Some(OperationError::Stopped { .. })),
         "{r}"
+    );
+    assert_eq!(
+        r.job_state,
+        JobState::Paused,
+        "the operation ended held: {r}"
     );
     assert!(
         w.signal(Signal::StopTrain { uuid: "s1".into() }).is_empty(),
         "the stop again"
     );
 
-    // killMaster after the switch: the owed answers are dropped, the ranks stay held on
-    // the switched state (the groups agree), the table follows.
+    // killMaster after the switch: the owed answers are dropped, the operation ends held on
+    // the switched state (the groups agree, the table follows), then training stops.
     let mut w = world();
     paused(&mut w, "u1");
     w.switch(&ids(&[4]), &[true]);
@@ -233,21 +285,26 @@ fn stop_and_kill_while_paused_keep_every_rank_held() {
     assert!(w
         .signal(Signal::KillMaster { uuid: "u1".into() })
         .is_empty());
-    assert_eq!(w.ledger.state(), JobState::Paused);
+    stopped_by_clusterd(&w, "killMaster u1");
     assert_eq!(w.table(), vec![4]);
     assert_eq!(w.view(), vec![4]);
 
     // killMaster while the switch runs: it finishes (a rollback if it fails) and stops at the
-    // hold, never resuming; no report is sent for the switch ClusterD gave up on.
+    // hold, never resuming; only then does training stop. No report is sent for the switch
+    // ClusterD gave up on.
     let mut w = world();
     paused(&mut w, "u1");
     w.switch(&ids(&[4]), &[true]);
     assert!(w
         .signal(Signal::KillMaster { uuid: "u1".into() })
         .is_empty());
+    assert_eq!(
+        stops_sent(&w),
+        0,
+        "not while the ranks are in their NIC calls"
+    );
     assert!(w.settle().is_empty());
-    assert_eq!(w.ledger.state(), JobState::Paused);
-    assert!(!w.sent.iter().any(|d| d.kind == DirectiveKind::Resume));
+    stopped_by_clusterd(&w, "killMaster u1");
     assert_eq!(
         w.reports.len(),
         1,
@@ -257,12 +314,52 @@ fn stop_and_kill_while_paused_keep_every_rank_held() {
 }
 
 #[test]
-fn stop_train_with_nothing_held_pauses_and_keeps_holding() {
+fn stop_train_with_nothing_held_pauses_then_stops_training() {
     let mut w = world();
     assert!(w.signal(Signal::StopTrain { uuid: "s1".into() }).is_empty());
+    assert_eq!(stops_sent(&w), 0, "the ranks are paused at one step first");
     one(w.settle(), stop_complete(CODE_OK));
-    assert_eq!(w.ledger.state(), JobState::Paused);
-    assert!(!w.sent.iter().any(|d| d.kind == DirectiveKind::Resume));
+    stopped_by_clusterd(&w, "stop_train s1");
+}
+
+#[test]
+fn kill_master_with_nothing_held_stops_training_at_once() {
+    let mut w = world();
+    assert!(w
+        .signal(Signal::KillMaster { uuid: "k1".into() })
+        .is_empty());
+    stopped_by_clusterd(&w, "killMaster k1");
+    assert!(w.settle().is_empty());
+    assert!(w.reports.is_empty(), "{:?}", w.reports);
+}
+
+#[test]
+fn during_an_operators_switch_nothing_is_stopped_under_it_and_kill_master_stops_after() {
+    let mut w = world();
+    let cmd = w.layout.command(&[(2, true)]);
+    let id = OperationId(uuid::Uuid::from_u128(78));
+    let Ok(Submitted::Started { actions, .. }) = w.ledger.submit(&cmd, id, w.now) else {
+        panic!("admitted");
+    };
+    w.run_actions(actions);
+    assert!(w
+        .signal(Signal::KillMaster { uuid: "k1".into() })
+        .is_empty());
+    one(
+        w.signal(Signal::StopTrain { uuid: "s1".into() }),
+        stop_complete(CODE_FAILED),
+    );
+    assert_eq!(w.ledger.in_flight().map(|o| o.id()), Some(id));
+    assert!(w.ledger.training_stop().is_none());
+    assert_eq!(stops_sent(&w), 0);
+    // The operator's switch runs to its end (its gates open: it is not ClusterD's hold);
+    // then killMaster's stop of training comes.
+    w.settle();
+    assert_eq!(w.ledger.history().last().map(|r| r.id), Some(id));
+    assert_eq!(w.table(), vec![2]);
+    let stop = w.ledger.training_stop().expect("training is stopped");
+    assert!(stop.reason.contains("killMaster k1"), "{stop}");
+    assert_eq!(stops_sent(&w), 1);
 }
 
 #[test]
@@ -472,28 +569,28 @@ fn the_end_of_the_session_after_continue_or_stop_lets_the_operation_end_as_told(
     assert_eq!(w.ledger.state(), JobState::Running);
     let r = w.ledger.history().last().unwrap().clone();
     assert_eq!(r.outcome, Outcome::Succeeded, "{r}");
-    // A stop_train'd pause stays stopped (ClusterD's recovery follows), held, unanswered.
+    // A stop_train'd pause ends held, unanswered, and training stops (ClusterD decided).
     w.from = Origin::new(2, "job-a");
+    w.sent.clear(); // the first flow's resume is not this one's
     assert!(w.signal(Signal::StopTrain { uuid: "s1".into() }).is_empty());
     assert!(w.session_end(2).is_empty());
     assert!(w.settle().is_empty());
-    assert_eq!(w.ledger.state(), JobState::Paused);
-    assert!(w.ledger.in_flight().is_none() && w.seq.current().is_none());
+    stopped_by_clusterd(&w, "stop_train s1");
 }
 
 #[test]
-fn a_kill_master_while_pausing_stays_held_when_its_session_ends() {
+fn a_kill_master_while_pausing_ends_held_then_stops_training_when_its_session_ends() {
     let mut w = world();
     assert!(w.signal(pause("u1")).is_empty());
     assert!(w.answer(|_, _| Reply::Correct).is_empty(), "sampled");
     // killMaster before every rank holds, then ClusterD's reset ends the session: the
-    // operation still ends held (ClusterD restarts the job), nothing is answered.
+    // operation still ends held, nothing is answered, and training stops once it has.
     assert!(w
         .signal(Signal::KillMaster { uuid: "k1".into() })
         .is_empty());
     assert!(w.session_end(1).is_empty());
+    assert_eq!(stops_sent(&w), 0);
     assert!(w.settle().is_empty());
-    assert!(w.ledger.in_flight().is_none());
-    assert_eq!(w.ledger.state(), JobState::Paused);
-    assert!(!w.sent.iter().any(|d| d.kind == DirectiveKind::Resume));
+    stopped_by_clusterd(&w, "killMaster k1");
+    assert!(w.reports.is_empty(), "{:?}", w.reports);
 }

@@ -15,6 +15,10 @@
 //! view of the NICs (checked by the world on every resume and hold); `result: true` means every
 //! rank holds the targets' new sides, `result: false` means nothing changed or the job is not
 //! running; a running job at the end holds one view, equal to the manager's NIC table.
+//! Training stops only on ClusterD's word, once: a stop of training is broadcast only after a
+//! `stop_train` or `killMaster` and never while an operation runs (the world carries it out as
+//! the manager does, and the ledger refuses one under an operation), and after a `killMaster`
+//! training is stopped once the world goes quiet.
 
 mod common;
 
@@ -22,6 +26,8 @@ use common::world::{ids, Reply, World};
 use common::*;
 use proptest::prelude::*;
 use taskd_core::clusterd::{Report, Signal, CODE_OK};
+use taskd_core::ledger::StopBy;
+use taskd_core::protocol::DirectiveKind;
 use taskd_core::{GlobalRank, JobState};
 
 /// One move of the world.
@@ -101,6 +107,10 @@ struct ClusterD {
     last: Option<Sent>,
     lists: Vec<(Vec<String>, Vec<bool>)>,
     n: usize,
+    /// How many directives were broadcast when ClusterD first sent stop_train or killMaster.
+    first_stop: Option<usize>,
+    /// ClusterD sent killMaster.
+    killed: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -121,6 +131,10 @@ enum Flow {
 impl ClusterD {
     fn send(&mut self, w: &mut World, s: Sent) -> Vec<Report> {
         self.last = Some(s.clone());
+        if let Sent::Signal(Signal::StopTrain { .. } | Signal::KillMaster { .. }) = &s {
+            self.first_stop.get_or_insert(w.sent.len());
+            self.killed |= matches!(s, Sent::Signal(Signal::KillMaster { .. }));
+        }
         match s {
             Sent::Signal(sig) => w.signal(sig),
             Sent::Switch(r, o) => w.switch(&r, &o),
@@ -253,6 +267,8 @@ fn play(nodes: u32, per_node: u32, lists: Vec<(Vec<String>, Vec<bool>)>, script:
         last: None,
         lists,
         n: 0,
+        first_stop: None,
+        killed: false,
     };
     let step = |w: &mut World, cd: &mut ClusterD, m: &Move| {
         let before = w.sent_to.len();
@@ -324,6 +340,26 @@ fn play(nodes: u32, per_node: u32, lists: Vec<(Vec<String>, Vec<bool>)>, script:
     }
     assert_eq!(cd.awaiting, None, "ClusterD still awaits a report");
     assert!(w.ledger.in_flight().is_none(), "an operation never ended");
+    let stops: Vec<usize> = (w.sent.iter().enumerate())
+        .filter(|(_, d)| matches!(d.kind, DirectiveKind::StopTraining { .. }))
+        .map(|(i, _)| i)
+        .collect();
+    assert!(stops.len() <= 1, "training stopped twice: {stops:?}");
+    if let Some(&i) = stops.first() {
+        let after = cd.first_stop.is_some_and(|s| s <= i);
+        assert!(
+            after,
+            "training stopped without ClusterD's stop_train or killMaster"
+        );
+        let stop = w
+            .ledger
+            .training_stop()
+            .expect("the stop lasts: no process came back");
+        assert_eq!(stop.by, StopBy::Clusterd);
+    }
+    if cd.killed {
+        assert_eq!(stops.len(), 1, "killMaster did not stop training");
+    }
     if w.ledger.state() == JobState::Running {
         assert_eq!(
             w.view(),

@@ -16,9 +16,11 @@ use std::sync::mpsc;
 use std::time::Duration;
 use taskd::actors::{LocalJob, LocalJobError, ProgressEvent, RecoveryResult};
 use taskd::core::command::Target;
-use taskd::core::ledger::RecoverTo;
+use taskd::core::ledger::{RecoverTo, StopBy, StopPhase};
+use taskd::core::operation::JobState;
 use taskd::core::SubmitError;
 use taskd::core::{env, DeviceId, GlobalRank, JobId, NodeName, PhaseDeadlines, SwitchCommand};
+use taskd::hal_mock::RankExit;
 use taskd::sim::{FinalState, SimConfig, Simulation};
 use taskd_hal_ascend::testing::{self, StubInstall};
 use tokio::sync::broadcast::{error::RecvError, Receiver};
@@ -272,4 +274,30 @@ pub(crate) fn stub_env(stubs: &StubInstall) -> EnvMap {
     m.insert("HCCL_OP_RETRY_ENABLE".into(), "L0:0, L1:1, L2:1".into());
     m.insert("MS_ENABLE_TFT".into(), "{TTP:1,TSP:1}".into());
     m
+}
+
+/// After a stop of training by `by` and the launcher's restart: the job runs, verified,
+/// every rank on its default NIC, and the stop is remembered as over.
+pub(crate) fn assert_running_again(sim: &Simulation, by: StopBy) {
+    let s = sim.job().status(1).unwrap();
+    assert_eq!(s.state, JobState::Running, "{s:?}");
+    assert!(s.verified && s.ranks_on_backup.is_empty(), "{s:?}");
+    assert!(s.training_stop.is_none(), "{s:?}");
+    let last = s.last_training_stop.expect("the stop is remembered");
+    assert_eq!((last.by, last.phase()), (by, StopPhase::Restarted));
+}
+
+/// The simulated launcher restarts every process after a stop of training by `by` that may
+/// have found ranks a step apart (a rank stopped after its step, or one whose peer's process
+/// exited while it waited in the next step's collective); then the job runs again.
+pub(crate) fn restart_after_stop(sim: &mut Simulation, by: StopBy) {
+    let exits = sim.restart_processes().unwrap();
+    assert!(
+        exits
+            .iter()
+            .all(|e| matches!(e, RankExit::TrainingStopped | RankExit::PeerLost)),
+        "{exits:?}"
+    );
+    assert!(exits.contains(&RankExit::TrainingStopped), "{exits:?}");
+    assert_running_again(sim, by);
 }

@@ -369,6 +369,29 @@ impl Cluster {
             .expect("status")
     }
 
+    /// Every worker's process exits 1 after a stop of training, for its launcher to restart
+    /// it, with `reason` on its stderr.
+    pub(crate) fn wait_workers_stopped(&mut self, reason: &str) {
+        for w in self.workers.iter_mut().flatten() {
+            let st = w.wait_exit();
+            assert_eq!(st.code(), Some(1), "{}: {}", w.name, w.stderr_tail());
+            assert!(w.stderr().contains(reason), "{}", w.stderr_tail());
+        }
+    }
+
+    /// The launcher restarts every worker: a new incarnation of each rank, on its default
+    /// NIC, registered; then waits until the manager has them all.
+    pub(crate) fn restart_workers(&mut self, scratch: &Scratch) -> JobStatus {
+        for r in 0..self.nodes * self.ppn {
+            let proxy = &self.proxy_addrs[(r / self.ppn) as usize];
+            let args = [worker_args(&self.job, r, proxy), self.common.clone()].concat();
+            let mut again = Proc::spawn(scratch, &format!("worker-{r}-restarted"), &args);
+            again.wait_line("registered on");
+            self.workers[r as usize] = Some(again);
+        }
+        self.wait_registered()
+    }
+
     /// Waits until every worker is registered.
     pub(crate) fn wait_registered(&mut self) -> JobStatus {
         self.rt

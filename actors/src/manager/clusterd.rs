@@ -9,6 +9,7 @@ use super::Manager;
 use actix::prelude::*;
 use std::time::Duration;
 use taskd_core::clusterd::{Level, Origin, Outgoing, Sequencer, Signal, Step};
+use taskd_core::ledger::StopBy;
 use taskd_core::operation::Action;
 use taskd_core::{JobLedger, OperationId};
 use tokio::sync::mpsc::UnboundedSender;
@@ -140,7 +141,9 @@ impl Handler<ClusterdSignal> for Manager {
     type Result = ();
 
     /// ClusterD's `stop_train` and `killMaster` are decided here, by the sequencer
-    /// (`Sequencer::on_signal`), and carried out by [`Manager::clusterd_step`].
+    /// (`Sequencer::on_signal`), and carried out by [`Manager::clusterd_step`]: the driven
+    /// operation ends held, then the manager stops training ([`super::StopTraining`]'s path,
+    /// by [`StopBy::Clusterd`]).
     fn handle(&mut self, m: ClusterdSignal, ctx: &mut Self::Context) {
         let fresh = OperationId(uuid::Uuid::new_v4());
         let span = signal_span(&m.signal);
@@ -233,6 +236,7 @@ impl Manager {
             }
         });
         self.send_reports(step.reports);
+        let stop = step.stop_training;
         match self.in_flight_id().filter(|id| Some(*id) != before) {
             Some(id) => {
                 let uuid = self
@@ -246,6 +250,14 @@ impl Manager {
             None => {
                 self.job_changed();
                 self.run(step.actions, ctx);
+            }
+        }
+        if let Some(reason) = stop {
+            // The sequencer asks only with nothing in flight and no stop under way.
+            if let Err(e) = span.in_scope(|| self.stop_training(StopBy::Clusterd, reason, ctx)) {
+                span.in_scope(
+                    || tracing::error!(error = %e, "ClusterD's stop of training was refused"),
+                );
             }
         }
         self.observe_waiting();

@@ -106,8 +106,8 @@ impl Manager {
         self
     }
 
-    /// Stops training (see [`StopTraining`]).
-    fn stop_training(
+    /// Stops training (see [`StopTraining`]): for an operator, the policy and ClusterD.
+    pub(super) fn stop_training(
         &mut self,
         by: StopBy,
         reason: String,

@@ -6,6 +6,7 @@
 
 use super::*;
 use taskd_core::clusterd::{Origin, Outgoing, Report, Sequencer, Signal, Step};
+use taskd_core::ledger::StopBy;
 use taskd_core::protocol::{GateReport, WorkerHello};
 use taskd_core::{JobLedger, JobState, SwitchCapabilities};
 
@@ -195,6 +196,15 @@ impl World {
         self.reports.extend(out.iter().cloned());
         self.sent_to.extend(step.reports);
         out.extend(self.run(step.actions));
+        // As the manager does: ClusterD's stop of training, once the actions are carried out.
+        if let Some(reason) = step.stop_training {
+            let id = self.fresh();
+            let actions = self
+                .ledger
+                .stop_training(id, StopBy::Clusterd, reason, self.now)
+                .expect("the sequencer asks for a stop only when the ledger takes one");
+            out.extend(self.run(actions));
+        }
         out
     }
 

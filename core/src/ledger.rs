@@ -9,7 +9,7 @@
 //! ([`JobLedger::seed`]), so a repeated uuid returns the earlier result and a reused one is
 //! refused as before the restart.
 
-use crate::command::{RankTarget, SwitchCommand, SwitchPlan, ValidationError};
+use crate::command::{SwitchCommand, SwitchPlan, ValidationError};
 use crate::display::short_list;
 use crate::hal::{NicSide, SwitchCapabilities};
 use crate::ids::{GlobalRank, JobId, NodeName, OperationId};
@@ -22,59 +22,14 @@ use crate::protocol::{NodeReply, Phase, ReplyBody, WorkerHello};
 use crate::rank_table::RankTable;
 use crate::verify::{Assessment, Verification, VerifyReport, VerifyStep};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 mod stop;
+mod uuids;
 pub use stop::{StopBy, StopPhase, TrainingStop};
-
-/// How many finished operations the ledger remembers (for repeated ids and status).
-pub const HISTORY_LEN: usize = 256;
-
-/// What identifies a request under its uuid: every target's rank and side, in no order. A
-/// command under a known uuid is the same request (a retry: the known answer) when its
-/// fingerprint is the known one, and a reused uuid ([`SubmitError::IdReused`]) otherwise.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct RequestFingerprint(BTreeSet<(GlobalRank, bool)>);
-
-impl RequestFingerprint {
-    /// The fingerprint of resolved targets (order and repetitions do not count).
-    pub fn of(targets: &[RankTarget]) -> Self {
-        RequestFingerprint(targets.iter().map(|t| (t.rank, t.use_backup)).collect())
-    }
-}
-
-/// A finished operation as a journal keeps it: what identified its request and its final
-/// report. What [`JobLedger::take_finished`] hands out and [`JobLedger::seed`] takes back.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct FinishedOperation {
-    /// The request the uuid was used for.
-    pub fingerprint: RequestFingerprint,
-    /// The operation's final report (its `id` is the uuid).
-    pub report: OperationReport,
-}
-
-impl FinishedOperation {
-    /// The record of a final report.
-    pub fn of(report: &OperationReport) -> Self {
-        FinishedOperation {
-            fingerprint: RequestFingerprint::of(&report.targets),
-            report: report.clone(),
-        }
-    }
-}
-
-/// An operation a manager admitted, as a journal keeps it until its final result: when the
-/// manager stops before that, a later manager refuses its uuid
-/// ([`SubmitError::Interrupted`]) instead of running it a second time.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct AdmittedOperation {
-    /// The operation's uuid.
-    pub id: OperationId,
-    /// The request it was admitted for.
-    pub fingerprint: RequestFingerprint,
-}
+pub use uuids::{AdmittedOperation, FinishedOperation, RequestFingerprint, HISTORY_LEN};
+use uuids::{Seen, UuidMemory};
 
 /// Why a command was refused. Nothing was changed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
@@ -265,16 +220,8 @@ pub struct JobLedger {
     /// The ranks that have not answered the NIC-set phase an operation ended in
     /// ([`Operation::left_in_calls`]), until they do.
     in_calls: Option<InCalls>,
-    history: VecDeque<OperationReport>,
-    /// Results of earlier managers of the job ([`JobLedger::seed`]): they answer repeated and
-    /// reused uuids, but are not this manager's history.
-    earlier: VecDeque<FinishedOperation>,
-    /// Final results not yet handed out ([`JobLedger::take_finished`]).
-    finished: VecDeque<FinishedOperation>,
-    /// Operations admitted and not yet handed out ([`JobLedger::take_admitted`]).
-    admitted: VecDeque<AdmittedOperation>,
-    /// Operations earlier managers admitted and never finished ([`JobLedger::seed_interrupted`]).
-    interrupted: VecDeque<AdmittedOperation>,
+    /// The uuids known: finished, seeded from earlier managers, not yet journaled.
+    uuids: UuidMemory,
     state: JobState,
     deadlines: PhaseDeadlines,
     /// The round asking every rank what it applied, when one runs.
@@ -348,11 +295,7 @@ impl JobLedger {
             on_backup: BTreeSet::new(),
             in_flight: None,
             in_calls: None,
-            history: VecDeque::new(),
-            earlier: VecDeque::new(),
-            finished: VecDeque::new(),
-            admitted: VecDeque::new(),
-            interrupted: VecDeque::new(),
+            uuids: UuidMemory::default(),
             state: JobState::Running,
             deadlines,
             verifying: None,
@@ -371,9 +314,7 @@ impl JobLedger {
     /// [`SubmitError::IdReused`] when it is another, as on the manager that ran it. The newest
     /// [`HISTORY_LEN`] are kept. They are not this manager's [`history`](Self::history).
     pub fn seed(&mut self, earlier: impl IntoIterator<Item = FinishedOperation>) {
-        for op in earlier {
-            push_bounded(&mut self.earlier, op);
-        }
+        self.uuids.seed(earlier);
     }
 
     /// Seeds the ledger with the operations earlier managers admitted and did not finish (a
@@ -381,31 +322,27 @@ impl JobLedger {
     /// their uuids is refused as [`SubmitError::Interrupted`] when it is the same request and
     /// as [`SubmitError::IdReused`] when it is another.
     pub fn seed_interrupted(&mut self, ops: impl IntoIterator<Item = AdmittedOperation>) {
-        for op in ops {
-            push_bounded(&mut self.interrupted, op);
-        }
+        self.uuids.seed_interrupted(ops);
     }
 
     /// Marks the finished operation `id` in the history as one whose result the manager could
     /// not journal (`why`), so whoever asks for it later is told too.
     pub fn note_not_journaled(&mut self, id: OperationId, why: &str) {
-        if let Some(r) = self.history.iter_mut().rev().find(|r| r.id == id) {
-            r.journal_error = Some(why.to_owned());
-        }
+        self.uuids.note_not_journaled(id, why);
     }
 
     /// Hands out the operations admitted since the last call, oldest first, for the manager
     /// to record before the operation's first directive, where a later manager can
     /// [`seed_interrupted`](Self::seed_interrupted) from those it never finished.
     pub fn take_admitted(&mut self) -> Vec<AdmittedOperation> {
-        self.admitted.drain(..).collect()
+        self.uuids.take_admitted()
     }
 
     /// Hands out the final results since the last call, oldest first, for the manager to
     /// record where a later manager can [`seed`](Self::seed) from them. A ledger nobody takes
     /// them from keeps only the newest [`HISTORY_LEN`].
     pub fn take_finished(&mut self) -> Vec<FinishedOperation> {
-        self.finished.drain(..).collect()
+        self.uuids.take_finished()
     }
 
     /// Whether the NIC table comes from every rank's report (see [`crate::verify`]).
@@ -533,7 +470,7 @@ impl JobLedger {
             .as_ref()
             .map(Assessment::ranks_in_doubt)
             .unwrap_or_default();
-        if let Some(last) = self.history.back() {
+        if let Some(last) = self.uuids.last_finished() {
             if last.job_state != JobState::Running {
                 doubt.extend(last.targets.iter().map(|t| t.rank));
             }
@@ -652,22 +589,14 @@ impl JobLedger {
 
     /// Finished operations, oldest first.
     pub fn history(&self) -> impl DoubleEndedIterator<Item = &OperationReport> {
-        self.history.iter()
+        self.uuids.history()
     }
 
     /// The final report of a finished operation still in the history (the last
     /// [`HISTORY_LEN`]) or among the results the ledger was [seeded](Self::seed) with, so a
     /// client that lost the answer can ask again.
     pub fn result_of(&self, id: OperationId) -> Option<&OperationReport> {
-        self.history
-            .iter()
-            .rev()
-            .find(|r| r.id == id)
-            .or_else(|| self.earlier_of(id).map(|e| &e.report))
-    }
-
-    fn earlier_of(&self, id: OperationId) -> Option<&FinishedOperation> {
-        self.earlier.iter().rev().find(|e| e.report.id == id)
+        self.uuids.result_of(id)
     }
 
     /// Admits an operator's command under `id` (the command's own, or one the caller
@@ -730,13 +659,10 @@ impl JobLedger {
             self.deadlines,
             now,
         );
-        push_bounded(
-            &mut self.admitted,
-            AdmittedOperation {
-                id,
-                fingerprint: RequestFingerprint::of(&op.plan().targets),
-            },
-        );
+        self.uuids.record_admitted(AdmittedOperation {
+            id,
+            fingerprint: RequestFingerprint::of(&op.plan().targets),
+        });
         self.in_flight = Some(op);
         let actions = self.settle(actions);
         Ok(Submitted::Started { id, actions })
@@ -870,18 +796,23 @@ impl JobLedger {
     /// is the same request (`Interrupted` for one an earlier manager never finished), `IdReused`
     /// when it is another. `None` for a new id.
     fn seen(&self, cmd: &SwitchCommand, id: OperationId) -> Option<Result<Submitted, SubmitError>> {
-        let (known, answer) = if let Some(r) = self.history.iter().rev().find(|r| r.id == id) {
-            let answer = Ok(Submitted::Known(Box::new(r.clone())));
-            (RequestFingerprint::of(&r.targets), answer)
-        } else if let Some(e) = self.earlier_of(id) {
-            let answer = Ok(Submitted::Known(Box::new(e.report.clone())));
-            (e.fingerprint.clone(), answer)
-        } else if let Some(op) = self.in_flight.as_ref().filter(|op| op.id() == id) {
-            let answer = Ok(Submitted::InFlight(id));
-            (RequestFingerprint::of(&op.plan().targets), answer)
-        } else {
-            let i = self.interrupted.iter().rev().find(|i| i.id == id)?;
-            (i.fingerprint.clone(), Err(SubmitError::Interrupted { id }))
+        let in_flight = self.in_flight.as_ref().filter(|op| op.id() == id);
+        let (known, answer) = match (self.uuids.seen(id), in_flight) {
+            (
+                Some(Seen::Finished {
+                    fingerprint,
+                    report,
+                }),
+                _,
+            ) => (fingerprint, Ok(Submitted::Known(Box::new(report.clone())))),
+            (_, Some(op)) => {
+                let answer = Ok(Submitted::InFlight(id));
+                (RequestFingerprint::of(&op.plan().targets), answer)
+            }
+            (Some(Seen::Interrupted { fingerprint }), None) => {
+                (fingerprint.clone(), Err(SubmitError::Interrupted { id }))
+            }
+            (None, None) => return None,
         };
         // A command that does not resolve is not the request that ran.
         let same = cmd
@@ -987,8 +918,7 @@ impl JobLedger {
                     }
                     _ => {}
                 }
-                push_bounded(&mut self.finished, FinishedOperation::of(report));
-                push_bounded(&mut self.history, (**report).clone());
+                self.uuids.record_finished(report);
                 self.in_calls = self.in_flight.as_ref().and_then(|op| {
                     let (phase, ranks) = op.left_in_calls()?;
                     Some(InCalls {
@@ -1030,13 +960,5 @@ impl JobLedger {
         if c.ranks.is_empty() {
             self.in_calls = None;
         }
-    }
-}
-
-/// Appends `item`, forgetting the oldest past [`HISTORY_LEN`].
-fn push_bounded<T>(list: &mut VecDeque<T>, item: T) {
-    list.push_back(item);
-    if list.len() > HISTORY_LEN {
-        list.pop_front();
     }
 }

@@ -25,8 +25,10 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+mod activity;
 mod stop;
 mod uuids;
+use activity::Activity;
 pub use stop::{StopBy, StopPhase, TrainingStop};
 pub use uuids::{AdmittedOperation, FinishedOperation, RequestFingerprint, HISTORY_LEN};
 use uuids::{Seen, UuidMemory};
@@ -216,7 +218,8 @@ pub struct JobLedger {
     table: RankTable,
     workers: BTreeMap<GlobalRank, WorkerHello>,
     on_backup: BTreeSet<GlobalRank>,
-    in_flight: Option<Operation>,
+    /// What runs now: nothing, an operation or a verification round (never both).
+    activity: Activity,
     /// The ranks that have not answered the NIC-set phase an operation ended in
     /// ([`Operation::left_in_calls`]), until they do.
     in_calls: Option<InCalls>,
@@ -224,8 +227,6 @@ pub struct JobLedger {
     uuids: UuidMemory,
     state: JobState,
     deadlines: PhaseDeadlines,
-    /// The round asking every rank what it applied, when one runs.
-    verifying: Option<Verification>,
     /// Whether the NIC table and job state come from every rank's report since the last event
     /// that could have changed them (start, a lost or returning rank, a recovery).
     verified: bool,
@@ -293,12 +294,11 @@ impl JobLedger {
             table,
             workers: BTreeMap::new(),
             on_backup: BTreeSet::new(),
-            in_flight: None,
+            activity: Activity::Idle,
             in_calls: None,
             uuids: UuidMemory::default(),
             state: JobState::Running,
             deadlines,
-            verifying: None,
             verified: false,
             verify_owed: true,
             assessment: None,
@@ -352,7 +352,7 @@ impl JobLedger {
 
     /// The verification round in flight.
     pub fn verifying(&self) -> Option<&Verification> {
-        self.verifying.as_ref()
+        self.activity.verification()
     }
 
     /// The last verification round's report.
@@ -364,8 +364,7 @@ impl JobLedger {
     /// and neither an operation nor a round runs.
     pub fn verify_due(&self) -> bool {
         self.verify_owed
-            && self.in_flight.is_none()
-            && self.verifying.is_none()
+            && self.activity.is_idle()
             && self.workers.len() == self.table.world_size()
             && !self.stop_blocks_verification()
     }
@@ -375,12 +374,12 @@ impl JobLedger {
         let (v, actions) =
             Verification::start(id, self.workers.keys().copied(), self.deadlines.resume, now);
         self.verify_owed = false;
-        self.verifying = Some(v);
+        self.activity = Activity::Verifying(Box::new(v));
         actions
     }
 
     fn settle_verification(&mut self, report: VerifyReport) -> Vec<Action> {
-        self.verifying = None;
+        self.activity = Activity::Idle;
         match report.job_state() {
             Some(state) => {
                 let a = report.assessment.clone().unwrap_or_default();
@@ -412,12 +411,7 @@ impl JobLedger {
         id: OperationId,
         now: Duration,
     ) -> Result<RecoveryStarted, SubmitError> {
-        if let Some(op) = &self.in_flight {
-            return Err(SubmitError::Busy { in_flight: op.id() });
-        }
-        if let Some(v) = &self.verifying {
-            return Err(SubmitError::Busy { in_flight: v.id() });
-        }
+        self.activity.check_idle()?;
         self.refuse_while_stopped()?;
         if self.state == JobState::Running && self.verified {
             return Err(SubmitError::NothingToRecover { state: self.state });
@@ -458,7 +452,7 @@ impl JobLedger {
         let plan = crate::command::SwitchPlan { targets };
         let (op, actions) =
             Operation::start_recovery(id, plan, self.table.all_ranks(), self.deadlines, now);
-        self.in_flight = Some(op);
+        self.activity = Activity::Operating(Box::new(op));
         let actions = self.settle(actions);
         Ok(RecoveryStarted::Operation { id, actions })
     }
@@ -584,7 +578,7 @@ impl JobLedger {
 
     /// The running operation, if any (a verification round is not one).
     pub fn in_flight(&self) -> Option<&Operation> {
-        self.in_flight.as_ref()
+        self.activity.operation()
     }
 
     /// Finished operations, oldest first.
@@ -628,12 +622,7 @@ impl JobLedger {
         if let Some(seen) = self.seen(cmd, id) {
             return seen;
         }
-        if let Some(op) = &self.in_flight {
-            return Err(SubmitError::Busy { in_flight: op.id() });
-        }
-        if let Some(v) = &self.verifying {
-            return Err(SubmitError::Busy { in_flight: v.id() });
-        }
+        self.activity.check_idle()?;
         let plan = cmd.resolve(&self.table)?;
         self.refuse_while_stopped()?;
         // Missing ranks first: the most specific reason while a lost process is away.
@@ -663,7 +652,7 @@ impl JobLedger {
             id,
             fingerprint: RequestFingerprint::of(&op.plan().targets),
         });
-        self.in_flight = Some(op);
+        self.activity = Activity::Operating(Box::new(op));
         let actions = self.settle(actions);
         Ok(Submitted::Started { id, actions })
     }
@@ -716,12 +705,7 @@ impl JobLedger {
         stop: Option<String>,
         now: Duration,
     ) -> Result<Vec<Action>, SubmitError> {
-        if let Some(op) = &self.in_flight {
-            return Err(SubmitError::Busy { in_flight: op.id() });
-        }
-        if let Some(v) = &self.verifying {
-            return Err(SubmitError::Busy { in_flight: v.id() });
-        }
+        self.activity.check_idle()?;
         self.refuse_while_stopped()?;
         self.check_registered()?;
         if self.state != JobState::Running {
@@ -732,7 +716,7 @@ impl JobLedger {
         }
         let ranks = self.table.all_ranks();
         let (op, actions) = Operation::start_sequenced(id, ranks, self.deadlines, hold, stop, now);
-        self.in_flight = Some(op);
+        self.activity = Activity::Operating(Box::new(op));
         Ok(self.settle(actions))
     }
 
@@ -743,7 +727,7 @@ impl JobLedger {
         plan: SwitchPlan,
         now: Duration,
     ) -> Result<Vec<Action>, SequenceError> {
-        let Some(op) = &self.in_flight else {
+        let Some(op) = self.activity.operation() else {
             return Err(SequenceError::NothingInFlight);
         };
         if op.kind() != OperationKind::Sequenced {
@@ -759,7 +743,7 @@ impl JobLedger {
             .iter()
             .map(|t| (t.rank, self.side_of(t.rank)))
             .collect();
-        let op = self.in_flight.as_mut().expect("checked above");
+        let op = self.activity.operation_mut().expect("checked above");
         let actions = op.command_switch(plan, previous, now)?;
         Ok(self.settle(actions))
     }
@@ -785,8 +769,8 @@ impl JobLedger {
         f: impl FnOnce(&mut Operation) -> Result<Vec<Action>, CommandError>,
     ) -> Result<Vec<Action>, SequenceError> {
         let op = self
-            .in_flight
-            .as_mut()
+            .activity
+            .operation_mut()
             .ok_or(SequenceError::NothingInFlight)?;
         let actions = f(op)?;
         Ok(self.settle(actions))
@@ -796,7 +780,7 @@ impl JobLedger {
     /// is the same request (`Interrupted` for one an earlier manager never finished), `IdReused`
     /// when it is another. `None` for a new id.
     fn seen(&self, cmd: &SwitchCommand, id: OperationId) -> Option<Result<Submitted, SubmitError>> {
-        let in_flight = self.in_flight.as_ref().filter(|op| op.id() == id);
+        let in_flight = self.activity.operation().filter(|op| op.id() == id);
         let (known, answer) = match (self.uuids.seen(id), in_flight) {
             (
                 Some(Seen::Finished {
@@ -832,12 +816,13 @@ impl JobLedger {
             self.answered_calls(nr);
             self.stop_replies(nr);
         }
-        if let Some(op) = self.in_flight.as_mut() {
-            let actions = op.handle(event, now);
-            return self.settle(actions);
-        }
-        let Some(v) = self.verifying.as_mut() else {
-            return Vec::new();
+        let v = match &mut self.activity {
+            Activity::Idle => return Vec::new(),
+            Activity::Operating(op) => {
+                let actions = op.handle(event, now);
+                return self.settle(actions);
+            }
+            Activity::Verifying(v) => v,
         };
         let step = match event {
             Event::Replies(nr) => v.on_replies(nr, now),
@@ -845,7 +830,7 @@ impl JobLedger {
             Event::WorkerLost { rank, .. } => v.on_lost(rank, now),
             Event::Abort { .. } => {
                 // Nothing to undo: a round changes nothing.
-                self.verifying = None;
+                self.activity = Activity::Idle;
                 self.verify_owed = true;
                 None
             }
@@ -867,7 +852,7 @@ impl JobLedger {
         self.stop_lost(rank);
         self.verify_owed = true;
         self.verified = false;
-        let busy = self.in_flight.is_some() || self.verifying.is_some();
+        let busy = !self.activity.is_idle();
         let actions = self.handle(Event::WorkerLost { rank, reason }, now);
         if !busy && self.state == JobState::Running {
             self.state = JobState::NeedsRecovery;
@@ -884,7 +869,7 @@ impl JobLedger {
 
     /// The phase of the operation in flight.
     pub fn phase(&self) -> Option<Phase> {
-        self.in_flight.as_ref().map(Operation::phase)
+        self.activity.operation().map(Operation::phase)
     }
 
     /// Applies a finish: NIC table, job state, history.
@@ -909,7 +894,7 @@ impl JobLedger {
                     }
                     // Confirm a recovery with every rank's report.
                     JobState::Running
-                        if self.in_flight.as_ref().map(Operation::kind)
+                        if self.activity.operation().map(Operation::kind)
                             == Some(crate::operation::OperationKind::Recovery)
                             && report.outcome == Outcome::Succeeded =>
                     {
@@ -919,7 +904,7 @@ impl JobLedger {
                     _ => {}
                 }
                 self.uuids.record_finished(report);
-                self.in_calls = self.in_flight.as_ref().and_then(|op| {
+                self.in_calls = self.activity.operation().and_then(|op| {
                     let (phase, ranks) = op.left_in_calls()?;
                     Some(InCalls {
                         op: op.id(),
@@ -927,7 +912,7 @@ impl JobLedger {
                         ranks,
                     })
                 });
-                self.in_flight = None;
+                self.activity = Activity::Idle;
             }
         }
         actions

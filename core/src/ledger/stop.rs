@@ -143,11 +143,12 @@ impl JobLedger {
         reason: String,
         now: Duration,
     ) -> Result<Vec<Action>, SubmitError> {
-        if let Some(op) = &self.in_flight {
+        if let Some(op) = self.activity.operation() {
             return Err(SubmitError::Busy { in_flight: op.id() });
         }
         self.refuse_while_stopped()?;
-        self.verifying = None;
+        // Not operating: at most a verification round runs, dropped (it changes nothing).
+        self.activity = super::Activity::Idle;
         self.stop = Some(TrainingStop {
             id,
             by,

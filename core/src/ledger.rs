@@ -26,9 +26,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 mod activity;
+mod knowledge;
 mod stop;
 mod uuids;
 use activity::Activity;
+use knowledge::NicKnowledge;
 pub use stop::{StopBy, StopPhase, TrainingStop};
 pub use uuids::{AdmittedOperation, FinishedOperation, RequestFingerprint, HISTORY_LEN};
 use uuids::{Seen, UuidMemory};
@@ -217,7 +219,8 @@ pub struct JobLedger {
     job: JobId,
     table: RankTable,
     workers: BTreeMap<GlobalRank, WorkerHello>,
-    on_backup: BTreeSet<GlobalRank>,
+    /// The NIC table and how far every rank's report confirmed it.
+    nics: NicKnowledge,
     /// What runs now: nothing, an operation or a verification round (never both).
     activity: Activity,
     /// The ranks that have not answered the NIC-set phase an operation ended in
@@ -227,14 +230,6 @@ pub struct JobLedger {
     uuids: UuidMemory,
     state: JobState,
     deadlines: PhaseDeadlines,
-    /// Whether the NIC table and job state come from every rank's report since the last event
-    /// that could have changed them (start, a lost or returning rank, a recovery).
-    verified: bool,
-    /// A round is owed: it starts once every rank is registered and nothing runs.
-    verify_owed: bool,
-    /// The last round's judgement (for status and for `recover`).
-    assessment: Option<Assessment>,
-    last_verification: Option<VerifyReport>,
     /// Training stopped, until every rank is back ([`JobLedger::stop_training`]).
     stop: Option<TrainingStop>,
     /// The last stop that ended.
@@ -293,16 +288,12 @@ impl JobLedger {
             job,
             table,
             workers: BTreeMap::new(),
-            on_backup: BTreeSet::new(),
+            nics: NicKnowledge::default(),
             activity: Activity::Idle,
             in_calls: None,
             uuids: UuidMemory::default(),
             state: JobState::Running,
             deadlines,
-            verified: false,
-            verify_owed: true,
-            assessment: None,
-            last_verification: None,
             stop: None,
             last_stop: None,
         }
@@ -347,7 +338,7 @@ impl JobLedger {
 
     /// Whether the NIC table comes from every rank's report (see [`crate::verify`]).
     pub fn is_verified(&self) -> bool {
-        self.verified
+        self.nics.is_verified()
     }
 
     /// The verification round in flight.
@@ -357,13 +348,13 @@ impl JobLedger {
 
     /// The last verification round's report.
     pub fn last_verification(&self) -> Option<&VerifyReport> {
-        self.last_verification.as_ref()
+        self.nics.last_round()
     }
 
     /// Whether a verification round should start now: one is owed, every rank is registered,
     /// and neither an operation nor a round runs.
     pub fn verify_due(&self) -> bool {
-        self.verify_owed
+        self.nics.round_owed()
             && self.activity.is_idle()
             && self.workers.len() == self.table.world_size()
             && !self.stop_blocks_verification()
@@ -373,31 +364,22 @@ impl JobLedger {
     pub fn start_verification(&mut self, id: OperationId, now: Duration) -> Vec<Action> {
         let (v, actions) =
             Verification::start(id, self.workers.keys().copied(), self.deadlines.resume, now);
-        self.verify_owed = false;
+        self.nics.round_started();
         self.activity = Activity::Verifying(Box::new(v));
         actions
     }
 
     fn settle_verification(&mut self, report: VerifyReport) -> Vec<Action> {
         self.activity = Activity::Idle;
-        match report.job_state() {
-            Some(state) => {
-                let a = report.assessment.clone().unwrap_or_default();
-                self.on_backup = a.on_backup.clone();
-                self.state = state;
-                self.verified = true;
-                self.assessment = Some(a);
-            }
+        match self.nics.settle_round(&report) {
+            Some(state) => self.state = state,
             // Some rank did not answer: nothing is established; ask again when it returns.
             None => {
-                self.verified = false;
-                self.verify_owed = true;
                 if self.state == JobState::Running {
                     self.state = JobState::NeedsRecovery;
                 }
             }
         }
-        self.last_verification = Some(report.clone());
         self.stop_verified();
         vec![Action::Verified(Box::new(report))]
     }
@@ -413,7 +395,7 @@ impl JobLedger {
     ) -> Result<RecoveryStarted, SubmitError> {
         self.activity.check_idle()?;
         self.refuse_while_stopped()?;
-        if self.state == JobState::Running && self.verified {
+        if self.state == JobState::Running && self.nics.is_verified() {
             return Err(SubmitError::NothingToRecover { state: self.state });
         }
         self.check_registered()?;
@@ -435,7 +417,7 @@ impl JobLedger {
                 let use_backup = match to {
                     RecoverTo::Primary => false,
                     RecoverTo::Backup => true,
-                    RecoverTo::AsIs => self.on_backup.contains(&rank),
+                    RecoverTo::AsIs => self.nics.table().uses_backup(rank),
                 };
                 Some(crate::command::RankTarget {
                     node: slot.node.clone(),
@@ -460,8 +442,8 @@ impl JobLedger {
     /// Ranks whose NIC state is not known to agree across their groups.
     fn ranks_in_doubt(&self) -> BTreeSet<GlobalRank> {
         let mut doubt: BTreeSet<GlobalRank> = self
-            .assessment
-            .as_ref()
+            .nics
+            .assessment()
             .map(Assessment::ranks_in_doubt)
             .unwrap_or_default();
         if let Some(last) = self.uuids.last_finished() {
@@ -533,8 +515,7 @@ impl JobLedger {
         }
         // A process that registers again (a reconnect, or a new process on primary) may
         // have another NIC configuration than the table says: ask every rank again.
-        self.verify_owed = true;
-        self.verified = false;
+        self.nics.doubt();
         self.stop_registered(hello.rank);
         self.workers.insert(hello.rank, hello);
         Ok(())
@@ -563,17 +544,17 @@ impl JobLedger {
 
     /// Ranks using their backup NIC, ascending.
     pub fn ranks_on_backup(&self) -> impl Iterator<Item = GlobalRank> + '_ {
-        self.on_backup.iter().copied()
+        self.nics.table().ranks_on_backup()
     }
 
     /// Whether the NIC table has `rank` on its backup NIC (see [`side_of`](Self::side_of)).
     pub fn uses_backup(&self, rank: GlobalRank) -> bool {
-        self.on_backup.contains(&rank)
+        self.nics.table().uses_backup(rank)
     }
 
     /// The side the NIC table has for `rank`.
     pub fn side_of(&self, rank: GlobalRank) -> NicSide {
-        NicSide::from_use_backup(self.uses_backup(rank))
+        self.nics.table().side_of(rank)
     }
 
     /// The running operation, if any (a verification round is not one).
@@ -631,7 +612,7 @@ impl JobLedger {
             return Err(SubmitError::NotRunning { state: self.state });
         }
         self.check_capabilities()?;
-        if !self.verified {
+        if !self.nics.is_verified() {
             return Err(self.unverified());
         }
         let previous = plan
@@ -687,11 +668,9 @@ impl JobLedger {
     }
 
     fn unverified(&self) -> SubmitError {
-        let why = match &self.last_verification {
-            Some(v) if !v.missing.is_empty() => v.to_string(),
-            _ => "the round runs once every rank is registered".to_string(),
-        };
-        SubmitError::Unverified { why }
+        SubmitError::Unverified {
+            why: self.nics.unverified_why(),
+        }
     }
 
     /// Starts a sequenced operation under `id` (an outside driver's pause, see
@@ -711,7 +690,7 @@ impl JobLedger {
         if self.state != JobState::Running {
             return Err(SubmitError::NotRunning { state: self.state });
         }
-        if !self.verified {
+        if !self.nics.is_verified() {
             return Err(self.unverified());
         }
         let ranks = self.table.all_ranks();
@@ -831,7 +810,7 @@ impl JobLedger {
             Event::Abort { .. } => {
                 // Nothing to undo: a round changes nothing.
                 self.activity = Activity::Idle;
-                self.verify_owed = true;
+                self.nics.round_dropped();
                 None
             }
         };
@@ -850,8 +829,7 @@ impl JobLedger {
             return Vec::new();
         }
         self.stop_lost(rank);
-        self.verify_owed = true;
-        self.verified = false;
+        self.nics.doubt();
         let busy = !self.activity.is_idle();
         let actions = self.handle(Event::WorkerLost { rank, reason }, now);
         if !busy && self.state == JobState::Running {
@@ -877,20 +855,13 @@ impl JobLedger {
         for a in &actions {
             if let Action::Finish(report) = a {
                 if report.applied {
-                    for t in &report.targets {
-                        if t.use_backup {
-                            self.on_backup.insert(t.rank);
-                        } else {
-                            self.on_backup.remove(&t.rank);
-                        }
-                    }
+                    self.nics.table_mut().apply(&report.targets);
                 }
                 self.state = report.job_state;
                 match report.job_state {
                     // Back to running by itself once every lost rank returns and agrees.
                     JobState::NeedsRecovery => {
-                        self.verify_owed = true;
-                        self.verified = false;
+                        self.nics.doubt();
                     }
                     // Confirm a recovery with every rank's report.
                     JobState::Running
@@ -898,8 +869,7 @@ impl JobLedger {
                             == Some(crate::operation::OperationKind::Recovery)
                             && report.outcome == Outcome::Succeeded =>
                     {
-                        self.verify_owed = true;
-                        self.verified = false;
+                        self.nics.doubt();
                     }
                     _ => {}
                 }

@@ -163,8 +163,7 @@ impl JobLedger {
             at: now,
         });
         self.state = JobState::NeedsRecovery;
-        self.verified = false;
-        self.verify_owed = true;
+        self.nics.doubt();
         let d = Directive {
             op: id,
             kind: DirectiveKind::StopTraining { reason },
@@ -246,7 +245,7 @@ impl JobLedger {
     /// two sides, every member reporting), and no rank still inside that operation's calls.
     /// A network cut during the switch phase leaves this: one node switched, one not.
     pub fn restates_by_itself(&self) -> bool {
-        let (Some(a), Some(last)) = (&self.assessment, self.uuids.last_finished()) else {
+        let (Some(a), Some(last)) = (self.nics.assessment(), self.uuids.last_finished()) else {
             return false;
         };
         if last.job_state == JobState::Running || self.in_calls.is_some() || a.consistent() {

@@ -59,8 +59,6 @@ pub struct Manager {
     calls_waiters: Vec<oneshot::Sender<()>>,
     /// Waiters for a verification round's report.
     verify_waiters: HashMap<OperationId, Vec<oneshot::Sender<VerifyReport>>>,
-    /// Ranks that registered and are gone, with why; a rank leaves when it registers again.
-    lost: BTreeMap<GlobalRank, String>,
     observer: Observer,
     /// ClusterD's side, when the manager is its client (`manager/clusterd.rs`).
     clusterd: Option<clusterd::Side>,
@@ -88,7 +86,6 @@ impl Manager {
             registered_waiters: Vec::new(),
             calls_waiters: Vec::new(),
             verify_waiters: HashMap::new(),
-            lost: BTreeMap::new(),
             observer,
             clusterd: None,
             auto: None,
@@ -228,7 +225,6 @@ impl Manager {
             if self.ledger.is_registered(rank) {
                 let now = self.now();
                 let reason = format!("proxy of {node}: {reason}");
-                self.lost.insert(rank, reason.clone());
                 let actions = self.ledger.worker_lost(rank, reason, now);
                 self.run(actions, ctx);
             }
@@ -425,9 +421,6 @@ impl Handler<Deliver<ProxyToManager>> for Manager {
                 self.observer.received("worker_up");
                 let rank = hello.rank;
                 let res = self.ledger.register(hello);
-                if res.is_ok() {
-                    self.lost.remove(&rank);
-                }
                 let (registered, expected) = (self.ledger.registered(), self.ledger.expected());
                 self.observer
                     .registration(rank, res.as_ref().map(|_| ()), registered, expected);
@@ -436,9 +429,6 @@ impl Handler<Deliver<ProxyToManager>> for Manager {
             }
             ProxyToManager::WorkerLost { rank, reason } => {
                 self.observer.received("worker_lost");
-                if self.ledger.is_registered(rank) {
-                    self.lost.insert(rank, reason.clone());
-                }
                 let actions = self.ledger.worker_lost(rank, reason, now);
                 self.job_changed();
                 self.observe_waiting();
@@ -687,12 +677,11 @@ impl Handler<GetStatus> for Manager {
             last_training_stop: l.last_training_stop().cloned(),
             journal_error: self.journal_failing.clone(),
             recent: history.into_iter().rev().collect(),
-            lost_ranks: self
-                .lost
-                .iter()
+            lost_ranks: l
+                .lost_ranks()
                 .map(|(rank, reason)| LostRank {
-                    rank: *rank,
-                    reason: reason.clone(),
+                    rank,
+                    reason: reason.to_owned(),
                 })
                 .collect(),
         })

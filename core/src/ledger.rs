@@ -219,6 +219,8 @@ pub struct JobLedger {
     job: JobId,
     table: RankTable,
     workers: BTreeMap<GlobalRank, WorkerHello>,
+    /// Ranks that registered and are gone, with why; a rank leaves when it registers again.
+    lost: BTreeMap<GlobalRank, String>,
     /// The NIC table and how far every rank's report confirmed it.
     nics: NicKnowledge,
     /// What runs now: nothing, an operation or a verification round (never both).
@@ -288,6 +290,7 @@ impl JobLedger {
             job,
             table,
             workers: BTreeMap::new(),
+            lost: BTreeMap::new(),
             nics: NicKnowledge::default(),
             activity: Activity::Idle,
             in_calls: None,
@@ -517,6 +520,7 @@ impl JobLedger {
         // have another NIC configuration than the table says: ask every rank again.
         self.nics.doubt();
         self.stop_registered(hello.rank);
+        self.lost.remove(&hello.rank);
         self.workers.insert(hello.rank, hello);
         Ok(())
     }
@@ -540,6 +544,12 @@ impl JobLedger {
     /// Whether `rank` has a worker registered now (one that was lost is no longer).
     pub fn is_registered(&self, rank: GlobalRank) -> bool {
         self.workers.contains_key(&rank)
+    }
+
+    /// Ranks that registered and are gone ([`worker_lost`](Self::worker_lost)), ascending,
+    /// with why; a rank leaves once it registers again.
+    pub fn lost_ranks(&self) -> impl Iterator<Item = (GlobalRank, &str)> + '_ {
+        self.lost.iter().map(|(rank, why)| (*rank, why.as_str()))
     }
 
     /// Ranks using their backup NIC, ascending.
@@ -828,6 +838,7 @@ impl JobLedger {
         if self.workers.remove(&rank).is_none() {
             return Vec::new();
         }
+        self.lost.insert(rank, reason.clone());
         self.stop_lost(rank);
         self.nics.doubt();
         let busy = !self.activity.is_idle();

@@ -11,6 +11,8 @@ mod clusterd;
 
 mod hold;
 
+mod waiters;
+
 pub use hold::{HoldPolicy, SetHoldPolicy, StopTraining, DEFAULT_HOLD_BOUND};
 
 pub use clusterd::{
@@ -24,7 +26,7 @@ use crate::progress::ProgressFeed;
 use crate::telemetry;
 use crate::transport::{Deliver, Link};
 use actix::prelude::*;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use taskd_core::ledger::Submitted;
@@ -36,7 +38,6 @@ use taskd_core::{
     GlobalRank, JobId, JobLedger, JobState, NodeName, OperationId, PhaseDeadlines, RankTable,
     SubmitError, SwitchCommand,
 };
-use tokio::sync::oneshot;
 use tracing::Span;
 
 /// How often a journal that cannot be written is tried again.
@@ -51,14 +52,8 @@ pub struct Manager {
     epoch: Instant,
     nodes: BTreeMap<NodeName, Link<Directive>>,
     deadline: Option<SpawnHandle>,
-    waiters: HashMap<OperationId, Vec<oneshot::Sender<OperationReport>>>,
-    /// Waiters for a registered-worker count (`None`: every worker registered and the job's
-    /// NIC configuration verified).
-    registered_waiters: Vec<(Option<usize>, oneshot::Sender<()>)>,
-    /// Waiting for every rank to answer the NIC-set phase the last operation ended in.
-    calls_waiters: Vec<oneshot::Sender<()>>,
-    /// Waiters for a verification round's report.
-    verify_waiters: HashMap<OperationId, Vec<oneshot::Sender<VerifyReport>>>,
+    /// Whoever waits for a result, a round's report, registrations or calls answered.
+    waiters: waiters::Waiters,
     observer: Observer,
     /// ClusterD's side, when the manager is its client (`manager/clusterd.rs`).
     clusterd: Option<clusterd::Side>,
@@ -82,10 +77,7 @@ impl Manager {
             epoch: Instant::now(),
             nodes: BTreeMap::new(),
             deadline: None,
-            waiters: HashMap::new(),
-            registered_waiters: Vec::new(),
-            calls_waiters: Vec::new(),
-            verify_waiters: HashMap::new(),
+            waiters: waiters::Waiters::default(),
             observer,
             clusterd: None,
             auto: None,
@@ -188,9 +180,7 @@ impl Manager {
             let again = self.ledger.deadlines().resume;
             ctx.run_later(again, |act, ctx| act.maybe_verify(ctx));
         }
-        for w in self.verify_waiters.remove(&report.id).unwrap_or_default() {
-            let _ = w.send(report.clone());
-        }
+        self.waiters.round_done(&report);
         self.job_changed();
         self.after_verification(ctx);
         self.auto_evaluate(ctx);
@@ -244,9 +234,7 @@ impl Manager {
         }
         self.observer.operation_finished(&report, &self.ledger);
         self.wake_registered();
-        for w in self.waiters.remove(&report.id).unwrap_or_default() {
-            let _ = w.send(report.clone());
-        }
+        self.waiters.finished(&report);
         self.maybe_verify(ctx);
         self.watch_hold(ctx);
         self.auto_finished(&report, ctx);
@@ -349,9 +337,7 @@ impl Manager {
     /// Resolves the [`AwaitCallsAnswered`] waiters once no rank is left inside calls.
     fn wake_calls_answered(&mut self) {
         if self.ledger.ranks_in_calls().is_none() {
-            for tx in self.calls_waiters.drain(..) {
-                let _ = tx.send(());
-            }
+            self.waiters.calls_answered();
         }
     }
 
@@ -360,16 +346,7 @@ impl Manager {
         let n = self.ledger.registered();
         let verified = self.ledger.is_verified() && self.ledger.verifying().is_none();
         let all = self.ledger.expected();
-        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.registered_waiters)
-            .into_iter()
-            .partition(|(want, _)| match want {
-                Some(want) => *want == n,
-                None => n == all && verified,
-            });
-        self.registered_waiters = waiting;
-        for (_, tx) in ready {
-            let _ = tx.send(());
-        }
+        self.waiters.wake_registered(n, all, verified);
     }
 }
 
@@ -515,8 +492,7 @@ impl Handler<AwaitResult> for Manager {
             return Box::pin(async move { Some(r) });
         }
         if self.ledger.in_flight().is_some_and(|op| op.id() == id) {
-            let (tx, rx) = oneshot::channel();
-            self.waiters.entry(id).or_default().push(tx);
+            let rx = self.waiters.result(id);
             return Box::pin(async move { rx.await.ok() });
         }
         Box::pin(async { None })
@@ -547,8 +523,7 @@ impl Handler<AwaitRegistered> for Manager {
     type Result = ResponseFuture<()>;
 
     fn handle(&mut self, m: AwaitRegistered, _: &mut Self::Context) -> Self::Result {
-        let (tx, rx) = oneshot::channel();
-        self.registered_waiters.push((m.0, tx));
+        let rx = self.waiters.registered(m.0);
         self.wake_registered();
         Box::pin(async move {
             let _ = rx.await;
@@ -567,8 +542,7 @@ impl Handler<AwaitCallsAnswered> for Manager {
     type Result = ResponseFuture<()>;
 
     fn handle(&mut self, _: AwaitCallsAnswered, _: &mut Self::Context) -> Self::Result {
-        let (tx, rx) = oneshot::channel();
-        self.calls_waiters.push(tx);
+        let rx = self.waiters.calls();
         self.wake_calls_answered();
         Box::pin(async move {
             let _ = rx.await;
@@ -753,8 +727,7 @@ impl Handler<AwaitVerification> for Manager {
             return Box::pin(async move { Some(r) });
         }
         if self.ledger.verifying().is_some_and(|v| v.id() == m.0) {
-            let (tx, rx) = oneshot::channel();
-            self.verify_waiters.entry(m.0).or_default().push(tx);
+            let rx = self.waiters.round(m.0);
             return Box::pin(async move { rx.await.ok() });
         }
         Box::pin(async { None })
@@ -784,8 +757,7 @@ impl Handler<Drain> for Manager {
             return Box::pin(async { None });
         };
         tracing::warn!(%id, reason = %m.reason, "stopping: ending the operation in flight safely");
-        let (tx, rx) = oneshot::channel();
-        self.waiters.entry(id).or_default().push(tx);
+        let rx = self.waiters.result(id);
         let now = self.now();
         let actions = self.ledger.abort(m.reason, now);
         self.run(actions, ctx);

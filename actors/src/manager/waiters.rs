@@ -9,47 +9,62 @@ use taskd_core::verify::VerifyReport;
 use taskd_core::OperationId;
 use tokio::sync::oneshot;
 
+/// Waiters for a value that belongs to one operation or round id.
+struct ById<T>(HashMap<OperationId, Vec<oneshot::Sender<T>>>);
+
+impl<T> Default for ById<T> {
+    fn default() -> Self {
+        ById(HashMap::new())
+    }
+}
+
+impl<T: Clone> ById<T> {
+    fn wait(&mut self, id: OperationId) -> oneshot::Receiver<T> {
+        let (tx, rx) = oneshot::channel();
+        self.0.entry(id).or_default().push(tx);
+        rx
+    }
+
+    fn answer(&mut self, id: OperationId, value: &T) {
+        for w in self.0.remove(&id).unwrap_or_default() {
+            let _ = w.send(value.clone());
+        }
+    }
+}
+
 /// Everyone waiting for something from the manager.
 #[derive(Default)]
 pub(super) struct Waiters {
     /// For an operation's final result.
-    results: HashMap<OperationId, Vec<oneshot::Sender<OperationReport>>>,
+    results: ById<OperationReport>,
     /// For a registered-worker count (`None`: every worker registered and the job's NIC
     /// configuration verified).
     registered: Vec<(Option<usize>, oneshot::Sender<()>)>,
     /// For every rank to answer the NIC-set phase the last operation ended in.
     calls: Vec<oneshot::Sender<()>>,
     /// For a verification round's report.
-    rounds: HashMap<OperationId, Vec<oneshot::Sender<VerifyReport>>>,
+    rounds: ById<VerifyReport>,
 }
 
 impl Waiters {
     /// Waits for the final result of operation `id`.
     pub(super) fn result(&mut self, id: OperationId) -> oneshot::Receiver<OperationReport> {
-        let (tx, rx) = oneshot::channel();
-        self.results.entry(id).or_default().push(tx);
-        rx
+        self.results.wait(id)
     }
 
     /// Answers whoever waits for `report`'s operation.
     pub(super) fn finished(&mut self, report: &OperationReport) {
-        for w in self.results.remove(&report.id).unwrap_or_default() {
-            let _ = w.send(report.clone());
-        }
+        self.results.answer(report.id, report);
     }
 
     /// Waits for the report of verification round `id`.
     pub(super) fn round(&mut self, id: OperationId) -> oneshot::Receiver<VerifyReport> {
-        let (tx, rx) = oneshot::channel();
-        self.rounds.entry(id).or_default().push(tx);
-        rx
+        self.rounds.wait(id)
     }
 
     /// Answers whoever waits for `report`'s round.
     pub(super) fn round_done(&mut self, report: &VerifyReport) {
-        for w in self.rounds.remove(&report.id).unwrap_or_default() {
-            let _ = w.send(report.clone());
-        }
+        self.rounds.answer(report.id, report);
     }
 
     /// Waits for exactly `want` registered workers (`None`: every one, and verified).

@@ -770,6 +770,8 @@ impl JobLedger {
     /// when it is another. `None` for a new id.
     fn seen(&self, cmd: &SwitchCommand, id: OperationId) -> Option<Result<Submitted, SubmitError>> {
         let in_flight = self.activity.operation().filter(|op| op.id() == id);
+        // A result first, then the operation in flight, then an earlier manager's interrupted
+        // admission.
         let (known, answer) = match (self.uuids.seen(id), in_flight) {
             (
                 Some(Seen::Finished {

@@ -11,6 +11,8 @@ mod clusterd;
 
 mod hold;
 
+mod waiters;
+
 pub use hold::{HoldPolicy, SetHoldPolicy, StopTraining, DEFAULT_HOLD_BOUND};
 
 pub use clusterd::{
@@ -24,7 +26,7 @@ use crate::progress::ProgressFeed;
 use crate::telemetry;
 use crate::transport::{Deliver, Link};
 use actix::prelude::*;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use taskd_core::ledger::Submitted;
@@ -36,7 +38,6 @@ use taskd_core::{
     GlobalRank, JobId, JobLedger, JobState, NodeName, OperationId, PhaseDeadlines, RankTable,
     SubmitError, SwitchCommand,
 };
-use tokio::sync::oneshot;
 use tracing::Span;
 
 /// How often a journal that cannot be written is tried again.
@@ -51,16 +52,8 @@ pub struct Manager {
     epoch: Instant,
     nodes: BTreeMap<NodeName, Link<Directive>>,
     deadline: Option<SpawnHandle>,
-    waiters: HashMap<OperationId, Vec<oneshot::Sender<OperationReport>>>,
-    /// Waiters for a registered-worker count (`None`: every worker registered and the job's
-    /// NIC configuration verified).
-    registered_waiters: Vec<(Option<usize>, oneshot::Sender<()>)>,
-    /// Waiting for every rank to answer the NIC-set phase the last operation ended in.
-    calls_waiters: Vec<oneshot::Sender<()>>,
-    /// Waiters for a verification round's report.
-    verify_waiters: HashMap<OperationId, Vec<oneshot::Sender<VerifyReport>>>,
-    /// Ranks that registered and are gone, with why; a rank leaves when it registers again.
-    lost: BTreeMap<GlobalRank, String>,
+    /// Whoever waits for a result, a round's report, registrations or calls answered.
+    waiters: waiters::Waiters,
     observer: Observer,
     /// ClusterD's side, when the manager is its client (`manager/clusterd.rs`).
     clusterd: Option<clusterd::Side>,
@@ -84,11 +77,7 @@ impl Manager {
             epoch: Instant::now(),
             nodes: BTreeMap::new(),
             deadline: None,
-            waiters: HashMap::new(),
-            registered_waiters: Vec::new(),
-            calls_waiters: Vec::new(),
-            verify_waiters: HashMap::new(),
-            lost: BTreeMap::new(),
+            waiters: waiters::Waiters::default(),
             observer,
             clusterd: None,
             auto: None,
@@ -191,9 +180,7 @@ impl Manager {
             let again = self.ledger.deadlines().resume;
             ctx.run_later(again, |act, ctx| act.maybe_verify(ctx));
         }
-        for w in self.verify_waiters.remove(&report.id).unwrap_or_default() {
-            let _ = w.send(report.clone());
-        }
+        self.waiters.round_done(&report);
         self.job_changed();
         self.after_verification(ctx);
         self.auto_evaluate(ctx);
@@ -228,7 +215,6 @@ impl Manager {
             if self.ledger.is_registered(rank) {
                 let now = self.now();
                 let reason = format!("proxy of {node}: {reason}");
-                self.lost.insert(rank, reason.clone());
                 let actions = self.ledger.worker_lost(rank, reason, now);
                 self.run(actions, ctx);
             }
@@ -251,9 +237,7 @@ impl Manager {
         }
         self.observer.operation_finished(&report, &self.ledger);
         self.wake_registered();
-        for w in self.waiters.remove(&report.id).unwrap_or_default() {
-            let _ = w.send(report.clone());
-        }
+        self.waiters.finished(&report);
         self.maybe_verify(ctx);
         self.watch_hold(ctx);
         self.auto_finished(&report, ctx);
@@ -356,9 +340,7 @@ impl Manager {
     /// Resolves the [`AwaitCallsAnswered`] waiters once no rank is left inside calls.
     fn wake_calls_answered(&mut self) {
         if self.ledger.ranks_in_calls().is_none() {
-            for tx in self.calls_waiters.drain(..) {
-                let _ = tx.send(());
-            }
+            self.waiters.calls_answered();
         }
     }
 
@@ -367,16 +349,7 @@ impl Manager {
         let n = self.ledger.registered();
         let verified = self.ledger.is_verified() && self.ledger.verifying().is_none();
         let all = self.ledger.expected();
-        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.registered_waiters)
-            .into_iter()
-            .partition(|(want, _)| match want {
-                Some(want) => *want == n,
-                None => n == all && verified,
-            });
-        self.registered_waiters = waiting;
-        for (_, tx) in ready {
-            let _ = tx.send(());
-        }
+        self.waiters.wake_registered(n, all, verified);
     }
 }
 
@@ -428,9 +401,6 @@ impl Handler<Deliver<ProxyToManager>> for Manager {
                 self.observer.received("worker_up");
                 let rank = hello.rank;
                 let res = self.ledger.register(hello);
-                if res.is_ok() {
-                    self.lost.remove(&rank);
-                }
                 let (registered, expected) = (self.ledger.registered(), self.ledger.expected());
                 self.observer
                     .registration(rank, res.as_ref().map(|_| ()), registered, expected);
@@ -439,9 +409,6 @@ impl Handler<Deliver<ProxyToManager>> for Manager {
             }
             ProxyToManager::WorkerLost { rank, reason } => {
                 self.observer.received("worker_lost");
-                if self.ledger.is_registered(rank) {
-                    self.lost.insert(rank, reason.clone());
-                }
                 let actions = self.ledger.worker_lost(rank, reason, now);
                 self.job_changed();
                 self.observe_waiting();
@@ -528,8 +495,7 @@ impl Handler<AwaitResult> for Manager {
             return Box::pin(async move { Some(r) });
         }
         if self.ledger.in_flight().is_some_and(|op| op.id() == id) {
-            let (tx, rx) = oneshot::channel();
-            self.waiters.entry(id).or_default().push(tx);
+            let rx = self.waiters.result(id);
             return Box::pin(async move { rx.await.ok() });
         }
         Box::pin(async { None })
@@ -560,8 +526,7 @@ impl Handler<AwaitRegistered> for Manager {
     type Result = ResponseFuture<()>;
 
     fn handle(&mut self, m: AwaitRegistered, _: &mut Self::Context) -> Self::Result {
-        let (tx, rx) = oneshot::channel();
-        self.registered_waiters.push((m.0, tx));
+        let rx = self.waiters.registered(m.0);
         self.wake_registered();
         Box::pin(async move {
             let _ = rx.await;
@@ -580,8 +545,7 @@ impl Handler<AwaitCallsAnswered> for Manager {
     type Result = ResponseFuture<()>;
 
     fn handle(&mut self, _: AwaitCallsAnswered, _: &mut Self::Context) -> Self::Result {
-        let (tx, rx) = oneshot::channel();
-        self.calls_waiters.push(tx);
+        let rx = self.waiters.calls();
         self.wake_calls_answered();
         Box::pin(async move {
             let _ = rx.await;
@@ -690,12 +654,11 @@ impl Handler<GetStatus> for Manager {
             last_training_stop: l.last_training_stop().cloned(),
             journal_error: self.journal_failing.clone(),
             recent: history.into_iter().rev().collect(),
-            lost_ranks: self
-                .lost
-                .iter()
+            lost_ranks: l
+                .lost_ranks()
                 .map(|(rank, reason)| LostRank {
-                    rank: *rank,
-                    reason: reason.clone(),
+                    rank,
+                    reason: reason.to_owned(),
                 })
                 .collect(),
         })
@@ -767,8 +730,7 @@ impl Handler<AwaitVerification> for Manager {
             return Box::pin(async move { Some(r) });
         }
         if self.ledger.verifying().is_some_and(|v| v.id() == m.0) {
-            let (tx, rx) = oneshot::channel();
-            self.verify_waiters.entry(m.0).or_default().push(tx);
+            let rx = self.waiters.round(m.0);
             return Box::pin(async move { rx.await.ok() });
         }
         Box::pin(async { None })
@@ -798,8 +760,7 @@ impl Handler<Drain> for Manager {
             return Box::pin(async { None });
         };
         tracing::warn!(%id, reason = %m.reason, "stopping: ending the operation in flight safely");
-        let (tx, rx) = oneshot::channel();
-        self.waiters.entry(id).or_default().push(tx);
+        let rx = self.waiters.result(id);
         let now = self.now();
         let actions = self.ledger.abort(m.reason, now);
         self.run(actions, ctx);

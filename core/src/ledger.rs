@@ -9,7 +9,7 @@
 //! ([`JobLedger::seed`]), so a repeated uuid returns the earlier result and a reused one is
 //! refused as before the restart.
 
-use crate::command::{RankTarget, SwitchCommand, SwitchPlan, ValidationError};
+use crate::command::{SwitchCommand, SwitchPlan, ValidationError};
 use crate::display::short_list;
 use crate::hal::{NicSide, SwitchCapabilities};
 use crate::ids::{GlobalRank, JobId, NodeName, OperationId};
@@ -22,59 +22,18 @@ use crate::protocol::{NodeReply, Phase, ReplyBody, WorkerHello};
 use crate::rank_table::RankTable;
 use crate::verify::{Assessment, Verification, VerifyReport, VerifyStep};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+mod activity;
+mod knowledge;
 mod stop;
+mod uuids;
+use activity::Activity;
+use knowledge::NicKnowledge;
 pub use stop::{StopBy, StopPhase, TrainingStop};
-
-/// How many finished operations the ledger remembers (for repeated ids and status).
-pub const HISTORY_LEN: usize = 256;
-
-/// What identifies a request under its uuid: every target's rank and side, in no order. A
-/// command under a known uuid is the same request (a retry: the known answer) when its
-/// fingerprint is the known one, and a reused uuid ([`SubmitError::IdReused`]) otherwise.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct RequestFingerprint(BTreeSet<(GlobalRank, bool)>);
-
-impl RequestFingerprint {
-    /// The fingerprint of resolved targets (order and repetitions do not count).
-    pub fn of(targets: &[RankTarget]) -> Self {
-        RequestFingerprint(targets.iter().map(|t| (t.rank, t.use_backup)).collect())
-    }
-}
-
-/// A finished operation as a journal keeps it: what identified its request and its final
-/// report. What [`JobLedger::take_finished`] hands out and [`JobLedger::seed`] takes back.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct FinishedOperation {
-    /// The request the uuid was used for.
-    pub fingerprint: RequestFingerprint,
-    /// The operation's final report (its `id` is the uuid).
-    pub report: OperationReport,
-}
-
-impl FinishedOperation {
-    /// The record of a final report.
-    pub fn of(report: &OperationReport) -> Self {
-        FinishedOperation {
-            fingerprint: RequestFingerprint::of(&report.targets),
-            report: report.clone(),
-        }
-    }
-}
-
-/// An operation a manager admitted, as a journal keeps it until its final result: when the
-/// manager stops before that, a later manager refuses its uuid
-/// ([`SubmitError::Interrupted`]) instead of running it a second time.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct AdmittedOperation {
-    /// The operation's uuid.
-    pub id: OperationId,
-    /// The request it was admitted for.
-    pub fingerprint: RequestFingerprint,
-}
+pub use uuids::{AdmittedOperation, FinishedOperation, RequestFingerprint, HISTORY_LEN};
+use uuids::{Seen, UuidMemory};
 
 /// Why a command was refused. Nothing was changed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
@@ -260,33 +219,19 @@ pub struct JobLedger {
     job: JobId,
     table: RankTable,
     workers: BTreeMap<GlobalRank, WorkerHello>,
-    on_backup: BTreeSet<GlobalRank>,
-    in_flight: Option<Operation>,
+    /// Ranks that registered and are gone, with why; a rank leaves when it registers again.
+    lost: BTreeMap<GlobalRank, String>,
+    /// The NIC table and how far every rank's report confirmed it.
+    nics: NicKnowledge,
+    /// What runs now: nothing, an operation or a verification round (never both).
+    activity: Activity,
     /// The ranks that have not answered the NIC-set phase an operation ended in
     /// ([`Operation::left_in_calls`]), until they do.
     in_calls: Option<InCalls>,
-    history: VecDeque<OperationReport>,
-    /// Results of earlier managers of the job ([`JobLedger::seed`]): they answer repeated and
-    /// reused uuids, but are not this manager's history.
-    earlier: VecDeque<FinishedOperation>,
-    /// Final results not yet handed out ([`JobLedger::take_finished`]).
-    finished: VecDeque<FinishedOperation>,
-    /// Operations admitted and not yet handed out ([`JobLedger::take_admitted`]).
-    admitted: VecDeque<AdmittedOperation>,
-    /// Operations earlier managers admitted and never finished ([`JobLedger::seed_interrupted`]).
-    interrupted: VecDeque<AdmittedOperation>,
+    /// The uuids known: finished, seeded from earlier managers, not yet journaled.
+    uuids: UuidMemory,
     state: JobState,
     deadlines: PhaseDeadlines,
-    /// The round asking every rank what it applied, when one runs.
-    verifying: Option<Verification>,
-    /// Whether the NIC table and job state come from every rank's report since the last event
-    /// that could have changed them (start, a lost or returning rank, a recovery).
-    verified: bool,
-    /// A round is owed: it starts once every rank is registered and nothing runs.
-    verify_owed: bool,
-    /// The last round's judgement (for status and for `recover`).
-    assessment: Option<Assessment>,
-    last_verification: Option<VerifyReport>,
     /// Training stopped, until every rank is back ([`JobLedger::stop_training`]).
     stop: Option<TrainingStop>,
     /// The last stop that ended.
@@ -345,21 +290,13 @@ impl JobLedger {
             job,
             table,
             workers: BTreeMap::new(),
-            on_backup: BTreeSet::new(),
-            in_flight: None,
+            lost: BTreeMap::new(),
+            nics: NicKnowledge::default(),
+            activity: Activity::Idle,
             in_calls: None,
-            history: VecDeque::new(),
-            earlier: VecDeque::new(),
-            finished: VecDeque::new(),
-            admitted: VecDeque::new(),
-            interrupted: VecDeque::new(),
+            uuids: UuidMemory::default(),
             state: JobState::Running,
             deadlines,
-            verifying: None,
-            verified: false,
-            verify_owed: true,
-            assessment: None,
-            last_verification: None,
             stop: None,
             last_stop: None,
         }
@@ -371,9 +308,7 @@ impl JobLedger {
     /// [`SubmitError::IdReused`] when it is another, as on the manager that ran it. The newest
     /// [`HISTORY_LEN`] are kept. They are not this manager's [`history`](Self::history).
     pub fn seed(&mut self, earlier: impl IntoIterator<Item = FinishedOperation>) {
-        for op in earlier {
-            push_bounded(&mut self.earlier, op);
-        }
+        self.uuids.seed(earlier);
     }
 
     /// Seeds the ledger with the operations earlier managers admitted and did not finish (a
@@ -381,54 +316,49 @@ impl JobLedger {
     /// their uuids is refused as [`SubmitError::Interrupted`] when it is the same request and
     /// as [`SubmitError::IdReused`] when it is another.
     pub fn seed_interrupted(&mut self, ops: impl IntoIterator<Item = AdmittedOperation>) {
-        for op in ops {
-            push_bounded(&mut self.interrupted, op);
-        }
+        self.uuids.seed_interrupted(ops);
     }
 
     /// Marks the finished operation `id` in the history as one whose result the manager could
     /// not journal (`why`), so whoever asks for it later is told too.
     pub fn note_not_journaled(&mut self, id: OperationId, why: &str) {
-        if let Some(r) = self.history.iter_mut().rev().find(|r| r.id == id) {
-            r.journal_error = Some(why.to_owned());
-        }
+        self.uuids.note_not_journaled(id, why);
     }
 
     /// Hands out the operations admitted since the last call, oldest first, for the manager
     /// to record before the operation's first directive, where a later manager can
     /// [`seed_interrupted`](Self::seed_interrupted) from those it never finished.
     pub fn take_admitted(&mut self) -> Vec<AdmittedOperation> {
-        self.admitted.drain(..).collect()
+        self.uuids.take_admitted()
     }
 
     /// Hands out the final results since the last call, oldest first, for the manager to
     /// record where a later manager can [`seed`](Self::seed) from them. A ledger nobody takes
     /// them from keeps only the newest [`HISTORY_LEN`].
     pub fn take_finished(&mut self) -> Vec<FinishedOperation> {
-        self.finished.drain(..).collect()
+        self.uuids.take_finished()
     }
 
     /// Whether the NIC table comes from every rank's report (see [`crate::verify`]).
     pub fn is_verified(&self) -> bool {
-        self.verified
+        self.nics.is_verified()
     }
 
     /// The verification round in flight.
     pub fn verifying(&self) -> Option<&Verification> {
-        self.verifying.as_ref()
+        self.activity.verification()
     }
 
     /// The last verification round's report.
     pub fn last_verification(&self) -> Option<&VerifyReport> {
-        self.last_verification.as_ref()
+        self.nics.last_round()
     }
 
     /// Whether a verification round should start now: one is owed, every rank is registered,
     /// and neither an operation nor a round runs.
     pub fn verify_due(&self) -> bool {
-        self.verify_owed
-            && self.in_flight.is_none()
-            && self.verifying.is_none()
+        self.nics.round_owed()
+            && self.activity.is_idle()
             && self.workers.len() == self.table.world_size()
             && !self.stop_blocks_verification()
     }
@@ -437,31 +367,22 @@ impl JobLedger {
     pub fn start_verification(&mut self, id: OperationId, now: Duration) -> Vec<Action> {
         let (v, actions) =
             Verification::start(id, self.workers.keys().copied(), self.deadlines.resume, now);
-        self.verify_owed = false;
-        self.verifying = Some(v);
+        self.nics.round_started();
+        self.activity = Activity::Verifying(Box::new(v));
         actions
     }
 
     fn settle_verification(&mut self, report: VerifyReport) -> Vec<Action> {
-        self.verifying = None;
-        match report.job_state() {
-            Some(state) => {
-                let a = report.assessment.clone().unwrap_or_default();
-                self.on_backup = a.on_backup.clone();
-                self.state = state;
-                self.verified = true;
-                self.assessment = Some(a);
-            }
+        self.activity = Activity::Idle;
+        match self.nics.settle_round(&report) {
+            Some(state) => self.state = state,
             // Some rank did not answer: nothing is established; ask again when it returns.
             None => {
-                self.verified = false;
-                self.verify_owed = true;
                 if self.state == JobState::Running {
                     self.state = JobState::NeedsRecovery;
                 }
             }
         }
-        self.last_verification = Some(report.clone());
         self.stop_verified();
         vec![Action::Verified(Box::new(report))]
     }
@@ -475,14 +396,9 @@ impl JobLedger {
         id: OperationId,
         now: Duration,
     ) -> Result<RecoveryStarted, SubmitError> {
-        if let Some(op) = &self.in_flight {
-            return Err(SubmitError::Busy { in_flight: op.id() });
-        }
-        if let Some(v) = &self.verifying {
-            return Err(SubmitError::Busy { in_flight: v.id() });
-        }
+        self.activity.check_idle()?;
         self.refuse_while_stopped()?;
-        if self.state == JobState::Running && self.verified {
+        if self.state == JobState::Running && self.nics.is_verified() {
             return Err(SubmitError::NothingToRecover { state: self.state });
         }
         self.check_registered()?;
@@ -504,7 +420,7 @@ impl JobLedger {
                 let use_backup = match to {
                     RecoverTo::Primary => false,
                     RecoverTo::Backup => true,
-                    RecoverTo::AsIs => self.on_backup.contains(&rank),
+                    RecoverTo::AsIs => self.nics.table().uses_backup(rank),
                 };
                 Some(crate::command::RankTarget {
                     node: slot.node.clone(),
@@ -521,7 +437,7 @@ impl JobLedger {
         let plan = crate::command::SwitchPlan { targets };
         let (op, actions) =
             Operation::start_recovery(id, plan, self.table.all_ranks(), self.deadlines, now);
-        self.in_flight = Some(op);
+        self.activity = Activity::Operating(Box::new(op));
         let actions = self.settle(actions);
         Ok(RecoveryStarted::Operation { id, actions })
     }
@@ -529,11 +445,11 @@ impl JobLedger {
     /// Ranks whose NIC state is not known to agree across their groups.
     fn ranks_in_doubt(&self) -> BTreeSet<GlobalRank> {
         let mut doubt: BTreeSet<GlobalRank> = self
-            .assessment
-            .as_ref()
+            .nics
+            .assessment()
             .map(Assessment::ranks_in_doubt)
             .unwrap_or_default();
-        if let Some(last) = self.history.back() {
+        if let Some(last) = self.uuids.last_finished() {
             if last.job_state != JobState::Running {
                 doubt.extend(last.targets.iter().map(|t| t.rank));
             }
@@ -602,9 +518,9 @@ impl JobLedger {
         }
         // A process that registers again (a reconnect, or a new process on primary) may
         // have another NIC configuration than the table says: ask every rank again.
-        self.verify_owed = true;
-        self.verified = false;
+        self.nics.doubt();
         self.stop_registered(hello.rank);
+        self.lost.remove(&hello.rank);
         self.workers.insert(hello.rank, hello);
         Ok(())
     }
@@ -630,44 +546,42 @@ impl JobLedger {
         self.workers.contains_key(&rank)
     }
 
+    /// Ranks that registered and are gone ([`worker_lost`](Self::worker_lost)), ascending,
+    /// with why; a rank leaves once it registers again.
+    pub fn lost_ranks(&self) -> impl Iterator<Item = (GlobalRank, &str)> + '_ {
+        self.lost.iter().map(|(rank, why)| (*rank, why.as_str()))
+    }
+
     /// Ranks using their backup NIC, ascending.
     pub fn ranks_on_backup(&self) -> impl Iterator<Item = GlobalRank> + '_ {
-        self.on_backup.iter().copied()
+        self.nics.table().ranks_on_backup()
     }
 
     /// Whether the NIC table has `rank` on its backup NIC (see [`side_of`](Self::side_of)).
     pub fn uses_backup(&self, rank: GlobalRank) -> bool {
-        self.on_backup.contains(&rank)
+        self.nics.table().uses_backup(rank)
     }
 
     /// The side the NIC table has for `rank`.
     pub fn side_of(&self, rank: GlobalRank) -> NicSide {
-        NicSide::from_use_backup(self.uses_backup(rank))
+        self.nics.table().side_of(rank)
     }
 
     /// The running operation, if any (a verification round is not one).
     pub fn in_flight(&self) -> Option<&Operation> {
-        self.in_flight.as_ref()
+        self.activity.operation()
     }
 
     /// Finished operations, oldest first.
     pub fn history(&self) -> impl DoubleEndedIterator<Item = &OperationReport> {
-        self.history.iter()
+        self.uuids.history()
     }
 
     /// The final report of a finished operation still in the history (the last
     /// [`HISTORY_LEN`]) or among the results the ledger was [seeded](Self::seed) with, so a
     /// client that lost the answer can ask again.
     pub fn result_of(&self, id: OperationId) -> Option<&OperationReport> {
-        self.history
-            .iter()
-            .rev()
-            .find(|r| r.id == id)
-            .or_else(|| self.earlier_of(id).map(|e| &e.report))
-    }
-
-    fn earlier_of(&self, id: OperationId) -> Option<&FinishedOperation> {
-        self.earlier.iter().rev().find(|e| e.report.id == id)
+        self.uuids.result_of(id)
     }
 
     /// Admits an operator's command under `id` (the command's own, or one the caller
@@ -699,12 +613,7 @@ impl JobLedger {
         if let Some(seen) = self.seen(cmd, id) {
             return seen;
         }
-        if let Some(op) = &self.in_flight {
-            return Err(SubmitError::Busy { in_flight: op.id() });
-        }
-        if let Some(v) = &self.verifying {
-            return Err(SubmitError::Busy { in_flight: v.id() });
-        }
+        self.activity.check_idle()?;
         let plan = cmd.resolve(&self.table)?;
         self.refuse_while_stopped()?;
         // Missing ranks first: the most specific reason while a lost process is away.
@@ -713,7 +622,7 @@ impl JobLedger {
             return Err(SubmitError::NotRunning { state: self.state });
         }
         self.check_capabilities()?;
-        if !self.verified {
+        if !self.nics.is_verified() {
             return Err(self.unverified());
         }
         let previous = plan
@@ -730,14 +639,11 @@ impl JobLedger {
             self.deadlines,
             now,
         );
-        push_bounded(
-            &mut self.admitted,
-            AdmittedOperation {
-                id,
-                fingerprint: RequestFingerprint::of(&op.plan().targets),
-            },
-        );
-        self.in_flight = Some(op);
+        self.uuids.record_admitted(AdmittedOperation {
+            id,
+            fingerprint: RequestFingerprint::of(&op.plan().targets),
+        });
+        self.activity = Activity::Operating(Box::new(op));
         let actions = self.settle(actions);
         Ok(Submitted::Started { id, actions })
     }
@@ -772,11 +678,9 @@ impl JobLedger {
     }
 
     fn unverified(&self) -> SubmitError {
-        let why = match &self.last_verification {
-            Some(v) if !v.missing.is_empty() => v.to_string(),
-            _ => "the round runs once every rank is registered".to_string(),
-        };
-        SubmitError::Unverified { why }
+        SubmitError::Unverified {
+            why: self.nics.unverified_why(),
+        }
     }
 
     /// Starts a sequenced operation under `id` (an outside driver's pause, see
@@ -790,23 +694,18 @@ impl JobLedger {
         stop: Option<String>,
         now: Duration,
     ) -> Result<Vec<Action>, SubmitError> {
-        if let Some(op) = &self.in_flight {
-            return Err(SubmitError::Busy { in_flight: op.id() });
-        }
-        if let Some(v) = &self.verifying {
-            return Err(SubmitError::Busy { in_flight: v.id() });
-        }
+        self.activity.check_idle()?;
         self.refuse_while_stopped()?;
         self.check_registered()?;
         if self.state != JobState::Running {
             return Err(SubmitError::NotRunning { state: self.state });
         }
-        if !self.verified {
+        if !self.nics.is_verified() {
             return Err(self.unverified());
         }
         let ranks = self.table.all_ranks();
         let (op, actions) = Operation::start_sequenced(id, ranks, self.deadlines, hold, stop, now);
-        self.in_flight = Some(op);
+        self.activity = Activity::Operating(Box::new(op));
         Ok(self.settle(actions))
     }
 
@@ -817,7 +716,7 @@ impl JobLedger {
         plan: SwitchPlan,
         now: Duration,
     ) -> Result<Vec<Action>, SequenceError> {
-        let Some(op) = &self.in_flight else {
+        let Some(op) = self.activity.operation() else {
             return Err(SequenceError::NothingInFlight);
         };
         if op.kind() != OperationKind::Sequenced {
@@ -833,7 +732,7 @@ impl JobLedger {
             .iter()
             .map(|t| (t.rank, self.side_of(t.rank)))
             .collect();
-        let op = self.in_flight.as_mut().expect("checked above");
+        let op = self.activity.operation_mut().expect("checked above");
         let actions = op.command_switch(plan, previous, now)?;
         Ok(self.settle(actions))
     }
@@ -859,8 +758,8 @@ impl JobLedger {
         f: impl FnOnce(&mut Operation) -> Result<Vec<Action>, CommandError>,
     ) -> Result<Vec<Action>, SequenceError> {
         let op = self
-            .in_flight
-            .as_mut()
+            .activity
+            .operation_mut()
             .ok_or(SequenceError::NothingInFlight)?;
         let actions = f(op)?;
         Ok(self.settle(actions))
@@ -870,18 +769,25 @@ impl JobLedger {
     /// is the same request (`Interrupted` for one an earlier manager never finished), `IdReused`
     /// when it is another. `None` for a new id.
     fn seen(&self, cmd: &SwitchCommand, id: OperationId) -> Option<Result<Submitted, SubmitError>> {
-        let (known, answer) = if let Some(r) = self.history.iter().rev().find(|r| r.id == id) {
-            let answer = Ok(Submitted::Known(Box::new(r.clone())));
-            (RequestFingerprint::of(&r.targets), answer)
-        } else if let Some(e) = self.earlier_of(id) {
-            let answer = Ok(Submitted::Known(Box::new(e.report.clone())));
-            (e.fingerprint.clone(), answer)
-        } else if let Some(op) = self.in_flight.as_ref().filter(|op| op.id() == id) {
-            let answer = Ok(Submitted::InFlight(id));
-            (RequestFingerprint::of(&op.plan().targets), answer)
-        } else {
-            let i = self.interrupted.iter().rev().find(|i| i.id == id)?;
-            (i.fingerprint.clone(), Err(SubmitError::Interrupted { id }))
+        let in_flight = self.activity.operation().filter(|op| op.id() == id);
+        // A result first, then the operation in flight, then an earlier manager's interrupted
+        // admission.
+        let (known, answer) = match (self.uuids.seen(id), in_flight) {
+            (
+                Some(Seen::Finished {
+                    fingerprint,
+                    report,
+                }),
+                _,
+            ) => (fingerprint, Ok(Submitted::Known(Box::new(report.clone())))),
+            (_, Some(op)) => {
+                let answer = Ok(Submitted::InFlight(id));
+                (RequestFingerprint::of(&op.plan().targets), answer)
+            }
+            (Some(Seen::Interrupted { fingerprint }), None) => {
+                (fingerprint.clone(), Err(SubmitError::Interrupted { id }))
+            }
+            (None, None) => return None,
         };
         // A command that does not resolve is not the request that ran.
         let same = cmd
@@ -901,12 +807,13 @@ impl JobLedger {
             self.answered_calls(nr);
             self.stop_replies(nr);
         }
-        if let Some(op) = self.in_flight.as_mut() {
-            let actions = op.handle(event, now);
-            return self.settle(actions);
-        }
-        let Some(v) = self.verifying.as_mut() else {
-            return Vec::new();
+        let v = match &mut self.activity {
+            Activity::Idle => return Vec::new(),
+            Activity::Operating(op) => {
+                let actions = op.handle(event, now);
+                return self.settle(actions);
+            }
+            Activity::Verifying(v) => v,
         };
         let step = match event {
             Event::Replies(nr) => v.on_replies(nr, now),
@@ -914,8 +821,8 @@ impl JobLedger {
             Event::WorkerLost { rank, .. } => v.on_lost(rank, now),
             Event::Abort { .. } => {
                 // Nothing to undo: a round changes nothing.
-                self.verifying = None;
-                self.verify_owed = true;
+                self.activity = Activity::Idle;
+                self.nics.round_dropped();
                 None
             }
         };
@@ -933,10 +840,10 @@ impl JobLedger {
         if self.workers.remove(&rank).is_none() {
             return Vec::new();
         }
+        self.lost.insert(rank, reason.clone());
         self.stop_lost(rank);
-        self.verify_owed = true;
-        self.verified = false;
-        let busy = self.in_flight.is_some() || self.verifying.is_some();
+        self.nics.doubt();
+        let busy = !self.activity.is_idle();
         let actions = self.handle(Event::WorkerLost { rank, reason }, now);
         if !busy && self.state == JobState::Running {
             self.state = JobState::NeedsRecovery;
@@ -953,7 +860,7 @@ impl JobLedger {
 
     /// The phase of the operation in flight.
     pub fn phase(&self) -> Option<Phase> {
-        self.in_flight.as_ref().map(Operation::phase)
+        self.activity.operation().map(Operation::phase)
     }
 
     /// Applies a finish: NIC table, job state, history.
@@ -961,35 +868,26 @@ impl JobLedger {
         for a in &actions {
             if let Action::Finish(report) = a {
                 if report.applied {
-                    for t in &report.targets {
-                        if t.use_backup {
-                            self.on_backup.insert(t.rank);
-                        } else {
-                            self.on_backup.remove(&t.rank);
-                        }
-                    }
+                    self.nics.table_mut().apply(&report.targets);
                 }
                 self.state = report.job_state;
                 match report.job_state {
                     // Back to running by itself once every lost rank returns and agrees.
                     JobState::NeedsRecovery => {
-                        self.verify_owed = true;
-                        self.verified = false;
+                        self.nics.doubt();
                     }
                     // Confirm a recovery with every rank's report.
                     JobState::Running
-                        if self.in_flight.as_ref().map(Operation::kind)
+                        if self.activity.operation().map(Operation::kind)
                             == Some(crate::operation::OperationKind::Recovery)
                             && report.outcome == Outcome::Succeeded =>
                     {
-                        self.verify_owed = true;
-                        self.verified = false;
+                        self.nics.doubt();
                     }
                     _ => {}
                 }
-                push_bounded(&mut self.finished, FinishedOperation::of(report));
-                push_bounded(&mut self.history, (**report).clone());
-                self.in_calls = self.in_flight.as_ref().and_then(|op| {
+                self.uuids.record_finished(report);
+                self.in_calls = self.activity.operation().and_then(|op| {
                     let (phase, ranks) = op.left_in_calls()?;
                     Some(InCalls {
                         op: op.id(),
@@ -997,7 +895,7 @@ impl JobLedger {
                         ranks,
                     })
                 });
-                self.in_flight = None;
+                self.activity = Activity::Idle;
             }
         }
         actions
@@ -1030,13 +928,5 @@ impl JobLedger {
         if c.ranks.is_empty() {
             self.in_calls = None;
         }
-    }
-}
-
-/// Appends `item`, forgetting the oldest past [`HISTORY_LEN`].
-fn push_bounded<T>(list: &mut VecDeque<T>, item: T) {
-    list.push_back(item);
-    if list.len() > HISTORY_LEN {
-        list.pop_front();
     }
 }

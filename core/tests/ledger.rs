@@ -486,12 +486,23 @@ fn missing_workers_are_named() {
     );
     assert!(!l.is_registered(GlobalRank(4)));
     assert_eq!(l.state(), JobState::NeedsRecovery);
+    assert_eq!(
+        l.lost_ranks().collect::<Vec<_>>(),
+        [(GlobalRank(4), "closed")]
+    );
+    // A rank never registered (or already lost) is not lost again.
+    l.worker_lost(GlobalRank(4), "again".into(), secs(1));
+    assert_eq!(
+        l.lost_ranks().collect::<Vec<_>>(),
+        [(GlobalRank(4), "closed")]
+    );
     assert!(matches!(
         l.submit(&layout.command(&[(1, true)]), op_id(2), secs(2)),
         Err(SubmitError::WorkersMissing { registered: 7, ref missing, .. }) if missing == "4"
     ));
     l.register(hello(&layout, 4, SwitchCapabilities::ALL))
         .unwrap();
+    assert_eq!(l.lost_ranks().count(), 0, "back: no longer lost");
     verify(&mut l, &layout, &BTreeSet::new(), secs(3));
     assert_eq!(l.state(), JobState::Running);
     start(&mut l, &layout.command(&[(1, true)]), op_id(2), secs(3));

@@ -143,11 +143,12 @@ impl JobLedger {
         reason: String,
         now: Duration,
     ) -> Result<Vec<Action>, SubmitError> {
-        if let Some(op) = &self.in_flight {
+        if let Some(op) = self.activity.operation() {
             return Err(SubmitError::Busy { in_flight: op.id() });
         }
         self.refuse_while_stopped()?;
-        self.verifying = None;
+        // Not operating: at most a verification round runs, dropped (it changes nothing).
+        self.activity = super::Activity::Idle;
         self.stop = Some(TrainingStop {
             id,
             by,
@@ -162,8 +163,7 @@ impl JobLedger {
             at: now,
         });
         self.state = JobState::NeedsRecovery;
-        self.verified = false;
-        self.verify_owed = true;
+        self.nics.doubt();
         let d = Directive {
             op: id,
             kind: DirectiveKind::StopTraining { reason },
@@ -245,7 +245,7 @@ impl JobLedger {
     /// two sides, every member reporting), and no rank still inside that operation's calls.
     /// A network cut during the switch phase leaves this: one node switched, one not.
     pub fn restates_by_itself(&self) -> bool {
-        let (Some(a), Some(last)) = (&self.assessment, self.history.back()) else {
+        let (Some(a), Some(last)) = (self.nics.assessment(), self.uuids.last_finished()) else {
             return false;
         };
         if last.job_state == JobState::Running || self.in_calls.is_some() || a.consistent() {

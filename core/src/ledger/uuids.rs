@@ -199,6 +199,7 @@ mod tests {
     fn report(n: u128) -> OperationReport {
         OperationReport {
             journal_error: None,
+            hold: None,
             id: id(n),
             direction: Direction::ToBackup,
             targets: vec![RankTarget {

@@ -72,8 +72,11 @@ impl Manager {
     /// A manager of job `job`, laid out as `table`, bounding each phase by `deadlines`.
     pub fn new(job: JobId, table: RankTable, deadlines: PhaseDeadlines) -> Self {
         let observer = Observer::new(table.world_size());
+        let hold = hold::Hold::default();
+        let mut ledger = JobLedger::new(job, table, deadlines);
+        ledger.set_hold_note(hold.policy.to_string());
         Manager {
-            ledger: JobLedger::new(job, table, deadlines),
+            ledger,
             epoch: Instant::now(),
             nodes: BTreeMap::new(),
             deadline: None,
@@ -82,7 +85,7 @@ impl Manager {
             clusterd: None,
             auto: None,
             journal: None,
-            hold: hold::Hold::default(),
+            hold,
             journal_failing: None,
         }
     }
@@ -231,9 +234,6 @@ impl Manager {
         if let Some(why) = self.journal(ctx) {
             self.ledger.note_not_journaled(report.id, &why);
             report.journal_error = Some(why);
-        }
-        if report.job_state != JobState::Running {
-            report.hold = Some(self.hold.policy.to_string());
         }
         self.observer.operation_finished(&report, &self.ledger);
         self.wake_registered();

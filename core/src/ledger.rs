@@ -236,6 +236,9 @@ pub struct JobLedger {
     stop: Option<TrainingStop>,
     /// The last stop that ended.
     last_stop: Option<TrainingStop>,
+    /// What a job left not running leads to, in words (the manager's hold policy), written
+    /// into the report of every operation that leaves the job not running.
+    hold_note: Option<String>,
 }
 
 /// Which NIC configuration a recovery re-states for the ranks in doubt.
@@ -299,6 +302,7 @@ impl JobLedger {
             deadlines,
             stop: None,
             last_stop: None,
+            hold_note: None,
         }
     }
 
@@ -863,10 +867,20 @@ impl JobLedger {
         self.activity.operation().map(Operation::phase)
     }
 
+    /// What a job left not running leads to, in words (the manager's hold policy): every later
+    /// report of an operation that leaves the job not running carries it
+    /// ([`OperationReport::hold`]), in the history and the journal alike.
+    pub fn set_hold_note(&mut self, note: impl Into<String>) {
+        self.hold_note = Some(note.into());
+    }
+
     /// Applies a finish: NIC table, job state, history.
-    fn settle(&mut self, actions: Vec<Action>) -> Vec<Action> {
-        for a in &actions {
+    fn settle(&mut self, mut actions: Vec<Action>) -> Vec<Action> {
+        for a in &mut actions {
             if let Action::Finish(report) = a {
+                if report.job_state != JobState::Running {
+                    report.hold.clone_from(&self.hold_note);
+                }
                 if report.applied {
                     self.nics.table_mut().apply(&report.targets);
                 }

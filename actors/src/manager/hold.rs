@@ -93,6 +93,7 @@ impl Handler<SetHoldPolicy> for Manager {
     fn handle(&mut self, SetHoldPolicy(p): SetHoldPolicy, ctx: &mut Self::Context) {
         tracing::info!(policy = %p, "hold policy");
         self.hold.policy = p;
+        self.ledger.set_hold_note(p.to_string());
         self.cancel_hold_timer(ctx);
         self.watch_hold(ctx);
     }
@@ -103,6 +104,7 @@ impl Manager {
     /// [`DEFAULT_HOLD_BOUND`]).
     pub fn with_hold_policy(mut self, policy: HoldPolicy) -> Self {
         self.hold.policy = policy;
+        self.ledger.set_hold_note(policy.to_string());
         self
     }
 

@@ -5,7 +5,7 @@
 //! `taskd::rig`; this file is its command line.
 //!
 //! ```sh
-//! # On an Atlas A3 node (CANN environment sourced, see the README):
+//! # On an Atlas A3 node (CANN environment sourced, see docs/a3-node.md):
 //! cargo run --release --example hil_rig -- --devices 0-7 --pairs --switch 0,1 --switch 2
 //! # Anywhere, against the stub libraries the tests use (needs `cc`):
 //! cargo run --example hil_rig -- --stubs --devices 0-3 --pairs --switch 0,2

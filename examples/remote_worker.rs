@@ -9,7 +9,7 @@
 //! cargo run --example remote_worker
 //! ```
 //!
-//! Or join a job started by hand (see the README's quick start) as one rank:
+//! Or join a job started by hand (see docs/operating.md's quick start) as one rank:
 //!
 //! ```sh
 //! TASKD_PROXY=127.0.0.1:9602 RANK=1 MINDX_TASK_ID=demo cargo run --example remote_worker

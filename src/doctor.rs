@@ -501,7 +501,7 @@ pub fn rdma(env: EnvLookup<'_>) -> Check {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Job environment (the MindCluster variables of the README's node setup)
+// Job environment (the MindCluster variables of the node setup, docs/a3-node.md)
 
 /// `MINDX_TASK_ID` names the job.
 pub fn job_id(env: EnvLookup<'_>) -> Check {

@@ -18,7 +18,7 @@
 //! enforcing HCCL's rules) and `taskd-hal-ascend` (the real HCCL, ACL and DCMI, loaded at run
 //! time). This crate is the top: it parses flags, picks a HAL, and prints. `docs/protocol.md`
 //! describes the protocol the roles run; `docs/hal.md` the device contract and HCCL's rules;
-//! the README every command, flag and output.
+//! the README and its pages in docs/ every command, flag and output.
 //!
 //! ## Where to start reading
 //!

@@ -186,7 +186,7 @@ fn bad_input_and_refusals_exit_with_documented_codes() {
 }
 
 /// Every way `taskd switch` ends short of a result goes through the one error path: one line
-/// on stderr naming the bad value or saying what to do, and the README's exit code.
+/// on stderr naming the bad value or saying what to do, and the exit code docs/operating.md gives.
 #[test]
 fn switch_refusals_and_failures_exit_with_documented_codes() {
     let rig = LiveRig::start(&[]);

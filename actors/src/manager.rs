@@ -665,7 +665,7 @@ impl Handler<GetStatus> for Manager {
     }
 }
 
-/// Recover a job that is not running (see [`RecoverTo`] and README "Recovery"): re-state the
+/// Recover a job that is not running (see [`RecoverTo`] and docs/recovery.md): re-state the
 /// ranks in doubt, or, when none is, verify what every rank applied.
 #[derive(Message)]
 #[rtype(result = "Result<Recovery, SubmitError>")]

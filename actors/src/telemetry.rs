@@ -1,6 +1,6 @@
-//! Metrics: the names (README "Prometheus metrics": dashboards depend on them; add, never rename), the
-//! helpers that record them through the `metrics` facade, the Prometheus recorder and the
-//! `/metrics` HTTP endpoint every role serves.
+//! Metrics: the names (docs/observability.md, "Prometheus metrics": dashboards depend on them;
+//! add, never rename), the helpers that record them through the `metrics` facade, the
+//! Prometheus recorder and the `/metrics` HTTP endpoint every role serves.
 //!
 //! Recording is always on and costs next to nothing until a recorder is installed: the library
 //! never installs one by itself. A binary opts in with [`serve_metrics`] (its `--metrics-addr`

@@ -9,7 +9,7 @@
 //! planner then makes exactly one call per operation, with every target in the operator's order,
 //! and that call reaches the framework's function unchanged.
 //!
-//! What the manager's checks mean then (README, "In a MindSpore or PyTorch job"): the digest a
+//! What the manager's checks mean then (docs/python.md): the digest a
 //! worker reports is the digest of that one call, so "every member agrees" means every rank
 //! handed its framework the same list; a verification round compares what each rank's
 //! framework was told, rank by rank. Agreement inside each HCCL group is the framework's part:

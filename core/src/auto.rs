@@ -5,7 +5,7 @@
 //! ([`AutoPolicy::link_changed`]), what the job allows now ([`JobGate`], each device's NIC side)
 //! and the time; [`AutoPolicy::evaluate`] answers with its [`Evaluation`]: the decisions (the
 //! moves of the one operation to start now, if any, and every move held back, with its reason)
-//! and when to ask again. The rules (README "Automatic failover and switchback"):
+//! and when to ask again. The rules (docs/auto-failover.md):
 //!
 //! - A device whose link in use (its primary, or its backup once it moved) has been not up for
 //!   `down_after` consecutive probes moves to its other NIC if that link is up; if it is not
@@ -60,7 +60,7 @@ pub struct AutoConfig {
 }
 
 impl Default for AutoConfig {
-    /// The defaults README "Automatic failover and switchback" explains: probe every 2 s, act
+    /// The defaults docs/auto-failover.md explains: probe every 2 s, act
     /// after 3 failed probes, gather 1 s, switch back after 5 min up, damp more than 4 changes
     /// a minute, at most one automatic operation per 30 s.
     fn default() -> Self {

@@ -5,7 +5,7 @@
 //! It is the one shape every reader shares: `taskd sim --json`'s `operations`, the hardware
 //! rig's records, the control API's `OperationResult` (`actors/proto/control.proto`) and the
 //! detail `Recover` appends to ClusterD's failure strings. Field names and values are the
-//! simulator's documented JSON contract (README, "The simulator"); fields are only ever added.
+//! simulator's documented JSON contract (docs/simulator.md); fields are only ever added.
 
 use crate::command::{RankTarget, SwitchCommand};
 use crate::ledger::SubmitError;

@@ -6,7 +6,7 @@
 //! every rank ([`DirectiveKind::Verify`]); each answers with a [`WorkerReport`]; [`assess`]
 //! turns the answers into one [`Assessment`].
 //!
-//! The rules the manager then follows (the recovery contract, README "Recovery"):
+//! The rules the manager then follows (the recovery contract, docs/recovery.md):
 //!
 //! - Every group agrees (every member reported the same members on backup, and every rank is on
 //!   the same side in each of its groups): the NIC table is rebuilt from the reports, gates held

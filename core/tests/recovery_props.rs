@@ -1,4 +1,4 @@
-//! Property tests of the recovery contract in the ledger (README "Recovery").
+//! Property tests of the recovery contract in the ledger (docs/recovery.md).
 //!
 //! A random job and a random world: what every rank has applied (each rank believes a set of
 //! ranks is on backup; ranks may disagree), where every gate stands (idle, armed or held for

@@ -1,6 +1,6 @@
 """The rig's arithmetic, without root or torch: addresses, byte accounting per phase, stall,
 what counts as a succeeded operation, rebuild times, the probe's byte budget, the command
-line. (The rig itself runs as ``python3 -m taskd.rig``: see the README.)"""
+line. (The rig itself runs as ``python3 -m taskd.rig``: see docs/rig.md.)"""
 
 import unittest
 

@@ -1,5 +1,5 @@
-//! `--auto-failover` and the policy's knobs, shared by `taskd manager` and `taskd sim` (README
-//! "Automatic failover and switchback" explains each default).
+//! `--auto-failover` and the policy's knobs, shared by `taskd manager` and `taskd sim`
+//! (docs/auto-failover.md explains each default).
 
 use crate::flags;
 use clap::Args;

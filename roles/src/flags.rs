@@ -1,7 +1,7 @@
-//! The limits of the `taskd` flags (the README's "Maximum sizes" table; the embedded roles'
-//! keys are the same flags) and the value parsers that enforce them: a value outside its range
-//! is refused by the flag parser, before anything runs, with a message naming the flag, the
-//! value and the range (exit code 2 from the binary).
+//! The limits of the `taskd` flags (the "Maximum sizes" table of docs/operating.md; the
+//! embedded roles' keys are the same flags) and the value parsers that enforce them: a value
+//! outside its range is refused by the flag parser, before anything runs, with a message naming
+//! the flag, the value and the range (exit code 2 from the binary).
 
 use clap::builder::RangedU64ValueParser;
 

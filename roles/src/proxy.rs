@@ -45,7 +45,7 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "DEV", requires = "sim")]
     sim_link_down: Vec<u32>,
     /// Link health from Linux interfaces: a JSON file naming each device's primary and backup
-    /// interface and the probe of each plane (README, "The rig").
+    /// interface and the probe of each plane (docs/rig.md).
     #[arg(long, value_name = "FILE", conflicts_with = "sim")]
     linux_links: Option<PathBuf>,
     #[command(flatten)]

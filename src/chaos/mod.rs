@@ -1,7 +1,7 @@
 //! The seeded fault campaign behind `taskd chaos`: many small, deterministic schedules of
 //! faults and operator commands, each run on a simulated job in this process (the production
 //! manager, proxy and worker actors on the simulated fabric), each checked against the
-//! invariants of the recovery contract (README "Recovery"; the list is in [`driver`]).
+//! invariants of the recovery contract (docs/recovery.md; the list is in [`driver`]).
 //!
 //! A seed determines its schedule completely ([`Schedule::generate`], drawn from
 //! [`rng::SplitMix64`]; no clock, no OS randomness), so a violation is reported with the seed

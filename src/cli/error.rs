@@ -10,7 +10,7 @@ use taskd_core::env::{AddressError, EnvError};
 use taskd_core::rank_table::RankTableError;
 use taskd_roles::ConfigError;
 
-/// Exit codes of the `taskd` commands (the README lists them per command).
+/// Exit codes of the `taskd` commands (the pages in docs/ list them per command).
 pub mod exit {
     /// Success (for `switch` without `--wait`: accepted).
     pub const OK: u8 = 0;

@@ -1,4 +1,4 @@
-//! `taskd recover`: brings a job that is not running back (README "Recovery"). The ranks in
+//! `taskd recover`: brings a job that is not running back (docs/recovery.md). The ranks in
 //! doubt are re-stated to one side and training resumes, or, with nothing in doubt, a
 //! verification round establishes the job's state; either way a round confirms the result.
 //! `--stop-training` stops training instead: every process ends, its launcher restarts it on

@@ -17,7 +17,7 @@ use taskd_core::rank_table::MAX_NODES;
 use taskd_core::{DeviceId, GlobalRank, NodeName};
 
 /// The flags of `taskd sim`: the simulated job's size, the targets, the faults to inject,
-/// the deadlines and the outputs (README, "The simulator").
+/// the deadlines and the outputs (docs/simulator.md).
 #[derive(Args)]
 pub struct SimArgs {
     /// Number of nodes (named node-0 .. node-{N-1}).

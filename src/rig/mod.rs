@@ -524,7 +524,7 @@ impl Rig {
     }
 
     /// The collectives that ran on the default NIC of a switched communicator, by HCCL's
-    /// per-operator rule (README, "On a real Atlas A3 node"): only the evaluations, each an
+    /// per-operator rule (docs/a3-node.md): only the evaluations, each an
     /// operator not issued since the count last came round, on the world communicator. One
     /// at step `s` whose count was first issued at step `first` ran with rank `r` on its
     /// default NIC when `r` was on its backup NIC at `s` by a switch applied before `first`

@@ -218,7 +218,7 @@ impl ScenarioReport {
         let _ = writeln!(
             s,
             "collectives on the default NIC of a switched group: {} (operators first issued \
-             after a switch; see the README)",
+             after a switch; see docs/a3-node.md)",
             self.collectives_on_default_nic
         );
         if !self.invariants.ok {

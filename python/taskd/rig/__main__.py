@@ -1,4 +1,4 @@
-"""``python3 -m taskd.rig``: see the package's doc and the README's rig section."""
+"""``python3 -m taskd.rig``: see the package's doc and docs/rig.md."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def preflight(a) -> str:
         if not d.is_gloo_available():
             return "this torch has no Gloo"
     except ImportError as e:
-        return "the rig needs torch (%s); see the README's rig section for the install" % e
+        return "the rig needs torch (%s); see docs/rig.md for the install" % e
     if a.nodes < 2 or a.ranks_per_node < 1:
         return "--nodes must be at least 2 and --ranks-per-node at least 1"
     return ""

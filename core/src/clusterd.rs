@@ -32,7 +32,7 @@
 //! Pure like the rest of `core`: it takes signals, the ledger and the time, and returns the
 //! ledger's actions to carry out, the reports to send and notes to log.
 
-use crate::command::{RankTarget, SwitchPlan};
+use crate::command::{decimal_id, RankTarget, SwitchPlan};
 use crate::ids::{GlobalRank, OperationId};
 use crate::ledger::{JobLedger, JobState, SequenceError};
 use crate::operation::{Action, CommandError, HoldPoint, OperationReport};
@@ -71,15 +71,6 @@ pub const CODE_FAILED: i32 = 499;
 pub const DEFAULT_PORT: u16 = 8899;
 /// How long a hold waits for ClusterD's next signal: ClusterD's own wait for each report.
 pub const DEFAULT_HOLD: Duration = Duration::from_secs(15 * 60);
-
-/// A number as ClusterD writes one (a global rank, a device id): decimal digits only, no
-/// sign, no spaces, no leading zero. ClusterD itself matches device ids as exact strings
-/// against the rank table, so `" 2"`, `"+2"` or `"02"` name no device there either.
-pub fn decimal_id(s: &str) -> Option<u32> {
-    let canonical =
-        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
-    canonical.then(|| s.parse().ok()).flatten()
-}
 
 // ---------------------------------------------------------------------------------------------
 // Where requests come from and reports go
@@ -203,7 +194,7 @@ pub enum RankListError {
         /// `op`'s length.
         ops: usize,
     },
-    /// A rank id that is not a number as ClusterD writes one ([`decimal_id`]).
+    /// A rank id that is not a number as ClusterD writes one ([`crate::command::decimal_id`]).
     #[error("rank id {0:?} is not a global rank number (decimal digits only, no spaces or signs)")]
     NotANumber(String),
     /// A rank the rank table does not have.
@@ -1144,27 +1135,6 @@ mod tests {
             e(&["16"], &[true]).to_string(),
             "rank 16 is not in the job's rank table (ranks 0..16)"
         );
-    }
-
-    #[test]
-    fn decimal_ids_are_plain_digits() {
-        assert_eq!(decimal_id("0"), Some(0));
-        assert_eq!(decimal_id("15"), Some(15));
-        assert_eq!(decimal_id("4294967295"), Some(u32::MAX));
-        for bad in [
-            "",
-            " 2",
-            "2 ",
-            "+2",
-            "-2",
-            "02",
-            "00",
-            "4294967296",
-            "1e3",
-            "٣",
-        ] {
-            assert_eq!(decimal_id(bad), None, "{bad:?}");
-        }
     }
 
     #[test]

@@ -207,12 +207,13 @@ impl SwitchCommand {
                 });
             }
             for (dev, op) in devs.iter().zip(ops) {
-                let device = crate::clusterd::decimal_id(dev)
-                    .map(DeviceId)
-                    .ok_or_else(|| ValidationError::BadDevice {
-                        node: node.clone(),
-                        value: dev.clone(),
-                    })?;
+                let device =
+                    decimal_id(dev)
+                        .map(DeviceId)
+                        .ok_or_else(|| ValidationError::BadDevice {
+                            node: node.clone(),
+                            value: dev.clone(),
+                        })?;
                 targets.push(Target {
                     node: node.clone(),
                     device,
@@ -306,9 +307,39 @@ pub(crate) fn check_partners(targets: &[RankTarget]) -> Result<(), ValidationErr
     Ok(())
 }
 
+/// A number as ClusterD writes one (a global rank, a device id): decimal digits only, no
+/// sign, no spaces, no leading zero. ClusterD itself matches device ids as exact strings
+/// against the rank table, so `" 2"`, `"+2"` or `"02"` name no device there either.
+pub fn decimal_id(s: &str) -> Option<u32> {
+    let canonical =
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+    canonical.then(|| s.parse().ok()).flatten()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decimal_ids_are_plain_digits() {
+        assert_eq!(decimal_id("0"), Some(0));
+        assert_eq!(decimal_id("15"), Some(15));
+        assert_eq!(decimal_id("4294967295"), Some(u32::MAX));
+        for bad in [
+            "",
+            " 2",
+            "2 ",
+            "+2",
+            "-2",
+            "02",
+            "00",
+            "4294967296",
+            "1e3",
+            "٣",
+        ] {
+            assert_eq!(decimal_id(bad), None, "{bad:?}");
+        }
+    }
 
     fn cmd(targets: &[(&str, u32, bool)]) -> SwitchCommand {
         SwitchCommand {

@@ -10,7 +10,10 @@ mod clusterd_support;
 mod common;
 
 use clusterd_support::{FakeClusterd, Got, Headers, SWITCH_FAILED, SWITCH_FINISHED};
-use common::{assert_consistent_end, await_progress, cmd, ranks, restart_after_stop, small, WAIT};
+use common::{
+    assert_consistent_end, await_progress, cmd, fail_rank_1s_switch_and_rollback, ranks,
+    restart_after_stop, small, WAIT,
+};
 use std::time::Duration;
 use taskd::actors::clusterd::{ClusterdClient, ClusterdConfig};
 use taskd::core::ledger::StopBy;
@@ -104,10 +107,7 @@ fn training_stopped_by_clusterd(sim: &Simulation, what: &str) {
 /// answer is `false`, the world group is left split, the job `paused` with every rank held.
 fn held_by_a_failed_rollback(sim: &Simulation, fake: &FakeClusterd) {
     let f = sim.fabric();
-    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Fail(HcclCode::Network));
-    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Slow(Duration::ZERO));
-    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Slow(Duration::ZERO));
-    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Fail(HcclCode::Network));
+    fail_rank_1s_switch_and_rollback(f);
     fake.pause();
     assert_eq!(fake.stop_complete().0, 0);
     fake.switch(&[0], &[true]);

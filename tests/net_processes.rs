@@ -411,31 +411,7 @@ fn a_restarted_manager_with_a_state_dir_answers_a_repeated_uuid_with_the_earlier
 
     c.manager.kill();
     // The same transport address, so the proxies find the new manager; a new control port.
-    let mut args = s(&[
-        "manager",
-        "--job-id",
-        "net-state-dir",
-        "--nodes",
-        "2",
-        "--procs-per-node",
-        "2",
-        "--listen",
-        &c.manager_addr,
-        "--control-addr",
-        "127.0.0.1:0",
-        "--state-dir",
-        &state_dir,
-    ]);
-    args.extend(fast_heartbeats());
-    c.manager = Proc::spawn(&scratch, "manager-restarted", &args);
-    let line = c.manager.wait_line("control API on ");
-    c.control_addr = line.rsplit(' ').next().unwrap().to_owned();
-    c.control =
-        c.rt.block_on(taskd::actors::control::ControlClient::connect(
-            &c.control_addr,
-            None,
-        ))
-        .expect("the control client connects");
+    c.restart_manager(&scratch, &s(&["--state-dir", &state_dir]));
     let st = c.wait_registered();
     assert_eq!(st.ranks_on_backup, [3], "rebuilt from the ranks: {st:#?}");
 

@@ -5,13 +5,15 @@
 
 mod common;
 
-use common::{assert_consistent_end, cmd, small, submit_until, WAIT};
+use common::{
+    assert_consistent_end, cmd, fail_rank_1s_switch_and_rollback, small, submit_until, WAIT,
+};
 use std::time::Duration;
 use taskd::actors::RecoveryResult;
 use taskd::core::ledger::RecoverTo;
 use taskd::core::operation::{JobState, OperationError, Outcome};
 use taskd::core::protocol::Phase;
-use taskd::core::{GlobalRank, HcclCode};
+use taskd::core::GlobalRank;
 use taskd::hal_mock::NicSetFault;
 use taskd::sim::Simulation;
 
@@ -100,10 +102,7 @@ fn a_paused_job_is_recovered_by_the_operator() {
     // Rank 1 makes two calls per switch (tp_0, world): the first fails, and so does its
     // second rollback call: world is left split and the job stays paused.
     let f = sim.fabric();
-    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Fail(HcclCode::Network));
-    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Slow(Duration::ZERO));
-    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Slow(Duration::ZERO));
-    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Fail(HcclCode::Network));
+    fail_rank_1s_switch_and_rollback(f);
     let r = sim.job().run(cmd(&[("node-0", 0, true)])).unwrap();
     assert_eq!(r.job_state, JobState::Paused, "{r}");
     assert!(!f.check_consistency().is_consistent());

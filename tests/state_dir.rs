@@ -115,31 +115,7 @@ fn a_journal_that_cannot_be_written_refuses_new_operations_and_says_so() {
 
     // Both results are durable now: a restarted manager answers both uuids as known.
     c.manager.kill();
-    let mut args = s(&[
-        "manager",
-        "--job-id",
-        &c.job,
-        "--nodes",
-        "1",
-        "--procs-per-node",
-        "2",
-        "--listen",
-        &c.manager_addr,
-        "--control-addr",
-        "127.0.0.1:0",
-        "--state-dir",
-        &state_dir,
-    ]);
-    args.extend(fast_heartbeats());
-    c.manager = Proc::spawn(&scratch, "manager-restarted", &args);
-    let line = c.manager.wait_line("control API on ");
-    c.control_addr = line.rsplit(' ').next().unwrap().to_owned();
-    c.control =
-        c.rt.block_on(taskd::actors::control::ControlClient::connect(
-            &c.control_addr,
-            None,
-        ))
-        .expect("the control client connects");
+    c.restart_manager(&scratch, &s(&["--state-dir", &state_dir]));
     let st = c.wait_registered();
     assert!(st.ranks_on_backup.is_empty(), "{st:#?}");
     for cmd in [&first, &second] {

@@ -6,24 +6,24 @@
 
 mod common;
 
-use common::{assert_consistent_end, assert_running_again, cmd, restart_after_stop, small, WAIT};
+use common::{
+    assert_consistent_end, assert_running_again, cmd, fail_rank_1s_switch_and_rollback,
+    restart_after_stop, small, WAIT,
+};
 use std::time::Duration;
 use taskd::actors::manager::HoldPolicy;
 use taskd::actors::LocalJobError;
 use taskd::core::ledger::StopBy;
 use taskd::core::operation::JobState;
-use taskd::core::{GlobalRank, HcclCode, SubmitError};
-use taskd::hal_mock::{NicSetFault, RankExit};
+use taskd::core::SubmitError;
+use taskd::hal_mock::RankExit;
 use taskd::sim::Simulation;
 
 /// Rank 1's first switch call and its rollback call fail: the world group is left split and
 /// the job `paused`, every rank held. Returns what the operation's report says comes next.
 fn paused_by_a_failed_rollback(sim: &Simulation) -> String {
     let f = sim.fabric();
-    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Fail(HcclCode::Network));
-    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Slow(Duration::ZERO));
-    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Slow(Duration::ZERO));
-    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Fail(HcclCode::Network));
+    fail_rank_1s_switch_and_rollback(f);
     let r = sim.job().run(cmd(&[("node-0", 0, true)])).unwrap();
     assert_eq!(r.job_state, JobState::Paused, "{r}");
     r.hold

@@ -18,9 +18,10 @@ use taskd::actors::{LocalJob, LocalJobError, ProgressEvent, RecoveryResult};
 use taskd::core::command::Target;
 use taskd::core::ledger::{RecoverTo, StopBy, StopPhase};
 use taskd::core::operation::JobState;
+use taskd::core::HcclCode;
 use taskd::core::SubmitError;
 use taskd::core::{env, DeviceId, GlobalRank, JobId, NodeName, PhaseDeadlines, SwitchCommand};
-use taskd::hal_mock::RankExit;
+use taskd::hal_mock::{Fabric, NicSetFault, RankExit};
 use taskd::sim::{FinalState, SimConfig, Simulation};
 use taskd_hal_ascend::testing::{self, StubInstall};
 use tokio::sync::broadcast::{error::RecvError, Receiver};
@@ -274,6 +275,16 @@ pub(crate) fn stub_env(stubs: &StubInstall) -> EnvMap {
     m.insert("HCCL_OP_RETRY_ENABLE".into(), "L0:0, L1:1, L2:1".into());
     m.insert("MS_ENABLE_TFT".into(), "{TTP:1,TSP:1}".into());
     m
+}
+
+/// Rank 1 makes two NIC-set calls per switch of the small job (tp_0, world): its first call
+/// fails, and so does the second call of its rollback, so the world group is left split and
+/// the job `paused`, every rank held.
+pub(crate) fn fail_rank_1s_switch_and_rollback(f: &Fabric) {
+    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Fail(HcclCode::Network));
+    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Slow(Duration::ZERO));
+    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Slow(Duration::ZERO));
+    f.inject_nic_set_fault(GlobalRank(1), NicSetFault::Fail(HcclCode::Network));
 }
 
 /// After a stop of training by `by` and the launcher's restart: the job runs, verified,

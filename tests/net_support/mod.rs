@@ -265,6 +265,34 @@ fn spawn_manager(scratch: &Scratch, spec: &ClusterSpec<'_>) -> (Proc, String, St
 }
 
 impl Cluster {
+    /// Starts a new manager of the same job on the same transport address (so the proxies
+    /// find it), with `flags` besides the job's shape and the common flags, after the old one
+    /// was killed; the control client follows it to its new control port.
+    pub(crate) fn restart_manager(&mut self, scratch: &Scratch, flags: &[String]) {
+        let mut args = s(&[
+            "manager",
+            "--job-id",
+            &self.job,
+            "--nodes",
+            &self.nodes.to_string(),
+            "--procs-per-node",
+            &self.ppn.to_string(),
+            "--listen",
+            &self.manager_addr,
+            "--control-addr",
+            "127.0.0.1:0",
+        ]);
+        args.extend(flags.iter().cloned());
+        args.extend(self.common.iter().cloned());
+        self.manager = Proc::spawn(scratch, "manager-restarted", &args);
+        let line = self.manager.wait_line("control API on ");
+        self.control_addr = line.rsplit(' ').next().unwrap().to_owned();
+        self.control = self
+            .rt
+            .block_on(ControlClient::connect(&self.control_addr, None))
+            .expect("the control client connects");
+    }
+
     /// Starts the manager, then every proxy, then every worker, and waits until every worker
     /// is registered.
     pub(crate) fn start(scratch: &Scratch, spec: ClusterSpec<'_>) -> Cluster {

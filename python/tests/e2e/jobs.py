@@ -3,10 +3,13 @@ output is read as it comes, the ``taskd`` CLI, switches that wait for a job bein
 the processes a job left behind (found by the mark every process of the job carries in its
 environment, ``TASKD_TEST_JOB``)."""
 
+import contextlib
 import os
 import queue
+import signal
 import socket
 import subprocess
+import sys
 import threading
 
 WAIT = 180  # seconds: a bound on what takes seconds (MindSpore's start is the slowest)
@@ -90,6 +93,26 @@ def job_processes(mark):
         except OSError:
             continue
     return found
+
+
+@contextlib.contextmanager
+def reaping(procs, mark):
+    """Runs a job's checks: on a failure prints every process's output, and whatever way the
+    body ends, kills what is left of the processes started (``procs``) and of the job
+    (``mark``)."""
+    try:
+        yield
+    except BaseException:
+        for p in procs:
+            print("---- %s\n%s" % (p.name, p.output()), file=sys.stderr)
+        raise
+    finally:
+        for p in procs:
+            if p.p.poll() is None:
+                os.killpg(p.p.pid, signal.SIGKILL)
+                p.p.wait()
+        for pid, _ in job_processes(mark):
+            os.kill(pid, signal.SIGKILL)
 
 
 def switch(args, control, to, manager, job, node="node-0", devs="0,1"):

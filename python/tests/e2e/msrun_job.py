@@ -36,7 +36,7 @@ import tempfile
 import time
 import uuid
 
-from jobs import WAIT, Proc, describe, free_port, job_processes, switch, switch_there_and_back, taskd
+from jobs import WAIT, Proc, describe, free_port, job_processes, reaping, switch, switch_there_and_back, taskd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = "msrun-job"
@@ -153,7 +153,7 @@ def run(args, scenario):
                    TRAIN_LOOP=scenario if scenario in ("epochs", "fit") else "train",
                    TRAIN_STOP_FILE=stop, TRAIN_OUT=tmp)
         procs = []
-        try:
+        with reaping(procs, mark):
             manager, port, control = start_manager(args, env, procs)
             env.update(MS_ENABLE_TFT="{TTP:1,TSP:1}", MS_SCHED_HOST="127.0.0.1",
                        TASKD_MANAGER_PORT=port, TASKD_PROXY="127.0.0.1:0")
@@ -183,17 +183,6 @@ def run(args, scenario):
             end_manager(manager)
             left = job_processes(mark)
             assert not left, "processes of the job are left: %s" % left
-        except BaseException:
-            for p in procs:
-                print("---- %s\n%s" % (p.name, p.output()), file=sys.stderr)
-            raise
-        finally:
-            for p in procs:
-                if p.p.poll() is None:
-                    os.killpg(p.p.pid, signal.SIGKILL)
-                    p.p.wait()
-            for pid, _ in job_processes(mark):
-                os.kill(pid, signal.SIGKILL)
     print("msrun job (%s, %.0f s): held after steps %s of %d (%.2f ms a step); %s"
           % (scenario, time.monotonic() - started, held, steps, step_ms, describe(stalls)), flush=True)
 

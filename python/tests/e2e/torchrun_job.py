@@ -23,7 +23,7 @@ import tempfile
 import time
 import uuid
 
-from jobs import WAIT, Proc, describe, job_processes, switch, switch_there_and_back, taskd
+from jobs import WAIT, Proc, describe, job_processes, reaping, switch, switch_there_and_back, taskd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STANDIN = os.path.join(os.path.dirname(HERE), "standin")
@@ -91,7 +91,7 @@ def run(args):
         if args.scenario == "stop":
             env["STANDIN_FAIL_RANK"] = "1"
         procs = []
-        try:
+        with reaping(procs, mark):
             manager, node, torchrun, control = start_job(args, env, tmp, procs)
             if args.scenario == "stop":
                 stop_and_restart(args, control, torchrun, manager)
@@ -106,17 +106,6 @@ def run(args):
             assert manager.p.wait(WAIT) == 0, manager.output()
             left = job_processes(mark)
             assert not left, "processes of the job are left: %s" % left
-        except BaseException:
-            for p in procs:
-                print("---- %s\n%s" % (p.name, p.output()), file=sys.stderr)
-            raise
-        finally:
-            for p in procs:
-                if p.p.poll() is None:
-                    os.killpg(p.p.pid, signal.SIGKILL)
-                    p.p.wait()
-            for pid, _ in job_processes(mark):
-                os.kill(pid, signal.SIGKILL)
     print("torchrun job (%s, %.0f s): held after steps %s of %d (%.2f ms a step); %s"
           % (args.scenario, time.monotonic() - started, held, steps, step_ms, describe(stalls)),
           flush=True)

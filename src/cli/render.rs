@@ -297,6 +297,15 @@ pub fn status_text(s: &proto::JobStatus) -> String {
         "no (switches wait for every rank's report)"
     };
     let _ = writeln!(out, "verified   {verified}");
+    troubles_text(&mut out, s);
+    recent_text(&mut out, &s.recent);
+    out
+}
+
+/// The lines of `taskd status` that only a job in some trouble has: a journal that cannot be
+/// written, ClusterD's link, a verification that found disagreements, ranks inside their calls,
+/// lost ranks.
+fn troubles_text(out: &mut String, s: &proto::JobStatus) {
     if !s.journal_error.is_empty() {
         let _ = writeln!(
             out,
@@ -332,8 +341,6 @@ pub fn status_text(s: &proto::JobStatus) -> String {
         let label = if i == 0 { "lost" } else { "" };
         let _ = writeln!(out, "{label:<10} rank {}: {}", l.rank, l.reason);
     }
-    recent_text(&mut out, &s.recent);
-    out
 }
 
 #[cfg(test)]

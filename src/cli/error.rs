@@ -3,11 +3,9 @@
 //! `taskd SUBCOMMAND: MESSAGE` on stderr, and exits with [`CliError::exit_code`].
 
 use crate::sim::SimError;
-use taskd_actors::net::{NetError, TlsError};
-use taskd_actors::process::rank_table::RankTableFileError;
-use taskd_actors::process::{IdentityError, ProcessError};
-use taskd_core::env::{AddressError, EnvError};
-use taskd_core::rank_table::RankTableError;
+use taskd_actors::net::NetError;
+use taskd_actors::process::ProcessError;
+use taskd_core::env::AddressError;
 use taskd_roles::ConfigError;
 
 /// Exit codes of the `taskd` commands (the pages in docs/ list them per command).
@@ -30,24 +28,9 @@ pub enum CliError {
     /// The command line or the environment is wrong in a way the flags' parser cannot see.
     #[error("{0}")]
     Usage(String),
-    /// An environment variable is set to something unusable.
-    #[error(transparent)]
-    Env(#[from] EnvError),
     /// An address is not `HOST:PORT`.
     #[error(transparent)]
     Address(#[from] AddressError),
-    /// The rank table file cannot be used.
-    #[error(transparent)]
-    RankTable(#[from] RankTableFileError),
-    /// The job's size is zero or above the maximum.
-    #[error(transparent)]
-    JobSize(#[from] RankTableError),
-    /// The TLS files cannot be used.
-    #[error(transparent)]
-    Tls(#[from] TlsError),
-    /// The proxy cannot tell which node it is.
-    #[error(transparent)]
-    Identity(#[from] IdentityError),
     /// The manager or the proxy refused this process for good.
     #[error("{0}")]
     Refused(String),
@@ -81,12 +64,7 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Usage(_)
-            | CliError::Env(_)
             | CliError::Address(_)
-            | CliError::RankTable(_)
-            | CliError::JobSize(_)
-            | CliError::Tls(_)
-            | CliError::Identity(_)
             | CliError::Config(_)
             | CliError::Refused(_) => exit::USAGE,
             CliError::Sim(SimError::Setup(_) | SimError::Target(_)) => exit::USAGE,
@@ -115,12 +93,16 @@ mod tests {
 
     #[test]
     fn bad_input_is_2_and_failures_are_1() {
-        let env = EnvError {
+        let env = taskd_core::env::EnvError {
             var: "MS_NODE_RANK",
             value: "-1".into(),
             expected: "a non-negative integer",
         };
-        assert_eq!(CliError::from(env).exit_code(), exit::USAGE);
+        // An environment the roles cannot use reaches the command as the roles' error.
+        assert_eq!(
+            CliError::from(ConfigError::from(env)).exit_code(),
+            exit::USAGE
+        );
         assert_eq!(CliError::usage("x").exit_code(), exit::USAGE);
         assert_eq!(CliError::Refused("no".into()).exit_code(), exit::USAGE);
         assert_eq!(

@@ -801,16 +801,8 @@ pub fn port(port: u16, role: Role) -> Check {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
-    use std::ffi::OsString;
 
-    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
-        let map: HashMap<String, OsString> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), OsString::from(v)))
-            .collect();
-        move |k| map.get(k).cloned()
-    }
+    use taskd_core::env::from_pairs as env;
 
     #[test]
     fn l2_retry_passes_only_with_l2_1() {
@@ -821,7 +813,7 @@ mod tests {
         for bad in [
             env(&[("HCCL_OP_RETRY_ENABLE", "L0:0, L1:1, L2:0")]),
             env(&[("HCCL_OP_RETRY_ENABLE", "L1:1")]),
-            env(&[]),
+            env::<&str>(&[]),
         ] {
             let c = l2_retry(&bad);
             assert_eq!(c.status, Status::Fail, "{c:?}");
@@ -840,7 +832,7 @@ mod tests {
             tsp(&env(&[("MS_ENABLE_TFT", "{TTP:1}")])).status,
             Status::Fail
         );
-        let c = tsp(&env(&[]));
+        let c = tsp(&env::<&str>(&[]));
         assert_eq!(c.status, Status::Fail);
         assert!(c.detail.starts_with("unset"), "{}", c.detail);
     }
@@ -855,7 +847,7 @@ mod tests {
             process_recover(&env(&[("PROCESS_RECOVER", "off")])).status,
             Status::Warn
         );
-        assert_eq!(process_recover(&env(&[])).status, Status::Warn);
+        assert_eq!(process_recover(&env::<&str>(&[])).status, Status::Warn);
         assert_eq!(
             elastic_process_recover(&env(&[("ELASTIC_PROCESS_RECOVER_ENABLE", "1")])).status,
             Status::Pass
@@ -868,7 +860,7 @@ mod tests {
 
     #[test]
     fn rdma_fails_only_when_declared_absent() {
-        assert_eq!(rdma(&env(&[])).status, Status::Pass);
+        assert_eq!(rdma(&env::<&str>(&[])).status, Status::Pass);
         assert_eq!(rdma(&env(&[("TASKD_HCCL_RDMA", "1")])).status, Status::Pass);
         assert_eq!(
             rdma(&env(&[("TASKD_HCCL_RDMA", "off")])).status,
@@ -883,7 +875,7 @@ mod tests {
             Status::Pass
         );
         assert_eq!(job_id(&env(&[("MINDX_TASK_ID", " ")])).status, Status::Fail);
-        assert_eq!(job_id(&env(&[])).status, Status::Fail);
+        assert_eq!(job_id(&env::<&str>(&[])).status, Status::Fail);
     }
 
     #[test]
@@ -912,7 +904,7 @@ mod tests {
         let (c, r) = role(&env(&[("POD_IP", "10.0.0.1")]));
         assert_eq!((c.status, r), (Status::Fail, Role::Unknown));
         assert!(c.detail.contains("MS_SCHED_HOST unset"), "{}", c.detail);
-        let (c, _) = role(&env(&[]));
+        let (c, _) = role(&env::<&str>(&[]));
         assert!(
             c.detail.contains("MS_SCHED_HOST and POD_IP"),
             "{}",

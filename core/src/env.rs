@@ -6,7 +6,7 @@
 //! environment. A variable that is set but blank counts as unset; a value that is set and
 //! malformed is an [`EnvError`] naming the variable and the value, never silently ignored.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::net::IpAddr;
 
 // ---------------------------------------------------------------------------------------------
@@ -82,6 +82,16 @@ pub type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<OsString>;
 /// The process environment, as an [`EnvLookup`].
 pub fn process_env(name: &str) -> Option<OsString> {
     std::env::var_os(name)
+}
+
+/// A fixed environment of `(name, value)` pairs, as a lookup: what tests and tools hand the
+/// readers here instead of the process environment. A name listed twice reads its first value.
+pub fn from_pairs<V: AsRef<OsStr>>(pairs: &[(&str, V)]) -> impl Fn(&str) -> Option<OsString> {
+    let map: Vec<(String, OsString)> = pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.as_ref().to_owned()))
+        .collect();
+    move |name| map.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
 }
 
 /// A variable's value, trimmed, when it is set and not blank.
@@ -271,15 +281,6 @@ pub fn check_host_port(addr: &str) -> Result<(), AddressError> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use std::collections::HashMap;
-
-    fn map(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
-        let m: HashMap<String, OsString> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), OsString::from(v)))
-            .collect();
-        move |k| m.get(k).cloned()
-    }
 
     #[test]
     fn parses_reference_deployment_values() {
@@ -296,7 +297,7 @@ mod tests {
 
     #[test]
     fn node_rank_from_either_framework() {
-        let nr = |pairs: &[(&str, &str)]| node_rank(&map(pairs));
+        let nr = |pairs: &[(&str, &str)]| node_rank(&from_pairs(pairs));
         assert_eq!(nr(&[(MS_NODE_RANK, "3")]), Ok(Some(3)));
         assert_eq!(nr(&[(RANK, "37"), (LOCAL_WORLD_SIZE, "16")]), Ok(Some(2)));
         assert_eq!(nr(&[(LOCAL_WORLD_SIZE, "16")]), Ok(None));
@@ -306,28 +307,28 @@ mod tests {
 
     #[test]
     fn malformed_node_rank_names_the_variable_and_value() {
-        let e = node_rank(&map(&[(MS_NODE_RANK, "-1")])).unwrap_err();
+        let e = node_rank(&from_pairs(&[(MS_NODE_RANK, "-1")])).unwrap_err();
         assert_eq!(
             e.to_string(),
             "MS_NODE_RANK=\"-1\" is not a non-negative integer"
         );
-        let e = node_rank(&map(&[(MS_NODE_RANK, "99999999999")])).unwrap_err();
+        let e = node_rank(&from_pairs(&[(MS_NODE_RANK, "99999999999")])).unwrap_err();
         assert_eq!(
             e.to_string(),
             "MS_NODE_RANK=\"99999999999\" is not an integer of at most 4294967295"
         );
-        let e = node_rank(&map(&[(RANK, "37"), (LOCAL_WORLD_SIZE, "0")])).unwrap_err();
+        let e = node_rank(&from_pairs(&[(RANK, "37"), (LOCAL_WORLD_SIZE, "0")])).unwrap_err();
         assert_eq!(
             e.to_string(),
             "LOCAL_WORLD_SIZE=\"0\" is not a positive integer"
         );
-        let e = rank(&map(&[(RANK, "seven")])).unwrap_err();
+        let e = rank(&from_pairs(&[(RANK, "seven")])).unwrap_err();
         assert_eq!((e.var, e.value.as_str()), (RANK, "seven"));
     }
 
     #[test]
     fn clusterd_is_found_as_taskd_finds_it() {
-        let at = |pairs: &[(&str, &str)]| clusterd_addr(&map(pairs), 8899);
+        let at = |pairs: &[(&str, &str)]| clusterd_addr(&from_pairs(pairs), 8899);
         assert_eq!(at(&[]), None);
         assert_eq!(at(&[(MINDX_SERVER_IP, " ")]), None);
         assert_eq!(
@@ -407,7 +408,7 @@ mod tests {
                     pairs.push((k, v.as_str()));
                 }
             }
-            let env = map(&pairs);
+            let env = from_pairs(&pairs);
             let num = |v: &Option<String>| v.as_deref().map(str::trim).filter(|v| !v.is_empty()).map(|v| v.parse::<u32>());
             match node_rank(&env) {
                 Ok(Some(n)) => match num(&ms) {

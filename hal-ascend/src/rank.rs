@@ -188,15 +188,9 @@ impl RankHal for AscendRankHal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::ffi::OsString;
 
     fn caps(pairs: &[(&str, &str)]) -> SwitchCapabilities {
-        let env = |k: &str| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| OsString::from(v))
-        };
+        let env = taskd_core::env::from_pairs(pairs);
         capabilities_from_env(&env)
     }
 

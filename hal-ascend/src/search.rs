@@ -187,16 +187,8 @@ fn list_attempts(attempts: &[Attempt]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
-    use std::ffi::OsString;
 
-    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
-        let map: HashMap<String, OsString> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), OsString::from(v)))
-            .collect();
-        move |k| map.get(k).cloned()
-    }
+    use taskd_core::env::from_pairs as env;
 
     fn paths(c: &[Candidate]) -> Vec<String> {
         c.iter().map(|c| c.path.display().to_string()).collect()
@@ -204,7 +196,7 @@ mod tests {
 
     #[test]
     fn nothing_set_leaves_the_loader_default() {
-        let c = candidates(&HCCL, &env(&[]));
+        let c = candidates(&HCCL, &env::<&str>(&[]));
         assert_eq!(
             c,
             vec![Candidate {

@@ -8,7 +8,6 @@
 
 #![allow(dead_code)]
 
-use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -59,9 +58,6 @@ pub(crate) fn fresh(stub: Stub, test: &str) -> PathBuf {
 
 /// An environment map for the library search.
 pub(crate) fn env(pairs: &[(&str, &Path)]) -> impl Fn(&str) -> Option<OsString> {
-    let map: HashMap<String, OsString> = pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.as_os_str().to_owned()))
-        .collect();
-    move |k| map.get(k).cloned()
+    let pairs: Vec<(&str, OsString)> = pairs.iter().map(|(k, v)| (*k, v.into())).collect();
+    taskd_core::env::from_pairs(&pairs)
 }

@@ -47,13 +47,6 @@ mod dcmi;
 /// the manager's port.
 pub use taskd_actors::net::DEFAULT_MANAGER_PORT as DEFAULT_PORT;
 
-/// The reference deployment's `HCCL_OP_RETRY_ENABLE`, quoted in fix-it messages: `L2:1` is
-/// what makes `HcclCommWorkingDevNicSet` switch at all.
-pub const HCCL_OP_RETRY_ENABLE_VALUE: &str = "L0:0, L1:1, L2:1";
-/// The reference deployment's `MS_ENABLE_TFT`, quoted in fix-it messages: `TSP:1` is what a
-/// worker reports as its TSP capability.
-pub const MS_ENABLE_TFT_VALUE: &str = "{TTP:1,TSP:1}";
-
 /// The verdict of one check.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "UPPERCASE")]
@@ -158,14 +151,9 @@ pub fn run(cfg: &DoctorConfig, env: EnvLookup<'_>) -> Vec<Check> {
     if out[2].status == Status::Pass {
         out.extend(dcmi(cfg, env));
     }
-    out.extend([
-        l2_retry(env),
-        tsp(env),
-        process_recover(env),
-        elastic_process_recover(env),
-        rdma(env),
-        job_id(env),
-    ]);
+    out.extend([]);
+    out.extend(FLAGS.iter().map(|f| flag(f, env)));
+    out.extend([rdma(env), job_id(env)]);
     let (role_check, role) = role(env);
     out.push(role_check);
     out.push(node_rank(env));
@@ -404,77 +392,98 @@ pub fn dcmi(cfg: &DoctorConfig, env: EnvLookup<'_>) -> Vec<Check> {
 // ---------------------------------------------------------------------------------------------
 // Enable flags
 
-/// `HCCL_OP_RETRY_ENABLE` must contain `L2:1`.
-pub fn l2_retry(env: EnvLookup<'_>) -> Check {
-    let name = "env:HCCL_OP_RETRY_ENABLE";
-    let v = get(env, flags::HCCL_OP_RETRY_ENABLE);
-    if flags::l2_retry_enabled(v.as_deref()) {
-        Check::pass(name, format!("{} has L2:1", shown(&v)))
-    } else {
-        Check::fail(
-            name,
-            format!(
-                "{}: HcclCommWorkingDevNicSet would report success and switch nothing",
-                lacks(&v, "L2:1")
-            ),
-            format!("export HCCL_OP_RETRY_ENABLE=\"{HCCL_OP_RETRY_ENABLE_VALUE}\" for the training processes"),
-        )
-    }
+/// One enable flag the training processes need: the variable, the value it needs, what goes
+/// wrong without it, and how to set it.
+#[derive(Copy, Clone, Debug)]
+pub struct FlagCheck {
+    /// The variable.
+    pub var: &'static str,
+    /// What it must hold, as the detail says it: `has TSP:1` or `"on"`.
+    pub wants: Wants,
+    /// Whether the value is enough.
+    pub enabled: fn(Option<&str>) -> bool,
+    /// What a value that is not enough costs: [`Status::Fail`] or [`Status::Warn`].
+    pub severity: Status,
+    /// What goes wrong without it.
+    pub without: &'static str,
+    /// The command that sets it.
+    pub fix: &'static str,
 }
 
-/// `MS_ENABLE_TFT` must contain `TSP:1`.
-pub fn tsp(env: EnvLookup<'_>) -> Check {
-    let name = "env:MS_ENABLE_TFT";
-    let v = get(env, flags::MS_ENABLE_TFT);
-    if flags::tsp_enabled(v.as_deref()) {
-        Check::pass(name, format!("{} has TSP:1", shown(&v)))
-    } else {
-        Check::fail(
-            name,
-            format!(
-                "{}: the manager refuses every switch involving this node's ranks",
-                lacks(&v, "TSP:1")
-            ),
-            format!("export MS_ENABLE_TFT='{MS_ENABLE_TFT_VALUE}' for the training processes"),
-        )
-    }
+/// The value an enable flag needs.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Wants {
+    /// A list that holds this entry (`L2:1` in `L0:0, L1:1, L2:1`).
+    Entry(&'static str),
+    /// Exactly this value, spaces aside.
+    Exactly(&'static str),
 }
+
+/// `HCCL_OP_RETRY_ENABLE` must contain `L2:1` (the fix quotes the reference deployment's value):
+/// `L2:1` is what makes `HcclCommWorkingDevNicSet` switch at all.
+pub const L2_RETRY: FlagCheck = FlagCheck {
+    var: flags::HCCL_OP_RETRY_ENABLE,
+    wants: Wants::Entry("L2:1"),
+    enabled: flags::l2_retry_enabled,
+    severity: Status::Fail,
+    without: "HcclCommWorkingDevNicSet would report success and switch nothing",
+    fix: "export HCCL_OP_RETRY_ENABLE=\"L0:0, L1:1, L2:1\" for the training processes",
+};
+
+/// `MS_ENABLE_TFT` must contain `TSP:1` (the fix quotes the reference deployment's value): it is
+/// what a worker reports as its TSP capability.
+pub const TSP: FlagCheck = FlagCheck {
+    var: flags::MS_ENABLE_TFT,
+    wants: Wants::Entry("TSP:1"),
+    enabled: flags::tsp_enabled,
+    severity: Status::Fail,
+    without: "the manager refuses every switch involving this node's ranks",
+    fix: "export MS_ENABLE_TFT='{TTP:1,TSP:1}' for the training processes",
+};
 
 /// `PROCESS_RECOVER=on` (warning only; see the module docs).
-pub fn process_recover(env: EnvLookup<'_>) -> Check {
-    let name = "env:PROCESS_RECOVER";
-    let v = get(env, flags::PROCESS_RECOVER);
-    if v.as_deref().map(str::trim) == Some("on") {
-        Check::pass(name, "\"on\"")
-    } else {
-        Check::warn(
-            name,
-            format!(
-                "{}, not \"on\": switching works, but a job an operation leaves in \
-                 needs_recovery cannot be recovered in place by MindCluster",
-                shown(&v)
-            ),
-            "export PROCESS_RECOVER=on (and label the pod process-recover-enable: \"on\", \
-             annotate it recover-strategy: \"retry\")",
-        )
-    }
-}
+pub const PROCESS_RECOVER: FlagCheck = FlagCheck {
+    var: flags::PROCESS_RECOVER,
+    wants: Wants::Exactly("on"),
+    enabled: |v| v.map(str::trim) == Some("on"),
+    severity: Status::Warn,
+    without: "switching works, but a job an operation leaves in needs_recovery cannot be \
+              recovered in place by MindCluster",
+    fix: "export PROCESS_RECOVER=on (and label the pod process-recover-enable: \"on\", annotate \
+          it recover-strategy: \"retry\")",
+};
 
 /// `ELASTIC_PROCESS_RECOVER_ENABLE=1` (warning only; see the module docs).
-pub fn elastic_process_recover(env: EnvLookup<'_>) -> Check {
-    let name = "env:ELASTIC_PROCESS_RECOVER_ENABLE";
-    let v = get(env, flags::ELASTIC_PROCESS_RECOVER_ENABLE);
-    if v.as_deref().map(str::trim) == Some("1") {
-        Check::pass(name, "\"1\"")
-    } else {
-        Check::warn(
-            name,
-            format!(
-                "{}, not \"1\": switching works, but MindCluster's process-level recovery is off",
-                shown(&v)
-            ),
-            "export ELASTIC_PROCESS_RECOVER_ENABLE=1",
-        )
+pub const ELASTIC_PROCESS_RECOVER: FlagCheck = FlagCheck {
+    var: flags::ELASTIC_PROCESS_RECOVER_ENABLE,
+    wants: Wants::Exactly("1"),
+    enabled: |v| v.map(str::trim) == Some("1"),
+    severity: Status::Warn,
+    without: "switching works, but MindCluster's process-level recovery is off",
+    fix: "export ELASTIC_PROCESS_RECOVER_ENABLE=1",
+};
+
+/// The enable flags, in the order the doctor reports them.
+pub const FLAGS: [FlagCheck; 4] = [L2_RETRY, TSP, PROCESS_RECOVER, ELASTIC_PROCESS_RECOVER];
+
+/// Checks one enable flag: `env:<VAR>`, passing when its value is enough.
+pub fn flag(f: &FlagCheck, env: EnvLookup<'_>) -> Check {
+    let name = format!("env:{}", f.var);
+    let v = get(env, f.var);
+    if (f.enabled)(v.as_deref()) {
+        return match f.wants {
+            Wants::Entry(e) => Check::pass(name, format!("{} has {e}", shown(&v))),
+            Wants::Exactly(want) => Check::pass(name, format!("{want:?}")),
+        };
+    }
+    let seen = match f.wants {
+        Wants::Entry(e) => lacks(&v, e),
+        Wants::Exactly(want) => format!("{}, not {want:?}", shown(&v)),
+    };
+    let detail = format!("{seen}: {}", f.without);
+    match f.severity {
+        Status::Warn => Check::warn(name, detail, f.fix),
+        _ => Check::fail(name, detail, f.fix),
     }
 }
 
@@ -807,7 +816,11 @@ mod tests {
     #[test]
     fn l2_retry_passes_only_with_l2_1() {
         assert_eq!(
-            l2_retry(&env(&[("HCCL_OP_RETRY_ENABLE", "L0:0, L1:1, L2:1")])).status,
+            flag(
+                &L2_RETRY,
+                &env(&[("HCCL_OP_RETRY_ENABLE", "L0:0, L1:1, L2:1")])
+            )
+            .status,
             Status::Pass
         );
         for bad in [
@@ -815,7 +828,7 @@ mod tests {
             env(&[("HCCL_OP_RETRY_ENABLE", "L1:1")]),
             env::<&str>(&[]),
         ] {
-            let c = l2_retry(&bad);
+            let c = flag(&L2_RETRY, &bad);
             assert_eq!(c.status, Status::Fail, "{c:?}");
             assert!(c.detail.contains("switch nothing"), "{}", c.detail);
             assert!(c.fix.unwrap().contains("L2:1"));
@@ -825,14 +838,14 @@ mod tests {
     #[test]
     fn tsp_passes_only_with_tsp_1() {
         assert_eq!(
-            tsp(&env(&[("MS_ENABLE_TFT", "'{TTP:1,TSP:1}'")])).status,
+            flag(&TSP, &env(&[("MS_ENABLE_TFT", "'{TTP:1,TSP:1}'")])).status,
             Status::Pass
         );
         assert_eq!(
-            tsp(&env(&[("MS_ENABLE_TFT", "{TTP:1}")])).status,
+            flag(&TSP, &env(&[("MS_ENABLE_TFT", "{TTP:1}")])).status,
             Status::Fail
         );
-        let c = tsp(&env::<&str>(&[]));
+        let c = flag(&TSP, &env::<&str>(&[]));
         assert_eq!(c.status, Status::Fail);
         assert!(c.detail.starts_with("unset"), "{}", c.detail);
     }
@@ -840,20 +853,31 @@ mod tests {
     #[test]
     fn recovery_flags_warn_when_off() {
         assert_eq!(
-            process_recover(&env(&[("PROCESS_RECOVER", "on")])).status,
+            flag(&PROCESS_RECOVER, &env(&[("PROCESS_RECOVER", "on")])).status,
             Status::Pass
         );
         assert_eq!(
-            process_recover(&env(&[("PROCESS_RECOVER", "off")])).status,
+            flag(&PROCESS_RECOVER, &env(&[("PROCESS_RECOVER", "off")])).status,
             Status::Warn
         );
-        assert_eq!(process_recover(&env::<&str>(&[])).status, Status::Warn);
         assert_eq!(
-            elastic_process_recover(&env(&[("ELASTIC_PROCESS_RECOVER_ENABLE", "1")])).status,
+            flag(&PROCESS_RECOVER, &env::<&str>(&[])).status,
+            Status::Warn
+        );
+        assert_eq!(
+            flag(
+                &ELASTIC_PROCESS_RECOVER,
+                &env(&[("ELASTIC_PROCESS_RECOVER_ENABLE", "1")])
+            )
+            .status,
             Status::Pass
         );
         assert_eq!(
-            elastic_process_recover(&env(&[("ELASTIC_PROCESS_RECOVER_ENABLE", "0")])).status,
+            flag(
+                &ELASTIC_PROCESS_RECOVER,
+                &env(&[("ELASTIC_PROCESS_RECOVER_ENABLE", "0")])
+            )
+            .status,
             Status::Warn
         );
     }

@@ -151,7 +151,6 @@ pub fn run(cfg: &DoctorConfig, env: EnvLookup<'_>) -> Vec<Check> {
     if out[2].status == Status::Pass {
         out.extend(dcmi(cfg, env));
     }
-    out.extend([]);
     out.extend(FLAGS.iter().map(|f| flag(f, env)));
     out.extend([rdma(env), job_id(env)]);
     let (role_check, role) = role(env);

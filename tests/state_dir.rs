@@ -72,13 +72,32 @@ fn a_journal_that_cannot_be_written_refuses_new_operations_and_says_so() {
 
     let blocker = state.join(format!("operations.json.{}.tmp", c.manager.pid()));
     std::fs::create_dir(&blocker).unwrap();
+    // Through the CLI: a success it could not record exits 4, not 0 (done) or 1 (retry).
     let mut first = c.command(&[(0, 1, true)]);
-    first.id = Some(taskd::core::OperationId(uuid::Uuid::new_v4()));
-    let r = c.run(&first).expect("the operation runs");
+    let uuid = uuid::Uuid::new_v4();
+    first.id = Some(taskd::core::OperationId(uuid));
+    let uuid = uuid.to_string();
+    let (code, out, err) = taskd(&[
+        "switch",
+        "--uuid",
+        &uuid,
+        "--addr",
+        &c.control_addr,
+        "--job",
+        &c.job,
+        "--node",
+        "node-0",
+        "--dev",
+        "1",
+        "--to",
+        "backup",
+        "--wait",
+    ]);
+    assert_eq!(code, 4, "{out}{err}");
+    assert!(out.contains("NOT RECORDED"), "{out}");
+    let r = &c.status(1).recent[0];
     assert_eq!(r.result, "succeeded", "{r:#?}");
-    let why = r
-        .journal_error
-        .expect("the result says it is not journaled");
+    let why = r.journal_error.clone();
     assert!(why.contains("operations.json"), "names the file: {why}");
 
     let st = c.status(4);

@@ -20,6 +20,10 @@ pub mod exit {
     pub const USAGE: u8 = 2;
     /// The control API could not be reached, or refused the credentials.
     pub const UNREACHABLE: u8 = 3;
+    /// `switch --wait`: the operation succeeded, but the manager could not write its result to
+    /// its journal, so a restarted manager would not know it (and would run its uuid again).
+    /// Not 0, so automation notices; not 1, so it does not retry a switch that happened.
+    pub const NOT_RECORDED: u8 = 4;
 }
 
 /// Why a subcommand stopped without doing its job.

@@ -142,17 +142,23 @@ async fn follow(
                     let _ = printer.finish();
                     print!("{}", super::render::result_text(&r));
                 }
-                code = Some(if r.result == "succeeded" {
-                    exit::OK
-                } else {
-                    exit::FAILED
-                });
+                code = Some(result_code(&r));
             }
         }
     }
     code.ok_or_else(|| {
         CliError::Failed("the control API ended the switch without its result".to_owned())
     })
+}
+
+/// The exit code of a switch's final result: a success whose result the journal could not
+/// record is told apart from one it did.
+fn result_code(r: &OperationSummary) -> u8 {
+    match (r.result == "succeeded", r.journal_error.is_some()) {
+        (true, false) => exit::OK,
+        (true, true) => exit::NOT_RECORDED,
+        (false, _) => exit::FAILED,
+    }
 }
 
 /// Why the manager refused, as the CLI's error: bad input (exit 2) when the command line

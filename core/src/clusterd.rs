@@ -34,7 +34,7 @@
 
 use crate::command::{decimal_id, RankTarget, SwitchPlan};
 use crate::ids::{GlobalRank, OperationId};
-use crate::ledger::{JobLedger, JobState, SequenceError};
+use crate::ledger::{JobLedger, JobState, SequenceError, SubmitError};
 use crate::operation::{Action, CommandError, HoldPoint, OperationReport};
 use crate::rank_table::RankTable;
 use crate::summary::OperationSummary;
@@ -363,6 +363,8 @@ struct Cx<'a> {
     fresh: OperationId,
     now: Duration,
     step: Step,
+    /// The manager's verdict on starting an operation (see [`Sequencer::on_signal`]).
+    admit: Result<(), SubmitError>,
 }
 
 /// A report owed to ClusterD, in the order of the requests.
@@ -445,7 +447,9 @@ impl Sequencer {
     }
 
     /// A `ProcessManageSignal` from `from`. `fresh` is an unused operation id, taken if an
-    /// operation starts.
+    /// operation starts. `admit` is the manager's own verdict on starting one, on what the
+    /// ledger cannot see (its journal: [`SubmitError::JournalFailing`]); a pause it refuses is
+    /// answered as failed, as a pause the ledger refuses is.
     pub fn on_signal(
         &mut self,
         signal: &Signal,
@@ -453,6 +457,7 @@ impl Sequencer {
         ledger: &mut JobLedger,
         fresh: OperationId,
         now: Duration,
+        admit: Result<(), SubmitError>,
     ) -> Step {
         let mut step = Step::default();
         let key = match signal {
@@ -474,6 +479,7 @@ impl Sequencer {
             fresh,
             now,
             step,
+            admit,
         };
         if cx.from.job != cx.ledger.job().0 {
             refuse_foreign(signal, &mut cx);
@@ -571,7 +577,11 @@ impl Sequencer {
             );
             return;
         }
-        match cx.ledger.start_sequenced(cx.fresh, self.hold, None, cx.now) {
+        let started = cx
+            .admit
+            .clone()
+            .and_then(|()| cx.ledger.start_sequenced(cx.fresh, self.hold, None, cx.now));
+        match started {
             Ok(actions) => {
                 cx.step.note(
                     Level::Info,
@@ -882,7 +892,8 @@ impl Sequencer {
             }
         }
         if let Some((uuid, from)) = self.stop_after.take_if(|_| self.current.is_none()) {
-            let mut again = self.on_signal(&Signal::StopTrain { uuid }, &from, ledger, fresh, now);
+            let stop = Signal::StopTrain { uuid };
+            let mut again = self.on_signal(&stop, &from, ledger, fresh, now, Ok(()));
             step.actions.append(&mut again.actions);
             step.reports.append(&mut again.reports);
             step.notes.append(&mut again.notes);

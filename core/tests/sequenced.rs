@@ -225,6 +225,27 @@ fn duplicates_are_not_answered_twice() {
 }
 
 #[test]
+fn a_pause_while_the_journal_cannot_be_written_is_refused_and_a_later_one_runs() {
+    let mut w = world();
+    let failing = SubmitError::JournalFailing {
+        why: "writing /state/operations.json: No space left on device".into(),
+    };
+    let reports = w.signal_admitting(pause("u1"), Err(failing));
+    one(reports.clone(), stop_complete(CODE_FAILED));
+    let Report::StopComplete { info, .. } = &reports[0] else {
+        unreachable!()
+    };
+    assert!(
+        info.contains("pause u1 refused") && info.contains("journal"),
+        "{info}"
+    );
+    assert!(w.ledger.in_flight().is_none() && w.seq.current().is_none());
+    assert!(w.sent.is_empty(), "no rank was paused: {:?}", w.sent);
+    // Once a write succeeds again, ClusterD's next pause is a new flow and runs.
+    paused(&mut w, "u2");
+}
+
+#[test]
 fn bad_rank_lists_are_refused_with_false_and_change_nothing() {
     for (ranks, ops) in [
         (ids(&[8]), vec![true]),              // not in the table

@@ -147,8 +147,13 @@ impl Handler<ClusterdSignal> for Manager {
     fn handle(&mut self, m: ClusterdSignal, ctx: &mut Self::Context) {
         let fresh = OperationId(uuid::Uuid::new_v4());
         let span = signal_span(&m.signal);
+        // Only a pause starts an operation; the journal is proven writable for it alone.
+        let admit = match m.signal {
+            Signal::Pause { .. } => self.journal_ready(),
+            _ => Ok(()),
+        };
         self.clusterd_input(span, ctx, |seq, ledger, now| {
-            seq.on_signal(&m.signal, &m.from, ledger, fresh, now)
+            seq.on_signal(&m.signal, &m.from, ledger, fresh, now, admit)
         });
     }
 }

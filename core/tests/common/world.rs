@@ -6,7 +6,7 @@
 
 use super::*;
 use taskd_core::clusterd::{Origin, Outgoing, Report, Sequencer, Signal, Step};
-use taskd_core::ledger::StopBy;
+use taskd_core::ledger::{StopBy, SubmitError};
 use taskd_core::protocol::{GateReport, WorkerHello};
 use taskd_core::{JobLedger, JobState, SwitchCapabilities};
 
@@ -99,12 +99,22 @@ impl World {
 
     /// ClusterD sends a `ProcessManageSignal`; returns the reports it led to.
     pub(crate) fn signal(&mut self, s: Signal) -> Vec<Report> {
+        self.signal_admitting(s, Ok(()))
+    }
+
+    /// ClusterD sends a `ProcessManageSignal` while the manager's own verdict on starting an
+    /// operation is `admit` (its journal); returns the reports it led to.
+    pub(crate) fn signal_admitting(
+        &mut self,
+        s: Signal,
+        admit: Result<(), SubmitError>,
+    ) -> Vec<Report> {
         self.now += millis(1);
         let fresh = self.fresh();
         let from = self.from.clone();
         let step = self
             .seq
-            .on_signal(&s, &from, &mut self.ledger, fresh, self.now);
+            .on_signal(&s, &from, &mut self.ledger, fresh, self.now, admit);
         self.take(step)
     }
 

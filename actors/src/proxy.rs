@@ -17,7 +17,9 @@ use taskd_core::protocol::{
     Directive, DirectiveKind, LinkReport, NodeReply, Phase, ProxyToManager, RankReply, ReplyBody,
     WorkerHello, WorkerToProxy,
 };
-use taskd_core::{DeviceId, GlobalRank, JobId, LinkHealth, NodeHal, NodeName, OperationId};
+use taskd_core::{
+    DeviceId, GlobalRank, HalErrorKind, JobId, LinkHealth, NodeHal, NodeName, OperationId,
+};
 use tracing::Span;
 
 /// Replies being gathered for one directive.
@@ -442,7 +444,13 @@ impl Handler<Deliver<Directive>> for Proxy {
                                 Err(e) => {
                                     telemetry::hal_error("link_health", &e);
                                     // Unknown health does not block the switch: HCCL decides.
-                                    tracing::warn!(%node, device = dev.0, error = %e, "link health unknown");
+                                    // A node HAL that cannot read health at all said so when
+                                    // the proxy started: not a warning at every switch.
+                                    if e.kind == HalErrorKind::NotSupported {
+                                        tracing::debug!(%node, device = dev.0, error = %e, "link health not monitored");
+                                    } else {
+                                        tracing::warn!(%node, device = dev.0, error = %e, "link health unknown");
+                                    }
                                     None
                                 }
                             }

@@ -489,24 +489,19 @@ mod tests {
             ..PhaseDurations::default()
         };
         FinishedOperation::of(&OperationReport {
-            journal_error: None,
-            hold: None,
-            id: OperationId(uuid::Uuid::from_u128(n.into())),
-            direction: Direction::ToBackup,
-            targets: vec![target],
-            outcome: Outcome::Failed,
-            error: None,
-            rollback_error: None,
-            rank_errors: Vec::new(),
             rolled_back: true,
-            applied: false,
             pause_step: Some(42),
             sampled_steps: Some((41, 42)),
             phases,
             stall: Some(Duration::from_nanos(1_234_567)),
             lost_ranks: vec![GlobalRank(3)],
             job_state: JobState::NeedsRecovery,
-            trigger: Default::default(),
+            ..OperationReport::new(
+                OperationId(uuid::Uuid::from_u128(n.into())),
+                Direction::ToBackup,
+                vec![target],
+                Outcome::Failed,
+            )
         })
     }
 

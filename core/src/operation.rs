@@ -387,6 +387,40 @@ pub struct OperationReport {
     pub hold: Option<String>,
 }
 
+impl OperationReport {
+    /// The report of operation `id` with `outcome` and nothing else known: no error, nothing
+    /// applied or rolled back, no pause, no phase timed, no rank lost, the job running, the
+    /// operator's. For tools and tests that make reports; the fields that differ are set with
+    /// `OperationReport { applied: true, ..OperationReport::new(..) }`.
+    pub fn new(
+        id: OperationId,
+        direction: Direction,
+        targets: Vec<RankTarget>,
+        outcome: Outcome,
+    ) -> Self {
+        OperationReport {
+            id,
+            direction,
+            targets,
+            outcome,
+            error: None,
+            rollback_error: None,
+            rank_errors: Vec::new(),
+            rolled_back: false,
+            applied: false,
+            pause_step: None,
+            sampled_steps: None,
+            phases: PhaseDurations::default(),
+            stall: None,
+            lost_ranks: Vec::new(),
+            job_state: JobState::Running,
+            trigger: Trigger::Operator,
+            journal_error: None,
+            hold: None,
+        }
+    }
+}
+
 /// One operation in flight.
 ///
 /// The operation is always in one stage (sampling, pausing, applying, rolling back, resuming,

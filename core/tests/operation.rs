@@ -11,7 +11,7 @@ use taskd_core::operation::OperationError;
 use taskd_core::protocol::{DirectiveKind, NodeReply, Phase, RankError, ReplyBody};
 use taskd_core::{
     Action, DeviceId, Direction, Event, GlobalRank, HcclCode, JobState, LinkHealth, NicSide,
-    OperationReport, Outcome, Trigger,
+    OperationReport, Outcome,
 };
 
 const ALL: [u32; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
@@ -110,16 +110,6 @@ fn happy_path_samples_pauses_at_max_step_switches_and_resumes() {
     assert_eq!(
         h.report(),
         OperationReport {
-            journal_error: None,
-            hold: None,
-            id,
-            direction: Direction::ToBackup,
-            targets: h.plan.targets.clone(),
-            outcome: Outcome::Succeeded,
-            error: None,
-            rollback_error: None,
-            rank_errors: vec![],
-            rolled_back: false,
             applied: true,
             pause_step: Some(8),
             // Rank 5 was a step ahead of the others.
@@ -127,9 +117,12 @@ fn happy_path_samples_pauses_at_max_step_switches_and_resumes() {
             // pause: 100 -> 104, switch: 104 -> 107, resume: 107 -> 108.
             phases: durations(Some(4), Some(3), None, Some(1), 8),
             stall: Some(millis(700)),
-            lost_ranks: vec![],
-            job_state: JobState::Running,
-            trigger: Trigger::Operator,
+            ..OperationReport::new(
+                id,
+                Direction::ToBackup,
+                h.plan.targets.clone(),
+                Outcome::Succeeded
+            )
         }
     );
     assert_eq!(
@@ -234,25 +227,20 @@ fn hal_failure_in_switch_rolls_back_with_previous_values_and_resumes() {
     assert_eq!(
         h.report(),
         OperationReport {
-            journal_error: None,
-            hold: None,
-            id,
-            direction: Direction::Mixed,
-            targets: h.plan.targets.clone(),
-            outcome: Outcome::Failed,
             error: Some(rank_failed(5, Phase::Switch, err.clone())),
-            rollback_error: None,
             rank_errors: vec![(GlobalRank(5), Phase::Switch, err)],
             rolled_back: true,
-            applied: false,
             pause_step: Some(9),
             sampled_steps: Some((9, 9)),
             // pause 100 -> 102, switch 102 -> 105, rollback 105 -> 108, resume 108 -> 109.
             phases: durations(Some(2), Some(3), Some(3), Some(1), 9),
             stall: Some(millis(700)),
-            lost_ranks: vec![],
-            job_state: JobState::Running,
-            trigger: Trigger::Operator,
+            ..OperationReport::new(
+                id,
+                Direction::Mixed,
+                h.plan.targets.clone(),
+                Outcome::Failed
+            )
         }
     );
     let text = h.report().to_string();

@@ -312,8 +312,8 @@ mod tests {
     use super::*;
     use crate::sim::report::{PhasesMs, TargetSummary};
     use taskd_core::command::{Direction, RankTarget};
+    use taskd_core::operation::OperationReport;
     use taskd_core::operation::Trigger;
-    use taskd_core::operation::{JobState, OperationReport, PhaseDurations};
     use taskd_core::{DeviceId, GlobalRank, JobId, NodeName, OperationId};
 
     fn id() -> OperationId {
@@ -338,24 +338,14 @@ mod tests {
             use_backup: true,
         };
         let report = OperationReport {
-            journal_error: None,
-            hold: None,
-            id: id(),
-            direction: Direction::ToBackup,
-            targets: vec![target.clone()],
-            outcome: Outcome::Succeeded,
-            error: None,
-            rollback_error: None,
-            rank_errors: vec![],
-            rolled_back: false,
             applied: true,
             pause_step: Some(7),
-            sampled_steps: None,
-            phases: PhaseDurations::default(),
-            stall: None,
-            lost_ranks: vec![],
-            job_state: JobState::Running,
-            trigger: Default::default(),
+            ..OperationReport::new(
+                id(),
+                Direction::ToBackup,
+                vec![target.clone()],
+                Outcome::Succeeded,
+            )
         };
         vec![
             ev(

@@ -230,29 +230,18 @@ mod tests {
     use super::*;
     use std::time::Duration;
     use taskd_core::command::Direction;
-    use taskd_core::operation::{JobState, PhaseDurations};
     use taskd_core::GlobalRank;
 
     fn failed(error: Option<OperationError>) -> OperationReport {
         OperationReport {
-            journal_error: None,
-            hold: None,
-            id: OperationId(uuid::Uuid::from_u128(7)),
-            direction: Direction::ToBackup,
-            targets: Vec::new(),
-            outcome: Outcome::Failed,
             error,
-            rollback_error: None,
-            rank_errors: Vec::new(),
             rolled_back: true,
-            applied: false,
-            pause_step: None,
-            sampled_steps: None,
-            phases: PhaseDurations::default(),
-            stall: None,
-            lost_ranks: Vec::new(),
-            job_state: JobState::Running,
-            trigger: Default::default(),
+            ..OperationReport::new(
+                OperationId(uuid::Uuid::from_u128(7)),
+                Direction::ToBackup,
+                Vec::new(),
+                Outcome::Failed,
+            )
         }
     }
 

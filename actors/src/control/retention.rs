@@ -146,29 +146,14 @@ mod tests {
     use super::*;
     use crate::progress::ProgressFeed;
     use taskd_core::command::Direction;
-    use taskd_core::operation::{JobState, OperationReport, Outcome, PhaseDurations};
+    use taskd_core::operation::{OperationReport, Outcome};
     use taskd_core::JobId;
 
     fn report(id: OperationId) -> OperationReport {
         OperationReport {
-            journal_error: None,
-            hold: None,
-            id,
-            direction: Direction::ToBackup,
-            targets: Vec::new(),
-            outcome: Outcome::Succeeded,
-            error: None,
-            rollback_error: None,
-            rank_errors: Vec::new(),
-            rolled_back: false,
             applied: true,
             pause_step: Some(1),
-            sampled_steps: None,
-            phases: PhaseDurations::default(),
-            stall: None,
-            lost_ranks: Vec::new(),
-            job_state: JobState::Running,
-            trigger: Default::default(),
+            ..OperationReport::new(id, Direction::ToBackup, Vec::new(), Outcome::Succeeded)
         }
     }
 

@@ -189,7 +189,7 @@ mod tests {
     use super::*;
     use crate::command::Direction;
     use crate::ids::{DeviceId, NodeName};
-    use crate::operation::{JobState, Outcome, PhaseDurations, Trigger};
+    use crate::operation::Outcome;
 
     fn id(n: u128) -> OperationId {
         OperationId(uuid::Uuid::from_u128(n))
@@ -198,29 +198,18 @@ mod tests {
     /// A final report of `n` that switched rank `n` to its backup NIC.
     fn report(n: u128) -> OperationReport {
         OperationReport {
-            journal_error: None,
-            hold: None,
-            id: id(n),
-            direction: Direction::ToBackup,
-            targets: vec![RankTarget {
-                node: NodeName::from("node-0"),
-                device: DeviceId(0),
-                rank: GlobalRank(n as u32),
-                use_backup: true,
-            }],
-            outcome: Outcome::Succeeded,
-            error: None,
-            rollback_error: None,
-            rank_errors: vec![],
-            rolled_back: false,
             applied: true,
-            pause_step: None,
-            sampled_steps: None,
-            phases: PhaseDurations::default(),
-            stall: None,
-            lost_ranks: vec![],
-            job_state: JobState::Running,
-            trigger: Trigger::Operator,
+            ..OperationReport::new(
+                id(n),
+                Direction::ToBackup,
+                vec![RankTarget {
+                    node: NodeName::from("node-0"),
+                    device: DeviceId(0),
+                    rank: GlobalRank(n as u32),
+                    use_backup: true,
+                }],
+                Outcome::Succeeded,
+            )
         }
     }
 

@@ -27,6 +27,23 @@ fn scrape(addr: &str) -> String {
 }
 
 /// The value of the unlabelled series `name` in a scrape.
+/// `taskd manager` of a one-rank job on a free port, with `extra` flags.
+fn manager<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec![
+        "manager",
+        "--job-id",
+        "state-dir",
+        "--nodes",
+        "1",
+        "--procs-per-node",
+        "1",
+        "--listen",
+        "127.0.0.1:0",
+    ];
+    a.extend(extra);
+    a
+}
+
 fn value(body: &str, name: &str) -> Option<f64> {
     body.lines()
         .filter(|l| !l.starts_with('#'))
@@ -154,26 +171,10 @@ fn a_journal_that_cannot_be_written_refuses_new_operations_and_says_so() {
 fn a_second_manager_on_one_state_dir_is_refused_naming_the_holder() {
     let scratch = Scratch::new("state-dir-locked");
     let state = scratch.path("state").display().to_string();
-    let args = |name: &str| {
-        s(&[
-            "manager",
-            "--job-id",
-            name,
-            "--nodes",
-            "1",
-            "--procs-per-node",
-            "1",
-            "--listen",
-            "127.0.0.1:0",
-            "--state-dir",
-            &state,
-        ])
-    };
-    let mut first = Proc::spawn(&scratch, "first", &args("locked"));
+    let args = manager(&["--state-dir", &state]);
+    let mut first = Proc::spawn(&scratch, "first", &s(&args));
     first.listening_addr();
-    let a = args("locked");
-    let a: Vec<&str> = a.iter().map(String::as_str).collect();
-    let (code, _, err) = taskd(&a);
+    let (code, _, err) = taskd(&args);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("in use by another manager"), "{err}");
     assert!(err.contains(&format!("pid {}", first.pid())), "{err}");
@@ -181,7 +182,7 @@ fn a_second_manager_on_one_state_dir_is_refused_naming_the_holder() {
     first.term();
     assert!(first.wait_exit().success(), "{}", first.stderr_tail());
     // Released with its holder.
-    let mut next = Proc::spawn(&scratch, "next", &args("locked"));
+    let mut next = Proc::spawn(&scratch, "next", &s(&args));
     next.listening_addr();
     next.term();
     assert!(next.wait_exit().success(), "{}", next.stderr_tail());
@@ -200,31 +201,16 @@ fn a_fifo_journal_or_a_device_token_file_is_refused_at_start() {
         .unwrap();
     assert!(made.success());
     let state = state.display().to_string();
-    let base = [
-        "manager",
-        "--job-id",
-        "fifo",
-        "--nodes",
-        "1",
-        "--procs-per-node",
-        "1",
-        "--listen",
-        "127.0.0.1:0",
-    ];
-    let mut a = base.to_vec();
-    a.extend(["--state-dir", &state]);
-    let (code, _, err) = taskd(&a);
+    let (code, _, err) = taskd(&manager(&["--state-dir", &state]));
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("a FIFO, not a regular file"), "{err}");
 
-    let mut a = base.to_vec();
-    a.extend([
+    let (code, _, err) = taskd(&manager(&[
         "--control-addr",
         "127.0.0.1:0",
         "--control-token-file",
         "/dev/zero",
-    ]);
-    let (code, _, err) = taskd(&a);
+    ]));
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("/dev/zero"), "{err}");
     assert!(err.contains("a character device"), "{err}");

@@ -16,19 +16,23 @@ WAIT = 180  # seconds: a bound on what takes seconds (MindSpore's start is the s
 
 
 class Proc:
-    """A child process whose output lines (stdout and stderr together) are read as they come."""
+    """A child process whose output lines are read as they come: stdout and stderr together,
+    or with ``merged=False`` stderr alone, stdout kept whole for ``finish()`` (a process that
+    prints its result there)."""
 
-    def __init__(self, name, args, env, stdin=False):
+    def __init__(self, name, args, env, stdin=False, merged=True):
         self.name = name
         self.p = subprocess.Popen(args, env=env, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT if merged else subprocess.PIPE,
                                   start_new_session=True)
         self.lines = queue.Queue()
         self.seen = []
-        threading.Thread(target=self._read, daemon=True).start()
+        stream = self.p.stdout if merged else self.p.stderr
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
 
-    def _read(self):
-        for line in iter(self.p.stdout.readline, b""):
+    def _read(self, stream):
+        for line in iter(stream.readline, b""):
             self.lines.put(line.decode(errors="replace"))
         self.lines.put(None)
 
@@ -56,6 +60,7 @@ class Proc:
         return found
 
     def output(self):
+        """Every line read so far and waiting, without the frameworks' [WARNING]/[INFO] noise."""
         while True:
             try:
                 line = self.lines.get_nowait()
@@ -64,6 +69,13 @@ class Proc:
             if line is not None:
                 self.seen.append(line)
         return "".join(l for l in self.seen if not l.startswith(("[WARNING]", "[INFO]")))
+
+    def finish(self):
+        """Closes stdin; the exit status and stdout (of a process started with ``stdin=True,
+        merged=False``)."""
+        self.p.stdin.close()
+        out = self.p.stdout.read().decode()
+        return self.p.wait(WAIT), out
 
 
 def free_port():

@@ -19,72 +19,17 @@ the fakes are put on the path here. Exit status 0 when every check holds.
 import argparse
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
+
+from jobs import WAIT, Proc, reaping, taskd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAKES = os.path.join(os.path.dirname(HERE), "fakes")
 JOB = "e2e-job"
 NODES, PER_NODE = 2, 2
-WAIT = 60  # seconds: a bound on events that take milliseconds
-
-
-class Proc:
-    """A child process whose stderr lines are read as they come."""
-
-    def __init__(self, name, args, env, stdin=True):
-        self.name = name
-        self.p = subprocess.Popen(
-            args, env=env, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )
-        self.lines = queue.Queue()
-        self.seen = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in iter(self.p.stderr.readline, b""):
-            self.lines.put(line.decode(errors="replace"))
-        self.lines.put(None)
-
-    def wait_line(self, text):
-        """The first (next) stderr line containing ``text``."""
-        for line in self.seen:
-            if text in line:
-                self.seen.remove(line)
-                return line
-        while True:
-            try:
-                line = self.lines.get(timeout=WAIT)
-            except queue.Empty:
-                line = None
-            if line is None:
-                raise AssertionError("%s: %r never came; stderr:\n%s" % (self.name, text, self.stderr()))
-            if text in line:
-                return line
-            self.seen.append(line)
-
-    def stderr(self):
-        rest = []
-        while True:
-            try:
-                line = self.lines.get_nowait()
-            except queue.Empty:
-                break
-            if line is not None:
-                rest.append(line)
-        self.seen.extend(rest)
-        return "".join(self.seen)
-
-    def finish(self):
-        """Closes stdin; returns (exit status, stdout)."""
-        self.p.stdin.close()
-        out = self.p.stdout.read().decode()
-        return self.p.wait(WAIT), out
 
 
 def addr_after(proc, text):
@@ -93,24 +38,18 @@ def addr_after(proc, text):
     return proc.wait_line(text).split(text, 1)[1].split()[0]
 
 
-def taskd(args, cli, *more):
-    cmd = [args.taskd, *cli, *more]
-    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=WAIT)
-    return out.returncode, out.stdout.decode()
-
-
 def start_job(args, env, procs):
     """Starts every process (listed in ``procs`` as they start) and waits until the manager
     says the job is ready."""
     manager = Proc("manager", [args.python, os.path.join(HERE, "manager.py")],
-                   dict(env, TASKD_MANAGER_LISTEN="127.0.0.1:0", TASKD_CONTROL_ADDR="127.0.0.1:0"),
-                   stdin=False)
+                   dict(env, TASKD_MANAGER_LISTEN="127.0.0.1:0", TASKD_CONTROL_ADDR="127.0.0.1:0"))
     procs.append(manager)
     port = addr_after(manager, "taskd manager listening on ").rsplit(":", 1)[1]
     control = addr_after(manager, "taskd manager control API on ")
     proxies, proxy_addrs = [], []
     for k in range(NODES):
-        p = Proc("node-%d" % k, [args.python, os.path.join(HERE, "management.py"), port, str(k)], env)
+        p = Proc("node-%d" % k, [args.python, os.path.join(HERE, "management.py"), port, str(k)], env,
+                 stdin=True, merged=False)
         procs.append(p)
         proxy_addrs.append(addr_after(p, "taskd proxy listening on "))
         p.wait_line("taskd proxy registered as node-%d" % k)
@@ -121,7 +60,8 @@ def start_job(args, env, procs):
         renv = dict(env, TASKD_PROXY=proxy_addrs[k], RANK_ID=str(r), MS_NODE_RANK=str(k),
                     RANK=str(r), LOCAL_WORLD_SIZE=str(PER_NODE),
                     TRAIN_STEP_CALLS="1" if r % 2 else "0")
-        trainers.append(Proc("rank-%d" % r, [args.python, os.path.join(HERE, "train.py"), args.framework], renv))
+        trainers.append(Proc("rank-%d" % r, [args.python, os.path.join(HERE, "train.py"), args.framework], renv,
+                             stdin=True, merged=False))
         procs.append(trainers[-1])
     for r, t in enumerate(trainers):
         t.wait_line("taskd worker rank %d registered on node-%d" % (r, r // PER_NODE))
@@ -209,14 +149,15 @@ def main():
                    MS_ENABLE_TFT="{TTP:1,TSP:1}", HCCL_OP_RETRY_ENABLE="L0:0, L1:1, L2:1",
                    FAKE_FRAMEWORK_FAIL_FILE=fail_file, PYTHONPATH=os.pathsep.join(path),
                    TRAIN_SINK_SIZE=str(args.sink_size))
+        env["TASKD_TEST_JOB"] = "%s-%d" % (JOB, os.getpid())
         procs = []
-        try:
+        with reaping(procs, env["TASKD_TEST_JOB"]):
             manager, proxies, trainers, control = start_job(args, env, procs)
             operations(args, control, fail_file)
             last, held = set(), set()
             for r, t in enumerate(trainers):
                 code, out = t.finish()
-                assert code == 0, "rank %d exited %s:\n%s" % (r, code, t.stderr())
+                assert code == 0, "rank %d exited %s:\n%s" % (r, code, t.output())
                 summary = json.loads(out)
                 last.add(json.dumps(check_rank(r, summary)))
                 steps = [c["step"] for c in summary["calls"]]
@@ -227,19 +168,10 @@ def main():
             assert len(last) == 1, last
             for p in proxies:
                 code, out = p.finish()
-                assert (code, out) == (0, "destroy_taskd_proxy True\n"), (code, out, p.stderr())
+                assert (code, out) == (0, "destroy_taskd_proxy True\n"), (code, out, p.output())
             manager.p.send_signal(signal.SIGTERM)
-            assert manager.p.wait(WAIT) == 0, manager.stderr()
+            assert manager.p.wait(WAIT) == 0, manager.output()
             manager.wait_line("taskd manager stopped: SIGTERM")
-        except BaseException:
-            for p in procs:
-                print("---- %s (stderr)\n%s" % (p.name, p.stderr()), file=sys.stderr)
-            raise
-        finally:
-            for p in procs:
-                if p.p.poll() is None:
-                    p.p.kill()
-                    p.p.wait()
     sink = " in sink mode (%d steps a callback)" % args.sink_size if args.sink_size else ""
     print("end-to-end job (%s%s): every check holds" % (args.framework, sink))
 

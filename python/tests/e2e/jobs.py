@@ -4,6 +4,7 @@ the processes a job left behind (found by the mark every process of the job carr
 environment, ``TASKD_TEST_JOB``)."""
 
 import contextlib
+import json
 import os
 import queue
 import signal
@@ -146,6 +147,32 @@ def switch_there_and_back(args, control, manager, job):
         assert code == 0 and "SUCCEEDED" in out, out
         stalls += [float(l.split()[-2]) for l in out.splitlines() if l.strip().startswith("stall ")]
     return stalls
+
+
+# What each rank's framework is told by one switch there and back: both devices of node-0 to
+# their backup NIC, then back.
+THERE_AND_BACK = [([0, 1], [True, True]), ([0, 1], [False, False])]
+
+
+def check_ranks(out_dir, pairs):
+    """The two ranks' reports (``rank-N.json`` in ``out_dir``), checked against ``pairs``
+    switches there and back: every call with the whole target list, training after the last
+    one, both held after the same steps (every group agrees on its NIC configuration), the
+    same parameters. Returns the reports, the steps they were held after, and the slower
+    rank's mean step in milliseconds."""
+    reports = []
+    for r in (0, 1):
+        with open(os.path.join(out_dir, "rank-%d.json" % r)) as f:
+            reports.append(json.load(f))
+    for r, rep in enumerate(reports):
+        got = [(c["ranks"], c["use_backup"]) for c in rep["calls"]]
+        assert got == THERE_AND_BACK * pairs, "rank %d: %s" % (r, got)
+        assert rep["steps"] > rep["calls"][-1]["step"], "rank %d did not train after the last switch" % r
+    held = [[c["step"] for c in rep["calls"]] for rep in reports]
+    assert held[0] == held[1], "the ranks were held after different steps: %s" % held
+    assert reports[0]["params"] == reports[1]["params"], "the ranks' parameters differ"
+    step_ms = max(1000 * rep["seconds"] / max(1, rep["steps"] - 1) for rep in reports)
+    return reports, held[0], step_ms
 
 
 def describe(stalls):

@@ -36,12 +36,12 @@ import tempfile
 import time
 import uuid
 
+import jobs
 from jobs import WAIT, Proc, describe, free_port, job_processes, reaping, switch, switch_there_and_back, taskd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = "msrun-job"
 SCENARIOS = ("train", "epochs", "fit", "restart", "stop", "sigterm")
-EXPECTED = [([0, 1], [True, True]), ([0, 1], [False, False])]
 
 
 def worker_pid(mark, rank):
@@ -54,21 +54,11 @@ def worker_pid(mark, rank):
 
 
 def check_ranks(out_dir, pairs):
-    reports = []
-    for r in (0, 1):
-        with open(os.path.join(out_dir, "rank-%d.json" % r)) as f:
-            reports.append(json.load(f))
-    for r, rep in enumerate(reports):
-        got = [(c["ranks"], c["use_backup"]) for c in rep["calls"]]
-        assert got == EXPECTED * pairs, "rank %d: %s" % (r, got)
-        assert rep["steps"] > rep["calls"][-1]["step"], "rank %d did not train after the last switch" % r
-    held = [[c["step"] for c in rep["calls"]] for rep in reports]
-    assert held[0] == held[1], "the ranks were held after different steps: %s" % held
-    assert reports[0]["params"] == reports[1]["params"], "the ranks' parameters differ"
+    """``jobs.check_ranks``, and every call on the training thread."""
+    reports, held, step_ms = jobs.check_ranks(out_dir, pairs)
     assert all(c["training_thread"] for rep in reports for c in rep["calls"]), \
         "a switch call was not on the training thread: %s" % [rep["calls"] for rep in reports]
-    step_ms = [1000 * rep["seconds"] / max(1, rep["steps"] - 1) for rep in reports]
-    return held[0], reports[0]["steps"], max(step_ms)
+    return held, reports[0]["steps"], step_ms
 
 
 def start_manager(args, env, procs):

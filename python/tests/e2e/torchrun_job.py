@@ -23,12 +23,12 @@ import tempfile
 import time
 import uuid
 
+import jobs
 from jobs import WAIT, Proc, describe, job_processes, reaping, switch, switch_there_and_back, taskd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STANDIN = os.path.join(os.path.dirname(HERE), "standin")
 JOB = "torchrun-job"
-EXPECTED = [([0, 1], [True, True]), ([0, 1], [False, False])]
 
 
 def start_job(args, env, tmp, procs):
@@ -51,20 +51,11 @@ def start_job(args, env, tmp, procs):
 
 
 def check_ranks(out_dir, pairs, restarts):
-    reports = []
-    for r in (0, 1):
-        with open(os.path.join(out_dir, "rank-%d.json" % r)) as f:
-            reports.append(json.load(f))
+    """``jobs.check_ranks``, and each rank the incarnation ``restarts`` restarts made."""
+    reports, held, step_ms = jobs.check_ranks(out_dir, pairs)
     for r, rep in enumerate(reports):
-        got = [(c["ranks"], c["use_backup"]) for c in rep["calls"]]
-        assert got == EXPECTED * pairs, "rank %d: %s" % (r, got)
         assert rep["restart"] == restarts, "rank %d is incarnation %d" % (r, rep["restart"])
-        assert rep["steps"] > rep["calls"][-1]["step"], "rank %d did not train after the last switch" % r
-    held = [[c["step"] for c in rep["calls"]] for rep in reports]
-    assert held[0] == held[1], "the ranks were held after different steps: %s" % held
-    assert reports[0]["params"] == reports[1]["params"], "the ranks' parameters differ"
-    step_ms = max(1000 * rep["seconds"] / max(1, rep["steps"] - 1) for rep in reports)
-    return held[0], reports[0]["steps"], step_ms
+    return held, reports[0]["steps"], step_ms
 
 
 def stop_and_restart(args, control, torchrun, manager):

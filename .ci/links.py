@@ -83,13 +83,19 @@ def check_code_path(md: Path, text: str, tops: set[str]) -> str | None:
 
 def check(md: Path, tops: set[str], cache: dict[Path, set[str]]) -> list[str]:
     problems = []
-    for n, line in lines_outside_code(md):
-        for target in LINK.findall(line):
-            why = check_link(md, target, cache)
-            if why:
-                problems.append(f"{md.relative_to(ROOT)}:{n}: {why}")
-        for text in CODE.findall(line):
-            why = check_code_path(md, text, tops)
+    kept = dict(lines_outside_code(md))
+    # One text, fenced lines blanked, so that a link whose text wraps onto the next line is
+    # found too; a problem is reported at the line of its target.
+    last = max(kept, default=0)
+    text = "\n".join(kept.get(n, "") for n in range(1, last + 1))
+    for m in LINK.finditer(text):
+        why = check_link(md, m.group(1), cache)
+        if why:
+            n = text.count("\n", 0, m.start(1)) + 1
+            problems.append(f"{md.relative_to(ROOT)}:{n}: {why}")
+    for n, line in kept.items():
+        for code in CODE.findall(line):
+            why = check_code_path(md, code, tops)
             if why:
                 problems.append(f"{md.relative_to(ROOT)}:{n}: {why}")
     return problems

@@ -49,6 +49,12 @@ class LinksTest(unittest.TestCase):
         self.assertTrue(any("no such file docs/gone.md" in p for p in found), found)
         self.assertTrue(any("`src/gone.rs`: no such path" in p for p in found), found)
 
+    def test_a_link_whose_text_wraps_onto_the_next_line_is_checked(self) -> None:
+        text = "# Top\n\nSee [the wrapped\nguide](docs/gone.md) and [fine\ntext](#top).\n"
+        self.assertEqual(
+            self.problems(text), ["README.md:4: link to docs/gone.md: no such file docs/gone.md"]
+        )
+
     def test_repeated_headings_get_numbered_anchors(self) -> None:
         text = "# Top\n\n## Notes\n\n## Notes\n\n[second](#notes-1) [third](#notes-2)\n"
         self.assertEqual(len(self.problems(text)), 1)

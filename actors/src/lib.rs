@@ -41,8 +41,8 @@
 //! - [`manager`], [`proxy`], [`worker`]: the actors.
 //! - [`gate`]: the step gate between a worker and its training loop.
 //! - [`transport`]: [`transport::Link`] and the in-process transport. Its
-//!   [`Outbox`](transport::Outbox) trait is the sending end an actor holds; not to be confused
-//!   with [`net::outbox::Outbox`], the network transport's acknowledged queue behind it.
+//!   [`Sender`](transport::Sender) trait is the sending half of a link, the end an actor
+//!   holds.
 //! - [`local`]: a whole job in one process.
 //! - [`files`]: reading the files a role is given without blocking (regular files only).
 //! - [`journal`]: the manager's journal of finished operations, so a repeated uuid survives a

@@ -16,7 +16,7 @@ use crate::progress::{ProgressEvent, ProgressFeed};
 
 mod restart;
 use crate::proxy::{ManagerConnected, Proxy, WorkerConnected, WorkerDisconnected};
-use crate::transport::{actor_link, Deliver, Link, Outbox, TransportError};
+use crate::transport::{actor_link, Deliver, Link, Sender, TransportError};
 use crate::worker::{StopWorker, Worker, WorkerConfig};
 use actix::prelude::*;
 use parking_lot::Mutex;
@@ -721,7 +721,7 @@ impl Uplink {
     }
 }
 
-impl Outbox<WorkerToProxy> for Uplink {
+impl Sender<WorkerToProxy> for Uplink {
     fn send(&self, msg: WorkerToProxy) -> Result<(), TransportError> {
         if let WorkerToProxy::Hello(h) = &msg {
             *self.hello.lock() = Some(h.clone());
@@ -736,7 +736,7 @@ impl Outbox<WorkerToProxy> for Uplink {
 /// The manager's end of a dead proxy's connection: every message is lost.
 struct Severed;
 
-impl Outbox<ProxyToManager> for Severed {
+impl Sender<ProxyToManager> for Severed {
     fn send(&self, _: ProxyToManager) -> Result<(), TransportError> {
         Err(TransportError::Closed)
     }

@@ -42,7 +42,7 @@ pub enum ClientState {
 }
 
 /// What the role behind a client does.
-pub trait ClientHost: Send + Sync + 'static {
+pub(crate) trait ClientHost: Send + Sync + 'static {
     /// The registration (the client fills in incarnation, resume and version).
     fn register(&self) -> pb::Register;
     /// Registered. `fresh`: the server had no session for this client (the first time, or it
@@ -59,7 +59,7 @@ pub trait ClientHost: Send + Sync + 'static {
 /// The transport's own machinery: each [`ProxyNode`](super::ProxyNode) and
 /// [`RemoteWorker`](super::RemoteWorker) runs one, and callers follow its [`ClientState`]
 /// through them rather than hold a `Client`.
-pub struct Client {
+pub(crate) struct Client {
     server: String,
     incarnation: String,
     outbox: Arc<Outbox<pb::up::Body>>,
@@ -85,7 +85,7 @@ impl Client {
     /// A client for `server` (`HOST:PORT`) sending what is pushed into `outbox`, with a fresh
     /// incarnation id: the server tells this process from an earlier one by it. Nothing
     /// happens until [`run`](Self::run).
-    pub fn new(server: String, outbox: Arc<Outbox<pb::up::Body>>) -> Arc<Client> {
+    pub(crate) fn new(server: String, outbox: Arc<Outbox<pb::up::Body>>) -> Arc<Client> {
         Arc::new(Client {
             server,
             incarnation: uuid::Uuid::new_v4().to_string(),
@@ -101,27 +101,17 @@ impl Client {
     }
 
     /// The server address, as given.
-    pub fn server(&self) -> &str {
+    pub(crate) fn server(&self) -> &str {
         &self.server
     }
 
-    /// This process's incarnation id.
-    pub fn incarnation(&self) -> &str {
-        &self.incarnation
-    }
-
-    /// The queue of sequenced messages to the server; it outlives connections.
-    pub fn outbox(&self) -> &Arc<Outbox<pb::up::Body>> {
-        &self.outbox
-    }
-
     /// Follows the connection's state: a caller waits on it for registration or refusal.
-    pub fn state(&self) -> watch::Receiver<ClientState> {
+    pub(crate) fn state(&self) -> watch::Receiver<ClientState> {
         self.state.subscribe()
     }
 
     /// Sends an unsequenced message (a ping) on the live connection, if any.
-    pub fn send_unsequenced(&self, body: pb::up::Body) -> bool {
+    pub(crate) fn send_unsequenced(&self, body: pb::up::Body) -> bool {
         self.control
             .lock()
             .as_ref()
@@ -130,7 +120,7 @@ impl Client {
 
     /// Says goodbye (after everything queued before), waits up to `wait` for the server to
     /// acknowledge it, and stops.
-    pub async fn goodbye(&self, reason: String, wait: Duration) {
+    pub(crate) async fn goodbye(&self, reason: String, wait: Duration) {
         let registered = matches!(*self.state.borrow(), ClientState::Registered(_));
         if registered
             && self
@@ -161,7 +151,7 @@ impl Client {
     }
 
     /// Ends the connection and the reconnection loop.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.stop.send_replace(true);
     }
 
@@ -170,7 +160,7 @@ impl Client {
     }
 
     /// Connects, registers and keeps the connection up until stopped or refused.
-    pub async fn run(
+    pub(crate) async fn run(
         self: Arc<Self>,
         tls: Option<ClientTlsConfig>,
         net: NetConfig,

@@ -44,6 +44,8 @@
 //!   [`Sender`](transport::Sender) trait is the sending half of a link, the end an actor
 //!   holds.
 //! - [`local`]: a whole job in one process.
+//! - [`background`]: the one way a role, a server or a job runs on a thread of its own (a
+//!   tokio runtime or an actix system), stopped and joined by its handle.
 //! - [`files`]: reading the files a role is given without blocking (regular files only).
 //! - [`journal`]: the manager's journal of finished operations, so a repeated uuid survives a
 //!   manager's restart.
@@ -60,7 +62,7 @@
 
 #![forbid(unsafe_code)]
 
-mod background;
+pub mod background;
 pub mod clusterd;
 pub mod control;
 pub mod files;

@@ -45,9 +45,11 @@ pub enum ClientState {
 pub(crate) trait ClientHost: Send + Sync + 'static {
     /// The registration (the client fills in incarnation, resume and version).
     fn register(&self) -> pb::Register;
-    /// Registered. `fresh`: the server had no session for this client (the first time, or it
+    /// The server accepted the registration and placed the client (node, ranks, devices,
+    /// the job's size): the host takes its place from `ack`, starting its actor the first
+    /// time. `fresh`: the server had no session for this client (the first time, or it
     /// forgot it): anything unacknowledged is void and sticky messages were queued again.
-    fn registered(&self, ack: &pb::RegisterAck, fresh: bool);
+    fn placed(&self, ack: &pb::RegisterAck, fresh: bool);
     /// A sequenced message from the server, in order.
     fn deliver(&self, body: pb::down::Body) -> Delivery;
     /// An unsequenced message (a pong).
@@ -261,7 +263,7 @@ impl Client {
         *self.control.lock() = Some(control_tx);
         let interval = Duration::from_millis(ack.heartbeat_interval_ms.max(1));
         let liveness = Arc::new(Liveness::new(interval, ack.missed_heartbeats));
-        host.registered(&ack, fresh);
+        host.placed(&ack, fresh);
         self.state
             .send_replace(ClientState::Registered(Box::new(ack)));
         let session = Session::<pb::Down, pb::Up> {

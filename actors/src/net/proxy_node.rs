@@ -293,7 +293,7 @@ impl ClientHost for Upstream {
         }
     }
 
-    fn registered(&self, ack: &pb::RegisterAck, _fresh: bool) {
+    fn placed(&self, ack: &pb::RegisterAck, _fresh: bool) {
         if self.shared.ready.get().is_some() {
             return;
         }

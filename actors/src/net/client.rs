@@ -37,7 +37,7 @@ pub enum ClientState {
     Registered(Box<pb::RegisterAck>),
     /// The server refused the registration for good; the client stopped.
     Refused(String),
-    /// [`Client::stop`] (or a goodbye) ended it; it never connects again.
+    /// Its node stopped it, or said goodbye; it never connects again.
     Stopped,
 }
 

@@ -24,7 +24,7 @@
 //! queues of a node's peers are its [`Registry`].
 //!
 //! Everything else is the crate's own; the `testing` feature opens the frame conversions to
-//! the transport's fuzz and slow-peer tests ([`testing`]).
+//! the transport's fuzz and slow-peer tests (`net::testing`).
 
 pub(crate) mod backoff;
 pub(crate) mod client;

@@ -1,7 +1,7 @@
 //! What the transport's fuzz and slow-peer tests drive directly, with the `testing` feature
 //! (off by default; not an API): decoding whole frames from their bytes as a server and a
 //! client do, and the conversions between `taskd-core`'s messages and their protobuf form
-//! ([`pb`](super::pb)).
+//! ([`pb`]).
 
 pub use super::wire::{
     directive_from_pb, directive_to_pb, proxy_msg_to_pb, worker_msg_to_pb, WireError,

@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use taskd::actors::control::{ControlClient, Progress};
 use taskd::actors::net::{NetConfig, ProxyNode};
-use taskd::actors::transport::{Link, Outbox, TransportError};
+use taskd::actors::transport::{Link, Sender, TransportError};
 use taskd::actors::ProgressKind;
 use taskd::core::protocol::{
     AppliedCall, Directive, DirectiveKind, GateReport, GroupView, Phase, RankReply, ReplyBody,
@@ -330,7 +330,7 @@ impl SimRank {
     }
 }
 
-impl Outbox<Directive> for SimRank {
+impl Sender<Directive> for SimRank {
     fn send(&self, d: Directive) -> Result<(), TransportError> {
         let body = self.answer(&d);
         let reply = RankReply {

@@ -90,18 +90,14 @@ fn start_job() -> (std::net::SocketAddr, std::net::SocketAddr) {
             })
             .await
             .expect("the manager starts");
+            let hal = |a: &NodeAssignment| -> Box<dyn NodeHal> {
+                Box::new(SoloNodeHal::new(a.ranks.len() as u32))
+            };
+            let addr = manager.local_addr().to_string();
             let proxy = ProxyNode::spawn(ProxyNodeConfig {
-                job: JobId("demo".into()),
-                manager: manager.local_addr().to_string(),
-                node: None,
                 node_rank: Some(0),
-                ranks: Vec::new(),
                 listen: "127.0.0.1:0".parse().unwrap(),
-                node_hal: Box::new(|a: &NodeAssignment| {
-                    Box::new(SoloNodeHal::new(a.ranks.len() as u32)) as Box<dyn NodeHal>
-                }),
-                tls: None,
-                net: NetConfig::default(),
+                ..ProxyNodeConfig::new(JobId("demo".into()), addr, hal)
             })
             .await
             .expect("the proxy starts");

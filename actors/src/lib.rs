@@ -41,9 +41,11 @@
 //! - [`manager`], [`proxy`], [`worker`]: the actors.
 //! - [`gate`]: the step gate between a worker and its training loop.
 //! - [`transport`]: [`transport::Link`] and the in-process transport. Its
-//!   [`Outbox`](transport::Outbox) trait is the sending end an actor holds; not to be confused
-//!   with [`net::outbox::Outbox`], the network transport's acknowledged queue behind it.
+//!   [`Sender`](transport::Sender) trait is the sending half of a link, the end an actor
+//!   holds.
 //! - [`local`]: a whole job in one process.
+//! - [`background`]: the one way a role, a server or a job runs on a thread of its own (a
+//!   tokio runtime or an actix system), stopped and joined by its handle.
 //! - [`files`]: reading the files a role is given without blocking (regular files only).
 //! - [`journal`]: the manager's journal of finished operations, so a repeated uuid survives a
 //!   manager's restart.
@@ -60,7 +62,7 @@
 
 #![forbid(unsafe_code)]
 
-mod background;
+pub mod background;
 pub mod clusterd;
 pub mod control;
 pub mod files;

@@ -3,6 +3,7 @@
 //! The simulator and most tests run this; the calls here block the caller, so a test or a
 //! launcher can drive a job from plain code.
 
+use crate::background::Background;
 use crate::gate::StepGate;
 use crate::hal_exec::WorkerHal;
 use crate::journal::{MemoryJournal, OperationJournal};
@@ -16,7 +17,7 @@ use crate::progress::{ProgressEvent, ProgressFeed};
 
 mod restart;
 use crate::proxy::{ManagerConnected, Proxy, WorkerConnected, WorkerDisconnected};
-use crate::transport::{actor_link, Deliver, Link, Outbox, TransportError};
+use crate::transport::{actor_link, Deliver, Link, Sender, TransportError};
 use crate::worker::{StopWorker, Worker, WorkerConfig};
 use actix::prelude::*;
 use parking_lot::Mutex;
@@ -161,8 +162,10 @@ pub struct LocalJob {
     ranks: Mutex<Incarnation>,
     /// What a job that does not run leads to (a restarted manager keeps it).
     hold: Mutex<HoldPolicy>,
+    /// The actix system of the actors, for work spawned on it later.
     system: System,
-    thread: Option<std::thread::JoinHandle<()>>,
+    /// The system's thread; the actors stop when it is stopped.
+    actors: Background,
     client: tokio::runtime::Runtime,
 }
 
@@ -227,31 +230,30 @@ impl LocalJob {
         let journal = Arc::new(MemoryJournal::default());
         let first_journal: Arc<dyn OperationJournal> = journal.clone();
         let (tx, rx) = std::sync::mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("taskd-actors".into())
-            .spawn(move || {
-                let sys = System::new();
-                sys.block_on(async move {
-                    let manager = new_manager(&cfg.job, &table, cfg.deadlines, auto, first_journal);
-                    let progress = manager.progress();
-                    let manager = manager.start();
-                    let proxies = start_proxies(&cfg.job, &table, nodes, &manager, auto);
-                    let workers: Vec<Addr<Worker>> = ranks
-                        .into_iter()
-                        .enumerate()
-                        .map(|(r, parts)| {
-                            let rank = GlobalRank(r as u32);
-                            let link = (worker_gates[r].clone(), worker_uplinks[r].clone());
-                            start_worker(&cfg.job, &table, rank, parts, &proxies, link)
-                        })
-                        .collect();
-                    let _ = tx.send((System::current(), manager, proxies, workers, progress));
-                });
-                sys.run().ok();
-            })
-            .expect("spawning the actor thread");
-        let (system, manager, proxies, workers, progress) =
-            rx.recv().map_err(|_| LocalJobError::SystemGone)?;
+        let actors = Background::spawn_actix("taskd-actors", move |stop| async move {
+            let manager = new_manager(&cfg.job, &table, cfg.deadlines, auto, first_journal);
+            let progress = manager.progress();
+            let manager = manager.start();
+            let proxies = start_proxies(&cfg.job, &table, nodes, &manager, auto);
+            let workers: Vec<Addr<Worker>> = ranks
+                .into_iter()
+                .enumerate()
+                .map(|(r, parts)| {
+                    let rank = GlobalRank(r as u32);
+                    let link = (worker_gates[r].clone(), worker_uplinks[r].clone());
+                    start_worker(&cfg.job, &table, rank, parts, &proxies, link)
+                })
+                .collect();
+            let _ = tx.send((System::current(), manager, proxies, workers, progress));
+            let _ = stop.await;
+        })
+        .expect("spawning the actor thread");
+        let Ok((system, manager, proxies, workers, progress)) = rx.recv() else {
+            if let Err(p) = actors.join() {
+                tracing::error!(error = %p, "the job's actors did not start");
+            }
+            return Err(LocalJobError::SystemGone);
+        };
         let client = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
@@ -269,7 +271,7 @@ impl LocalJob {
             }),
             hold: Mutex::new(HoldPolicy::default()),
             system,
-            thread: Some(thread),
+            actors,
             client,
         })
     }
@@ -647,10 +649,7 @@ impl LocalJob {
         for g in &self.ranks.lock().gates {
             g.shutdown();
         }
-        self.system.stop();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.actors.stop();
     }
 }
 
@@ -721,7 +720,7 @@ impl Uplink {
     }
 }
 
-impl Outbox<WorkerToProxy> for Uplink {
+impl Sender<WorkerToProxy> for Uplink {
     fn send(&self, msg: WorkerToProxy) -> Result<(), TransportError> {
         if let WorkerToProxy::Hello(h) = &msg {
             *self.hello.lock() = Some(h.clone());
@@ -736,7 +735,7 @@ impl Outbox<WorkerToProxy> for Uplink {
 /// The manager's end of a dead proxy's connection: every message is lost.
 struct Severed;
 
-impl Outbox<ProxyToManager> for Severed {
+impl Sender<ProxyToManager> for Severed {
     fn send(&self, _: ProxyToManager) -> Result<(), TransportError> {
         Err(TransportError::Closed)
     }

@@ -2,7 +2,7 @@
 //!
 //! Actors hold links, never addresses, so the same actor runs over any transport. The
 //! in-process transport ([`actor_link`]) wraps an actix address; a network transport
-//! implements [`Outbox`] over its connection. Connection events (a peer appeared, a peer is
+//! implements [`Sender`] over its connection. Connection events (a peer appeared, a peer is
 //! gone) are delivered to actors as their own messages by whichever transport saw them.
 
 use actix::dev::SendError;
@@ -33,29 +33,27 @@ pub enum TransportError {
     },
 }
 
-/// Sends messages of type `M` to one peer, without blocking: the sending end an actor holds
-/// (as a [`Link`]), whatever carries the message.
+/// Sends messages of type `M` to one peer, without blocking: the sending half of a [`Link`],
+/// the end an actor holds, whatever carries the message.
 ///
-/// Not to be confused with [`net::outbox::Outbox`](crate::net::outbox::Outbox), a different
-/// thing with the same name: the network transport's sequenced, acknowledged queue of one
-/// peer, which survives reconnects. The network transport implements this trait by pushing
-/// into one of those ([`net::outbox::link`](crate::net::outbox::link)); the in-process
-/// transport ([`actor_link`]) by posting into an actor's mailbox.
-pub trait Outbox<M>: Send + Sync {
+/// The network transport implements it by pushing into the peer's sequenced, acknowledged
+/// queue, which survives reconnects (see [`crate::net`]); the in-process transport
+/// ([`actor_link`]) by posting into an actor's mailbox.
+pub trait Sender<M>: Send + Sync {
     /// Hands `msg` to the transport and returns at once. `Ok` means queued, not delivered:
     /// the protocol's replies and deadlines say whether it arrived.
     fn send(&self, msg: M) -> Result<(), TransportError>;
 }
 
-/// A shared handle to an [`Outbox`].
-pub type Link<M> = Arc<dyn Outbox<M>>;
+/// A shared handle to a [`Sender`].
+pub type Link<M> = Arc<dyn Sender<M>>;
 
 /// In-process transport: delivers straight into an actor's mailbox.
-struct ActorOutbox<M: Send + 'static> {
+struct ActorSender<M: Send + 'static> {
     recipient: Recipient<Deliver<M>>,
 }
 
-impl<M: Send + 'static> Outbox<M> for ActorOutbox<M> {
+impl<M: Send + 'static> Sender<M> for ActorSender<M> {
     fn send(&self, msg: M) -> Result<(), TransportError> {
         if !self.recipient.connected() {
             return Err(TransportError::Closed);
@@ -88,7 +86,7 @@ where
     A: Actor<Context = Context<A>> + Handler<Deliver<M>>,
     M: Send + 'static,
 {
-    Arc::new(ActorOutbox {
+    Arc::new(ActorSender {
         recipient: addr.clone().recipient(),
     })
 }

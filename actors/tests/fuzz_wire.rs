@@ -1,4 +1,4 @@
-//! Bounded fuzzing of frame decoding (`taskd_actors::net::wire::{decode_up, decode_down}`), on
+//! Bounded fuzzing of frame decoding (`taskd_actors::net::testing::{decode_up, decode_down}`), on
 //! stable, inside `cargo test`: arbitrary bytes, arbitrary protobuf messages of the frame types
 //! and corrupted valid frames must be decoded or refused, never panic; and what decodes must
 //! survive a round trip through its protobuf form unchanged.
@@ -6,7 +6,7 @@
 use proptest::prelude::*;
 use prost::Message as _;
 use taskd_actors::net::pb;
-use taskd_actors::net::wire::{self, decode_down, decode_up, UpMessage};
+use taskd_actors::net::testing::{self as wire, decode_down, decode_up, UpMessage};
 
 const MAX: usize = 4 << 20;
 

@@ -47,18 +47,14 @@ fn start_job(nodes: u32, ppn: u32) -> (ControlServer, String, actix::System) {
             })
             .await
             .unwrap();
+            let hal = |a: &NodeAssignment| -> Box<dyn NodeHal> {
+                Box::new(SoloNodeHal::new(a.ranks.len() as u32))
+            };
             let p = ProxyNode::spawn(ProxyNodeConfig {
-                job: JobId("rc".into()),
-                manager: m.local_addr().to_string(),
-                node: None,
                 node_rank: Some(0),
-                ranks: Vec::new(),
                 listen: "127.0.0.1:0".parse().unwrap(),
-                node_hal: Box::new(|a: &NodeAssignment| {
-                    Box::new(SoloNodeHal::new(a.ranks.len() as u32)) as Box<dyn NodeHal>
-                }),
-                tls: None,
                 net: net(),
+                ..ProxyNodeConfig::new(JobId("rc".into()), m.local_addr().to_string(), hal)
             })
             .await
             .unwrap();

@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 use taskd_actors::control::{self, ControlClient, ControlConfig, ControlServer};
-use taskd_actors::net::server::Registry;
-use taskd_actors::net::{pb, wire, ManagerNode, ManagerNodeConfig, NetConfig};
+use taskd_actors::net::testing as wire;
+use taskd_actors::net::{pb, ManagerNode, ManagerNodeConfig, NetConfig, Registry};
 use taskd_core::auto::Links;
 use taskd_core::command::Target;
 use taskd_core::protocol::{

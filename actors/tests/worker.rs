@@ -10,7 +10,7 @@
 use actix::prelude::*;
 use std::sync::Arc;
 use std::time::Duration;
-use taskd_actors::transport::{Deliver, Outbox, TransportError};
+use taskd_actors::transport::{Deliver, Sender, TransportError};
 use taskd_actors::worker::WorkerConfig;
 use taskd_actors::{StepGate, Worker};
 use taskd_core::protocol::{
@@ -58,7 +58,7 @@ fn op(n: u128) -> OperationId {
 /// The worker's proxy, as far as the worker can tell: a channel the test reads.
 struct ToTest(mpsc::UnboundedSender<WorkerToProxy>);
 
-impl Outbox<WorkerToProxy> for ToTest {
+impl Sender<WorkerToProxy> for ToTest {
     fn send(&self, msg: WorkerToProxy) -> Result<(), TransportError> {
         self.0.send(msg).map_err(|_| TransportError::Closed)
     }

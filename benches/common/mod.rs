@@ -40,18 +40,14 @@ pub(crate) fn proxy_config(
     node_rank: u32,
     net: NetConfig,
 ) -> ProxyNodeConfig {
+    let hal = |a: &NodeAssignment| -> Box<dyn NodeHal> {
+        Box::new(SoloNodeHal::new(a.ranks.len() as u32))
+    };
     ProxyNodeConfig {
-        job: JobId(job.into()),
-        manager: manager.to_owned(),
-        node: None,
         node_rank: Some(node_rank),
-        ranks: Vec::new(),
         listen: "127.0.0.1:0".parse().unwrap(),
-        node_hal: Box::new(|a: &NodeAssignment| {
-            Box::new(SoloNodeHal::new(a.ranks.len() as u32)) as Box<dyn NodeHal>
-        }),
-        tls: None,
         net,
+        ..ProxyNodeConfig::new(JobId(job.into()), manager, hal)
     }
 }
 

@@ -4,22 +4,21 @@
 
 use crate::error::CapiError;
 use std::future::Future;
-use std::thread::JoinHandle;
+use taskd_actors::background::Background;
 use taskd_actors::process::ShutdownSignals;
-use tokio::sync::mpsc;
+use tokio::sync::oneshot;
 
-/// What a role's thread gets: where stop requests arrive, and where it says it started.
+/// What a role's thread gets: where the stop request arrives, and where it says it started.
 pub struct RoleStart<I> {
-    /// Stop requests, with their reason.
-    pub stop: mpsc::UnboundedReceiver<String>,
+    /// The stop request, with its reason (an error: the handle was freed).
+    pub stop: oneshot::Receiver<String>,
     /// Where the role reports its start: what callers need to know, or why it failed.
     pub started: std::sync::mpsc::Sender<Result<I, CapiError>>,
 }
 
 /// The thread of a running role. Dropping it stops the role and waits for the thread.
 pub struct RoleThread {
-    stop: mpsc::UnboundedSender<String>,
-    thread: Option<JoinHandle<()>>,
+    thread: Background<String>,
 }
 
 impl RoleThread {
@@ -36,50 +35,32 @@ impl RoleThread {
         Fut: Future<Output = String> + 'static,
     {
         let start_error = |message: String| CapiError::Start { role, message };
-        let (stop, stop_rx) = mpsc::unbounded_channel();
         let (started, started_rx) = std::sync::mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name(format!("taskd-{role}"))
-            .spawn(move || {
-                let start = RoleStart {
-                    stop: stop_rx,
-                    started,
-                };
-                stopped(actix_rt::System::new().block_on(run(start)));
-            })
-            .map_err(|e| start_error(e.to_string()))?;
-        let outcome = started_rx.recv();
-        let role_thread = RoleThread {
-            stop,
-            thread: Some(thread),
-        };
-        match outcome {
-            Ok(Ok(info)) => Ok((role_thread, info)),
+        let thread = Background::spawn_actix(&format!("taskd-{role}"), move |stop| async move {
+            stopped(run(RoleStart { stop, started }).await);
+        })
+        .map_err(|e| start_error(e.to_string()))?;
+        match started_rx.recv() {
+            Ok(Ok(info)) => Ok((RoleThread { thread }, info)),
             // Dropping the thread's handle waits for it.
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(start_error("its thread ended before it started".into())),
+            Err(_) => Err(start_error(match thread.join() {
+                Err(panic) => format!("its thread panicked before it started: {}", panic.message),
+                Ok(()) => "its thread ended before it started".into(),
+            })),
         }
     }
 
-    /// Asks the role to stop; returns at once.
+    /// Asks the role to stop; returns at once. Only the first request is heard.
     pub fn request_stop(&self, reason: &str) {
-        let _ = self.stop.send(reason.to_owned());
-    }
-}
-
-impl Drop for RoleThread {
-    fn drop(&mut self) {
-        self.request_stop("its handle was freed");
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.thread.request_stop(reason.to_owned());
     }
 }
 
 /// Waits until the role is told to stop (a request, or a signal when `signals` are watched)
 /// and says why.
 pub async fn stop_requested(
-    stop: &mut mpsc::UnboundedReceiver<String>,
+    stop: &mut oneshot::Receiver<String>,
     signals: Option<&mut ShutdownSignals>,
 ) -> String {
     let signal = async {
@@ -89,7 +70,7 @@ pub async fn stop_requested(
         }
     };
     tokio::select! {
-        r = stop.recv() => r.unwrap_or_else(|| "its handle was dropped".to_owned()),
+        r = stop => r.unwrap_or_else(|_| "its handle was freed".to_owned()),
         s = signal => s,
     }
 }

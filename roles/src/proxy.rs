@@ -191,16 +191,15 @@ impl ProxyArgs {
             Some(path) => ConfigError::usage(format!("{e} ({})", path.display())),
             None => e.into(),
         })?;
+        let node_hal = self.node_hal()?;
         Ok(ProxyNodeConfig {
-            job: JobId(self.job_id.clone()),
-            manager,
             node: id.node,
             node_rank: id.node_rank,
             ranks: id.ranks,
             listen: self.listen,
-            node_hal: self.node_hal()?,
             tls: self.tls.load()?,
             net: self.net.checked()?,
+            ..ProxyNodeConfig::new(JobId(self.job_id.clone()), manager, node_hal)
         })
     }
 }

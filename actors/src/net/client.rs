@@ -37,17 +37,19 @@ pub enum ClientState {
     Registered(Box<pb::RegisterAck>),
     /// The server refused the registration for good; the client stopped.
     Refused(String),
-    /// [`Client::stop`] (or a goodbye) ended it; it never connects again.
+    /// Its node stopped it, or said goodbye; it never connects again.
     Stopped,
 }
 
 /// What the role behind a client does.
-pub trait ClientHost: Send + Sync + 'static {
+pub(crate) trait ClientHost: Send + Sync + 'static {
     /// The registration (the client fills in incarnation, resume and version).
     fn register(&self) -> pb::Register;
-    /// Registered. `fresh`: the server had no session for this client (the first time, or it
+    /// The server accepted the registration and placed the client (node, ranks, devices,
+    /// the job's size): the host takes its place from `ack`, starting its actor the first
+    /// time. `fresh`: the server had no session for this client (the first time, or it
     /// forgot it): anything unacknowledged is void and sticky messages were queued again.
-    fn registered(&self, ack: &pb::RegisterAck, fresh: bool);
+    fn placed(&self, ack: &pb::RegisterAck, fresh: bool);
     /// A sequenced message from the server, in order.
     fn deliver(&self, body: pb::down::Body) -> Delivery;
     /// An unsequenced message (a pong).
@@ -59,7 +61,7 @@ pub trait ClientHost: Send + Sync + 'static {
 /// The transport's own machinery: each [`ProxyNode`](super::ProxyNode) and
 /// [`RemoteWorker`](super::RemoteWorker) runs one, and callers follow its [`ClientState`]
 /// through them rather than hold a `Client`.
-pub struct Client {
+pub(crate) struct Client {
     server: String,
     incarnation: String,
     outbox: Arc<Outbox<pb::up::Body>>,
@@ -85,7 +87,7 @@ impl Client {
     /// A client for `server` (`HOST:PORT`) sending what is pushed into `outbox`, with a fresh
     /// incarnation id: the server tells this process from an earlier one by it. Nothing
     /// happens until [`run`](Self::run).
-    pub fn new(server: String, outbox: Arc<Outbox<pb::up::Body>>) -> Arc<Client> {
+    pub(crate) fn new(server: String, outbox: Arc<Outbox<pb::up::Body>>) -> Arc<Client> {
         Arc::new(Client {
             server,
             incarnation: uuid::Uuid::new_v4().to_string(),
@@ -101,27 +103,17 @@ impl Client {
     }
 
     /// The server address, as given.
-    pub fn server(&self) -> &str {
+    pub(crate) fn server(&self) -> &str {
         &self.server
     }
 
-    /// This process's incarnation id.
-    pub fn incarnation(&self) -> &str {
-        &self.incarnation
-    }
-
-    /// The queue of sequenced messages to the server; it outlives connections.
-    pub fn outbox(&self) -> &Arc<Outbox<pb::up::Body>> {
-        &self.outbox
-    }
-
     /// Follows the connection's state: a caller waits on it for registration or refusal.
-    pub fn state(&self) -> watch::Receiver<ClientState> {
+    pub(crate) fn state(&self) -> watch::Receiver<ClientState> {
         self.state.subscribe()
     }
 
     /// Sends an unsequenced message (a ping) on the live connection, if any.
-    pub fn send_unsequenced(&self, body: pb::up::Body) -> bool {
+    pub(crate) fn send_unsequenced(&self, body: pb::up::Body) -> bool {
         self.control
             .lock()
             .as_ref()
@@ -130,7 +122,7 @@ impl Client {
 
     /// Says goodbye (after everything queued before), waits up to `wait` for the server to
     /// acknowledge it, and stops.
-    pub async fn goodbye(&self, reason: String, wait: Duration) {
+    pub(crate) async fn goodbye(&self, reason: String, wait: Duration) {
         let registered = matches!(*self.state.borrow(), ClientState::Registered(_));
         if registered
             && self
@@ -161,7 +153,7 @@ impl Client {
     }
 
     /// Ends the connection and the reconnection loop.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.stop.send_replace(true);
     }
 
@@ -170,7 +162,7 @@ impl Client {
     }
 
     /// Connects, registers and keeps the connection up until stopped or refused.
-    pub async fn run(
+    pub(crate) async fn run(
         self: Arc<Self>,
         tls: Option<ClientTlsConfig>,
         net: NetConfig,
@@ -271,7 +263,7 @@ impl Client {
         *self.control.lock() = Some(control_tx);
         let interval = Duration::from_millis(ack.heartbeat_interval_ms.max(1));
         let liveness = Arc::new(Liveness::new(interval, ack.missed_heartbeats));
-        host.registered(&ack, fresh);
+        host.placed(&ack, fresh);
         self.state
             .send_replace(ClientState::Registered(Box::new(ack)));
         let session = Session::<pb::Down, pb::Up> {

@@ -17,7 +17,7 @@ const YIELD: usize = 32 * 1024;
 /// [`ProstCodec`] with buffers that start at 1 KiB (the generated services use it: see
 /// `actors/build.rs`).
 #[derive(Debug, Clone)]
-pub struct LeanCodec<T, U>(PhantomData<(T, U)>);
+pub(crate) struct LeanCodec<T, U>(PhantomData<(T, U)>);
 
 impl<T, U> Default for LeanCodec<T, U> {
     fn default() -> Self {

@@ -11,34 +11,44 @@
 //! - [`RemoteWorker`]: the library a training process links: a worker for one global rank,
 //!   its step gate and its connection to the node's proxy.
 //!
-//! How a connection works (`session`, [`server`], [`client`]): the client registers (role,
+//! How a connection works (`session`, `server`, `client`): the client registers (role,
 //! job, node, ranks, capabilities and an *incarnation* id unique to its process); duplicates
-//! and conflicts are refused with a reason. Protocol messages are numbered, kept in a bounded
-//! [`outbox`] (the queue behind an actor's [`Link`](crate::transport::Link), not the
-//! [`transport::Outbox`](crate::transport::Outbox) trait itself) until acknowledged and replayed after a reconnect of the same process, so a
-//! network blip loses nothing; a new process under the same identity is a new peer and the old
-//! one is declared lost. Heartbeats go both ways (`heartbeat`); a peer silent for
-//! `missed_heartbeats` intervals is lost, and so is one whose connection closed and did not
-//! come back within the same time. Clients reconnect with `backoff`. Optional mutual
-//! [`tls`].
+//! and conflicts are refused with a reason ([`ClientState::Refused`]). Protocol messages are
+//! numbered, kept in a bounded queue per peer (`outbox`, behind the
+//! [`Sender`](crate::transport::Sender) of an actor's [`Link`](crate::transport::Link)) until
+//! acknowledged and replayed after a reconnect of the same process, so a network blip loses
+//! nothing; a new process under the same identity is a new peer and the old one is declared
+//! lost. Heartbeats go both ways (`heartbeat`); a peer silent for `missed_heartbeats`
+//! intervals is lost, and so is one whose connection closed and did not come back within the
+//! same time. Clients reconnect with `backoff`. Optional mutual [`tls`]. The connections and
+//! queues of a node's peers are its [`Registry`].
+//!
+//! Everything else is the crate's own; the `testing` feature opens the frame conversions to
+//! the transport's fuzz and slow-peer tests (`net::testing`).
 
 pub(crate) mod backoff;
-pub mod client;
-pub mod codec;
+pub(crate) mod client;
+pub(crate) mod codec;
 pub(crate) mod frame;
 pub(crate) mod heartbeat;
 pub mod manager_node;
 pub(crate) mod outbound;
-pub mod outbox;
+pub(crate) mod outbox;
 pub mod proxy_node;
-pub mod server;
+pub(crate) mod server;
 pub(crate) mod session;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod tls;
-pub mod wire;
+// Its `pub` items are the conversions `testing` re-exports: reachable with the feature only.
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub(crate) mod wire;
 pub mod worker_node;
 
+pub use client::ClientState;
 pub use manager_node::{ManagerNode, ManagerNodeConfig};
 pub use proxy_node::{ProxyNode, ProxyNodeConfig};
+pub use server::{QueueDepth, Registry};
 pub use tls::{PemIdentity, TlsError, TlsFiles, TlsPem};
 pub use worker_node::{RemoteWorker, RemoteWorkerConfig, WorkerRegistration};
 

@@ -13,11 +13,10 @@
 //! its place): a worker's hello, the proxy's "worker up" for each live worker. They are
 //! *sticky* and [`Outbox::renew`] queues them again.
 //!
-//! Not to be confused with [`crate::transport::Outbox`], the trait an actor sends through:
-//! this [`Outbox`] is the queue behind the network transport's implementation of it
-//! ([`link`]).
+//! The queue is behind the network transport's [`Sender`](crate::transport::Sender), the
+//! sending half of a [`Link`] an actor holds ([`link`]).
 
-use crate::transport::{Link, Outbox as LinkOutbox, TransportError};
+use crate::transport::{Link, Sender, TransportError};
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,7 +26,7 @@ use tokio::sync::Notify;
 
 /// Whether a message must be re-sent to a fresh session.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Sticky {
+pub(crate) enum Sticky {
     /// An ordinary message: once acknowledged it is forgotten, and a fresh session never
     /// sees it.
     No,
@@ -38,7 +37,7 @@ pub enum Sticky {
 }
 
 /// Classifies messages for [`Sticky`] handling.
-pub type StickyFn<T> = fn(&T) -> Sticky;
+pub(crate) type StickyFn<T> = fn(&T) -> Sticky;
 
 struct State<T> {
     next_seq: u64,
@@ -66,10 +65,9 @@ fn unlock_and_wake<T>(mut st: MutexGuard<'_, State<T>>) {
     }
 }
 
-/// The queue of one peer (the network transport's, not the actors' [`crate::transport::Outbox`]
-/// trait). Share it as `Arc<Outbox<T>>`: the peer's link pushes into it, its connection's
-/// stream takes from it.
-pub struct Outbox<T> {
+/// The queue of one peer. Share it as `Arc<Outbox<T>>`: the peer's link pushes into it, its
+/// connection's stream takes from it.
+pub(crate) struct Outbox<T> {
     state: Mutex<State<T>>,
     /// The queue shrank (acknowledgements), for [`Outbox::drained`].
     shrunk: Notify,
@@ -91,7 +89,7 @@ impl Drop for Counted<'_> {
 
 /// Why a writer gets no more frames from [`Outbox::poll_next`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Stop {
+pub(crate) enum Stop {
     /// The peer is gone for good.
     Closed(String),
     /// A push found the queue full: the peer is not keeping up.
@@ -104,7 +102,7 @@ impl<T: Clone + Send + 'static> Outbox<T> {
     /// An empty queue holding at most `capacity` unacknowledged messages. `sticky` classifies
     /// the messages a fresh session must get again; `None` when nothing must be (a server's
     /// queue towards a client).
-    pub fn new(capacity: usize, sticky: Option<StickyFn<T>>) -> Arc<Self> {
+    pub(crate) fn new(capacity: usize, sticky: Option<StickyFn<T>>) -> Arc<Self> {
         Arc::new(Outbox {
             state: Mutex::new(State {
                 next_seq: 1,
@@ -125,7 +123,7 @@ impl<T: Clone + Send + 'static> Outbox<T> {
     }
 
     /// Queues a message. Never blocks.
-    pub fn push(&self, msg: T) -> Result<(), TransportError> {
+    pub(crate) fn push(&self, msg: T) -> Result<(), TransportError> {
         let mut st = self.state.lock();
         if st.closed.is_some() {
             return Err(TransportError::Closed);
@@ -157,7 +155,7 @@ impl<T: Clone + Send + 'static> Outbox<T> {
     }
 
     /// The peer received everything up to `upto`.
-    pub fn ack(&self, upto: u64) {
+    pub(crate) fn ack(&self, upto: u64) {
         let mut st = self.state.lock();
         let before = st.queue.len();
         while st.queue.front().is_some_and(|(s, _)| *s <= upto) {
@@ -174,7 +172,7 @@ impl<T: Clone + Send + 'static> Outbox<T> {
 
     /// A new connection to the peer: it writes from the first unacknowledged message. Returns
     /// the epoch to pass to [`Outbox::poll_next`]; writers of older connections stop.
-    pub fn attach(&self) -> u64 {
+    pub(crate) fn attach(&self) -> u64 {
         let mut st = self.state.lock();
         st.epoch += 1;
         st.cursor = st.queue.front().map_or(st.next_seq, |(s, _)| *s);
@@ -186,7 +184,7 @@ impl<T: Clone + Send + 'static> Outbox<T> {
 
     /// The peer has no memory of this session: what was unacknowledged is void, the sticky
     /// messages are queued again (in key order).
-    pub fn renew(&self) {
+    pub(crate) fn renew(&self) {
         let mut st = self.state.lock();
         st.queue.clear();
         let sticky: Vec<T> = st.sticky.values().cloned().collect();
@@ -201,7 +199,7 @@ impl<T: Clone + Send + 'static> Outbox<T> {
     }
 
     /// The peer is gone for good: later pushes fail with `Closed`.
-    pub fn close(&self, reason: impl Into<String>) {
+    pub(crate) fn close(&self, reason: impl Into<String>) {
         let mut st = self.state.lock();
         if st.closed.is_none() {
             st.closed = Some(reason.into());
@@ -212,28 +210,18 @@ impl<T: Clone + Send + 'static> Outbox<T> {
         self.shrunk.notify_waiters();
     }
 
-    /// Whether [`close`](Self::close) was called: the peer is gone and pushes fail.
-    pub fn is_closed(&self) -> bool {
-        self.state.lock().closed.is_some()
-    }
-
     /// Unacknowledged messages now.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.state.lock().queue.len()
     }
 
-    /// Whether every pushed message has been acknowledged.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// The most messages ever queued at once.
-    pub fn high_water(&self) -> usize {
+    pub(crate) fn high_water(&self) -> usize {
         self.state.lock().high_water
     }
 
     /// The bound given to [`new`](Self::new); a push beyond it resets the connection.
-    pub fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         self.capacity
     }
 
@@ -241,7 +229,11 @@ impl<T: Clone + Send + 'static> Outbox<T> {
     /// woken when there is (or the connection must stop). One waiter at a time: the stream of
     /// the connection attached last (an older one is woken by [`Outbox::attach`] and told it
     /// was superseded).
-    pub fn poll_next(&self, epoch: u64, cx: &mut Context<'_>) -> Poll<Result<(u64, T), Stop>> {
+    pub(crate) fn poll_next(
+        &self,
+        epoch: u64,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(u64, T), Stop>> {
         let mut st = self.state.lock();
         match Self::take_next(&mut st, epoch) {
             Some(answer) => Poll::Ready(answer),
@@ -274,7 +266,7 @@ impl<T: Clone + Send + 'static> Outbox<T> {
     }
 
     /// Resolves once every queued message is acknowledged (or the outbox is closed).
-    pub async fn drained(&self) {
+    pub(crate) async fn drained(&self) {
         self.draining.fetch_add(1, Ordering::SeqCst);
         let _counted = Counted(&self.draining);
         loop {
@@ -298,14 +290,14 @@ struct NetLink<M, T> {
     encode: fn(M) -> T,
 }
 
-impl<M: Send + 'static, T: Clone + Send + 'static> LinkOutbox<M> for NetLink<M, T> {
+impl<M: Send + 'static, T: Clone + Send + 'static> Sender<M> for NetLink<M, T> {
     fn send(&self, msg: M) -> Result<(), TransportError> {
         self.outbox.push((self.encode)(msg))
     }
 }
 
 /// A link that queues messages, encoded by `encode`, into `outbox`.
-pub fn link<M, T>(outbox: Arc<Outbox<T>>, encode: fn(M) -> T) -> Link<M>
+pub(crate) fn link<M, T>(outbox: Arc<Outbox<T>>, encode: fn(M) -> T) -> Link<M>
 where
     M: Send + 'static,
     T: Clone + Send + Sync + 'static,
@@ -385,7 +377,7 @@ mod tests {
         .collect();
         assert_eq!(got, [2, 3, 4]);
         o.ack(4);
-        assert!(o.is_empty());
+        assert_eq!(o.len(), 0);
         tokio::time::timeout(Duration::from_millis(20), o.drained())
             .await
             .expect("drained");

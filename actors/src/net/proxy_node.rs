@@ -47,6 +47,31 @@ pub struct ProxyNodeConfig {
     pub net: NetConfig,
 }
 
+impl ProxyNodeConfig {
+    /// The proxy of a node of `job` connecting to `manager` (`HOST:PORT`), whose HAL
+    /// `node_hal` makes once admitted; the rest as `taskd proxy` defaults it: the node found
+    /// by the manager (set `node` or `node_rank`), its workers' port on loopback
+    /// ([`DEFAULT_PROXY_PORT`](super::DEFAULT_PROXY_PORT)), plain HTTP/2, the default
+    /// [`NetConfig`].
+    pub fn new(
+        job: JobId,
+        manager: impl Into<String>,
+        node_hal: impl FnOnce(&NodeAssignment) -> Box<dyn NodeHal> + Send + 'static,
+    ) -> Self {
+        ProxyNodeConfig {
+            job,
+            manager: manager.into(),
+            node: None,
+            node_rank: None,
+            ranks: Vec::new(),
+            listen: SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, super::DEFAULT_PROXY_PORT)),
+            node_hal: Box::new(node_hal),
+            tls: None,
+            net: NetConfig::default(),
+        }
+    }
+}
+
 /// Builds a proxy's node HAL from what the manager told it about the node.
 pub type NodeHalFactory = Box<dyn FnOnce(&NodeAssignment) -> Box<dyn NodeHal> + Send>;
 
@@ -293,7 +318,7 @@ impl ClientHost for Upstream {
         }
     }
 
-    fn registered(&self, ack: &pb::RegisterAck, _fresh: bool) {
+    fn placed(&self, ack: &pb::RegisterAck, _fresh: bool) {
         if self.shared.ready.get().is_some() {
             return;
         }

@@ -99,7 +99,8 @@ struct Slot {
     stop: Option<watch::Sender<bool>>,
 }
 
-/// The registered peers of one server. Cheap to share.
+/// The registered peers of one server: their connections and queue depths. Cheap to share
+/// ([`ManagerNode::peers`](super::ManagerNode::peers), [`ProxyNode::peers`](super::ProxyNode::peers)).
 pub struct Registry {
     incarnation: String,
     net: NetConfig,
@@ -110,7 +111,7 @@ pub struct Registry {
 
 impl Registry {
     /// Sends an unsequenced message (a pong) to the peer's live connection, if any.
-    pub fn send_unsequenced(&self, key: &str, body: pb::down::Body) -> bool {
+    pub(crate) fn send_unsequenced(&self, key: &str, body: pb::down::Body) -> bool {
         let slots = self.slots.lock();
         slots
             .get(key)
@@ -143,7 +144,7 @@ impl Registry {
     }
 
     /// Ends every connection (the server is stopping); peers are not declared lost.
-    pub fn shutdown(&self) {
+    pub(crate) fn shutdown(&self) {
         self.shutting_down
             .store(true, std::sync::atomic::Ordering::Release);
         for s in self.slots.lock().values_mut() {

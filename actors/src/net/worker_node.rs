@@ -25,6 +25,7 @@ use super::outbox::{self, Outbox, Sticky};
 use super::session::Delivery;
 use super::tls::TlsPem;
 use super::{pb, wire, NetConfig, NetError};
+use crate::background::Background;
 use crate::gate::StepGate;
 use crate::hal_exec::WorkerHal;
 use crate::transport::hand_over;
@@ -132,7 +133,7 @@ impl ClientHost for Upstream {
         }
     }
 
-    fn registered(&self, ack: &pb::RegisterAck, _fresh: bool) {
+    fn placed(&self, ack: &pb::RegisterAck, _fresh: bool) {
         let reg = WorkerRegistration {
             node: NodeName(ack.node.clone()),
             device: DeviceId(ack.slots.first().map_or(0, |s| s.device)),
@@ -249,27 +250,7 @@ impl WorkerNode {
 
     /// Waits for the first registration, or the refusal.
     pub async fn registered(&self) -> Result<WorkerRegistration, NetError> {
-        let mut reg = self.registration();
-        let mut state = self.connection();
-        loop {
-            if let Some(r) = reg.borrow_and_update().clone() {
-                return Ok(r);
-            }
-            match &*state.borrow_and_update() {
-                ClientState::Refused(reason) => {
-                    return Err(NetError::Refused {
-                        server: self.client.server().to_owned(),
-                        reason: reason.clone(),
-                    })
-                }
-                ClientState::Stopped => return Err(NetError::Stopped),
-                _ => {}
-            }
-            tokio::select! {
-                r = reg.changed() => if r.is_err() { return Err(NetError::Stopped) },
-                r = state.changed() => if r.is_err() { return Err(NetError::Stopped) },
-            }
-        }
+        registered(self.registration(), self.connection(), self.client.server()).await
     }
 
     /// One round trip worker -> proxy -> manager -> proxy -> worker (or only to the proxy).
@@ -312,10 +293,9 @@ impl WorkerNode {
     }
 }
 
-enum Command {
-    Ping(bool, Duration, oneshot::Sender<Result<Duration, NetError>>),
-    Stop(String),
-}
+/// A ping asked for from another thread: to the manager or only the proxy, how long to wait,
+/// and where the round trip's time goes.
+type PingRequest = (bool, Duration, oneshot::Sender<Result<Duration, NetError>>);
 
 #[derive(Default)]
 struct Status {
@@ -333,8 +313,9 @@ pub struct RemoteWorker {
         watch::Receiver<Option<WorkerRegistration>>,
         watch::Receiver<ClientState>,
     ),
-    commands: mpsc::UnboundedSender<Command>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    pings: mpsc::UnboundedSender<PingRequest>,
+    /// The worker's actix system; its stop request is the reason the proxy is told.
+    thread: Background<String>,
 }
 
 impl RemoteWorker {
@@ -345,68 +326,31 @@ impl RemoteWorker {
         let gate = Arc::new(StepGate::new());
         let rank = cfg.rank;
         let status = Arc::new((Mutex::new(Status::default()), Condvar::new()));
-        let (tx, mut rx) = mpsc::unbounded_channel::<Command>();
+        let (pings, ping_rx) = mpsc::unbounded_channel();
         let (watch_tx, watch_rx) = std::sync::mpsc::channel();
-        let thread_gate = gate.clone();
-        let thread_status = status.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("taskd-worker-{}", rank.0))
-            .spawn(move || {
-                let sys = System::new();
-                let mirror_status = thread_status.clone();
-                sys.block_on(async move {
-                    let node = WorkerNode::spawn(cfg, hal, thread_gate);
-                    let _ = watch_tx.send((node.registration(), node.connection()));
-                    // Mirror the connection's state for callers on other threads.
-                    let mut reg = node.registration();
-                    let mut conn = node.connection();
-                    let st = mirror_status;
-                    actix_rt::spawn(async move {
-                        loop {
-                            {
-                                let (m, cv) = &*st;
-                                let mut s = m.lock();
-                                if let Some(r) = reg.borrow_and_update().clone() {
-                                    s.registration = Some(r);
-                                }
-                                if let ClientState::Refused(r) = &*conn.borrow_and_update() {
-                                    s.refused = Some(r.clone());
-                                }
-                                cv.notify_all();
-                            }
-                            tokio::select! {
-                                r = reg.changed() => if r.is_err() { break },
-                                r = conn.changed() => if r.is_err() { break },
-                            }
-                        }
-                    });
-                    let mut reason = "the worker's handle was dropped".to_owned();
-                    while let Some(cmd) = rx.recv().await {
-                        match cmd {
-                            Command::Ping(to_manager, timeout, reply) => {
-                                let _ = reply.send(node.ping(to_manager, timeout).await);
-                            }
-                            Command::Stop(r) => {
-                                reason = r;
-                                break;
-                            }
-                        }
-                    }
-                    node.stop(&reason).await;
-                });
-                let (m, cv) = &*thread_status;
-                m.lock().stopped = true;
-                cv.notify_all();
-            })
-            .map_err(|_| NetError::Stopped)?;
+        let (thread_gate, thread_status) = (gate.clone(), status.clone());
+        let name = format!("taskd-worker-{}", rank.0);
+        let thread = Background::spawn_actix(&name, move |stop| async move {
+            let node = WorkerNode::spawn(cfg, hal, thread_gate);
+            let _ = watch_tx.send((node.registration(), node.connection()));
+            // Mirror the connection's state for callers on other threads.
+            let mirror = mirror_status(node.registration(), node.connection(), &thread_status);
+            actix_rt::spawn(mirror);
+            let reason = answer_pings(&node, ping_rx, stop).await;
+            node.stop(&reason).await;
+            let (m, cv) = &*thread_status;
+            m.lock().stopped = true;
+            cv.notify_all();
+        })
+        .map_err(|_| NetError::Stopped)?;
         let watches = watch_rx.recv().map_err(|_| NetError::Stopped)?;
         Ok(RemoteWorker {
             gate,
             rank,
             status,
             watches,
-            commands: tx,
-            thread: Some(thread),
+            pings,
+            thread,
         })
     }
 
@@ -454,26 +398,8 @@ impl RemoteWorker {
 
     /// Resolves once registered with the proxy, or refused; for async callers (any runtime).
     pub async fn registered(&self) -> Result<WorkerRegistration, NetError> {
-        let (mut reg, mut state) = (self.watches.0.clone(), self.watches.1.clone());
-        loop {
-            if let Some(r) = reg.borrow_and_update().clone() {
-                return Ok(r);
-            }
-            match &*state.borrow_and_update() {
-                ClientState::Refused(reason) => {
-                    return Err(NetError::Refused {
-                        server: "the proxy".into(),
-                        reason: reason.clone(),
-                    })
-                }
-                ClientState::Stopped => return Err(NetError::Stopped),
-                _ => {}
-            }
-            tokio::select! {
-                r = reg.changed() => if r.is_err() { return Err(NetError::Stopped) },
-                r = state.changed() => if r.is_err() { return Err(NetError::Stopped) },
-            }
-        }
+        let (reg, state) = self.watch();
+        registered(reg, state, "the proxy").await
     }
 
     /// The registration and the connection's state as watch channels, to wait on from any
@@ -497,8 +423,8 @@ impl RemoteWorker {
     /// manager and back.
     pub fn ping(&self, to_manager: bool, timeout: Duration) -> Result<Duration, NetError> {
         let (tx, rx) = oneshot::channel();
-        self.commands
-            .send(Command::Ping(to_manager, timeout, tx))
+        self.pings
+            .send((to_manager, timeout, tx))
             .map_err(|_| NetError::Stopped)?;
         rx.blocking_recv().map_err(|_| NetError::Stopped)?
     }
@@ -516,9 +442,84 @@ impl RemoteWorker {
 
     fn shutdown(&mut self, reason: &str) {
         self.gate.shutdown();
-        let _ = self.commands.send(Command::Stop(reason.to_owned()));
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        self.thread.request_stop(reason.to_owned());
+        self.thread.stop();
+    }
+}
+
+/// The first registration `reg` shows, or why there will be none: `server`'s refusal, or the
+/// end of the connection (`state`).
+async fn registered(
+    mut reg: watch::Receiver<Option<WorkerRegistration>>,
+    mut state: watch::Receiver<ClientState>,
+    server: &str,
+) -> Result<WorkerRegistration, NetError> {
+    loop {
+        if let Some(r) = reg.borrow_and_update().clone() {
+            return Ok(r);
+        }
+        match &*state.borrow_and_update() {
+            ClientState::Refused(reason) => {
+                return Err(NetError::Refused {
+                    server: server.to_owned(),
+                    reason: reason.clone(),
+                })
+            }
+            ClientState::Stopped => return Err(NetError::Stopped),
+            _ => {}
+        }
+        tokio::select! {
+            r = reg.changed() => if r.is_err() { return Err(NetError::Stopped) },
+            r = state.changed() => if r.is_err() { return Err(NetError::Stopped) },
+        }
+    }
+}
+
+/// Copies the registration and a refusal into `status` as they change, waking its waiters.
+fn mirror_status(
+    mut reg: watch::Receiver<Option<WorkerRegistration>>,
+    mut conn: watch::Receiver<ClientState>,
+    status: &Arc<(Mutex<Status>, Condvar)>,
+) -> impl std::future::Future<Output = ()> + 'static {
+    let status = status.clone();
+    async move {
+        loop {
+            {
+                let (m, cv) = &*status;
+                let mut s = m.lock();
+                if let Some(r) = reg.borrow_and_update().clone() {
+                    s.registration = Some(r);
+                }
+                if let ClientState::Refused(r) = &*conn.borrow_and_update() {
+                    s.refused = Some(r.clone());
+                }
+                cv.notify_all();
+            }
+            tokio::select! {
+                r = reg.changed() => if r.is_err() { break },
+                r = conn.changed() => if r.is_err() { break },
+            }
+        }
+    }
+}
+
+/// Answers pings, one at a time, until the worker is stopped; returns the reason to give the
+/// proxy.
+async fn answer_pings(
+    node: &WorkerNode,
+    mut pings: mpsc::UnboundedReceiver<PingRequest>,
+    mut stop: oneshot::Receiver<String>,
+) -> String {
+    let dropped = || "the worker's handle was dropped".to_owned();
+    loop {
+        tokio::select! {
+            ping = pings.recv() => match ping {
+                Some((to_manager, timeout, reply)) => {
+                    let _ = reply.send(node.ping(to_manager, timeout).await);
+                }
+                None => return dropped(),
+            },
+            why = &mut stop => return why.unwrap_or_else(|_| dropped()),
         }
     }
 }

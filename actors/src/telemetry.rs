@@ -510,10 +510,16 @@ mod tests {
 
     #[test]
     fn hal_errors_count_by_kind_and_a_code_name_of_this_build() {
-        use taskd_core::{HcclCode, Library, VendorCode};
+        use taskd_core::{CodeTable, HalErrorKind, HcclCode, LibraryName};
+        // A backend's table, as hal-ascend's DCMI table has the code.
+        let dcmi = CodeTable::new(
+            LibraryName::new("dcmi"),
+            &[(-8006, "DCMI_ERR_CODE_TIME_OUT", HalErrorKind::Timeout)],
+        );
         let recorder = PrometheusBuilder::new().build_recorder();
         let mut from_a_peer = HalError::new("HcclCommWorkingDevNicSet", HcclCode::Other(99), "");
-        from_a_peer.vendor.name = Some("HCCL_E_SOMETHING_NEW".into());
+        // A name that came over the wire is owned.
+        from_a_peer.vendor.name = Some(String::from("HCCL_E_SOMETHING_NEW").into());
         metrics::with_local_recorder(&recorder, || {
             hal_error(
                 "set_working_nic",
@@ -521,7 +527,7 @@ mod tests {
             );
             hal_error(
                 "link_health",
-                &HalError::new("dcmi_init", VendorCode::new(Library::Dcmi, -8006), ""),
+                &HalError::new("dcmi_init", dcmi.status(-8006), ""),
             );
             hal_error("set_working_nic", &from_a_peer);
         });

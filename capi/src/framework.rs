@@ -26,7 +26,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use taskd_actors::StepGate;
 use taskd_core::{
-    GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, Library, RankHal, SwitchCapabilities,
+    GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCode, RankHal, SwitchCapabilities,
 };
 
 /// The one group a framework HAL reports: every rank of the job, group rank = global rank.
@@ -122,7 +122,7 @@ impl RankHal for FrameworkHal {
         let n = (self.world)().ok_or_else(|| {
             HalError::uncoded(
                 "groups",
-                Library::Hccl,
+                HcclCode::LIBRARY,
                 HalErrorKind::Unavailable,
                 "the job's size is not known before the worker registered",
             )
@@ -142,7 +142,7 @@ impl RankHal for FrameworkHal {
         if group != FRAMEWORK_GROUP {
             return Err(HalError::uncoded(
                 "_comm_switch_nic",
-                Library::Hccl,
+                HcclCode::LIBRARY,
                 HalErrorKind::InvalidArgument,
                 format!("the framework HAL has one group, {FRAMEWORK_GROUP}, not {group}"),
             ));
@@ -156,7 +156,7 @@ impl RankHal for FrameworkHal {
         (self.run)(timeout + timeout / 4, call).map_err(|reason| {
             HalError::uncoded(
                 "_comm_switch_nic",
-                Library::Hccl,
+                HcclCode::LIBRARY,
                 HalErrorKind::Other,
                 reason,
             )

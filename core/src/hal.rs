@@ -6,7 +6,7 @@
 //! Every call fails with a [`HalError`]: a [`HalErrorKind`] the control plane can act on
 //! without knowing the hardware, and the vendor's own [`VendorCode`] (library, number, name)
 //! kept beside it. Which code maps to which kind is written down with the codes
-//! (`core/src/hal/codes.rs`, [`HcclCode::kind`]).
+//! (`core/src/hal/codes.rs`, [`HcclCode::kind`], and each backend's own [`CodeTable`]).
 
 use crate::ids::{DeviceId, GlobalRank, GroupRank};
 use serde::{Deserialize, Serialize};
@@ -15,8 +15,11 @@ use std::fmt;
 mod codes;
 mod error;
 
-pub use codes::HcclCode;
-pub use error::{HalError, HalErrorKind, Library, VendorCode, OTHER_CODE_NAME};
+pub use codes::{CodeTable, HcclCode};
+pub use error::{
+    HalError, HalErrorKind, LibraryName, LibraryNameError, VendorCode, VendorStatus,
+    OTHER_CODE_NAME,
+};
 
 /// One communication group a process belongs to.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

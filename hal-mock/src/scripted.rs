@@ -321,7 +321,7 @@ mod tests {
     fn done_and_drop_report_what_is_left() {
         let hal = ScriptedRankHal::new([
             Expect::groups(vec![world()]),
-            Expect::set_working_nic("world", &[0], &[true]).fails(HalError::mock(
+            Expect::set_working_nic("world", &[0], &[true]).fails(crate::MOCK.uncoded(
                 "nic",
                 HalErrorKind::Network,
                 "",
@@ -351,7 +351,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "capabilities cannot fail")]
     fn capabilities_cannot_be_scripted_to_fail() {
-        let _ = Expect::capabilities(SwitchCapabilities::ALL).fails(HalError::mock(
+        let _ = Expect::capabilities(SwitchCapabilities::ALL).fails(crate::MOCK.uncoded(
             "caps",
             HalErrorKind::Other,
             "",

@@ -479,7 +479,7 @@ impl NodeHal for SoloNodeHal {
     fn link_health(&mut self, device: DeviceId) -> Result<LinkHealth, HalError> {
         let ports = self.ports_up.lock();
         let Some(primary) = ports.get(device.0 as usize).copied() else {
-            return Err(HalError::mock(
+            return Err(crate::MOCK.uncoded(
                 "sim_get_device_network_health",
                 HalErrorKind::InvalidArgument,
                 format!("no device {device} on this node ({} devices)", self.devices),

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::sync::Arc;
 use support::{env, fresh, fresh_dir, install, Stub, StubControl};
 use taskd_core::{
-    plan_calls, DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCode,
-    LinkHealth, NicSide, NodeHal, RankHal, SwitchCapabilities,
+    plan_calls, DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind,
+    HcclCapabilities, HcclCode, LinkHealth, NicSide, NodeHal, RankHal,
 };
 use taskd_hal_ascend::result::{self, AclError};
 use taskd_hal_ascend::search::{self, LibrarySpec, LoadError, Origin};
@@ -738,7 +738,7 @@ mod rank_hal {
                     },
                 ),
             ],
-            SwitchCapabilities::ALL,
+            HcclCapabilities::ALL,
         );
         (hal, stub)
     }
@@ -797,7 +797,7 @@ mod rank_hal {
                     members: ranks(&[0, 1, 2]),
                 },
             )],
-            SwitchCapabilities::ALL,
+            HcclCapabilities::ALL,
         );
         let e = hal.groups().unwrap_err();
         assert_eq!(
@@ -822,7 +822,7 @@ mod rank_hal {
                     members: ranks(&[0, 1]),
                 },
             )],
-            SwitchCapabilities::ALL,
+            HcclCapabilities::ALL,
         );
         let e = hal.groups().unwrap_err();
         assert_eq!(
@@ -846,7 +846,7 @@ mod rank_hal {
         };
         let mut hal = AscendRankHal::with_capabilities(
             vec![(a, info.clone()), (b, info)],
-            SwitchCapabilities::ALL,
+            HcclCapabilities::ALL,
         );
         assert!(hal
             .groups()
@@ -910,8 +910,7 @@ mod rank_hal {
         );
         assert_eq!(
             hal.capabilities(),
-            SwitchCapabilities {
-                tsp: false,
+            HcclCapabilities {
                 l2_retry: true,
                 rdma: false
             }
@@ -929,7 +928,7 @@ mod rank_hal {
         };
         let hal = AscendRankHal::with_capabilities(
             vec![(owned, one.clone()), (borrowed, one)],
-            SwitchCapabilities::ALL,
+            HcclCapabilities::ALL,
         );
         drop(hal);
         assert_eq!(

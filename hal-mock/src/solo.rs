@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 use taskd_core::{
-    DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCode, LinkHealth,
-    NodeHal, RankHal, StepBoundary, StepOutcome, SwitchCapabilities,
+    DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCapabilities, HcclCode,
+    LinkHealth, NodeHal, RankHal, StepBoundary, StepOutcome,
 };
 
 /// The shape of the job a solo rank belongs to.
@@ -438,10 +438,9 @@ impl RankHal for SoloRankHal {
         self.0.set_working_nic(group, ranks, use_backup)
     }
 
-    fn capabilities(&mut self) -> SwitchCapabilities {
+    fn capabilities(&mut self) -> HcclCapabilities {
         let st = self.0.state.lock();
-        SwitchCapabilities {
-            tsp: true,
+        HcclCapabilities {
             l2_retry: st.l2_retry,
             rdma: st.rdma,
         }

@@ -21,7 +21,19 @@ use std::fmt;
 ///
 /// A backend keeps its table in its own crate, next to the calls that return the codes, and
 /// builds its errors through it ([`CodeTable::status`], [`CodeTable::uncoded`]), so the name
-/// and the kind are filled in where the code is known.
+/// and the kind are filled in where the code is known:
+///
+/// ```
+/// use taskd_core::{CodeTable, HalError, HalErrorKind, LibraryName};
+///
+/// static ACME: CodeTable = CodeTable::new(
+///     LibraryName::new("acme"),
+///     &[(-7, "ACME_E_LINK", HalErrorKind::Network)],
+/// );
+/// let e = HalError::new("acme_set_port", ACME.status(-7), "port 2");
+/// assert_eq!((e.kind, e.vendor.metric_name()), (HalErrorKind::Network, "ACME_E_LINK"));
+/// assert_eq!(e.to_string(), "acme_set_port failed with ACME_E_LINK (-7): port 2");
+/// ```
 #[derive(Clone, Debug)]
 pub struct CodeTable {
     library: LibraryName,

@@ -111,7 +111,16 @@ impl LibraryName {
     pub const MAX_LEN: usize = 16;
 
     /// A backend's name for its library. Panics on a name that is not a short lowercase
-    /// identifier, which in a `const` is a compile error.
+    /// identifier, which in a `const` is a compile error:
+    ///
+    /// ```
+    /// const ACME: taskd_core::LibraryName = taskd_core::LibraryName::new("acme");
+    /// assert_eq!(ACME.as_str(), "acme");
+    /// ```
+    ///
+    /// ```compile_fail
+    /// const ACME: taskd_core::LibraryName = taskd_core::LibraryName::new("ACME NICs");
+    /// ```
     pub const fn new(name: &'static str) -> Self {
         assert!(
             valid_library_name(name.as_bytes()),
@@ -418,6 +427,7 @@ mod tests {
                 "{bad:?}"
             );
         }
+        assert!(std::panic::catch_unwind(|| LibraryName::new("Acme")).is_err());
         // A name read from a peer equals the backend's own.
         assert_eq!(LibraryName::parse("hccl").unwrap(), HcclCode::LIBRARY);
     }

@@ -54,9 +54,10 @@ pub const HAL_CALL_DURATION: &str = "taskd_hal_call_duration_seconds";
 pub const MESSAGES_TOTAL: &str = "taskd_messages_total";
 /// Counter `{op, kind, code}`: failed HAL calls by the error's vendor-neutral kind
 /// (`network`, `timeout`, ...: `taskd_core::HalErrorKind::as_str`) and the vendor's name of its
-/// code (`HCCL_E_NETWORK`, `DCMI_ERR_CODE_TIME_OUT`, ...). `code` is looked up in this build's
-/// code tables (`taskd_core::VendorCode::metric_name`), `OTHER` for a code it has no name for
-/// or an error without a code, so both labels have fixed sets of values. Added to section 8.
+/// code (`HCCL_E_NETWORK`, `DCMI_ERR_CODE_TIME_OUT`, ...). `code` is the name a code table
+/// compiled into this process gave (`taskd_core::VendorCode::metric_name`), `OTHER` for a code
+/// it has no name for or an error without a code, so both labels have fixed sets of values.
+/// Added to section 8.
 pub const HAL_ERRORS_TOTAL: &str = "taskd_hal_errors_total";
 /// Gauge `{state}`: 1 for the job's current state (`running`, `paused`, `needs_recovery`), 0
 /// for the others. `paused` after a failed rollback is the "operator action required" alarm.

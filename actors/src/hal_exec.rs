@@ -20,7 +20,7 @@ use std::future::Future;
 use std::sync::{mpsc, Arc};
 use std::task::{Context, Poll, Wake, Waker};
 use taskd_core::{
-    GroupInfo, GroupRank, HalError, HalFuture, RankHal, SwitchCapabilities, TaskRankHal,
+    GroupInfo, GroupRank, HalError, HalFuture, HcclCapabilities, RankHal, TaskRankHal,
 };
 
 /// A blocking HAL seen as a [`TaskRankHal`]: each call runs, on the thread that polls it, when
@@ -42,7 +42,7 @@ impl TaskRankHal for Blocking<'_> {
         Box::pin(async move { hal.set_working_nic(group, ranks, use_backup) })
     }
 
-    fn capabilities(&mut self) -> SwitchCapabilities {
+    fn capabilities(&mut self) -> HcclCapabilities {
         self.0.capabilities()
     }
 
@@ -70,7 +70,7 @@ impl From<Box<dyn RankHal>> for WorkerHal {
 
 impl WorkerHal {
     /// The HAL's capabilities, asked on the calling thread (before the worker starts).
-    pub fn capabilities(&mut self) -> SwitchCapabilities {
+    pub fn capabilities(&mut self) -> HcclCapabilities {
         match self {
             WorkerHal::Thread(h) | WorkerHal::Pool(h, _) => h.capabilities(),
             WorkerHal::Task(h) => h.capabilities(),

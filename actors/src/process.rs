@@ -28,8 +28,8 @@ use std::sync::Arc;
 use taskd_core::auto::AutoConfig;
 use taskd_core::operation::OperationReport;
 use taskd_core::{
-    GlobalRank, GroupInfo, GroupRank, HalError, HcclCode, NodeName, RankHal, RankTable,
-    SwitchCapabilities,
+    GlobalRank, GroupInfo, GroupRank, HalError, HcclCapabilities, HcclCode, NodeName, RankHal,
+    RankTable,
 };
 
 /// Why a role could not start.
@@ -316,7 +316,7 @@ impl ProxyIdentity {
 /// the first operation, which comes after registration.
 pub struct LateRankHal {
     inner: Arc<Mutex<Option<Box<dyn RankHal>>>>,
-    capabilities: SwitchCapabilities,
+    capabilities: HcclCapabilities,
 }
 
 /// Where the real HAL of a [`LateRankHal`] goes.
@@ -326,7 +326,7 @@ pub struct LateRankHalSlot(Arc<Mutex<Option<Box<dyn RankHal>>>>);
 impl LateRankHal {
     /// A HAL reporting `capabilities` (known up front: they are the process's configuration),
     /// and the slot its real HAL goes into.
-    pub fn new(capabilities: SwitchCapabilities) -> (LateRankHal, LateRankHalSlot) {
+    pub fn new(capabilities: HcclCapabilities) -> (LateRankHal, LateRankHalSlot) {
         let inner = Arc::new(Mutex::new(None));
         let slot = LateRankHalSlot(inner.clone());
         (
@@ -374,7 +374,7 @@ impl RankHal for LateRankHal {
         }
     }
 
-    fn capabilities(&mut self) -> SwitchCapabilities {
+    fn capabilities(&mut self) -> HcclCapabilities {
         self.capabilities
     }
 }
@@ -432,15 +432,14 @@ mod tests {
         ) -> Result<(), HalError> {
             Ok(())
         }
-        fn capabilities(&mut self) -> SwitchCapabilities {
-            SwitchCapabilities::default()
+        fn capabilities(&mut self) -> HcclCapabilities {
+            HcclCapabilities::default()
         }
     }
 
     #[test]
     fn a_late_hal_answers_unavailable_until_installed() {
-        let caps = SwitchCapabilities {
-            tsp: true,
+        let caps = HcclCapabilities {
             l2_retry: false,
             rdma: true,
         };

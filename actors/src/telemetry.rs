@@ -54,9 +54,10 @@ pub const HAL_CALL_DURATION: &str = "taskd_hal_call_duration_seconds";
 pub const MESSAGES_TOTAL: &str = "taskd_messages_total";
 /// Counter `{op, kind, code}`: failed HAL calls by the error's vendor-neutral kind
 /// (`network`, `timeout`, ...: `taskd_core::HalErrorKind::as_str`) and the vendor's name of its
-/// code (`HCCL_E_NETWORK`, `DCMI_ERR_CODE_TIME_OUT`, ...). `code` is looked up in this build's
-/// code tables (`taskd_core::VendorCode::metric_name`), `OTHER` for a code it has no name for
-/// or an error without a code, so both labels have fixed sets of values. Added to section 8.
+/// code (`HCCL_E_NETWORK`, `DCMI_ERR_CODE_TIME_OUT`, ...). `code` is the name a code table
+/// compiled into this process gave (`taskd_core::VendorCode::metric_name`), `OTHER` for a code
+/// it has no name for or an error without a code, so both labels have fixed sets of values.
+/// Added to section 8.
 pub const HAL_ERRORS_TOTAL: &str = "taskd_hal_errors_total";
 /// Gauge `{state}`: 1 for the job's current state (`running`, `paused`, `needs_recovery`), 0
 /// for the others. `paused` after a failed rollback is the "operator action required" alarm.
@@ -510,10 +511,16 @@ mod tests {
 
     #[test]
     fn hal_errors_count_by_kind_and_a_code_name_of_this_build() {
-        use taskd_core::{HcclCode, Library, VendorCode};
+        use taskd_core::{CodeTable, HalErrorKind, HcclCode, LibraryName};
+        // A backend's table, as hal-ascend's DCMI table has the code.
+        let dcmi = CodeTable::new(
+            LibraryName::new("dcmi"),
+            &[(-8006, "DCMI_ERR_CODE_TIME_OUT", HalErrorKind::Timeout)],
+        );
         let recorder = PrometheusBuilder::new().build_recorder();
         let mut from_a_peer = HalError::new("HcclCommWorkingDevNicSet", HcclCode::Other(99), "");
-        from_a_peer.vendor.name = Some("HCCL_E_SOMETHING_NEW".into());
+        // A name that came over the wire is owned.
+        from_a_peer.vendor.name = Some(String::from("HCCL_E_SOMETHING_NEW").into());
         metrics::with_local_recorder(&recorder, || {
             hal_error(
                 "set_working_nic",
@@ -521,7 +528,7 @@ mod tests {
             );
             hal_error(
                 "link_health",
-                &HalError::new("dcmi_init", VendorCode::new(Library::Dcmi, -8006), ""),
+                &HalError::new("dcmi_init", dcmi.status(-8006), ""),
             );
             hal_error("set_working_nic", &from_a_peer);
         });

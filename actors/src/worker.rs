@@ -19,8 +19,8 @@ use taskd_core::protocol::{
     WorkerHello, WorkerReport, WorkerToProxy,
 };
 use taskd_core::{
-    plan_calls, GlobalRank, GroupCall, JobId, NicSide, NodeName, OperationId, RankHal,
-    SwitchCapabilities, TaskRankHal,
+    plan_calls, GlobalRank, GroupCall, HcclCapabilities, JobId, NicSide, NodeName, OperationId,
+    RankHal, SwitchCapabilities, TaskRankHal,
 };
 use tokio::sync::{mpsc, oneshot};
 use tracing::{Instrument, Span};
@@ -461,8 +461,8 @@ struct GroupApplied {
 
 /// What this rank can switch: the HAL's answer (L2 retry, RDMA) with this process's own `tsp`
 /// (`MS_ENABLE_TFT`), which no HAL knows. The one place the two are joined.
-pub(crate) fn rank_capabilities(hal_says: SwitchCapabilities, tsp: bool) -> SwitchCapabilities {
-    SwitchCapabilities { tsp, ..hal_says }
+pub(crate) fn rank_capabilities(hal_says: HcclCapabilities, tsp: bool) -> SwitchCapabilities {
+    SwitchCapabilities::new(tsp, hal_says)
 }
 
 /// Where a worker's HAL lives while the worker runs.

@@ -17,8 +17,8 @@ use taskd_core::protocol::{
     AppliedCall, Directive, DirectiveKind, Phase, RankError, ReplyBody, WorkerToProxy,
 };
 use taskd_core::{
-    GlobalRank, GroupCall, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCode, NicSide,
-    OperationId, StepOutcome, SwitchCapabilities,
+    GlobalRank, GroupCall, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCapabilities,
+    HcclCode, NicSide, OperationId, StepOutcome, SwitchCapabilities,
 };
 use taskd_hal_mock::{Expect, ScriptedRankHal};
 use tokio::sync::mpsc;
@@ -158,10 +158,7 @@ impl Harness {
 
 /// The HAL knows L2 retry and RDMA but not `TSP:1`, which is the worker's own configuration.
 fn hal_capabilities() -> Expect {
-    Expect::capabilities(SwitchCapabilities {
-        tsp: false,
-        ..SwitchCapabilities::ALL
-    })
+    Expect::capabilities(HcclCapabilities::ALL)
 }
 
 fn call(group: &str, ranks: &[u32], use_backup: &[bool]) -> GroupCall {

@@ -26,7 +26,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use taskd_actors::StepGate;
 use taskd_core::{
-    GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, Library, RankHal, SwitchCapabilities,
+    GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCapabilities, HcclCode, RankHal,
 };
 
 /// The one group a framework HAL reports: every rank of the job, group rank = global rank.
@@ -94,7 +94,7 @@ pub struct FrameworkHal {
     run: RunCall,
     call_timeout: Duration,
     world: WorldSize,
-    capabilities: SwitchCapabilities,
+    capabilities: HcclCapabilities,
 }
 
 impl FrameworkHal {
@@ -105,7 +105,7 @@ impl FrameworkHal {
         switch: Box<dyn FrameworkSwitch>,
         run: RunCall,
         world: WorldSize,
-        capabilities: SwitchCapabilities,
+        capabilities: HcclCapabilities,
     ) -> Self {
         FrameworkHal {
             switch: Arc::new(Mutex::new(switch)),
@@ -122,7 +122,7 @@ impl RankHal for FrameworkHal {
         let n = (self.world)().ok_or_else(|| {
             HalError::uncoded(
                 "groups",
-                Library::Hccl,
+                HcclCode::LIBRARY,
                 HalErrorKind::Unavailable,
                 "the job's size is not known before the worker registered",
             )
@@ -142,7 +142,7 @@ impl RankHal for FrameworkHal {
         if group != FRAMEWORK_GROUP {
             return Err(HalError::uncoded(
                 "_comm_switch_nic",
-                Library::Hccl,
+                HcclCode::LIBRARY,
                 HalErrorKind::InvalidArgument,
                 format!("the framework HAL has one group, {FRAMEWORK_GROUP}, not {group}"),
             ));
@@ -156,14 +156,14 @@ impl RankHal for FrameworkHal {
         (self.run)(timeout + timeout / 4, call).map_err(|reason| {
             HalError::uncoded(
                 "_comm_switch_nic",
-                Library::Hccl,
+                HcclCode::LIBRARY,
                 HalErrorKind::Other,
                 reason,
             )
         })
     }
 
-    fn capabilities(&mut self) -> SwitchCapabilities {
+    fn capabilities(&mut self) -> HcclCapabilities {
         self.capabilities
     }
 
@@ -203,7 +203,7 @@ mod tests {
             Box::new(switch),
             inline(),
             Box::new(move || world),
-            SwitchCapabilities::ALL,
+            HcclCapabilities::ALL,
         );
         (hal, calls)
     }
@@ -257,7 +257,7 @@ mod tests {
             Box::new(switch),
             on_training_thread(slot),
             Box::new(|| Some(2)),
-            SwitchCapabilities::ALL,
+            HcclCapabilities::ALL,
         );
         // Training, not held: refused, and the function is not called.
         let e = h
@@ -307,6 +307,6 @@ mod tests {
             unregistered.groups().unwrap_err().kind,
             HalErrorKind::Unavailable
         );
-        assert_eq!(h.capabilities(), SwitchCapabilities::ALL);
+        assert_eq!(h.capabilities(), HcclCapabilities::ALL);
     }
 }

@@ -13,7 +13,7 @@ use taskd_actors::net::{ClientState, RemoteWorker, RemoteWorkerConfig, WorkerReg
 use taskd_actors::telemetry::MetricsServer;
 use taskd_actors::StepGate;
 use taskd_core::env::process_env;
-use taskd_core::{GlobalRank, StepOutcome, SwitchCapabilities};
+use taskd_core::{GlobalRank, HcclCapabilities, StepOutcome};
 use taskd_roles::WorkerArgs;
 use tokio::sync::watch;
 
@@ -47,16 +47,11 @@ impl WorkerOptions {
     /// What this rank's switch needs that its process has: HCCL's L2 retry and RDMA links from
     /// the environment for a function that moves HCCL communicators, nothing of HCCL's for one
     /// that does not (`"hccl": false`).
-    fn capabilities(&self) -> SwitchCapabilities {
-        let env = taskd_hal_ascend::rank::capabilities_from_env(&process_env);
+    fn capabilities(&self) -> HcclCapabilities {
         if self.hccl {
-            env
+            taskd_hal_ascend::rank::capabilities_from_env(&process_env)
         } else {
-            SwitchCapabilities {
-                l2_retry: true,
-                rdma: true,
-                ..env
-            }
+            HcclCapabilities::ALL
         }
     }
 
@@ -242,9 +237,7 @@ mod tests {
             "by default what the environment says"
         );
         let gloo = WorkerOptions::parse(r#"{"job_id": "j", "rank": 0, "hccl": false}"#).unwrap();
-        let caps = gloo.capabilities();
-        assert!(caps.l2_retry && caps.rdma, "{caps:?}");
-        assert_eq!(caps.tsp, env.tsp);
+        assert_eq!(gloo.capabilities(), HcclCapabilities::ALL);
         assert!(check(r#"{"job_id": "j", "rank": 0, "hccl": "no"}"#).is_err());
     }
 }

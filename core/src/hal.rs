@@ -6,7 +6,7 @@
 //! Every call fails with a [`HalError`]: a [`HalErrorKind`] the control plane can act on
 //! without knowing the hardware, and the vendor's own [`VendorCode`] (library, number, name)
 //! kept beside it. Which code maps to which kind is written down with the codes
-//! (`core/src/hal/codes.rs`, [`HcclCode::kind`]).
+//! (`core/src/hal/codes.rs`, [`HcclCode::kind`], and each backend's own [`CodeTable`]).
 
 use crate::ids::{DeviceId, GlobalRank, GroupRank};
 use serde::{Deserialize, Serialize};
@@ -15,8 +15,11 @@ use std::fmt;
 mod codes;
 mod error;
 
-pub use codes::HcclCode;
-pub use error::{HalError, HalErrorKind, Library, VendorCode, OTHER_CODE_NAME};
+pub use codes::{CodeTable, HcclCode};
+pub use error::{
+    HalError, HalErrorKind, LibraryName, LibraryNameError, VendorCode, VendorStatus,
+    OTHER_CODE_NAME,
+};
 
 /// One communication group a process belongs to.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,11 +41,37 @@ impl GroupInfo {
     }
 }
 
-/// What a rank's HCCL setup allows. A switch is refused unless every rank can really switch:
-/// HCCL answers success and changes nothing when L2 retry is off or there are no RDMA links.
+/// What a rank's HCCL can do, as its HAL knows it: HCCL answers success and changes nothing
+/// when L2 retry is off or there are no RDMA links.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct HcclCapabilities {
+    /// `HCCL_OP_RETRY_ENABLE` contains `L2:1` for this process's HCCL.
+    pub l2_retry: bool,
+    /// The topology has RDMA links (no RDMA: HCCL's NIC set is a silent no-op).
+    pub rdma: bool,
+}
+
+impl HcclCapabilities {
+    /// Both present: what a HAL of a fully configured rank reports.
+    pub const ALL: HcclCapabilities = HcclCapabilities {
+        l2_retry: true,
+        rdma: true,
+    };
+
+    /// Whether HCCL's NIC set on this rank really switches, rather than succeed and change
+    /// nothing.
+    pub fn can_switch(&self) -> bool {
+        self.l2_retry && self.rdma
+    }
+}
+
+/// What a registered rank can switch: its training framework's TSP, which the worker knows
+/// from its process's configuration, and its HCCL's capabilities, which the HAL reports. A
+/// switch is refused unless every rank can really switch.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct SwitchCapabilities {
-    /// `MS_ENABLE_TFT` contains `TSP:1`.
+    /// `MS_ENABLE_TFT` contains `TSP:1`: the framework lets its communication be paused and
+    /// the NIC switched (the worker's registration carries it; no HAL knows it).
     pub tsp: bool,
     /// `HCCL_OP_RETRY_ENABLE` contains `L2:1` for this process's HCCL.
     pub l2_retry: bool,
@@ -53,15 +82,37 @@ pub struct SwitchCapabilities {
 impl SwitchCapabilities {
     /// Everything present: what a fully configured rank reports, and the identity when the
     /// manager intersects ranks' capabilities to name what is missing anywhere.
-    pub const ALL: SwitchCapabilities = SwitchCapabilities {
-        tsp: true,
-        l2_retry: true,
-        rdma: true,
-    };
+    pub const ALL: SwitchCapabilities = SwitchCapabilities::new(true, HcclCapabilities::ALL);
+
+    /// A rank's registration: the framework's `tsp` joined to what its HAL says of HCCL.
+    pub const fn new(tsp: bool, hccl: HcclCapabilities) -> Self {
+        SwitchCapabilities {
+            tsp,
+            l2_retry: hccl.l2_retry,
+            rdma: hccl.rdma,
+        }
+    }
+
+    /// The HCCL part, as a HAL reports it.
+    pub fn hccl(&self) -> HcclCapabilities {
+        HcclCapabilities {
+            l2_retry: self.l2_retry,
+            rdma: self.rdma,
+        }
+    }
+
+    /// What both `self` and `other` have: the manager's intersection over ranks.
+    pub fn and(self, other: SwitchCapabilities) -> SwitchCapabilities {
+        SwitchCapabilities {
+            tsp: self.tsp && other.tsp,
+            l2_retry: self.l2_retry && other.l2_retry,
+            rdma: self.rdma && other.rdma,
+        }
+    }
 
     /// Whether a NIC-set call on this rank would really switch.
     pub fn can_switch(&self) -> bool {
-        self.tsp && self.l2_retry && self.rdma
+        self.tsp && self.hccl().can_switch()
     }
 
     /// What is missing, in the words of the flag an operator sets.
@@ -223,10 +274,9 @@ pub trait RankHal: Send {
         use_backup: &[bool],
     ) -> Result<(), HalError>;
 
-    /// Whether a NIC-set call on this rank would really switch (L2 retry, RDMA links). The
-    /// `tsp` a HAL reports is ignored: it is the worker process's own configuration
-    /// (`MS_ENABLE_TFT`), which the worker joins in.
-    fn capabilities(&mut self) -> SwitchCapabilities;
+    /// What this rank's HCCL can do (L2 retry, RDMA links). TSP is not the HAL's to know: the
+    /// worker joins in its process's own (`MS_ENABLE_TFT`, [`SwitchCapabilities::new`]).
+    fn capabilities(&mut self) -> HcclCapabilities;
 
     /// The time the NIC-set calls of the directive the worker handles now have: shorter than
     /// the phase's deadline, so that a call that gives up still leaves the rollback its
@@ -255,8 +305,8 @@ pub trait TaskRankHal: Send {
         use_backup: &'a [bool],
     ) -> HalFuture<'a>;
 
-    /// What a NIC-set call on this rank can do (see [`RankHal::capabilities`]).
-    fn capabilities(&mut self) -> SwitchCapabilities;
+    /// What this rank's HCCL can do (see [`RankHal::capabilities`]).
+    fn capabilities(&mut self) -> HcclCapabilities;
 
     /// The time the next NIC-set calls have (see [`RankHal::set_call_timeout`]).
     fn set_call_timeout(&mut self, _timeout: std::time::Duration) {}
@@ -363,5 +413,41 @@ mod tests {
         };
         assert!(!c.can_switch());
         assert_eq!(c.missing(), vec!["HCCL_OP_RETRY_ENABLE without L2:1"]);
+    }
+
+    #[test]
+    fn a_registration_joins_the_frameworks_tsp_to_the_hals_hccl() {
+        let hccl = HcclCapabilities {
+            l2_retry: true,
+            rdma: false,
+        };
+        let c = SwitchCapabilities::new(false, hccl);
+        assert_eq!((c.tsp, c.l2_retry, c.rdma), (false, true, false));
+        assert_eq!(c.hccl(), hccl);
+        assert!(!hccl.can_switch() && HcclCapabilities::ALL.can_switch());
+        assert_eq!(
+            c.missing(),
+            vec!["MS_ENABLE_TFT without TSP:1", "no RDMA links"]
+        );
+        assert_eq!(SwitchCapabilities::ALL.hccl(), HcclCapabilities::ALL);
+        // The intersection keeps what every rank has, and ALL is its identity.
+        let no_l2 = SwitchCapabilities::new(
+            true,
+            HcclCapabilities {
+                l2_retry: false,
+                rdma: true,
+            },
+        );
+        assert_eq!(
+            SwitchCapabilities::ALL.and(c).and(no_l2),
+            SwitchCapabilities::new(
+                false,
+                HcclCapabilities {
+                    l2_retry: false,
+                    rdma: false
+                }
+            )
+        );
+        assert_eq!(SwitchCapabilities::ALL.and(no_l2), no_l2);
     }
 }

@@ -665,14 +665,9 @@ impl JobLedger {
             // Name what is missing on any of the ranks, not only on the first one: with rank 2
             // lacking TSP and rank 5 lacking RDMA, the message must send the operator to both
             // flags.
-            let common =
-                unable
-                    .iter()
-                    .fold(SwitchCapabilities::ALL, |acc, (_, c)| SwitchCapabilities {
-                        tsp: acc.tsp && c.tsp,
-                        l2_retry: acc.l2_retry && c.l2_retry,
-                        rdma: acc.rdma && c.rdma,
-                    });
+            let common = unable
+                .iter()
+                .fold(SwitchCapabilities::ALL, |acc, (_, c)| acc.and(*c));
             return Err(SubmitError::CapabilityMissing {
                 ranks: short_list(&ranks),
                 missing: common.missing().join(", "),

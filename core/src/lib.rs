@@ -66,8 +66,9 @@ pub mod verify;
 
 pub use command::{Direction, RankTarget, SwitchCommand, SwitchPlan, ValidationError};
 pub use hal::{
-    GroupInfo, HalError, HalErrorKind, HalFuture, HcclCode, Library, LinkHealth, NicSide, NodeHal,
-    RankHal, StepBoundary, StepOutcome, SwitchCapabilities, TaskRankHal, VendorCode,
+    CodeTable, GroupInfo, HalError, HalErrorKind, HalFuture, HcclCapabilities, HcclCode,
+    LibraryName, LinkHealth, NicSide, NodeHal, RankHal, StepBoundary, StepOutcome,
+    SwitchCapabilities, TaskRankHal, VendorCode, VendorStatus,
 };
 pub use ids::{DeviceId, GlobalRank, GroupRank, JobId, NodeName, OperationId};
 pub use ledger::{JobLedger, JobState, SubmitError};

@@ -129,6 +129,7 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod codes;
 pub mod node;
 pub mod rank;
 pub mod result;

@@ -1,5 +1,6 @@
 //! [`AscendNodeHal`]: the per-node HAL over DCMI, every probe bounded in time.
 
+use crate::codes::DCMI;
 use crate::result::{self, DcmiError, NetworkHealth};
 use crate::search::EnvLookup;
 use crate::sys::dcmi::DcmiLib;
@@ -8,7 +9,7 @@ use std::fmt;
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use taskd_core::env::{self, EnvError, TASKD_DCMI_TIMEOUT_MS};
-use taskd_core::{DeviceId, HalError, HalErrorKind, Library, LinkHealth, NicSide, NodeHal};
+use taskd_core::{DeviceId, HalError, HalErrorKind, LinkHealth, NicSide, NodeHal};
 
 /// How long one DCMI call may take before its answer counts as unknown: 1 s, the bound
 /// MindCluster puts on `dcmi_get_device_network_health`, which it documents as occasionally
@@ -103,11 +104,11 @@ impl From<ProbeError> for HalError {
             ProbeError::Dcmi(e) => e.into(),
             ProbeError::TimedOut { ref call, .. } | ProbeError::StillRunning { ref call, .. } => {
                 let op = call.split('(').next().unwrap_or(call).to_owned();
-                HalError::uncoded(op, Library::Dcmi, HalErrorKind::Timeout, e.to_string())
+                DCMI.uncoded(op, HalErrorKind::Timeout, e.to_string())
             }
             ProbeError::Thread { ref call, .. } => {
                 let op = call.split('(').next().unwrap_or(call).to_owned();
-                HalError::uncoded(op, Library::Dcmi, HalErrorKind::Other, e.to_string())
+                DCMI.uncoded(op, HalErrorKind::Other, e.to_string())
             }
         }
     }
@@ -451,11 +452,11 @@ mod tests {
         }
         .into();
         assert_eq!(
-            (e.op.as_str(), e.kind, e.vendor.library, e.vendor.code),
+            (e.op.as_str(), e.kind, &e.vendor.library, e.vendor.code),
             (
                 "dcmi_get_device_network_health",
                 HalErrorKind::Timeout,
-                Library::Dcmi,
+                DCMI.library(),
                 None
             )
         );

@@ -3,7 +3,7 @@
 use crate::safe::Comm;
 use crate::search::EnvLookup;
 use std::collections::HashSet;
-use taskd_core::{env, GroupInfo, GroupRank, HalError, HcclCode, RankHal, SwitchCapabilities};
+use taskd_core::{env, GroupInfo, GroupRank, HalError, HcclCapabilities, HcclCode, RankHal};
 
 /// `HCCL_OP_RETRY_ENABLE`: HCCL's retry levels; `L2:1` is needed for a real NIC switch.
 ///
@@ -15,9 +15,8 @@ pub use taskd_core::env::{HCCL_OP_RETRY_ENABLE, TASKD_HCCL_RDMA};
 
 /// What this rank's HCCL setup allows, from the environment: `l2_retry` from
 /// `HCCL_OP_RETRY_ENABLE` (parsed by [`taskd_core::env::l2_retry_enabled`]), `rdma` true unless
-/// [`TASKD_HCCL_RDMA`] says otherwise. `tsp` is left false: it is the worker's own
-/// configuration and the worker joins it in.
-pub fn capabilities_from_env(env: EnvLookup<'_>) -> SwitchCapabilities {
+/// [`TASKD_HCCL_RDMA`] says otherwise. (TSP is the framework's, which the worker joins in.)
+pub fn capabilities_from_env(env: EnvLookup<'_>) -> HcclCapabilities {
     let get = |k: &str| env(k).map(|v| v.to_string_lossy().into_owned());
     let rdma_off = get(TASKD_HCCL_RDMA).is_some_and(|v| {
         matches!(
@@ -25,8 +24,7 @@ pub fn capabilities_from_env(env: EnvLookup<'_>) -> SwitchCapabilities {
             "0" | "false" | "off" | "no"
         )
     });
-    SwitchCapabilities {
-        tsp: false,
+    HcclCapabilities {
         l2_retry: env::l2_retry_enabled(get(HCCL_OP_RETRY_ENABLE).as_deref()),
         rdma: !rdma_off,
     }
@@ -54,7 +52,7 @@ struct Group {
 /// [`taskd_core::plan_calls`] one call at a time, which is what HCCL requires.
 pub struct AscendRankHal {
     groups: Vec<Group>,
-    caps: SwitchCapabilities,
+    caps: HcclCapabilities,
 }
 
 impl AscendRankHal {
@@ -66,7 +64,7 @@ impl AscendRankHal {
     }
 
     /// As [`AscendRankHal::new`], with the capabilities given instead of read.
-    pub fn with_capabilities(groups: Vec<(Comm, GroupInfo)>, caps: SwitchCapabilities) -> Self {
+    pub fn with_capabilities(groups: Vec<(Comm, GroupInfo)>, caps: HcclCapabilities) -> Self {
         AscendRankHal {
             groups: groups
                 .into_iter()
@@ -180,7 +178,7 @@ impl RankHal for AscendRankHal {
             .set_working_nic(&ranks, use_backup)
     }
 
-    fn capabilities(&mut self) -> SwitchCapabilities {
+    fn capabilities(&mut self) -> HcclCapabilities {
         self.caps
     }
 }
@@ -189,7 +187,7 @@ impl RankHal for AscendRankHal {
 mod tests {
     use super::*;
 
-    fn caps(pairs: &[(&str, &str)]) -> SwitchCapabilities {
+    fn caps(pairs: &[(&str, &str)]) -> HcclCapabilities {
         let env = taskd_core::env::from_pairs(pairs);
         capabilities_from_env(&env)
     }
@@ -208,18 +206,17 @@ mod tests {
         for off in ["0", "false", "OFF", " no "] {
             assert!(!caps(&[("TASKD_HCCL_RDMA", off)]).rdma, "{off}");
         }
-        assert!(!caps(&[]).tsp, "tsp is the worker's to join in");
     }
 
     #[test]
     fn no_groups_means_no_calls() {
-        let mut hal = AscendRankHal::with_capabilities(Vec::new(), SwitchCapabilities::ALL);
+        let mut hal = AscendRankHal::with_capabilities(Vec::new(), HcclCapabilities::ALL);
         assert_eq!(hal.groups().unwrap(), vec![]);
         let err = hal
             .set_working_nic("world", &[GroupRank(0)], &[true])
             .unwrap_err();
         assert_eq!(err.hccl(), Some(HcclCode::NotFound));
         assert_eq!(err.op, "HcclCommWorkingDevNicSet");
-        assert_eq!(hal.capabilities(), SwitchCapabilities::ALL);
+        assert_eq!(hal.capabilities(), HcclCapabilities::ALL);
     }
 }

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::sync::Arc;
 use support::{env, fresh, fresh_dir, install, Stub, StubControl};
 use taskd_core::{
-    plan_calls, DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCode,
-    Library, LinkHealth, NicSide, NodeHal, RankHal, SwitchCapabilities,
+    plan_calls, DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind,
+    HcclCapabilities, HcclCode, LinkHealth, NicSide, NodeHal, RankHal,
 };
 use taskd_hal_ascend::result::{self, AclError};
 use taskd_hal_ascend::search::{self, LibrarySpec, LoadError, Origin};
@@ -228,13 +228,13 @@ mod loading {
         let comm = framework_comm(&lib, &stub, "g", 1, 0);
         let e = comm.resume().unwrap_err();
         assert_eq!(
-            (e.op.as_str(), e.kind, e.vendor.library, e.vendor.code),
             (
-                "HcclCommResume",
-                HalErrorKind::NotSupported,
-                Library::Hccl,
-                None
-            )
+                e.op.as_str(),
+                e.kind,
+                e.vendor.library.as_str(),
+                e.vendor.code
+            ),
+            ("HcclCommResume", HalErrorKind::NotSupported, "hccl", None)
         );
         assert!(e.detail.contains("has no HcclCommResume"), "{e}");
         // Everything else works.
@@ -614,8 +614,8 @@ mod acl {
         );
         let h: HalError = e.into();
         assert_eq!(
-            (h.op.as_str(), h.vendor.library, h.vendor.code),
-            ("aclrtMalloc", Library::Acl, Some(207_001))
+            (h.op.as_str(), h.vendor.library.as_str(), h.vendor.code),
+            ("aclrtMalloc", "acl", Some(207_001))
         );
         assert_eq!(
             h.vendor.name.as_deref(),
@@ -738,7 +738,7 @@ mod rank_hal {
                     },
                 ),
             ],
-            SwitchCapabilities::ALL,
+            HcclCapabilities::ALL,
         );
         (hal, stub)
     }
@@ -797,7 +797,7 @@ mod rank_hal {
                     members: ranks(&[0, 1, 2]),
                 },
             )],
-            SwitchCapabilities::ALL,
+            HcclCapabilities::ALL,
         );
         let e = hal.groups().unwrap_err();
         assert_eq!(
@@ -822,7 +822,7 @@ mod rank_hal {
                     members: ranks(&[0, 1]),
                 },
             )],
-            SwitchCapabilities::ALL,
+            HcclCapabilities::ALL,
         );
         let e = hal.groups().unwrap_err();
         assert_eq!(
@@ -846,7 +846,7 @@ mod rank_hal {
         };
         let mut hal = AscendRankHal::with_capabilities(
             vec![(a, info.clone()), (b, info)],
-            SwitchCapabilities::ALL,
+            HcclCapabilities::ALL,
         );
         assert!(hal
             .groups()
@@ -910,8 +910,7 @@ mod rank_hal {
         );
         assert_eq!(
             hal.capabilities(),
-            SwitchCapabilities {
-                tsp: false,
+            HcclCapabilities {
                 l2_retry: true,
                 rdma: false
             }
@@ -929,7 +928,7 @@ mod rank_hal {
         };
         let hal = AscendRankHal::with_capabilities(
             vec![(owned, one.clone()), (borrowed, one)],
-            SwitchCapabilities::ALL,
+            HcclCapabilities::ALL,
         );
         drop(hal);
         assert_eq!(

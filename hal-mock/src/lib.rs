@@ -92,3 +92,9 @@ pub use training::{
     no_pause_hooks, Hold, NoPause, RankExit, SimTraining, StepHook, TrainingOptions,
     TrainingSummary,
 };
+
+/// The simulated hardware's own library, `mock`, where it stands for no vendor library (a node
+/// or device the fabric does not have, a scripted failure). It has no codes: its simulated HCCL
+/// answers with HCCL's (`taskd_core::HcclCode`).
+pub static MOCK: taskd_core::CodeTable =
+    taskd_core::CodeTable::new(taskd_core::LibraryName::new("mock"), &[]);

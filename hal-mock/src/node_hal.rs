@@ -44,7 +44,7 @@ impl MockNodeHal {
         if self.node_index < self.fabric.config().nodes {
             Ok(())
         } else {
-            Err(HalError::mock(
+            Err(crate::MOCK.uncoded(
                 op,
                 HalErrorKind::InvalidArgument,
                 format!("no node {} in the fabric", self.node_index),
@@ -60,7 +60,7 @@ impl NodeHal for MockNodeHal {
         self.check_node(LINK_OP)?;
         let d = self.fabric.config().devices_per_node;
         if device.0 >= d {
-            return Err(HalError::mock(
+            return Err(crate::MOCK.uncoded(
                 LINK_OP,
                 HalErrorKind::InvalidArgument,
                 format!(
@@ -81,7 +81,7 @@ impl NodeHal for MockNodeHal {
 #[cfg(test)]
 mod tests {
     use crate::test_support::*;
-    use taskd_core::{DeviceId, HalErrorKind, Library, LinkHealth, NodeHal};
+    use taskd_core::{DeviceId, HalErrorKind, LinkHealth, NodeHal};
 
     #[test]
     fn link_health_reports_own_port_as_primary_and_partners_as_backup() {
@@ -101,8 +101,8 @@ mod tests {
         assert!(other.primary_up && other.backup_up);
         let e = node.link_health(DeviceId(4)).unwrap_err();
         assert_eq!(
-            (e.kind, e.vendor.library),
-            (HalErrorKind::InvalidArgument, Library::Mock)
+            (e.kind, e.vendor.library.as_str()),
+            (HalErrorKind::InvalidArgument, "mock")
         );
         let e = f.node_hal(2).link_health(DeviceId(0)).unwrap_err();
         assert_eq!(e.kind, HalErrorKind::InvalidArgument);

@@ -4,7 +4,7 @@ use crate::fabric::Fabric;
 use crate::hccl::NIC_SET_OP;
 use std::sync::Arc;
 use taskd_core::{
-    GlobalRank, GroupInfo, GroupRank, HalError, HalFuture, HcclCode, RankHal, SwitchCapabilities,
+    GlobalRank, GroupInfo, GroupRank, HalError, HalFuture, HcclCapabilities, HcclCode, RankHal,
     TaskRankHal,
 };
 
@@ -104,11 +104,9 @@ impl RankHal for MockRankHal {
             .set_working_nic(self.rank, group, ranks, use_backup)
     }
 
-    /// `tsp` is reported `true`; the worker replaces it with its own configuration.
-    fn capabilities(&mut self) -> SwitchCapabilities {
+    fn capabilities(&mut self) -> HcclCapabilities {
         let l2_retry = self.alive(NIC_SET_OP).is_ok() && self.fabric.l2_retry(self.rank);
-        SwitchCapabilities {
-            tsp: true,
+        HcclCapabilities {
             l2_retry,
             rdma: self.fabric.config().rdma,
         }
@@ -131,7 +129,7 @@ impl TaskRankHal for MockRankHal {
         Box::pin(self.set_working_nic_async(group, ranks, use_backup))
     }
 
-    fn capabilities(&mut self) -> SwitchCapabilities {
+    fn capabilities(&mut self) -> HcclCapabilities {
         RankHal::capabilities(self)
     }
 }
@@ -140,7 +138,7 @@ impl TaskRankHal for MockRankHal {
 mod tests {
     use crate::test_support::*;
     use crate::WORLD_GROUP;
-    use taskd_core::{HcclCode, RankHal, SwitchCapabilities};
+    use taskd_core::{HcclCapabilities, HcclCode, RankHal};
 
     #[test]
     fn a_rank_reports_its_groups_and_capabilities() {
@@ -149,7 +147,7 @@ mod tests {
         assert_eq!(hal.rank(), r(3));
         let names: Vec<String> = hal.groups().unwrap().into_iter().map(|g| g.name).collect();
         assert_eq!(names, [WORLD_GROUP, "tp_1", "dp_1"]);
-        assert_eq!(hal.capabilities(), SwitchCapabilities::ALL);
+        assert_eq!(hal.capabilities(), HcclCapabilities::ALL);
         f.set_l2_retry(r(3), false);
         assert!(!hal.capabilities().l2_retry);
         assert_eq!(

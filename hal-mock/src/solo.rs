@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 use taskd_core::{
-    DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCode, LinkHealth,
-    NodeHal, RankHal, StepBoundary, StepOutcome, SwitchCapabilities,
+    DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCapabilities, HcclCode,
+    LinkHealth, NodeHal, RankHal, StepBoundary, StepOutcome,
 };
 
 /// The shape of the job a solo rank belongs to.
@@ -438,10 +438,9 @@ impl RankHal for SoloRankHal {
         self.0.set_working_nic(group, ranks, use_backup)
     }
 
-    fn capabilities(&mut self) -> SwitchCapabilities {
+    fn capabilities(&mut self) -> HcclCapabilities {
         let st = self.0.state.lock();
-        SwitchCapabilities {
-            tsp: true,
+        HcclCapabilities {
             l2_retry: st.l2_retry,
             rdma: st.rdma,
         }
@@ -479,7 +478,7 @@ impl NodeHal for SoloNodeHal {
     fn link_health(&mut self, device: DeviceId) -> Result<LinkHealth, HalError> {
         let ports = self.ports_up.lock();
         let Some(primary) = ports.get(device.0 as usize).copied() else {
-            return Err(HalError::mock(
+            return Err(crate::MOCK.uncoded(
                 "sim_get_device_network_health",
                 HalErrorKind::InvalidArgument,
                 format!("no device {device} on this node ({} devices)", self.devices),

@@ -12,7 +12,7 @@ use taskd_actors::process::{rank_table, ProxyIdentity};
 use taskd_actors::telemetry::MetricsServer;
 use taskd_core::env::{self, process_env};
 use taskd_core::{
-    DeviceId, HalError, HalErrorKind, JobId, Library, LinkHealth, NodeHal, NodeName, RankTable,
+    DeviceId, HalError, HalErrorKind, JobId, LinkHealth, NodeHal, NodeName, RankTable,
 };
 use taskd_hal_mock::SoloNodeHal;
 
@@ -98,9 +98,8 @@ impl NodeHal for NoHealth {
 }
 
 fn no_dcmi() -> HalError {
-    HalError::uncoded(
+    taskd_hal_ascend::codes::DCMI.uncoded(
         "dcmi",
-        Library::Dcmi,
         HalErrorKind::NotSupported,
         "no device management library",
     )

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use taskd_actors::net::{RemoteWorker, RemoteWorkerConfig, WorkerRegistration};
 use taskd_actors::process::{LateRankHal, LateRankHalSlot, ShutdownSignals};
-use taskd_core::{HcclCode, StepBoundary, SwitchCapabilities};
+use taskd_core::{HcclCapabilities, HcclCode, StepBoundary};
 use taskd_hal_mock::{NicSetFault, SoloLayout, SoloRank, SoloTraining, SoloTrainingOptions};
 use taskd_roles::WorkerArgs;
 
@@ -41,9 +41,9 @@ pub struct SimWorkerArgs {
 }
 
 impl SimWorkerArgs {
-    fn capabilities(&self) -> SwitchCapabilities {
-        SwitchCapabilities {
-            tsp: self.worker.tsp.unwrap_or(true),
+    /// What the simulated HCCL can do: everything, unless `--sim-l2-off`.
+    fn capabilities(&self) -> HcclCapabilities {
+        HcclCapabilities {
             l2_retry: !self.sim_l2_off,
             rdma: true,
         }
@@ -52,7 +52,7 @@ impl SimWorkerArgs {
     /// The worker's configuration: a simulated rank reports TSP:1 unless `--tsp false`.
     fn config(&self) -> Result<RemoteWorkerConfig, CliError> {
         Ok(RemoteWorkerConfig {
-            tsp: self.capabilities().tsp,
+            tsp: self.worker.tsp.unwrap_or(true),
             ..self.worker.config()?
         })
     }

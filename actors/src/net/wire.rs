@@ -4,6 +4,7 @@
 //! malformed id, naming what is wrong, so a peer speaking another version is told why.
 
 use super::pb;
+use std::borrow::Cow;
 use std::time::Duration;
 use taskd_core::auto::{LinkState, Links};
 use taskd_core::command::RankTarget;
@@ -12,8 +13,8 @@ use taskd_core::protocol::{
     ProxyToManager, RankError, RankReply, ReplyBody, WorkerHello, WorkerReport, WorkerToProxy,
 };
 use taskd_core::{
-    DeviceId, GlobalRank, HalError, HalErrorKind, JobId, Library, LinkHealth, NicSide, NodeName,
-    OperationId, SwitchCapabilities, VendorCode,
+    DeviceId, GlobalRank, HalError, HalErrorKind, JobId, LibraryName, LinkHealth, NicSide,
+    NodeName, OperationId, SwitchCapabilities, VendorCode,
 };
 
 /// A frame that cannot be decoded into the protocol.
@@ -234,29 +235,41 @@ fn kind_from_pb(raw: i32) -> Result<HalErrorKind, WireError> {
     })
 }
 
-fn library_to_pb(l: Library) -> pb::Library {
-    match l {
-        Library::Hccl => pb::Library::Hccl,
-        Library::Acl => pb::Library::Acl,
-        Library::Dcmi => pb::Library::Dcmi,
-        Library::Mock => pb::Library::Mock,
-        // A library added to the core after this mapping; the round-trip test catches it.
-        _ => pb::Library::Unspecified,
-    }
+/// The previous version's closed enum, by the names its values stood for. Frozen: a new
+/// backend's library travels in `library` alone.
+const LEGACY_LIBRARIES: [(pb::LegacyLibrary, &str); 4] = [
+    (pb::LegacyLibrary::Hccl, "hccl"),
+    (pb::LegacyLibrary::Acl, "acl"),
+    (pb::LegacyLibrary::Dcmi, "dcmi"),
+    (pb::LegacyLibrary::Mock, "mock"),
+];
+
+/// What a peer of the previous version reads: the enum value of one of its four libraries,
+/// else unspecified (which it refuses, as it refuses any library it does not know).
+fn legacy_library_to_pb(l: &LibraryName) -> pb::LegacyLibrary {
+    LEGACY_LIBRARIES
+        .iter()
+        .find(|(_, n)| *n == l.as_str())
+        .map_or(pb::LegacyLibrary::Unspecified, |(v, _)| *v)
 }
 
-/// An unknown library is refused: its code could not be read in the right numbering.
-fn library_from_pb(raw: i32) -> Result<Library, WireError> {
-    match pb::Library::try_from(raw) {
-        Ok(pb::Library::Hccl) => Ok(Library::Hccl),
-        Ok(pb::Library::Acl) => Ok(Library::Acl),
-        Ok(pb::Library::Dcmi) => Ok(Library::Dcmi),
-        Ok(pb::Library::Mock) => Ok(Library::Mock),
-        Ok(pb::Library::Unspecified) => Err(missing("HAL error", "its library")),
-        Err(_) => Err(WireError {
-            what: "HAL error",
-            detail: format!("unknown library {raw}"),
-        }),
+/// The library a frame names: `library` when set; the legacy enum of a previous-version
+/// peer's frame otherwise. A name that is not a library name, an unknown legacy value, or
+/// neither, is refused: the code could not be read in the right numbering.
+fn library_from_pb(name: String, legacy: i32) -> Result<LibraryName, WireError> {
+    let refused = |detail: String| WireError {
+        what: "HAL error",
+        detail,
+    };
+    if !name.is_empty() {
+        return LibraryName::parse(name).map_err(|e| refused(e.to_string()));
+    }
+    match LEGACY_LIBRARIES.iter().find(|(v, _)| *v as i32 == legacy) {
+        Some((_, name)) => Ok(LibraryName::new(name)),
+        None if legacy == pb::LegacyLibrary::Unspecified as i32 => {
+            Err(missing("HAL error", "its library"))
+        }
+        None => Err(refused(format!("unknown library {legacy}"))),
     }
 }
 
@@ -267,8 +280,9 @@ fn hal_error_to_pb(h: HalError) -> pb::HalError {
         code: h.vendor.code,
         detail: h.detail,
         kind: kind_to_pb(h.kind) as i32,
-        library: library_to_pb(h.vendor.library) as i32,
-        name: h.vendor.name,
+        legacy_library: legacy_library_to_pb(&h.vendor.library) as i32,
+        library: h.vendor.library.to_string(),
+        name: h.vendor.name.map(String::from),
     }
 }
 
@@ -276,9 +290,9 @@ fn hal_error_from_pb(h: pb::HalError) -> Result<HalError, WireError> {
     Ok(HalError {
         kind: kind_from_pb(h.kind)?,
         vendor: Box::new(VendorCode {
-            library: library_from_pb(h.library)?,
+            library: library_from_pb(h.library, h.legacy_library)?,
             code: h.code,
-            name: h.name,
+            name: h.name.map(Cow::Owned),
         }),
         op: h.op,
         detail: h.detail,
@@ -555,36 +569,59 @@ mod tests {
         OperationId(uuid::Uuid::from_u128(0x1234_5678))
     }
 
+    fn vendor(library: &str, code: Option<i32>, name: Option<&'static str>) -> Box<VendorCode> {
+        Box::new(VendorCode {
+            library: LibraryName::parse(library).unwrap(),
+            code,
+            name: name.map(Cow::Borrowed),
+        })
+    }
+
     #[test]
     fn hal_errors_cross_the_wire_as_they_are() {
         for kind in HalErrorKind::ALL {
-            for library in Library::ALL {
+            for library in ["hccl", "acl", "dcmi", "mock", "a_new_backend"] {
                 let h = HalError {
                     op: "op".into(),
                     kind,
-                    vendor: Box::new(VendorCode {
+                    vendor: vendor(
                         library,
-                        code: Some(-8005),
-                        name: Some("A_NAME_THE_RECEIVER_NEED_NOT_KNOW".into()),
-                    }),
+                        Some(-8005),
+                        Some("A_NAME_THE_RECEIVER_NEED_NOT_KNOW"),
+                    ),
                     detail: "d".into(),
                 };
                 assert_eq!(hal_error_from_pb(hal_error_to_pb(h.clone())).unwrap(), h);
             }
         }
         // A DCMI code travels as DCMI's, with DCMI's name, not as an HcclResult.
-        let dcmi = HalError::new("dcmi_init", VendorCode::new(Library::Dcmi, -8006), "");
+        let dcmi = HalError {
+            op: "dcmi_init".into(),
+            kind: HalErrorKind::Timeout,
+            vendor: vendor("dcmi", Some(-8006), Some("DCMI_ERR_CODE_TIME_OUT")),
+            detail: String::new(),
+        };
         let pb = hal_error_to_pb(dcmi.clone());
         assert_eq!(
-            (pb.library, pb.code, pb.name.as_deref(), pb.kind),
             (
-                pb::Library::Dcmi as i32,
+                pb.library.as_str(),
+                pb.legacy_library,
+                pb.code,
+                pb.name.as_deref()
+            ),
+            (
+                "dcmi",
+                pb::LegacyLibrary::Dcmi as i32,
                 Some(-8006),
                 Some("DCMI_ERR_CODE_TIME_OUT"),
-                pb::HalErrorKind::Timeout as i32
             )
         );
-        // A newer peer's kind is read as Other; a missing kind or library is refused.
+        assert_eq!(pb.kind, pb::HalErrorKind::Timeout as i32);
+        // A name read from a peer is never a metric label of this process.
+        let read = hal_error_from_pb(pb).unwrap();
+        assert_eq!(read.vendor.metric_name(), taskd_core::hal::OTHER_CODE_NAME);
+        // A newer peer's kind is read as Other; a missing kind or library, a legacy value
+        // the previous version did not have, or a name that is no library name is refused.
         let with = |f: fn(&mut pb::HalError)| {
             let mut p = hal_error_to_pb(dcmi.clone());
             f(&mut p);
@@ -592,14 +629,90 @@ mod tests {
         };
         assert_eq!(with(|p| p.kind = 99).unwrap().kind, HalErrorKind::Other);
         assert!(with(|p| p.kind = 0).unwrap_err().detail.contains("kind"));
-        assert!(with(|p| p.library = 0)
-            .unwrap_err()
-            .detail
-            .contains("library"));
+        let no_library = with(|p| (p.library.clear(), p.legacy_library = 0).1).unwrap_err();
+        assert!(no_library.detail.contains("library"), "{no_library}");
         assert_eq!(
-            with(|p| p.library = 42).unwrap_err().detail,
+            with(|p| (p.library.clear(), p.legacy_library = 42).1)
+                .unwrap_err()
+                .detail,
             "unknown library 42"
         );
+        let bad = with(|p| p.library = "DCMI v2".into()).unwrap_err();
+        assert!(bad.detail.contains("\"DCMI v2\""), "{bad}");
+        // The name wins over the legacy value.
+        let named = with(|p| p.library = "acl".into()).unwrap();
+        assert_eq!(named.vendor.library.as_str(), "acl");
+    }
+
+    /// `HalError` as the previous version of `net.proto` had it: field 5 a closed enum of four
+    /// libraries, no field 7.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct PreviousHalError {
+        #[prost(string, tag = "1")]
+        op: String,
+        #[prost(int32, optional, tag = "2")]
+        code: Option<i32>,
+        #[prost(string, tag = "3")]
+        detail: String,
+        #[prost(int32, tag = "4")]
+        kind: i32,
+        #[prost(int32, tag = "5")]
+        library: i32,
+        #[prost(string, optional, tag = "6")]
+        name: Option<String>,
+    }
+
+    #[test]
+    fn a_peer_of_the_previous_version_and_this_one_read_each_others_hal_errors() {
+        use prost::Message as _;
+        // What a previous-version worker sends: library 3 (DCMI), no name field 7.
+        let old = PreviousHalError {
+            op: "dcmi_get_device_network_health".into(),
+            code: Some(-8006),
+            detail: "card_id=1".into(),
+            kind: pb::HalErrorKind::Timeout as i32,
+            library: 3,
+            name: Some("DCMI_ERR_CODE_TIME_OUT".into()),
+        };
+        let read = hal_error_from_pb(pb::HalError::decode(&old.encode_to_vec()[..]).unwrap());
+        let read = read.unwrap();
+        assert_eq!(read.vendor.library.as_str(), "dcmi");
+        assert_eq!(
+            (read.kind, read.vendor.code, read.vendor.name.as_deref()),
+            (
+                HalErrorKind::Timeout,
+                Some(-8006),
+                Some("DCMI_ERR_CODE_TIME_OUT")
+            )
+        );
+        for (legacy, name) in [(1, "hccl"), (2, "acl"), (4, "mock")] {
+            let frame = PreviousHalError {
+                library: legacy,
+                ..old.clone()
+            };
+            let read = pb::HalError::decode(&frame.encode_to_vec()[..]).unwrap();
+            assert_eq!(
+                hal_error_from_pb(read).unwrap().vendor.library.as_str(),
+                name
+            );
+        }
+        // What a previous-version manager reads from this version: its own enum value for its
+        // four libraries; unspecified (0, which it refuses) for a library it never had.
+        let sent = |library: &str| {
+            let h = HalError {
+                vendor: vendor(library, Some(19), None),
+                ..read.clone()
+            };
+            PreviousHalError::decode(&hal_error_to_pb(h).encode_to_vec()[..]).unwrap()
+        };
+        for (name, legacy) in [("hccl", 1), ("acl", 2), ("dcmi", 3), ("mock", 4)] {
+            let p = sent(name);
+            assert_eq!(
+                (p.library, p.code, p.op.as_str()),
+                (legacy, Some(19), read.op.as_str())
+            );
+        }
+        assert_eq!(sent("a_new_backend").library, 0);
     }
 
     #[test]
@@ -684,7 +797,7 @@ mod tests {
                 group: None,
                 hal: Some(HalError::uncoded(
                     "dcmi",
-                    Library::Dcmi,
+                    LibraryName::new("dcmi"),
                     HalErrorKind::NotSupported,
                     "no DCMI",
                 )),

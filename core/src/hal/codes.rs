@@ -1,14 +1,102 @@
-//! The vendor libraries' status codes this build knows: their names, as the vendors' headers
-//! spell them, and the [`HalErrorKind`] each maps to.
+//! Vendor status codes: [`CodeTable`], the shape in which a backend writes down its library's
+//! codes (their names, as the vendor's headers spell them, and the [`HalErrorKind`] each maps
+//! to), and [`HcclCode`], the status of the contract's own call.
 //!
-//! A code missing here is still kept, with its number, wherever it travels; it only has no
-//! name in this build and maps to [`HalErrorKind::Other`]. The tables are also what keeps the
-//! `code` label of `taskd_hal_errors_total` bounded: the label is a name from these tables or
-//! `OTHER` (see [`super::VendorCode::metric_name`]).
+//! HCCL's `HcclResult` is the one numbering the contract knows: `RankHal::set_working_nic` is
+//! `HcclCommWorkingDevNicSet`, every backend that switches NICs answers in HCCL's codes (the
+//! real one, the simulated one, a framework's), and the control API reports `hccl_code`. Every
+//! other library's table is its backend's (`taskd-hal-ascend` has ACL's and DCMI's).
+//!
+//! A code missing from a table is still kept, with its number, wherever it travels; it only has
+//! no name in this build and maps to [`HalErrorKind::Other`]. The tables are also what keeps the
+//! `code` label of `taskd_hal_errors_total` bounded: the label is a name from a table of this
+//! build or `OTHER` (see [`super::VendorCode::metric_name`]).
 
-use super::{HalErrorKind, Library};
+use super::{HalError, HalErrorKind, LibraryName, VendorCode, VendorStatus};
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::fmt;
+
+/// One library's codes as its backend knows them: `(code, vendor's name, kind)`.
+///
+/// A backend keeps its table in its own crate, next to the calls that return the codes, and
+/// builds its errors through it ([`CodeTable::status`], [`CodeTable::uncoded`]), so the name
+/// and the kind are filled in where the code is known:
+///
+/// ```
+/// use taskd_core::{CodeTable, HalError, HalErrorKind, LibraryName};
+///
+/// static ACME: CodeTable = CodeTable::new(
+///     LibraryName::new("acme"),
+///     &[(-7, "ACME_E_LINK", HalErrorKind::Network)],
+/// );
+/// let e = HalError::new("acme_set_port", ACME.status(-7), "port 2");
+/// assert_eq!((e.kind, e.vendor.metric_name()), (HalErrorKind::Network, "ACME_E_LINK"));
+/// assert_eq!(e.to_string(), "acme_set_port failed with ACME_E_LINK (-7): port 2");
+/// ```
+#[derive(Clone, Debug)]
+pub struct CodeTable {
+    library: LibraryName,
+    codes: &'static [(i32, &'static str, HalErrorKind)],
+}
+
+impl CodeTable {
+    /// `library`'s codes. One entry per code; a code a table does not list is kept by number
+    /// and maps to [`HalErrorKind::Other`].
+    pub const fn new(
+        library: LibraryName,
+        codes: &'static [(i32, &'static str, HalErrorKind)],
+    ) -> Self {
+        CodeTable { library, codes }
+    }
+
+    /// The library whose numbering the codes are in.
+    pub fn library(&self) -> &LibraryName {
+        &self.library
+    }
+
+    /// Every entry, in the table's order.
+    pub fn codes(&self) -> &'static [(i32, &'static str, HalErrorKind)] {
+        self.codes
+    }
+
+    /// The vendor's name and the kind of `code`; `None` for a code the table does not list.
+    pub fn lookup(&self, code: i32) -> Option<(&'static str, HalErrorKind)> {
+        self.codes
+            .iter()
+            .find(|(c, _, _)| *c == code)
+            .map(|(_, n, k)| (*n, *k))
+    }
+
+    /// The vendor's name for `code`, when the table has one.
+    pub fn name(&self, code: i32) -> Option<&'static str> {
+        self.lookup(code).map(|(n, _)| n)
+    }
+
+    /// `code` as the library returned it, named and mapped to its kind by this table.
+    pub fn status(&self, code: i32) -> VendorStatus {
+        let known = self.lookup(code);
+        VendorStatus {
+            vendor: VendorCode {
+                library: self.library.clone(),
+                code: Some(code),
+                name: known.map(|(n, _)| Cow::Borrowed(n)),
+            },
+            kind: known.map_or(HalErrorKind::Other, |(_, k)| k),
+        }
+    }
+
+    /// `op` failed in this library's HAL without the library answering (see
+    /// [`HalError::uncoded`]).
+    pub fn uncoded(
+        &self,
+        op: impl Into<String>,
+        kind: HalErrorKind,
+        detail: impl Into<String>,
+    ) -> HalError {
+        HalError::uncoded(op, self.library.clone(), kind, detail)
+    }
+}
 
 /// `HcclResult` as HCCL defines it (`hccl_types.h`). [`HcclCode::Other`] keeps any code a newer
 /// HCCL adds.
@@ -113,6 +201,9 @@ fn hccl_table() -> impl Iterator<Item = (HcclCode, i32, &'static str)> {
 }
 
 impl HcclCode {
+    /// HCCL (`libhccl.so`), whose codes are `HcclResult`s.
+    pub const LIBRARY: LibraryName = LibraryName::new("hccl");
+
     /// Maps the numeric `HcclResult`.
     pub fn from_raw(code: i32) -> Self {
         hccl_table()
@@ -176,100 +267,16 @@ impl fmt::Display for HcclCode {
     }
 }
 
-use HalErrorKind::{InvalidArgument as Arg, NotSupported as NoSup, Other, Timeout, Unavailable};
-
-/// DCMI's error codes (`dcmi_interface_api.h`, `DCMI_ERROR_CODE_BASE` = -8000). Kinds: the
-/// caller's arguments (parameter, device id, no such device), `TIME_OUT`, not ready, upgrading
-/// or occupied (try later), not supported (also: not in a container, and a configuration the
-/// call needs that was never made, `CONFIG_INFO_NOT_EXIST`); the rest is
-/// [`HalErrorKind::Other`] (the driver's own messaging, memory, files, resets).
-const DCMI: [(i32, &str, HalErrorKind); 21] = [
-    (-8001, "DCMI_ERR_CODE_INVALID_PARAMETER", Arg),
-    (-8002, "DCMI_ERR_CODE_OPER_NOT_PERMITTED", Other),
-    (-8003, "DCMI_ERR_CODE_MEM_OPERATE_FAIL", Other),
-    (-8004, "DCMI_ERR_CODE_SECURE_FUN_FAIL", Other),
-    (-8005, "DCMI_ERR_CODE_INNER_ERR", Other),
-    (-8006, "DCMI_ERR_CODE_TIME_OUT", Timeout),
-    (-8007, "DCMI_ERR_CODE_INVALID_DEVICE_ID", Arg),
-    (-8008, "DCMI_ERR_CODE_DEVICE_NOT_EXIST", Arg),
-    (-8009, "DCMI_ERR_CODE_IOCTL_FAIL", Other),
-    (-8010, "DCMI_ERR_CODE_SEND_MSG_FAIL", Other),
-    (-8011, "DCMI_ERR_CODE_RECV_MSG_FAIL", Other),
-    (-8012, "DCMI_ERR_CODE_NOT_REDAY", Unavailable),
-    (-8013, "DCMI_ERR_CODE_NOT_SUPPORT_IN_CONTAINER", NoSup),
-    (-8014, "DCMI_ERR_CODE_FILE_OPERATE_FAIL", Other),
-    (-8015, "DCMI_ERR_CODE_RESET_FAIL", Other),
-    (-8016, "DCMI_ERR_CODE_ABORT_OPERATE", Other),
-    (-8017, "DCMI_ERR_CODE_IS_UPGRADING", Unavailable),
-    (-8020, "DCMI_ERR_CODE_RESOURCE_OCCUPIED", Unavailable),
-    (-8022, "DCMI_ERR_CODE_PARTITION_NOT_RIGHT", Other),
-    (-8023, "DCMI_ERR_CODE_CONFIG_INFO_NOT_EXIST", NoSup),
-    (-8255, "DCMI_ERR_CODE_NOT_SUPPORT", NoSup),
-];
-
-/// The `aclError` codes the ACL calls of taskd (init, device, stream, memory) can return:
-/// `acl_base.h` (1xxxxx parameters, 2xxxxx resources, 5xxxxx internal) and the runtime's
-/// `acl/error_codes/rt_error_codes.h` (`ACL_ERROR_RT_*`). Kinds as for DCMI; the runtime's
-/// wait, task and report timeouts are [`HalErrorKind::Timeout`].
-const ACL: [(i32, &str, HalErrorKind); 35] = [
-    (100_000, "ACL_ERROR_INVALID_PARAM", Arg),
-    (100_001, "ACL_ERROR_UNINITIALIZE", Unavailable),
-    (100_002, "ACL_ERROR_REPEAT_INITIALIZE", Other),
-    (100_003, "ACL_ERROR_INVALID_FILE", Arg),
-    (100_037, "ACL_ERROR_REPEAT_FINALIZE", Other),
-    (107_000, "ACL_ERROR_RT_PARAM_INVALID", Arg),
-    (107_001, "ACL_ERROR_RT_INVALID_DEVICEID", Arg),
-    (107_002, "ACL_ERROR_RT_CONTEXT_NULL", Arg),
-    (107_003, "ACL_ERROR_RT_STREAM_CONTEXT", Arg),
-    (107_017, "ACL_ERROR_RT_INVALID_HANDLE", Arg),
-    (107_019, "ACL_ERROR_RT_WAIT_TIMEOUT", Timeout),
-    (107_020, "ACL_ERROR_RT_TASK_TIMEOUT", Timeout),
-    (200_000, "ACL_ERROR_BAD_ALLOC", Other),
-    (200_001, "ACL_ERROR_API_NOT_SUPPORT", NoSup),
-    (200_002, "ACL_ERROR_INVALID_DEVICE", Arg),
-    (200_003, "ACL_ERROR_MEMORY_ADDRESS_UNALIGNED", Arg),
-    (200_004, "ACL_ERROR_RESOURCE_NOT_MATCH", Arg),
-    (200_005, "ACL_ERROR_INVALID_RESOURCE_HANDLE", Arg),
-    (200_006, "ACL_ERROR_FEATURE_UNSUPPORTED", NoSup),
-    (207_000, "ACL_ERROR_RT_FEATURE_NOT_SUPPORT", NoSup),
-    (207_001, "ACL_ERROR_RT_MEMORY_ALLOCATION", Other),
-    (207_002, "ACL_ERROR_RT_MEMORY_FREE", Other),
-    (207_004, "ACL_ERROR_RT_NO_DEVICE", Unavailable),
-    (207_005, "ACL_ERROR_RT_RESOURCE_ALLOC_FAIL", Other),
-    (207_008, "ACL_ERROR_RT_NO_STREAM_RESOURCE", Unavailable),
-    (300_000, "ACL_ERROR_STORAGE_OVER_LIMIT", Other),
-    (500_000, "ACL_ERROR_INTERNAL_ERROR", Other),
-    (500_001, "ACL_ERROR_FAILURE", Other),
-    (500_003, "ACL_ERROR_RT_FAILURE", Other),
-    (500_004, "ACL_ERROR_DRV_FAILURE", Other),
-    (507_000, "ACL_ERROR_RT_INTERNAL_ERROR", Other),
-    (507_001, "ACL_ERROR_RT_TS_ERROR", Other),
-    (507_012, "ACL_ERROR_RT_REPORT_TIMEOUT", Timeout),
-    (507_899, "ACL_ERROR_RT_DRV_INTERNAL_ERROR", Other),
-    (507_901, "ACL_ERROR_RT_SOCKET_CLOSE", Other),
-];
-
-fn find(
-    table: &[(i32, &'static str, HalErrorKind)],
-    code: i32,
-) -> Option<(&'static str, HalErrorKind)> {
-    table
-        .iter()
-        .find(|(c, _, _)| *c == code)
-        .map(|(_, n, k)| (*n, *k))
-}
-
-/// This build's name and kind of `code` in `library`'s numbering; `None` when it has none
-/// (an unknown code, or the mock, which has no codes of its own).
-pub(super) fn lookup(library: Library, code: i32) -> Option<(&'static str, HalErrorKind)> {
-    match library {
-        Library::Hccl => {
-            let c = HcclCode::from_raw(code);
-            c.name().map(|n| (n, c.kind()))
+impl From<HcclCode> for VendorStatus {
+    fn from(c: HcclCode) -> Self {
+        VendorStatus {
+            vendor: VendorCode {
+                library: HcclCode::LIBRARY,
+                code: Some(c.raw()),
+                name: c.name().map(Cow::Borrowed),
+            },
+            kind: c.kind(),
         }
-        Library::Acl => find(&ACL, code),
-        Library::Dcmi => find(&DCMI, code),
-        Library::Mock => None,
     }
 }
 
@@ -322,41 +329,35 @@ mod tests {
     }
 
     #[test]
-    fn tables_have_one_entry_per_code_and_names_of_their_library() {
-        for (table, prefix) in [(&DCMI[..], "DCMI_ERR_CODE_"), (&ACL[..], "ACL_ERROR_")] {
-            for (i, (code, name, _)) in table.iter().enumerate() {
-                assert!(name.starts_with(prefix), "{name}");
-                assert!(
-                    table[i + 1..].iter().all(|(c, _, _)| c != code),
-                    "{code} twice"
-                );
-            }
-        }
+    fn an_hccl_status_is_named_and_mapped_from_hcclresult() {
+        let s = VendorStatus::from(HcclCode::from_raw(12));
+        assert_eq!(s.kind, HalErrorKind::Network);
+        assert_eq!(s.vendor.library.as_str(), "hccl");
         assert_eq!(
-            lookup(Library::Dcmi, -8006),
-            Some(("DCMI_ERR_CODE_TIME_OUT", HalErrorKind::Timeout))
+            (s.vendor.code, s.vendor.name.as_deref()),
+            (Some(12), Some("HCCL_E_ROCE_CONNECT"))
+        );
+        let unknown = VendorStatus::from(HcclCode::from_raw(-8006));
+        assert_eq!(
+            (unknown.vendor.name, unknown.kind),
+            (None, HalErrorKind::Other)
+        );
+    }
+
+    #[test]
+    fn a_table_reads_codes_in_its_own_numbering_only() {
+        const T: CodeTable = CodeTable::new(
+            LibraryName::new("vendor"),
+            &[(-1, "V_E_ARG", HalErrorKind::InvalidArgument)],
         );
         assert_eq!(
-            lookup(Library::Acl, 107_001),
-            Some((
-                "ACL_ERROR_RT_INVALID_DEVICEID",
-                HalErrorKind::InvalidArgument
-            ))
+            T.lookup(-1),
+            Some(("V_E_ARG", HalErrorKind::InvalidArgument))
         );
-        assert_eq!(
-            lookup(Library::Dcmi, -8023),
-            Some((
-                "DCMI_ERR_CODE_CONFIG_INFO_NOT_EXIST",
-                HalErrorKind::NotSupported
-            ))
-        );
-        assert_eq!(
-            lookup(Library::Hccl, 1041),
-            Some(("HCCL_E_IN_STATUS", HalErrorKind::Other))
-        );
-        // Numbers are read in their own library's numbering only.
-        assert_eq!(lookup(Library::Dcmi, 19), None);
-        assert_eq!(lookup(Library::Hccl, -8006), None);
-        assert_eq!(lookup(Library::Mock, 1), None);
+        assert_eq!((T.name(1), T.lookup(1)), (None, None));
+        assert_eq!(T.library().as_str(), "vendor");
+        assert_eq!(T.codes().len(), 1);
+        let e = T.uncoded("v_init", HalErrorKind::NotSupported, "absent");
+        assert_eq!((e.vendor.library.as_str(), e.vendor.code), ("vendor", None));
     }
 }

@@ -3,9 +3,15 @@
 //! vendor's own identity of the failure ([`VendorCode`]: library, numeric code, the vendor's
 //! name for it), kept as the library returned it and never re-read in another library's
 //! numbering.
+//!
+//! The kind is the contract's and closed; the vendor is open. Each backend names its library
+//! ([`LibraryName`]) and owns the table of its codes ([`super::CodeTable`]), which fills in the
+//! name and the kind when the backend builds the error: a new backend adds its table to its
+//! own crate and touches nothing here.
 
-use super::codes::{self, HcclCode};
-use serde::{Deserialize, Serialize};
+use super::codes::HcclCode;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::borrow::Cow;
 use std::fmt;
 
 /// What kind of failure a HAL call had, whatever the library.
@@ -64,51 +70,96 @@ impl fmt::Display for HalErrorKind {
     }
 }
 
-/// The vendor library a HAL call went to, which is the numbering its code is in.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum Library {
-    /// HCCL (`libhccl.so`): communicators and NIC switching; codes are `HcclResult`.
-    Hccl,
-    /// ACL (`libascendcl.so`): devices, streams, memory; codes are `aclError`.
-    Acl,
-    /// DCMI (`libdcmi.so`): device management, link health; codes are DCMI's negative codes.
-    Dcmi,
-    /// taskd's simulated hardware (`taskd-hal-mock`) where it stands for no vendor library;
-    /// it has no codes of its own. (Its simulated HCCL answers with HCCL's codes.)
-    Mock,
+/// The vendor library a HAL call went to, which is the numbering its code is in: `hccl`,
+/// `acl`, `dcmi`, `mock`, or whatever name a new backend gives its library.
+///
+/// A short lowercase identifier (a letter, then letters, digits or `_`; at most
+/// [`LibraryName::MAX_LEN`] bytes): it is a metric label's neighbour, a JSON value and a wire
+/// field, so it is checked wherever one is read ([`LibraryName::parse`]) and at compile time
+/// for a backend's own ([`LibraryName::new`] in a `const`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LibraryName(Cow<'static, str>);
+
+/// A library name that is not a short lowercase identifier.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "library name {0:?} is not a short lowercase identifier \
+     (a-z, then a-z, 0-9 or _, at most {max} bytes)",
+    max = LibraryName::MAX_LEN
+)]
+pub struct LibraryNameError(pub String);
+
+/// Whether `b` is a valid library name; `const` so a backend's own name is checked when it
+/// compiles.
+const fn valid_library_name(b: &[u8]) -> bool {
+    if b.is_empty() || b.len() > LibraryName::MAX_LEN || !b[0].is_ascii_lowercase() {
+        return false;
+    }
+    let mut i = 1;
+    while i < b.len() {
+        let c = b[i];
+        if !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_') {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }
 
-impl Library {
-    /// Every library, in declaration order.
-    pub const ALL: [Library; 4] = [Library::Hccl, Library::Acl, Library::Dcmi, Library::Mock];
+impl LibraryName {
+    /// The longest name, in bytes.
+    pub const MAX_LEN: usize = 16;
 
-    /// The name in serialised errors and on the wire: `hccl`, `acl`, `dcmi`, `mock`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Library::Hccl => "hccl",
-            Library::Acl => "acl",
-            Library::Dcmi => "dcmi",
-            Library::Mock => "mock",
+    /// A backend's name for its library. Panics on a name that is not a short lowercase
+    /// identifier, which in a `const` is a compile error:
+    ///
+    /// ```
+    /// const ACME: taskd_core::LibraryName = taskd_core::LibraryName::new("acme");
+    /// assert_eq!(ACME.as_str(), "acme");
+    /// ```
+    ///
+    /// ```compile_fail
+    /// const ACME: taskd_core::LibraryName = taskd_core::LibraryName::new("ACME NICs");
+    /// ```
+    pub const fn new(name: &'static str) -> Self {
+        assert!(
+            valid_library_name(name.as_bytes()),
+            "a library name is a short lowercase identifier"
+        );
+        LibraryName(Cow::Borrowed(name))
+    }
+
+    /// A name read from outside (a peer, a file).
+    pub fn parse(name: impl Into<String>) -> Result<Self, LibraryNameError> {
+        let name = name.into();
+        if valid_library_name(name.as_bytes()) {
+            Ok(LibraryName(Cow::Owned(name)))
+        } else {
+            Err(LibraryNameError(name))
         }
     }
 
-    /// This build's name for `code` in this library's numbering (`DCMI_ERR_CODE_TIME_OUT`);
-    /// `None` for a code it does not know, and always for the mock, which has no codes.
-    pub fn code_name(self, code: i32) -> Option<&'static str> {
-        codes::lookup(self, code).map(|(n, _)| n)
+    /// The name in serialised errors and on the wire.
+    pub fn as_str(&self) -> &str {
+        &self.0
     }
 }
 
-impl fmt::Display for Library {
+impl fmt::Display for LibraryName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Library::Hccl => "HCCL",
-            Library::Acl => "ACL",
-            Library::Dcmi => "DCMI",
-            Library::Mock => "mock",
-        })
+        f.write_str(&self.0)
+    }
+}
+
+impl Serialize for LibraryName {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for LibraryName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        LibraryName::parse(String::deserialize(d)?).map_err(serde::de::Error::custom)
     }
 }
 
@@ -119,27 +170,19 @@ pub const OTHER_CODE_NAME: &str = "OTHER";
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct VendorCode {
     /// The library, and so the numbering of `code`.
-    pub library: Library,
+    pub library: LibraryName,
     /// The status the library returned; `None` when the HAL failed the call itself, before or
     /// without a library call (see [`HalError::uncoded`]).
     pub code: Option<i32>,
     /// The vendor's name for `code` (`HCCL_E_NETWORK`, `DCMI_ERR_CODE_TIME_OUT`) as the process
-    /// that met the error knew it; `None` for a code its build has no name for.
-    pub name: Option<String>,
+    /// that met the error knew it; `None` for a code its build has no name for. Borrowed when
+    /// it comes from a code table of this build, owned when it was read from a peer or a file.
+    pub name: Option<Cow<'static, str>>,
 }
 
 impl VendorCode {
-    /// `code` in `library`'s numbering, named from this build's tables.
-    pub fn new(library: Library, code: i32) -> Self {
-        VendorCode {
-            library,
-            code: Some(code),
-            name: library.code_name(code).map(str::to_owned),
-        }
-    }
-
     /// No code: the HAL of `library` failed the call without the library answering.
-    pub fn none(library: Library) -> Self {
+    pub fn none(library: LibraryName) -> Self {
         VendorCode {
             library,
             code: None,
@@ -147,27 +190,15 @@ impl VendorCode {
         }
     }
 
-    /// The kind this build maps the code to; [`HalErrorKind::Other`] for an unknown code or
-    /// none.
-    pub fn kind(&self) -> HalErrorKind {
-        self.code
-            .and_then(|c| codes::lookup(self.library, c))
-            .map_or(HalErrorKind::Other, |(_, k)| k)
-    }
-
-    /// The `code` label of `taskd_hal_errors_total`: this build's name of the code, else
-    /// [`OTHER_CODE_NAME`]. Looked up again from (library, code), never taken from `name`, so
-    /// the label's values are the names in this build's tables plus one, whatever a peer sent.
+    /// The `code` label of `taskd_hal_errors_total`: the name when a code table of this build
+    /// gave it (a `'static` name), else [`OTHER_CODE_NAME`]. A name read from a peer or a file
+    /// is never a label, so the label's values are the names in this build's tables plus one,
+    /// whatever a peer sent.
     pub fn metric_name(&self) -> &'static str {
-        self.code
-            .and_then(|c| codes::lookup(self.library, c))
-            .map_or(OTHER_CODE_NAME, |(n, _)| n)
-    }
-}
-
-impl From<HcclCode> for VendorCode {
-    fn from(c: HcclCode) -> Self {
-        VendorCode::new(Library::Hccl, c.raw())
+        match self.name {
+            Some(Cow::Borrowed(n)) => n,
+            _ => OTHER_CODE_NAME,
+        }
     }
 }
 
@@ -179,6 +210,17 @@ impl fmt::Display for VendorCode {
             (None, _) => write!(f, "no {} code", self.library),
         }
     }
+}
+
+/// A library's status as the backend that called it reads it: the vendor's identity and the
+/// kind the backend's table maps it to. What [`HalError::new`] is built from
+/// ([`super::CodeTable::status`], or an [`HcclCode`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VendorStatus {
+    /// The library, code and name.
+    pub vendor: VendorCode,
+    /// What the control plane can make of it.
+    pub kind: HalErrorKind,
 }
 
 /// An error from the device layer: what failed, its kind, the vendor's code, and what was
@@ -197,17 +239,17 @@ pub struct HalError {
 }
 
 impl HalError {
-    /// `op` failed with `vendor`'s code; the kind is this build's mapping of the code (see
-    /// [`HcclCode::kind`] and the tables in `core/src/hal/codes.rs`).
+    /// `op` failed with the library's `status`: its code and name, and the kind the backend's
+    /// table maps it to (see [`HcclCode::kind`] and [`super::CodeTable`]).
     pub fn new(
         op: impl Into<String>,
-        vendor: impl Into<VendorCode>,
+        status: impl Into<VendorStatus>,
         detail: impl Into<String>,
     ) -> Self {
-        let vendor = vendor.into();
+        let VendorStatus { vendor, kind } = status.into();
         HalError {
             op: op.into(),
-            kind: vendor.kind(),
+            kind,
             vendor: Box::new(vendor),
             detail: detail.into(),
         }
@@ -217,7 +259,7 @@ impl HalError {
     /// the HAL checks itself, a library that is not there.
     pub fn uncoded(
         op: impl Into<String>,
-        library: Library,
+        library: LibraryName,
         kind: HalErrorKind,
         detail: impl Into<String>,
     ) -> Self {
@@ -229,15 +271,10 @@ impl HalError {
         }
     }
 
-    /// A failure of taskd's simulated hardware (or a test's scripted one) of this `kind`.
-    pub fn mock(op: impl Into<String>, kind: HalErrorKind, detail: impl Into<String>) -> Self {
-        HalError::uncoded(op, Library::Mock, kind, detail)
-    }
-
     /// The `HcclResult`, when HCCL returned the error.
     pub fn hccl(&self) -> Option<HcclCode> {
-        match (self.vendor.library, self.vendor.code) {
-            (Library::Hccl, Some(c)) => Some(HcclCode::from_raw(c)),
+        match self.vendor.code {
+            Some(c) if self.vendor.library == HcclCode::LIBRARY => Some(HcclCode::from_raw(c)),
             _ => None,
         }
     }
@@ -266,15 +303,26 @@ impl std::error::Error for HalError {}
 
 #[cfg(test)]
 mod tests {
+    use super::super::CodeTable;
     use super::*;
+
+    /// A backend's table, as a new backend's crate would write it.
+    const NICS: CodeTable = CodeTable::new(
+        LibraryName::new("nicvendor"),
+        &[
+            (-2, "NIC_E_TIMEOUT", HalErrorKind::Timeout),
+            (-7, "NIC_E_LINK", HalErrorKind::Network),
+        ],
+    );
 
     #[test]
     fn an_hccl_error_keeps_its_code_and_name_and_gets_its_kind() {
         let e = HalError::new("HcclCommWorkingDevNicSet", HcclCode::Network, "link down");
         assert_eq!(e.kind, HalErrorKind::Network);
-        assert_eq!(e.vendor.library, Library::Hccl);
+        assert_eq!(e.vendor.library.as_str(), "hccl");
         assert_eq!(e.vendor.code, Some(19));
         assert_eq!(e.vendor.name.as_deref(), Some("HCCL_E_NETWORK"));
+        assert_eq!(e.vendor.metric_name(), "HCCL_E_NETWORK");
         assert_eq!(e.hccl(), Some(HcclCode::Network));
         assert_eq!(e.hccl_code(), Some(19));
         assert_eq!(
@@ -284,27 +332,24 @@ mod tests {
     }
 
     #[test]
-    fn a_dcmi_code_is_never_read_as_hccl() {
-        let e = HalError::new(
-            "dcmi_get_device_network_health",
-            VendorCode::new(Library::Dcmi, -8006),
-            "card_id=1, device_id=0",
-        );
+    fn a_backends_code_is_named_by_its_table_and_never_read_as_hccl() {
+        let e = HalError::new("nic_probe", NICS.status(-2), "port 1");
         assert_eq!(e.kind, HalErrorKind::Timeout);
-        assert_eq!(e.vendor.name.as_deref(), Some("DCMI_ERR_CODE_TIME_OUT"));
-        assert_eq!(e.hccl(), None);
-        assert_eq!(e.hccl_code(), None);
-        assert_eq!(e.vendor.metric_name(), "DCMI_ERR_CODE_TIME_OUT");
-        assert!(
-            e.to_string().contains("DCMI_ERR_CODE_TIME_OUT (-8006)"),
-            "{e}"
-        );
-        // DCMI's 19 is not HCCL_E_NETWORK.
-        let odd = VendorCode::new(Library::Dcmi, 19);
+        assert_eq!(e.vendor.library.as_str(), "nicvendor");
+        assert_eq!(e.vendor.name.as_deref(), Some("NIC_E_TIMEOUT"));
+        assert_eq!((e.hccl(), e.hccl_code()), (None, None));
+        assert_eq!(e.vendor.metric_name(), "NIC_E_TIMEOUT");
         assert_eq!(
-            (odd.name.as_deref(), odd.kind()),
+            e.to_string(),
+            "nic_probe failed with NIC_E_TIMEOUT (-2): port 1"
+        );
+        // The vendor's 19 is not HCCL_E_NETWORK, and an HCCL number means nothing here.
+        let odd = NICS.status(19);
+        assert_eq!(
+            (odd.vendor.name.as_deref(), odd.kind),
             (None, HalErrorKind::Other)
         );
+        assert_eq!(odd.vendor.to_string(), "nicvendor code 19");
     }
 
     #[test]
@@ -314,56 +359,76 @@ mod tests {
         assert_eq!((e.vendor.code, e.vendor.name.as_deref()), (Some(77), None));
         assert_eq!(e.hccl_code(), Some(77));
         assert_eq!(e.vendor.metric_name(), OTHER_CODE_NAME);
-        assert_eq!(e.to_string(), "HcclCommResume failed with HCCL code 77: ");
-        let acl = VendorCode::new(Library::Acl, 123_456);
-        assert_eq!(acl.to_string(), "ACL code 123456");
+        assert_eq!(e.to_string(), "HcclCommResume failed with hccl code 77: ");
     }
 
     #[test]
     fn the_metric_name_comes_from_this_build_never_from_a_peer() {
         let mut e = HalError::new("HcclCommWorkingDevNicSet", HcclCode::Timeout, "");
-        e.vendor.name = Some("HCCL_E_FROM_A_NEWER_PEER".into());
         assert_eq!(e.vendor.metric_name(), "HCCL_E_TIMEOUT");
-        e.vendor.code = Some(1000);
+        // What a peer sent, or a report read back from a file, is an owned name.
+        e.vendor.name = Some(Cow::Owned("HCCL_E_FROM_A_NEWER_PEER".into()));
         assert_eq!(e.vendor.metric_name(), OTHER_CODE_NAME);
+        let read: HalError = serde_json::from_value(
+            serde_json::to_value(HalError::new("op", HcclCode::Timeout, "")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(read.vendor.name.as_deref(), Some("HCCL_E_TIMEOUT"));
+        assert_eq!(read.vendor.metric_name(), OTHER_CODE_NAME);
     }
 
     #[test]
     fn an_uncoded_error_says_its_kind() {
-        let e = HalError::uncoded(
-            "dcmi",
-            Library::Dcmi,
-            HalErrorKind::NotSupported,
-            "no device management library",
-        );
-        assert_eq!(*e.vendor, VendorCode::none(Library::Dcmi));
+        let e = NICS.uncoded("nic", HalErrorKind::NotSupported, "no management library");
+        assert_eq!(*e.vendor, VendorCode::none(LibraryName::new("nicvendor")));
         assert_eq!(e.vendor.metric_name(), OTHER_CODE_NAME);
         assert_eq!(
             e.to_string(),
-            "dcmi failed (not_supported): no device management library"
+            "nic failed (not_supported): no management library"
         );
-        assert_eq!(e.vendor.to_string(), "no DCMI code");
-        let m = HalError::mock("sim", HalErrorKind::PeerLost, "gone");
-        assert_eq!(
-            (m.vendor.library, m.kind),
-            (Library::Mock, HalErrorKind::PeerLost)
-        );
+        assert_eq!(e.vendor.to_string(), "no nicvendor code");
     }
 
     #[test]
     fn it_round_trips_through_serde_with_readable_names() {
-        let e = HalError::new(
-            "aclrtMalloc",
-            VendorCode::new(Library::Acl, 207_001),
-            "1 MiB",
-        );
+        let e = HalError::new("nic_probe", NICS.status(-7), "1 MiB");
         let json = serde_json::to_value(&e).unwrap();
-        assert_eq!(json["kind"], "other");
-        assert_eq!(json["vendor"]["library"], "acl");
-        assert_eq!(json["vendor"]["name"], "ACL_ERROR_RT_MEMORY_ALLOCATION");
+        assert_eq!(json["kind"], "network");
+        assert_eq!(json["vendor"]["library"], "nicvendor");
+        assert_eq!(json["vendor"]["name"], "NIC_E_LINK");
         assert_eq!(serde_json::from_value::<HalError>(json).unwrap(), e);
         for k in HalErrorKind::ALL {
             assert_eq!(serde_json::to_value(k).unwrap(), k.as_str());
         }
+        let mut bad = serde_json::to_value(&e).unwrap();
+        bad["vendor"]["library"] = "Nic Vendor".into();
+        let err = serde_json::from_value::<HalError>(bad).unwrap_err();
+        assert!(err.to_string().contains("\"Nic Vendor\""), "{err}");
+    }
+
+    #[test]
+    fn library_names_are_short_lowercase_identifiers() {
+        for good in ["hccl", "dcmi", "a", "nic_v2", "abcdefghijklmnop"] {
+            assert_eq!(LibraryName::parse(good).unwrap().as_str(), good);
+        }
+        for bad in [
+            "",
+            "HCCL",
+            "2nic",
+            "_x",
+            "nic-v2",
+            "a b",
+            "abcdefghijklmnopq",
+            "é",
+        ] {
+            assert_eq!(
+                LibraryName::parse(bad),
+                Err(LibraryNameError(bad.into())),
+                "{bad:?}"
+            );
+        }
+        assert!(std::panic::catch_unwind(|| LibraryName::new("Acme")).is_err());
+        // A name read from a peer equals the backend's own.
+        assert_eq!(LibraryName::parse("hccl").unwrap(), HcclCode::LIBRARY);
     }
 }

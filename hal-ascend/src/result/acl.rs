@@ -1,7 +1,8 @@
 //! ACL calls returning `Result<_, AclError>`.
 
+use crate::codes::ACL;
 use crate::sys::acl::{AclLib, AclResult, DevicePtr, MemMallocPolicy, StreamHandle};
-use taskd_core::{HalError, Library, VendorCode};
+use taskd_core::HalError;
 
 /// `ACL_ERROR_INVALID_PARAM` in `acl_base.h`.
 pub const ACL_ERROR_INVALID_PARAM: i32 = 100_000;
@@ -21,9 +22,9 @@ pub struct AclError {
 }
 
 impl From<AclError> for HalError {
-    /// Keeps the `aclError` as ACL's code (its name and kind from `taskd_core`'s ACL table).
+    /// Keeps the `aclError` as ACL's code (its name and kind from this crate's [`ACL`] table).
     fn from(e: AclError) -> Self {
-        HalError::new(e.op, VendorCode::new(Library::Acl, e.code), e.detail)
+        HalError::new(e.op, ACL.status(e.code), e.detail)
     }
 }
 

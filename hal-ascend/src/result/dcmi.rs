@@ -3,19 +3,18 @@
 //! Codes and the `dcmi_rdfx_detect_result` values are those of the DCMI API reference
 //! (hiascend.com, `dcmi_get_device_network_health` page) and `dcmi_interface_api.h`.
 
+use crate::codes::DCMI;
 use crate::sys::dcmi::{DcmiLib, DcmiResult, MAX_CARD_NUM};
 use std::fmt;
-use taskd_core::{HalError, Library, VendorCode};
+use taskd_core::HalError;
 
 /// The header's name for a DCMI status (`dcmi_interface_api.h`, `DCMI_ERROR_CODE_BASE` =
-/// -8000; the table is `taskd_core`'s, shared with the error's kind), or
+/// -8000; the table is [`DCMI`], shared with the error's kind), or
 /// `DCMI_ERR_CODE_UNKNOWN`.
 pub fn dcmi_error_name(code: i32) -> &'static str {
     match code {
         0 => "DCMI_OK",
-        c => Library::Dcmi
-            .code_name(c)
-            .unwrap_or("DCMI_ERR_CODE_UNKNOWN"),
+        c => DCMI.name(c).unwrap_or("DCMI_ERR_CODE_UNKNOWN"),
     }
 }
 
@@ -36,7 +35,7 @@ pub struct DcmiError {
 impl From<DcmiError> for HalError {
     /// Keeps the code as DCMI's, never as an `HcclResult`.
     fn from(e: DcmiError) -> Self {
-        HalError::new(e.op, VendorCode::new(Library::Dcmi, e.code), e.args)
+        HalError::new(e.op, DCMI.status(e.code), e.args)
     }
 }
 
@@ -252,8 +251,8 @@ mod tests {
         let h: HalError = e.into();
         assert_eq!(h.op, "dcmi_get_device_network_health");
         assert_eq!(
-            (h.vendor.library, h.vendor.code, h.vendor.name.as_deref()),
-            (Library::Dcmi, Some(-8005), Some("DCMI_ERR_CODE_INNER_ERR"))
+            (&h.vendor.library, h.vendor.code, h.vendor.name.as_deref()),
+            (DCMI.library(), Some(-8005), Some("DCMI_ERR_CODE_INNER_ERR"))
         );
         assert_eq!((h.kind, h.hccl()), (taskd_core::HalErrorKind::Other, None));
         assert_eq!(dcmi_error_name(-8255), "DCMI_ERR_CODE_NOT_SUPPORT");

@@ -5,7 +5,7 @@ use crate::sys::hccl::{
     CommHandle, HcclDataType, HcclLib, HcclReduceOp, HcclResult, HcclRootInfo,
     HCCL_COMM_NAME_MAX_LENGTH,
 };
-use taskd_core::{HalError, HalErrorKind, HcclCode, Library};
+use taskd_core::{HalError, HalErrorKind, HcclCode};
 
 // The `op` of a `HalError` from each call below, so a caller can tell which call failed
 // without comparing free-form strings.
@@ -153,7 +153,7 @@ pub fn comm_resume(lib: &HcclLib, comm: &CommHandle) -> Result<(), HalError> {
         Some(code) => check(OP_COMM_RESUME, code, String::new),
         None => Err(HalError::uncoded(
             OP_COMM_RESUME,
-            Library::Hccl,
+            HcclCode::LIBRARY,
             HalErrorKind::NotSupported,
             format!("{} has no {OP_COMM_RESUME}", lib.path().display()),
         )),

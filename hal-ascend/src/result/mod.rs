@@ -4,8 +4,8 @@
 //! vendor code is the returned `HcclResult` (an unknown future code is kept by number, as
 //! `HcclCode::Other`). ACL and DCMI calls fail with [`AclError`] / [`DcmiError`], which keep
 //! their own numeric codes; both convert into a `HalError` whose vendor code stays in its own
-//! library's numbering (`Library::Acl`, `Library::Dcmi`), so a DCMI code is never mistaken for
-//! an HCCL one.
+//! library's numbering (this crate's [`crate::codes`] tables name it and give its kind), so a
+//! DCMI code is never mistaken for an HCCL one.
 //!
 //! Preconditions that would make the raw layer panic (mismatched lengths, a count beyond a
 //! buffer) are checked here first and reported with the library's "invalid parameter" code

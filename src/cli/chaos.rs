@@ -2,7 +2,8 @@
 
 use super::error::CliError;
 use crate::chaos::{
-    run_campaign, CampaignConfig, CampaignReport, RunResult, MAX_JOBS, MAX_SCHEDULES,
+    run_campaign_with, run_one, run_one_process, CampaignConfig, CampaignReport, RunResult,
+    MAX_JOBS, MAX_SCHEDULES,
 };
 use clap::builder::RangedU64ValueParser;
 use clap::Args;
@@ -23,6 +24,11 @@ pub struct ChaosArgs {
     #[arg(long, value_name = "J", default_value_t = 1,
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_JOBS as u64))]
     jobs: usize,
+    /// Run the process schedules instead: every role a `taskd` process on loopback over the
+    /// real gRPC transport (this binary), with kill -9, SIGSTOP/SIGCONT and link cuts through
+    /// a fault relay; a few seconds a schedule.
+    #[arg(long)]
+    processes: bool,
     /// Print what every schedule did, step by step (a failing schedule's steps are always
     /// printed).
     #[arg(long)]
@@ -48,21 +54,34 @@ pub fn run(a: ChaosArgs) -> Result<ExitCode, CliError> {
         schedules: a.seeds,
         jobs: a.jobs,
     };
+    let bin = match a.processes {
+        true => Some(std::env::current_exe().map_err(|e| {
+            CliError::usage(format!("--processes: cannot find this taskd binary: {e}"))
+        })?),
+        false => None,
+    };
     let mut out = std::io::stdout().lock();
     if !a.json {
+        let job = match a.processes {
+            true => "a 2-node x 2-rank job of processes on loopback",
+            false => "a simulated 2-node x 4-device job",
+        };
         let _ = writeln!(
             out,
-            "chaos: {} schedules (seeds {}..={}), {} at once, each on a simulated 2-node x \
-             4-device job",
+            "chaos: {} schedules (seeds {}..={}), {} at once, each on {job}",
             a.seeds,
             a.first_seed,
             a.first_seed + (a.seeds - 1),
             a.jobs
         );
     }
-    let report = run_campaign(&cfg, |r| {
+    let run = |seed| match &bin {
+        Some(bin) => run_one_process(bin, seed),
+        None => run_one(seed),
+    };
+    let report = run_campaign_with(&cfg, run, |r| {
         if !a.json {
-            let _ = out.write_all(schedule_text(r, a.explain).as_bytes());
+            let _ = out.write_all(schedule_text(r, a.explain, a.processes).as_bytes());
         }
     });
     // A closed stdout (`| head`) is the reader's choice, not a failure of the run.
@@ -76,7 +95,7 @@ pub fn run(a: ChaosArgs) -> Result<ExitCode, CliError> {
 
 /// What a schedule prints: nothing when it passed (unless `explain`), its violation, its
 /// steps and how to run it again otherwise.
-fn schedule_text(r: &RunResult, explain: bool) -> String {
+fn schedule_text(r: &RunResult, explain: bool, processes: bool) -> String {
     let mut s = String::new();
     for v in &r.violations {
         s += &format!("seed {}: VIOLATION {}: {}\n", v.seed, v.invariant, v.detail);
@@ -93,7 +112,8 @@ fn schedule_text(r: &RunResult, explain: bool) -> String {
     }
     if !r.violations.is_empty() {
         s += &format!(
-            "  reproduce: taskd chaos --first-seed {} --seeds 1 --explain\n",
+            "  reproduce: taskd chaos{} --first-seed {} --seeds 1 --explain\n",
+            if processes { " --processes" } else { "" },
             r.seed
         );
     }

@@ -97,10 +97,23 @@ fn strings(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| (*s).to_owned()).collect()
 }
 
-/// Flags every role gets: 100 ms heartbeats, lost after 20 missed (a role frozen by the
-/// campaign for less than two seconds is late, not lost).
+/// Every role's heartbeat period.
+pub const HEARTBEAT: Duration = Duration::from_millis(100);
+/// Heartbeats a role may miss before it is lost.
+pub const MISSED: u32 = 20;
+/// How long a silent or closed connection may stay so before its peer is lost: a role
+/// frozen by the campaign for less is late, not lost.
+pub const LOSS_BOUND: Duration = HEARTBEAT.saturating_mul(MISSED);
+
+/// Flags every role gets: [`HEARTBEAT`], lost after [`MISSED`].
 fn heartbeats() -> Vec<String> {
-    strings(&["--heartbeat-ms", "100", "--missed-heartbeats", "20"])
+    let ms = HEARTBEAT.as_millis().to_string();
+    strings(&[
+        "--heartbeat-ms",
+        &ms,
+        "--missed-heartbeats",
+        &MISSED.to_string(),
+    ])
 }
 
 impl ProcJob {

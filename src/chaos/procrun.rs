@@ -18,7 +18,8 @@
 //!   proxies stay up unless killed (`crash` otherwise).
 //! - `not_running` and `final_switch`: after the faults heal and every process is back (and,
 //!   with an even seed, an operator's `recover --to as-is` when the job does not run), the
-//!   job runs, verified, and a new switch succeeds.
+//!   job runs, verified, with every rank registered and none lost, for longer than a broken
+//!   connection may go unnoticed ([`LOSS_BOUND`]), and then a new switch succeeds.
 //! - `hold_bounded`: with an odd seed no operator recovers: a job that does not run must
 //!   have training stopped by the hold policy within its bound.
 //! - `groups_consistent`, `nic_table`, `hccl_rule`: at the end every rank's view of each of
@@ -27,7 +28,9 @@
 
 use super::answers::Answers;
 use super::driver::{RunResult, Violation};
-use super::procjob::{JobError, ProcJob, HOLD_BOUND, NODES, PATIENCE, PHASE_DEADLINE, PPN};
+use super::procjob::{
+    JobError, ProcJob, HOLD_BOUND, LOSS_BOUND, NODES, PATIENCE, PHASE_DEADLINE, PPN,
+};
 use super::procsched::{Fault, ProcSchedule, Step, Target};
 use super::relay::LinkMode;
 use std::collections::{BTreeMap, BTreeSet};
@@ -474,12 +477,17 @@ impl Driver<'_> {
         let mut not_running_since: Option<Instant> = None;
         let mut in_flight_since: Option<(String, Instant)> = None;
         let mut last_recover: Option<Instant> = None;
+        let mut quiet_since: Option<Instant> = None;
         let expected = NODES * PPN;
         loop {
             self.alive()?;
             self.restart_exited_workers()?;
             let st = self.job.status(0).map_err(|e| self.harness(e))?;
-            if quiet(&st, expected) {
+            // Quiet for longer than a connection may stay down unnoticed: no link the faults
+            // broke is still waiting to be declared lost.
+            if !quiet(&st, expected) {
+                quiet_since = None;
+            } else if quiet_since.get_or_insert_with(Instant::now).elapsed() > LOSS_BOUND + POLL {
                 return Ok(());
             }
             if Instant::now() > deadline {

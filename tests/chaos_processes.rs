@@ -1,0 +1,78 @@
+//! The process fault campaign (`taskd chaos --processes`): a few schedules on jobs whose every
+//! role is a `taskd` process on loopback over gRPC, through the library and the binary. Every
+//! schedule ends by checking, from the ranks' own reports, that every communication group
+//! agrees on its NIC configuration and that the manager's table is what the ranks hold.
+
+mod common;
+
+use common::taskd;
+use serde_json::Value;
+use std::path::Path;
+use taskd::chaos::procsched::{Fault, ProcSchedule, Step};
+use taskd::chaos::run_one_process;
+
+/// The fault a switch of the schedule meets, or a fault alone.
+fn faults(s: &ProcSchedule) -> Vec<&Fault> {
+    s.steps
+        .iter()
+        .filter_map(|st| match st {
+            Step::Switch { fault: Some(f), .. } | Step::Fault(f) => Some(f),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The first seed from 0 whose schedule has a switch that meets a fault `pick` chooses.
+fn seed_with(pick: impl Fn(&Fault) -> bool) -> u64 {
+    (0..10_000)
+        .find(|seed| {
+            let s = ProcSchedule::generate(*seed);
+            s.steps
+                .iter()
+                .any(|st| matches!(st, Step::Switch { fault: Some(f), .. } if pick(f)))
+        })
+        .expect("a seed with that fault")
+}
+
+#[test]
+fn process_schedules_with_a_killed_manager_a_cut_link_and_a_frozen_proxy_break_no_invariant() {
+    let bin = Path::new(env!("CARGO_BIN_EXE_taskd"));
+    let seeds = [
+        seed_with(|f| *f == Fault::KillManager),
+        seed_with(|f| matches!(f, Fault::Cut { .. } | Fault::Blackhole { .. })),
+        seed_with(|f| matches!(f, Fault::Freeze { proxy: Some(_), .. })),
+    ];
+    for seed in seeds {
+        let s = ProcSchedule::generate(seed);
+        let r = run_one_process(bin, seed);
+        assert!(
+            r.violations.is_empty(),
+            "seed {seed}: {:?}\n{}",
+            r.violations,
+            r.log.join("\n")
+        );
+        assert_eq!(
+            r.faults.values().sum::<u64>(),
+            faults(&s).len() as u64,
+            "seed {seed}: every fault of the schedule landed\n{}",
+            r.log.join("\n")
+        );
+        // The end's new switch at least, and the ranks' views were read and compared.
+        assert!(r.operations >= 1, "{}", r.log.join("\n"));
+        assert!(
+            r.log.iter().any(|l| l.contains("every group agrees")),
+            "{}",
+            r.log.join("\n")
+        );
+    }
+}
+
+#[test]
+fn the_binary_runs_process_schedules_and_reports_them_as_json() {
+    let (code, out, err) = taskd(&["chaos", "--processes", "--seeds", "1", "--json"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let v: Value = serde_json::from_str(&out).expect("one JSON object");
+    assert_eq!(v["schedules"], 1);
+    assert_eq!(v["violations"].as_array().map(Vec::len), Some(0), "{out}");
+    assert!(v["operations"].as_u64() >= Some(1), "{out}");
+}

@@ -351,16 +351,31 @@ impl Driver<'_> {
         }
     }
 
-    /// `recover --to as-is`; any answer is fine, no answer is not.
+    /// `recover --to as-is`; any answer is fine, no answer within [`op_bound`] is not. While
+    /// it waits, the launcher restarts the workers that exit (a recovery may wait for ranks
+    /// whose training the hold policy stopped meanwhile).
     fn recover(&mut self) -> Checked {
         self.tally("recover");
         let mut c = self.job.client();
         let job = self.job.job.clone();
-        let reply = self
+        let task = self
             .job
-            .bounded("a recovery", async move { c.recover(&job, "as-is").await });
-        match reply {
-            Err(e) => Err(self.harness(e)),
+            .runtime()
+            .spawn(async move { c.recover(&job, "as-is").await });
+        let bound = op_bound(None);
+        let started = Instant::now();
+        let deadline = started + bound;
+        while !task.is_finished() {
+            if Instant::now() > deadline {
+                task.abort();
+                return Err(self.fail("bounded", format!("recover had no answer within {bound:?}")));
+            }
+            self.restart_exited_workers()?;
+            // A poll of the call, bounded by the deadline above.
+            std::thread::sleep(POLL);
+        }
+        match self.job.runtime().block_on(task) {
+            Err(e) => Err(self.fail("bounded", format!("recover: {e}"))),
             Ok(Err(e)) => Err(self.fail("bounded", format!("recover failed: {e}"))),
             Ok(Ok(r)) => {
                 let what = match &r.outcome {
@@ -370,7 +385,8 @@ impl Driver<'_> {
                     Some(Outcome::Stopped(_)) => "recover_stopped_training",
                     None => "recover_no_outcome",
                 };
-                self.log(format!("recover: {what}, job {}", r.job_state));
+                let took = started.elapsed();
+                self.log(format!("recover: {what} after {took:?}, job {}", r.job_state));
                 self.observe(what);
                 Ok(())
             }

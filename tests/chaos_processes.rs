@@ -8,8 +8,21 @@ mod common;
 use common::taskd;
 use serde_json::Value;
 use std::path::Path;
+use taskd::chaos::procjob::ProcEnv;
 use taskd::chaos::procsched::{Fault, ProcSchedule, Step};
 use taskd::chaos::run_one_process;
+
+/// Where the jobs keep their files: on tmpfs when the machine has one, so that the manager's
+/// fsync of its journal cannot stall it for seconds on a loaded disk (a finding of its own,
+/// RELIABILITY.md section 6, which `taskd chaos --processes` on a disk still shows).
+fn scratch() -> std::path::PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.to_owned()
+    } else {
+        std::env::temp_dir()
+    }
+}
 
 /// The fault a switch of the schedule meets, or a fault alone.
 fn faults(s: &ProcSchedule) -> Vec<&Fault> {
@@ -36,7 +49,10 @@ fn seed_with(pick: impl Fn(&Fault) -> bool) -> u64 {
 
 #[test]
 fn process_schedules_with_a_killed_manager_a_cut_link_and_a_frozen_proxy_break_no_invariant() {
-    let bin = Path::new(env!("CARGO_BIN_EXE_taskd"));
+    let env = ProcEnv {
+        bin: env!("CARGO_BIN_EXE_taskd").into(),
+        scratch: scratch(),
+    };
     let seeds = [
         seed_with(|f| *f == Fault::KillManager),
         seed_with(|f| matches!(f, Fault::Cut { .. } | Fault::Blackhole { .. })),
@@ -44,7 +60,7 @@ fn process_schedules_with_a_killed_manager_a_cut_link_and_a_frozen_proxy_break_n
     ];
     for seed in seeds {
         let s = ProcSchedule::generate(seed);
-        let r = run_one_process(bin, seed);
+        let r = run_one_process(&env, seed);
         assert!(
             r.violations.is_empty(),
             "seed {seed}: {:?}\n{}",
@@ -69,7 +85,17 @@ fn process_schedules_with_a_killed_manager_a_cut_link_and_a_frozen_proxy_break_n
 
 #[test]
 fn the_binary_runs_process_schedules_and_reports_them_as_json() {
-    let (code, out, err) = taskd(&["chaos", "--processes", "--seeds", "1", "--json"]);
+    let dir = scratch().display().to_string();
+    let args = [
+        "chaos",
+        "--processes",
+        "--seeds",
+        "1",
+        "--json",
+        "--scratch",
+        &dir,
+    ];
+    let (code, out, err) = taskd(&args);
     assert_eq!(code, 0, "{out}\n{err}");
     let v: Value = serde_json::from_str(&out).expect("one JSON object");
     assert_eq!(v["schedules"], 1);

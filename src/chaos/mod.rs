@@ -28,7 +28,6 @@ pub use schedule::Schedule;
 
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::Instant;
@@ -103,10 +102,10 @@ pub fn run_one(seed: u64) -> RunResult {
 }
 
 /// Runs the process schedule of `seed` ([`procsched::ProcSchedule`]) on a job of `taskd`
-/// processes started from the binary at `bin`; a panic of the driver is a violation.
-pub fn run_one_process(bin: &Path, seed: u64) -> RunResult {
+/// processes started as `env` says; a panic of the driver is a violation.
+pub fn run_one_process(env: &procjob::ProcEnv, seed: u64) -> RunResult {
     caught(seed, || {
-        procrun::run(bin, &procsched::ProcSchedule::generate(seed))
+        procrun::run(env, &procsched::ProcSchedule::generate(seed))
     })
 }
 

@@ -60,6 +60,27 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> JobError {
     move |source| JobError::Io { what, source }
 }
 
+/// Where the process campaign finds the `taskd` binary its roles run, and where each job
+/// keeps its files (logs, the token file, the manager's state directory: the journal is
+/// written there with fsync, so the disk under it is part of the test).
+#[derive(Clone, Debug)]
+pub struct ProcEnv {
+    /// The `taskd` binary.
+    pub bin: PathBuf,
+    /// The directory each job makes its own directory in.
+    pub scratch: PathBuf,
+}
+
+impl ProcEnv {
+    /// `bin`, with the jobs' files in the system's temporary directory.
+    pub fn new(bin: impl Into<PathBuf>) -> ProcEnv {
+        ProcEnv {
+            bin: bin.into(),
+            scratch: std::env::temp_dir(),
+        }
+    }
+}
+
 /// A running job of processes; every process is killed when it drops.
 pub struct ProcJob {
     bin: PathBuf,
@@ -118,8 +139,11 @@ fn heartbeats() -> Vec<String> {
 
 impl ProcJob {
     /// Starts the job of schedule `seed` and waits until every worker registered.
-    pub fn start(bin: &Path, seed: u64) -> Result<ProcJob, JobError> {
-        let dir = std::env::temp_dir().join(format!("taskd-chaos-{}-{seed}", std::process::id()));
+    pub fn start(env: &ProcEnv, seed: u64) -> Result<ProcJob, JobError> {
+        let bin = env.bin.as_path();
+        let dir = env
+            .scratch
+            .join(format!("taskd-chaos-{}-{seed}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("state")).map_err(io(format!("{}", dir.display())))?;
         let token = format!("chaos-{seed:016x}");

@@ -29,12 +29,11 @@
 use super::answers::Answers;
 use super::driver::{RunResult, Violation};
 use super::procjob::{
-    JobError, ProcJob, HOLD_BOUND, LOSS_BOUND, NODES, PATIENCE, PHASE_DEADLINE, PPN,
+    JobError, ProcEnv, ProcJob, HOLD_BOUND, LOSS_BOUND, NODES, PATIENCE, PHASE_DEADLINE, PPN,
 };
 use super::procsched::{Fault, ProcSchedule, Step, Target};
 use super::relay::LinkMode;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::time::{Duration, Instant};
 use taskd_actors::control::proto::{recover_reply::Outcome, JobStatus, RefusalKind};
 use taskd_actors::control::{ClientError, Progress, Switching};
@@ -55,14 +54,14 @@ const POLL: Duration = Duration::from_millis(50);
 struct Stop;
 type Checked<T = ()> = Result<T, Stop>;
 
-/// Runs `schedule` with the `taskd` binary at `bin`.
-pub fn run(bin: &Path, schedule: &ProcSchedule) -> RunResult {
+/// Runs `schedule` on a job of processes started as `env` says.
+pub fn run(env: &ProcEnv, schedule: &ProcSchedule) -> RunResult {
     let started = Instant::now();
     let mut out = RunResult {
         seed: schedule.seed,
         ..RunResult::default()
     };
-    let job = match ProcJob::start(bin, schedule.seed) {
+    let job = match ProcJob::start(env, schedule.seed) {
         Ok(j) => j,
         Err(e) => {
             out.violations.push(Violation {
@@ -386,7 +385,10 @@ impl Driver<'_> {
                     None => "recover_no_outcome",
                 };
                 let took = started.elapsed();
-                self.log(format!("recover: {what} after {took:?}, job {}", r.job_state));
+                self.log(format!(
+                    "recover: {what} after {took:?}, job {}",
+                    r.job_state
+                ));
                 self.observe(what);
                 Ok(())
             }
@@ -428,11 +430,14 @@ async fn follow(
     }
 }
 
+/// One rank's report of one group: its members and the rank's view of their NICs.
+pub(crate) type GroupView = (Vec<u32>, Option<Vec<bool>>);
+
 /// What the ranks reported when they stopped: rank -> group -> (members, view), and the
 /// rule violations they saw.
 #[derive(Default)]
 pub(crate) struct Views {
-    pub(crate) groups: BTreeMap<String, BTreeMap<u32, (Vec<u32>, Option<Vec<bool>>)>>,
+    pub(crate) groups: BTreeMap<String, BTreeMap<u32, GroupView>>,
     pub(crate) world_backup: BTreeMap<u32, BTreeSet<u32>>,
     pub(crate) violations: Vec<String>,
 }
@@ -525,7 +530,7 @@ impl Driver<'_> {
                         ),
                     ));
                 }
-                let due = last_recover.is_none_or(|t| t.elapsed() > Duration::from_secs(2));
+                let due = !last_recover.is_some_and(|t| t.elapsed() <= Duration::from_secs(2));
                 if self.schedule.seed % 2 == 0 && due && st.in_calls.is_none() {
                     last_recover = Some(Instant::now());
                     self.recover()?;
@@ -545,7 +550,7 @@ impl Driver<'_> {
             *since = None;
             return Ok(());
         };
-        if since.as_ref().is_none_or(|(u, _)| *u != f.uuid) {
+        if !since.as_ref().is_some_and(|(u, _)| *u == f.uuid) {
             *since = Some((f.uuid.clone(), Instant::now()));
         }
         let t = since.as_ref().map(|(_, t)| t.elapsed()).unwrap_or_default();
@@ -580,7 +585,7 @@ fn quiet(st: &JobStatus, expected: u32) -> bool {
         && st.workers_registered == expected
         && st.lost_ranks.is_empty()
         && st.training_stop.is_none()
-        && st.in_flight.as_ref().is_none_or(|f| f.uuid.is_empty())
+        && !st.in_flight.as_ref().is_some_and(|f| !f.uuid.is_empty())
 }
 
 fn brief(st: &JobStatus) -> String {

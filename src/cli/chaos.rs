@@ -1,6 +1,7 @@
 //! `taskd chaos`: the seeded fault campaign (see [`crate::chaos`]).
 
 use super::error::CliError;
+use crate::chaos::procjob::ProcEnv;
 use crate::chaos::{
     run_campaign_with, run_one, run_one_process, CampaignConfig, CampaignReport, RunResult,
     MAX_JOBS, MAX_SCHEDULES,
@@ -29,6 +30,11 @@ pub struct ChaosArgs {
     /// a fault relay; a few seconds a schedule.
     #[arg(long)]
     processes: bool,
+    /// With --processes: where each job keeps its logs, token and the manager's state
+    /// directory (default: the system's temporary directory). The manager fsyncs its journal
+    /// there: a slow disk is part of the test.
+    #[arg(long, value_name = "DIR", requires = "processes")]
+    scratch: Option<std::path::PathBuf>,
     /// Print what every schedule did, step by step (a failing schedule's steps are always
     /// printed).
     #[arg(long)]
@@ -54,10 +60,19 @@ pub fn run(a: ChaosArgs) -> Result<ExitCode, CliError> {
         schedules: a.seeds,
         jobs: a.jobs,
     };
-    let bin = match a.processes {
-        true => Some(std::env::current_exe().map_err(|e| {
-            CliError::usage(format!("--processes: cannot find this taskd binary: {e}"))
-        })?),
+    let procs = match a.processes {
+        true => {
+            let bin = std::env::current_exe().map_err(|e| {
+                CliError::usage(format!("--processes: cannot find this taskd binary: {e}"))
+            })?;
+            let mut env = ProcEnv::new(bin);
+            if let Some(dir) = &a.scratch {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| CliError::usage(format!("--scratch {}: {e}", dir.display())))?;
+                env.scratch = dir.clone();
+            }
+            Some(env)
+        }
         false => None,
     };
     let mut out = std::io::stdout().lock();
@@ -75,8 +90,8 @@ pub fn run(a: ChaosArgs) -> Result<ExitCode, CliError> {
             a.jobs
         );
     }
-    let run = |seed| match &bin {
-        Some(bin) => run_one_process(bin, seed),
+    let run = |seed| match &procs {
+        Some(env) => run_one_process(env, seed),
         None => run_one(seed),
     };
     let report = run_campaign_with(&cfg, run, |r| {

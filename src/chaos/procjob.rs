@@ -456,3 +456,29 @@ impl Drop for ProcJob {
         self.manager.wait_exit(PATIENCE);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_read_from_the_roles_lines() {
+        let line = "taskd manager listening on 127.0.0.1:41157 (job chaos-1, 2 nodes, 4 ranks)";
+        let got = addr_after("manager", line, "listening on ").unwrap();
+        assert_eq!(got, "127.0.0.1:41157");
+        let e = addr_after("proxy-0", "taskd proxy listening on", "listening on ").unwrap_err();
+        assert!(e.to_string().contains("proxy-0"), "{e}");
+    }
+
+    #[test]
+    fn the_manager_runs_the_campaigns_job_shape_and_bounds() {
+        let a = manager_args(Path::new("/s"), "chaos-3", "127.0.0.1:0");
+        let flag = |f: &str| a.iter().position(|x| x == f).map(|i| a[i + 1].as_str());
+        assert_eq!(flag("--nodes"), Some("2"));
+        assert_eq!(flag("--procs-per-node"), Some("2"));
+        assert_eq!(flag("--state-dir"), Some("/s/state"));
+        assert_eq!(flag("--hold-bound-ms"), Some("2000"));
+        assert_eq!(flag("--pause-timeout-ms"), Some("1500"));
+        assert_eq!(LOSS_BOUND, Duration::from_secs(2));
+    }
+}

@@ -102,3 +102,79 @@ fn the_binary_runs_process_schedules_and_reports_them_as_json() {
     assert_eq!(v["violations"].as_array().map(Vec::len), Some(0), "{out}");
     assert!(v["operations"].as_u64() >= Some(1), "{out}");
 }
+
+/// How many live processes run a role of `job` (the roles carry `--job-id JOB`).
+fn roles_of(job: &str) -> usize {
+    let needle = format!("--job-id\0{job}\0");
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    dir.flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .is_ok_and(|c| c.windows(needle.len()).any(|w| w == needle.as_bytes()))
+        })
+        .count()
+}
+
+/// Polls `done` every 20 ms until it holds or `within` passed; whether it held.
+fn eventually(within: std::time::Duration, done: impl Fn() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    while std::time::Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    done()
+}
+
+#[test]
+fn a_campaign_stopped_by_sigterm_kills_every_role_it_started() {
+    let seed = "987654321";
+    let job = format!("chaos-{seed}");
+    let dir = scratch().display().to_string();
+    let args = [
+        "chaos",
+        "--processes",
+        "--seeds",
+        "1",
+        "--first-seed",
+        seed,
+        "--scratch",
+        &dir,
+    ];
+    let campaign = common::taskd_command(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("taskd chaos starts");
+    let wait = std::time::Duration::from_secs(30);
+    // The manager, two proxies and some workers: every role in a process group of its own.
+    assert!(
+        eventually(wait, || roles_of(&job) >= 4),
+        "the job never ran"
+    );
+    let campaign_pid = campaign.id();
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &campaign.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(term.success());
+    let out = campaign.wait_with_output().expect("the campaign exits");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(
+        err.contains("SIGTERM: every job's processes killed"),
+        "{err}"
+    );
+    assert!(
+        eventually(wait, || roles_of(&job) == 0),
+        "{} roles of {job} outlived the campaign",
+        roles_of(&job)
+    );
+    // A campaign stopped by a signal keeps its job's files, as a failing schedule does.
+    let kept = scratch().join(format!("taskd-chaos-{}-{seed}", campaign_pid));
+    assert!(kept.is_dir(), "{}", kept.display());
+    let _ = std::fs::remove_dir_all(kept);
+}

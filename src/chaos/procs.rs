@@ -3,10 +3,32 @@
 //! addresses there), its stderr kept in a file to show for a failed schedule, and killed with
 //! its group when dropped, on every path.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
+
+/// The process groups of every live role, and whether the campaign is stopping (then no role
+/// starts any more): what [`kill_all`] ends when the campaign itself is told to stop.
+static LIVE: Mutex<(BTreeSet<u32>, bool)> = Mutex::new((BTreeSet::new(), false));
+
+/// Kills the process group of every live role and lets no new one start: for a campaign
+/// stopped by a signal, which runs no `Drop`.
+pub fn kill_all() {
+    let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+    live.1 = true;
+    for pid in &live.0 {
+        kill_group(*pid, Sig::Kill);
+    }
+}
+
+fn kill_group(pid: u32, sig: Sig) {
+    let _ = Command::new("kill")
+        .args(["-s", sig.name(), "--", &format!("-{pid}")])
+        .stderr(Stdio::null())
+        .status();
+}
 
 /// Why a role's process did not do what the campaign waited for.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +51,9 @@ pub enum ProcError {
         /// The OS's error.
         source: std::io::Error,
     },
+    /// The campaign is stopping: no role starts any more.
+    #[error("the campaign is stopping: {0} not started")]
+    Stopping(String),
     /// It printed no line with the pattern in time (or exited first).
     #[error("{name} printed no line with {pattern:?} within {waited:?} (exit: {exit})")]
     NoLine {
@@ -87,6 +112,10 @@ impl Proc {
             path: stderr.display().to_string(),
             source,
         })?;
+        let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+        if live.1 {
+            return Err(ProcError::Stopping(name.to_owned()));
+        }
         let mut child = Command::new(bin)
             .args(args)
             .env("RUST_LOG", "info,h2=warn,tower=warn,hyper=warn")
@@ -105,6 +134,8 @@ impl Proc {
                 source,
             })?;
         let pid = child.id();
+        live.0.insert(pid);
+        drop(live);
         let (ltx, lines) = mpsc::channel();
         if let Some(out) = child.stdout.take() {
             std::thread::spawn(move || {
@@ -165,10 +196,7 @@ impl Proc {
         if self.exited().is_some() {
             return;
         }
-        let _ = Command::new("kill")
-            .args(["-s", sig.name(), "--", &format!("-{}", self.pid)])
-            .stderr(Stdio::null())
-            .status();
+        kill_group(self.pid, sig);
     }
 
     /// kill -9 and wait (at most `wait`) until it is gone; whether it is.
@@ -181,6 +209,7 @@ impl Proc {
     pub fn exited(&mut self) -> Option<ExitStatus> {
         if self.exited.is_none() {
             self.exited = self.exit.try_recv().ok();
+            self.forget_if_gone();
         }
         self.exited
     }
@@ -189,8 +218,17 @@ impl Proc {
     pub fn wait_exit(&mut self, wait: Duration) -> Option<ExitStatus> {
         if self.exited.is_none() {
             self.exited = self.exit.recv_timeout(wait).ok();
+            self.forget_if_gone();
         }
         self.exited
+    }
+
+    /// An exited role's group is no longer one to kill (its pid may be reused).
+    fn forget_if_gone(&self) {
+        if self.exited.is_some() {
+            let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+            live.0.remove(&self.pid);
+        }
     }
 
     /// The last `n` lines of its stderr.

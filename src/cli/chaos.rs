@@ -10,6 +10,7 @@ use clap::builder::RangedU64ValueParser;
 use clap::Args;
 use std::io::Write as _;
 use std::process::ExitCode;
+use taskd_actors::process::ShutdownSignals;
 
 /// The flags of `taskd chaos`.
 #[derive(Args)]
@@ -75,6 +76,9 @@ pub fn run(a: ChaosArgs) -> Result<ExitCode, CliError> {
         }
         false => None,
     };
+    if a.processes {
+        stop_jobs_on_signals()?;
+    }
     let mut out = std::io::stdout().lock();
     if !a.json {
         let job = match a.processes {
@@ -106,6 +110,20 @@ pub fn run(a: ChaosArgs) -> Result<ExitCode, CliError> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// SIGINT, SIGTERM or SIGHUP end the campaign (exit 130) and first every role's process it
+/// started: they run in process groups of their own, out of reach of the terminal's signal.
+fn stop_jobs_on_signals() -> Result<(), CliError> {
+    let rt = super::runtime()?;
+    let mut signals = rt.block_on(async { ShutdownSignals::install() })?;
+    std::thread::spawn(move || {
+        let sig = rt.block_on(signals.recv());
+        crate::chaos::procs::kill_all();
+        eprintln!("taskd chaos: {sig}: every job's processes killed");
+        std::process::exit(130);
+    });
+    Ok(())
 }
 
 /// What a schedule prints: nothing when it passed (unless `explain`), its violation, its

@@ -178,3 +178,13 @@ fn a_campaign_stopped_by_sigterm_kills_every_role_it_started() {
     assert!(kept.is_dir(), "{}", kept.display());
     let _ = std::fs::remove_dir_all(kept);
 }
+
+#[test]
+fn a_scratch_directory_needs_the_process_mode_and_must_be_usable() {
+    let (code, _, err) = taskd(&["chaos", "--scratch", "/tmp"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--processes"), "{err}");
+    let (code, _, err) = taskd(&["chaos", "--processes", "--scratch", "/proc/taskd-no"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--scratch /proc/taskd-no"), "{err}");
+}

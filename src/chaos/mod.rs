@@ -3,13 +3,23 @@
 //! manager, proxy and worker actors on the simulated fabric), each checked against the
 //! invariants of the recovery contract (docs/recovery.md; the list is in [`driver`]).
 //!
+//! `taskd chaos --processes` runs smaller schedules ([`procsched`]) on a job whose every role
+//! is a `taskd` process on loopback, over the real gRPC transport, with links through a
+//! [`relay::FaultRelay`] (simulated network failure), checked from outside ([`procrun`]).
+//!
 //! A seed determines its schedule completely ([`Schedule::generate`], drawn from
 //! [`rng::SplitMix64`]; no clock, no OS randomness), so a violation is reported with the seed
 //! that re-runs the same schedule. What a seed cannot fix is the interleaving of the actors'
 //! threads with the schedule's events (a phase a disruption waits for may end a little
 //! before or after it lands), so a timing-dependent finding may need a few runs of its seed.
 
+pub mod answers;
 pub mod driver;
+pub mod procjob;
+pub mod procrun;
+pub mod procs;
+pub mod procsched;
+pub mod relay;
 pub mod rng;
 pub mod schedule;
 
@@ -88,8 +98,19 @@ impl CampaignReport {
 /// Runs the schedule of `seed`; a panic (of the driver or of product code it called) is a
 /// violation of its own.
 pub fn run_one(seed: u64) -> RunResult {
-    let schedule = Schedule::generate(seed);
-    std::panic::catch_unwind(|| driver::run(&schedule)).unwrap_or_else(|panic| {
+    caught(seed, || driver::run(&Schedule::generate(seed)))
+}
+
+/// Runs the process schedule of `seed` ([`procsched::ProcSchedule`]) on a job of `taskd`
+/// processes started as `env` says; a panic of the driver is a violation.
+pub fn run_one_process(env: &procjob::ProcEnv, seed: u64) -> RunResult {
+    caught(seed, || {
+        procrun::run(env, &procsched::ProcSchedule::generate(seed))
+    })
+}
+
+fn caught(seed: u64, run: impl FnOnce() -> RunResult + std::panic::UnwindSafe) -> RunResult {
+    std::panic::catch_unwind(run).unwrap_or_else(|panic| {
         let what = panic
             .downcast_ref::<String>()
             .cloned()
@@ -109,7 +130,16 @@ pub fn run_one(seed: u64) -> RunResult {
 
 /// Runs the campaign, handing each schedule's result to `each` (on this thread, in the order
 /// they finish) as it comes.
-pub fn run_campaign(cfg: &CampaignConfig, mut each: impl FnMut(&RunResult)) -> CampaignReport {
+pub fn run_campaign(cfg: &CampaignConfig, each: impl FnMut(&RunResult)) -> CampaignReport {
+    run_campaign_with(cfg, run_one, each)
+}
+
+/// [`run_campaign`] with `run` carrying out each seed's schedule (e.g. [`run_one_process`]).
+pub fn run_campaign_with(
+    cfg: &CampaignConfig,
+    run: impl Fn(u64) -> RunResult + Sync,
+    mut each: impl FnMut(&RunResult),
+) -> CampaignReport {
     let started = Instant::now();
     let mut report = CampaignReport::default();
     let next = AtomicU64::new(0);
@@ -117,14 +147,14 @@ pub fn run_campaign(cfg: &CampaignConfig, mut each: impl FnMut(&RunResult)) -> C
         let (tx, rx) = mpsc::channel();
         for _ in 0..cfg.jobs.max(1) {
             let tx = tx.clone();
-            let next = &next;
+            let (next, run) = (&next, &run);
             s.spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= cfg.schedules {
                     return;
                 }
                 let seed = cfg.first_seed.wrapping_add(i);
-                if tx.send(run_one(seed)).is_err() {
+                if tx.send(run(seed)).is_err() {
                     return;
                 }
             });

@@ -1,13 +1,16 @@
 //! `taskd chaos`: the seeded fault campaign (see [`crate::chaos`]).
 
 use super::error::CliError;
+use crate::chaos::procjob::ProcEnv;
 use crate::chaos::{
-    run_campaign, CampaignConfig, CampaignReport, RunResult, MAX_JOBS, MAX_SCHEDULES,
+    run_campaign_with, run_one, run_one_process, CampaignConfig, CampaignReport, RunResult,
+    MAX_JOBS, MAX_SCHEDULES,
 };
 use clap::builder::RangedU64ValueParser;
 use clap::Args;
 use std::io::Write as _;
 use std::process::ExitCode;
+use taskd_actors::process::ShutdownSignals;
 
 /// The flags of `taskd chaos`.
 #[derive(Args)]
@@ -23,6 +26,16 @@ pub struct ChaosArgs {
     #[arg(long, value_name = "J", default_value_t = 1,
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_JOBS as u64))]
     jobs: usize,
+    /// Run the process schedules instead: every role a `taskd` process on loopback over the
+    /// real gRPC transport (this binary), with kill -9, SIGSTOP/SIGCONT and link cuts through
+    /// a fault relay; a few seconds a schedule.
+    #[arg(long)]
+    processes: bool,
+    /// With --processes: where each job keeps its logs, token and the manager's state
+    /// directory (default: the system's temporary directory). The manager fsyncs its journal
+    /// there: a slow disk is part of the test.
+    #[arg(long, value_name = "DIR", requires = "processes")]
+    scratch: Option<std::path::PathBuf>,
     /// Print what every schedule did, step by step (a failing schedule's steps are always
     /// printed).
     #[arg(long)]
@@ -48,21 +61,46 @@ pub fn run(a: ChaosArgs) -> Result<ExitCode, CliError> {
         schedules: a.seeds,
         jobs: a.jobs,
     };
+    let procs = match a.processes {
+        true => {
+            let bin = std::env::current_exe().map_err(|e| {
+                CliError::usage(format!("--processes: cannot find this taskd binary: {e}"))
+            })?;
+            let mut env = ProcEnv::new(bin);
+            if let Some(dir) = &a.scratch {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| CliError::usage(format!("--scratch {}: {e}", dir.display())))?;
+                env.scratch = dir.clone();
+            }
+            Some(env)
+        }
+        false => None,
+    };
+    if a.processes {
+        stop_jobs_on_signals()?;
+    }
     let mut out = std::io::stdout().lock();
     if !a.json {
+        let job = match a.processes {
+            true => "a 2-node x 2-rank job of processes on loopback",
+            false => "a simulated 2-node x 4-device job",
+        };
         let _ = writeln!(
             out,
-            "chaos: {} schedules (seeds {}..={}), {} at once, each on a simulated 2-node x \
-             4-device job",
+            "chaos: {} schedules (seeds {}..={}), {} at once, each on {job}",
             a.seeds,
             a.first_seed,
             a.first_seed + (a.seeds - 1),
             a.jobs
         );
     }
-    let report = run_campaign(&cfg, |r| {
+    let run = |seed| match &procs {
+        Some(env) => run_one_process(env, seed),
+        None => run_one(seed),
+    };
+    let report = run_campaign_with(&cfg, run, |r| {
         if !a.json {
-            let _ = out.write_all(schedule_text(r, a.explain).as_bytes());
+            let _ = out.write_all(schedule_text(r, a.explain, a.processes).as_bytes());
         }
     });
     // A closed stdout (`| head`) is the reader's choice, not a failure of the run.
@@ -74,9 +112,23 @@ pub fn run(a: ChaosArgs) -> Result<ExitCode, CliError> {
     })
 }
 
+/// SIGINT, SIGTERM or SIGHUP end the campaign (exit 130) and first every role's process it
+/// started: they run in process groups of their own, out of reach of the terminal's signal.
+fn stop_jobs_on_signals() -> Result<(), CliError> {
+    let rt = super::runtime()?;
+    let mut signals = rt.block_on(async { ShutdownSignals::install() })?;
+    std::thread::spawn(move || {
+        let sig = rt.block_on(signals.recv());
+        crate::chaos::procs::kill_all();
+        eprintln!("taskd chaos: {sig}: every job's processes killed");
+        std::process::exit(130);
+    });
+    Ok(())
+}
+
 /// What a schedule prints: nothing when it passed (unless `explain`), its violation, its
 /// steps and how to run it again otherwise.
-fn schedule_text(r: &RunResult, explain: bool) -> String {
+fn schedule_text(r: &RunResult, explain: bool, processes: bool) -> String {
     let mut s = String::new();
     for v in &r.violations {
         s += &format!("seed {}: VIOLATION {}: {}\n", v.seed, v.invariant, v.detail);
@@ -93,7 +145,8 @@ fn schedule_text(r: &RunResult, explain: bool) -> String {
     }
     if !r.violations.is_empty() {
         s += &format!(
-            "  reproduce: taskd chaos --first-seed {} --seeds 1 --explain\n",
+            "  reproduce: taskd chaos{} --first-seed {} --seeds 1 --explain\n",
+            if processes { " --processes" } else { "" },
             r.seed
         );
     }

@@ -38,6 +38,11 @@ pub struct SimWorkerArgs {
     /// With --sim: HCCL runs without L2 retry here (a switch must be refused).
     #[arg(long)]
     sim_l2_off: bool,
+    /// With --sim: on a stop by signal, print one line `sim views: {json}` on stdout: this
+    /// rank's view of each of its groups' NICs and the HCCL rules it saw broken (what the
+    /// process fault campaign, `taskd chaos --processes`, checks the groups' agreement with).
+    #[arg(long)]
+    sim_report_views: bool,
 }
 
 impl SimWorkerArgs {
@@ -63,7 +68,7 @@ impl SimWorkerArgs {
         reg: &WorkerRegistration,
         worker: &RemoteWorker,
         slot: &LateRankHalSlot,
-    ) -> Result<SoloTraining, CliError> {
+    ) -> Result<(SoloRank, SoloTraining), CliError> {
         let nodes = reg.node_count.max(1);
         if reg.world_size % nodes != 0 {
             return Err(CliError::usage(format!(
@@ -84,15 +89,36 @@ impl SimWorkerArgs {
         }
         slot.install(Box::new(solo.hal()));
         let epoch = SystemTime::UNIX_EPOCH + Duration::from_millis(reg.job_epoch_unix_ms);
-        Ok(SoloTraining::start(
-            solo,
+        let training = SoloTraining::start(
+            solo.clone(),
             worker.gate() as Arc<dyn StepBoundary>,
             SoloTrainingOptions {
                 step_time: Duration::from_millis(self.step_ms),
                 epoch: Some(epoch),
             },
-        ))
+        );
+        Ok((solo, training))
     }
+}
+
+/// The `--sim-report-views` line: every group of the rank with its members and this rank's
+/// view of their NICs (`true`: backup), and the rule violations it saw.
+fn views_line(solo: &SoloRank) -> String {
+    let groups: Vec<serde_json::Value> = solo
+        .layout()
+        .groups_of(solo.rank())
+        .into_iter()
+        .map(|g| {
+            let members: Vec<u32> = g.members.iter().map(|m| m.0).collect();
+            serde_json::json!({"name": g.name, "members": members, "view": solo.view(&g.name)})
+        })
+        .collect();
+    let report = serde_json::json!({
+        "rank": solo.rank().0,
+        "groups": groups,
+        "violations": solo.violations(),
+    });
+    format!("sim views: {report}")
 }
 
 /// Runs the simulated rank until SIGINT, SIGTERM or SIGHUP (exit 0), until the manager stops
@@ -126,7 +152,7 @@ pub fn run(a: SimWorkerArgs) -> Result<ExitCode, CliError> {
             }
             Ok(Ok(reg)) => reg,
         };
-        let training = match a.start_sim_rank(&reg, &worker, &slot) {
+        let (solo, training) = match a.start_sim_rank(&reg, &worker, &slot) {
             Ok(t) => t,
             Err(e) => {
                 worker.stop_with("cannot simulate this job");
@@ -149,6 +175,9 @@ pub fn run(a: SimWorkerArgs) -> Result<ExitCode, CliError> {
         };
         gate.shutdown();
         let steps = training.stop();
+        if a.sim_report_views {
+            say(views_line(&solo));
+        }
         eprintln!("taskd worker: {sig}: stopping after step {steps}");
         worker.stop_with(&format!("the worker process stopped ({sig})"));
         Ok(ExitCode::SUCCESS)

@@ -1,0 +1,257 @@
+//! The schedules of the process campaign (`taskd chaos --processes`): fewer and coarser than
+//! the in-process ones, drawn from the same [`SplitMix64`] so a seed fixes its schedule. A
+//! schedule is a few steps: a switch (or switchback) with at most one fault landing when a
+//! chosen phase starts, a fault alone, a uuid repeated, an operator's recovery.
+
+use super::procjob::{NODES, PPN};
+use super::rng::SplitMix64;
+use std::fmt;
+
+/// A fault injected into the job of processes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// kill -9 of the manager; a new one on the same state directory and port.
+    KillManager,
+    /// kill -9 of node k's proxy; a new one on the same port.
+    KillProxy(u32),
+    /// kill -9 of rank r's worker; its launcher starts a new incarnation.
+    KillWorker(u32),
+    /// SIGSTOP of the manager (`None`) or of node k's proxy, SIGCONT `ms` later.
+    Freeze {
+        /// `None`: the manager.
+        proxy: Option<u32>,
+        /// How long it stays frozen.
+        ms: u64,
+    },
+    /// Node k's link to the manager cut (connections dropped, new ones refused) for `ms`.
+    Cut {
+        /// The node.
+        node: u32,
+        /// How long.
+        ms: u64,
+    },
+    /// Node k's link to the manager blackholed (nothing passes) for `ms`.
+    Blackhole {
+        /// The node.
+        node: u32,
+        /// How long.
+        ms: u64,
+    },
+}
+
+impl Fault {
+    /// Its kind, as the report counts it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Fault::KillManager => "kill_manager",
+            Fault::KillProxy(_) => "kill_proxy",
+            Fault::KillWorker(_) => "kill_worker",
+            Fault::Freeze { proxy: None, .. } => "freeze_manager",
+            Fault::Freeze { .. } => "freeze_proxy",
+            Fault::Cut { .. } => "link_cut",
+            Fault::Blackhole { .. } => "link_blackhole",
+        }
+    }
+
+    /// How long the fault lasts before it heals (0 for a kill: the restart follows at once).
+    pub fn length_ms(&self) -> u64 {
+        match self {
+            Fault::Freeze { ms, .. } | Fault::Cut { ms, .. } | Fault::Blackhole { ms, .. } => *ms,
+            _ => 0,
+        }
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fault::KillManager => write!(f, "kill -9 the manager, restart it"),
+            Fault::KillProxy(k) => write!(f, "kill -9 proxy {k}, restart it"),
+            Fault::KillWorker(r) => write!(f, "kill -9 worker {r}, restart it"),
+            Fault::Freeze { proxy: None, ms } => write!(f, "SIGSTOP the manager for {ms} ms"),
+            Fault::Freeze { proxy: Some(k), ms } => write!(f, "SIGSTOP proxy {k} for {ms} ms"),
+            Fault::Cut { node, ms } => write!(f, "cut node {node}'s link for {ms} ms"),
+            Fault::Blackhole { node, ms } => write!(f, "blackhole node {node}'s link for {ms} ms"),
+        }
+    }
+}
+
+/// One target: node, device, to backup.
+pub type Target = (u32, u32, bool);
+
+/// One step of a process schedule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// A switch of `targets` with uuid `id`; `fault` lands when phase `at` starts (`accepted`:
+    /// as soon as the manager admits it).
+    Switch {
+        /// The uuid's bits.
+        id: u128,
+        /// What to switch.
+        targets: Vec<Target>,
+        /// When the fault lands.
+        at: &'static str,
+        /// The fault, if any.
+        fault: Option<Fault>,
+    },
+    /// A fault between operations.
+    Fault(Fault),
+    /// The switch of step `of` again, with its uuid.
+    Repeat {
+        /// The index of the step.
+        of: usize,
+    },
+    /// `recover --to as-is`.
+    Recover,
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::Switch {
+                targets, at, fault, ..
+            } => {
+                let t: Vec<String> = targets
+                    .iter()
+                    .map(|(n, d, b)| {
+                        format!("node-{n}/{d}->{}", if *b { "backup" } else { "primary" })
+                    })
+                    .collect();
+                write!(f, "switch {}", t.join(" "))?;
+                match fault {
+                    Some(x) => write!(f, "; at {at}: {x}"),
+                    None => Ok(()),
+                }
+            }
+            Step::Fault(x) => write!(f, "{x}"),
+            Step::Repeat { of } => write!(f, "repeat the uuid of step {of}"),
+            Step::Recover => write!(f, "recover --to as-is"),
+        }
+    }
+}
+
+/// The phases a fault may land at.
+pub const PHASES: [&str; 5] = ["accepted", "sample", "pause", "switch", "resume"];
+
+/// One seed's schedule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcSchedule {
+    /// The seed.
+    pub seed: u64,
+    /// The steps, in order.
+    pub steps: Vec<Step>,
+}
+
+impl ProcSchedule {
+    /// The schedule of `seed`: 3 to 5 steps.
+    pub fn generate(seed: u64) -> ProcSchedule {
+        let mut rng = SplitMix64::new(seed);
+        let n = rng.range(3, 5);
+        let mut steps: Vec<Step> = Vec::new();
+        for _ in 0..n {
+            let switches: Vec<usize> = (0..steps.len())
+                .filter(|i| matches!(steps[*i], Step::Switch { .. }))
+                .collect();
+            let step = match rng.below(100) {
+                0..=54 => switch(&mut rng),
+                55..=74 => Step::Fault(fault(&mut rng)),
+                75..=89 if !switches.is_empty() => Step::Repeat {
+                    of: *rng.pick(&switches),
+                },
+                90..=99 => Step::Recover,
+                _ => switch(&mut rng),
+            };
+            steps.push(step);
+        }
+        ProcSchedule { seed, steps }
+    }
+
+    /// How many of its steps carry a fault.
+    pub fn faults(&self) -> usize {
+        self.steps
+            .iter()
+            .filter(|s| matches!(s, Step::Fault(_) | Step::Switch { fault: Some(_), .. }))
+            .count()
+    }
+}
+
+fn switch(rng: &mut SplitMix64) -> Step {
+    let backup = rng.chance(60);
+    let mut targets = vec![(
+        rng.below(NODES.into()) as u32,
+        rng.below(PPN.into()) as u32,
+        backup,
+    )];
+    if rng.chance(40) {
+        // A second target on the other node: the switch crosses nodes.
+        let (n, _, _) = targets[0];
+        targets.push(((n + 1) % NODES, rng.below(PPN.into()) as u32, backup));
+    }
+    let id = rng.next_u128();
+    let at = *rng.pick(&PHASES);
+    let fault = rng.chance(75).then(|| fault(rng));
+    Step::Switch {
+        id,
+        targets,
+        at,
+        fault,
+    }
+}
+
+fn fault(rng: &mut SplitMix64) -> Fault {
+    let node = rng.below(NODES.into()) as u32;
+    match rng.below(100) {
+        0..=16 => Fault::KillManager,
+        17..=31 => Fault::KillProxy(node),
+        32..=46 => Fault::KillWorker(rng.below((NODES * PPN).into()) as u32),
+        47..=56 => Fault::Freeze {
+            proxy: None,
+            ms: rng.range(200, 2500),
+        },
+        57..=66 => Fault::Freeze {
+            proxy: Some(node),
+            ms: rng.range(200, 2500),
+        },
+        67..=83 => Fault::Cut {
+            node,
+            ms: rng.range(200, 3000),
+        },
+        _ => Fault::Blackhole {
+            node,
+            ms: rng.range(200, 3000),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_fixes_its_schedule() {
+        assert_eq!(ProcSchedule::generate(7), ProcSchedule::generate(7));
+        assert_ne!(ProcSchedule::generate(7), ProcSchedule::generate(8));
+    }
+
+    #[test]
+    fn schedules_draw_every_kind_of_fault_and_step() {
+        let mut kinds = std::collections::BTreeSet::new();
+        let mut steps = std::collections::HashSet::new();
+        for seed in 0..200 {
+            let s = ProcSchedule::generate(seed);
+            assert!((3..=5).contains(&s.steps.len()));
+            for (i, st) in s.steps.iter().enumerate() {
+                steps.insert(std::mem::discriminant(st));
+                match st {
+                    Step::Switch { fault: Some(f), .. } | Step::Fault(f) => {
+                        kinds.insert(f.kind());
+                    }
+                    Step::Repeat { of } => assert!(*of < i),
+                    _ => {}
+                }
+            }
+        }
+        assert_eq!(kinds.len(), 7, "{kinds:?}");
+        assert_eq!(steps.len(), 4);
+    }
+}

@@ -145,7 +145,7 @@ fn a_campaign_stopped_by_sigterm_kills_every_role_it_started() {
         &dir,
     ];
     let campaign = common::taskd_command(&args)
-        .stdout(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("taskd chaos starts");
@@ -163,7 +163,12 @@ fn a_campaign_stopped_by_sigterm_kills_every_role_it_started() {
     assert!(term.success());
     let out = campaign.wait_with_output().expect("the campaign exits");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{err}{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     assert!(
         err.contains("SIGTERM: every job's processes killed"),
         "{err}"

@@ -14,10 +14,10 @@
 //! the run (`--worker-threads`: how many actix systems host the workers; 1 by default).
 //!
 //! The simulated ranks are tasks (`--harness tasks`, the default): each rank's training loop
-//! is a task beside its worker (on the workers' actix system) and the workers' HAL calls run
-//! on a pool of one thread (`taskd_actors::HalPool`). `--harness threads` gives every rank a training thread and every
-//! worker a HAL thread of its own, as one process per rank would: the figures of BENCHMARKS.md
-//! before the simulated ranks became tasks.
+//! is a task beside its worker (on the workers' actix system). `--harness threads` gives every
+//! rank a training thread, as one process per rank would: the figures of BENCHMARKS.md before
+//! the simulated ranks became tasks. Either way every worker's HAL calls run on a thread of
+//! its own (`taskd_actors::ThreadedRankHal`), as in a training process.
 
 mod common;
 
@@ -29,7 +29,7 @@ use taskd::actors::net::worker_node::WorkerNode;
 use taskd::actors::net::{
     ManagerNode, ManagerNodeConfig, NetConfig, ProxyNode, RemoteWorkerConfig,
 };
-use taskd::actors::{HalPool, StepGate, WorkerHal};
+use taskd::actors::{StepGate, ThreadedRankHal};
 use taskd::core::summary::ms;
 use taskd::core::OperationSummary;
 use taskd::core::{GlobalRank, JobId, PhaseDeadlines, RankTable};
@@ -53,12 +53,13 @@ enum Cmd {
     Stop,
 }
 
-/// How the bench simulates its ranks' training loops and HAL threads.
+/// How the bench simulates its ranks' training loops (every worker's HAL has a thread of
+/// its own either way).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum Harness {
-    /// A thread per rank for training, a thread per worker for HAL calls.
+    /// A thread per rank for training.
     Threads,
-    /// Training loops as tasks on one thread, HAL calls on a pool of one thread.
+    /// Training loops as tasks beside their workers.
     Tasks,
 }
 
@@ -192,7 +193,6 @@ struct Parts {
     solos: Vec<SoloRank>,
     gates: Vec<Arc<StepGate>>,
     harness: Harness,
-    pool: HalPool,
     stop: Arc<AtomicBool>,
     ppn: u32,
 }
@@ -215,12 +215,9 @@ async fn spawn_workers(
         cfg.tsp = true;
         cfg.net = net();
         let hal = Box::new(p.solos[r as usize].hal());
-        let hal = match p.harness {
-            Harness::Threads => WorkerHal::Thread(hal),
-            Harness::Tasks => WorkerHal::Pool(hal, p.pool.clone()),
-        };
+        let hal = Box::new(ThreadedRankHal::for_rank(GlobalRank(r), hal).unwrap());
         let gate = p.gates[r as usize].clone();
-        nodes_.push(WorkerNode::spawn_with(cfg, hal, gate.clone()));
+        nodes_.push(WorkerNode::spawn(cfg, hal, gate.clone()));
         if p.harness == Harness::Tasks {
             let solo = p.solos[r as usize].clone();
             trainers.push(actix_rt::spawn(train_task(solo, gate, p.stop.clone())));
@@ -300,7 +297,6 @@ impl Job {
                 .collect(),
             gates: (0..world).map(|_| Arc::new(StepGate::new())).collect(),
             harness,
-            pool: HalPool::new("bench-hal", 1).unwrap(),
             stop: Arc::new(AtomicBool::new(false)),
             ppn,
         };

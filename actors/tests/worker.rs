@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use taskd_actors::transport::{Deliver, Outbox, TransportError};
 use taskd_actors::worker::WorkerConfig;
-use taskd_actors::{StepGate, Worker};
+use taskd_actors::{StepGate, ThreadedRankHal, Worker};
 use taskd_core::protocol::{
     AppliedCall, Directive, DirectiveKind, Phase, RankError, ReplyBody, WorkerToProxy,
 };
@@ -85,13 +85,9 @@ impl Harness {
             rank: RANK,
             tsp: true,
         };
-        let worker = Worker::new(
-            cfg,
-            Box::new(hal.clone()),
-            gate.clone(),
-            Arc::new(ToTest(tx)),
-        )
-        .start();
+        let on_thread = ThreadedRankHal::for_rank(RANK, Box::new(hal.clone())).unwrap();
+        let worker =
+            Worker::new(cfg, Box::new(on_thread), gate.clone(), Arc::new(ToTest(tx))).start();
         Harness {
             worker,
             gate,
@@ -111,13 +107,13 @@ impl Harness {
         self.worker.do_send(Deliver(Directive { op, kind }));
     }
 
-    /// The worker's reply to `op`'s `phase`. A HAL thread that died on a script mismatch
-    /// shows as a failed reply: the script's own message says more, so it goes first.
+    /// The worker's reply to `op`'s `phase`. A HAL that panicked on a script mismatch shows
+    /// as a failed reply: the script's own message says more, so it goes first.
     async fn reply(&mut self, op: OperationId, phase: Phase) -> ReplyBody {
         let WorkerToProxy::Reply(r) = self.next().await else {
             panic!("expected a reply to {phase}");
         };
-        if matches!(&r.body, ReplyBody::Failed(e) if e.message.contains("HAL thread")) {
+        if matches!(&r.body, ReplyBody::Failed(e) if e.message.contains("the HAL panicked")) {
             self.hal.done();
         }
         assert_eq!((r.rank, r.op, r.phase), (RANK, op, phase), "{r:?}");

@@ -66,8 +66,9 @@ pub mod verify;
 
 pub use command::{Direction, RankTarget, SwitchCommand, SwitchPlan, ValidationError};
 pub use hal::{
-    GroupInfo, HalError, HalErrorKind, HalFuture, HcclCode, Library, LinkHealth, NicSide, NodeHal,
-    RankHal, StepBoundary, StepOutcome, SwitchCapabilities, TaskRankHal, VendorCode,
+    GroupInfo, GroupsFuture, HalError, HalErrorKind, HalFuture, HcclCode, Library, LinkHealth,
+    NicSide, NodeHal, RankHal, StepBoundary, StepOutcome, SwitchCapabilities, TaskRankHal,
+    VendorCode,
 };
 pub use ids::{DeviceId, GlobalRank, GroupRank, JobId, NodeName, OperationId};
 pub use ledger::{JobLedger, JobState, SubmitError};

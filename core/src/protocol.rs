@@ -255,6 +255,36 @@ pub struct RankError {
     pub message: String,
 }
 
+impl RankError {
+    /// A HAL call that concerns no one group failed (reading the groups): `e` with its
+    /// sentence.
+    pub fn hal(e: HalError) -> Self {
+        RankError {
+            group: None,
+            message: e.to_string(),
+            hal: Some(e),
+        }
+    }
+
+    /// The NIC-set call on `group` failed with `e`.
+    pub fn in_group(group: impl Into<String>, e: HalError) -> Self {
+        RankError {
+            group: Some(group.into()),
+            ..RankError::hal(e)
+        }
+    }
+
+    /// The worker failed the directive without a HAL error: the gate refused, the HAL is out
+    /// of service, ...; `message` says why.
+    pub fn worker(message: impl Into<String>) -> Self {
+        RankError {
+            group: None,
+            hal: None,
+            message: message.into(),
+        }
+    }
+}
+
 impl fmt::Display for RankError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match (&self.group, &self.hal) {

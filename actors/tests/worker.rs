@@ -18,7 +18,7 @@ use taskd_core::protocol::{
 };
 use taskd_core::{
     GlobalRank, GroupCall, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCode, NicSide,
-    OperationId, StepOutcome, SwitchCapabilities,
+    OperationId, RankHal, StepOutcome, SwitchCapabilities,
 };
 use taskd_hal_mock::{Expect, ScriptedRankHal};
 use tokio::sync::mpsc;
@@ -73,9 +73,18 @@ struct Harness {
 }
 
 impl Harness {
-    /// Starts the worker (on the current actix system); it asks the HAL for its capabilities
-    /// at once, so every script starts with `Expect::capabilities`.
+    /// Starts the worker (on the current actix system) over the script's HAL on a thread of
+    /// its own; it asks the HAL for its capabilities at once, so every script starts with
+    /// `Expect::capabilities`.
     fn start(script: impl IntoIterator<Item = Expect>) -> Self {
+        Self::start_on(script, |hal| Box::new(hal))
+    }
+
+    /// [`Harness::start`] with the scripted HAL wrapped by `wrap`.
+    fn start_on(
+        script: impl IntoIterator<Item = Expect>,
+        wrap: impl FnOnce(ScriptedRankHal) -> Box<dyn RankHal>,
+    ) -> Self {
         let hal = ScriptedRankHal::new(script);
         let gate = Arc::new(StepGate::new());
         let (tx, upstream) = mpsc::unbounded_channel();
@@ -85,7 +94,7 @@ impl Harness {
             rank: RANK,
             tsp: true,
         };
-        let on_thread = ThreadedRankHal::for_rank(RANK, Box::new(hal.clone())).unwrap();
+        let on_thread = ThreadedRankHal::for_rank(RANK, wrap(hal.clone())).unwrap();
         let worker =
             Worker::new(cfg, Box::new(on_thread), gate.clone(), Arc::new(ToTest(tx))).start();
         Harness {
@@ -387,5 +396,143 @@ async fn a_stop_ends_the_held_training_loop_and_no_hal_call_is_made() {
         panic!("a stopped rank takes no new operation");
     };
     assert!(e.message.contains("training was stopped"), "{}", e.message);
+    w.hal.done();
+}
+
+/// The scripted HAL with `before_nic_set` run first in every NIC-set call (to block or panic
+/// there), telling the test each call timeout it is given.
+struct Interposed {
+    script: ScriptedRankHal,
+    before_nic_set: Box<dyn FnMut() + Send>,
+    timeouts: std::sync::mpsc::Sender<Duration>,
+}
+
+impl RankHal for Interposed {
+    fn groups(&mut self) -> Result<Vec<GroupInfo>, HalError> {
+        self.script.groups()
+    }
+
+    fn set_working_nic(
+        &mut self,
+        group: &str,
+        ranks: &[GroupRank],
+        use_backup: &[bool],
+    ) -> Result<(), HalError> {
+        (self.before_nic_set)();
+        self.script.set_working_nic(group, ranks, use_backup)
+    }
+
+    fn capabilities(&mut self) -> SwitchCapabilities {
+        self.script.capabilities()
+    }
+
+    fn set_call_timeout(&mut self, timeout: Duration) {
+        let _ = self.timeouts.send(timeout);
+    }
+}
+
+/// A switch of rank 1 alone in `tp_0`, the one call the scripts below expect.
+fn switch_tp_0() -> DirectiveKind {
+    DirectiveKind::Switch {
+        targets: vec![(GlobalRank(0), NicSide::Backup)],
+        call_timeout: Duration::from_millis(1_500),
+    }
+}
+
+fn tp_0_only() -> Vec<GroupInfo> {
+    vec![GroupInfo {
+        name: "tp_0".into(),
+        members: vec![GlobalRank(0), GlobalRank(1)],
+    }]
+}
+
+#[actix_rt::test]
+async fn a_hal_call_that_blocks_gets_the_directives_timeout_and_the_worker_still_answers() {
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let (entered, in_call) = std::sync::mpsc::channel::<()>();
+    let (timeouts, told) = std::sync::mpsc::channel();
+    let released = std::sync::Mutex::new(released);
+    let mut w = Harness::start_on(
+        [
+            hal_capabilities(),
+            Expect::groups(tp_0_only()),
+            Expect::set_working_nic("tp_0", &[0], &[true]),
+        ],
+        move |script| {
+            Box::new(Interposed {
+                script,
+                before_nic_set: Box::new(move || {
+                    entered.send(()).unwrap();
+                    released.lock().unwrap().recv().unwrap();
+                }),
+                timeouts,
+            })
+        },
+    );
+    w.next().await; // hello
+    let training = w.hold(op(9)).await;
+    w.send(op(9), switch_tp_0());
+    // The HAL is in its call, blocked until the test lets it go.
+    tokio::task::spawn_blocking(move || in_call.recv().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(told.try_recv(), Ok(Duration::from_millis(1_500)));
+    // Meanwhile the worker answers: an operator stops training.
+    let reason = "rank 1 hangs in HCCL";
+    w.send(
+        op(10),
+        DirectiveKind::StopTraining {
+            reason: reason.into(),
+        },
+    );
+    assert_eq!(w.reply(op(10), Phase::Stop).await, ReplyBody::Stopped);
+    assert_eq!(training.join().unwrap(), StepOutcome::Stop(reason.into()));
+    // The call returns late, and its answer still comes.
+    release.send(()).unwrap();
+    assert!(matches!(
+        w.reply(op(9), Phase::Switch).await,
+        ReplyBody::Applied { calls } if calls.len() == 1
+    ));
+    w.hal.done();
+}
+
+#[actix_rt::test]
+async fn a_hal_that_panics_fails_its_call_and_every_later_one() {
+    let (timeouts, _told) = std::sync::mpsc::channel();
+    let mut w = Harness::start_on(
+        [
+            // The NIC-set call panics before it reaches the script.
+            hal_capabilities(),
+            Expect::groups(tp_0_only()),
+        ],
+        |script| {
+            Box::new(Interposed {
+                script,
+                before_nic_set: Box::new(|| panic!("the communicator was freed")),
+                timeouts,
+            })
+        },
+    );
+    w.next().await; // hello
+    let training = w.hold(op(11)).await;
+    w.send(op(11), switch_tp_0());
+    let want =
+        RankError::worker("the HAL panicked on thread taskd-hal-1: the communicator was freed");
+    assert_eq!(
+        w.next().await,
+        WorkerToProxy::Reply(taskd_core::protocol::RankReply {
+            rank: RANK,
+            op: op(11),
+            phase: Phase::Switch,
+            body: ReplyBody::Failed(want.clone()),
+        })
+    );
+    // The HAL is out of service: a verification fails the same way, without a call.
+    w.send(op(12), DirectiveKind::Verify);
+    let WorkerToProxy::Reply(r) = w.next().await else {
+        panic!("expected the verification's reply");
+    };
+    assert_eq!(r.body, ReplyBody::Failed(want));
+    w.resume(op(11), training).await;
     w.hal.done();
 }

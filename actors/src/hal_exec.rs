@@ -95,9 +95,16 @@ impl Shared {
         }
     }
 
-    /// The answer on `rx`; a panic of the HAL unwinds the caller with a [`HalPanicked`].
+    /// The answer on `rx` (see [`Shared::settle`]).
     async fn answer<T>(self: Arc<Self>, rx: oneshot::Receiver<Result<T, String>>) -> T {
-        match rx.await {
+        let got = rx.await;
+        self.settle(got)
+    }
+
+    /// The answer the thread sent; a panic of the HAL (the panic's message, or no answer at
+    /// all) unwinds the caller with a [`HalPanicked`].
+    fn settle<T, E>(&self, got: Result<Result<T, String>, E>) -> T {
+        match got {
             Ok(Ok(v)) => v,
             Ok(Err(message)) => resume_unwind(Box::new(self.panicked(Some(message)))),
             Err(_) => resume_unwind(Box::new(self.panicked(None))),
@@ -159,10 +166,7 @@ impl ThreadedRankHal {
             if tx.is_closed() {
                 return Ok(());
             }
-            let out = catch_unwind(AssertUnwindSafe(|| f(hal))).map_err(|p| panic_message(&*p));
-            let failed = out.as_ref().err().cloned();
-            let _ = tx.send(out);
-            failed.map_or(Ok(()), Err)
+            make_call(hal, f, |out| drop(tx.send(out)))
         }));
         rx
     }
@@ -173,6 +177,19 @@ impl ThreadedRankHal {
             let _ = calls.send(job);
         }
     }
+}
+
+/// Makes `f` on `hal` and hands its answer, or the panic's message, to `deliver`; `Err` with
+/// that message when the HAL panicked.
+fn make_call<T>(
+    hal: &mut dyn RankHal,
+    f: impl FnOnce(&mut dyn RankHal) -> T,
+    deliver: impl FnOnce(Result<T, String>),
+) -> Result<(), String> {
+    let out = catch_unwind(AssertUnwindSafe(|| f(hal))).map_err(|p| panic_message(&*p));
+    let failed = out.as_ref().err().cloned();
+    deliver(out);
+    failed.map_or(Ok(()), Err)
 }
 
 /// The HAL's thread: makes the calls in turn until the adapter is gone or the HAL panicked.
@@ -211,23 +228,14 @@ impl TaskRankHal for ThreadedRankHal {
     fn capabilities(&mut self) -> SwitchCapabilities {
         let (tx, rx) = mpsc::sync_channel(1);
         self.queue(Box::new(move |hal| {
-            let out = catch_unwind(AssertUnwindSafe(|| hal.capabilities()))
-                .map_err(|p| panic_message(&*p));
-            let failed = out.as_ref().err().cloned();
-            let _ = tx.send(out);
-            failed.map_or(Ok(()), Err)
+            make_call(hal, |hal| hal.capabilities(), |out| drop(tx.send(out)))
         }));
-        match rx.recv() {
-            Ok(Ok(caps)) => caps,
-            Ok(Err(message)) => resume_unwind(Box::new(self.shared.panicked(Some(message)))),
-            Err(_) => resume_unwind(Box::new(self.shared.panicked(None))),
-        }
+        self.shared.settle(rx.recv())
     }
 
     fn set_call_timeout(&mut self, timeout: Duration) {
         self.queue(Box::new(move |hal| {
-            catch_unwind(AssertUnwindSafe(|| hal.set_call_timeout(timeout)))
-                .map_err(|p| panic_message(&*p))
+            make_call(hal, |hal| hal.set_call_timeout(timeout), drop)
         }));
     }
 }

@@ -148,6 +148,24 @@ impl Harness {
         training
     }
 
+    /// Stops training for `reason` with `op`: the held `training` thread is told to stop.
+    async fn stop_training(
+        &mut self,
+        op: OperationId,
+        reason: &str,
+        training: std::thread::JoinHandle<StepOutcome>,
+    ) {
+        let kind = DirectiveKind::StopTraining {
+            reason: reason.into(),
+        };
+        self.send(op, kind);
+        assert_eq!(self.reply(op, Phase::Stop).await, ReplyBody::Stopped);
+        assert_eq!(
+            training.join().expect("the training thread"),
+            StepOutcome::Stop(reason.into())
+        );
+    }
+
     async fn resume(&mut self, op: OperationId, training: std::thread::JoinHandle<StepOutcome>) {
         self.send(op, DirectiveKind::Resume);
         assert!(matches!(
@@ -372,17 +390,7 @@ async fn a_stop_ends_the_held_training_loop_and_no_hal_call_is_made() {
     w.next().await; // hello
     let training = w.hold(op(6)).await;
     let reason = "the rollback of operation 6 failed; held 60s without an operator";
-    w.send(
-        op(7),
-        DirectiveKind::StopTraining {
-            reason: reason.into(),
-        },
-    );
-    assert_eq!(w.reply(op(7), Phase::Stop).await, ReplyBody::Stopped);
-    assert_eq!(
-        training.join().expect("the training thread"),
-        StepOutcome::Stop(reason.into())
-    );
+    w.stop_training(op(7), reason, training).await;
     // The operation's late resume opens nothing and the loop keeps being told to stop; a
     // new operation is refused.
     w.send(op(6), DirectiveKind::Resume);
@@ -478,15 +486,8 @@ async fn a_hal_call_that_blocks_gets_the_directives_timeout_and_the_worker_still
         .unwrap();
     assert_eq!(told.try_recv(), Ok(Duration::from_millis(1_500)));
     // Meanwhile the worker answers: an operator stops training.
-    let reason = "rank 1 hangs in HCCL";
-    w.send(
-        op(10),
-        DirectiveKind::StopTraining {
-            reason: reason.into(),
-        },
-    );
-    assert_eq!(w.reply(op(10), Phase::Stop).await, ReplyBody::Stopped);
-    assert_eq!(training.join().unwrap(), StepOutcome::Stop(reason.into()));
+    w.stop_training(op(10), "rank 1 hangs in HCCL", training)
+        .await;
     // The call returns late, and its answer still comes.
     release.send(()).unwrap();
     assert!(matches!(

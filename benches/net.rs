@@ -17,7 +17,9 @@
 //! is a task beside its worker (on the workers' actix system). `--harness threads` gives every
 //! rank a training thread, as one process per rank would: the figures of BENCHMARKS.md before
 //! the simulated ranks became tasks. Either way every worker's HAL calls run on a thread of
-//! its own (`taskd_actors::ThreadedRankHal`), as in a training process.
+//! its own (`taskd_actors::ThreadedRankHal`), as in a training process. `--harness inline`
+//! makes the training loops tasks and the solo mock's calls on the worker's own thread (it
+//! never blocks: the bench injects no fault), to show the control plane without HAL threads.
 
 mod common;
 
@@ -33,7 +35,8 @@ use taskd::actors::{StepGate, ThreadedRankHal};
 use taskd::core::summary::ms;
 use taskd::core::OperationSummary;
 use taskd::core::{GlobalRank, JobId, PhaseDeadlines, RankTable};
-use taskd::hal_mock::{SoloLayout, SoloRank};
+use taskd::core::{GroupRank, GroupsFuture, HalFuture, RankHal, SwitchCapabilities, TaskRankHal};
+use taskd::hal_mock::{SoloLayout, SoloRank, SoloRankHal};
 
 const JOB: &str = "bench";
 
@@ -53,14 +56,40 @@ enum Cmd {
     Stop,
 }
 
-/// How the bench simulates its ranks' training loops (every worker's HAL has a thread of
-/// its own either way).
+/// How the bench simulates its ranks' training loops and where their HAL calls run.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum Harness {
-    /// A thread per rank for training.
+    /// A thread per rank for training, a HAL thread per worker.
     Threads,
-    /// Training loops as tasks beside their workers.
+    /// Training loops as tasks beside their workers, a HAL thread per worker.
     Tasks,
+    /// Training loops as tasks, the HAL's calls on the worker's thread.
+    Inline,
+}
+
+/// The solo mock called on the worker's own thread: its calls never block when no fault is
+/// injected, which this bench never does.
+struct InlineSolo(SoloRankHal);
+
+impl TaskRankHal for InlineSolo {
+    fn groups(&mut self) -> GroupsFuture<'_> {
+        Box::pin(std::future::ready(self.0.groups()))
+    }
+
+    fn set_working_nic<'a>(
+        &'a mut self,
+        group: &'a str,
+        ranks: &'a [GroupRank],
+        use_backup: &'a [bool],
+    ) -> HalFuture<'a> {
+        Box::pin(std::future::ready(
+            self.0.set_working_nic(group, ranks, use_backup),
+        ))
+    }
+
+    fn capabilities(&mut self) -> SwitchCapabilities {
+        self.0.capabilities()
+    }
 }
 
 /// A job of `nodes` x `ppn` ranks on loopback.
@@ -214,11 +243,14 @@ async fn spawn_workers(
         );
         cfg.tsp = true;
         cfg.net = net();
-        let hal = Box::new(p.solos[r as usize].hal());
-        let hal = Box::new(ThreadedRankHal::for_rank(GlobalRank(r), hal).unwrap());
+        let solo = p.solos[r as usize].hal();
+        let hal: Box<dyn TaskRankHal> = match p.harness {
+            Harness::Inline => Box::new(InlineSolo(solo)),
+            _ => Box::new(ThreadedRankHal::for_rank(GlobalRank(r), Box::new(solo)).unwrap()),
+        };
         let gate = p.gates[r as usize].clone();
         nodes_.push(WorkerNode::spawn(cfg, hal, gate.clone()));
-        if p.harness == Harness::Tasks {
+        if p.harness != Harness::Threads {
             let solo = p.solos[r as usize].clone();
             trainers.push(actix_rt::spawn(train_task(solo, gate, p.stop.clone())));
         }
@@ -338,7 +370,7 @@ impl Job {
                 &parts.gates,
                 &parts.stop,
             )),
-            Harness::Tasks => Trainers::Tasks(tasks),
+            Harness::Tasks | Harness::Inline => Trainers::Tasks(tasks),
         };
         Job {
             control,
@@ -483,7 +515,8 @@ struct Args {
     /// How many actix systems host the workers.
     #[arg(long, default_value_t = 1)]
     worker_threads: u32,
-    /// `tasks` (every rank a task) or `threads` (every rank a training thread).
+    /// `tasks` (every rank a task), `threads` (every rank a training thread) or `inline`
+    /// (tasks, and no HAL threads).
     #[arg(long, value_enum, default_value_t = Harness::Tasks)]
     harness: Harness,
     /// `roles` (a thread per role) or `nodes` (each node's proxy with its workers).

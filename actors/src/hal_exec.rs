@@ -155,17 +155,20 @@ impl ThreadedRankHal {
         Self::spawn(format!("taskd-hal-{}", rank.0), hal)
     }
 
-    /// Queues `f` for the thread; its answer (or the panic's message) comes on the receiver.
-    /// A call whose receiver is gone by the time the thread comes to it is not made.
+    /// Queues `f` for the thread, made inside the caller's span; its answer (or the panic's
+    /// message) comes on the receiver. A call whose receiver is gone by the time the thread
+    /// comes to it is not made.
     fn ask<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut dyn RankHal) -> T + Send + 'static,
     ) -> oneshot::Receiver<Result<T, String>> {
         let (tx, rx) = oneshot::channel();
+        let span = tracing::Span::current();
         self.queue(Box::new(move |hal| {
             if tx.is_closed() {
                 return Ok(());
             }
+            let _entered = span.enter();
             make_call(hal, f, |out| drop(tx.send(out)))
         }));
         rx

@@ -51,7 +51,7 @@ enum HalJob {
         /// The time the calls have (the directive's).
         call_timeout: Duration,
         reply: oneshot::Sender<Result<Vec<AppliedCall>, RankError>>,
-        /// The phase's span, entered on the HAL thread for the calls.
+        /// The phase's span, entered for the calls.
         span: Span,
     },
 }
@@ -190,7 +190,7 @@ impl Worker {
         }
     }
 
-    /// Hands `job` to the HAL thread and, when it answers on `rx`, replies to `(op, phase)`
+    /// Hands `job` to the HAL's task and, when it answers on `rx`, replies to `(op, phase)`
     /// with `ok(answer, self)`, or with the rank's failure; `ends_op` closes the operation's
     /// spans after the reply (a verification is one round).
     fn on_hal<T: 'static>(
@@ -601,12 +601,10 @@ async fn apply(
         let call = p.call;
         let t = Instant::now();
         let use_backup = call.use_backup();
-        let res = hal
-            .set_working_nic(&call.group, &call.ranks, &use_backup)
-            .instrument(
-                tracing::debug_span!("hal_call", op = "set_working_nic", group = %call.group),
-            )
-            .await;
+        // The call is made inside its span, on whichever thread makes it.
+        let span = tracing::debug_span!("hal_call", op = "set_working_nic", group = %call.group);
+        let made = span.in_scope(|| hal.set_working_nic(&call.group, &call.ranks, &use_backup));
+        let res = made.instrument(span).await;
         telemetry::hal_call("set_working_nic", res.is_ok(), t.elapsed());
         if let Err(e) = &res {
             telemetry::hal_error("set_working_nic", e);

@@ -251,7 +251,7 @@ pub struct RankError {
     /// vendor code what an operator looks up.
     pub hal: Option<HalError>,
     /// A sentence for people, present whatever failed; the only description when no HAL
-    /// call was involved (the HAL thread stopped, the gate refused, ...).
+    /// call was involved (the HAL panicked, the gate refused, ...).
     pub message: String,
 }
 

@@ -71,13 +71,15 @@ pub(crate) async fn caught<F: Future>(fut: F) -> Result<F::Output, HalPanicked> 
     .await
 }
 
-/// One call for the HAL's thread; `Err` with the panic's message when the HAL panicked.
-type Job = Box<dyn FnOnce(&mut dyn RankHal) -> Result<(), String> + Send>;
+/// One call for the HAL's thread, which says through the flag when it is inside the HAL;
+/// `Err` with the panic's message when the HAL panicked.
+type Job = Box<dyn FnOnce(&mut dyn RankHal, &AtomicBool) -> Result<(), String> + Send>;
 
 /// What the adapter and its thread share.
 struct Shared {
     name: String,
-    /// The thread is making a call (so a drop does not wait for it).
+    /// The thread is inside a HAL call (so a drop does not wait for it); cleared before the
+    /// call's answer is sent, so a caller that has its answer never finds it set for that call.
     in_call: AtomicBool,
     /// Why the thread ended: set before it drops its queue.
     panic: Mutex<Option<String>>,
@@ -164,12 +166,12 @@ impl ThreadedRankHal {
     ) -> oneshot::Receiver<Result<T, String>> {
         let (tx, rx) = oneshot::channel();
         let span = tracing::Span::current();
-        self.queue(Box::new(move |hal| {
+        self.queue(Box::new(move |hal, in_call| {
             if tx.is_closed() {
                 return Ok(());
             }
             let _entered = span.enter();
-            make_call(hal, f, |out| drop(tx.send(out)))
+            make_call((hal, in_call), f, |out| drop(tx.send(out)))
         }));
         rx
     }
@@ -182,14 +184,16 @@ impl ThreadedRankHal {
     }
 }
 
-/// Makes `f` on `hal` and hands its answer, or the panic's message, to `deliver`; `Err` with
-/// that message when the HAL panicked.
+/// Makes `f` on `hal`, with `in_call` set meanwhile, and hands its answer, or the panic's
+/// message, to `deliver`; `Err` with that message when the HAL panicked.
 fn make_call<T>(
-    hal: &mut dyn RankHal,
+    (hal, in_call): (&mut dyn RankHal, &AtomicBool),
     f: impl FnOnce(&mut dyn RankHal) -> T,
     deliver: impl FnOnce(Result<T, String>),
 ) -> Result<(), String> {
+    in_call.store(true, Ordering::SeqCst);
     let out = catch_unwind(AssertUnwindSafe(|| f(hal))).map_err(|p| panic_message(&*p));
+    in_call.store(false, Ordering::SeqCst);
     let failed = out.as_ref().err().cloned();
     deliver(out);
     failed.map_or(Ok(()), Err)
@@ -198,10 +202,7 @@ fn make_call<T>(
 /// The HAL's thread: makes the calls in turn until the adapter is gone or the HAL panicked.
 fn serve(mut hal: Box<dyn RankHal>, calls: mpsc::Receiver<Job>, shared: &Shared) {
     while let Ok(job) = calls.recv() {
-        shared.in_call.store(true, Ordering::SeqCst);
-        let done = job(hal.as_mut());
-        shared.in_call.store(false, Ordering::SeqCst);
-        if let Err(message) = done {
+        if let Err(message) = job(hal.as_mut(), &shared.in_call) {
             tracing::error!(thread = %shared.name, panic = %message, "the HAL panicked: it makes no more calls");
             *shared.panic.lock() = Some(message);
             // Its state is unknown after a panic: dropped, and a panic in its drop kept here.
@@ -230,15 +231,19 @@ impl TaskRankHal for ThreadedRankHal {
 
     fn capabilities(&mut self) -> SwitchCapabilities {
         let (tx, rx) = mpsc::sync_channel(1);
-        self.queue(Box::new(move |hal| {
-            make_call(hal, |hal| hal.capabilities(), |out| drop(tx.send(out)))
+        self.queue(Box::new(move |hal, in_call| {
+            make_call(
+                (hal, in_call),
+                |hal| hal.capabilities(),
+                |out| drop(tx.send(out)),
+            )
         }));
         self.shared.settle(rx.recv())
     }
 
     fn set_call_timeout(&mut self, timeout: Duration) {
-        self.queue(Box::new(move |hal| {
-            make_call(hal, |hal| hal.set_call_timeout(timeout), drop)
+        self.queue(Box::new(move |hal, in_call| {
+            make_call((hal, in_call), |hal| hal.set_call_timeout(timeout), drop)
         }));
     }
 }

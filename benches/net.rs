@@ -14,10 +14,12 @@
 //! the run (`--worker-threads`: how many actix systems host the workers; 1 by default).
 //!
 //! The simulated ranks are tasks (`--harness tasks`, the default): each rank's training loop
-//! is a task beside its worker (on the workers' actix system) and the workers' HAL calls run
-//! on a pool of one thread (`taskd_actors::HalPool`). `--harness threads` gives every rank a training thread and every
-//! worker a HAL thread of its own, as one process per rank would: the figures of BENCHMARKS.md
-//! before the simulated ranks became tasks.
+//! is a task beside its worker (on the workers' actix system). `--harness threads` gives every
+//! rank a training thread, as one process per rank would: the figures of BENCHMARKS.md before
+//! the simulated ranks became tasks. Either way every worker's HAL calls run on a thread of
+//! its own (`taskd_actors::ThreadedRankHal`), as in a training process. `--harness inline`
+//! makes the training loops tasks and the solo mock's calls on the worker's own thread (it
+//! never blocks: the bench injects no fault), to show the control plane without HAL threads.
 
 mod common;
 
@@ -29,11 +31,12 @@ use taskd::actors::net::worker_node::WorkerNode;
 use taskd::actors::net::{
     ManagerNode, ManagerNodeConfig, NetConfig, ProxyNode, RemoteWorkerConfig,
 };
-use taskd::actors::{HalPool, StepGate, WorkerHal};
+use taskd::actors::{StepGate, ThreadedRankHal};
 use taskd::core::summary::ms;
 use taskd::core::OperationSummary;
 use taskd::core::{GlobalRank, JobId, PhaseDeadlines, RankTable};
-use taskd::hal_mock::{SoloLayout, SoloRank};
+use taskd::core::{GroupRank, GroupsFuture, HalFuture, HcclCapabilities, RankHal, TaskRankHal};
+use taskd::hal_mock::{SoloLayout, SoloRank, SoloRankHal};
 
 const JOB: &str = "bench";
 
@@ -53,13 +56,40 @@ enum Cmd {
     Stop,
 }
 
-/// How the bench simulates its ranks' training loops and HAL threads.
+/// How the bench simulates its ranks' training loops and where their HAL calls run.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum Harness {
-    /// A thread per rank for training, a thread per worker for HAL calls.
+    /// A thread per rank for training, a HAL thread per worker.
     Threads,
-    /// Training loops as tasks on one thread, HAL calls on a pool of one thread.
+    /// Training loops as tasks beside their workers, a HAL thread per worker.
     Tasks,
+    /// Training loops as tasks, the HAL's calls on the worker's thread.
+    Inline,
+}
+
+/// The solo mock called on the worker's own thread: its calls never block when no fault is
+/// injected, which this bench never does.
+struct InlineSolo(SoloRankHal);
+
+impl TaskRankHal for InlineSolo {
+    fn groups(&mut self) -> GroupsFuture<'_> {
+        Box::pin(std::future::ready(self.0.groups()))
+    }
+
+    fn set_working_nic<'a>(
+        &'a mut self,
+        group: &'a str,
+        ranks: &'a [GroupRank],
+        use_backup: &'a [bool],
+    ) -> HalFuture<'a> {
+        Box::pin(std::future::ready(
+            self.0.set_working_nic(group, ranks, use_backup),
+        ))
+    }
+
+    fn capabilities(&mut self) -> HcclCapabilities {
+        self.0.capabilities()
+    }
 }
 
 /// A job of `nodes` x `ppn` ranks on loopback.
@@ -192,7 +222,6 @@ struct Parts {
     solos: Vec<SoloRank>,
     gates: Vec<Arc<StepGate>>,
     harness: Harness,
-    pool: HalPool,
     stop: Arc<AtomicBool>,
     ppn: u32,
 }
@@ -214,14 +243,14 @@ async fn spawn_workers(
         );
         cfg.tsp = true;
         cfg.net = net();
-        let hal = Box::new(p.solos[r as usize].hal());
-        let hal = match p.harness {
-            Harness::Threads => WorkerHal::Thread(hal),
-            Harness::Tasks => WorkerHal::Pool(hal, p.pool.clone()),
+        let solo = p.solos[r as usize].hal();
+        let hal: Box<dyn TaskRankHal> = match p.harness {
+            Harness::Inline => Box::new(InlineSolo(solo)),
+            _ => Box::new(ThreadedRankHal::for_rank(GlobalRank(r), Box::new(solo)).unwrap()),
         };
         let gate = p.gates[r as usize].clone();
-        nodes_.push(WorkerNode::spawn_with(cfg, hal, gate.clone()));
-        if p.harness == Harness::Tasks {
+        nodes_.push(WorkerNode::spawn(cfg, hal, gate.clone()));
+        if p.harness != Harness::Threads {
             let solo = p.solos[r as usize].clone();
             trainers.push(actix_rt::spawn(train_task(solo, gate, p.stop.clone())));
         }
@@ -300,7 +329,6 @@ impl Job {
                 .collect(),
             gates: (0..world).map(|_| Arc::new(StepGate::new())).collect(),
             harness,
-            pool: HalPool::new("bench-hal", 1).unwrap(),
             stop: Arc::new(AtomicBool::new(false)),
             ppn,
         };
@@ -342,7 +370,7 @@ impl Job {
                 &parts.gates,
                 &parts.stop,
             )),
-            Harness::Tasks => Trainers::Tasks(tasks),
+            Harness::Tasks | Harness::Inline => Trainers::Tasks(tasks),
         };
         Job {
             control,
@@ -487,7 +515,8 @@ struct Args {
     /// How many actix systems host the workers.
     #[arg(long, default_value_t = 1)]
     worker_threads: u32,
-    /// `tasks` (every rank a task) or `threads` (every rank a training thread).
+    /// `tasks` (every rank a task), `threads` (every rank a training thread) or `inline`
+    /// (tasks, and no HAL threads).
     #[arg(long, value_enum, default_value_t = Harness::Tasks)]
     harness: Harness,
     /// `roles` (a thread per role) or `nodes` (each node's proxy with its workers).

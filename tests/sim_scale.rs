@@ -9,7 +9,7 @@ mod common;
 use common::{assert_consistent_end, await_armed, cmd, deadlines};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
-use taskd::actors::{LocalJob, LocalJobConfig, RankSpec, WorkerHal};
+use taskd::actors::{LocalJob, LocalJobConfig, RankSpec};
 use taskd::core::operation::Outcome;
 use taskd::core::{GlobalRank, JobId, NodeHal, RankTable};
 use taskd::hal_mock::{
@@ -122,7 +122,7 @@ fn ranks_blocked_in_a_collective_answer_the_sample_as_tasks() {
         .collect();
     let ranks: Vec<RankSpec> = (0..world)
         .map(|r| RankSpec {
-            hal: WorkerHal::Task(Box::new(fabric.rank_hal(GlobalRank(r)))),
+            hal: Box::new(fabric.rank_hal(GlobalRank(r))),
             tsp: true,
         })
         .collect();

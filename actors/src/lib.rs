@@ -6,9 +6,9 @@
 //!   `taskd-core`, broadcasts directives, keeps the NIC table and the results.
 //! - [`Proxy`] (one per node): relays directives to the node's workers and fans their replies
 //!   in, so the manager deals with nodes, not ranks; reads the node's link health.
-//! - [`Worker`] (one per training process): owns the rank's HAL (on a thread of its own, calls
-//!   strictly sequential; [`hal_exec`] for processes that host many simulated ranks) and the
-//!   [`StepGate`] the training loop calls at every step boundary.
+//! - [`Worker`] (one per training process): owns the rank's HAL (calls strictly sequential; a
+//!   blocking HAL on a thread of its own, [`ThreadedRankHal`]) and the [`StepGate`] the
+//!   training loop calls at every step boundary.
 //!
 //! Actors talk only through [`transport::Link`]s, so the same actors run in one process
 //! ([`LocalJob`], the simulator's and tests' default) or across machines ([`net`]: gRPC,
@@ -81,8 +81,10 @@ pub mod transport;
 pub mod worker;
 
 pub use gate::StepGate;
-pub use hal_exec::{HalPool, WorkerHal};
-pub use local::{LocalJob, LocalJobConfig, LocalJobError, RankParts, RankSpec, RecoveryResult};
+pub use hal_exec::{HalPanicked, ThreadedRankHal};
+pub use local::{
+    IntoRankSpec, LocalJob, LocalJobConfig, LocalJobError, RankParts, RankSpec, RecoveryResult,
+};
 pub use manager::{Manager, ManagerStatus};
 pub use net::{RemoteWorker, RemoteWorkerConfig};
 pub use progress::{ProgressEvent, ProgressFeed, ProgressKind};

@@ -5,7 +5,7 @@
 
 use crate::background::Background;
 use crate::gate::StepGate;
-use crate::hal_exec::WorkerHal;
+use crate::hal_exec::ThreadedRankHal;
 use crate::journal::{MemoryJournal, OperationJournal};
 use crate::manager::HoldPolicy;
 use crate::manager::{
@@ -30,7 +30,7 @@ use taskd_core::protocol::{ProxyToManager, WorkerHello, WorkerToProxy};
 use taskd_core::verify::VerifyReport;
 use taskd_core::{
     GlobalRank, JobId, NodeHal, OperationId, PhaseDeadlines, RankHal, RankTable, SubmitError,
-    SwitchCommand,
+    SwitchCommand, TaskRankHal,
 };
 
 /// What a local job is made of.
@@ -45,30 +45,60 @@ pub struct LocalJobConfig {
 
 /// One rank's HAL and whether its process enables `TSP:1`.
 pub struct RankParts {
-    /// The rank's device layer, moved onto the worker's HAL thread.
+    /// The rank's device layer, moved onto a HAL thread of its own
+    /// ([`ThreadedRankHal::for_rank`]).
     pub hal: Box<dyn RankHal>,
     /// Whether the rank's process enables `TSP:1` (`MS_ENABLE_TFT`): the HAL cannot know,
     /// and a switch is refused unless every rank does.
     pub tsp: bool,
 }
 
-/// [`RankParts`] with the HAL run as the worker is told ([`WorkerHal`]: a thread of its own,
-/// a shared pool, a task): what the simulator hands [`LocalJob::start`] for thousands of
-/// ranks in one process.
+/// A rank as its worker holds it: a HAL whose calls are futures (the simulated fabric's, or a
+/// blocking HAL on its thread), what the simulator hands [`LocalJob::start`] for thousands
+/// of ranks in one process.
 pub struct RankSpec {
-    /// The rank's HAL and where its calls run.
-    pub hal: WorkerHal,
+    /// The rank's HAL.
+    pub hal: Box<dyn TaskRankHal>,
     /// Whether the rank's process enables `TSP:1`.
     pub tsp: bool,
 }
 
-impl From<RankParts> for RankSpec {
-    fn from(p: RankParts) -> Self {
-        RankSpec {
-            hal: WorkerHal::Thread(p.hal),
-            tsp: p.tsp,
-        }
+/// What [`LocalJob::start`] takes for a rank: a [`RankSpec`], or [`RankParts`], whose
+/// blocking HAL gets a thread of its own.
+pub trait IntoRankSpec {
+    /// Global rank `rank` as its worker holds it.
+    ///
+    /// # Errors
+    /// When the HAL's thread cannot be started.
+    fn into_rank_spec(self, rank: GlobalRank) -> std::io::Result<RankSpec>;
+}
+
+impl IntoRankSpec for RankSpec {
+    fn into_rank_spec(self, _: GlobalRank) -> std::io::Result<RankSpec> {
+        Ok(self)
     }
+}
+
+impl IntoRankSpec for RankParts {
+    fn into_rank_spec(self, rank: GlobalRank) -> std::io::Result<RankSpec> {
+        Ok(RankSpec {
+            hal: Box::new(ThreadedRankHal::for_rank(rank, self.hal)?),
+            tsp: self.tsp,
+        })
+    }
+}
+
+/// `ranks[r]` as global rank `r`'s worker holds it.
+fn rank_specs<R: IntoRankSpec>(ranks: Vec<R>) -> Result<Vec<RankSpec>, LocalJobError> {
+    ranks
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let rank = GlobalRank(i as u32);
+            r.into_rank_spec(rank)
+                .map_err(|source| LocalJobError::HalThread { rank, source })
+        })
+        .collect()
 }
 
 /// Why starting or driving a local job failed.
@@ -83,6 +113,14 @@ pub enum LocalJobError {
         expected: usize,
         /// What was given.
         got: usize,
+    },
+    /// A rank's HAL thread could not be started.
+    #[error("cannot start the HAL thread of rank {rank}: {source}")]
+    HalThread {
+        /// The rank.
+        rank: GlobalRank,
+        /// Why.
+        source: std::io::Error,
     },
     /// The actix system's thread is gone (a panic in an actor, or the job was shut down).
     #[error("the actor system stopped unexpectedly")]
@@ -188,7 +226,7 @@ pub enum RecoveryResult {
 impl LocalJob {
     /// Starts the actors. `nodes[i]` is the HAL of the table's i-th node, `ranks[r]` the
     /// parts of global rank `r` ([`RankParts`], or a [`RankSpec`]).
-    pub fn start<R: Into<RankSpec>>(
+    pub fn start<R: IntoRankSpec>(
         cfg: LocalJobConfig,
         nodes: Vec<Box<dyn NodeHal>>,
         ranks: Vec<R>,
@@ -198,13 +236,13 @@ impl LocalJob {
 
     /// [`LocalJob::start`], with automatic failover when `auto` is given: the manager runs
     /// the policy and every proxy probes its node's links every `auto.link_probe`.
-    pub fn start_with_auto<R: Into<RankSpec>>(
+    pub fn start_with_auto<R: IntoRankSpec>(
         cfg: LocalJobConfig,
         auto: Option<AutoConfig>,
         nodes: Vec<Box<dyn NodeHal>>,
         ranks: Vec<R>,
     ) -> Result<LocalJob, LocalJobError> {
-        let ranks: Vec<RankSpec> = ranks.into_iter().map(Into::into).collect();
+        let ranks = rank_specs(ranks)?;
         let table = cfg.table.clone();
         let config = (cfg.job.clone(), cfg.table.clone(), cfg.deadlines);
         if nodes.len() != table.nodes().len() {
@@ -672,7 +710,7 @@ fn start_worker(
     let proxy = proxies[node_idx].clone();
     let farewell_proxy = proxy.clone();
     uplink.connect(actor_link(&proxy));
-    let worker = Worker::with_hal(
+    let worker = Worker::new(
         WorkerConfig {
             job: job.clone(),
             node: slot.node.clone(),

@@ -434,7 +434,9 @@ impl Handler<Deliver<ProxyToManager>> for Manager {
 #[rtype(result = "Result<Submission, SubmitError>")]
 pub struct Submit(pub SwitchCommand);
 
-/// What a submission led to.
+/// What a submission led to: the ledger's [`Submitted`] without the first directives and
+/// deadlines of a new operation (`Submitted::Started`'s actions), which the manager carries
+/// out itself and no caller may see or run again.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Submission {
     /// A new operation is running.

@@ -1,13 +1,13 @@
 //! The worker: one per training process. It owns the rank's HAL and step gate and answers
 //! the manager's directives (through its proxy).
 //!
-//! HAL calls are blocking C calls that HCCL wants strictly sequential per rank, from a thread
-//! whose device context is set; they run on a thread of the worker's own, one job at a time,
-//! never on the actor's thread. A process hosting many simulated ranks runs them on a shared
-//! pool or as tasks instead ([`crate::hal_exec`]); one job at a time all the same.
+//! The worker holds its rank's HAL as a [`TaskRankHal`] and awaits its calls one job at a
+//! time, so HCCL's calls stay strictly sequential per rank and the actor answers the gate
+//! and its proxy meanwhile; a blocking HAL's calls run on a thread that owns it
+//! ([`crate::ThreadedRankHal`], [`crate::hal_exec`]).
 
 use crate::gate::{GateEvent, StepGate};
-use crate::hal_exec::{block_on, Blocking, HalPool, WorkerHal};
+use crate::hal_exec::{caught, HalPanicked};
 use crate::telemetry;
 use crate::transport::{Deliver, Link};
 use actix::prelude::*;
@@ -20,7 +20,7 @@ use taskd_core::protocol::{
 };
 use taskd_core::{
     plan_calls, GlobalRank, GroupCall, HcclCapabilities, JobId, NicSide, NodeName, OperationId,
-    RankHal, SwitchCapabilities, TaskRankHal,
+    SwitchCapabilities, TaskRankHal,
 };
 use tokio::sync::{mpsc, oneshot};
 use tracing::{Instrument, Span};
@@ -51,7 +51,7 @@ enum HalJob {
         /// The time the calls have (the directive's).
         call_timeout: Duration,
         reply: oneshot::Sender<Result<Vec<AppliedCall>, RankError>>,
-        /// The phase's span, entered on the HAL thread for the calls.
+        /// The phase's span, entered for the calls.
         span: Span,
     },
 }
@@ -60,15 +60,17 @@ enum HalJob {
 pub type Farewell = Box<dyn FnOnce(GlobalRank) + Send>;
 
 /// The worker actor of one rank: it answers directives from the gate (sample, pause,
-/// resume) and from the HAL thread (switch, rollback, verify), and reports gate events
-/// upstream. Built with [`Worker::new`]; the training loop only ever sees the gate.
+/// resume) and from its HAL (switch, rollback, verify), and reports gate events upstream.
+/// Built with [`Worker::new`]; the training loop only ever sees the gate.
 pub struct Worker {
     cfg: WorkerConfig,
     gate: Arc<StepGate>,
     upstream: Link<WorkerToProxy>,
     hal: mpsc::UnboundedSender<HalJob>,
-    /// The HAL and its jobs until the actor starts the task that hands them over.
-    hal_home: Option<(HalHome, mpsc::UnboundedReceiver<HalJob>)>,
+    /// The HAL and its jobs until the actor starts the task that makes the calls.
+    hal_home: Option<(Box<dyn TaskRankHal>, mpsc::UnboundedReceiver<HalJob>)>,
+    /// Set when the HAL panicked: every job since fails with it.
+    hal_panic: Arc<parking_lot::Mutex<Option<HalPanicked>>>,
     farewell: Option<Farewell>,
     /// The span of the operation in progress (same uuid as the manager's) and of its phase.
     op_span: Option<(OperationId, Span)>,
@@ -78,40 +80,23 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// A worker for `cfg.rank` driving `hal` on a thread of its own, replying through
-    /// `upstream`. `gate` is the one the training loop calls.
+    /// A worker for `cfg.rank` driving `hal`, replying through `upstream`. `gate` is the one
+    /// the training loop calls. A blocking HAL comes on a thread of its own
+    /// ([`crate::ThreadedRankHal`]).
     pub fn new(
         cfg: WorkerConfig,
-        hal: Box<dyn RankHal>,
-        gate: Arc<StepGate>,
-        upstream: Link<WorkerToProxy>,
-    ) -> Self {
-        Self::with_hal(cfg, WorkerHal::Thread(hal), gate, upstream)
-    }
-
-    /// [`Worker::new`] with the HAL run as `hal` says (a thread, a shared pool, a task).
-    pub fn with_hal(
-        cfg: WorkerConfig,
-        hal: WorkerHal,
+        hal: Box<dyn TaskRankHal>,
         gate: Arc<StepGate>,
         upstream: Link<WorkerToProxy>,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        let home = match hal {
-            WorkerHal::Thread(h) => {
-                let thread = HalPool::new(&format!("taskd-hal-{}", cfg.rank.0), 1)
-                    .expect("spawning the HAL thread");
-                HalHome::Blocking(Some(h), thread)
-            }
-            WorkerHal::Pool(h, pool) => HalHome::Blocking(Some(h), pool),
-            WorkerHal::Task(h) => HalHome::Task(h),
-        };
         Worker {
             cfg,
             gate,
             upstream,
             hal: tx,
-            hal_home: Some((home, rx)),
+            hal_home: Some((hal, rx)),
+            hal_panic: Arc::default(),
             farewell: None,
             op_span: None,
             phase_span: Span::none(),
@@ -205,7 +190,7 @@ impl Worker {
         }
     }
 
-    /// Hands `job` to the HAL thread and, when it answers on `rx`, replies to `(op, phase)`
+    /// Hands `job` to the HAL's task and, when it answers on `rx`, replies to `(op, phase)`
     /// with `ok(answer, self)`, or with the rank's failure; `ends_op` closes the operation's
     /// spans after the reply (a verification is one round).
     fn on_hal<T: 'static>(
@@ -218,7 +203,7 @@ impl Worker {
         ok: impl FnOnce(T, &mut Self) -> ReplyBody + 'static,
     ) {
         if self.hal.send(job).is_err() {
-            self.fail(op, phase, "the HAL thread is gone".into());
+            self.fail(op, phase, "the worker's HAL task is gone".into());
             return;
         }
         ctx.spawn(
@@ -226,11 +211,7 @@ impl Worker {
                 let body = match res {
                     Ok(Ok(answer)) => ok(answer, act),
                     Ok(Err(e)) => ReplyBody::Failed(e),
-                    Err(_) => ReplyBody::Failed(RankError {
-                        group: None,
-                        hal: None,
-                        message: "the HAL thread stopped during the call".into(),
-                    }),
+                    Err(_) => ReplyBody::Failed(RankError::worker(act.hal_gone())),
                 };
                 act.reply(op, phase, body);
                 if ends_op {
@@ -266,15 +247,15 @@ impl Worker {
     }
 
     fn fail(&self, op: OperationId, phase: Phase, message: String) {
-        self.reply(
-            op,
-            phase,
-            ReplyBody::Failed(RankError {
-                group: None,
-                hal: None,
-                message,
-            }),
-        );
+        self.reply(op, phase, ReplyBody::Failed(RankError::worker(message)));
+    }
+
+    /// Why a HAL job ended without an answer: the HAL's panic, when it panicked.
+    fn hal_gone(&self) -> String {
+        match &*self.hal_panic.lock() {
+            Some(p) => p.to_string(),
+            None => "the worker's HAL task stopped during the call".into(),
+        }
     }
 }
 
@@ -284,8 +265,9 @@ impl Actor for Worker {
     fn started(&mut self, ctx: &mut Self::Context) {
         let addr = ctx.address();
         self.gate.set_notify(move |ev| addr.do_send(GateNotice(ev)));
-        if let Some((home, jobs)) = self.hal_home.take() {
-            ctx.spawn(actix::fut::wrap_future(hal_task(self.cfg.rank, home, jobs)));
+        if let Some((hal, jobs)) = self.hal_home.take() {
+            let task = hal_task(self.cfg.rank, hal, jobs, self.hal_panic.clone());
+            ctx.spawn(actix::fut::wrap_future(task));
         }
         let (tx, rx) = oneshot::channel();
         let job = HalJob::Capabilities {
@@ -293,13 +275,14 @@ impl Actor for Worker {
             reply: tx,
         };
         if self.hal.send(job).is_err() {
-            tracing::error!(rank = self.cfg.rank.0, "HAL thread is gone");
+            tracing::error!(rank = self.cfg.rank.0, "the worker's HAL task is gone");
             ctx.stop();
             return;
         }
         ctx.spawn(
             actix::fut::wrap_future::<_, Self>(rx).map(|caps, act, ctx| {
                 let Ok(caps) = caps else {
+                    tracing::error!(rank = act.cfg.rank.0, error = %act.hal_gone(), "no capabilities from the HAL: the worker stops");
                     ctx.stop();
                     return;
                 };
@@ -323,8 +306,8 @@ impl Actor for Worker {
         if let Some(f) = self.farewell.take() {
             f(self.cfg.rank);
         }
-        // Closing the channel ends the HAL's task, and a thread of its own after its current
-        // call.
+        // Closing the channel ends the HAL's task (and a HAL's own thread after its current
+        // call).
         let (tx, _) = mpsc::unbounded_channel();
         drop(std::mem::replace(&mut self.hal, tx));
     }
@@ -445,8 +428,8 @@ impl Handler<StopWorker> for Worker {
     }
 }
 
-/// What one process has applied, per group. Owned by the HAL thread, which makes every call; a
-/// new process starts with nothing applied (HCCL's default).
+/// What one process has applied, per group. Owned by the HAL's task, which makes every call;
+/// a new process starts with nothing applied (HCCL's default).
 type Applied = BTreeMap<String, GroupApplied>;
 
 /// What one process has applied to one group.
@@ -465,38 +448,24 @@ pub(crate) fn rank_capabilities(hal_says: HcclCapabilities, tsp: bool) -> Switch
     SwitchCapabilities::new(tsp, hal_says)
 }
 
-/// Where a worker's HAL lives while the worker runs.
-enum HalHome {
-    /// A blocking HAL, lent to a thread (its own, or a pool's) for each job.
-    Blocking(Option<Box<dyn RankHal>>, HalPool),
-    /// A HAL whose calls are futures, awaited here.
-    Task(Box<dyn TaskRankHal>),
-}
-
 /// Hands the worker's jobs to its HAL, one at a time: a job starts once the one before ended,
-/// so the rank's calls are strictly sequential wherever they run. Ends when the worker drops
-/// the channel (or a blocking HAL's thread is gone: the jobs' repliers then see it gone).
-async fn hal_task(rank: GlobalRank, mut home: HalHome, mut jobs: mpsc::UnboundedReceiver<HalJob>) {
+/// so the rank's calls are strictly sequential. Ends when the worker drops the channel. A
+/// panic in the HAL ends its job (whose answer is then missing) and takes the HAL out of
+/// service: `panicked` says why, and the jobs after it end unanswered too.
+async fn hal_task(
+    rank: GlobalRank,
+    mut hal: Box<dyn TaskRankHal>,
+    mut jobs: mpsc::UnboundedReceiver<HalJob>,
+    panicked: Arc<parking_lot::Mutex<Option<HalPanicked>>>,
+) {
     let mut applied = Applied::new();
     while let Some(job) = jobs.recv().await {
-        match &mut home {
-            HalHome::Task(hal) => run_job(rank, hal.as_mut(), &mut applied, job).await,
-            HalHome::Blocking(slot, thread) => {
-                let Some(mut hal) = slot.take() else { return };
-                let mut lent = std::mem::take(&mut applied);
-                let (tx, rx) = oneshot::channel();
-                let sent = thread.run(move || {
-                    block_on(run_job(rank, &mut Blocking(hal.as_mut()), &mut lent, job));
-                    let _ = tx.send((hal, lent));
-                });
-                match rx.await {
-                    Ok((hal, back)) if sent => {
-                        *slot = Some(hal);
-                        applied = back;
-                    }
-                    _ => return,
-                }
-            }
+        if panicked.lock().is_some() {
+            continue;
+        }
+        if let Err(p) = caught(run_job(rank, hal.as_mut(), &mut applied, job)).await {
+            tracing::error!(rank = rank.0, error = %p, "this rank's HAL is out of service");
+            *panicked.lock() = Some(p);
         }
     }
 }
@@ -507,7 +476,7 @@ async fn run_job(rank: GlobalRank, hal: &mut dyn TaskRankHal, applied: &mut Appl
             let _ = reply.send(rank_capabilities(hal.capabilities(), tsp));
         }
         HalJob::Report(reply) => {
-            let _ = reply.send(report(hal, applied));
+            let _ = reply.send(report(hal, applied).await);
         }
         HalJob::Apply {
             rounds,
@@ -549,15 +518,11 @@ async fn apply_rounds(
 }
 
 /// Every group of this process with the members this process set to their backup NIC.
-fn report(hal: &mut dyn TaskRankHal, applied: &Applied) -> Result<Vec<GroupView>, RankError> {
+async fn report(hal: &mut dyn TaskRankHal, applied: &Applied) -> Result<Vec<GroupView>, RankError> {
     let started = Instant::now();
-    let groups = hal.groups();
+    let groups = hal.groups().await;
     telemetry::hal_call("groups", groups.is_ok(), started.elapsed());
-    let groups = groups.map_err(|e| RankError {
-        group: None,
-        message: e.to_string(),
-        hal: Some(e),
-    })?;
+    let groups = groups.map_err(RankError::hal)?;
     let mut views: Vec<GroupView> = groups
         .into_iter()
         .map(|g| {
@@ -589,21 +554,17 @@ struct Planned {
 /// Reads this rank's groups and plans its calls (see [`apply`]). The group lists are dropped
 /// here: a rank that waits in a rendezvous keeps only its plan (a world group of 16,384
 /// members is 64 KiB a rank, and in a simulation thousands of ranks wait at once).
-fn plan(
+async fn plan(
     hal: &mut dyn TaskRankHal,
     targets: &[(GlobalRank, NicSide)],
 ) -> Result<Vec<Planned>, RankError> {
     let started = Instant::now();
-    let groups = hal.groups();
+    let groups = hal.groups().await;
     telemetry::hal_call("groups", groups.is_ok(), started.elapsed());
     if let Err(e) = &groups {
         telemetry::hal_error("groups", e);
     }
-    let groups = groups.map_err(|e| RankError {
-        group: None,
-        message: e.to_string(),
-        hal: Some(e),
-    })?;
+    let groups = groups.map_err(RankError::hal)?;
     Ok(plan_calls(&groups, targets)
         .into_iter()
         .map(|call| {
@@ -636,16 +597,14 @@ async fn apply(
 ) -> Result<Vec<AppliedCall>, RankError> {
     let mut calls = Vec::new();
     let mut first_error = None;
-    for p in plan(hal, targets)? {
+    for p in plan(hal, targets).await? {
         let call = p.call;
         let t = Instant::now();
         let use_backup = call.use_backup();
-        let res = hal
-            .set_working_nic(&call.group, &call.ranks, &use_backup)
-            .instrument(
-                tracing::debug_span!("hal_call", op = "set_working_nic", group = %call.group),
-            )
-            .await;
+        // The call is made inside its span, on whichever thread makes it.
+        let span = tracing::debug_span!("hal_call", op = "set_working_nic", group = %call.group);
+        let made = span.in_scope(|| hal.set_working_nic(&call.group, &call.ranks, &use_backup));
+        let res = made.instrument(span).await;
         telemetry::hal_call("set_working_nic", res.is_ok(), t.elapsed());
         if let Err(e) = &res {
             telemetry::hal_error("set_working_nic", e);
@@ -672,11 +631,7 @@ async fn apply(
                 // Whether any of the group's operators took the change is not known.
                 applied.entry(call.group.clone()).or_default().unsettled =
                     p.targets.iter().copied().collect();
-                first_error.get_or_insert(RankError {
-                    group: Some(call.group.clone()),
-                    message: e.to_string(),
-                    hal: Some(e),
-                });
+                first_error.get_or_insert(RankError::in_group(call.group.clone(), e));
             }
         }
     }

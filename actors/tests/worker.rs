@@ -12,13 +12,13 @@ use std::sync::Arc;
 use std::time::Duration;
 use taskd_actors::transport::{Deliver, Sender, TransportError};
 use taskd_actors::worker::WorkerConfig;
-use taskd_actors::{StepGate, Worker};
+use taskd_actors::{StepGate, ThreadedRankHal, Worker};
 use taskd_core::protocol::{
     AppliedCall, Directive, DirectiveKind, Phase, RankError, ReplyBody, WorkerToProxy,
 };
 use taskd_core::{
     GlobalRank, GroupCall, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCapabilities,
-    HcclCode, NicSide, OperationId, StepOutcome, SwitchCapabilities,
+    HcclCode, NicSide, OperationId, RankHal, StepOutcome, SwitchCapabilities,
 };
 use taskd_hal_mock::{Expect, ScriptedRankHal};
 use tokio::sync::mpsc;
@@ -73,9 +73,18 @@ struct Harness {
 }
 
 impl Harness {
-    /// Starts the worker (on the current actix system); it asks the HAL for its capabilities
-    /// at once, so every script starts with `Expect::capabilities`.
+    /// Starts the worker (on the current actix system) over the script's HAL on a thread of
+    /// its own; it asks the HAL for its capabilities at once, so every script starts with
+    /// `Expect::capabilities`.
     fn start(script: impl IntoIterator<Item = Expect>) -> Self {
+        Self::start_on(script, |hal| Box::new(hal))
+    }
+
+    /// [`Harness::start`] with the scripted HAL wrapped by `wrap`.
+    fn start_on(
+        script: impl IntoIterator<Item = Expect>,
+        wrap: impl FnOnce(ScriptedRankHal) -> Box<dyn RankHal>,
+    ) -> Self {
         let hal = ScriptedRankHal::new(script);
         let gate = Arc::new(StepGate::new());
         let (tx, upstream) = mpsc::unbounded_channel();
@@ -85,13 +94,9 @@ impl Harness {
             rank: RANK,
             tsp: true,
         };
-        let worker = Worker::new(
-            cfg,
-            Box::new(hal.clone()),
-            gate.clone(),
-            Arc::new(ToTest(tx)),
-        )
-        .start();
+        let on_thread = ThreadedRankHal::for_rank(RANK, wrap(hal.clone())).unwrap();
+        let worker =
+            Worker::new(cfg, Box::new(on_thread), gate.clone(), Arc::new(ToTest(tx))).start();
         Harness {
             worker,
             gate,
@@ -111,13 +116,13 @@ impl Harness {
         self.worker.do_send(Deliver(Directive { op, kind }));
     }
 
-    /// The worker's reply to `op`'s `phase`. A HAL thread that died on a script mismatch
-    /// shows as a failed reply: the script's own message says more, so it goes first.
+    /// The worker's reply to `op`'s `phase`. A HAL that panicked on a script mismatch shows
+    /// as a failed reply: the script's own message says more, so it goes first.
     async fn reply(&mut self, op: OperationId, phase: Phase) -> ReplyBody {
         let WorkerToProxy::Reply(r) = self.next().await else {
             panic!("expected a reply to {phase}");
         };
-        if matches!(&r.body, ReplyBody::Failed(e) if e.message.contains("HAL thread")) {
+        if matches!(&r.body, ReplyBody::Failed(e) if e.message.contains("the HAL panicked")) {
             self.hal.done();
         }
         assert_eq!((r.rank, r.op, r.phase), (RANK, op, phase), "{r:?}");
@@ -141,6 +146,24 @@ impl Harness {
             ReplyBody::Paused { step: 2 }
         );
         training
+    }
+
+    /// Stops training for `reason` with `op`: the held `training` thread is told to stop.
+    async fn stop_training(
+        &mut self,
+        op: OperationId,
+        reason: &str,
+        training: std::thread::JoinHandle<StepOutcome>,
+    ) {
+        let kind = DirectiveKind::StopTraining {
+            reason: reason.into(),
+        };
+        self.send(op, kind);
+        assert_eq!(self.reply(op, Phase::Stop).await, ReplyBody::Stopped);
+        assert_eq!(
+            training.join().expect("the training thread"),
+            StepOutcome::Stop(reason.into())
+        );
     }
 
     async fn resume(&mut self, op: OperationId, training: std::thread::JoinHandle<StepOutcome>) {
@@ -364,17 +387,7 @@ async fn a_stop_ends_the_held_training_loop_and_no_hal_call_is_made() {
     w.next().await; // hello
     let training = w.hold(op(6)).await;
     let reason = "the rollback of operation 6 failed; held 60s without an operator";
-    w.send(
-        op(7),
-        DirectiveKind::StopTraining {
-            reason: reason.into(),
-        },
-    );
-    assert_eq!(w.reply(op(7), Phase::Stop).await, ReplyBody::Stopped);
-    assert_eq!(
-        training.join().expect("the training thread"),
-        StepOutcome::Stop(reason.into())
-    );
+    w.stop_training(op(7), reason, training).await;
     // The operation's late resume opens nothing and the loop keeps being told to stop; a
     // new operation is refused.
     w.send(op(6), DirectiveKind::Resume);
@@ -388,5 +401,136 @@ async fn a_stop_ends_the_held_training_loop_and_no_hal_call_is_made() {
         panic!("a stopped rank takes no new operation");
     };
     assert!(e.message.contains("training was stopped"), "{}", e.message);
+    w.hal.done();
+}
+
+/// The scripted HAL with `before_nic_set` run first in every NIC-set call (to block or panic
+/// there), telling the test each call timeout it is given.
+struct Interposed {
+    script: ScriptedRankHal,
+    before_nic_set: Box<dyn FnMut() + Send>,
+    timeouts: std::sync::mpsc::Sender<Duration>,
+}
+
+impl RankHal for Interposed {
+    fn groups(&mut self) -> Result<Vec<GroupInfo>, HalError> {
+        self.script.groups()
+    }
+
+    fn set_working_nic(
+        &mut self,
+        group: &str,
+        ranks: &[GroupRank],
+        use_backup: &[bool],
+    ) -> Result<(), HalError> {
+        (self.before_nic_set)();
+        self.script.set_working_nic(group, ranks, use_backup)
+    }
+
+    fn capabilities(&mut self) -> HcclCapabilities {
+        self.script.capabilities()
+    }
+
+    fn set_call_timeout(&mut self, timeout: Duration) {
+        let _ = self.timeouts.send(timeout);
+    }
+}
+
+/// A switch of rank 1 alone in `tp_0`, the one call the scripts below expect.
+fn switch_tp_0() -> DirectiveKind {
+    DirectiveKind::Switch {
+        targets: vec![(GlobalRank(0), NicSide::Backup)],
+        call_timeout: Duration::from_millis(1_500),
+    }
+}
+
+fn tp_0_only() -> Vec<GroupInfo> {
+    vec![GroupInfo {
+        name: "tp_0".into(),
+        members: vec![GlobalRank(0), GlobalRank(1)],
+    }]
+}
+
+#[actix_rt::test]
+async fn a_hal_call_that_blocks_gets_the_directives_timeout_and_the_worker_still_answers() {
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let (entered, in_call) = std::sync::mpsc::channel::<()>();
+    let (timeouts, told) = std::sync::mpsc::channel();
+    let released = std::sync::Mutex::new(released);
+    let mut w = Harness::start_on(
+        [
+            hal_capabilities(),
+            Expect::groups(tp_0_only()),
+            Expect::set_working_nic("tp_0", &[0], &[true]),
+        ],
+        move |script| {
+            Box::new(Interposed {
+                script,
+                before_nic_set: Box::new(move || {
+                    entered.send(()).unwrap();
+                    released.lock().unwrap().recv().unwrap();
+                }),
+                timeouts,
+            })
+        },
+    );
+    w.next().await; // hello
+    let training = w.hold(op(9)).await;
+    w.send(op(9), switch_tp_0());
+    // The HAL is in its call, blocked until the test lets it go.
+    tokio::task::spawn_blocking(move || in_call.recv().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(told.try_recv(), Ok(Duration::from_millis(1_500)));
+    // Meanwhile the worker answers: an operator stops training.
+    w.stop_training(op(10), "rank 1 hangs in HCCL", training)
+        .await;
+    // The call returns late, and its answer still comes.
+    release.send(()).unwrap();
+    assert!(matches!(
+        w.reply(op(9), Phase::Switch).await,
+        ReplyBody::Applied { calls } if calls.len() == 1
+    ));
+    w.hal.done();
+}
+
+#[actix_rt::test]
+async fn a_hal_that_panics_fails_its_call_and_every_later_one() {
+    let (timeouts, _told) = std::sync::mpsc::channel();
+    let mut w = Harness::start_on(
+        [
+            // The NIC-set call panics before it reaches the script.
+            hal_capabilities(),
+            Expect::groups(tp_0_only()),
+        ],
+        |script| {
+            Box::new(Interposed {
+                script,
+                before_nic_set: Box::new(|| panic!("the communicator was freed")),
+                timeouts,
+            })
+        },
+    );
+    w.next().await; // hello
+    let training = w.hold(op(11)).await;
+    w.send(op(11), switch_tp_0());
+    let want =
+        RankError::worker("the HAL panicked on thread taskd-hal-1: the communicator was freed");
+    assert_eq!(
+        w.next().await,
+        WorkerToProxy::Reply(taskd_core::protocol::RankReply {
+            rank: RANK,
+            op: op(11),
+            phase: Phase::Switch,
+            body: ReplyBody::Failed(want.clone()),
+        })
+    );
+    // The HAL is out of service: a verification fails the same way, without a call.
+    w.send(op(12), DirectiveKind::Verify);
+    let WorkerToProxy::Reply(r) = w.next().await else {
+        panic!("expected the verification's reply");
+    };
+    assert_eq!(r.body, ReplyBody::Failed(want));
+    w.resume(op(11), training).await;
     w.hal.done();
 }

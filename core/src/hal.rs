@@ -289,13 +289,19 @@ pub trait RankHal: Send {
 pub type HalFuture<'a> =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), HalError>> + Send + 'a>>;
 
-/// A rank's HAL whose NIC-set call is a future: the rank waits for the group's other members
-/// as a task, not a blocked thread (a process hosting thousands of simulated ranks). The
-/// same calls and rules as [`RankHal`]; where the future runs is the worker's business
-/// (`taskd_actors::hal_exec`).
+/// The groups a [`TaskRankHal`] reads, when they come.
+pub type GroupsFuture<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Vec<GroupInfo>, HalError>> + Send + 'a>,
+>;
+
+/// The HAL a worker holds: the calls of [`RankHal`] whose answers are futures, so that the
+/// worker's actor never blocks on one. A blocking [`RankHal`] becomes one on a thread that
+/// owns it (`taskd_actors::ThreadedRankHal`); a simulated rank waits for its group's other
+/// members as a task, not a blocked thread (a process hosting thousands of ranks). The same
+/// calls and rules as [`RankHal`], the calls of one rank strictly one after the other.
 pub trait TaskRankHal: Send {
     /// The communication groups this process belongs to.
-    fn groups(&mut self) -> Result<Vec<GroupInfo>, HalError>;
+    fn groups(&mut self) -> GroupsFuture<'_>;
 
     /// `HcclCommWorkingDevNicSet` on one group (see [`RankHal::set_working_nic`]).
     fn set_working_nic<'a>(
@@ -305,7 +311,8 @@ pub trait TaskRankHal: Send {
         use_backup: &'a [bool],
     ) -> HalFuture<'a>;
 
-    /// What this rank's HCCL can do (see [`RankHal::capabilities`]).
+    /// What this rank's HCCL can do (see [`RankHal::capabilities`]). Asked when the worker
+    /// starts, before any other call: it may wait for the HAL's own thread.
     fn capabilities(&mut self) -> HcclCapabilities;
 
     /// The time the next NIC-set calls have (see [`RankHal::set_call_timeout`]).

@@ -66,8 +66,8 @@ pub mod verify;
 
 pub use command::{Direction, RankTarget, SwitchCommand, SwitchPlan, ValidationError};
 pub use hal::{
-    CodeTable, GroupInfo, HalError, HalErrorKind, HalFuture, HcclCapabilities, HcclCode,
-    LibraryName, LinkHealth, NicSide, NodeHal, RankHal, StepBoundary, StepOutcome,
+    CodeTable, GroupInfo, GroupsFuture, HalError, HalErrorKind, HalFuture, HcclCapabilities,
+    HcclCode, LibraryName, LinkHealth, NicSide, NodeHal, RankHal, StepBoundary, StepOutcome,
     SwitchCapabilities, TaskRankHal, VendorCode, VendorStatus,
 };
 pub use ids::{DeviceId, GlobalRank, GroupRank, JobId, NodeName, OperationId};

@@ -251,8 +251,38 @@ pub struct RankError {
     /// vendor code what an operator looks up.
     pub hal: Option<HalError>,
     /// A sentence for people, present whatever failed; the only description when no HAL
-    /// call was involved (the HAL thread stopped, the gate refused, ...).
+    /// call was involved (the HAL panicked, the gate refused, ...).
     pub message: String,
+}
+
+impl RankError {
+    /// A HAL call that concerns no one group failed (reading the groups): `e` with its
+    /// sentence.
+    pub fn hal(e: HalError) -> Self {
+        RankError {
+            group: None,
+            message: e.to_string(),
+            hal: Some(e),
+        }
+    }
+
+    /// The NIC-set call on `group` failed with `e`.
+    pub fn in_group(group: impl Into<String>, e: HalError) -> Self {
+        RankError {
+            group: Some(group.into()),
+            ..RankError::hal(e)
+        }
+    }
+
+    /// The worker failed the directive without a HAL error: the gate refused, the HAL is out
+    /// of service, ...; `message` says why.
+    pub fn worker(message: impl Into<String>) -> Self {
+        RankError {
+            group: None,
+            hal: None,
+            message: message.into(),
+        }
+    }
 }
 
 impl fmt::Display for RankError {
@@ -339,7 +369,25 @@ pub enum WorkerToProxy {
 
 #[cfg(test)]
 mod tests {
-    use super::AppliedCall;
+    use super::{AppliedCall, RankError};
+    use crate::hal::{HalError, HcclCode};
+
+    #[test]
+    fn a_rank_error_says_what_failed_in_the_words_of_its_hal_error() {
+        let e = HalError::new("HcclCommWorkingDevNicSet", HcclCode::Network, "link down");
+        let in_group = RankError::in_group("dp_1", e.clone());
+        assert_eq!(
+            (in_group.group.as_deref(), in_group.hal.as_ref()),
+            (Some("dp_1"), Some(&e))
+        );
+        assert_eq!(in_group.message, e.to_string());
+        assert_eq!(in_group.to_string(), format!("group dp_1: {e}"));
+        let groups = RankError::hal(e.clone());
+        assert_eq!((groups.to_string(), groups.group), (e.to_string(), None));
+        let worker = RankError::worker("the gate refused");
+        assert_eq!((worker.group, worker.hal), (None, None));
+        assert_eq!(worker.message, "the gate refused");
+    }
 
     fn call(group: &str, digest: u64) -> AppliedCall {
         AppliedCall {

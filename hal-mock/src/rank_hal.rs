@@ -4,8 +4,8 @@ use crate::fabric::Fabric;
 use crate::hccl::NIC_SET_OP;
 use std::sync::Arc;
 use taskd_core::{
-    GlobalRank, GroupInfo, GroupRank, HalError, HalFuture, HcclCapabilities, HcclCode, RankHal,
-    TaskRankHal,
+    GlobalRank, GroupInfo, GroupRank, GroupsFuture, HalError, HalFuture, HcclCapabilities,
+    HcclCode, RankHal, TaskRankHal,
 };
 
 /// One simulated training process's view of HCCL, handed to the worker of `rank`.
@@ -116,8 +116,8 @@ impl RankHal for MockRankHal {
 /// The simulated rank as a task: a NIC set waits in the group's rendezvous as a future
 /// ([`MockRankHal::set_working_nic_async`]), so thousands of ranks fit in one process.
 impl TaskRankHal for MockRankHal {
-    fn groups(&mut self) -> Result<Vec<GroupInfo>, HalError> {
-        RankHal::groups(self)
+    fn groups(&mut self) -> GroupsFuture<'_> {
+        Box::pin(std::future::ready(RankHal::groups(self)))
     }
 
     fn set_working_nic<'a>(

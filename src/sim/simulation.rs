@@ -6,15 +6,15 @@
 //! hardware: NPUs, NICs, links and HCCL are simulated, with HCCL's rules enforced.
 //!
 //! A rank is not a thread: its training loop is a task on a small runtime
-//! ([`taskd_hal_mock::SimTraining`]) and its worker's HAL calls are tasks of the actor system
-//! ([`taskd_actors::WorkerHal::Task`]). A rank blocked in a collective is a parked task, held at
+//! ([`taskd_hal_mock::SimTraining`]) and its worker's HAL calls are futures the worker awaits
+//! (the fabric's HAL is a [`taskd_core::TaskRankHal`]). A rank blocked in a collective is a parked task, held at
 //! its gate a parked task too, and its worker still answers the pause sample from the step the
 //! gate published, exactly as for a real training thread.
 
 use super::timeline::StepClock;
 use std::sync::Arc;
 use std::time::Duration;
-use taskd_actors::{LocalJob, LocalJobConfig, LocalJobError, RankSpec, StepGate, WorkerHal};
+use taskd_actors::{LocalJob, LocalJobConfig, LocalJobError, RankSpec, StepGate};
 use taskd_core::auto::AutoConfig;
 use taskd_core::command::Target;
 use taskd_core::operation::{JobState, OperationReport};
@@ -308,7 +308,7 @@ impl Simulation {
             .collect();
         let ranks: Vec<RankSpec> = (0..table.world_size() as u32)
             .map(|r| RankSpec {
-                hal: WorkerHal::Task(Box::new(fabric.rank_hal(GlobalRank(r)))),
+                hal: Box::new(fabric.rank_hal(GlobalRank(r))),
                 tsp: !cfg.tsp_off.contains(&GlobalRank(r)),
             })
             .collect();
@@ -420,7 +420,7 @@ impl Simulation {
         let tsp = self.tsp.clone();
         let ranks: Vec<RankSpec> = (0..world)
             .map(|r| RankSpec {
-                hal: WorkerHal::Task(Box::new(fabric.rank_hal(GlobalRank(r)))),
+                hal: Box::new(fabric.rank_hal(GlobalRank(r))),
                 tsp: !tsp.contains(&GlobalRank(r)),
             })
             .collect();

@@ -2,7 +2,7 @@
 //! incarnation, as a launcher does (MindCluster's process-level recovery, torchrun's
 //! `--max-restarts`, taskd's agent under msrun).
 
-use super::{start_worker, Incarnation, LocalJob, LocalJobError, RankSpec, Uplink};
+use super::{rank_specs, start_worker, Incarnation, IntoRankSpec, LocalJob, LocalJobError, Uplink};
 use crate::gate::StepGate;
 use crate::manager::{HoldPolicy, SetHoldPolicy, StopTraining};
 use crate::worker::StopWorker;
@@ -39,12 +39,12 @@ impl LocalJob {
     /// rank), then, once the manager has no rank registered, a new worker per rank with a new
     /// gate and `ranks[r]`'s HAL registers on its default NIC. Waits at most `timeout` for
     /// the old ones to be gone. Hand the training loops the new gates ([`LocalJob::gate`]).
-    pub fn restart_ranks<R: Into<RankSpec>>(
+    pub fn restart_ranks<R: IntoRankSpec>(
         &self,
         ranks: Vec<R>,
         timeout: Duration,
     ) -> Result<(), LocalJobError> {
-        let ranks: Vec<RankSpec> = ranks.into_iter().map(Into::into).collect();
+        let ranks = rank_specs(ranks)?;
         let table = self.config.1.clone();
         if ranks.len() != table.world_size() {
             return Err(LocalJobError::Mismatch {

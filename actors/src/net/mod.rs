@@ -153,6 +153,9 @@ pub enum NetError {
     /// A wait gave up after the given time; the text names what was waited for.
     #[error("timed out after {0:?} waiting for {1}")]
     Timeout(Duration, &'static str),
+    /// A worker's HAL thread could not be started.
+    #[error("cannot start the HAL thread: {0}")]
+    HalThread(#[source] std::io::Error),
 }
 
 /// Milliseconds since the Unix epoch, now.

@@ -779,30 +779,18 @@ mod tests {
                 },
             }),
             ReplyBody::Verified(WorkerReport::default()),
-            ReplyBody::Failed(RankError {
-                group: Some("dp_1".into()),
-                hal: Some(HalError::new(
-                    "HcclCommWorkingDevNicSet",
-                    HcclCode::Network,
-                    "x",
-                )),
-                message: "boom".into(),
-            }),
-            ReplyBody::Failed(RankError {
-                group: None,
-                hal: Some(HalError::new("op", HcclCode::Other(77), "")),
-                message: String::new(),
-            }),
-            ReplyBody::Failed(RankError {
-                group: None,
-                hal: Some(HalError::uncoded(
-                    "dcmi",
-                    LibraryName::new("dcmi"),
-                    HalErrorKind::NotSupported,
-                    "no DCMI",
-                )),
-                message: String::new(),
-            }),
+            ReplyBody::Failed(RankError::in_group(
+                "dp_1",
+                HalError::new("HcclCommWorkingDevNicSet", HcclCode::Network, "x"),
+            )),
+            ReplyBody::Failed(RankError::hal(HalError::new("op", HcclCode::Other(77), ""))),
+            ReplyBody::Failed(RankError::hal(HalError::uncoded(
+                "dcmi",
+                LibraryName::new("dcmi"),
+                HalErrorKind::NotSupported,
+                "no DCMI",
+            ))),
+            ReplyBody::Failed(RankError::worker("the HAL panicked")),
         ];
         for (i, body) in bodies.into_iter().enumerate() {
             let r = RankReply {

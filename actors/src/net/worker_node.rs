@@ -16,7 +16,8 @@
 //! ```
 //!
 //! [`RemoteWorker`] runs on threads of its own (an actix system for the worker actor and its
-//! connection, and the worker's HAL thread), so the training loop only ever calls the gate.
+//! connection, and the HAL's thread, [`ThreadedRankHal`]), so the training loop only ever
+//! calls the gate.
 //! [`WorkerNode`] is the same worker for code that already runs an actix system (many workers
 //! in one process, as the benchmark does).
 
@@ -27,7 +28,7 @@ use super::tls::TlsPem;
 use super::{pb, wire, NetConfig, NetError};
 use crate::background::Background;
 use crate::gate::StepGate;
-use crate::hal_exec::WorkerHal;
+use crate::hal_exec::ThreadedRankHal;
 use crate::transport::hand_over;
 use crate::worker::{StopWorker, Worker, WorkerConfig};
 use actix::prelude::*;
@@ -37,7 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use taskd_core::protocol::WorkerToProxy;
-use taskd_core::{DeviceId, GlobalRank, JobId, NodeName, RankHal};
+use taskd_core::{DeviceId, GlobalRank, JobId, NodeName, RankHal, TaskRankHal};
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// Who the worker is and where its proxy is.
@@ -109,7 +110,7 @@ struct Upstream {
     cfg: RemoteWorkerConfig,
     capabilities: taskd_core::SwitchCapabilities,
     gate: Arc<StepGate>,
-    hal: Mutex<Option<WorkerHal>>,
+    hal: Mutex<Option<Box<dyn TaskRankHal>>>,
     outbox: Arc<Outbox<pb::up::Body>>,
     worker: OnceLock<Addr<Worker>>,
     registration: watch::Sender<Option<WorkerRegistration>>,
@@ -143,7 +144,7 @@ impl ClientHost for Upstream {
         };
         if self.worker.get().is_none() {
             if let Some(hal) = self.hal.lock().take() {
-                let worker = Worker::with_hal(
+                let worker = Worker::new(
                     WorkerConfig {
                         job: self.cfg.job.clone(),
                         node: reg.node.clone(),
@@ -194,15 +195,13 @@ pub struct WorkerNode {
 
 impl WorkerNode {
     /// Starts connecting to the proxy; the worker actor starts once registered. Returns at
-    /// once. Call it from inside an actix system. The HAL's calls run on a thread of the
-    /// worker's own.
-    pub fn spawn(cfg: RemoteWorkerConfig, hal: Box<dyn RankHal>, gate: Arc<StepGate>) -> Self {
-        Self::spawn_with(cfg, WorkerHal::Thread(hal), gate)
-    }
-
-    /// [`WorkerNode::spawn`] with the HAL run as `hal` says: many workers of one process (a
-    /// benchmark) share a [`crate::hal_exec::HalPool`] instead of a thread each.
-    pub fn spawn_with(cfg: RemoteWorkerConfig, mut hal: WorkerHal, gate: Arc<StepGate>) -> Self {
+    /// once. Call it from inside an actix system. A blocking HAL comes on a thread of its
+    /// own ([`ThreadedRankHal`]).
+    pub fn spawn(
+        cfg: RemoteWorkerConfig,
+        mut hal: Box<dyn TaskRankHal>,
+        gate: Arc<StepGate>,
+    ) -> Self {
         let capabilities = crate::worker::rank_capabilities(hal.capabilities(), cfg.tsp);
         let outbox = Outbox::new(cfg.net.queue_capacity, Some(sticky_worker));
         let client = Client::new(cfg.proxy.clone(), outbox.clone());
@@ -319,19 +318,20 @@ pub struct RemoteWorker {
 }
 
 impl RemoteWorker {
-    /// Starts the worker of `cfg.rank` over `hal` and connects to the proxy in the background
-    /// (with retries). Returns at once; the gate works from the start (it stays open until an
-    /// operation arms it).
+    /// Starts the worker of `cfg.rank` over `hal`, on a thread of its own, and connects to
+    /// the proxy in the background (with retries). Returns at once; the gate works from the
+    /// start (it stays open until an operation arms it).
     pub fn start(cfg: RemoteWorkerConfig, hal: Box<dyn RankHal>) -> Result<RemoteWorker, NetError> {
-        let gate = Arc::new(StepGate::new());
         let rank = cfg.rank;
+        let hal = ThreadedRankHal::for_rank(rank, hal).map_err(NetError::HalThread)?;
+        let gate = Arc::new(StepGate::new());
         let status = Arc::new((Mutex::new(Status::default()), Condvar::new()));
         let (pings, ping_rx) = mpsc::unbounded_channel();
         let (watch_tx, watch_rx) = std::sync::mpsc::channel();
         let (thread_gate, thread_status) = (gate.clone(), status.clone());
         let name = format!("taskd-worker-{}", rank.0);
         let thread = Background::spawn_actix(&name, move |stop| async move {
-            let node = WorkerNode::spawn(cfg, hal, thread_gate);
+            let node = WorkerNode::spawn(cfg, Box::new(hal), thread_gate);
             let _ = watch_tx.send((node.registration(), node.connection()));
             // Mirror the connection's state for callers on other threads.
             let mirror = mirror_status(node.registration(), node.connection(), &thread_status);

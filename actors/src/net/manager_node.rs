@@ -71,7 +71,7 @@ impl ManagerNode {
             job: cfg.job.clone(),
             table: cfg.table.clone(),
             ranks_of,
-            epoch_unix_ms: unix_ms(),
+            epoch: Epoch::new(unix_ms()),
             link_probe_ms: cfg
                 .net
                 .link_probe
@@ -134,9 +134,40 @@ struct ManagerHost {
     job: JobId,
     table: RankTable,
     ranks_of: BTreeMap<NodeName, Vec<GlobalRank>>,
-    epoch_unix_ms: u64,
+    epoch: Epoch,
     /// Told to every proxy (0: do not probe links).
     link_probe_ms: u64,
+}
+
+/// The job's clock origin (Unix ms) this manager hands its proxies: its own start, unless the
+/// first proxy to register carries the origin an earlier manager gave it. After a restart of
+/// the manager the proxies that kept running register first, so the job keeps one origin and
+/// a proxy restarted later gets the same one as the others.
+struct Epoch {
+    /// The origin, and whether any proxy was told it (then it never changes).
+    state: parking_lot::Mutex<(u64, bool)>,
+}
+
+impl Epoch {
+    fn new(own: u64) -> Self {
+        Epoch {
+            state: parking_lot::Mutex::new((own, false)),
+        }
+    }
+
+    /// The origin to tell a proxy that carries `offered` (0: none).
+    fn hand_out(&self, offered: u64) -> u64 {
+        let mut s = self.state.lock();
+        if !s.1 && offered > 0 && offered != s.0 {
+            tracing::info!(
+                origin_unix_ms = offered,
+                "the job's clock origin is the one its proxies kept from an earlier manager"
+            );
+            s.0 = offered;
+        }
+        s.1 = true;
+        s.0
+    }
 }
 
 fn list<T: std::fmt::Display>(v: impl IntoIterator<Item = T>) -> String {
@@ -192,8 +223,8 @@ impl ManagerHost {
     }
 
     /// What an admitted proxy of `node` is told: its job, its slots, the job's shape, the
-    /// common clock origin and how often to probe its links.
-    fn ack(&self, node: &NodeName) -> pb::RegisterAck {
+    /// common clock origin (`epoch_unix_ms`, see [`Epoch`]) and how often to probe its links.
+    fn ack(&self, node: &NodeName, epoch_unix_ms: u64) -> pb::RegisterAck {
         pb::RegisterAck {
             job: self.job.0.clone(),
             node: node.0.clone(),
@@ -207,7 +238,7 @@ impl ManagerHost {
                 .collect(),
             world_size: self.table.world_size() as u32,
             node_count: self.table.nodes().len() as u32,
-            job_epoch_unix_ms: self.epoch_unix_ms,
+            job_epoch_unix_ms: epoch_unix_ms,
             link_probe_ms: self.link_probe_ms,
             ..Default::default()
         }
@@ -241,7 +272,7 @@ impl Host for ManagerHost {
                 )));
             }
         }
-        let ack = self.ack(&node);
+        let ack = self.ack(&node, self.epoch.hand_out(reg.job_epoch_unix_ms));
         Ok(Admitted { key: node.0, ack })
     }
 
@@ -300,5 +331,22 @@ impl Host for ManagerHost {
             node: NodeName(key.to_owned()),
             reason,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Epoch;
+
+    #[test]
+    fn the_first_proxy_decides_the_origin_and_it_never_changes_after() {
+        let kept = Epoch::new(2_000);
+        assert_eq!(kept.hand_out(1_000), 1_000, "a proxy of an earlier manager");
+        assert_eq!(kept.hand_out(0), 1_000, "a proxy started since gets the same");
+        assert_eq!(kept.hand_out(1_500), 1_000, "told once: fixed");
+
+        let own = Epoch::new(2_000);
+        assert_eq!(own.hand_out(0), 2_000, "a fresh job: the manager's start");
+        assert_eq!(own.hand_out(1_000), 2_000, "too late to adopt another");
     }
 }

@@ -314,6 +314,11 @@ impl ClientHost for Upstream {
             node: self.node.as_ref().map(|n| n.0.clone()).unwrap_or_default(),
             node_rank: self.node_rank,
             ranks: self.ranks.iter().map(|r| r.0).collect(),
+            job_epoch_unix_ms: self
+                .shared
+                .ready
+                .get()
+                .map_or(0, |r| r.assignment.job_epoch_unix_ms),
             ..Default::default()
         }
     }

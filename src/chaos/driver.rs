@@ -119,6 +119,42 @@ pub struct RunResult {
     pub elapsed: Duration,
 }
 
+impl RunResult {
+    /// Adds `line` to the log, stamped with the time since the run `started`.
+    pub(super) fn log(&mut self, started: Instant, line: String) {
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        self.log.push(format!("{ms:9.1} ms  {line}"));
+    }
+
+    /// Records (and logs) that `invariant` broke while the run was `at` a step: the run stops.
+    pub(super) fn fail(
+        &mut self,
+        started: Instant,
+        at: &str,
+        invariant: &'static str,
+        detail: String,
+    ) -> Stop {
+        let detail = format!("{detail} (during: {at})");
+        self.log(started, format!("VIOLATION {invariant}: {detail}"));
+        self.violations.push(Violation {
+            seed: self.seed,
+            invariant,
+            detail,
+        });
+        Stop
+    }
+
+    /// Counts one behaviour worth knowing.
+    pub(super) fn observe(&mut self, what: &'static str) {
+        *self.observations.entry(what).or_default() += 1;
+    }
+
+    /// Counts one of an operator's unusual commands.
+    pub(super) fn tally(&mut self, kind: &'static str) {
+        *self.commands.entry(kind).or_default() += 1;
+    }
+}
+
 /// Why the run stops early: a violation was recorded.
 #[derive(Debug)]
 pub(super) struct Stop;
@@ -304,20 +340,12 @@ impl<'a> Driver<'a> {
     }
 
     fn log(&mut self, line: String) {
-        let ms = self.clock.elapsed().as_secs_f64() * 1e3;
-        self.out.log.push(format!("{ms:9.1} ms  {line}"));
+        self.out.log(self.clock, line);
     }
 
     /// Records a violation; the run stops.
     fn fail(&mut self, invariant: &'static str, detail: String) -> Stop {
-        let detail = format!("{detail} (during: {})", self.at);
-        self.log(format!("VIOLATION {invariant}: {detail}"));
-        self.out.violations.push(Violation {
-            seed: self.schedule.seed,
-            invariant,
-            detail,
-        });
-        Stop
+        self.out.fail(self.clock, &self.at, invariant, detail)
     }
 
     fn count(&mut self, fault: &'static str) {
@@ -325,11 +353,11 @@ impl<'a> Driver<'a> {
     }
 
     fn tally_command(&mut self, kind: &'static str) {
-        *self.out.commands.entry(kind).or_default() += 1;
+        self.out.tally(kind);
     }
 
     fn observe(&mut self, what: &'static str) {
-        *self.out.observations.entry(what).or_default() += 1;
+        self.out.observe(what);
     }
 
     /// Sends `msg` to the manager in charge and waits at most `wait` for the answer.

@@ -27,7 +27,7 @@
 //!   and no rank saw one of HCCL's rules broken.
 
 use super::answers::Answers;
-use super::driver::{RunResult, Violation};
+use super::driver::{RunResult, Stop, Violation};
 use super::procjob::{
     JobError, ProcEnv, ProcJob, HOLD_BOUND, LOSS_BOUND, NODES, PATIENCE, PHASE_DEADLINE, PPN,
 };
@@ -50,8 +50,6 @@ const READY: Duration = Duration::from_secs(10);
 /// How often the status is polled.
 const POLL: Duration = Duration::from_millis(50);
 
-/// Why the run stops: a violation was recorded.
-struct Stop;
 type Checked<T = ()> = Result<T, Stop>;
 
 /// Runs `schedule` on a job of processes started as `env` says.
@@ -120,19 +118,12 @@ fn refusal_name(kind: RefusalKind) -> &'static str {
 
 impl Driver<'_> {
     fn log(&mut self, line: String) {
-        let ms = self.clock.elapsed().as_secs_f64() * 1e3;
-        self.out.log.push(format!("{ms:9.1} ms  {line}"));
+        self.out.log(self.clock, line);
     }
 
+    /// Records a violation; the run stops.
     fn fail(&mut self, invariant: &'static str, detail: String) -> Stop {
-        let detail = format!("{detail} (during: {})", self.at);
-        self.log(format!("VIOLATION {invariant}: {detail}"));
-        self.out.violations.push(Violation {
-            seed: self.schedule.seed,
-            invariant,
-            detail,
-        });
-        Stop
+        self.out.fail(self.clock, &self.at, invariant, detail)
     }
 
     fn harness(&mut self, e: JobError) -> Stop {
@@ -140,11 +131,11 @@ impl Driver<'_> {
     }
 
     fn observe(&mut self, what: &'static str) {
-        *self.out.observations.entry(what).or_default() += 1;
+        self.out.observe(what);
     }
 
     fn tally(&mut self, kind: &'static str) {
-        *self.out.commands.entry(kind).or_default() += 1;
+        self.out.tally(kind);
     }
 
     fn command(&self, id: u128, targets: &[Target]) -> SwitchCommand {

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 WAIT = 180  # seconds: a bound on what takes seconds (MindSpore's start is the slowest)
 
 
@@ -77,6 +78,18 @@ class Proc:
         self.p.stdin.close()
         out = self.p.stdout.read().decode()
         return self.p.wait(WAIT), out
+
+
+def start_manager(args, env, procs):
+    """The job's manager (``manager_1x2.py``: one node of two ranks) on free ports, listed in
+    ``procs``; the manager, the port its proxies connect to and its control API address."""
+    manager = Proc("manager", [args.python, os.path.join(HERE, "manager_1x2.py")],
+                   dict(env, TASKD_MANAGER_LISTEN="127.0.0.1:0", TASKD_CONTROL_ADDR="127.0.0.1:0",
+                        RUST_LOG="info"))
+    procs.append(manager)
+    port = manager.wait_line("taskd manager listening on ").strip().rsplit(":", 1)[1]
+    control = manager.wait_line("taskd manager control API on ").strip().rsplit(" ", 1)[1]
+    return manager, port, control
 
 
 def free_port():

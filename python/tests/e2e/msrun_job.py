@@ -61,16 +61,6 @@ def check_ranks(out_dir, pairs):
     return held, reports[0]["steps"], step_ms
 
 
-def start_manager(args, env, procs):
-    manager = Proc("manager", [args.python, os.path.join(HERE, "manager_1x2.py")],
-                   dict(env, TASKD_MANAGER_LISTEN="127.0.0.1:0", TASKD_CONTROL_ADDR="127.0.0.1:0",
-                        RUST_LOG="info"))
-    procs.append(manager)
-    port = manager.wait_line("taskd manager listening on ").strip().rsplit(":", 1)[1]
-    control = manager.wait_line("taskd manager control API on ").strip().rsplit(" ", 1)[1]
-    return manager, port, control
-
-
 def start_msrun(args, env, tmp, procs):
     msrun = os.path.join(os.path.dirname(args.python), "msrun")
     cmd = [msrun, "--worker_num", "2", "--local_worker_num", "2", "--master_addr", "127.0.0.1",
@@ -144,7 +134,7 @@ def run(args, scenario):
                    TRAIN_STOP_FILE=stop, TRAIN_OUT=tmp)
         procs = []
         with reaping(procs, mark):
-            manager, port, control = start_manager(args, env, procs)
+            manager, port, control = jobs.start_manager(args, env, procs)
             env.update(MS_ENABLE_TFT="{TTP:1,TSP:1}", MS_SCHED_HOST="127.0.0.1",
                        TASKD_MANAGER_PORT=port, TASKD_PROXY="127.0.0.1:0")
             if scenario in ("restart", "stop"):

@@ -32,12 +32,7 @@ JOB = "torchrun-job"
 
 
 def start_job(args, env, tmp, procs):
-    manager = Proc("manager", [args.python, os.path.join(HERE, "manager_1x2.py")],
-                   dict(env, TASKD_MANAGER_LISTEN="127.0.0.1:0", TASKD_CONTROL_ADDR="127.0.0.1:0",
-                        RUST_LOG="info"))
-    procs.append(manager)
-    port = manager.wait_line("taskd manager listening on ").strip().rsplit(":", 1)[1]
-    control = manager.wait_line("taskd manager control API on ").strip().rsplit(" ", 1)[1]
+    manager, port, control = jobs.start_manager(args, env, procs)
     node = Proc("node-0", [args.python, os.path.join(HERE, "management.py"), port, "0"], env, stdin=True)
     procs.append(node)
     proxy = node.wait_line("taskd proxy listening on ").split(" on ", 1)[1].split()[0]

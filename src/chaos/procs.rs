@@ -23,6 +23,12 @@ pub fn kill_all() {
     }
 }
 
+/// Whether [`kill_all`] ran: the campaign is being stopped, and what its runs saw since (roles
+/// killed under them) is no finding.
+pub fn stopping() -> bool {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner()).1
+}
+
 fn kill_group(pid: u32, sig: Sig) {
     let _ = Command::new("kill")
         .args(["-s", sig.name(), "--", &format!("-{pid}")])

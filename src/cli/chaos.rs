@@ -99,10 +99,17 @@ pub fn run(a: ChaosArgs) -> Result<ExitCode, CliError> {
         None => run_one(seed),
     };
     let report = run_campaign_with(&cfg, run, |r| {
-        if !a.json {
+        if !a.json && !crate::chaos::procs::stopping() {
             let _ = out.write_all(schedule_text(r, a.explain, a.processes).as_bytes());
         }
     });
+    if crate::chaos::procs::stopping() {
+        // A signal is stopping the campaign: the runs it cut short found nothing, and the
+        // signal's thread ends the process (exit 130) once every role is killed.
+        loop {
+            std::thread::park();
+        }
+    }
     // A closed stdout (`| head`) is the reader's choice, not a failure of the run.
     let _ = out.write_all(report_text(&report, a.json).as_bytes());
     Ok(if report.violations.is_empty() {

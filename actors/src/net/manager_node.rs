@@ -342,7 +342,11 @@ mod tests {
     fn the_first_proxy_decides_the_origin_and_it_never_changes_after() {
         let kept = Epoch::new(2_000);
         assert_eq!(kept.hand_out(1_000), 1_000, "a proxy of an earlier manager");
-        assert_eq!(kept.hand_out(0), 1_000, "a proxy started since gets the same");
+        assert_eq!(
+            kept.hand_out(0),
+            1_000,
+            "a proxy started since gets the same"
+        );
         assert_eq!(kept.hand_out(1_500), 1_000, "told once: fixed");
 
         let own = Epoch::new(2_000);

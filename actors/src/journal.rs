@@ -18,7 +18,9 @@
 //!   still runs) is refused at start instead of overwriting the first one's records. The
 //!   directory is proven writable at open (the journal is written once), and a write that
 //!   fails later is the manager's to report (it refuses new operations until a write
-//!   succeeds again).
+//!   succeeds again). Its writes block for their fsyncs, so the manager makes them on a thread
+//!   of their own (`manager/journal_writer.rs`), not on its actor's thread, which its
+//!   transport shares (but for the check at a command while a write is failing).
 //! - [`MemoryJournal`]: the in-process job's ([`crate::LocalJob`]): its managers share one,
 //!   so a restarted manager remembers as one with `--state-dir` does.
 

@@ -11,6 +11,8 @@ mod clusterd;
 
 mod hold;
 
+mod journal_writer;
+
 mod waiters;
 
 pub use hold::{HoldPolicy, SetHoldPolicy, StopTraining, DEFAULT_HOLD_BOUND};
@@ -43,6 +45,9 @@ use tracing::Span;
 /// How often a journal that cannot be written is tried again.
 const JOURNAL_RETRY: Duration = Duration::from_secs(1);
 
+/// A journal write that takes this long is logged.
+const JOURNAL_SLOW: Duration = Duration::from_secs(1);
+
 /// The manager actor: the job's [`JobLedger`], the links to the nodes' proxies, the deadline
 /// armed and whoever waits for a result. What it shows of its work (spans, metrics, the
 /// progress feed) is the business of the observer it tells what happens
@@ -60,7 +65,8 @@ pub struct Manager {
     /// Automatic failover, when on ([`Manager::with_auto`]).
     auto: Option<auto::Auto>,
     /// Where every final result is recorded for the next manager ([`Manager::with_journal`]).
-    journal: Option<Arc<dyn OperationJournal>>,
+    /// Written on a thread of its own (`manager/journal_writer.rs`).
+    journal: Option<journal_writer::JournalWriter>,
     /// What a job that does not run leads to, and the hold it watches (`manager/hold.rs`).
     hold: hold::Hold,
     /// The last journal write's error while the journal cannot be written (nothing new is
@@ -109,7 +115,7 @@ impl Manager {
         }
         self.ledger.seed(earlier);
         self.ledger.seed_interrupted(interrupted);
-        self.journal = Some(journal);
+        self.journal = Some(journal_writer::JournalWriter::spawn(journal));
         metrics::gauge!(telemetry::JOURNAL_FAILING).set(0.0);
         self
     }
@@ -134,7 +140,19 @@ impl Manager {
 
     fn run(&mut self, actions: Vec<Action>, ctx: &mut Context<Self>) {
         let followed = self.clusterd_follow(&actions);
-        for a in actions {
+        self.run_from(actions.into_iter(), followed, ctx);
+    }
+
+    /// Carries out `actions`, then what ClusterD's side decided of them. A final result is
+    /// journaled before anything else happens: the actions after it, and ClusterD's, wait
+    /// for its write ([`Manager::finish`]).
+    fn run_from(
+        &mut self,
+        mut actions: std::vec::IntoIter<Action>,
+        followed: Option<clusterd::Followed>,
+        ctx: &mut Context<Self>,
+    ) {
+        while let Some(a) = actions.next() {
             match a {
                 Action::Broadcast(d) => self.broadcast(d, ctx),
                 Action::ArmDeadline { token, phase, at } => {
@@ -150,7 +168,11 @@ impl Manager {
                         act.run(actions, ctx);
                     }));
                 }
-                Action::Finish(report) => self.finish(*report, ctx),
+                Action::Finish(report) => {
+                    return self.finish(*report, ctx, move |act, ctx| {
+                        act.run_from(actions, followed, ctx)
+                    });
+                }
                 Action::Verified(report) => self.verified(*report, ctx),
                 Action::Held(at) => self.observer.held(at),
             }
@@ -227,50 +249,67 @@ impl Manager {
         self.watch_hold(ctx);
     }
 
-    fn finish(&mut self, mut report: OperationReport, ctx: &mut Context<Self>) {
+    /// An operation's final result: journaled, then published (the observer, its waiters,
+    /// the policy), then `then` carries on with what followed it.
+    fn finish(
+        &mut self,
+        mut report: OperationReport,
+        ctx: &mut Context<Self>,
+        then: impl FnOnce(&mut Self, &mut Context<Self>) + 'static,
+    ) {
         if let Some(h) = self.deadline.take() {
             ctx.cancel_future(h);
         }
-        if let Some(why) = self.journal(ctx) {
-            self.ledger.note_not_journaled(report.id, &why);
-            report.journal_error = Some(why);
-        }
-        self.observer.operation_finished(&report, &self.ledger);
-        self.wake_registered();
-        self.waiters.finished(&report);
-        self.maybe_verify(ctx);
-        self.watch_hold(ctx);
-        self.auto_finished(&report, ctx);
+        self.journal(ctx, move |act, failed, ctx| {
+            if let Some(why) = failed {
+                act.ledger.note_not_journaled(report.id, &why);
+                report.journal_error = Some(why);
+            }
+            act.observer.operation_finished(&report, &act.ledger);
+            act.wake_registered();
+            act.waiters.finished(&report);
+            act.maybe_verify(ctx);
+            act.watch_hold(ctx);
+            act.auto_finished(&report, ctx);
+            then(act, ctx);
+        });
     }
 
     /// Records the ledger's new admissions and final results in the journal, in that order:
     /// an admission before the operation's first directive, a result before it is published
-    /// (a client that saw a result can count on a new manager knowing it). A write that fails
-    /// does not stop the operation, but nothing new is admitted until the journal can be
-    /// written again ([`Manager::journal_ready`]); the error is returned, for the report of a
-    /// result that is not durable to say so.
-    fn journal(&mut self, ctx: &mut Context<Self>) -> Option<String> {
+    /// (a client that saw a result can count on a new manager knowing it). The writes run on
+    /// the journal's thread (`manager/journal_writer.rs`) and the actor waits for them
+    /// (`ctx.wait`: it handles nothing else meanwhile, while its thread keeps serving the
+    /// transport and the control API); then `then` carries on, with the error of a write
+    /// that failed, for the report of a result that is not durable to say so. A write that
+    /// fails does not stop the operation, but nothing new is admitted until the journal can
+    /// be written again ([`Manager::journal_ready`]). With nothing to write (or no journal),
+    /// `then` runs at once.
+    fn journal(
+        &mut self,
+        ctx: &mut Context<Self>,
+        then: impl FnOnce(&mut Self, Option<String>, &mut Context<Self>) + 'static,
+    ) {
+        use journal_writer::Write;
         let (admitted, finished) = (self.ledger.take_admitted(), self.ledger.take_finished());
-        let journal = self.journal.as_ref()?;
-        let mut failed = None;
-        for op in admitted {
-            let id = op.id;
-            if let Err(e) = journal.admit(op) {
-                tracing::error!(%id, error = %e, "the admission is not journaled: were this manager to stop before the result, its uuid would run again; nothing new starts until the journal can be written");
-                failed = Some(e.to_string());
+        let writes: Vec<_> = (admitted.into_iter().map(Write::Admit))
+            .chain(finished.into_iter().map(|op| Write::Record(Box::new(op))))
+            .collect();
+        let Some(writer) = self.journal.as_ref().filter(|_| !writes.is_empty()) else {
+            return then(self, None, ctx);
+        };
+        let started = Instant::now();
+        let written = writer.write(writes).into_actor(self);
+        ctx.wait(written.map(move |failed, act, ctx| {
+            let took = started.elapsed();
+            if took >= JOURNAL_SLOW {
+                tracing::warn!(?took, "the operation journal's write was slow (a busy disk?); the manager's transport kept running meanwhile");
             }
-        }
-        for op in finished {
-            let id = op.report.id;
-            if let Err(e) = journal.record(op) {
-                tracing::error!(%id, error = %e, "the result is not journaled: after a restart its uuid would run again; nothing new starts until the journal can be written");
-                failed = Some(e.to_string());
+            if let Some(why) = &failed {
+                act.journal_failed(why.clone(), ctx);
             }
-        }
-        if let Some(why) = &failed {
-            self.journal_failed(why.clone(), ctx);
-        }
-        failed
+            then(act, failed, ctx)
+        }));
     }
 
     /// A journal write failed with `why`: say so (status, metrics) and retry every second
@@ -283,26 +322,53 @@ impl Manager {
         }
     }
 
+    /// Writes the journal again on its thread, waiting for it as for any write; again after
+    /// [`JOURNAL_RETRY`] while it fails.
     fn retry_journal(&mut self, ctx: &mut Context<Self>) {
-        if self.journal_failing.is_some() && self.journal_ready().is_err() {
-            metrics::counter!(telemetry::JOURNAL_WRITE_FAILURES_TOTAL).increment(1);
-            ctx.run_later(JOURNAL_RETRY, Self::retry_journal);
+        let Some(writer) = self
+            .journal
+            .as_ref()
+            .filter(|_| self.journal_failing.is_some())
+        else {
+            return;
+        };
+        let written = writer.write(vec![journal_writer::Write::Flush]);
+        ctx.wait(
+            written
+                .into_actor(self)
+                .map(|failed, act, ctx| match failed {
+                    None => act.journal_writable(),
+                    Some(why) => {
+                        act.journal_failing = Some(why);
+                        metrics::counter!(telemetry::JOURNAL_WRITE_FAILURES_TOTAL).increment(1);
+                        ctx.run_later(JOURNAL_RETRY, Self::retry_journal);
+                    }
+                }),
+        );
+    }
+
+    /// A write of everything the journal holds succeeded after a failure.
+    fn journal_writable(&mut self) {
+        if self.journal_failing.take().is_some() {
+            tracing::warn!(
+                "the operation journal can be written again: operations are admitted again"
+            );
+            metrics::gauge!(telemetry::JOURNAL_FAILING).set(0.0);
         }
     }
 
     /// `Ok` when the journal can take a new operation: it is writable, or a write of what it
-    /// holds succeeds now; else [`SubmitError::JournalFailing`] with the last error.
+    /// holds succeeds now; else [`SubmitError::JournalFailing`] with the last error. Only
+    /// while the journal is failing does this write, and on the actor's thread: the command
+    /// it admits waits for that write (a journal that fails usually fails at once; the
+    /// retries every [`JOURNAL_RETRY`] run on the journal's thread).
     fn journal_ready(&mut self) -> Result<(), SubmitError> {
-        let (Some(journal), Some(_)) = (&self.journal, &self.journal_failing) else {
+        let (Some(writer), Some(_)) = (&self.journal, &self.journal_failing) else {
             return Ok(());
         };
-        match journal.flush() {
+        match writer.journal().flush() {
             Ok(()) => {
-                tracing::warn!(
-                    "the operation journal can be written again: operations are admitted again"
-                );
-                self.journal_failing = None;
-                metrics::gauge!(telemetry::JOURNAL_FAILING).set(0.0);
+                self.journal_writable();
                 Ok(())
             }
             Err(e) => {
@@ -322,12 +388,25 @@ impl Manager {
         actions: Vec<Action>,
         ctx: &mut Context<Self>,
     ) {
-        self.journal(ctx);
-        let plan = self.ledger.in_flight().map(|op| op.plan());
-        let (job, ranks) = (self.ledger.job(), self.ledger.expected());
-        self.observer.operation_started(id, span, job, plan, ranks);
-        self.job_changed();
-        self.run(actions, ctx);
+        let admitted = Instant::now();
+        self.journal(ctx, move |act, _, ctx| {
+            // The first phase starts once its admission is durable: its deadline counts from
+            // there, not from the admission (a slow disk fails no operation by itself).
+            let waited = admitted.elapsed();
+            let actions = actions.into_iter().map(|a| match a {
+                Action::ArmDeadline { token, phase, at } => Action::ArmDeadline {
+                    token,
+                    phase,
+                    at: at + waited,
+                },
+                a => a,
+            });
+            let plan = act.ledger.in_flight().map(|op| op.plan());
+            let (job, ranks) = (act.ledger.job(), act.ledger.expected());
+            act.observer.operation_started(id, span, job, plan, ranks);
+            act.job_changed();
+            act.run(actions.collect(), ctx);
+        });
     }
 
     /// The job's registrations, operation, NIC table or state may have changed.

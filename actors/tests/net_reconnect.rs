@@ -2,23 +2,19 @@
 //! session (nothing lost, nothing repeated, nobody declared lost), while a new process for the
 //! same rank replaces the old one.
 
+mod support;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
+use support::start_rank;
 use taskd_actors::control::{self, ControlClient, ControlConfig, ControlServer};
 use taskd_actors::net::proxy_node::NodeAssignment;
-use taskd_actors::net::{
-    ManagerNode, ManagerNodeConfig, NetConfig, ProxyNode, ProxyNodeConfig, RemoteWorker,
-    RemoteWorkerConfig,
-};
-use taskd_actors::StepGate;
+use taskd_actors::net::{ManagerNode, ManagerNodeConfig, NetConfig, ProxyNode, ProxyNodeConfig};
 use taskd_core::command::Target;
-use taskd_core::{
-    DeviceId, GlobalRank, JobId, NodeHal, NodeName, PhaseDeadlines, RankTable, StepBoundary,
-    SwitchCommand,
-};
-use taskd_hal_mock::{SoloLayout, SoloNodeHal, SoloRank, SoloTraining, SoloTrainingOptions};
+use taskd_core::{DeviceId, JobId, NodeHal, NodeName, PhaseDeadlines, RankTable, SwitchCommand};
+use taskd_hal_mock::{SoloLayout, SoloNodeHal};
 use tokio::sync::Mutex as AsyncMutex;
 
 fn net() -> NetConfig {
@@ -133,38 +129,6 @@ impl Relay {
     }
 }
 
-struct Rank {
-    worker: RemoteWorker,
-    training: SoloTraining,
-}
-
-fn start_rank(rank: u32, proxy: &str, layout: SoloLayout) -> Rank {
-    let solo = SoloRank::new(layout, GlobalRank(rank)).unwrap();
-    let mut cfg = RemoteWorkerConfig::new(JobId("rc".into()), GlobalRank(rank), proxy);
-    cfg.tsp = true;
-    cfg.net = net();
-    let worker = RemoteWorker::start(cfg, Box::new(solo.hal())).unwrap();
-    let reg = worker.wait_registered(Duration::from_secs(30)).unwrap();
-    let gate: Arc<StepGate> = worker.gate();
-    let training = SoloTraining::start(
-        solo,
-        gate as Arc<dyn StepBoundary>,
-        SoloTrainingOptions {
-            step_time: Duration::from_millis(2),
-            epoch: Some(std::time::UNIX_EPOCH + Duration::from_millis(reg.job_epoch_unix_ms)),
-        },
-    );
-    Rank { worker, training }
-}
-
-impl Rank {
-    fn stop(self) {
-        self.worker.gate().shutdown();
-        self.training.stop();
-        self.worker.stop();
-    }
-}
-
 fn cmd(dev: u32, backup: bool) -> SwitchCommand {
     SwitchCommand {
         job: JobId("rc".into()),
@@ -182,8 +146,8 @@ fn a_reconnecting_worker_resumes_and_a_new_process_replaces_the_old() {
     let (ctl, proxy, system) = start_job(1, 2);
     let layout = SoloLayout::new(1, 2);
     let relay = Relay::start(proxy.clone());
-    let r0 = start_rank(0, &relay.addr.to_string(), layout);
-    let r1 = start_rank(1, &proxy, layout);
+    let r0 = start_rank("rc", 0, &relay.addr.to_string(), layout, net());
+    let r1 = start_rank("rc", 1, &proxy, layout, net());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -214,7 +178,7 @@ fn a_reconnecting_worker_resumes_and_a_new_process_replaces_the_old() {
     // Rank 0's process is cut off for good; a new process for rank 0 takes its place within
     // the old one's grace period (a restart, not a duplicate).
     relay.close();
-    let r0_new = start_rank(0, &proxy, layout);
+    let r0_new = start_rank("rc", 0, &proxy, layout, net());
     // Until the manager has seen the replacement, a registered-and-verified job is still the
     // old process's: ask again until the new one's verification is the job's state.
     let mut asked = 0;
@@ -247,6 +211,11 @@ fn a_reconnecting_worker_resumes_and_a_new_process_replaces_the_old() {
     assert_eq!(rec.job_state, "running", "{rec:#?}");
     let r = rt.block_on(control.run(&cmd(0, false))).unwrap();
     assert_eq!(r.result, "succeeded", "{r:#?}");
+    // Every communication group of the live ranks agrees: everyone back on the primary NIC.
+    for r in [&r0_new, &r1] {
+        assert!(r.solo.views_agree(), "every group of a rank agrees");
+        assert!(r.solo.ranks_on_backup().is_empty());
+    }
 
     r0.worker.gate().shutdown();
     r0.training.stop();

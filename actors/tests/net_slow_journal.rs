@@ -2,23 +2,24 @@
 //! off its thread, so its transport keeps its proxy connected meanwhile, and the operation
 //! runs once its admission is durable (its deadlines counted from there) and ends journaled.
 
+mod support;
+
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
+use support::start_rank;
 use taskd_actors::control::{self, ControlClient, ControlConfig, ControlServer};
 use taskd_actors::journal::{JournalError, MemoryJournal, OperationJournal};
 use taskd_actors::net::proxy_node::NodeAssignment;
 use taskd_actors::net::{
     ClientState, ManagerNode, ManagerNodeConfig, NetConfig, ProxyNode, ProxyNodeConfig,
-    RemoteWorker, RemoteWorkerConfig,
 };
-use taskd_actors::{Manager, StepGate};
+use taskd_actors::Manager;
 use taskd_core::command::Target;
 use taskd_core::ledger::{AdmittedOperation, FinishedOperation};
 use taskd_core::{
-    DeviceId, GlobalRank, JobId, NodeHal, NodeName, PhaseDeadlines, RankTable, StepBoundary,
-    SwitchCommand,
+    DeviceId, GlobalRank, JobId, NodeHal, NodeName, PhaseDeadlines, RankTable, SwitchCommand,
 };
-use taskd_hal_mock::{SoloLayout, SoloNodeHal, SoloRank, SoloTraining, SoloTrainingOptions};
+use taskd_hal_mock::{SoloLayout, SoloNodeHal};
 use tokio::sync::watch;
 
 /// Heartbeats every 50 ms, a peer lost after 200 ms of silence.
@@ -141,35 +142,6 @@ fn start_proxy(manager: String) -> ProxyNodeParts {
     rx.recv().unwrap()
 }
 
-struct Rank {
-    solo: SoloRank,
-    worker: RemoteWorker,
-    training: SoloTraining,
-}
-
-fn start_rank(rank: u32, proxy: &str) -> Rank {
-    let solo = SoloRank::new(SoloLayout::new(1, 2), GlobalRank(rank)).unwrap();
-    let mut cfg = RemoteWorkerConfig::new(JobId("sj".into()), GlobalRank(rank), proxy);
-    cfg.tsp = true;
-    cfg.net = net();
-    let worker = RemoteWorker::start(cfg, Box::new(solo.hal())).unwrap();
-    let reg = worker.wait_registered(Duration::from_secs(30)).unwrap();
-    let gate: Arc<StepGate> = worker.gate();
-    let training = SoloTraining::start(
-        solo.clone(),
-        gate as Arc<dyn StepBoundary>,
-        SoloTrainingOptions {
-            step_time: Duration::from_millis(2),
-            epoch: Some(std::time::UNIX_EPOCH + Duration::from_millis(reg.job_epoch_unix_ms)),
-        },
-    );
-    Rank {
-        solo,
-        worker,
-        training,
-    }
-}
-
 /// Asserts that `upstream` stays registered for `held` (it would leave `Registered` were the
 /// manager silent past the loss time).
 async fn stays_registered(upstream: &mut watch::Receiver<ClientState>, held: Duration) {
@@ -199,7 +171,8 @@ fn a_slow_journal_write_stalls_neither_the_transport_nor_the_deadlines() {
         release: parking_lot::Mutex::new(release_rx),
     });
     let (ctl, mut proxy) = start_job(journal.clone());
-    let ranks = [start_rank(0, &proxy.addr), start_rank(1, &proxy.addr)];
+    let start = |r| start_rank("sj", r, &proxy.addr, SoloLayout::new(1, 2), net());
+    let ranks = [start(0), start(1)];
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -249,9 +222,7 @@ fn a_slow_journal_write_stalls_neither_the_transport_nor_the_deadlines() {
         assert_eq!(r.solo.ranks_on_backup(), [GlobalRank(0)]);
     }
     for r in ranks {
-        r.worker.gate().shutdown();
-        r.training.stop();
-        r.worker.stop();
+        r.stop();
     }
     proxy.system.stop();
 }

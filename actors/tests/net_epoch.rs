@@ -2,11 +2,12 @@
 //! the origin the first manager gave them, and a proxy started after the restart gets that
 //! origin too, so every node's simulated step clock and link probes count from one origin.
 
+mod support;
+
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use taskd_actors::net::proxy_node::NodeAssignment;
-use taskd_actors::net::{ManagerNode, ManagerNodeConfig, NetConfig, ProxyNode, ProxyNodeConfig};
-use taskd_core::{JobId, NodeHal, PhaseDeadlines, RankTable};
-use taskd_hal_mock::SoloNodeHal;
+use support::spawn_proxy;
+use taskd_actors::net::{ManagerNode, ManagerNodeConfig, NetConfig, ProxyNode};
+use taskd_core::{JobId, PhaseDeadlines, RankTable};
 
 fn net() -> NetConfig {
     NetConfig {
@@ -27,17 +28,7 @@ fn manager(listen: std::net::SocketAddr) -> ManagerNodeConfig {
 }
 
 async fn proxy(manager: &ManagerNode, node_rank: u32) -> ProxyNode {
-    let hal = |a: &NodeAssignment| -> Box<dyn NodeHal> {
-        Box::new(SoloNodeHal::new(a.ranks.len() as u32))
-    };
-    ProxyNode::spawn(ProxyNodeConfig {
-        node_rank: Some(node_rank),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        net: net(),
-        ..ProxyNodeConfig::new(JobId("epoch".into()), manager.local_addr().to_string(), hal)
-    })
-    .await
-    .unwrap()
+    spawn_proxy("epoch", manager.local_addr().to_string(), node_rank, net()).await
 }
 
 fn unix_ms() -> u64 {

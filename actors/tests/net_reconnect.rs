@@ -8,13 +8,12 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
-use support::start_rank;
-use taskd_actors::control::{self, ControlClient, ControlConfig, ControlServer};
-use taskd_actors::net::proxy_node::NodeAssignment;
-use taskd_actors::net::{ManagerNode, ManagerNodeConfig, NetConfig, ProxyNode, ProxyNodeConfig};
+use support::{control_when_registered, spawn_proxy, start_rank};
+use taskd_actors::control::{self, ControlConfig, ControlServer};
+use taskd_actors::net::{ManagerNode, ManagerNodeConfig, NetConfig};
 use taskd_core::command::Target;
-use taskd_core::{DeviceId, JobId, NodeHal, NodeName, PhaseDeadlines, RankTable, SwitchCommand};
-use taskd_hal_mock::{SoloLayout, SoloNodeHal};
+use taskd_core::{DeviceId, JobId, NodeName, PhaseDeadlines, RankTable, SwitchCommand};
+use taskd_hal_mock::SoloLayout;
 use tokio::sync::Mutex as AsyncMutex;
 
 fn net() -> NetConfig {
@@ -43,18 +42,7 @@ fn start_job(nodes: u32, ppn: u32) -> (ControlServer, String, actix::System) {
             })
             .await
             .unwrap();
-            let hal = |a: &NodeAssignment| -> Box<dyn NodeHal> {
-                Box::new(SoloNodeHal::new(a.ranks.len() as u32))
-            };
-            let p = ProxyNode::spawn(ProxyNodeConfig {
-                node_rank: Some(0),
-                listen: "127.0.0.1:0".parse().unwrap(),
-                net: net(),
-                ..ProxyNodeConfig::new(JobId("rc".into()), m.local_addr().to_string(), hal)
-            })
-            .await
-            .unwrap();
-            p.assigned().await.unwrap();
+            let p = spawn_proxy("rc", m.local_addr().to_string(), 0, net()).await;
             let ctl = control::serve(
                 m.manager().clone(),
                 ControlConfig::new("127.0.0.1:0".parse().unwrap(), JobId("rc".into())),
@@ -148,14 +136,7 @@ fn a_reconnecting_worker_resumes_and_a_new_process_replaces_the_old() {
     let relay = Relay::start(proxy.clone());
     let r0 = start_rank("rc", 0, &relay.addr.to_string(), layout, net());
     let r1 = start_rank("rc", 1, &proxy, layout, net());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let mut control = rt
-        .block_on(ControlClient::connect(&ctl.local_addr().to_string(), None))
-        .unwrap();
-    rt.block_on(control.wait_registered("rc", None)).unwrap();
+    let (rt, mut control) = control_when_registered(&ctl, "rc");
     assert_eq!(relay.accepted.load(Ordering::SeqCst), 1);
 
     // The connection of rank 0 breaks just as an operation starts: the directives queued for

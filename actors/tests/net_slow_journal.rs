@@ -6,20 +6,15 @@ mod support;
 
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
-use support::start_rank;
-use taskd_actors::control::{self, ControlClient, ControlConfig, ControlServer};
+use support::{control_when_registered, spawn_proxy, start_rank};
+use taskd_actors::control::{self, ControlConfig, ControlServer};
 use taskd_actors::journal::{JournalError, MemoryJournal, OperationJournal};
-use taskd_actors::net::proxy_node::NodeAssignment;
-use taskd_actors::net::{
-    ClientState, ManagerNode, ManagerNodeConfig, NetConfig, ProxyNode, ProxyNodeConfig,
-};
+use taskd_actors::net::{ClientState, ManagerNode, ManagerNodeConfig, NetConfig};
 use taskd_actors::Manager;
 use taskd_core::command::Target;
 use taskd_core::ledger::{AdmittedOperation, FinishedOperation};
-use taskd_core::{
-    DeviceId, GlobalRank, JobId, NodeHal, NodeName, PhaseDeadlines, RankTable, SwitchCommand,
-};
-use taskd_hal_mock::{SoloLayout, SoloNodeHal};
+use taskd_core::{DeviceId, GlobalRank, JobId, NodeName, PhaseDeadlines, RankTable, SwitchCommand};
+use taskd_hal_mock::SoloLayout;
 use tokio::sync::watch;
 
 /// Heartbeats every 50 ms, a peer lost after 200 ms of silence.
@@ -117,18 +112,7 @@ fn start_proxy(manager: String) -> ProxyNodeParts {
     std::thread::spawn(move || {
         let sys = actix::System::new();
         sys.block_on(async move {
-            let hal = |a: &NodeAssignment| -> Box<dyn NodeHal> {
-                Box::new(SoloNodeHal::new(a.ranks.len() as u32))
-            };
-            let p = ProxyNode::spawn(ProxyNodeConfig {
-                node_rank: Some(0),
-                listen: "127.0.0.1:0".parse().unwrap(),
-                net: net(),
-                ..ProxyNodeConfig::new(JobId("sj".into()), manager, hal)
-            })
-            .await
-            .unwrap();
-            p.assigned().await.unwrap();
+            let p = spawn_proxy("sj", manager, 0, net()).await;
             tx.send(ProxyNodeParts {
                 addr: p.local_addr().to_string(),
                 upstream: p.upstream_state(),
@@ -173,14 +157,7 @@ fn a_slow_journal_write_stalls_neither_the_transport_nor_the_deadlines() {
     let (ctl, mut proxy) = start_job(journal.clone());
     let start = |r| start_rank("sj", r, &proxy.addr, SoloLayout::new(1, 2), net());
     let ranks = [start(0), start(1)];
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let mut control = rt
-        .block_on(ControlClient::connect(&ctl.local_addr().to_string(), None))
-        .unwrap();
-    rt.block_on(control.wait_registered("sj", None)).unwrap();
+    let (rt, mut control) = control_when_registered(&ctl, "sj");
 
     let cmd = SwitchCommand {
         job: JobId("sj".into()),

@@ -1,11 +1,16 @@
-//! What the network tests share: a rank in its own training loop behind a [`RemoteWorker`].
+//! What the network tests share: a proxy, a rank in its own training loop behind a
+//! [`RemoteWorker`], a control client. Each test crate uses part of it.
+
+#![allow(dead_code)]
 
 use std::sync::Arc;
 use std::time::Duration;
-use taskd_actors::net::{NetConfig, RemoteWorker, RemoteWorkerConfig};
+use taskd_actors::control::{ControlClient, ControlServer};
+use taskd_actors::net::proxy_node::NodeAssignment;
+use taskd_actors::net::{NetConfig, ProxyNode, ProxyNodeConfig, RemoteWorker, RemoteWorkerConfig};
 use taskd_actors::StepGate;
-use taskd_core::{GlobalRank, JobId, StepBoundary};
-use taskd_hal_mock::{SoloLayout, SoloRank, SoloTraining, SoloTrainingOptions};
+use taskd_core::{GlobalRank, JobId, NodeHal, StepBoundary};
+use taskd_hal_mock::{SoloLayout, SoloNodeHal, SoloRank, SoloTraining, SoloTrainingOptions};
 
 /// One simulated rank: its HAL's view, its worker and its training loop (2 ms a step, on the
 /// job's clock origin).
@@ -52,4 +57,44 @@ impl Rank {
         self.training.stop();
         self.worker.stop();
     }
+}
+
+/// A client of the control API `ctl` on a runtime of its own, once every worker of `job` is
+/// registered.
+pub(crate) fn control_when_registered(
+    ctl: &ControlServer,
+    job: &str,
+) -> (tokio::runtime::Runtime, ControlClient) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut control = rt
+        .block_on(ControlClient::connect(&ctl.local_addr().to_string(), None))
+        .unwrap();
+    rt.block_on(control.wait_registered(job, None)).unwrap();
+    (rt, control)
+}
+
+/// The proxy of node rank `node_rank` of `job` (every link up), registered with the manager at
+/// `manager`.
+pub(crate) async fn spawn_proxy(
+    job: &str,
+    manager: String,
+    node_rank: u32,
+    net: NetConfig,
+) -> ProxyNode {
+    let hal = |a: &NodeAssignment| -> Box<dyn NodeHal> {
+        Box::new(SoloNodeHal::new(a.ranks.len() as u32))
+    };
+    let p = ProxyNode::spawn(ProxyNodeConfig {
+        node_rank: Some(node_rank),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        net,
+        ..ProxyNodeConfig::new(JobId(job.into()), manager, hal)
+    })
+    .await
+    .unwrap();
+    p.assigned().await.unwrap();
+    p
 }

@@ -40,6 +40,7 @@ use taskd_core::{
     GlobalRank, JobId, JobLedger, JobState, NodeName, OperationId, PhaseDeadlines, RankTable,
     SubmitError, SwitchCommand,
 };
+use tokio::sync::oneshot;
 use tracing::Span;
 
 /// How often a journal that cannot be written is tried again.
@@ -381,15 +382,20 @@ impl Manager {
 
     /// An operation the ledger just started under `span`: tells the observer, then carries
     /// out its first actions.
+    ///
+    /// The receiver fires once the admission is durable: the operator's answer ("started")
+    /// waits for it, so a uuid the operator saw accepted is known to any later manager.
     fn operation_started(
         &mut self,
         id: OperationId,
         span: Span,
         actions: Vec<Action>,
         ctx: &mut Context<Self>,
-    ) {
+    ) -> oneshot::Receiver<()> {
         let admitted = Instant::now();
+        let (durable, rx) = oneshot::channel();
         self.journal(ctx, move |act, _, ctx| {
+            let _ = durable.send(());
             // The first phase starts once its admission is durable: its deadline counts from
             // there, not from the admission (a slow disk fails no operation by itself).
             let waited = admitted.elapsed();
@@ -407,6 +413,7 @@ impl Manager {
             act.job_changed();
             act.run(actions.collect(), ctx);
         });
+        rx
     }
 
     /// The job's registrations, operation, NIC table or state may have changed.
@@ -537,7 +544,7 @@ impl Submission {
 }
 
 impl Handler<Submit> for Manager {
-    type Result = Result<Submission, SubmitError>;
+    type Result = ResponseFuture<Result<Submission, SubmitError>>;
 
     fn handle(&mut self, Submit(cmd): Submit, ctx: &mut Self::Context) -> Self::Result {
         let id = cmd.id.unwrap_or_else(|| OperationId(uuid::Uuid::new_v4()));
@@ -547,10 +554,14 @@ impl Handler<Submit> for Manager {
             Ok(()) => span.in_scope(|| self.ledger.submit(&cmd, id, now)),
             Err(e) => Err(e),
         };
-        match res {
+        let answer = match res {
             Ok(Submitted::Started { id, actions }) => {
-                self.operation_started(id, span, actions, ctx);
-                Ok(Submission::Started(id))
+                // Answered once the admission is durable (the journal's write is awaited).
+                let durable = self.operation_started(id, span, actions, ctx);
+                return Box::pin(async move {
+                    let _ = durable.await;
+                    Ok(Submission::Started(id))
+                });
             }
             Ok(Submitted::Known(r)) => Ok(Submission::Known(r)),
             Ok(Submitted::InFlight(id)) => Ok(Submission::InFlight(id)),
@@ -558,7 +569,8 @@ impl Handler<Submit> for Manager {
                 self.observer.command_refused(&span, &e);
                 Err(e)
             }
-        }
+        };
+        Box::pin(std::future::ready(answer))
     }
 }
 
@@ -767,7 +779,7 @@ pub enum Recovery {
 }
 
 impl Handler<Recover> for Manager {
-    type Result = Result<Recovery, SubmitError>;
+    type Result = ResponseFuture<Result<Recovery, SubmitError>>;
 
     fn handle(&mut self, m: Recover, ctx: &mut Self::Context) -> Self::Result {
         let id = m.id.unwrap_or_else(|| OperationId(uuid::Uuid::new_v4()));
@@ -777,11 +789,15 @@ impl Handler<Recover> for Manager {
             Ok(()) => span.in_scope(|| self.ledger.recover(m.to, id, now)),
             Err(e) => Err(e),
         };
-        match res {
+        let answer = match res {
             Ok(RecoveryStarted::Operation { id, actions }) => {
                 span.in_scope(|| tracing::warn!(to = m.to.as_str(), "recovery started"));
-                self.operation_started(id, span, actions, ctx);
-                Ok(Recovery::Operation(id))
+                // Answered once the admission is durable, as a submission is.
+                let durable = self.operation_started(id, span, actions, ctx);
+                return Box::pin(async move {
+                    let _ = durable.await;
+                    Ok(Recovery::Operation(id))
+                });
             }
             Ok(RecoveryStarted::Verification { id, actions }) => {
                 span.in_scope(|| tracing::warn!("recovery: nothing in doubt, verifying"));
@@ -793,7 +809,8 @@ impl Handler<Recover> for Manager {
                 span.in_scope(|| tracing::warn!(error = %e, "recovery refused"));
                 Err(e)
             }
-        }
+        };
+        Box::pin(std::future::ready(answer))
     }
 }
 

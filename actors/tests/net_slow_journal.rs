@@ -1,6 +1,7 @@
 //! A journal whose write takes longer than the heartbeat loss time: the manager waits for it
 //! off its thread, so its transport keeps its proxy connected meanwhile, and the operation
-//! runs once its admission is durable (its deadlines counted from there) and ends journaled.
+//! runs once its admission is durable (its deadlines counted from there; the operator is told
+//! it is accepted only then) and ends journaled.
 
 mod support;
 
@@ -174,6 +175,12 @@ fn a_slow_journal_write_stalls_neither_the_transport_nor_the_deadlines() {
     rt.block_on(entered).expect("the admission's write started");
     // The write is held: the manager's transport still answers its proxy's heartbeats.
     rt.block_on(stays_registered(&mut proxy.upstream, HELD));
+    // The operator is told "accepted" only once the admission is durable: a uuid it saw
+    // accepted is known to any later manager (while the write is held, no answer).
+    assert!(
+        !submitted.is_finished(),
+        "accepted before its admission was durable"
+    );
     release.send(()).unwrap();
     let (switching, mut control) = rt.block_on(submitted).unwrap().unwrap();
 

@@ -188,7 +188,7 @@ impl Manager {
                 if let Some(a) = self.auto.as_mut() {
                     a.op = Some(id);
                 }
-                self.operation_started(id, span, actions, ctx);
+                let _durable = self.operation_started(id, span, actions, ctx);
             }
             other => {
                 // The job changed under the policy (a fresh uuid is never known or in flight).

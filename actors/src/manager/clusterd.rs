@@ -250,7 +250,7 @@ impl Manager {
                     .and_then(|s| s.seq.current())
                     .map_or(String::new(), |(u, _)| u.to_owned());
                 let span = super::observer::clusterd_span(id, self.ledger.job(), &uuid);
-                self.operation_started(id, span, step.actions, ctx);
+                let _durable = self.operation_started(id, span, step.actions, ctx);
             }
             None => {
                 self.job_changed();

@@ -214,7 +214,7 @@ impl Manager {
             match span.in_scope(|| self.ledger.recover(RecoverTo::AsIs, id, now)) {
                 Ok(RecoveryStarted::Operation { id, actions }) => {
                     span.in_scope(|| tracing::warn!(%id, "the interrupted operation's targets disagree, each group cleanly on one side: re-stating them as-is by itself"));
-                    self.operation_started(id, span, actions, ctx);
+                    let _durable = self.operation_started(id, span, actions, ctx);
                 }
                 Ok(RecoveryStarted::Verification { actions, .. }) => self.run(actions, ctx),
                 Err(e) => span.in_scope(

@@ -151,6 +151,49 @@ fn switch_to_backup_and_back_across_processes() {
     c.shutdown_cleanly();
 }
 
+/// A killed worker's proxy, on the same host, watches the process once its connection closes
+/// and declares it lost when the process has ended, not after the reconnect window: a restart
+/// by the launcher does not leave the old process's rank registered for seconds.
+#[test]
+fn a_killed_worker_is_lost_when_its_process_ends_not_after_the_reconnect_window() {
+    let scratch = Scratch::new("net-ended");
+    const VICTIM: u32 = 1;
+    let slow = move |r: u32| {
+        if r == VICTIM {
+            s(SLOW_STEP)
+        } else {
+            Vec::new()
+        }
+    };
+    // Two-second heartbeats, lost after 60 of them: a two-minute reconnect window.
+    let mut c = Cluster::start(
+        &scratch,
+        ClusterSpec {
+            job: "net-ended",
+            nodes: 1,
+            ppn: 2,
+            worker_flags: &slow,
+            manager_flags: s(&["--pause-timeout-ms", "600000"]),
+            common: s(&["--heartbeat-ms", "2000", "--missed-heartbeats", "60"]),
+            tls: None,
+        },
+    );
+    let mut op = c.submit(&c.command(&[(0, 0, true)])).expect("admitted");
+    assert!(c.until_phase(&mut op, "pause").is_some());
+    let victim = c.workers[VICTIM as usize].as_mut().unwrap();
+    let pid = victim.pid();
+    victim.kill();
+    let r = c.result(op);
+    let error = r.error.as_deref().unwrap_or_default();
+    assert!(
+        error.starts_with(&format!("rank {VICTIM} was lost during pause: "))
+            && error.ends_with(&format!("and its process (pid {pid}) ended")),
+        "expected the victim lost when its process ended, got {error:?}"
+    );
+    assert_eq!(r.lost_ranks, [VICTIM]);
+    c.shutdown_cleanly();
+}
+
 #[test]
 fn a_worker_killed_during_the_pause_fails_the_operation_and_is_reported_lost() {
     let scratch = Scratch::new("net-kill");

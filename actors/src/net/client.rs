@@ -43,7 +43,7 @@ pub enum ClientState {
 
 /// What the role behind a client does.
 pub(crate) trait ClientHost: Send + Sync + 'static {
-    /// The registration (the client fills in incarnation, resume and version).
+    /// The registration (the client fills in incarnation, resume, version and process).
     fn register(&self) -> pb::Register;
     /// The server accepted the registration and placed the client (node, ranks, devices,
     /// the job's size): the host takes its place from `ack`, starting its actor the first
@@ -325,6 +325,9 @@ impl Client {
         let mut reg = host.register();
         reg.incarnation = self.incarnation.clone();
         reg.version = env!("CARGO_PKG_VERSION").to_owned();
+        reg.process = super::liveness::LocalProcess::current()
+            .as_ref()
+            .map(Into::into);
         reg.resume = server_incarnation.as_ref().map(|s| pb::SessionResume {
             server_incarnation: s.clone(),
             received: received.load(Ordering::Acquire),

@@ -31,6 +31,7 @@ pub(crate) mod client;
 pub(crate) mod codec;
 pub(crate) mod frame;
 pub(crate) mod heartbeat;
+pub(crate) mod liveness;
 pub mod manager_node;
 pub(crate) mod outbound;
 pub(crate) mod outbox;

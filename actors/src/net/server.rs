@@ -11,6 +11,7 @@
 
 use super::frame::End;
 use super::heartbeat::Liveness;
+use super::liveness::LocalProcess;
 use super::outbound::outbound;
 use super::outbox::Outbox;
 use super::pb;
@@ -87,6 +88,8 @@ pub struct QueueDepth {
 
 struct Slot {
     incarnation: String,
+    /// The peer's process, when it said which: its end cuts the reconnect window short.
+    process: Option<LocalProcess>,
     /// Bumped by every connection; a session whose id is not the slot's is stale.
     conn: u64,
     connected: bool,
@@ -271,12 +274,30 @@ impl<H: Host> Inner<H> {
         slot.stop = None;
         match end {
             End::Stopped => {}
-            End::Closed(_) if !self.registry.is_shutting_down() => {
+            End::Closed(ref why) if !self.registry.is_shutting_down() => {
                 tracing::info!(peer = %key, ?end, "connection closed; waiting for a reconnect");
                 let inner = self.clone();
                 let wait = net.loss_after();
+                let (process, why) = (slot.process.clone(), why.clone());
                 tokio::spawn(async move {
-                    tokio::time::sleep(wait).await;
+                    // The window, cut short when the peer's process is known to have ended.
+                    let started = tokio::time::Instant::now();
+                    let ended = match &process {
+                        Some(p) => p.ends_within(wait).await,
+                        None => false,
+                    };
+                    let reason = match &process {
+                        Some(p) if ended => {
+                            format!(
+                                "connection closed ({why}) and its process (pid {}) ended",
+                                p.pid
+                            )
+                        }
+                        _ => {
+                            tokio::time::sleep_until(started + wait).await;
+                            end.describe(wait)
+                        }
+                    };
                     let gone = {
                         let mut slots = inner.registry.slots.lock();
                         match slots.get(&key) {
@@ -285,7 +306,6 @@ impl<H: Host> Inner<H> {
                         }
                     };
                     if let Some(s) = gone {
-                        let reason = end.describe(wait);
                         s.outbox.close(reason.clone());
                         inner.lose(&key, reason);
                     }
@@ -502,6 +522,7 @@ impl<H: Host> Inner<H> {
         }
         let slot = slots.entry(key.to_owned()).or_insert_with(|| Slot {
             incarnation: reg.incarnation.clone(),
+            process: reg.process.as_ref().and_then(LocalProcess::from_pb),
             conn: 0,
             connected: false,
             remote: None,

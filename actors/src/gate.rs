@@ -36,6 +36,15 @@
 //!   (or one arriving at a boundary) gets [`StepOutcome::Stop`] instead of a resume, at every
 //!   boundary from then on: the process ends its loop, and its launcher restarts it.
 //!
+//! And one thing a training thread may wait for before its first step:
+//!
+//! - **The whole job** ([`StepGate::wait_job_whole`]): the manager starts a verification round
+//!   only once every rank of the job is registered, so the first one that asks this rank
+//!   ([`StepGate::job_whole`]) says that every peer's process has come up. A restarted rank of
+//!   a framework whose peers find each other through addresses kept from before the restart
+//!   (MindSpore's CPU collectives) waits here, so that its first collective does not run ahead
+//!   of a peer still starting.
+//!
 //! A simulated rank that is a task rather than a thread (the simulator runs thousands in one
 //! process) calls [`StepGate::step_completed_or_hold`] instead: the same step, the same state
 //! machine and events, only a hold is a future to await instead of a blocked thread.
@@ -164,6 +173,8 @@ struct Inner {
     call: Option<Call>,
     /// Whether the training thread holds as a thread (it can run a call) rather than a task.
     thread_held: bool,
+    /// The manager has asked this rank in a verification round (see [`StepGate::job_whole`]).
+    whole: bool,
 }
 
 type Notify = Box<dyn Fn(GateEvent) + Send + Sync>;
@@ -181,6 +192,8 @@ pub struct StepGate {
     armed_cv: Condvar,
     /// The same signal for a task ([`StepGate::armed`]).
     armed_task: tokio::sync::Notify,
+    /// Signalled when the job is whole (see [`StepGate::wait_job_whole`]).
+    whole_cv: Condvar,
     notify: OnceLock<Notify>,
 }
 
@@ -205,11 +218,13 @@ impl StepGate {
                 stopped: None,
                 call: None,
                 thread_held: false,
+                whole: false,
             }),
             released: Condvar::new(),
             released_task: tokio::sync::Notify::new(),
             armed_cv: Condvar::new(),
             armed_task: tokio::sync::Notify::new(),
+            whole_cv: Condvar::new(),
             notify: OnceLock::new(),
         }
     }
@@ -665,6 +680,35 @@ impl StepGate {
         self.disarm(&g);
         self.wake_held();
         self.wake_armed();
+        self.whole_cv.notify_all();
+    }
+
+    /// The manager asked this rank in a verification round, which it starts only once every
+    /// rank of the job is registered: the job is whole. Called by the worker.
+    pub fn job_whole(&self) {
+        let mut g = self.inner.lock();
+        if !g.whole {
+            g.whole = true;
+            self.whole_cv.notify_all();
+        }
+    }
+
+    /// Blocks until the job is whole ([`StepGate::job_whole`]), the gate shuts down, or
+    /// `timeout` passes (`None`: no bound); returns whether the job is whole.
+    pub fn wait_job_whole(&self, timeout: Option<Duration>) -> bool {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut g = self.inner.lock();
+        while !g.whole && g.mode != Mode::Shutdown {
+            match deadline {
+                Some(d) => {
+                    if self.whole_cv.wait_until(&mut g, d).timed_out() {
+                        break;
+                    }
+                }
+                None => self.whole_cv.wait(&mut g),
+            }
+        }
+        g.whole
     }
 }
 
@@ -695,6 +739,36 @@ mod tests {
         let tx = Mutex::new(tx);
         g.set_notify(move |e| tx.lock().send(e).unwrap());
         (g, rx)
+    }
+
+    #[test]
+    fn a_thread_waiting_for_the_whole_job_is_let_go_by_the_first_round_or_a_shutdown() {
+        let (g, _rx) = gate();
+        assert!(!g.wait_job_whole(Some(Duration::ZERO)), "no round yet");
+        let (tx, rx) = mpsc::channel();
+        let waiter = {
+            let g = g.clone();
+            std::thread::spawn(move || {
+                tx.send(()).unwrap();
+                g.wait_job_whole(None)
+            })
+        };
+        rx.recv().unwrap();
+        g.job_whole();
+        assert!(waiter.join().unwrap());
+        g.job_whole(); // a later round changes nothing
+        assert!(g.wait_job_whole(Some(Duration::ZERO)));
+
+        let (g, _rx) = gate();
+        let waiter = {
+            let g = g.clone();
+            std::thread::spawn(move || g.wait_job_whole(None))
+        };
+        g.shutdown();
+        assert!(
+            !waiter.join().unwrap(),
+            "a stopping worker lets it go, not whole"
+        );
     }
 
     #[test]

@@ -355,6 +355,8 @@ impl Handler<Deliver<Directive>> for Worker {
             }
             DirectiveKind::StopTraining { reason } => self.stop_training(op, &reason),
             DirectiveKind::Verify => {
+                // A round starts only once every rank is registered.
+                self.gate.job_whole();
                 let (tx, rx) = oneshot::channel();
                 self.on_hal(
                     ctx,

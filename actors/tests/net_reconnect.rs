@@ -205,3 +205,24 @@ fn a_reconnecting_worker_resumes_and_a_new_process_replaces_the_old() {
     r1.stop();
     system.stop();
 }
+
+/// A rank's gate says the job is whole only once every rank of the job has registered: the
+/// manager starts its first verification round then, and the round reaches every rank.
+#[test]
+fn the_job_is_whole_for_a_rank_once_every_rank_has_registered() {
+    let (_ctl, proxy, system) = start_job(1, 2);
+    let layout = SoloLayout::new(1, 2);
+    let r0 = start_rank("rc", 0, &proxy, layout, net());
+    // Rank 1 has not started: no round can start, the job is not whole.
+    assert!(!r0.worker.gate().wait_job_whole(Some(Duration::ZERO)));
+    let r1 = start_rank("rc", 1, &proxy, layout, net());
+    for r in [&r0, &r1] {
+        assert!(r
+            .worker
+            .gate()
+            .wait_job_whole(Some(Duration::from_secs(60))));
+    }
+    r0.stop();
+    r1.stop();
+    system.stop();
+}

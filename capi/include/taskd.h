@@ -146,6 +146,12 @@ int32_t taskd_worker_step_completed(const taskd_worker *w, uint64_t step);
 int32_t taskd_worker_wait_registered(const taskd_worker *w, uint64_t timeout_ms, char *node,
                                      size_t node_len);
 
+/* Waits until the job is whole: every rank of the job registered with the manager, which then
+ * asked this one in a verification round. For a training loop before its first step, so that
+ * a restarted rank's first collective does not run ahead of peers still starting.
+ * TASKD_ERR_TIMEOUT when `timeout_ms` passed first, TASKD_ERR_STOPPED for a stopped worker. */
+int32_t taskd_worker_wait_job_whole(const taskd_worker *w, uint64_t timeout_ms);
+
 /* Stops the worker (the gate opens for good, the proxy is told) and waits until it has. The
  * handle stays valid: later steps pass at once. */
 int32_t taskd_worker_stop(const taskd_worker *w);

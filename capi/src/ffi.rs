@@ -477,6 +477,24 @@ pub unsafe extern "C" fn taskd_worker_wait_registered(
     })
 }
 
+/// Waits until the job is whole: every rank registered with the manager, which then asked this
+/// one in a verification round. For a training loop before its first step.
+///
+/// # Safety
+/// `w` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn taskd_worker_wait_job_whole(
+    w: *const TaskdWorker,
+    timeout_ms_: u64,
+) -> i32 {
+    guard(|| {
+        // SAFETY: a live handle by the caller's contract.
+        unsafe { handle(w)? }
+            .0
+            .wait_job_whole(timeout_ms(timeout_ms_))
+    })
+}
+
 /// Stops the worker (the gate opens for good) and waits until it has; the handle stays valid
 /// and later steps pass at once.
 ///

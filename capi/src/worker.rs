@@ -187,6 +187,23 @@ impl EmbeddedWorker {
         })
     }
 
+    /// Waits until the job is whole: the manager has every rank of the job registered and has
+    /// asked this one in a verification round ([`StepGate::wait_job_whole`]). For a training
+    /// loop before its first step, so that a restarted rank does not run its first collective
+    /// ahead of peers still starting.
+    pub fn wait_job_whole(&self, timeout: Option<Duration>) -> Result<(), CapiError> {
+        if self.gate.wait_job_whole(timeout) {
+            return Ok(());
+        }
+        if *self.stopping.borrow() || self.gate.stopped().is_some() {
+            return Err(CapiError::Stopped("the worker was stopped".into()));
+        }
+        Err(CapiError::Timeout(
+            timeout.unwrap_or_default(),
+            "every rank of the job to register",
+        ))
+    }
+
     /// Stops the worker: the gate opens for good (a training thread held in it returns), the
     /// proxy is told the rank is leaving (`reason`), and the worker's threads end. Later calls
     /// of [`EmbeddedWorker::step_completed`] return at once.

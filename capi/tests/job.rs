@@ -131,6 +131,12 @@ fn an_embedded_job_switches_through_the_frameworks_function() {
             .unwrap();
         assert_eq!(reg.world_size, 4);
     }
+    // Every rank registered: the manager's first verification round reaches each of them.
+    for r in &ranks {
+        r.worker
+            .wait_job_whole(Some(Duration::from_secs(60)))
+            .unwrap();
+    }
     manager.wait_ready(Some(Duration::from_secs(30))).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -218,4 +224,21 @@ fn an_embedded_job_switches_through_the_frameworks_function() {
         manager.wait(Some(Duration::from_secs(30))).unwrap(),
         "test over"
     );
+}
+
+/// A worker whose job never becomes whole (no proxy answers) says so as a timeout, and as a
+/// stop once stopped.
+#[test]
+fn waiting_for_a_job_that_never_becomes_whole_ends_in_a_timeout_or_a_stop() {
+    let stop = Arc::new(AtomicBool::new(true));
+    let r = start_rank("alone", 0, "127.0.0.1:1", stop);
+    r.training.join().unwrap();
+    let e = r.worker.wait_job_whole(Some(Duration::ZERO)).unwrap_err();
+    assert!(
+        e.to_string().contains("every rank of the job to register"),
+        "{e}"
+    );
+    r.worker.stop("test over");
+    let e = r.worker.wait_job_whole(None).unwrap_err();
+    assert!(matches!(e, taskd_capi::CapiError::Stopped(_)), "{e}");
 }

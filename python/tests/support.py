@@ -19,6 +19,8 @@ JOB_ENV = {
     "HCCL_OP_RETRY_ENABLE": "L0:0, L1:1, L2:1",
     # Nothing listens there: a worker started against it keeps retrying in the background.
     "TASKD_PROXY": "127.0.0.1:1",
+    # No manager ever makes the job whole: the first training call does not wait for it.
+    "TASKD_START_WAIT_MS": "0",
 }
 _VARS = list(JOB_ENV) + [
     "MS_NODE_RANK", "RANK", "LOCAL_WORLD_SIZE", "RANK_ID", "TASKD_MS_STEP_CALLBACK",

@@ -81,6 +81,30 @@ class MindSpore(support.TaskdTestCase):
             self.assertTrue(api.step_completed(s))
         self.assertEqual(steps, [1, 2])
 
+    def test_the_first_training_call_waits_for_the_whole_job_within_its_bound(self):
+        from mindspore.train import Model
+
+        os.environ["TASKD_START_WAIT_MS"] = "50"
+        self.start()
+        steps = support.record_gate(self)
+        with self.assertLogs("taskd", "INFO") as logs:
+            Model(lambda _: None).train(1, range(2))
+        text = "\n".join(logs.output)
+        self.assertIn("waiting up to 50 ms for every rank of the job to register", text)
+        self.assertIn("every rank of the job to register; training starts without it", text)
+        self.assertEqual(steps, [1, 2], "training ran after the bound")
+        with self.assertNoLogs("taskd", "INFO"):
+            Model(lambda _: None).fit(1, range(2))
+        self.assertEqual(steps, [1, 2, 3, 4], "only the process's first call waits")
+
+    def test_a_bad_start_wait_is_refused_at_init(self):
+        os.environ["MS_NODE_RANK"] = "0"
+        for bad in ("-1", "soon"):
+            os.environ["TASKD_START_WAIT_MS"] = bad
+            with self.assertLogs("taskd", "ERROR") as logs:
+                self.assertFalse(api.init_taskd_worker(0, 5000, "ms"))
+            self.assertIn("$TASKD_START_WAIT_MS=%r is not a number" % bad, "\n".join(logs.output))
+
     def test_start_fails_without_the_frameworks_switch_function(self):
         import mindspore.communication.management as m
 

@@ -22,12 +22,16 @@ from taskd.python.utils.log import get_logger
 FRAMEWORKS = ("pt", "ms")
 #: ``taskd_worker_step_completed``: the manager stopped training (``capi/include/taskd.h``)
 TASKD_STOP_TRAINING = 8
+#: how long a MindSpore process's first training call waits for every rank of the job to
+#: register with the manager (``$TASKD_START_WAIT_MS``; ``0``: it does not wait)
+START_WAIT_MS = 120000
 
 
 class _State:
     def __init__(self):
         self.lock = threading.Lock()
         self.config = None  # (rank, disk quota, framework, node rank) once initialised
+        self.start_wait_ms = START_WAIT_MS
         self.worker = None
         self.gate = None  # the native gate while a worker runs: gate(step)
         self.undo = []  # how to remove the framework hooks
@@ -53,6 +57,20 @@ def _env_int(name):
         return int(value)
     except ValueError:
         raise ValueError("$%s=%r is not an integer" % (name, value))
+
+
+def _start_wait_ms():
+    """``$TASKD_START_WAIT_MS``, checked: an int >= 0 (``START_WAIT_MS`` when unset)."""
+    value = os.environ.get("TASKD_START_WAIT_MS", "").strip()
+    if not value:
+        return START_WAIT_MS
+    try:
+        ms = int(value)
+    except ValueError:
+        ms = -1
+    if ms < 0:
+        raise ValueError("$TASKD_START_WAIT_MS=%r is not a number of milliseconds >= 0" % value)
+    return ms
 
 
 def _node_rank(framework):
@@ -91,11 +109,13 @@ def init_taskd_worker(rank_id, upper_limit_of_disk_in_mb=5000, framework="pt"):
     if framework not in FRAMEWORKS:
         raise ValueError("framework must be 'pt' or 'ms', got %r" % (framework,))
     node_rank = _node_rank(framework)
+    start_wait_ms = _start_wait_ms()
     cython_api.check_config("worker", _worker_config(rank, node_rank))
     with _state.lock:
         if _state.worker is not None:
             raise ValueError("a worker already runs in this process (rank %d)" % _state.config[0])
         _state.config = (rank, quota, framework, node_rank)
+        _state.start_wait_ms = start_wait_ms
     get_logger().info(
         "taskd worker initialised: rank %d, node rank %d, framework %s", rank, node_rank, framework
     )
@@ -132,12 +152,38 @@ def _hook_gate(step):
         gate(step)
 
 
+def _wait_job_whole():
+    """Before the process's first ``Model.train`` or ``Model.fit`` call: waits until every rank
+    of the job has registered with the manager, at most ``$TASKD_START_WAIT_MS``. MindSpore's
+    scheduler lets a restarted rank past ``init()`` while a peer of the same restart is still
+    starting, and the rank's first collective then sends to an address that does not listen
+    yet and fails after 30 s (docs/python.md); a peer registers with taskd only after its
+    ``init()``, so once every rank has registered every peer listens."""
+    worker, ms = _state.worker, _state.start_wait_ms
+    if worker is None or ms == 0:
+        return
+    log = get_logger()
+    try:
+        worker.wait_job_whole(0)
+        return
+    except cython_api.TaskdError as e:
+        if e.code != cython_api.TASKD_ERR_TIMEOUT:
+            return  # a stopped worker: nothing to wait for
+    log.info("taskd: waiting up to %d ms for every rank of the job to register before the first step", ms)
+    try:
+        worker.wait_job_whole(ms)
+    except cython_api.TaskdError as e:
+        log.warning("taskd: %s; training starts without it", e)
+        return
+    log.info("taskd: every rank of the job has registered; training starts")
+
+
 def _install_hooks(framework, log):
     if framework == "ms":
         if not mindspore_hook.enabled():
             log.info("%s=off: the training loop calls taskd.api.step_completed", mindspore_hook.ENV_SWITCH)
             return []
-        return [mindspore_hook.install(_hook_gate)]
+        return [mindspore_hook.install(_hook_gate, _wait_job_whole)]
     if not torch_hook.enabled():
         return []
     _state.hook_gates = True

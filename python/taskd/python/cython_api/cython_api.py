@@ -62,6 +62,7 @@ _PROTOTYPES = {
     "taskd_worker_start": (_I, [_S, SWITCH_FN, _P, _PP]),
     "taskd_worker_step_completed": (_I, [_P, ctypes.c_uint64]),
     "taskd_worker_wait_registered": (_I, [_P, ctypes.c_uint64, _S, ctypes.c_size_t]),
+    "taskd_worker_wait_job_whole": (_I, [_P, ctypes.c_uint64]),
     "taskd_worker_stop": (_I, [_P]),
     "taskd_worker_free": (None, [_P]),
 }
@@ -205,6 +206,12 @@ class Worker:
     def wait_registered(self, timeout_ms=FOREVER):
         """The node's name once the proxy admitted the worker."""
         return _text(lib().taskd_worker_wait_registered, self._h, timeout_ms)
+
+    def wait_job_whole(self, timeout_ms=FOREVER):
+        """Returns once every rank of the job has registered with the manager (which then asked
+        this one in a verification round); ``TaskdError`` ``TASKD_ERR_TIMEOUT`` when
+        ``timeout_ms`` passed first, ``TASKD_ERR_STOPPED`` for a stopped worker."""
+        _check(lib().taskd_worker_wait_job_whole(self._h, timeout_ms))
 
     def stop(self):
         """Opens the gate for good and stops the worker; the handle stays valid."""

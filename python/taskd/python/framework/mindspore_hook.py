@@ -8,7 +8,10 @@ the process's own count of step ends, 1, 2, 3, ... across every call: ``cur_step
 again at every ``Model.train`` call (a per-epoch loop of ``model.train(1, ...)``), and in sink
 mode it rises by ``sink_size`` per callback, while the count rises by one per boundary that
 every rank of a job in lockstep reaches. The user's callbacks are kept, in their order; a list
-that already holds the gate is left alone. ``destroy_taskd_worker()`` restores both methods.
+that already holds the gate is left alone. The first call of either in the process first waits
+until every rank of the job has registered with the manager (``before_first``, at most
+``$TASKD_START_WAIT_MS``): a restarted rank must not run its first collective ahead of a peer
+still starting. ``destroy_taskd_worker()`` restores both methods.
 ``TASKD_MS_STEP_CALLBACK=off`` leaves them alone (the training loop then calls
 ``taskd.api.step_completed(step)`` itself).
 """
@@ -52,11 +55,13 @@ def _with_gate(callbacks, cls):
     return listed + [cls()]
 
 
-def _gated(original, cls):
+def _gated(original, cls, first):
     signature = inspect.signature(original)
 
     @functools.wraps(original)
     def method(*args, **kwargs):
+        while first:  # once per process, over every wrapped method
+            first.pop()()
         bound = signature.bind(*args, **kwargs)
         bound.arguments["callbacks"] = _with_gate(bound.arguments.get("callbacks"), cls)
         return original(*bound.args, **bound.kwargs)
@@ -65,17 +70,19 @@ def _gated(original, cls):
     return method
 
 
-def install(gate):
-    """Wraps ``Model.train`` and ``Model.fit`` (those this MindSpore has); returns how to undo
-    it."""
+def install(gate, before_first):
+    """Wraps ``Model.train`` and ``Model.fit`` (those this MindSpore has): every call gets the
+    gate, and the process's first call runs ``before_first()`` before training. Returns how to
+    undo it."""
     from mindspore.train import Callback, Model
 
     cls = _callback_class(Callback, gate)
+    first = [before_first]
     wrapped = {}
     for name in GATED:
         original = getattr(Model, name, None)
         if original is not None:
-            wrapped[name] = (original, _gated(original, cls))
+            wrapped[name] = (original, _gated(original, cls, first))
             setattr(Model, name, wrapped[name][1])
 
     def uninstall():

@@ -70,6 +70,13 @@ class Agent(support.TaskdTestCase):
         for out in r["outputs"].values():
             self.assertEqual(json.loads(out)["TASKD_RESTART_COUNT"], "1", "the second incarnation")
 
+    def test_a_restart_waits_until_the_killed_workers_have_ended(self):
+        # KILL_WORKER's SIGKILL reaches the workers 0.3 s late: the new ones start after.
+        r = self.run_agent("slow-kill", PROCESS_RECOVER="on")
+        self.assertEqual(r["status"], 0, r["log"])
+        self.assertEqual(r["overlaps"], [], "no worker started beside its killed predecessor")
+        self.assertIn("restarting every worker of this node (restart 1 of 3)", r["log"])
+
     def test_restarts_are_bounded(self):
         r = self.run_agent("bounded", PROCESS_RECOVER="on", TASKD_AGENT_MAX_RESTARTS="2")
         self.assertEqual(r["status"], 1, r["log"])

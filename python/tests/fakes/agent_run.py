@@ -22,6 +22,7 @@ SCENARIOS = {
     "node-rank": dict(codes={0: [exits(0)], 1: [exits(0)]}, node_rank=1),
     "fail": dict(codes={0: [exits(3)], 1: [RUN]}),
     "recover": dict(codes={0: [exits(3), exits(0)], 1: [RUN, exits(0)]}),
+    "slow-kill": dict(codes={0: [exits(3), exits(0)], 1: [RUN, exits(0)]}, kill_delay_s=0.3),
     "bounded": dict(codes={0: [exits(3)], 1: [RUN]}),
     "sigterm": dict(codes={0: [RUN], 1: [RUN]}, on_start=terminate_me),
     "scheduler": dict(codes={0: [exits(0)], 1: [exits(0)]}),
@@ -48,6 +49,7 @@ def main():
         report["kills"] = [arg for name, arg in launcher.calls if name == "KILL_WORKER"]
         report["outputs"] = launcher.worker_output() if launcher.started else {}
         report["alive"] = launcher.alive()
+        report["overlaps"] = launcher.overlaps
         with open(out, "w") as f:
             json.dump(report, f)
 

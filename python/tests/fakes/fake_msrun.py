@@ -1,7 +1,7 @@
 """A FAKE msrun process manager for the agent's tests: the four callbacks msrun registers with
 ``register_func``, with msrun's arguments, return values and process handling
 (``mindspore/parallel/cluster/process_entity/_api.py``): workers in sessions of their own,
-SIGKILLed by process group, ``MONITOR`` answering ``None`` while a worker runs, its exit code
+SIGKILLed by process group and not waited for, ``MONITOR`` answering ``None`` while a worker runs, its exit code
 after, ``200`` before it started. A worker is ``python -c CODE``; ``codes`` says what each
 start of each local rank runs, and every worker gets this process's environment, as msrun's do.
 """
@@ -23,8 +23,15 @@ def exits(code):
             "sys.exit(%d)" % code)
 
 
+def _kill_group(p):
+    try:
+        os.killpg(os.getpgid(p.pid), signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # it ended on its own
+
+
 class FakeMsrun:
-    def __init__(self, codes, node_rank=0, on_start=None):
+    def __init__(self, codes, node_rank=0, on_start=None, kill_delay_s=0.0):
         self.codes = codes  # local rank -> list of worker codes, one per start
         self.local_worker_num = len(codes)
         self.node_rank = node_rank
@@ -34,6 +41,11 @@ class FakeMsrun:
         self.on_start = on_start  # called after every START_ALL_WORKER
         self.outputs = []
         self.others = []  # other children, as msrun's scheduler
+        # How long a killed worker takes to end (a process group whose members are slow to
+        # die): the SIGKILL is delivered that much later, from a thread.
+        self.kill_delay_s = kill_delay_s
+        self.workers = []  # every worker ever started
+        self.overlaps = []  # workers still running when a new one of their rank started
 
     def callbacks(self):
         return {"KILL_WORKER": self.kill_workers, "START_ALL_WORKER": self.start_all_workers,
@@ -43,11 +55,15 @@ class FakeMsrun:
         self.others.append(subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE))
 
     def _start(self, local):
+        old = self.proc_rank_map.get(local)
+        if old is not None and old.poll() is None:
+            self.overlaps.append(old.pid)
         runs = self.codes[local]
         code = runs[min(self.started, len(runs) - 1)]
         p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, start_new_session=True)
         self.proc_rank_map[local] = p
+        self.workers.append(p)
 
     def start_all_workers(self):
         self.calls.append(("START_ALL_WORKER", None))
@@ -73,8 +89,10 @@ class FakeMsrun:
             self.calls.append(("KILL_WORKER", pids))
         for p in self.proc_rank_map.values():
             if (-1 in pids or p.pid in pids) and p.poll() is None:
-                os.killpg(os.getpgid(p.pid), signal.SIGKILL)
-                p.wait()
+                if self.kill_delay_s:
+                    threading.Timer(self.kill_delay_s, _kill_group, args=(p,)).start()
+                else:
+                    _kill_group(p)
         return 0
 
     def monitor_rank_status(self, local_ranks, record=True):
@@ -98,5 +116,5 @@ class FakeMsrun:
 
     def alive(self):
         """Processes of this fake still running."""
-        procs = list(self.proc_rank_map.values()) + self.others
+        procs = self.workers + self.others
         return [p.pid for p in procs if p.poll() is None]

@@ -33,6 +33,8 @@ RESTART_COUNT = "TASKD_RESTART_COUNT"
 CHILD_GRACE_S = 30.0
 #: how long a terminated child has before it is killed
 TERM_GRACE_S = 5.0
+#: how long workers killed for a restart have to end before the new ones start anyway
+KILL_WAIT_S = 30.0
 
 
 class AgentError(Exception):
@@ -67,8 +69,9 @@ def child_pids(pid=None):
     return found
 
 
-def wait_exit(pid, timeout_s):
-    """Waits up to ``timeout_s`` for the child ``pid`` to end and reaps it; whether it ended."""
+def ended(pid, timeout_s):
+    """Waits up to ``timeout_s`` for process ``pid`` to end (a zombie has ended: its files,
+    sockets and ports are released); whether it did. Does not reap it."""
     try:
         fd = os.pidfd_open(pid)
     except OSError:
@@ -76,15 +79,20 @@ def wait_exit(pid, timeout_s):
     try:
         poller = select.poll()
         poller.register(fd, select.POLLIN)
-        ended = bool(poller.poll(max(0, int(timeout_s * 1000))))
+        return bool(poller.poll(max(0, int(timeout_s * 1000))))
     finally:
         os.close(fd)
-    if ended:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass  # reaped by its owner
-    return ended
+
+
+def wait_exit(pid, timeout_s):
+    """Waits up to ``timeout_s`` for the child ``pid`` to end and reaps it; whether it ended."""
+    if not ended(pid, timeout_s):
+        return False
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass  # reaped by its owner
+    return True
 
 
 def end_children(pids, grace_s, log):
@@ -167,7 +175,7 @@ class ProcessAgent:
                 self._kill_all()  # what the launcher keeps for its workers (msrun: log tails)
                 return Outcome(0, "every worker of this node ended with status 0")
             if failed:
-                outcome = self._after_failure(failed)
+                outcome = self._after_failure(failed, [p for p, _, _ in statuses.values()])
                 if outcome is not None:
                     return outcome
                 statuses = self._start_all()
@@ -178,10 +186,12 @@ class ProcessAgent:
                 return Outcome(128 + self.stop_signal, "%s: every worker was killed" % name)
             statuses = self._monitor()
 
-    def _after_failure(self, failed):
-        """Lost ranks: ``None`` to start every worker again, else the job's outcome."""
+    def _after_failure(self, failed, pids):
+        """Lost ranks: ``None`` to start every worker again, else the job's outcome. ``pids``:
+        the workers' processes, waited for once killed."""
         lost = ", ".join("rank %d (status %s)" % (g, s) for g, s in sorted(failed.items()))
         self._kill_all()
+        self._wait_ended(p for p in pids if isinstance(p, int))
         if self.restarts >= self.max_restarts:
             why = "lost %s; %s" % (
                 lost, "no restart left (%d done)" % self.restarts if self.max_restarts
@@ -192,6 +202,14 @@ class ProcessAgent:
         self.log.error("taskd agent: lost %s: restarting every worker of this node (restart %d of %d)",
                        lost, self.restarts, self.max_restarts)
         return None
+
+    def _wait_ended(self, pids):
+        """Waits until the killed workers' processes have ended, at most ``KILL_WAIT_S`` in all:
+        a new worker must find its ports free (MindSpore's peers keep the old addresses)."""
+        deadline = time.monotonic() + KILL_WAIT_S
+        left = [p for p in pids if not ended(p, max(0.0, deadline - time.monotonic()))]
+        if left:
+            self.log.warning("taskd agent: workers %s still run %.0f s after KILL_WORKER", left, KILL_WAIT_S)
 
     def reap_others(self, clean):
         """Ends the launcher's children that are not workers (msrun's scheduler): after a

@@ -10,7 +10,10 @@ worker lines before data-parallel training. Scenarios (each a job of its own):
   ``model.train(1, ...)``, ``model.fit``. ``taskd switch --wait`` moves both ranks to the
   backup NIC and back while it trains.
 - ``restart``: ``PROCESS_RECOVER=on``; a worker is SIGKILLed mid-training, the agent restarts
-  every worker, they register again, and a switch to the backup NIC and back succeeds.
+  every worker, they register again, and a switch to the backup NIC and back succeeds. The
+  restarted rank 0 starts 3 s late: msrun's scheduler lets rank 1 past ``init()`` at once, and
+  only taskd's wait for the whole job before the first step keeps its first collective from
+  failing (docs/python.md). One restart must do.
 - ``stop``: ``PROCESS_RECOVER=on``; rank 1's framework function fails every call in the first
   incarnation (the framework's own error when it cannot switch): the switch and its rollback
   fail, ``taskd recover --stop-training`` stops training, both workers raise
@@ -77,12 +80,17 @@ def end_manager(manager):
 
 
 def restarted(msrun, manager):
-    """The agent restarted the workers and both trained a step (MindSpore's first collective
-    right after a restart sometimes fails: the agent then restarts them once more)."""
+    """The agent restarted the workers once and both trained a step."""
     line = msrun.wait_line("restarting every worker of this node (restart 1 of")
     msrun.wait_count("trained its first step", 2)
     manager.wait_line("verified: the job runs")
     return line
+
+
+def restarted_once(msrun):
+    """After the job: the agent restarted the workers no second time."""
+    again = [l for l in msrun.seen if "restarting every worker of this node (restart 2 of" in l]
+    assert not again, "the restarted workers failed and were restarted again:\n%s" % msrun.output()
 
 
 def restart_a_worker(mark, msrun, manager):
@@ -139,9 +147,8 @@ def run(args, scenario):
                        TASKD_MANAGER_PORT=port, TASKD_PROXY="127.0.0.1:0")
             if scenario in ("restart", "stop"):
                 env["PROCESS_RECOVER"] = "on"
-                # MindSpore's CPU ring all-reduce sometimes fails after a restart, more than
-                # once in a row on a loaded machine (docs/python.md): room for a few more.
-                env["TASKD_AGENT_MAX_RESTARTS"] = "6"
+            if scenario == "restart":
+                env["TRAIN_SLOW_RESTART_RANK"] = "0"
             if scenario == "stop":
                 env["TRAIN_FAIL_SWITCH_RANK"] = "1"
             started = time.monotonic()
@@ -160,6 +167,7 @@ def run(args, scenario):
             code = msrun.p.wait(WAIT)
             assert code == 0, "msrun exited %s:\n%s" % (code, msrun.output())
             msrun.output()
+            restarted_once(msrun)
             warned = [l for l in msrun.seen if "TaskdStepCallback" in l]
             assert not warned, "MindSpore warned about taskd's callback: %s" % warned
             held, steps, step_ms = check_ranks(tmp, args.pairs)

@@ -283,17 +283,14 @@ impl<H: Host> Inner<H> {
                     // The window, cut short when the peer's process is known to have ended.
                     let started = tokio::time::Instant::now();
                     let ended = match &process {
-                        Some(p) => p.ends_within(wait).await,
-                        None => false,
+                        Some(p) if p.ends_within(wait).await => Some(p.pid),
+                        _ => None,
                     };
-                    let reason = match &process {
-                        Some(p) if ended => {
-                            format!(
-                                "connection closed ({why}) and its process (pid {}) ended",
-                                p.pid
-                            )
+                    let reason = match ended {
+                        Some(pid) => {
+                            format!("connection closed ({why}) and its process (pid {pid}) ended")
                         }
-                        _ => {
+                        None => {
                             tokio::time::sleep_until(started + wait).await;
                             end.describe(wait)
                         }

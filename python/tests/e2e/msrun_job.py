@@ -11,7 +11,7 @@ worker lines before data-parallel training. Scenarios (each a job of its own):
   backup NIC and back while it trains.
 - ``restart``: ``PROCESS_RECOVER=on``; a worker is SIGKILLed mid-training, the agent restarts
   every worker, they register again, and a switch to the backup NIC and back succeeds. The
-  restarted rank 0 starts 3 s late: msrun's scheduler lets rank 1 past ``init()`` at once, and
+  restarted rank 0 starts 8 s late: msrun's scheduler lets rank 1 past ``init()`` at once, and
   only taskd's wait for the whole job before the first step keeps its first collective from
   failing (docs/python.md). One restart must do.
 - ``stop``: ``PROCESS_RECOVER=on``; rank 1's framework function fails every call in the first

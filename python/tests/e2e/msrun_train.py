@@ -10,7 +10,7 @@ Then the process writes ``$TRAIN_OUT/rank-R.json``: the steps it trained, every 
 framework's ``_comm_switch_nic`` (at which step, on which thread, with what) and its
 parameters. ``$TRAIN_FAIL_SWITCH_RANK=R``: rank R's framework function fails every call in the first
 incarnation (``$TASKD_RESTART_COUNT`` 0), with the framework's own error when it cannot switch.
-``$TRAIN_SLOW_RESTART_RANK=R``: rank R's restarted processes start 3 s late, as a peer slow to
+``$TRAIN_SLOW_RESTART_RANK=R``: rank R's restarted processes start 8 s late, as a peer slow to
 come back (loading a checkpoint) does.
 """
 
@@ -88,7 +88,7 @@ def dataset(rank):
 def main():
     restarted = os.environ.get("TASKD_RESTART_COUNT", "0") != "0"
     if restarted and os.environ.get("RANK_ID") == os.environ.get("TRAIN_SLOW_RESTART_RANK"):
-        time.sleep(3)  # a slow start, before MindSpore's init()
+        time.sleep(8)  # a slow start, before MindSpore's init()
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(1)
     init()

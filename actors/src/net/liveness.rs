@@ -96,14 +96,17 @@ impl LocalProcess {
     /// so an end after the check wakes the wait, and a pid reused before the open fails the
     /// check. The wait blocks a thread of tokio's blocking pool for at most `window`.
     pub(crate) async fn ends_within(&self, window: Duration) -> bool {
-        let Some(fd) = self.pidfd() else {
-            return false;
-        };
+        // Opened first; it fails for a process that has ended and been reaped, which the
+        // check then says has ended.
+        let fd = self.pidfd();
         match self.ended_now() {
             Some(true) => return true,
             None => return false,
             Some(false) => {}
         }
+        let Some(fd) = fd else {
+            return false; // it runs, and this kernel gives no pidfd to wait on
+        };
         tokio::task::spawn_blocking(move || readable_within(&fd, window))
             .await
             .unwrap_or(false)
@@ -212,6 +215,9 @@ mod tests {
         assert_eq!(p.ended_now(), Some(true));
         child.wait().expect("reaped");
         assert_eq!(p.ended_now(), Some(true));
+        // Reaped before the server looks: no pidfd for it any more, and it has ended.
+        assert!(p.pidfd().is_none());
+        assert!(rt.block_on(p.ends_within(Duration::from_secs(3600))));
     }
 
     #[test]

@@ -90,6 +90,22 @@ fn switched_and_back_by_clusterd(headers: Headers) {
     c.shutdown_cleanly();
 }
 
+/// ClusterD resets the flow right after it took the flow's last report, and its answer to that
+/// report comes after the signal stream ended: the report still counts as taken, not as one
+/// dropped with its session.
+#[test]
+fn a_report_answered_after_clusterd_reset_the_flow_counts_as_taken() {
+    let scratch = Scratch::new("clusterd-processes-late-answer");
+    let fake = FakeClusterd::start_answering_last_after_reset("cd-job");
+    let c = job_of_processes(&scratch, &fake, &|_| Vec::new());
+    assert_eq!(fake.switch_nic(&[1], &[true]), SWITCH_FINISHED);
+    fake.wait_sessions(2);
+    fake.assert_clean();
+    // StopComplete, the switch result, and the RecoverStatus answered late.
+    assert_reports_delivered(&c, 3);
+    c.shutdown_cleanly();
+}
+
 #[test]
 fn a_job_of_processes_is_switched_and_back_by_a_clusterd_serving_streams_as_grpc_go() {
     switched_and_back_by_clusterd(Headers::WithFirstMessage);

@@ -124,6 +124,9 @@ impl State {
 struct Shared {
     job: String,
     headers: Headers,
+    /// `ReportRecoverStatus`, the flow's last report, is answered only once the job's flow
+    /// was reset: the manager sees its signal stream end while the report is in flight.
+    answer_last_after_reset: bool,
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -326,12 +329,22 @@ impl Recover for Svc {
                 .update(|s| s.violations.push(format!("strategy {:?}", r.strategy)));
         }
         let got = status_got(r.status);
-        self.0.report(
+        let resets = self.0.state.lock().resets;
+        let answer = self.0.report(
             &r.job_id,
             |s| &mut s.recover_status,
             "ReportRecoverStatus",
             got,
-        )
+        );
+        if self.0.answer_last_after_reset {
+            let shared = self.0.clone();
+            let reset =
+                move || shared.wait_until("the job's reset", |s| (s.resets > resets).then_some(()));
+            tokio::task::spawn_blocking(reset)
+                .await
+                .expect("the wait ends");
+        }
+        answer
     }
 }
 
@@ -355,6 +368,22 @@ impl FakeClusterd {
 
     /// A fake ClusterD for `job` at `addr` (a restart on the port of one that was killed).
     pub(crate) fn start_at(job: &str, addr: SocketAddr, headers: Headers) -> FakeClusterd {
+        FakeClusterd::start_as(job, addr, headers, false)
+    }
+
+    /// A fake ClusterD for `job` that answers a flow's `ReportRecoverStatus` only after it
+    /// reset the flow (its answer and the end of the signal stream may come in either order).
+    pub(crate) fn start_answering_last_after_reset(job: &str) -> FakeClusterd {
+        let addr = "127.0.0.1:0".parse().unwrap();
+        FakeClusterd::start_as(job, addr, Headers::WithFirstMessage, true)
+    }
+
+    fn start_as(
+        job: &str,
+        addr: SocketAddr,
+        headers: Headers,
+        answer_last_after_reset: bool,
+    ) -> FakeClusterd {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -367,6 +396,7 @@ impl FakeClusterd {
         let shared = Arc::new(Shared {
             job: job.to_owned(),
             headers,
+            answer_last_after_reset,
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
         });

@@ -42,6 +42,7 @@ use actix::Addr;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
 use taskd_core::clusterd::{Origin, Outgoing, Report, Signal, CODE_OK, CONTINUE_STRATEGY, ROLE};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::oneshot;
@@ -148,7 +149,10 @@ impl Session<'_> {
                             self.link.up();
                         }
                     }
-                    Event::Ended => return End::Reset,
+                    Event::Ended => {
+                        self.finish_in_flight().await;
+                        return End::Reset;
+                    }
                     Event::Failed(s) => return End::Failed(format!("signal stream: {s}")),
                 },
                 ev = next_of(&mut switches, || switch_call(&client, &me)) => match ev {
@@ -202,6 +206,16 @@ impl Session<'_> {
         answered("Init", client.init(me.clone()).await)?;
         answered("Register", client.register(me).await)?;
         Ok(client)
+    }
+
+    /// ClusterD ended the signal stream, which it does when it resets the job's flow, often
+    /// right after it took the flow's last report: the answer to the report in flight, if one
+    /// is, is waited for (at most the connect timeout), so that a report ClusterD took counts
+    /// as taken and only the others are dropped.
+    async fn finish_in_flight(&mut self) {
+        if let Some((r, Ok(()))) = self.outbox.finish_sending(self.cfg.connect_timeout).await {
+            self.outbox.answered(&r, Ok(()), self.cfg);
+        }
     }
 
     /// The session ended: the reports still owed to it are dropped, and the manager ends the
@@ -360,6 +374,19 @@ impl Outbox {
         self.sending = None;
         let res = res.map_err(|s| s.to_string()).and_then(|a| took(&front, a));
         (front, res)
+    }
+
+    /// The answer to the report being sent, if one is, waited for at most `bound`.
+    async fn finish_sending(&mut self, bound: Duration) -> Option<(Outgoing, Result<(), String>)> {
+        let mut sending = self.sending.take()?;
+        let front = self.queue.front().cloned()?;
+        let res = match tokio::time::timeout(bound, sending.as_mut()).await {
+            Ok(answer) => answer
+                .map_err(|s| s.to_string())
+                .and_then(|a| took(&front, a)),
+            Err(_) => Err(format!("no answer within {bound:?}")),
+        };
+        Some((front, res))
     }
 
     /// Counts and logs the answer to `r`; a failed call is retried after a pause.

@@ -101,3 +101,30 @@ class Agent(support.TaskdTestCase):
         with self.assertLogs("taskd", "ERROR") as logs:
             self.assertFalse(init_taskd_agent({"Framework": "MindSpore"}))
         self.assertIn("$MS_SCHED_HOST is not set", "\n".join(logs.output))
+
+
+class AgentLoop(support.TaskdTestCase):
+    """The agent's loop in this process, over the fake msrun, whose SIGKILLs arrive late."""
+
+    def run_loop(self, codes, stop):
+        import logging
+        import signal
+
+        import fake_msrun
+        from taskd.python.framework.agent import ProcessAgent
+
+        launcher = fake_msrun.FakeMsrun(codes, kill_delay_s=0.5)
+        agent = ProcessAgent(launcher.callbacks(), logging.getLogger("taskd.test"), 0, 0.01)
+        if stop:
+            launcher.on_start = lambda _launcher: agent.request_stop(signal.SIGTERM)
+        outcome = agent.run()
+        return outcome, launcher.alive()
+
+    def test_every_way_out_waits_until_the_killed_workers_have_ended(self):
+        from fake_msrun import RUN, exits
+
+        for codes, stop, code in (({0: [RUN], 1: [RUN]}, True, 128 + 15),
+                                  ({0: [exits(3)], 1: [RUN]}, False, 1)):
+            outcome, alive = self.run_loop(codes, stop)
+            self.assertEqual(outcome.code, code, outcome)
+            self.assertEqual(alive, [], "the agent returned before its killed workers ended")

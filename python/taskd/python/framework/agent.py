@@ -138,7 +138,8 @@ class ProcessAgent:
         self.restarts = 0
         self.stop = threading.Event()  # set by a signal: end the job
         self.stop_signal = None
-        self.worker_pids = set()
+        self.worker_pids = set()  # every worker's process so far
+        self.current_pids = []  # the workers' processes as MONITOR last answered
 
     def node_ranks(self):
         """``MONITOR([-1])`` before anything runs: ``{local_rank: global_rank}``."""
@@ -156,13 +157,18 @@ class ProcessAgent:
 
     def _monitor(self):
         statuses = _statuses(self.cb["MONITOR"]([MONITOR_ALL]))
-        self.worker_pids.update(pid for pid, _, _ in statuses.values() if isinstance(pid, int))
+        self.current_pids = [pid for pid, _, _ in statuses.values() if isinstance(pid, int)]
+        self.worker_pids.update(self.current_pids)
         return statuses
 
     def _kill_all(self):
+        """``KILL_WORKER([-1])``, then waits until the workers' processes have ended: the
+        launcher's kill only sends the signal, and neither a new worker nor the launcher's
+        exit may come while an old one still runs."""
         code = self.cb["KILL_WORKER"]([KILL_ALL])
         if code not in (0, None):
             self.log.error("taskd agent: KILL_WORKER([-1]) answered %r", code)
+        self._wait_ended(self.current_pids)
 
     def run(self):
         """Until the job ended on this node: its outcome."""
@@ -175,7 +181,7 @@ class ProcessAgent:
                 self._kill_all()  # what the launcher keeps for its workers (msrun: log tails)
                 return Outcome(0, "every worker of this node ended with status 0")
             if failed:
-                outcome = self._after_failure(failed, [p for p, _, _ in statuses.values()])
+                outcome = self._after_failure(failed)
                 if outcome is not None:
                     return outcome
                 statuses = self._start_all()
@@ -186,12 +192,10 @@ class ProcessAgent:
                 return Outcome(128 + self.stop_signal, "%s: every worker was killed" % name)
             statuses = self._monitor()
 
-    def _after_failure(self, failed, pids):
-        """Lost ranks: ``None`` to start every worker again, else the job's outcome. ``pids``:
-        the workers' processes, waited for once killed."""
+    def _after_failure(self, failed):
+        """Lost ranks: ``None`` to start every worker again, else the job's outcome."""
         lost = ", ".join("rank %d (status %s)" % (g, s) for g, s in sorted(failed.items()))
         self._kill_all()
-        self._wait_ended(p for p in pids if isinstance(p, int))
         if self.restarts >= self.max_restarts:
             why = "lost %s; %s" % (
                 lost, "no restart left (%d done)" % self.restarts if self.max_restarts

@@ -113,8 +113,9 @@ impl<S> Drop for Background<S> {
     }
 }
 
-/// The text of a panic's payload.
-fn panic_message(payload: &(dyn Any + Send)) -> String {
+/// The text of a panic's payload (a placeholder when it was not text): for every place in
+/// this crate that reports a caught panic.
+pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())

@@ -13,6 +13,7 @@
 //! [`HalPanicked`], which the worker reports as its rank's failure, for the call that
 //! panicked and every later one.
 
+use crate::background::panic_message;
 use parking_lot::Mutex;
 use std::any::Any;
 use std::future::Future;
@@ -48,14 +49,6 @@ impl HalPanicked {
             },
         }
     }
-}
-
-fn panic_message(payload: &(dyn Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// Runs `fut`; a panic while it is polled ends it with the [`HalPanicked`] it carried.

@@ -9,6 +9,7 @@
 //! The thread (`taskd-journal`) writes the batches in the order they come, is joined when the
 //! writer is dropped, and a write that panics is answered as a failed write naming the panic.
 
+use crate::background::panic_message;
 use crate::journal::OperationJournal;
 use std::panic::AssertUnwindSafe;
 use std::sync::{mpsc, Arc};
@@ -103,10 +104,12 @@ impl Drop for JournalWriter {
 
 /// Writes one record; its failure's message, logged with what it means for the operation.
 fn write_one(journal: &dyn OperationJournal, w: Write) -> Option<String> {
-    let (id, what) = match &w {
-        Write::Admit(op) => (Some(op.id), "admission"),
-        Write::Record(op) => (Some(op.report.id), "result"),
-        Write::Flush => (None, "retry"),
+    const ADMISSION: &str = "the admission is not journaled: were this manager to stop before the result, its uuid would run again; nothing new starts until the journal can be written";
+    const RESULT: &str = "the result is not journaled: after a restart its uuid would run again; nothing new starts until the journal can be written";
+    let lost = match &w {
+        Write::Admit(op) => Some((op.id, ADMISSION)),
+        Write::Record(op) => Some((op.report.id, RESULT)),
+        Write::Flush => None,
     };
     let res = std::panic::catch_unwind(AssertUnwindSafe(|| match w {
         Write::Admit(op) => journal.admit(op),
@@ -116,23 +119,11 @@ fn write_one(journal: &dyn OperationJournal, w: Write) -> Option<String> {
     let why = match res {
         Ok(Ok(())) => return None,
         Ok(Err(e)) => e.to_string(),
-        Err(panic) => format!(
-            "the journal's write panicked: {}",
-            panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "no message".into())
-        ),
+        Err(panic) => format!("the journal's write panicked: {}", panic_message(&*panic)),
     };
-    match (what, id) {
-        ("admission", Some(id)) => {
-            tracing::error!(%id, error = %why, "the admission is not journaled: were this manager to stop before the result, its uuid would run again; nothing new starts until the journal can be written")
-        }
-        ("result", Some(id)) => {
-            tracing::error!(%id, error = %why, "the result is not journaled: after a restart its uuid would run again; nothing new starts until the journal can be written")
-        }
-        _ => tracing::debug!(error = %why, "the operation journal still cannot be written"),
+    match lost {
+        Some((id, what)) => tracing::error!(%id, error = %why, "{what}"),
+        None => tracing::debug!(error = %why, "the operation journal still cannot be written"),
     }
     Some(why)
 }

@@ -11,8 +11,7 @@ use std::time::Duration;
 use support::{control_when_registered, spawn_proxy, start_rank};
 use taskd_actors::control::{self, ControlConfig, ControlServer};
 use taskd_actors::net::{ManagerNode, ManagerNodeConfig, NetConfig};
-use taskd_core::command::Target;
-use taskd_core::{DeviceId, JobId, NodeName, PhaseDeadlines, RankTable, SwitchCommand};
+use taskd_core::{JobId, PhaseDeadlines, RankTable, SwitchCommand};
 use taskd_hal_mock::SoloLayout;
 use tokio::sync::Mutex as AsyncMutex;
 
@@ -118,15 +117,7 @@ impl Relay {
 }
 
 fn cmd(dev: u32, backup: bool) -> SwitchCommand {
-    SwitchCommand {
-        job: JobId("rc".into()),
-        id: None,
-        targets: vec![Target {
-            node: NodeName("node-0".into()),
-            device: DeviceId(dev),
-            use_backup: backup,
-        }],
-    }
+    support::switch_on_node_0("rc", dev, backup)
 }
 
 #[test]

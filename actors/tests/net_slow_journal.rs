@@ -7,14 +7,13 @@ mod support;
 
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
-use support::{control_when_registered, spawn_proxy, start_rank};
+use support::{control_when_registered, spawn_proxy, start_rank, switch_on_node_0};
 use taskd_actors::control::{self, ControlConfig, ControlServer};
 use taskd_actors::journal::{JournalError, MemoryJournal, OperationJournal};
 use taskd_actors::net::{ClientState, ManagerNode, ManagerNodeConfig, NetConfig};
 use taskd_actors::Manager;
-use taskd_core::command::Target;
 use taskd_core::ledger::{AdmittedOperation, FinishedOperation};
-use taskd_core::{DeviceId, GlobalRank, JobId, NodeName, PhaseDeadlines, RankTable, SwitchCommand};
+use taskd_core::{GlobalRank, JobId, PhaseDeadlines, RankTable};
 use taskd_hal_mock::SoloLayout;
 use tokio::sync::watch;
 
@@ -160,15 +159,7 @@ fn a_slow_journal_write_stalls_neither_the_transport_nor_the_deadlines() {
     let ranks = [start(0), start(1)];
     let (rt, mut control) = control_when_registered(&ctl, "sj");
 
-    let cmd = SwitchCommand {
-        job: JobId("sj".into()),
-        id: None,
-        targets: vec![Target {
-            node: NodeName("node-0".into()),
-            device: DeviceId(0),
-            use_backup: true,
-        }],
-    };
+    let cmd = switch_on_node_0("sj", 0, true);
     // Submitted on a task of the test's runtime: a manager whose thread blocks in the write
     // would not answer it before the write is released.
     let submitted = rt.spawn(async move { control.submit(&cmd).await.map(|s| (s, control)) });

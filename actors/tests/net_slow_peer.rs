@@ -3,6 +3,8 @@
 //! `Full`, the proxy is declared lost (its ranks with it) and its queue is freed. And the other
 //! way round: what a proxy sends is acknowledged in time even when nothing answers it.
 
+mod support;
+
 use std::net::SocketAddr;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
@@ -10,14 +12,13 @@ use taskd_actors::control::{self, ControlClient, ControlConfig, ControlServer};
 use taskd_actors::net::testing as wire;
 use taskd_actors::net::{pb, ManagerNode, ManagerNodeConfig, NetConfig, Registry};
 use taskd_core::auto::Links;
-use taskd_core::command::Target;
 use taskd_core::protocol::{
     DirectiveKind, LinkReport, NodeReply, Phase, ProxyToManager, RankError, RankReply, ReplyBody,
     WorkerHello, WorkerReport,
 };
 use taskd_core::{
     DeviceId, GlobalRank, JobId, NodeName, OperationId, PhaseDeadlines, RankTable,
-    SwitchCapabilities, SwitchCommand,
+    SwitchCapabilities,
 };
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -216,15 +217,7 @@ fn a_proxy_that_stops_reading_is_cut_off_at_its_queue_capacity() {
             .await
             .unwrap();
         control.wait_registered("slow", None).await.unwrap();
-        let cmd = SwitchCommand {
-            job: JobId("slow".into()),
-            id: None,
-            targets: vec![Target {
-                node: NodeName("node-0".into()),
-                device: DeviceId(0),
-                use_backup: true,
-            }],
-        };
+        let cmd = support::switch_on_node_0("slow", 0, true);
         // Each operation queues two directives (sample, then resume). The stalled proxy never
         // reads them, but answers blind: rank 0 fails the sample, both ranks resume.
         let mut seq = 3;

@@ -9,7 +9,8 @@ use taskd_actors::control::{ControlClient, ControlServer};
 use taskd_actors::net::proxy_node::NodeAssignment;
 use taskd_actors::net::{NetConfig, ProxyNode, ProxyNodeConfig, RemoteWorker, RemoteWorkerConfig};
 use taskd_actors::StepGate;
-use taskd_core::{GlobalRank, JobId, NodeHal, StepBoundary};
+use taskd_core::command::Target;
+use taskd_core::{DeviceId, GlobalRank, JobId, NodeHal, NodeName, StepBoundary, SwitchCommand};
 use taskd_hal_mock::{SoloLayout, SoloNodeHal, SoloRank, SoloTraining, SoloTrainingOptions};
 
 /// One simulated rank: its HAL's view, its worker and its training loop (2 ms a step, on the
@@ -97,4 +98,17 @@ pub(crate) async fn spawn_proxy(
     .unwrap();
     p.assigned().await.unwrap();
     p
+}
+
+/// A switch of `job` for one device of `node-0`: to its backup NIC (`use_backup`) or back.
+pub(crate) fn switch_on_node_0(job: &str, device: u32, use_backup: bool) -> SwitchCommand {
+    SwitchCommand {
+        job: JobId(job.into()),
+        id: None,
+        targets: vec![Target {
+            node: NodeName("node-0".into()),
+            device: DeviceId(device),
+            use_backup,
+        }],
+    }
 }

@@ -3,12 +3,17 @@ msrun runs in .ci/run): it starts the workers, watches them, ends with their sta
 them with PROCESS_RECOVER=on a bounded number of times, and leaves no process behind."""
 
 import json
+import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 
 import support
+import fake_msrun
+from fake_msrun import RUN, exits
+from taskd.python.framework.agent import ProcessAgent
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON_DIR = os.path.dirname(HERE)
@@ -107,12 +112,6 @@ class AgentLoop(support.TaskdTestCase):
     """The agent's loop in this process, over the fake msrun, whose SIGKILLs arrive late."""
 
     def run_loop(self, codes, stop):
-        import logging
-        import signal
-
-        import fake_msrun
-        from taskd.python.framework.agent import ProcessAgent
-
         launcher = fake_msrun.FakeMsrun(codes, kill_delay_s=0.5)
         agent = ProcessAgent(launcher.callbacks(), logging.getLogger("taskd.test"), 0, 0.01)
         if stop:
@@ -121,9 +120,7 @@ class AgentLoop(support.TaskdTestCase):
         return outcome, launcher.alive()
 
     def test_every_way_out_waits_until_the_killed_workers_have_ended(self):
-        from fake_msrun import RUN, exits
-
-        for codes, stop, code in (({0: [RUN], 1: [RUN]}, True, 128 + 15),
+        for codes, stop, code in (({0: [RUN], 1: [RUN]}, True, 128 + signal.SIGTERM),
                                   ({0: [exits(3)], 1: [RUN]}, False, 1)):
             outcome, alive = self.run_loop(codes, stop)
             self.assertEqual(outcome.code, code, outcome)

@@ -74,6 +74,16 @@ impl LocalProcess {
         })
     }
 
+    /// The process a registration names, if it names one completely.
+    pub(crate) fn from_pb(p: &pb::LocalProcess) -> Option<LocalProcess> {
+        (p.pid != 0 && !p.boot_id.is_empty() && !p.pid_namespace.is_empty()).then(|| LocalProcess {
+            pid: p.pid,
+            start_ticks: p.start_ticks,
+            boot_id: p.boot_id.clone(),
+            pid_namespace: p.pid_namespace.clone(),
+        })
+    }
+
     /// Whether `pid` means this process here: the same boot and pid namespace.
     fn is_local(&self) -> bool {
         this_host().is_some_and(|(boot, ns)| *boot == self.boot_id && *ns == self.pid_namespace)
@@ -147,18 +157,6 @@ impl From<&LocalProcess> for pb::LocalProcess {
             boot_id: p.boot_id.clone(),
             pid_namespace: p.pid_namespace.clone(),
         }
-    }
-}
-
-impl LocalProcess {
-    /// The process a registration names, if it names one completely.
-    pub(crate) fn from_pb(p: &pb::LocalProcess) -> Option<LocalProcess> {
-        (p.pid != 0 && !p.boot_id.is_empty() && !p.pid_namespace.is_empty()).then(|| LocalProcess {
-            pid: p.pid,
-            start_ticks: p.start_ticks,
-            boot_id: p.boot_id.clone(),
-            pid_namespace: p.pid_namespace.clone(),
-        })
     }
 }
 

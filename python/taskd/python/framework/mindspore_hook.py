@@ -60,7 +60,7 @@ def _gated(original, cls, first):
 
     @functools.wraps(original)
     def method(*args, **kwargs):
-        while first:  # once per process, over every wrapped method
+        if first:  # once per process, over every wrapped method
             first.pop()()
         bound = signature.bind(*args, **kwargs)
         bound.arguments["callbacks"] = _with_gate(bound.arguments.get("callbacks"), cls)

@@ -26,7 +26,7 @@ use std::time::Duration;
 use taskd_core::auto::{AutoConfig, DeviceKey, Links};
 use taskd_core::ledger::RecoverTo;
 use taskd_core::operation::OperationReport;
-use taskd_core::protocol::{ProxyToManager, WorkerHello, WorkerToProxy};
+use taskd_core::protocol::{Gone, ProxyToManager, WorkerHello, WorkerToProxy};
 use taskd_core::verify::VerifyReport;
 use taskd_core::{
     GlobalRank, JobId, NodeHal, OperationId, PhaseDeadlines, RankHal, RankTable, SubmitError,
@@ -594,6 +594,7 @@ impl LocalJob {
         self.proxies[node].do_send(WorkerDisconnected {
             rank,
             reason: "connection to the worker closed (fault injected)".into(),
+            how: Gone::Died,
         });
     }
 
@@ -642,6 +643,7 @@ impl LocalJob {
             proxy.do_send(WorkerDisconnected {
                 rank: *rank,
                 reason: "the proxy restarted".into(),
+                how: Gone::Unreachable,
             });
         }
         let manager = self.manager();
@@ -725,6 +727,7 @@ fn start_worker(
         farewell_proxy.do_send(WorkerDisconnected {
             rank,
             reason: "worker process exited (connection closed)".into(),
+            how: Gone::Died,
         })
     }));
     let addr = worker.start();

@@ -31,8 +31,8 @@ use actix::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use taskd_core::ledger::Submitted;
-use taskd_core::ledger::{RecoverTo, RecoveryStarted};
+use taskd_core::ledger::{LostRank as LostRankOf, Registered, Submitted};
+use taskd_core::ledger::{ProcessRecovery, RecoverTo, RecoveryStarted, Restarts};
 use taskd_core::operation::{Action, Event, OperationReport, Trigger};
 use taskd_core::protocol::{Directive, Phase, ProxyToManager};
 use taskd_core::verify::VerifyReport;
@@ -68,8 +68,10 @@ pub struct Manager {
     /// Where every final result is recorded for the next manager ([`Manager::with_journal`]).
     /// Written on a thread of its own (`manager/journal_writer.rs`).
     journal: Option<journal_writer::JournalWriter>,
-    /// What a job that does not run leads to, and the hold it watches (`manager/hold.rs`).
-    hold: hold::Hold,
+    /// The timers of the ledger's bounds: the hold's and the stop's (`manager/hold.rs`).
+    bounds: hold::Bounds,
+    /// The last stop of training whose end was said ("the job runs again").
+    stop_announced: Option<OperationId>,
     /// The last journal write's error while the journal cannot be written (nothing new is
     /// admitted then); `None` while it can.
     journal_failing: Option<String>,
@@ -79,9 +81,7 @@ impl Manager {
     /// A manager of job `job`, laid out as `table`, bounding each phase by `deadlines`.
     pub fn new(job: JobId, table: RankTable, deadlines: PhaseDeadlines) -> Self {
         let observer = Observer::new(table.world_size());
-        let hold = hold::Hold::default();
-        let mut ledger = JobLedger::new(job, table, deadlines);
-        ledger.set_hold_note(hold.policy.to_string());
+        let ledger = JobLedger::new(job, table, deadlines);
         Manager {
             ledger,
             epoch: Instant::now(),
@@ -92,9 +92,24 @@ impl Manager {
             clusterd: None,
             auto: None,
             journal: None,
-            hold,
+            bounds: hold::Bounds::default(),
+            stop_announced: None,
             journal_failing: None,
         }
+    }
+
+    /// Process recovery coordinated by this manager (see
+    /// [`JobLedger::set_process_recovery`]): a rank whose process died restarts the whole job
+    /// through every node's launcher, at most `recovery.max_restarts` times.
+    pub fn with_process_recovery(mut self, recovery: Option<ProcessRecovery>) -> Self {
+        self.ledger.set_process_recovery(recovery);
+        self
+    }
+
+    /// Bounds every stop of training: past it, the stop is overdue and says what it waits for.
+    pub fn with_stop_bound(mut self, bound: Duration) -> Self {
+        self.ledger.set_stop_bound(bound);
+        self
     }
 
     /// Records every operation in `journal` when it is admitted and its final result before
@@ -208,7 +223,10 @@ impl Manager {
         }
         self.waiters.round_done(&report);
         self.job_changed();
-        self.after_verification(ctx);
+        let ended = self.ledger.last_training_stop().map(|s| s.id);
+        let newly_ended = ended.filter(|id| self.stop_announced != Some(*id));
+        self.stop_announced = ended;
+        self.after_verification(newly_ended, ctx);
         self.auto_evaluate(ctx);
     }
 
@@ -234,20 +252,22 @@ impl Manager {
         }
     }
 
+    /// A node's proxy is out of reach: its ranks are unreachable, not known dead (their
+    /// processes may train on, see [`taskd_core::protocol::Gone::Unreachable`]).
     fn node_gone(&mut self, node: &NodeName, reason: &str, ctx: &mut Context<Self>) {
         self.nodes.remove(node);
         let ranks = self.ledger.table().ranks_of(node);
         for rank in ranks {
             if self.ledger.is_registered(rank) {
                 let now = self.now();
-                let reason = format!("proxy of {node}: {reason}");
-                let actions = self.ledger.worker_lost(rank, reason, now);
+                let lost = LostRankOf::unreachable(format!("proxy of {node}: {reason}"));
+                let actions = self.ledger.worker_lost(rank, lost, now);
                 self.run(actions, ctx);
             }
         }
         self.observe_waiting();
         self.job_changed();
-        self.watch_hold(ctx);
+        self.follow_bounds(ctx);
     }
 
     /// An operation's final result: journaled, then published (the observer, its waiters,
@@ -270,7 +290,7 @@ impl Manager {
             act.wake_registered();
             act.waiters.finished(&report);
             act.maybe_verify(ctx);
-            act.watch_hold(ctx);
+            act.follow_bounds(ctx);
             act.auto_finished(&report, ctx);
             then(act, ctx);
         });
@@ -485,22 +505,39 @@ impl Handler<Deliver<ProxyToManager>> for Manager {
         match m {
             ProxyToManager::WorkerUp(hello) => {
                 self.observer.received("worker_up");
-                let rank = hello.rank;
+                let (rank, instance) = (hello.rank, hello.instance);
                 let res = self.ledger.register(hello);
                 let (registered, expected) = (self.ledger.registered(), self.ledger.expected());
                 self.observer
                     .registration(rank, res.as_ref().map(|_| ()), registered, expected);
+                if let Ok(Registered::Retired(actions)) = res {
+                    tracing::warn!(rank = rank.0, %instance, "a process that training was stopped on registered again (its node was cut off during the stop): stopping it again");
+                    self.run(actions, ctx);
+                }
                 self.job_changed();
                 self.maybe_verify(ctx);
+                self.follow_bounds(ctx);
             }
-            ProxyToManager::WorkerLost { rank, reason } => {
+            ProxyToManager::WorkerLost {
+                rank,
+                reason,
+                how,
+                instance,
+                generation,
+            } => {
                 self.observer.received("worker_lost");
-                let actions = self.ledger.worker_lost(rank, reason, now);
+                let lost = LostRankOf {
+                    why: reason,
+                    how,
+                    instance,
+                    generation,
+                };
+                let actions = self.ledger.worker_lost(rank, lost, now);
                 self.job_changed();
                 self.observe_waiting();
                 self.run(actions, ctx);
                 self.maybe_verify(ctx);
-                self.watch_hold(ctx);
+                self.follow_bounds(ctx);
             }
             ProxyToManager::Reply(nr) => {
                 self.observer.received("node_reply");
@@ -647,13 +684,16 @@ impl Handler<AwaitCallsAnswered> for Manager {
 }
 
 /// A rank whose worker registered and is gone (process exited, connection closed, heartbeats
-/// missed), and why.
+/// missed, its proxy unreachable), and why.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LostRank {
     /// The rank.
     pub rank: GlobalRank,
     /// What its proxy or the transport saw, verbatim.
     pub reason: String,
+    /// Died, ended cleanly, or unreachable (it may train on).
+    #[serde(default)]
+    pub how: taskd_core::protocol::Gone,
 }
 
 /// A snapshot of the job as the manager sees it.
@@ -700,6 +740,13 @@ pub struct ManagerStatus {
     /// The last stop of training that ended (every rank came back).
     #[serde(default)]
     pub last_training_stop: Option<taskd_core::ledger::TrainingStop>,
+    /// The job's restarts (with process recovery on): how many, the budget, the last cause.
+    #[serde(default)]
+    pub restarts: Restarts,
+    /// A lost process a job-wide restart is owed for, until it starts (an operation in flight
+    /// ends first).
+    #[serde(default)]
+    pub restart_owed: Option<String>,
     /// Why the journal (`--state-dir`) cannot be written now; `None` while it can. While it
     /// cannot, nothing new is admitted ([`SubmitError::JournalFailing`]).
     #[serde(default)]
@@ -749,11 +796,14 @@ impl Handler<GetStatus> for Manager {
             recent: history.into_iter().rev().collect(),
             lost_ranks: l
                 .lost_ranks()
-                .map(|(rank, reason)| LostRank {
+                .map(|(rank, l)| LostRank {
                     rank,
-                    reason: reason.to_owned(),
+                    reason: l.why.clone(),
+                    how: l.how,
                 })
                 .collect(),
+            restarts: l.restarts().clone(),
+            restart_owed: l.restart_owed().map(str::to_owned),
         })
     }
 }

@@ -136,6 +136,11 @@ impl Observer {
         };
         metrics::gauge!(telemetry::OPERATION_IN_FLIGHT).set(in_flight);
         metrics::gauge!(telemetry::RANKS_ON_BACKUP).set(ledger.ranks_on_backup().count() as f64);
+        let unreachable = ledger
+            .lost_ranks()
+            .filter(|(_, l)| l.how == taskd_core::protocol::Gone::Unreachable)
+            .count();
+        metrics::gauge!(telemetry::RANKS_UNREACHABLE).set(unreachable as f64);
         set_job_state(ledger.state());
     }
 
@@ -404,7 +409,12 @@ fn count_report(report: &OperationReport) {
 
 /// `taskd_job_state{state}`: 1 for `state`, 0 for the others.
 fn set_job_state(state: JobState) {
-    for s in [JobState::Running, JobState::Paused, JobState::NeedsRecovery] {
+    for s in [
+        JobState::Running,
+        JobState::Paused,
+        JobState::NeedsRecovery,
+        JobState::Degraded,
+    ] {
         metrics::gauge!(telemetry::JOB_STATE, "state" => s.as_str()).set(if s == state {
             1.0
         } else {

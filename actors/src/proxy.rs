@@ -14,11 +14,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use taskd_core::auto::Links;
 use taskd_core::protocol::{
-    Directive, DirectiveKind, LinkReport, NodeReply, Phase, ProxyToManager, RankReply, ReplyBody,
-    WorkerHello, WorkerToProxy,
+    AfterStop, Directive, DirectiveKind, Gone, LinkReport, NodeReply, Phase, ProxyToManager,
+    RankReply, ReplyBody, WorkerHello, WorkerToProxy,
 };
 use taskd_core::{
-    DeviceId, GlobalRank, HalErrorKind, JobId, LinkHealth, NodeHal, NodeName, OperationId,
+    DeviceId, GlobalRank, HalErrorKind, Instance, JobId, LinkHealth, NodeHal, NodeName, OperationId,
 };
 use tracing::Span;
 
@@ -58,7 +58,34 @@ pub struct Proxy {
     op_span: Option<(OperationId, Span)>,
     phase_span: Span,
     probe: Option<LinkProbe>,
+    /// Where the node's launcher takes the manager's orders (taskd's agent), if it does.
+    launcher: Option<LauncherOrders>,
+    /// The last order handed to the launcher: each is handed once.
+    ordered: Option<AfterStop>,
 }
+
+/// What the manager asks of a node's launcher through its proxy, once per stop of training
+/// (see [`AfterStop`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LauncherOrder {
+    /// Stop every worker of the node and start them all again, as restart `number` of the
+    /// job: every node does so for the same stop, so the job starts again as one.
+    Restart {
+        /// The job's restart count once this one is done (the workers' generation).
+        number: u32,
+        /// Why, one line.
+        reason: String,
+    },
+    /// Stop every worker and end the job on this node: no restart is left.
+    End {
+        /// Why, one line.
+        reason: String,
+    },
+}
+
+/// Where a proxy hands its launcher's orders (called on the proxy's thread; it must not
+/// block).
+pub type LauncherOrders = Arc<dyn Fn(LauncherOrder) + Send + Sync>;
 
 /// The link probing of a proxy whose manager runs automatic failover.
 struct LinkProbe {
@@ -94,6 +121,43 @@ impl Proxy {
             op_span: None,
             phase_span: Span::none(),
             probe: None,
+            launcher: None,
+            ordered: None,
+        }
+    }
+
+    /// Hands the manager's orders for the node's launcher ([`LauncherOrder`]) to `orders`:
+    /// what taskd's agent, the node's process manager, acts on.
+    pub fn with_launcher(mut self, orders: LauncherOrders) -> Self {
+        self.launcher = Some(orders);
+        self
+    }
+
+    /// A stop of training reached the node: hands the launcher its order, once per stop
+    /// (the same stop sent again to old processes of the node orders nothing new).
+    fn order_launcher(&mut self, then: AfterStop, reason: &str) {
+        let order = match then {
+            AfterStop::Launcher => return,
+            AfterStop::Restart { number } => LauncherOrder::Restart {
+                number,
+                reason: reason.to_owned(),
+            },
+            AfterStop::End => LauncherOrder::End {
+                reason: reason.to_owned(),
+            },
+        };
+        if self.ordered == Some(then) {
+            return;
+        }
+        self.ordered = Some(then);
+        match &self.launcher {
+            Some(orders) => {
+                tracing::warn!(node = %self.node, order = ?order, "handing the launcher the manager's order");
+                orders(order);
+            }
+            None => {
+                tracing::warn!(node = %self.node, order = ?order, "the manager ordered the node's launcher, but no launcher takes orders from this proxy: the processes end and their launcher decides")
+            }
         }
     }
 
@@ -295,15 +359,25 @@ impl Proxy {
         });
     }
 
-    fn lose_worker(&mut self, rank: GlobalRank, reason: String) {
-        self.hellos.remove(&rank);
+    fn lose_worker(&mut self, rank: GlobalRank, reason: String, how: Gone) {
+        let instance = self
+            .hellos
+            .remove(&rank)
+            .map_or(Instance::UNKNOWN, |h| h.instance);
         if self.workers.remove(&rank).is_none() {
             return;
         }
-        self.phase_span
-            .in_scope(|| tracing::warn!(node = %self.node, rank = rank.0, %reason, "worker lost"));
+        self.phase_span.in_scope(
+            || tracing::warn!(node = %self.node, rank = rank.0, %reason, how = how.as_str(), "worker lost"),
+        );
         telemetry::message("out", "worker_lost");
-        self.up(ProxyToManager::WorkerLost { rank, reason });
+        self.up(ProxyToManager::WorkerLost {
+            rank,
+            reason,
+            how,
+            instance,
+            generation: 0,
+        });
         if let Some(f) = self.fan_in.as_mut() {
             f.waiting.remove(&rank);
         }
@@ -355,6 +429,44 @@ pub struct WorkerDisconnected {
     pub rank: GlobalRank,
     /// What the transport saw, passed on as the lost rank's reason.
     pub reason: String,
+    /// Whether the worker ended on purpose (it said goodbye) or died.
+    pub how: Gone,
+}
+
+/// The node's launcher saw a worker's process end (with `code`): what a worker that never
+/// registered, or whose goodbye hid an exit with an error, cannot say itself.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct WorkerExited {
+    /// The rank whose process ended.
+    pub rank: GlobalRank,
+    /// Its exit status (0: a clean end), or how it ended, for people.
+    pub status: String,
+    /// Whether it ended cleanly.
+    pub clean: bool,
+    /// The job restart the launcher started it for (0: the first start).
+    pub generation: u32,
+}
+
+impl Handler<WorkerExited> for Proxy {
+    type Result = ();
+    fn handle(&mut self, m: WorkerExited, _: &mut Self::Context) {
+        let how = if m.clean { Gone::Ended } else { Gone::Died };
+        let reason = format!("its process ended ({})", m.status);
+        if self.workers.contains_key(&m.rank) {
+            self.lose_worker(m.rank, reason, how);
+            return;
+        }
+        tracing::warn!(node = %self.node, rank = m.rank.0, %reason, how = how.as_str(), "worker process ended");
+        telemetry::message("out", "worker_lost");
+        self.up(ProxyToManager::WorkerLost {
+            rank: m.rank,
+            reason,
+            how,
+            instance: Instance::UNKNOWN,
+            generation: m.generation,
+        });
+    }
 }
 
 /// A manager (a new one, after the last one died) is reachable through `link`: every worker
@@ -395,7 +507,7 @@ impl Handler<WorkerConnected> for Proxy {
 impl Handler<WorkerDisconnected> for Proxy {
     type Result = ();
     fn handle(&mut self, m: WorkerDisconnected, _: &mut Self::Context) {
-        self.lose_worker(m.rank, m.reason);
+        self.lose_worker(m.rank, m.reason, m.how);
     }
 }
 
@@ -410,10 +522,27 @@ impl Handler<Deliver<Directive>> for Proxy {
         let span = self.phase_span.clone();
         let _entered = span.enter();
         tracing::debug!(workers = self.workers.len(), "relaying the directive");
+        if let DirectiveKind::StopTraining { then, reason, only } = &d.kind {
+            let for_node =
+                only.is_empty() || self.hellos.values().any(|h| only.contains(&h.instance));
+            if for_node {
+                self.order_launcher(*then, reason);
+            }
+        }
+        // The workers the directive is for (a stop sent again names old processes).
+        let addressed: BTreeSet<GlobalRank> = self
+            .workers
+            .keys()
+            .filter(|r| {
+                let instance = self.hellos.get(r).map_or(Instance::UNKNOWN, |h| h.instance);
+                d.kind.is_for(instance)
+            })
+            .copied()
+            .collect();
         let mut fan_in = FanIn {
             op: d.op,
             phase: d.phase(),
-            waiting: self.workers.keys().copied().collect(),
+            waiting: addressed.clone(),
             replies: Vec::new(),
             health: Some(Vec::new()),
             partial_armed: false,
@@ -469,14 +598,18 @@ impl Handler<Deliver<Directive>> for Proxy {
         }
         self.fan_in = Some(fan_in);
         let mut gone = Vec::new();
-        for (rank, link) in &self.workers {
+        for (rank, link) in self.workers.iter().filter(|(r, _)| addressed.contains(r)) {
             telemetry::message("out", d.phase().as_str());
             if let Err(e) = link.send(d.clone()) {
                 gone.push((*rank, e));
             }
         }
         for (rank, e) in gone {
-            self.lose_worker(rank, format!("sending to the worker failed: {e}"));
+            self.lose_worker(
+                rank,
+                format!("sending to the worker failed: {e}"),
+                Gone::Died,
+            );
         }
         self.flush(false);
     }

@@ -59,8 +59,8 @@ pub const MESSAGES_TOTAL: &str = "taskd_messages_total";
 /// it has no name for or an error without a code, so both labels have fixed sets of values.
 /// Added to section 8.
 pub const HAL_ERRORS_TOTAL: &str = "taskd_hal_errors_total";
-/// Gauge `{state}`: 1 for the job's current state (`running`, `paused`, `needs_recovery`), 0
-/// for the others. `paused` after a failed rollback is the "operator action required" alarm.
+/// Gauge `{state}`: 1 for the job's current state (`running`, `paused`, `needs_recovery`,
+/// `degraded`), 0 for the others. `paused` after a failed rollback is the "operator action required" alarm.
 pub const JOB_STATE: &str = "taskd_job_state";
 /// Gauge: ranks the phase in flight still waits for (0 when idle): a stuck phase shows here.
 pub const OPERATION_PENDING_RANKS: &str = "taskd_operation_pending_ranks";
@@ -101,6 +101,15 @@ pub const JOURNAL_FAILING: &str = "taskd_journal_failing";
 /// Counter: writes of the manager's journal that failed.
 pub const JOURNAL_WRITE_FAILURES_TOTAL: &str = "taskd_journal_write_failures_total";
 
+/// Counter: restarts of the whole job the manager began (process recovery: a lost process,
+/// or a stop of training, restarts every node's workers together).
+pub const JOB_RESTARTS: &str = "taskd_job_restarts_total";
+/// Counter: stops of training that passed their bound with ranks not back.
+pub const TRAINING_STOPS_OVERDUE: &str = "taskd_training_stops_overdue_total";
+/// Gauge: ranks the manager cannot reach now (their node's proxy lost its connection); with no
+/// operation in flight the job is `degraded`, not held.
+pub const RANKS_UNREACHABLE: &str = "taskd_ranks_unreachable";
+
 /// Every metric name this crate exports.
 pub const ALL: &[&str] = &[
     OPERATIONS_TOTAL,
@@ -125,6 +134,9 @@ pub const ALL: &[&str] = &[
     AUTO_DECISIONS_TOTAL,
     JOURNAL_FAILING,
     JOURNAL_WRITE_FAILURES_TOTAL,
+    JOB_RESTARTS,
+    TRAINING_STOPS_OVERDUE,
+    RANKS_UNREACHABLE,
 ];
 
 /// Buckets (seconds) of the phase and stall histograms: a millisecond (a simulated step) up
@@ -240,7 +252,7 @@ fn describe_job() {
     describe_gauge!(
         JOB_STATE,
         Unit::Count,
-        "1 for the job's current state (running, paused, needs_recovery)"
+        "1 for the job's current state (running, paused, needs_recovery, degraded)"
     );
     describe_gauge!(
         OPERATION_PENDING_RANKS,
@@ -291,6 +303,21 @@ fn describe_job() {
         JOURNAL_WRITE_FAILURES_TOTAL,
         Unit::Count,
         "Failed writes of the manager's operation journal"
+    );
+    describe_counter!(
+        JOB_RESTARTS,
+        Unit::Count,
+        "Restarts of the whole job the manager began"
+    );
+    describe_counter!(
+        TRAINING_STOPS_OVERDUE,
+        Unit::Count,
+        "Stops of training that passed their bound with ranks not back"
+    );
+    describe_gauge!(
+        RANKS_UNREACHABLE,
+        Unit::Count,
+        "Ranks the manager cannot reach now (their proxy is not connected)"
     );
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
 }

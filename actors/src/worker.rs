@@ -19,8 +19,8 @@ use taskd_core::protocol::{
     WorkerHello, WorkerReport, WorkerToProxy,
 };
 use taskd_core::{
-    plan_calls, GlobalRank, GroupCall, HcclCapabilities, JobId, NicSide, NodeName, OperationId,
-    SwitchCapabilities, TaskRankHal,
+    plan_calls, GlobalRank, GroupCall, HcclCapabilities, Instance, JobId, NicSide, NodeName,
+    OperationId, SwitchCapabilities, TaskRankHal,
 };
 use tokio::sync::{mpsc, oneshot};
 use tracing::{Instrument, Span};
@@ -56,6 +56,12 @@ enum HalJob {
     },
 }
 
+/// A new process's instance: random, never [`Instance::UNKNOWN`].
+fn new_instance() -> Instance {
+    let (hi, lo) = uuid::Uuid::new_v4().as_u64_pair();
+    Instance((hi ^ lo) | 1)
+}
+
 /// Called once when the worker stops: the in-process transport's "connection closed".
 pub type Farewell = Box<dyn FnOnce(GlobalRank) + Send>;
 
@@ -77,6 +83,9 @@ pub struct Worker {
     phase_span: Span,
     /// Whether this rank counts in `taskd_ranks_held`.
     held: bool,
+    /// Which process of the rank this is (drawn when the worker is made): a stop sent again to
+    /// old processes names theirs.
+    instance: Instance,
 }
 
 impl Worker {
@@ -101,7 +110,13 @@ impl Worker {
             op_span: None,
             phase_span: Span::none(),
             held: false,
+            instance: new_instance(),
         }
+    }
+
+    /// Which process of the rank this worker is.
+    pub fn instance(&self) -> Instance {
+        self.instance
     }
 
     /// Makes the NIC-set calls of a switch or a rollback (`rounds` in turn) and answers with
@@ -291,6 +306,7 @@ impl Actor for Worker {
                     node: act.cfg.node.clone(),
                     rank: act.cfg.rank,
                     capabilities: caps,
+                    instance: act.instance,
                 };
                 telemetry::message("out", "hello");
                 if act.upstream.send(WorkerToProxy::Hello(hello)).is_err() {
@@ -318,6 +334,10 @@ impl Handler<Deliver<Directive>> for Worker {
 
     fn handle(&mut self, Deliver(d): Deliver<Directive>, ctx: &mut Self::Context) {
         telemetry::message("in", d.phase().as_str());
+        if !d.kind.is_for(self.instance) {
+            // A stop sent again to another (an old) process of this rank.
+            return;
+        }
         let op = d.op;
         let phase = d.phase();
         self.enter_phase(op, phase);
@@ -353,7 +373,7 @@ impl Handler<Deliver<Directive>> for Worker {
                 let rounds = vec![targets, restate];
                 self.set_nics(ctx, (op, phase), (rounds, call_timeout), span.clone())
             }
-            DirectiveKind::StopTraining { reason } => self.stop_training(op, &reason),
+            DirectiveKind::StopTraining { reason, .. } => self.stop_training(op, &reason),
             DirectiveKind::Verify => {
                 // A round starts only once every rank is registered.
                 self.gate.job_whole();

@@ -42,14 +42,15 @@ fn caps() -> impl Strategy<Value = Option<pb::Capabilities>> {
 }
 
 fn hello() -> impl Strategy<Value = pb::WorkerHello> {
-    (text(), text(), any::<u32>(), caps()).prop_map(|(job, node, rank, capabilities)| {
-        pb::WorkerHello {
+    (text(), text(), any::<u32>(), caps(), any::<u64>()).prop_map(
+        |(job, node, rank, capabilities, instance)| pb::WorkerHello {
             job,
             node,
             rank,
             capabilities,
-        }
-    })
+            instance,
+        },
+    )
 }
 
 fn rank_reply_body() -> impl Strategy<Value = Option<pb::rank_reply::Body>> {
@@ -130,8 +131,16 @@ fn up() -> impl Strategy<Value = pb::Up> {
         0.9,
         prop_oneof![
             hello().prop_map(P::WorkerUp),
-            (any::<u32>(), text())
-                .prop_map(|(rank, reason)| P::WorkerLost(pb::WorkerLost { rank, reason })),
+            // Gone values past the known ones (a newer peer's) included.
+            (any::<u32>(), text(), -1i32..4, any::<u64>(), any::<u32>()).prop_map(
+                |(rank, reason, how, instance, generation)| P::WorkerLost(pb::WorkerLost {
+                    rank,
+                    reason,
+                    how,
+                    instance,
+                    generation,
+                })
+            ),
             node_reply().prop_map(P::Reply),
             // Link states past the known ones (a newer peer's) and the missing 0 included.
             (text(), any::<u32>(), -1i32..6, -1i32..6).prop_map(
@@ -191,7 +200,20 @@ fn directive() -> impl Strategy<Value = pb::Directive> {
             flags.clone().prop_map(Kind::SwitchNics),
             flags.prop_map(Kind::Rollback),
             Just(Kind::Resume(pb::ResumeTraining {})),
-            any::<String>().prop_map(|reason| Kind::StopTraining(pb::StopTraining { reason })),
+            (
+                any::<String>(),
+                -1i32..4,
+                any::<u32>(),
+                prop::collection::vec(any::<u64>(), 0..3)
+            )
+                .prop_map(|(reason, then, restart, only)| Kind::StopTraining(
+                    pb::StopTraining {
+                        reason,
+                        then,
+                        restart,
+                        only
+                    }
+                )),
         ],
     );
     (op(), kind).prop_map(|(op, kind)| pb::Directive { op, kind })

@@ -175,6 +175,7 @@ fn a_proxy_that_stops_reading_is_cut_off_at_its_queue_capacity() {
                 node: NodeName("node-0".into()),
                 rank: GlobalRank(r),
                 capabilities: SwitchCapabilities::ALL,
+                instance: taskd_core::Instance(u64::from(r) + 1),
             });
             tx.send(up(
                 u64::from(r) + 1,

@@ -157,6 +157,8 @@ impl Harness {
     ) {
         let kind = DirectiveKind::StopTraining {
             reason: reason.into(),
+            then: taskd_core::protocol::AfterStop::Launcher,
+            only: Vec::new(),
         };
         self.send(op, kind);
         assert_eq!(self.reply(op, Phase::Stop).await, ReplyBody::Stopped);

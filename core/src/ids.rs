@@ -59,6 +59,32 @@ pub struct GroupRank(pub u32);
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct OperationId(pub uuid::Uuid);
 
+/// One process of a rank. A new process of the rank (a restart) has a new instance; the same
+/// process keeps its own across reconnects. After a stop of training the manager counts a rank
+/// as back only under a new instance, and stops an old one that shows up again (a node cut off
+/// during the stop). Drawn at random when a worker starts; [`Instance::UNKNOWN`] (0) is a peer
+/// that does not say.
+#[derive(
+    Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+pub struct Instance(pub u64);
+
+impl Instance {
+    /// A worker that does not name its instance (an older peer): never matched as old.
+    pub const UNKNOWN: Instance = Instance(0);
+
+    /// Whether it names a process at all.
+    pub fn is_known(self) -> bool {
+        self != Instance::UNKNOWN
+    }
+}
+
+impl fmt::Display for Instance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
 macro_rules! display_inner {
     ($($t:ty),*) => {$(
         impl fmt::Display for $t {

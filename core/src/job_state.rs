@@ -16,6 +16,10 @@ pub enum JobState {
     Paused,
     /// A process is gone; the job needs process-level recovery.
     NeedsRecovery,
+    /// Training runs as far as the manager knows, but some ranks cannot be reached (their
+    /// node's proxy lost its connection while no operation ran, so no gate holds them): nothing
+    /// switches until they are back, and no hold bound runs, since nothing is held.
+    Degraded,
 }
 
 impl fmt::Display for JobState {
@@ -31,6 +35,7 @@ impl JobState {
             JobState::Running => "running",
             JobState::Paused => "paused",
             JobState::NeedsRecovery => "needs_recovery",
+            JobState::Degraded => "degraded",
         }
     }
 }

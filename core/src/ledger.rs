@@ -12,13 +12,13 @@
 use crate::command::{SwitchCommand, SwitchPlan, ValidationError};
 use crate::display::short_list;
 use crate::hal::{NicSide, SwitchCapabilities};
-use crate::ids::{GlobalRank, JobId, NodeName, OperationId};
+use crate::ids::{GlobalRank, Instance, JobId, NodeName, OperationId};
 pub use crate::operation::JobState;
 use crate::operation::{
     Action, CommandError, Event, Operation, OperationKind, OperationReport, Outcome,
     PhaseDeadlines, Trigger,
 };
-use crate::protocol::{NodeReply, Phase, ReplyBody, WorkerHello};
+use crate::protocol::{Gone, NodeReply, Phase, ReplyBody, WorkerHello};
 use crate::rank_table::RankTable;
 use crate::verify::{Assessment, Verification, VerifyReport, VerifyStep};
 use serde::{Deserialize, Serialize};
@@ -26,12 +26,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 mod activity;
+mod hold;
 mod knowledge;
 mod stop;
 mod uuids;
 use activity::Activity;
+pub use hold::{HoldNews, HoldPolicy, DEFAULT_HOLD_BOUND};
 use knowledge::NicKnowledge;
-pub use stop::{StopBy, StopPhase, TrainingStop};
+pub use stop::{ProcessRecovery, Restarts, StopBy, StopPhase, TrainingStop, DEFAULT_STOP_BOUND};
 pub use uuids::{AdmittedOperation, FinishedOperation, RequestFingerprint, HISTORY_LEN};
 use uuids::{Seen, UuidMemory};
 
@@ -163,6 +165,16 @@ pub enum SequenceError {
     Command(#[from] CommandError),
 }
 
+/// What a registration led to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Registered {
+    /// The process counts as the rank's.
+    Counted,
+    /// The process is one a stop of training ended (it came back after a cut): not counted;
+    /// carry out the actions (the stop, sent to it again).
+    Retired(Vec<Action>),
+}
+
 /// Why a registration was refused.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum RegisterError {
@@ -213,14 +225,59 @@ pub enum Submitted {
     InFlight(OperationId),
 }
 
+/// A rank whose process the manager lost sight of, until a process of it registers again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostRank {
+    /// What was seen, for people.
+    pub why: String,
+    /// How it went: died, ended cleanly, or unreachable (it may train on).
+    pub how: Gone,
+    /// The process that went, when known.
+    pub instance: Instance,
+    /// The job restart its launcher started it for (0: the first start, or not known).
+    #[serde(default)]
+    pub generation: u32,
+}
+
+impl LostRank {
+    /// A process that died (`why`), instance not known.
+    pub fn died(why: impl Into<String>) -> Self {
+        Self::new(why, Gone::Died)
+    }
+
+    /// A rank whose proxy cannot be reached (`why`).
+    pub fn unreachable(why: impl Into<String>) -> Self {
+        Self::new(why, Gone::Unreachable)
+    }
+
+    /// A process that ended cleanly (`why`).
+    pub fn ended(why: impl Into<String>) -> Self {
+        Self::new(why, Gone::Ended)
+    }
+
+    fn new(why: impl Into<String>, how: Gone) -> Self {
+        LostRank {
+            why: why.into(),
+            how,
+            instance: Instance::UNKNOWN,
+            generation: 0,
+        }
+    }
+
+    /// The same, of process `instance`.
+    pub fn of(self, instance: Instance) -> Self {
+        LostRank { instance, ..self }
+    }
+}
+
 /// The manager's state for one job.
 #[derive(Debug)]
 pub struct JobLedger {
     job: JobId,
     table: RankTable,
     workers: BTreeMap<GlobalRank, WorkerHello>,
-    /// Ranks that registered and are gone, with why; a rank leaves when it registers again.
-    lost: BTreeMap<GlobalRank, String>,
+    /// Ranks that registered and are gone; a rank leaves when it registers again.
+    lost: BTreeMap<GlobalRank, LostRank>,
     /// The NIC table and how far every rank's report confirmed it.
     nics: NicKnowledge,
     /// What runs now: nothing, an operation or a verification round (never both).
@@ -239,6 +296,18 @@ pub struct JobLedger {
     /// What a job left not running leads to, in words (the manager's hold policy), written
     /// into the report of every operation that leaves the job not running.
     hold_note: Option<String>,
+    /// The hold bound and the hold it follows (`ledger/hold.rs`).
+    hold: hold::Hold,
+    /// Process recovery coordinated by the manager, when on.
+    recovery: Option<ProcessRecovery>,
+    /// The job's restarts so far.
+    restarts: Restarts,
+    /// A job-wide restart owed for a fault, until it starts.
+    owed_restart: Option<stop::OwedRestart>,
+    /// The process of each rank the last stop ended: never counted as back.
+    retired: stop::Retired,
+    /// The bound on a stop of training.
+    stop_bound: Duration,
 }
 
 /// Which NIC configuration a recovery re-states for the ranks in doubt.
@@ -302,7 +371,13 @@ impl JobLedger {
             deadlines,
             stop: None,
             last_stop: None,
-            hold_note: None,
+            hold_note: Some(HoldPolicy::default().to_string()),
+            hold: hold::Hold::default(),
+            recovery: None,
+            restarts: Restarts::default(),
+            owed_restart: None,
+            retired: BTreeMap::new(),
+            stop_bound: DEFAULT_STOP_BOUND,
         }
     }
 
@@ -498,8 +573,9 @@ impl JobLedger {
     }
 
     /// Records a worker. A repeated registration of the same rank replaces the earlier one
-    /// (a reconnect).
-    pub fn register(&mut self, hello: WorkerHello) -> Result<(), RegisterError> {
+    /// (a reconnect, or a new process). A process a stop of training ended (a retired
+    /// instance, see `ledger/stop.rs`) is not recorded: the stop goes to it again.
+    pub fn register(&mut self, hello: WorkerHello) -> Result<Registered, RegisterError> {
         if hello.job != self.job {
             return Err(RegisterError::WrongJob {
                 expected: self.job.clone(),
@@ -520,13 +596,18 @@ impl JobLedger {
                 got: hello.node,
             });
         }
+        if self.is_retired(hello.rank, hello.instance) {
+            return Ok(Registered::Retired(
+                self.stop_old_back(hello.rank, hello.instance),
+            ));
+        }
         // A process that registers again (a reconnect, or a new process on primary) may
         // have another NIC configuration than the table says: ask every rank again.
         self.nics.doubt();
         self.stop_registered(hello.rank);
         self.lost.remove(&hello.rank);
         self.workers.insert(hello.rank, hello);
-        Ok(())
+        Ok(Registered::Counted)
     }
 
     /// The ranks that have not answered the NIC-set phase the last operation ended in, and that
@@ -552,8 +633,8 @@ impl JobLedger {
 
     /// Ranks that registered and are gone ([`worker_lost`](Self::worker_lost)), ascending,
     /// with why; a rank leaves once it registers again.
-    pub fn lost_ranks(&self) -> impl Iterator<Item = (GlobalRank, &str)> + '_ {
-        self.lost.iter().map(|(rank, why)| (*rank, why.as_str()))
+    pub fn lost_ranks(&self) -> impl Iterator<Item = (GlobalRank, &LostRank)> + '_ {
+        self.lost.iter().map(|(rank, l)| (*rank, l))
     }
 
     /// Ranks using their backup NIC, ascending.
@@ -832,22 +913,79 @@ impl JobLedger {
         }
     }
 
-    /// A worker is gone. Fails the operation in flight, if any, and unregisters the rank. A
-    /// job that loses a process needs recovery: it returns to running once the rank registers
-    /// again and a verification round finds every group agreeing.
-    pub fn worker_lost(&mut self, rank: GlobalRank, reason: String, now: Duration) -> Vec<Action> {
-        if self.workers.remove(&rank).is_none() {
+    /// A rank's process is out of sight (`how`): unregisters the rank and fails the
+    /// operation in flight, if any (it needed the rank). Then, with nothing running:
+    ///
+    /// - `died`: the job needs its process back (`needs_recovery`); with process recovery on,
+    ///   a restart of the whole job is owed ([`JobLedger::restart_due`]), unless the process
+    ///   is one a stop under way ended;
+    /// - `unreachable`: the job is `degraded` (no gate holds the rank; it may train on);
+    /// - `ended`: training ended on the rank; nothing else changes.
+    ///
+    /// It returns to running once the rank registers again and a verification round finds
+    /// every group agreeing. A report about another process than the registered one (an old
+    /// one, `instance` known) changes nothing. A rank with no process registered that died
+    /// (a crash before registering; `lost.generation`, the job restart it was started for)
+    /// owes a restart the same way, unless it is an old process of a restart under way.
+    pub fn worker_lost(&mut self, rank: GlobalRank, lost: LostRank, now: Duration) -> Vec<Action> {
+        let Some(current) = self.workers.get(&rank).map(|w| w.instance) else {
+            self.lost_unregistered(rank, lost, now);
+            return Vec::new();
+        };
+        if lost.instance.is_known() && current.is_known() && current != lost.instance {
             return Vec::new();
         }
-        self.lost.insert(rank, reason.clone());
-        self.stop_lost(rank);
+        let ended_by_stop = self.is_retired(rank, current);
+        self.workers.remove(&rank);
+        let LostRank { why, how, .. } = lost.clone();
+        self.lost.insert(rank, lost.of(current));
+        self.stop_lost(rank, how);
         self.nics.doubt();
         let busy = !self.activity.is_idle();
-        let actions = self.handle(Event::WorkerLost { rank, reason }, now);
-        if !busy && self.state == JobState::Running {
-            self.state = JobState::NeedsRecovery;
+        let actions = self.handle(
+            Event::WorkerLost {
+                rank,
+                reason: why.clone(),
+            },
+            now,
+        );
+        if !busy {
+            self.state = match (self.state, how) {
+                (JobState::Running, Gone::Unreachable) => JobState::Degraded,
+                (JobState::Running | JobState::Degraded, Gone::Died) => JobState::NeedsRecovery,
+                (state, _) => state,
+            };
+        }
+        if how == Gone::Died && !ended_by_stop {
+            self.owe_restart(format!("rank {rank} lost: {why}"), now);
         }
         actions
+    }
+
+    /// A rank with no process registered is reported gone: a process that died before it
+    /// registered owes a restart (unless a restart under way started it for an earlier
+    /// generation: an old process); an unreachable rank already lost becomes known dead.
+    fn lost_unregistered(&mut self, rank: GlobalRank, lost: LostRank, now: Duration) {
+        if lost.how != Gone::Died {
+            return;
+        }
+        if self.stop.is_some() && lost.generation < self.restarts.done {
+            return;
+        }
+        let why = lost.why.clone();
+        match self.lost.get_mut(&rank) {
+            // Known dead already: the first word stands.
+            Some(l) if l.how == Gone::Died && l.generation >= lost.generation => {}
+            Some(l) => *l = lost,
+            None => {
+                self.lost.insert(rank, lost);
+            }
+        }
+        self.stop_lost(rank, Gone::Died);
+        if self.activity.is_idle() && matches!(self.state, JobState::Degraded | JobState::Running) {
+            self.state = JobState::NeedsRecovery;
+        }
+        self.owe_restart(format!("rank {rank} lost: {why}"), now);
     }
 
     /// Ends the operation in flight safely because the manager is stopping (see

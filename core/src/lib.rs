@@ -70,7 +70,7 @@ pub use hal::{
     HcclCode, LibraryName, LinkHealth, NicSide, NodeHal, RankHal, StepBoundary, StepOutcome,
     SwitchCapabilities, TaskRankHal, VendorCode, VendorStatus,
 };
-pub use ids::{DeviceId, GlobalRank, GroupRank, JobId, NodeName, OperationId};
+pub use ids::{DeviceId, GlobalRank, GroupRank, Instance, JobId, NodeName, OperationId};
 pub use ledger::{JobLedger, JobState, SubmitError};
 pub use operation::{Action, Event, Operation, OperationReport, Outcome, PhaseDeadlines, Trigger};
 pub use planner::{plan_calls, GroupCall};

@@ -7,7 +7,7 @@
 use crate::auto::Links;
 use crate::command::RankTarget;
 use crate::hal::{HalError, LinkHealth, NicSide, SwitchCapabilities};
-use crate::ids::{DeviceId, GlobalRank, JobId, NodeName, OperationId};
+use crate::ids::{DeviceId, GlobalRank, Instance, JobId, NodeName, OperationId};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::time::Duration;
@@ -128,7 +128,59 @@ pub enum DirectiveKind {
     StopTraining {
         /// Why, one line: the training process logs it and its gate hands it to the loop.
         reason: String,
+        /// What the launchers do once the processes stopped: the proxies hand it to theirs
+        /// (taskd's agent restarts every worker of its node together, as one restart of the
+        /// job, or ends the job on its node).
+        #[serde(default)]
+        then: AfterStop,
+        /// The processes the stop is for, when it is sent again to old processes that showed
+        /// up after it (a node cut off during the stop): a worker of another instance ignores
+        /// it. Empty: every process of the job.
+        #[serde(default)]
+        only: Vec<Instance>,
     },
+}
+
+/// What the launchers do once a stop of training ended the processes.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AfterStop {
+    /// Whatever the launcher does by itself when a process exits with an error (MindCluster's
+    /// process recovery, torchrun's `--max-restarts`): the manager does not coordinate it.
+    #[default]
+    Launcher,
+    /// Every node's launcher starts all its workers again, once, as restart `number` of the
+    /// job (1 for the first): one new incarnation of the whole job.
+    Restart {
+        /// The job's restart count once this one is done.
+        number: u32,
+    },
+    /// No restart: every node's launcher ends the job (the job's restart budget is spent).
+    End,
+}
+
+impl AfterStop {
+    /// What it says in logs and `taskd status`.
+    pub fn describe(self) -> String {
+        match self {
+            AfterStop::Launcher => "the launcher restarts the processes".to_owned(),
+            AfterStop::Restart { number } => {
+                format!("every node restarts its workers together (restart {number} of the job)")
+            }
+            AfterStop::End => "the job ends (no restart left)".to_owned(),
+        }
+    }
+}
+
+impl DirectiveKind {
+    /// Whether a worker of `instance` acts on this directive: every directive is for every
+    /// worker, except a stop sent again to named old processes.
+    pub fn is_for(&self, instance: Instance) -> bool {
+        match self {
+            DirectiveKind::StopTraining { only, .. } => only.is_empty() || only.contains(&instance),
+            _ => true,
+        }
+    }
 }
 
 /// One NIC-set call a rank made, as it reports it for cross-rank agreement checks.
@@ -324,6 +376,9 @@ pub struct WorkerHello {
     pub rank: GlobalRank,
     /// Whether its HCCL can really switch NICs; a switch is refused unless every rank can.
     pub capabilities: SwitchCapabilities,
+    /// Which process of the rank this is: a restarted process has a new one.
+    #[serde(default)]
+    pub instance: Instance,
 }
 
 /// The links of one device of a node, as the node's proxy probed them: sent when they
@@ -339,6 +394,32 @@ pub struct LinkReport {
     pub links: Links,
 }
 
+/// How a rank's process left the manager's sight.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Gone {
+    /// The process is gone: it exited with an error, was killed, or its connection to its
+    /// proxy closed. Held training on it cannot go on; the job needs its processes back.
+    #[default]
+    Died,
+    /// The process ended cleanly: training is over on this rank.
+    Ended,
+    /// The rank's proxy cannot be reached (its connection is lost, or its process ended): the
+    /// training process itself may be training on.
+    Unreachable,
+}
+
+impl Gone {
+    /// The name in logs, `taskd status` and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Gone::Died => "died",
+            Gone::Ended => "ended",
+            Gone::Unreachable => "unreachable",
+        }
+    }
+}
+
 /// What flows from a proxy to the manager.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ProxyToManager {
@@ -351,6 +432,18 @@ pub enum ProxyToManager {
         rank: GlobalRank,
         /// What the proxy saw, for logs and the operation's error.
         reason: String,
+        /// How it went: the process died, or ended cleanly.
+        #[serde(default)]
+        how: Gone,
+        /// The process that went, when the proxy knew it ([`Instance::UNKNOWN`] for a
+        /// process that never registered).
+        #[serde(default)]
+        instance: Instance,
+        /// The job restart its launcher started the process for (0: the job's first start,
+        /// or not known), which tells an old process of a restart under way from a new one
+        /// that never registered.
+        #[serde(default)]
+        generation: u32,
     },
     /// The node's answers to a directive.
     Reply(NodeReply),

@@ -29,6 +29,7 @@ fn hello(layout: &Layout, rank: u32, capabilities: SwitchCapabilities) -> Worker
         node: layout.node_of(GlobalRank(rank)),
         rank: GlobalRank(rank),
         capabilities,
+        instance: taskd_core::Instance::UNKNOWN,
     }
 }
 
@@ -481,19 +482,31 @@ fn missing_workers_are_named() {
     // A worker lost between operations must register again before the next one.
     let mut l = ledger(&layout);
     assert_eq!(
-        l.worker_lost(GlobalRank(4), "closed".into(), secs(1)),
+        l.worker_lost(
+            GlobalRank(4),
+            taskd_core::ledger::LostRank::died("closed"),
+            secs(1)
+        ),
         vec![]
     );
     assert!(!l.is_registered(GlobalRank(4)));
     assert_eq!(l.state(), JobState::NeedsRecovery);
     assert_eq!(
-        l.lost_ranks().collect::<Vec<_>>(),
+        l.lost_ranks()
+            .map(|(r, lost)| (r, lost.why.as_str()))
+            .collect::<Vec<_>>(),
         [(GlobalRank(4), "closed")]
     );
     // A rank never registered (or already lost) is not lost again.
-    l.worker_lost(GlobalRank(4), "again".into(), secs(1));
+    l.worker_lost(
+        GlobalRank(4),
+        taskd_core::ledger::LostRank::died("again"),
+        secs(1),
+    );
     assert_eq!(
-        l.lost_ranks().collect::<Vec<_>>(),
+        l.lost_ranks()
+            .map(|(r, lost)| (r, lost.why.as_str()))
+            .collect::<Vec<_>>(),
         [(GlobalRank(4), "closed")]
     );
     assert!(matches!(
@@ -880,7 +893,11 @@ fn a_worker_lost_mid_operation_leaves_the_job_needing_recovery() {
     let now = secs(10);
     let first = start(&mut l, &layout.command(&[(1, true)]), op_id(1), now);
     assert_eq!(first.len(), 2);
-    let a = l.worker_lost(GlobalRank(3), "heartbeats missed".into(), secs(11));
+    let a = l.worker_lost(
+        GlobalRank(3),
+        taskd_core::ledger::LostRank::died("heartbeats missed"),
+        secs(11),
+    );
     assert_eq!(broadcast_phases(&a), vec![Phase::Resume]);
     assert!(!l.is_registered(GlobalRank(3)));
     let mut now = secs(11);
@@ -1423,6 +1440,7 @@ fn registration_errors_are_named_and_register_nothing() {
         node: "node-1".into(),
         rank: GlobalRank(8),
         capabilities: SwitchCapabilities::ALL,
+        instance: taskd_core::Instance::UNKNOWN,
     };
     assert_eq!(
         l.register(h),
@@ -1521,7 +1539,9 @@ fn a_stop_of_training_lasts_until_every_rank_is_back_and_forgets_the_old_nic_tab
     assert_eq!(
         broadcasts(&actions)[0].kind,
         DirectiveKind::StopTraining {
-            reason: "maintenance".into()
+            reason: "maintenance".into(),
+            then: taskd_core::protocol::AfterStop::Launcher,
+            only: Vec::new(),
         }
     );
     assert_eq!(l.state(), JobState::NeedsRecovery);
@@ -1551,7 +1571,11 @@ fn a_stop_of_training_lasts_until_every_rank_is_back_and_forgets_the_old_nic_tab
     // The old processes exit; their new incarnations register one by one.
     for r in 0..layout.world() {
         assert!(l
-            .worker_lost(GlobalRank(r), "exited".into(), now)
+            .worker_lost(
+                GlobalRank(r),
+                taskd_core::ledger::LostRank::died("exited"),
+                now
+            )
             .is_empty());
     }
     for r in 0..layout.world() {

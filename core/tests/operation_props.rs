@@ -899,6 +899,8 @@ fn ending(r: &OperationReport, phases: &[Phase]) -> &'static str {
             "failed before the switch"
         }
         (Outcome::Failed, JobState::Running) => "failed, running, neither applied nor rolled back",
+        // Only the ledger declares it, between operations.
+        (Outcome::Failed, JobState::Degraded) => "degraded",
     }
 }
 

@@ -97,6 +97,7 @@ fn hello(layout: &Layout, rank: u32) -> WorkerHello {
         node: layout.node_of(GlobalRank(rank)),
         rank: GlobalRank(rank),
         capabilities: SwitchCapabilities::ALL,
+        instance: taskd_core::Instance::UNKNOWN,
     }
 }
 
@@ -321,7 +322,7 @@ proptest! {
         for step in &case.steps {
             match step {
                 Step::Lose(r) => {
-                    w.ledger.worker_lost(GlobalRank(*r), "lost".into(), secs(0));
+                    w.ledger.worker_lost(GlobalRank(*r), taskd_core::ledger::LostRank::died("lost"), secs(0));
                     w.registered.remove(r);
                     assert!(!w.ledger.is_verified());
                     assert_ne!(w.ledger.state(), JobState::Running);

@@ -1,65 +1,30 @@
-//! No training held for ever: the manager's hold policy, its stop of training, and the
+//! The manager's side of the ledger's bounds: the hold bound (no training held for ever), the
+//! bound on a stop of training, the job-wide restart after a lost process, and the
 //! re-statement it runs by itself.
 //!
-//! A job that is not `running` after an operation (a failed rollback, a recovery that could
-//! not re-state, a lost process) may hold training at every gate. The policy bounds that:
-//!
-//! - [`HoldPolicy::StopAfter`] (the default, [`DEFAULT_HOLD_BOUND`]): once the job has not
-//!   run for the bound with nobody making it run, the manager stops training
-//!   ([`StopTraining`]); the launcher restarts the processes and the job runs again on their
-//!   default NICs.
-//! - [`HoldPolicy::Hold`] (opt-in): the job waits for an operator, however long.
-//!
-//! Either way, while an operator is needed the manager says so at WARN with the command to
-//! run. When a verification round finds exactly the interrupted operation's targets in
-//! doubt, each group's views clean (a network cut during the switch), the manager re-states
-//! them as-is by itself, once per hold, through a normal recovery
-//! ([`taskd_core::JobLedger::restates_by_itself`]).
+//! The rules are the ledger's (`core/src/ledger/hold.rs`, `core/src/ledger/stop.rs`): when a
+//! job is held, when its bound passes, when a stop is overdue, when a restart is owed. This
+//! module arms one timer per bound at the instant the ledger names, says what happens at
+//! WARN or ERROR with the command an operator would run, and carries out what the ledger
+//! decides (a stop of training, a restart).
 
 use super::Manager;
 use crate::telemetry;
 use actix::prelude::*;
 use std::time::Duration;
-use taskd_core::ledger::{RecoverTo, RecoveryStarted, StopBy};
+use taskd_core::ledger::{HoldNews, RecoverTo, RecoveryStarted, StopBy, StopPhase};
+use taskd_core::protocol::AfterStop;
 use taskd_core::{JobState, OperationId, SubmitError};
 
-/// The default bound on a hold: as long as an operation's default switch phase.
-pub const DEFAULT_HOLD_BOUND: Duration = Duration::from_secs(300);
+pub use taskd_core::ledger::{HoldPolicy, DEFAULT_HOLD_BOUND};
 
-/// What a job that does not run leads to.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum HoldPolicy {
-    /// Stop training once the job has not run for this long with nobody making it run.
-    StopAfter(Duration),
-    /// Hold until an operator acts.
-    Hold,
-}
-
-impl Default for HoldPolicy {
-    fn default() -> Self {
-        HoldPolicy::StopAfter(DEFAULT_HOLD_BOUND)
-    }
-}
-
-impl std::fmt::Display for HoldPolicy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            HoldPolicy::StopAfter(d) => write!(f, "stop training after {d:?} held"),
-            HoldPolicy::Hold => f.write_str("hold until an operator acts"),
-        }
-    }
-}
-
-/// The policy and the hold it watches.
+/// The manager's timers for the ledger's bounds.
 #[derive(Default)]
-pub(super) struct Hold {
-    pub(super) policy: HoldPolicy,
-    /// Since when (manager clock) the job has not run, while it does not.
-    since: Option<Duration>,
-    /// The wake-up at the bound.
-    timer: Option<SpawnHandle>,
-    /// Whether this hold's re-statement by itself was tried.
-    restated: bool,
+pub(super) struct Bounds {
+    /// The wake-up at the hold bound.
+    hold: Option<SpawnHandle>,
+    /// The wake-up at the stop's bound.
+    stop: Option<SpawnHandle>,
 }
 
 /// Stop training on every rank, for `reason` (one line): what an operator, the policy and
@@ -81,8 +46,8 @@ impl Handler<StopTraining> for Manager {
     }
 }
 
-/// Sets what a job that does not run leads to (see [`HoldPolicy`]); a hold under way is
-/// judged by the new policy from now on.
+/// Sets what a held job leads to (see [`HoldPolicy`]); a hold under way is judged by the new
+/// policy from now on.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct SetHoldPolicy(pub HoldPolicy);
@@ -92,19 +57,15 @@ impl Handler<SetHoldPolicy> for Manager {
 
     fn handle(&mut self, SetHoldPolicy(p): SetHoldPolicy, ctx: &mut Self::Context) {
         tracing::info!(policy = %p, "hold policy");
-        self.hold.policy = p;
-        self.ledger.set_hold_note(p.to_string());
-        self.cancel_hold_timer(ctx);
-        self.watch_hold(ctx);
+        self.ledger.set_hold_policy(p);
+        self.follow_bounds(ctx);
     }
 }
 
 impl Manager {
-    /// What a job that does not run leads to (default: [`HoldPolicy::StopAfter`]
-    /// [`DEFAULT_HOLD_BOUND`]).
+    /// What a held job leads to (default: [`HoldPolicy::StopAfter`] [`DEFAULT_HOLD_BOUND`]).
     pub fn with_hold_policy(mut self, policy: HoldPolicy) -> Self {
-        self.hold.policy = policy;
-        self.ledger.set_hold_note(policy.to_string());
+        self.ledger.set_hold_policy(policy);
         self
     }
 
@@ -119,75 +80,109 @@ impl Manager {
         let actions = self
             .ledger
             .stop_training(id, by, reason.clone(), self.now())?;
-        tracing::error!(%id, by = by.as_str(), %reason, "stopping training on every rank: the launcher restarts the processes, which come back on their default NIC");
+        let then = self
+            .ledger
+            .training_stop()
+            .map_or(AfterStop::Launcher, |s| s.then);
+        tracing::error!(%id, by = by.as_str(), %reason, then = %then.describe(), "stopping training on every rank; the new processes come back on their default NIC");
         metrics::counter!(telemetry::TRAINING_STOPS, "by" => by.as_str()).increment(1);
-        self.cancel_hold_timer(ctx);
+        if let AfterStop::Restart { .. } = then {
+            metrics::counter!(telemetry::JOB_RESTARTS).increment(1);
+        }
         self.run(actions, ctx);
         self.job_changed();
+        self.follow_bounds(ctx);
         Ok(id)
     }
 
-    /// The job may have stopped or started running: follows the hold (see the module).
-    pub(super) fn watch_hold(&mut self, ctx: &mut Context<Self>) {
-        let l = &self.ledger;
-        let held = l.state() != JobState::Running && l.training_stop().is_none();
-        if !held {
-            self.cancel_hold_timer(ctx);
-            self.hold.since = None;
-            self.hold.restated = false;
+    /// Starts the job-wide restart the ledger owes for a lost process, once nothing runs.
+    pub(super) fn maybe_restart(&mut self, ctx: &mut Context<Self>) {
+        if !self.ledger.restart_due() {
             return;
         }
-        let now = self.now();
-        let since = *self.hold.since.get_or_insert(now);
-        if l.in_flight().is_some() || self.hold.timer.is_some() {
-            return;
+        let id = OperationId(uuid::Uuid::new_v4());
+        match self.ledger.restart_job(id, self.now()) {
+            Ok(actions) => {
+                let stop = self.ledger.training_stop();
+                let (reason, then) = stop.map_or_else(
+                    || (String::new(), AfterStop::Launcher),
+                    |s| (s.reason.clone(), s.then),
+                );
+                tracing::error!(%id, %reason, then = %then.describe(), "a process of the job died: stopping training on every rank");
+                metrics::counter!(telemetry::TRAINING_STOPS, "by" => StopBy::Fault.as_str())
+                    .increment(1);
+                if let AfterStop::Restart { .. } = then {
+                    metrics::counter!(telemetry::JOB_RESTARTS).increment(1);
+                }
+                self.run(actions, ctx);
+                self.job_changed();
+            }
+            Err(e) => tracing::warn!(error = %e, "the job-wide restart could not start yet"),
         }
-        let HoldPolicy::StopAfter(bound) = self.hold.policy else {
-            self.warn_operator_needed(None);
+    }
+
+    /// After anything that may change the job's holds and stops: starts a restart owed,
+    /// follows the hold (says when it begins and ends) and re-arms both bounds' timers.
+    pub(super) fn follow_bounds(&mut self, ctx: &mut Context<Self>) {
+        self.maybe_restart(ctx);
+        match self.ledger.follow_hold(self.now()) {
+            Some(HoldNews::Began { left }) => self.warn_operator_needed(left),
+            Some(HoldNews::Ended) if self.ledger.state() == JobState::Running => {
+                tracing::info!("training runs again: the job is no longer held");
+            }
+            _ => {}
+        }
+        self.arm_hold(ctx);
+        self.arm_stop_bound(ctx);
+    }
+
+    fn arm_hold(&mut self, ctx: &mut Context<Self>) {
+        if let Some(h) = self.bounds.hold.take() {
+            ctx.cancel_future(h);
+        }
+        let Some(at) = self.ledger.hold_deadline() else {
             return;
         };
-        let left = (since + bound).saturating_sub(now);
-        self.warn_operator_needed(Some(left));
-        self.hold.timer = Some(ctx.run_later(left, |act, ctx| {
-            act.hold.timer = None;
+        let after = at.saturating_sub(self.now());
+        self.bounds.hold = Some(ctx.run_later(after, |act, ctx| {
+            act.bounds.hold = None;
             act.hold_expired(ctx);
         }));
     }
 
-    fn cancel_hold_timer(&mut self, ctx: &mut Context<Self>) {
-        if let Some(h) = self.hold.timer.take() {
-            ctx.cancel_future(h);
+    /// The hold bound passed: stops training, as the ledger says.
+    fn hold_expired(&mut self, ctx: &mut Context<Self>) {
+        match self.ledger.hold_expired(self.now()) {
+            Some(reason) => {
+                if let Err(e) = self.stop_training(StopBy::Policy, reason, ctx) {
+                    tracing::warn!(error = %e, "the hold policy could not stop training; looking again");
+                    self.follow_bounds(ctx);
+                }
+            }
+            None => self.follow_bounds(ctx),
         }
     }
 
-    /// The bound passed: stops training unless the job runs again or an operation (a
-    /// recovery) is under way, whose end looks again.
-    fn hold_expired(&mut self, ctx: &mut Context<Self>) {
-        let l = &self.ledger;
-        if l.state() == JobState::Running || l.training_stop().is_some() || l.in_flight().is_some()
-        {
-            self.watch_hold(ctx);
-            return;
+    fn arm_stop_bound(&mut self, ctx: &mut Context<Self>) {
+        if let Some(h) = self.bounds.stop.take() {
+            ctx.cancel_future(h);
         }
-        let HoldPolicy::StopAfter(bound) = self.hold.policy else {
+        let Some(at) = self.ledger.stop_deadline() else {
             return;
         };
-        let cause = l.history().next_back().map_or_else(
-            || "no operation".to_owned(),
-            |r| match &r.error {
-                Some(e) => format!("operation {}: {e}", r.id),
-                None => format!("operation {}", r.id),
-            },
-        );
-        let reason = format!(
-            "the job was {} for {bound:?} with no operator's recovery (after {cause}); hold policy: {}",
-            l.state(),
-            self.hold.policy
-        );
-        if let Err(e) = self.stop_training(StopBy::Policy, reason, ctx) {
-            tracing::warn!(error = %e, "the hold policy could not stop training; looking again");
-            self.watch_hold(ctx);
-        }
+        let after = at.saturating_sub(self.now());
+        self.bounds.stop = Some(ctx.run_later(after, |act, ctx| {
+            act.bounds.stop = None;
+            if let Some(why) = act.ledger.stop_overdue(act.now()) {
+                let job = act.ledger.job().clone();
+                tracing::error!(
+                    "{why}; find out why those processes are not back, or stop training again (`taskd recover --job {job} --stop-training`)"
+                );
+                metrics::counter!(telemetry::TRAINING_STOPS_OVERDUE).increment(1);
+                act.job_changed();
+            }
+            act.follow_bounds(ctx);
+        }));
     }
 
     /// Says at WARN that an operator is needed, with the commands to run.
@@ -203,11 +198,16 @@ impl Manager {
         );
     }
 
-    /// After a verification round: re-states by itself what a cut during a switch left
-    /// (once per hold), then follows the hold.
-    pub(super) fn after_verification(&mut self, ctx: &mut Context<Self>) {
-        if !self.hold.restated && self.ledger.restates_by_itself() {
-            self.hold.restated = true;
+    /// A verification round ended. When it closed a stop of training, says that the job runs
+    /// again (after which restart, for what, how long after the fault); re-states by itself
+    /// what a cut during a switch left (once per hold); then follows the bounds.
+    pub(super) fn after_verification(
+        &mut self,
+        stop_ended: Option<OperationId>,
+        ctx: &mut Context<Self>,
+    ) {
+        self.say_running_again(stop_ended);
+        if self.ledger.take_restatement() {
             let id = OperationId(uuid::Uuid::new_v4());
             let span = super::observer::recover_span(id, self.ledger.job(), RecoverTo::AsIs);
             let now = self.now();
@@ -222,6 +222,32 @@ impl Manager {
                 ),
             }
         }
-        self.watch_hold(ctx);
+        self.follow_bounds(ctx);
+    }
+
+    /// The stop `stop_ended` ended with the round just verified: says so, once.
+    fn say_running_again(&self, stop_ended: Option<OperationId>) {
+        let l = &self.ledger;
+        let (Some(ended), Some(last)) = (stop_ended, l.last_training_stop()) else {
+            return;
+        };
+        if last.id != ended || last.phase() != StopPhase::Restarted {
+            return;
+        }
+        let now = self.now();
+        match (last.then, &l.restarts().cause) {
+            (AfterStop::Restart { number }, Some((cause, at))) => tracing::info!(
+                state = %l.state(),
+                "the job runs again after restart {number}{} ({cause}): {:.1?} after the fault",
+                l.restarts().max.map_or(String::new(), |m| format!(" of {m}")),
+                now.saturating_sub(*at)
+            ),
+            _ => tracing::info!(
+                state = %l.state(),
+                "every rank is back after the stop of training ({}): {:.1?} after the stop",
+                last.reason,
+                now.saturating_sub(last.at)
+            ),
+        }
     }
 }

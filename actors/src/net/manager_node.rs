@@ -326,7 +326,9 @@ impl Host for ManagerHost {
         }
     }
 
-    fn lost(&self, key: &str, reason: String) {
+    fn lost(&self, key: &str, reason: String, _goodbye: bool) {
+        // A proxy that said goodbye stopped, not its workers: its ranks are unreachable
+        // either way.
         self.manager.do_send(ProxyDisconnected {
             node: NodeName(key.to_owned()),
             reason,

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use taskd_core::protocol::{Directive, ProxyToManager, WorkerToProxy};
+use taskd_core::protocol::{Directive, Gone, ProxyToManager, WorkerToProxy};
 use taskd_core::{DeviceId, GlobalRank, JobId, NodeHal, NodeName};
 use tokio::sync::{oneshot, watch};
 
@@ -505,11 +505,14 @@ impl Host for ProxyHost {
         None
     }
 
-    fn lost(&self, key: &str, reason: String) {
+    fn lost(&self, key: &str, reason: String, goodbye: bool) {
         if let Some(r) = self.shared.ready.get() {
             r.proxy.do_send(WorkerDisconnected {
                 rank: Self::rank_of(key),
                 reason,
+                // A worker says goodbye when its process stops it (the training script's
+                // end); an exit with an error is its launcher's to report.
+                how: if goodbye { Gone::Ended } else { Gone::Died },
             });
         }
     }

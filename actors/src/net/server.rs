@@ -71,8 +71,9 @@ pub(crate) trait Host: Send + Sync + 'static {
     fn deliver(&self, key: &str, body: pb::up::Body) -> Delivery;
     /// An unsequenced message (a ping); the answer, if any, goes straight back.
     fn unsequenced(&self, key: &str, body: pb::up::Body) -> Option<pb::down::Body>;
-    /// The peer is gone for good.
-    fn lost(&self, key: &str, reason: String);
+    /// The peer is gone for good; `goodbye`: it said so itself (it stopped on purpose), rather
+    /// than its connection or its process ending under it.
+    fn lost(&self, key: &str, reason: String, goodbye: bool);
 }
 
 /// Queue depth of one peer's outbox.
@@ -254,9 +255,9 @@ enum Decision {
 }
 
 impl<H: Host> Inner<H> {
-    fn lose(self: &Arc<Self>, key: &str, reason: String) {
+    fn lose(self: &Arc<Self>, key: &str, reason: String, goodbye: bool) {
         tracing::warn!(peer = %key, role = role_name(self.registry.role), %reason, "peer lost");
-        self.host.lost(key, reason);
+        self.host.lost(key, reason, goodbye);
     }
 
     /// A connection's session ended.
@@ -304,7 +305,7 @@ impl<H: Host> Inner<H> {
                     };
                     if let Some(s) = gone {
                         s.outbox.close(reason.clone());
-                        inner.lose(&key, reason);
+                        inner.lose(&key, reason, false);
                     }
                 });
             }
@@ -314,7 +315,8 @@ impl<H: Host> Inner<H> {
                 drop(slots);
                 let reason = end.describe(net.loss_after());
                 s.outbox.close(reason.clone());
-                self.lose(&key, reason);
+                let goodbye = matches!(end, End::Goodbye(_));
+                self.lose(&key, reason, goodbye);
             }
         }
     }
@@ -364,7 +366,7 @@ impl<H: Host> pb::task_net_server::TaskNet for NetService<H> {
         let (stop_tx, stop_rx) = watch::channel(false);
         let (claim, replaced) = inner.claim(&key, &reg, remote, control_tx, stop_tx)?;
         if let Some(reason) = replaced {
-            inner.lose(&key, reason);
+            inner.lose(&key, reason, false);
         }
         if !claim.resumed {
             inner.host.connected(&key, claim.outbox.clone());

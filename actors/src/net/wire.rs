@@ -9,12 +9,13 @@ use std::time::Duration;
 use taskd_core::auto::{LinkState, Links};
 use taskd_core::command::RankTarget;
 use taskd_core::protocol::{
-    AppliedCall, Directive, DirectiveKind, GateReport, GroupView, LinkReport, NodeReply, Phase,
-    ProxyToManager, RankError, RankReply, ReplyBody, WorkerHello, WorkerReport, WorkerToProxy,
+    AfterStop, AppliedCall, Directive, DirectiveKind, GateReport, Gone, GroupView, LinkReport,
+    NodeReply, Phase, ProxyToManager, RankError, RankReply, ReplyBody, WorkerHello, WorkerReport,
+    WorkerToProxy,
 };
 use taskd_core::{
-    DeviceId, GlobalRank, HalError, HalErrorKind, JobId, LibraryName, LinkHealth, NicSide,
-    NodeName, OperationId, SwitchCapabilities, VendorCode,
+    DeviceId, GlobalRank, HalError, HalErrorKind, Instance, JobId, LibraryName, LinkHealth,
+    NicSide, NodeName, OperationId, SwitchCapabilities, VendorCode,
 };
 
 /// A frame that cannot be decoded into the protocol.
@@ -97,6 +98,7 @@ pub(crate) fn hello_to_pb(h: WorkerHello) -> pb::WorkerHello {
         node: h.node.0,
         rank: h.rank.0,
         capabilities: Some(caps_to_pb(h.capabilities)),
+        instance: h.instance.0,
     }
 }
 
@@ -106,6 +108,7 @@ pub(crate) fn hello_from_pb(h: pb::WorkerHello) -> WorkerHello {
         node: NodeName(h.node),
         rank: GlobalRank(h.rank),
         capabilities: caps_from_pb(h.capabilities),
+        instance: Instance(h.instance),
     }
 }
 
@@ -161,7 +164,19 @@ pub fn directive_to_pb(d: Directive) -> pb::Directive {
         }),
         DirectiveKind::Resume => Kind::Resume(pb::ResumeTraining {}),
         DirectiveKind::Verify => Kind::Verify(pb::VerifyState {}),
-        DirectiveKind::StopTraining { reason } => Kind::StopTraining(pb::StopTraining { reason }),
+        DirectiveKind::StopTraining { reason, then, only } => {
+            let (then, restart) = match then {
+                AfterStop::Launcher => (pb::AfterStop::Launcher, 0),
+                AfterStop::Restart { number } => (pb::AfterStop::Restart, number),
+                AfterStop::End => (pb::AfterStop::End, 0),
+            };
+            Kind::StopTraining(pb::StopTraining {
+                reason,
+                then: then.into(),
+                restart,
+                only: only.into_iter().map(|i| i.0).collect(),
+            })
+        }
     };
     pb::Directive {
         op: d.op.to_string(),
@@ -200,7 +215,15 @@ pub fn directive_from_pb(d: pb::Directive) -> Result<Directive, WireError> {
         },
         Kind::Resume(_) => DirectiveKind::Resume,
         Kind::Verify(_) => DirectiveKind::Verify,
-        Kind::StopTraining(t) => DirectiveKind::StopTraining { reason: t.reason },
+        Kind::StopTraining(t) => DirectiveKind::StopTraining {
+            then: match t.then() {
+                pb::AfterStop::Launcher => AfterStop::Launcher,
+                pb::AfterStop::Restart => AfterStop::Restart { number: t.restart },
+                pb::AfterStop::End => AfterStop::End,
+            },
+            reason: t.reason,
+            only: t.only.into_iter().map(Instance).collect(),
+        },
     };
     Ok(Directive { op, kind })
 }
@@ -537,9 +560,23 @@ pub fn proxy_msg_to_pb(m: ProxyToManager) -> pb::ProxyMessage {
     pb::ProxyMessage {
         kind: Some(match m {
             ProxyToManager::WorkerUp(h) => Kind::WorkerUp(hello_to_pb(h)),
-            ProxyToManager::WorkerLost { rank, reason } => Kind::WorkerLost(pb::WorkerLost {
+            ProxyToManager::WorkerLost {
+                rank,
+                reason,
+                how,
+                instance,
+                generation,
+            } => Kind::WorkerLost(pb::WorkerLost {
                 rank: rank.0,
                 reason,
+                how: match how {
+                    Gone::Died => pb::Gone::Died,
+                    Gone::Ended => pb::Gone::Ended,
+                    Gone::Unreachable => pb::Gone::Unreachable,
+                }
+                .into(),
+                instance: instance.0,
+                generation,
             }),
             ProxyToManager::Reply(n) => Kind::Reply(node_reply_to_pb(n)),
             ProxyToManager::Links(r) => Kind::Links(link_report_to_pb(r)),
@@ -553,7 +590,14 @@ pub(crate) fn proxy_msg_from_pb(m: pb::ProxyMessage) -> Result<ProxyToManager, W
         Kind::WorkerUp(h) => Ok(ProxyToManager::WorkerUp(hello_from_pb(h))),
         Kind::WorkerLost(l) => Ok(ProxyToManager::WorkerLost {
             rank: GlobalRank(l.rank),
+            how: match l.how() {
+                pb::Gone::Died => Gone::Died,
+                pb::Gone::Ended => Gone::Ended,
+                pb::Gone::Unreachable => Gone::Unreachable,
+            },
             reason: l.reason,
+            instance: Instance(l.instance),
+            generation: l.generation,
         }),
         Kind::Reply(n) => Ok(ProxyToManager::Reply(node_reply_from_pb(n)?)),
         Kind::Links(r) => Ok(ProxyToManager::Links(link_report_from_pb(r)?)),
@@ -742,6 +786,18 @@ mod tests {
             DirectiveKind::Verify,
             DirectiveKind::StopTraining {
                 reason: "the rollback of U failed; held 60s".into(),
+                then: AfterStop::Launcher,
+                only: Vec::new(),
+            },
+            DirectiveKind::StopTraining {
+                reason: "rank 3 lost".into(),
+                then: AfterStop::Restart { number: 2 },
+                only: vec![Instance(7), Instance(u64::MAX)],
+            },
+            DirectiveKind::StopTraining {
+                reason: "no restart left".into(),
+                then: AfterStop::End,
+                only: Vec::new(),
             },
         ];
         for kind in kinds {
@@ -824,6 +880,7 @@ mod tests {
                 l2_retry: false,
                 rdma: true,
             },
+            instance: Instance(0x1234_5678_9abc_def1),
         };
         let links = |primary, backup| {
             ProxyToManager::Links(LinkReport {
@@ -837,6 +894,23 @@ mod tests {
             ProxyToManager::WorkerLost {
                 rank: GlobalRank(3),
                 reason: "gone".into(),
+                how: Gone::Died,
+                instance: Instance(9),
+                generation: 0,
+            },
+            ProxyToManager::WorkerLost {
+                rank: GlobalRank(4),
+                reason: "its proxy stopped".into(),
+                how: Gone::Unreachable,
+                instance: Instance::UNKNOWN,
+                generation: 3,
+            },
+            ProxyToManager::WorkerLost {
+                rank: GlobalRank(5),
+                reason: "training ended".into(),
+                how: Gone::Ended,
+                instance: Instance(1),
+                generation: 1,
             },
             links(LinkState::Down, LinkState::Up),
             links(LinkState::Up, LinkState::Unknown),

@@ -57,6 +57,7 @@ impl World {
                 node: layout.node_of(r),
                 rank: r,
                 capabilities: SwitchCapabilities::ALL,
+                instance: taskd_core::Instance::UNKNOWN,
             };
             ledger.register(hello).expect("a valid registration");
         }

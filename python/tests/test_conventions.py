@@ -122,7 +122,7 @@ class LaunchersEnvironment(support.TaskdTestCase):
         f = api.init_taskd_worker
         os.environ["GROUP_RANK"] = "2"  # torchrun's, when the script's environment lost $RANK
         self.assertTrue(f(5))
-        self.assertEqual(taskd_worker_api._state.config[3], 2)
+        self.assertEqual(taskd_worker_api._state.config.node_rank, 2)
         self.assertTrue(api.destroy_taskd_worker())
         with self.assertLogs("taskd", "ERROR") as logs:
             self.assertFalse(f(0, 5000, "ms"))

@@ -11,6 +11,7 @@ import unittest
 
 import support  # noqa: F401 - the fakes on the path
 from taskd.python.framework import gloo, switch
+from taskd.python.framework.frameworks.pytorch import FRAMEWORK as PYTORCH
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGE = os.path.dirname(HERE)
@@ -89,12 +90,12 @@ class Configuration(unittest.TestCase):
 class Dispatch(unittest.TestCase):
     def test_pt_with_torch_npu_uses_it(self):
         # The fakes provide torch_npu.
-        name, _, _ = switch.resolve("pt")
-        self.assertEqual(name, "torch_npu.npu._comm_switch_nic")
+        self.assertEqual(switch.resolve(PYTORCH).name, "torch_npu.npu._comm_switch_nic")
 
     def test_pt_without_torch_npu_uses_the_gloo_switch(self):
         code = ("import sys; sys.path.insert(0, %r); from taskd.python.framework import switch; "
-                "print(switch.resolve('pt')[0])" % PACKAGE)
+                "from taskd.python.framework.frameworks import pytorch; "
+                "print(switch.resolve(pytorch.FRAMEWORK).name)" % PACKAGE)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         out = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                              check=True, timeout=60)

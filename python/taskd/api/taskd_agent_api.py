@@ -25,11 +25,12 @@ import signal
 import threading
 
 from taskd.api import taskd_proxy_api
+from taskd.python.framework import frameworks
 from taskd.python.framework.agent import AgentError, ProcessAgent, child_pids, end_children
 from taskd.python.utils.convention import returns_bool
 from taskd.python.utils.log import get_logger
 
-FRAMEWORKS = ("PyTorch", "MindSpore")
+FRAMEWORKS = frameworks.names()
 OPERATORS = ("KILL_WORKER", "START_ALL_WORKER", "START_WORKER_LIST", "MONITOR", "RESTART")
 DEFAULT_MAX_RESTARTS = 3
 DEFAULT_PROXY = "127.0.0.1:9602"
@@ -80,9 +81,7 @@ def init_taskd_agent(config, cls=None):
     global _framework
     if not isinstance(config, dict):
         raise TypeError("config must be a dict, got %s" % type(config).__name__)
-    framework = config.get("Framework")
-    if framework not in FRAMEWORKS:
-        raise ValueError("Framework must be PyTorch or MindSpore, got %r" % (framework,))
+    framework = frameworks.by_name(config.get("Framework")).name
     if framework == "MindSpore":
         if _env("MS_SCHED_HOST") is None:
             raise ValueError("$MS_SCHED_HOST is not set: the proxy needs the manager's host there")

@@ -80,7 +80,7 @@ class Conventions(support.TaskdTestCase):
         saved = taskd_agent_api._framework
         taskd_agent_api._framework = None
         try:
-            self.assert_false_with_reason(api.start_taskd_agent, "manages msrun's workers")
+            self.assert_false_with_reason(api.start_taskd_agent, "init_taskd_agent has not succeeded")
         finally:
             taskd_agent_api._framework = saved
         self.assert_false_with_reason(lambda: api.register_func("STOP", print), "unknown operator")

@@ -69,8 +69,8 @@ def _with_defaults(config):
         if flag not in cfg:
             for key in keys:
                 cfg.setdefault(key, DEFAULTS[key])
-    if "node_rank" not in cfg:
-        cfg.setdefault("ServerRank", _server_rank())
+    if "node_rank" not in cfg and "ServerRank" not in cfg:
+        cfg["ServerRank"] = _server_rank()
     return cfg
 
 

@@ -28,10 +28,11 @@ the signal.
 """
 
 import importlib
+import logging
 import os
 import threading
 from types import ModuleType
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from taskd.api import taskd_proxy_api
 from taskd.python.framework import frameworks
@@ -90,7 +91,7 @@ def _start_proxy(manager_host: str, node_rank: int) -> None:
 
 
 @returns_bool
-def init_taskd_agent(config, cls=None):
+def init_taskd_agent(config: Dict[str, Any], cls: Any = None) -> bool:
     """Checks the agent's configuration for the framework's launcher; under msrun, starts this
     node's proxy when the node rank is known (``$MS_NODE_RANK``), else ``start_taskd_agent``
     does once the launcher gave it."""
@@ -109,7 +110,7 @@ def init_taskd_agent(config, cls=None):
 
 
 @returns_bool
-def register_func(operator, func):
+def register_func(operator: str, func: Callable[..., Any]) -> bool:
     """Keeps a process-management callback (``KILL_WORKER``, ``START_ALL_WORKER``,
     ``START_WORKER_LIST``, ``MONITOR``, ``RESTART``)."""
     if operator not in OPERATORS or not callable(func):
@@ -118,7 +119,7 @@ def register_func(operator, func):
     return True
 
 
-def _prepare(log):
+def _prepare(log: logging.Logger) -> Tuple[NodeAgent, Any]:
     """The launcher and the agent over it, the proxy started: ``(agent, launcher)``."""
     if _framework is None:
         raise RuntimeError("init_taskd_agent has not succeeded")
@@ -149,7 +150,7 @@ def _prepare(log):
     return NodeAgent(launcher, log, restarts, interval, no_restart=no_restart), launcher
 
 
-def start_taskd_agent():
+def start_taskd_agent() -> Any:
     """Runs the launcher's workers until training ended on this node; what it returns is the
     launcher's (msrun: ``True`` after a clean end, and after a failure, or SIGINT/SIGTERM, the
     workers are killed and the process exits with a non-zero status, ``SystemExit``;

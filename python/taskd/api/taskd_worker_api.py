@@ -88,7 +88,7 @@ def _worker_config(rank, node_rank, hccl=True):
 
 
 @returns_bool
-def init_taskd_worker(rank_id, upper_limit_of_disk_in_mb=5000, framework="pt"):
+def init_taskd_worker(rank_id: int, upper_limit_of_disk_in_mb: int = 5000, framework: str = "pt") -> bool:
     """Prepares the worker of global rank ``rank_id``. ``upper_limit_of_disk_in_mb`` is the
     reference's profiling quota (validated, unused). ``framework``: ``"pt"`` or ``"ms"``."""
     rank = _non_negative_int("rank_id", rank_id)
@@ -200,7 +200,7 @@ def _log_registration(worker, rank):
 
 
 @returns_bool
-def start_taskd_worker():
+def start_taskd_worker() -> bool:
     """Starts the initialised worker on background threads; returns at once."""
     log = get_logger()
     with _state.lock:
@@ -230,7 +230,7 @@ def start_taskd_worker():
 
 
 @returns_bool
-def destroy_taskd_worker():
+def destroy_taskd_worker() -> bool:
     """Stops the worker (a training thread held in the gate is let go)."""
     with _state.lock:
         if _state.config is None:
@@ -247,7 +247,7 @@ def destroy_taskd_worker():
     return True
 
 
-def step_completed(step):
+def step_completed(step: int) -> bool:
     """The training loop finished ``step``: returns at once unless taskd holds training here
     for a NIC switch. Without a running worker it does nothing and returns ``False``. Raises
     ``TrainingStopped`` (only that) when the manager stopped training."""

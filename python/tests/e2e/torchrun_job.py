@@ -66,7 +66,7 @@ def start_agent_job(args, env, procs):
     run = Proc("torchrun", cmd, dict(env, MASTER_ADDR="127.0.0.1", TASKD_MANAGER_PORT=port,
                                      TASKD_PROXY="127.0.0.1:0"))
     procs.append(run)
-    run.wait_line("taskd agent: started 2 workers through torchrun")
+    run.wait_line("taskd agent: started 2 workers (global ranks [0, 1]; torchrun)")
     manager.wait_line("verified: the job runs")
     return manager, run, control
 

@@ -297,8 +297,8 @@ class NodeAgent:
     def _loop(self) -> Outcome:
         self._start_all()
         statuses = self._monitor()
-        self.log.info("taskd agent: started %d workers through %s (global ranks %s)", len(statuses),
-                      self.launcher.name, sorted(s.global_rank for s in statuses))
+        self.log.info("taskd agent: started %d workers (global ranks %s; %s)", len(statuses),
+                      sorted(s.global_rank for s in statuses), self.launcher.name)
         waiting = False  # a failure the policy answered with WAIT
         while True:
             if self._stop_signal is not None:

@@ -88,7 +88,8 @@ def _worker_config(rank, node_rank, hccl=True):
 
 
 @returns_bool
-def init_taskd_worker(rank_id: int, upper_limit_of_disk_in_mb: int = 5000, framework: str = "pt") -> bool:
+def init_taskd_worker(rank_id: int, upper_limit_of_disk_in_mb: int = 5000,
+                      framework: str = "pt") -> bool:
     """Prepares the worker of global rank ``rank_id``. ``upper_limit_of_disk_in_mb`` is the
     reference's profiling quota (validated, unused). ``framework``: ``"pt"`` or ``"ms"``."""
     rank = _non_negative_int("rank_id", rank_id)

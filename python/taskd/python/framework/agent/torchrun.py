@@ -3,7 +3,7 @@
 
 The reference's convention, which this follows: torchrun's ``SimpleElasticAgent._invoke_run``
 is replaced (``import taskd.python.adaptor.patch`` in ``torch/distributed/run.py``,
-``taskd/python/adaptor/patch/torch_patch.py``) by ``init_taskd_agent({"Framework": "PyTorch"},
+``taskd/python/adaptor/torchrun.py``) by ``init_taskd_agent({"Framework": "PyTorch"},
 self)``, four ``register_func`` calls with the agent's own methods (``KILL_WORKER``:
 ``_stop_workers``, ``START_ALL_WORKER``: ``_initialize_workers``, ``MONITOR``:
 ``_monitor_workers``, ``RESTART``: ``_restart_workers``; each takes the worker group) and

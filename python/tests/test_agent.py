@@ -1,6 +1,8 @@
-"""taskd's agent as msrun's process manager, over a FAKE msrun with msrun's callbacks (the real
-msrun runs in .ci/run): it starts the workers, watches them, ends with their status, restarts
-them with PROCESS_RECOVER=on a bounded number of times, and leaves no process behind."""
+"""taskd's node agent over a FAKE msrun with msrun's callbacks (the real msrun runs in .ci/run)
+and over a FAKE torchrun elastic agent patched as ``taskd.python.adaptor.patch`` patches torch's
+(the real torchrun runs in test_torchrun.py where torch is importable): it starts the workers,
+watches them, ends with their status, restarts them within the budget, ends with 128 + a
+signal, and leaves no process behind."""
 
 import json
 import logging
@@ -9,18 +11,24 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 
 import support
 import fake_msrun
 from fake_msrun import RUN, exits
-from taskd.python.framework.agent import ProcessAgent
+from taskd.python.framework.agent import Decision, NodeAgent
+from taskd.python.framework.agent.msrun import Msrun
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON_DIR = os.path.dirname(HERE)
 WAIT = 120  # seconds: a bound on what takes a fraction of one
 
 
-class Agent(support.TaskdTestCase):
+class AgentRun(support.TaskdTestCase):
+    """Runs one scenario of ``RUNNER`` (under fakes/) in a process of its own."""
+
+    RUNNER = "agent_run.py"
+
     def run_agent(self, scenario, **env):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "report.json")
@@ -30,7 +38,7 @@ class Agent(support.TaskdTestCase):
                         PYTHONPATH=os.pathsep.join([PYTHON_DIR, support.FAKES]))
             full.pop("MS_NODE_RANK", None)
             full.update(env)
-            p = subprocess.run([sys.executable, os.path.join(support.FAKES, "agent_run.py"), scenario, out],
+            p = subprocess.run([sys.executable, os.path.join(support.FAKES, self.RUNNER), scenario, out],
                                env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=WAIT)
             with open(out) as f:
                 report = json.load(f)
@@ -39,6 +47,10 @@ class Agent(support.TaskdTestCase):
         self.assertTrue(report["init"], report["log"])
         self.assertEqual(report["alive"], [], "no process of the job is left")
         return report
+
+
+class Agent(AgentRun):
+    """msrun's."""
 
     def test_a_clean_end_returns_true_with_status_0_and_the_workers_got_the_proxy(self):
         r = self.run_agent("clean")
@@ -59,6 +71,12 @@ class Agent(support.TaskdTestCase):
         for out in r["outputs"].values():
             self.assertEqual(json.loads(out)["MS_NODE_RANK"], "1")
         self.assertIn("node rank 1", r["log"])
+
+    def test_an_unknown_node_rank_is_an_error_naming_what_to_set(self):
+        r = self.run_agent("node-rank-unknown")
+        self.assertEqual(r["status"], 1, r["log"])
+        self.assertEqual(r["calls"], [], "no worker was started")
+        self.assertIn("set $MS_NODE_RANK to this node's rank, or give msrun --node_rank", r["log"])
 
     def test_a_failed_worker_ends_the_job_with_status_1_and_kills_the_others(self):
         r = self.run_agent("fail")
@@ -113,7 +131,8 @@ class AgentLoop(support.TaskdTestCase):
 
     def run_loop(self, codes, stop):
         launcher = fake_msrun.FakeMsrun(codes, kill_delay_s=0.5)
-        agent = ProcessAgent(launcher.callbacks(), logging.getLogger("taskd.test"), 0, 0.01)
+        log = logging.getLogger("taskd.test")
+        agent = NodeAgent(Msrun(launcher.callbacks(), log), log, 0, 0.01)
         if stop:
             launcher.on_start = lambda _launcher: agent.request_stop(signal.SIGTERM)
         outcome = agent.run()
@@ -125,3 +144,106 @@ class AgentLoop(support.TaskdTestCase):
             outcome, alive = self.run_loop(codes, stop)
             self.assertEqual(outcome.code, code, outcome)
             self.assertEqual(alive, [], "the agent returned before its killed workers ended")
+
+    def test_a_restart_decided_elsewhere_is_one_call_from_another_thread(self):
+        # The failure policy reports and waits (a coordinated restart); another thread, as a
+        # controller would, restarts the node's workers as one new incarnation.
+        launcher = fake_msrun.FakeMsrun({0: [exits(3), exits(0)], 1: [RUN, exits(0)]})
+        log = logging.getLogger("taskd.test")
+        reported = []
+        asked = threading.Event()
+
+        def report_and_wait(lost, restarts_done):
+            reported.append(([s.describe() for s in lost], restarts_done))
+            asked.set()
+            return Decision.WAIT
+
+        agent = NodeAgent(Msrun(launcher.callbacks(), log), log, 0, 0.01, policy=report_and_wait)
+        controller = threading.Thread(
+            target=lambda: asked.wait(WAIT) and agent.restart("the job restarts as one"))
+        controller.start()
+        with self.assertLogs("taskd.test", "WARNING") as logs:
+            outcome = agent.run(handle_signals=False)
+        controller.join(WAIT)
+        self.assertEqual(outcome.code, 0, outcome)
+        self.assertEqual(reported, [(["rank 0 (status 3)"], 0)])
+        self.assertEqual([c for c, _ in launcher.calls if c != "MONITOR"],
+                         ["START_ALL_WORKER", "KILL_WORKER", "START_ALL_WORKER", "KILL_WORKER"],
+                         "one stop after the failure, none more for the restart")
+        self.assertEqual((agent.incarnation, agent.restarts), (1, 0), "not counted in the budget")
+        self.assertIn("the job restarts as one: restarting every worker", "\n".join(logs.output))
+        self.assertEqual(launcher.alive(), [])
+
+
+class Torchrun(AgentRun):
+    """The same agent as torchrun's: ``start_taskd_agent()`` returns torch's ``RunResult``."""
+
+    RUNNER = "torchrun_run.py"
+
+    def run_agent(self, scenario, **env):
+        env.setdefault("MASTER_ADDR", "127.0.0.1")
+        env.setdefault("MS_SCHED_HOST", "")
+        return super().run_agent(scenario, **env)
+
+    def envs(self, r):
+        return [(o["TASKD_RESTART_COUNT"], o["TORCHELASTIC_RESTART_COUNT"]) for o in r["outputs"]]
+
+    def test_a_clean_end_returns_torchs_result_after_its_exit_barrier(self):
+        r = self.run_agent("clean")
+        self.assertEqual((r["status"], r["state"]), (0, "SUCCEEDED"), r["log"])
+        self.assertNotIn("torch's own loop", r["calls"])
+        self.assertEqual(r["calls"][:3], ["_initialize_workers", "rendezvous", "_start_workers"])
+        self.assertIn("_exit_barrier", r["calls"])
+        for out in r["outputs"]:
+            host, port = out["TASKD_PROXY"].rsplit(":", 1)
+            self.assertEqual((host, out["GROUP_RANK"]), ("127.0.0.1", "0"))
+            self.assertNotEqual(port, "0", "the proxy's real port")
+        self.assertIn("taskd agent initialised for PyTorch", r["log"])
+        self.assertIn("no restart (PROCESS_RECOVER is not on)", r["log"])
+
+    def test_a_killed_worker_is_restarted_by_taskds_agent_within_max_restarts(self):
+        r = self.run_agent("killed")
+        self.assertEqual((r["status"], r["state"]), (0, "SUCCEEDED"), r["log"])
+        self.assertIn("lost rank 0 (killed by SIGKILL)", r["log"])
+        self.assertIn("restarting every worker of this node (restart 1 of 1)", r["log"])
+        self.assertEqual(r["calls"].count("_initialize_workers"), 2)
+        self.assertEqual(r["overlaps"], [], "no worker started beside its stopped predecessor")
+        self.assertEqual(self.envs(r), [("0", "0"), ("1", "1"), ("1", "1")],
+                         "the killed worker's, then both of the second incarnation's")
+
+    def test_restarts_are_bounded_by_max_restarts_then_torch_gets_a_failed_result(self):
+        r = self.run_agent("bounded")
+        self.assertEqual((r["status"], r["state"]), (1, "FAILED"), r["log"])
+        self.assertEqual(r["failures"].get("0"), -9, r["failures"])
+        self.assertEqual(r["calls"].count("_initialize_workers"), 2)
+        self.assertIn("no restart left (1 done)", r["log"])
+
+    def test_without_max_restarts_nothing_restarts_and_the_log_says_why(self):
+        r = self.run_agent("no-restart")
+        self.assertEqual((r["status"], r["state"]), (1, "FAILED"), r["log"])
+        self.assertIn("torchrun's --max-restarts is 0", r["log"])
+
+    def test_with_process_recover_taskds_budget_replaces_torchruns(self):
+        r = self.run_agent("recover", PROCESS_RECOVER="on", TASKD_AGENT_MAX_RESTARTS="2")
+        self.assertEqual((r["status"], r["state"]), (0, "SUCCEEDED"), r["log"])
+        self.assertIn("restarting every worker of this node (restart 2 of 2)", r["log"])
+        self.assertEqual(self.envs(r)[-2:], [("2", "2"), ("2", "2")])
+
+    def test_sigterm_stops_the_workers_and_exits_with_the_signal_over_torchs_handler(self):
+        r = self.run_agent("sigterm")
+        self.assertEqual((r["status"], r["exit"]), (128 + 15, 128 + 15), r["log"])
+        self.assertIn("SIGTERM: every worker was killed", r["log"])
+        self.assertNotIn("SignalException", r["log"])
+
+    def test_a_dynamic_rendezvous_gives_the_node_rank_once_then_once_per_restart(self):
+        r = self.run_agent("dynamic")
+        self.assertEqual((r["status"], r["state"]), (0, "SUCCEEDED"), r["log"])
+        self.assertIn("node rank 1", r["log"])
+        self.assertEqual(r["rounds"], 2, "one round before the first start, one per restart")
+        self.assertEqual([o["GROUP_RANK"] for o in r["outputs"]], ["1", "1", "1"])
+
+    def test_a_node_waiting_to_join_restarts_the_workers_without_counting(self):
+        r = self.run_agent("rejoin")
+        self.assertEqual((r["status"], r["state"]), (0, "SUCCEEDED"), r["log"])
+        self.assertIn("1 nodes wait to join the rendezvous: restarting every worker", r["log"])
+        self.assertEqual(self.envs(r), [("1", "1"), ("1", "1")])

@@ -80,7 +80,7 @@ class Conventions(support.TaskdTestCase):
         saved = taskd_agent_api._framework
         taskd_agent_api._framework = None
         try:
-            self.assert_false_with_reason(api.start_taskd_agent, "manages msrun's workers")
+            self.assert_false_with_reason(api.start_taskd_agent, "init_taskd_agent has not succeeded")
         finally:
             taskd_agent_api._framework = saved
         self.assert_false_with_reason(lambda: api.register_func("STOP", print), "unknown operator")
@@ -122,7 +122,7 @@ class LaunchersEnvironment(support.TaskdTestCase):
         f = api.init_taskd_worker
         os.environ["GROUP_RANK"] = "2"  # torchrun's, when the script's environment lost $RANK
         self.assertTrue(f(5))
-        self.assertEqual(taskd_worker_api._state.config[3], 2)
+        self.assertEqual(taskd_worker_api._state.config.node_rank, 2)
         self.assertTrue(api.destroy_taskd_worker())
         with self.assertLogs("taskd", "ERROR") as logs:
             self.assertFalse(f(0, 5000, "ms"))

@@ -124,7 +124,9 @@ class PyTorch(support.TaskdTestCase):
     def start(self):
         os.environ.update(RANK="3", LOCAL_WORLD_SIZE="2")
         self.assertTrue(api.init_taskd_worker(3))  # "pt" is the default
-        self.assertEqual(taskd_worker_api._state.config, (3, 5000, "pt", 1))
+        config = taskd_worker_api._state.config
+        self.assertEqual((config.rank, config.quota_mb, config.framework.code, config.node_rank),
+                         (3, 5000, "pt", 1))
         self.assertTrue(api.start_taskd_worker())
 
     def test_optimizer_steps_are_gated_until_the_loop_calls_the_gate(self):

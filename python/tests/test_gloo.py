@@ -11,6 +11,7 @@ import unittest
 
 import support  # noqa: F401 - the fakes on the path
 from taskd.python.framework import gloo, switch
+from taskd.python.framework.frameworks.pytorch import FRAMEWORK as PYTORCH
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGE = os.path.dirname(HERE)
@@ -86,15 +87,36 @@ class Configuration(unittest.TestCase):
         self.assertGreater(d.left().total_seconds(), 0)
 
 
+class Votes(unittest.TestCase):
+    def test_votes_are_typed_and_stored_as_text(self):
+        for vote, text in ((gloo.Vote(gloo.VoteKind.OK), "ok"), (gloo.Vote(gloo.VoteKind.NOOP), "noop"),
+                           (gloo.Vote(gloo.VoteKind.FAIL, "rank 1: no: such"), "fail: rank 1: no: such")):
+            self.assertEqual(vote.encode(), text)
+            self.assertEqual(gloo.Vote.decode(text), vote)
+        self.assertEqual(gloo.Vote.decode("maybe").kind, gloo.VoteKind.FAIL, "an unreadable vote fails")
+
+
+class TorchInternals(unittest.TestCase):
+    def test_a_torch_without_what_the_switch_uses_is_refused_naming_it(self):
+        self.assertIsNone(gloo.missing_internals(), "the fakes' torch has no torch.distributed")
+        saved = gloo.MISSING_AT_IMPORT
+        gloo.MISSING_AT_IMPORT = ["torch.nn.parallel.DistributedDataParallel._update_process_group"]
+        try:
+            with self.assertRaisesRegex(gloo.GlooSwitchError, "lacks .*_update_process_group"):
+                gloo.switch_nic([0], [True], 1000)
+        finally:
+            gloo.MISSING_AT_IMPORT = saved
+
+
 class Dispatch(unittest.TestCase):
     def test_pt_with_torch_npu_uses_it(self):
         # The fakes provide torch_npu.
-        name, _, _ = switch.resolve("pt")
-        self.assertEqual(name, "torch_npu.npu._comm_switch_nic")
+        self.assertEqual(switch.resolve(PYTORCH).name, "torch_npu.npu._comm_switch_nic")
 
     def test_pt_without_torch_npu_uses_the_gloo_switch(self):
         code = ("import sys; sys.path.insert(0, %r); from taskd.python.framework import switch; "
-                "print(switch.resolve('pt')[0])" % PACKAGE)
+                "from taskd.python.framework.frameworks import pytorch; "
+                "print(switch.resolve(pytorch.FRAMEWORK).name)" % PACKAGE)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         out = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                              check=True, timeout=60)
@@ -150,6 +172,14 @@ class RealGloo(unittest.TestCase):
                 self.assertEqual(r["sides"], [False] * world)
                 self.assertEqual(r["timings"]["rebuild_ms"], 0.0)  # the last one had nothing to do
                 self.assertEqual(r["reaped"], 2)
+
+    def test_this_torch_has_every_internal_the_switch_uses(self):
+        code = "from taskd.python.framework import gloo; print(gloo.MISSING_AT_IMPORT)"
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env["PYTHONPATH"] = PACKAGE
+        out = subprocess.run([TORCH_PYTHON, "-c", code], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, check=True, timeout=120)
+        self.assertEqual(out.stdout.decode().strip().splitlines()[-1], "[]")
 
     def test_one_rank_failing_fails_every_rank_at_once_and_nothing_moves(self):
         ranks = run_job("one-fails", 2, backup=lambda r: "lo" if r == 0 else "taskdnosuch0")

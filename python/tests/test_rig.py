@@ -1,12 +1,23 @@
 """The rig's arithmetic, without root or torch: addresses, byte accounting per phase, stall,
 what counts as a succeeded operation, rebuild times, the probe's byte budget, the command
-line. (The rig itself runs as ``python3 -m taskd.rig``: see docs/rig.md.)"""
+line. (The rig itself runs as ``python3 -m taskd_netrig``: see docs/rig.md.)"""
 
+import os
+import sys
 import unittest
 
 import support  # noqa: F401 - the package on the path
-from taskd.rig import __main__ as cli
-from taskd.rig import net, rig, scenarios
+
+PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NETRIG = os.path.join(PYTHON_DIR, "netrig")  # the rig is not in the taskd package
+if NETRIG not in sys.path:
+    sys.path.insert(0, NETRIG)
+
+from taskd_netrig import __main__ as cli  # noqa: E402
+from taskd_netrig import net, rig, scenarios  # noqa: E402
+
+sys.path.insert(0, os.path.join(PYTHON_DIR, "build_backend"))
+import taskd_build  # noqa: E402
 
 
 def sample(t, pri, bak, node=0):
@@ -68,6 +79,14 @@ class Reports(unittest.TestCase):
         self.assertEqual(scenarios.probe_budget(sc, 10.0), 2 * per_round)
         sc.rig.hal = "sim"
         self.assertEqual(scenarios.probe_budget(sc, 10.0), 0)
+
+
+class NotInTheProduct(unittest.TestCase):
+    def test_the_wheel_carries_the_taskd_package_and_no_rig(self):
+        names = [arc for _, arc in taskd_build._package_files()]
+        self.assertIn("taskd/api/taskd_agent_api.py", names)
+        self.assertTrue(all(n.startswith("taskd/") for n in names), names)
+        self.assertFalse([n for n in names if "rig" in n.split("/")[-2]], names)
 
 
 class CommandLine(unittest.TestCase):

@@ -9,7 +9,7 @@ import unittest
 
 import support  # noqa: F401 - the fakes on the path
 import fake_framework
-from taskd.python.framework import switch
+from taskd.python.framework import frameworks, switch
 
 LOG = logging.getLogger("taskd.test")
 
@@ -78,26 +78,28 @@ class SwitchCallback(unittest.TestCase):
         self.assertEqual(err, "fw([9],")
 
     def test_each_frameworks_function_is_found_or_named_missing(self):
-        name, fn, sync = switch.resolve("ms")
-        self.assertEqual(name, "mindspore.communication.management._comm_switch_nic")
+        ms, pt = frameworks.by_code("ms"), frameworks.by_code("pt")
+        chosen = switch.resolve(ms)
+        self.assertEqual(chosen.name, "mindspore.communication.management._comm_switch_nic")
         import mindspore.runtime
 
-        self.assertIs(sync, mindspore.runtime.synchronize, "MindSpore's stream sync first")
-        sync()
-        self.assertTrue(fn([0, 1], [True, False]))
+        self.assertIs(chosen.sync, mindspore.runtime.synchronize, "MindSpore's stream sync first")
+        chosen.sync()
+        self.assertTrue(chosen.function([0, 1], [True, False]))
         self.assertEqual(fake_framework.calls[-1]["ranks"], [0, 1])
         self.assertTrue(fake_framework.calls[-1]["synced"])
-        self.assertTrue(switch.moves_hccl(name), "MindSpore's switch moves HCCL communicators")
-        name, fn, sync = switch.resolve("pt")
-        self.assertEqual((name, sync), ("torch_npu.npu._comm_switch_nic", None),
+        self.assertTrue(chosen.moves_hccl, "MindSpore's switch moves HCCL communicators")
+        chosen = switch.resolve(pt)
+        self.assertEqual((chosen.name, chosen.sync), ("torch_npu.npu._comm_switch_nic", None),
                          "torch_npu's function synchronises itself")
+        self.assertTrue(chosen.moves_hccl)
         saved = sys.modules.get("torch_npu")
         sys.modules["torch_npu"] = None
         try:
             # Without torch_npu, "pt" is taskd's own switch for Gloo process groups.
-            gloo_name = switch.resolve("pt")[0]
-            self.assertEqual(gloo_name, "taskd.python.framework.gloo.switch_nic")
-            self.assertFalse(switch.moves_hccl(gloo_name), "Gloo needs nothing of HCCL's")
+            chosen = switch.resolve(pt)
+            self.assertEqual(chosen.name, "taskd.python.framework.gloo.switch_nic")
+            self.assertFalse(chosen.moves_hccl, "Gloo needs nothing of HCCL's")
         finally:
             sys.modules["torch_npu"] = saved
         import mindspore.communication.management as m
@@ -106,6 +108,33 @@ class SwitchCallback(unittest.TestCase):
         del m._comm_switch_nic
         try:
             with self.assertRaisesRegex(switch.FrameworkError, "_comm_switch_nic does not exist"):
-                switch.resolve("ms")
+                switch.resolve(ms)
         finally:
             m._comm_switch_nic = real
+
+
+class Registry(unittest.TestCase):
+    """One entry per framework: every spelling names it, a new one is one line."""
+
+    def test_every_spelling_names_one_framework_and_unknown_ones_are_listed(self):
+        self.assertEqual(frameworks.codes(), ("pt", "ms"))
+        self.assertEqual(frameworks.names(), ("PyTorch", "MindSpore"))
+        for f in frameworks.REGISTRY:
+            for spelling in f.spellings():
+                self.assertIs(frameworks.lookup(spelling), f)
+            self.assertIs(frameworks.by_code(f.code), f)
+            self.assertIs(frameworks.by_name(f.name), f)
+        with self.assertRaisesRegex(ValueError, "framework must be 'pt' or 'ms', got 'tf'"):
+            frameworks.by_code("tf")
+        with self.assertRaisesRegex(ValueError, "Framework must be PyTorch or MindSpore, got 'ms'"):
+            frameworks.by_name("ms")
+
+    def test_each_framework_has_its_node_rank_rule(self):
+        ms, pt = frameworks.by_code("ms"), frameworks.by_code("pt")
+        self.assertEqual(ms.node_rank({"MS_NODE_RANK": "2"}), 2)
+        with self.assertRaisesRegex(ValueError, "MS_NODE_RANK is not set"):
+            ms.node_rank({"RANK": "3"})
+        self.assertEqual(pt.node_rank({"RANK": "5", "LOCAL_WORLD_SIZE": "2"}), 2)
+        self.assertEqual(pt.node_rank({"GROUP_RANK": "4"}), 4)
+        with self.assertRaisesRegex(ValueError, r"\$LOCAL_WORLD_SIZE is not set"):
+            pt.node_rank({"RANK": "5"})

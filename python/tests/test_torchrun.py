@@ -33,3 +33,6 @@ class Torchrun(unittest.TestCase):
 
     def test_a_stopped_job_is_restarted_by_torchrun_and_runs_again(self):
         self.run_job("stop")
+
+    def test_under_taskds_agent_a_killed_worker_is_restarted_by_it(self):
+        self.run_job("agent")

@@ -10,6 +10,7 @@ launcher's ``--node_rank`` option, else ``"0"``); also every flag of
 import os
 import sys
 import threading
+from typing import Any, Dict
 
 from taskd.python.cython_api import cython_api
 from taskd.python.utils.convention import returns_bool
@@ -69,13 +70,13 @@ def _with_defaults(config):
         if flag not in cfg:
             for key in keys:
                 cfg.setdefault(key, DEFAULTS[key])
-    if "node_rank" not in cfg:
-        cfg.setdefault("ServerRank", _server_rank())
+    if "node_rank" not in cfg and "ServerRank" not in cfg:
+        cfg["ServerRank"] = _server_rank()
     return cfg
 
 
 @returns_bool
-def init_taskd_proxy(config):
+def init_taskd_proxy(config: Dict[str, Any]) -> bool:
     """Starts this node's proxy and blocks until the manager admitted it (run it on a daemon
     thread). A second call in the same process does nothing and returns ``True``."""
     global _proxy, _start_error
@@ -110,13 +111,13 @@ def init_taskd_proxy(config):
     return True
 
 
-def running():
+def running() -> bool:
     """Whether a proxy runs in this process."""
     with _lock:
         return _proxy is not None
 
 
-def listening_addr(timeout_s=60.0):
+def listening_addr(timeout_s: float = 60.0) -> str:
     """Where this process's proxy listens, once ``init_taskd_proxy`` (on another thread)
     started it; ``RuntimeError`` if none started within ``timeout_s``."""
     with _started:
@@ -127,7 +128,7 @@ def listening_addr(timeout_s=60.0):
 
 
 @returns_bool
-def destroy_taskd_proxy():
+def destroy_taskd_proxy() -> bool:
     """Stops this process's proxy (its workers and the manager are told)."""
     global _proxy
     with _lock:

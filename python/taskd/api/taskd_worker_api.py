@@ -10,16 +10,20 @@ training thread, inside the gate. When the manager stops training, the gate rais
 """
 
 import atexit
+import dataclasses
 import os
 import threading
+from typing import Callable, List, Optional
 
 from taskd import TrainingStopped
 from taskd.python.cython_api import cython_api
-from taskd.python.framework import mindspore_hook, switch, torch_hook
+from taskd.python.framework import frameworks, switch
+from taskd.python.framework.spec import Framework, HookContext
 from taskd.python.utils.convention import returns_bool
 from taskd.python.utils.log import get_logger
 
-FRAMEWORKS = ("pt", "ms")
+#: the ``framework`` argument's values (``taskd/python/framework/frameworks/``)
+FRAMEWORKS = frameworks.codes()
 #: ``taskd_worker_step_completed``: the manager stopped training (``capi/include/taskd.h``)
 TASKD_STOP_TRAINING = 8
 #: how long a MindSpore process's first training call waits for every rank of the job to
@@ -27,14 +31,25 @@ TASKD_STOP_TRAINING = 8
 START_WAIT_MS = 120000
 
 
+@dataclasses.dataclass(frozen=True)
+class WorkerConfig:
+    """What ``init_taskd_worker`` checked: the rank, the disk quota, the framework and the
+    node rank."""
+
+    rank: int
+    quota_mb: int
+    framework: Framework
+    node_rank: int
+
+
 class _State:
     def __init__(self):
         self.lock = threading.Lock()
-        self.config = None  # (rank, disk quota, framework, node rank) once initialised
+        self.config: Optional[WorkerConfig] = None  # once initialised
         self.start_wait_ms = START_WAIT_MS
         self.worker = None
         self.gate = None  # the native gate while a worker runs: gate(step)
-        self.undo = []  # how to remove the framework hooks
+        self.undo: List[Callable[[], None]] = []  # how to remove the framework hooks
         self.hook_gates = True  # the optimizer hook gates until an explicit call
         self.retired = []  # stopped workers: their handles stay valid for late callers
         self.stop_logged = False  # the stop's reason is logged once
@@ -47,16 +62,6 @@ def _non_negative_int(name, value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError("%s must be an int >= 0, got %r" % (name, value))
     return value
-
-
-def _env_int(name):
-    value = os.environ.get(name, "").strip()
-    if not value:
-        raise ValueError("$%s is not set" % name)
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError("$%s=%r is not an integer" % (name, value))
 
 
 def _start_wait_ms():
@@ -73,24 +78,6 @@ def _start_wait_ms():
     return ms
 
 
-def _node_rank(framework):
-    """``"ms"``: ``$MS_NODE_RANK`` (MindCluster's platform sets it; msrun's taskd agent sets it
-    for the workers it starts). ``"pt"``: ``$RANK // $LOCAL_WORLD_SIZE``, else torchrun's
-    ``$GROUP_RANK``."""
-    if framework == "ms":
-        if not os.environ.get("MS_NODE_RANK", "").strip():
-            raise ValueError(
-                "$MS_NODE_RANK is not set: set it to this node's rank (msrun's --node_rank); "
-                "msrun's taskd agent (MS_ENABLE_TFT with TSP:1) sets it for its workers")
-        return _env_int("MS_NODE_RANK")
-    if not os.environ.get("RANK", "").strip() and os.environ.get("GROUP_RANK", "").strip():
-        return _env_int("GROUP_RANK")
-    local = _env_int("LOCAL_WORLD_SIZE")
-    if local <= 0:
-        raise ValueError("$LOCAL_WORLD_SIZE=%d is not positive" % local)
-    return _env_int("RANK") // local
-
-
 def _worker_config(rank, node_rank, hccl=True):
     """The native worker's configuration; ``hccl=False`` for a switch function that moves no
     HCCL communicator (taskd's Gloo switch: HCCL's L2 retry and RDMA are not its concern)."""
@@ -101,23 +88,23 @@ def _worker_config(rank, node_rank, hccl=True):
 
 
 @returns_bool
-def init_taskd_worker(rank_id, upper_limit_of_disk_in_mb=5000, framework="pt"):
+def init_taskd_worker(rank_id: int, upper_limit_of_disk_in_mb: int = 5000,
+                      framework: str = "pt") -> bool:
     """Prepares the worker of global rank ``rank_id``. ``upper_limit_of_disk_in_mb`` is the
     reference's profiling quota (validated, unused). ``framework``: ``"pt"`` or ``"ms"``."""
     rank = _non_negative_int("rank_id", rank_id)
     quota = _non_negative_int("upper_limit_of_disk_in_mb", upper_limit_of_disk_in_mb)
-    if framework not in FRAMEWORKS:
-        raise ValueError("framework must be 'pt' or 'ms', got %r" % (framework,))
-    node_rank = _node_rank(framework)
+    fw = frameworks.by_code(framework)
+    node_rank = fw.node_rank(os.environ)
     start_wait_ms = _start_wait_ms()
     cython_api.check_config("worker", _worker_config(rank, node_rank))
     with _state.lock:
         if _state.worker is not None:
-            raise ValueError("a worker already runs in this process (rank %d)" % _state.config[0])
-        _state.config = (rank, quota, framework, node_rank)
+            raise ValueError("a worker already runs in this process (rank %d)" % _state.config.rank)
+        _state.config = WorkerConfig(rank, quota, fw, node_rank)
         _state.start_wait_ms = start_wait_ms
     get_logger().info(
-        "taskd worker initialised: rank %d, node rank %d, framework %s", rank, node_rank, framework
+        "taskd worker initialised: rank %d, node rank %d, framework %s", rank, node_rank, fw.code
     )
     return True
 
@@ -179,22 +166,12 @@ def _wait_job_whole():
 
 
 def _install_hooks(framework, log):
-    if framework == "ms":
-        if not mindspore_hook.enabled():
-            log.info("%s=off: the training loop calls taskd.api.step_completed", mindspore_hook.ENV_SWITCH)
-            return []
-        return [mindspore_hook.install(_hook_gate, _wait_job_whole)]
-    if not torch_hook.enabled():
-        return []
+    """The framework's hooks (``taskd/python/framework/frameworks/``); how to remove them."""
     _state.hook_gates = True
-    remove = torch_hook.install(_hook_gate, lambda: _state.hook_gates)
-    if remove is None:
-        log.warning(
-            "this torch has no global optimizer step hook: the training loop must call "
-            "taskd.api.step_completed(step) after every step"
-        )
-        return []
-    return [remove]
+    remove = framework.install_hooks(
+        HookContext(gate=_hook_gate, before_first_train=_wait_job_whole,
+                    gating=lambda: _state.hook_gates, log=log))
+    return [] if remove is None else [remove]
 
 
 #: how long a worker may take to reach its proxy before the training log says it has not
@@ -224,7 +201,7 @@ def _log_registration(worker, rank):
 
 
 @returns_bool
-def start_taskd_worker():
+def start_taskd_worker() -> bool:
     """Starts the initialised worker on background threads; returns at once."""
     log = get_logger()
     with _state.lock:
@@ -233,14 +210,15 @@ def start_taskd_worker():
         if _state.worker is not None:
             log.warning("start_taskd_worker: the worker already runs")
             return True
-        rank, _, framework, node_rank = _state.config
-        name, function, sync = switch.resolve(framework)
+        config = _state.config
+        rank = config.rank
+        chosen = switch.resolve(config.framework)
         worker = cython_api.Worker(
-            _worker_config(rank, node_rank, hccl=switch.moves_hccl(name)),
-            switch.callback(name, function, log, sync),
+            _worker_config(rank, config.node_rank, hccl=chosen.moves_hccl),
+            switch.callback(chosen.name, chosen.function, log, chosen.sync),
         )
         try:
-            _state.undo = _install_hooks(framework, log)
+            _state.undo = _install_hooks(config.framework, log)
         except Exception:
             worker.stop()
             raise
@@ -248,12 +226,12 @@ def start_taskd_worker():
     threading.Thread(
         target=_log_registration, args=(worker, rank), name="taskd-registration", daemon=True
     ).start()
-    log.info("taskd worker rank %d started (switches through %s)", rank, name)
+    log.info("taskd worker rank %d started (switches through %s)", rank, chosen.name)
     return True
 
 
 @returns_bool
-def destroy_taskd_worker():
+def destroy_taskd_worker() -> bool:
     """Stops the worker (a training thread held in the gate is let go)."""
     with _state.lock:
         if _state.config is None:
@@ -270,7 +248,7 @@ def destroy_taskd_worker():
     return True
 
 
-def step_completed(step):
+def step_completed(step: int) -> bool:
     """The training loop finished ``step``: returns at once unless taskd holds training here
     for a NIC switch. Without a running worker it does nothing and returns ``False``. Raises
     ``TrainingStopped`` (only that) when the manager stopped training."""

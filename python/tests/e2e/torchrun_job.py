@@ -11,7 +11,14 @@ incarnation: the switch and its rollback fail, ``taskd recover --stop-training``
 both workers raise ``taskd.TrainingStopped``, torchrun restarts them (``--max-restarts 1``), and
 the job runs again on its default NIC; then the same switches.
 
-    python torchrun_job.py [switch|stop] --taskd target/debug/taskd --python VENV/bin/python
+``agent``: torchrun under taskd's node agent, the reference's way (``import
+taskd.python.adaptor.patch`` before torchrun's own code, as MindCluster's images insert it into
+``torch/distributed/run.py``): the proxy runs in torchrun's process (no management process),
+a worker is SIGKILLed mid-training, taskd's agent (not torch's loop) restarts both workers
+within ``--max-restarts 1``, they register again as the second incarnation, the job switches,
+and torchrun exits 0.
+
+    python torchrun_job.py [switch|stop|agent] --taskd target/debug/taskd --python VENV/bin/python
 """
 
 import argparse
@@ -43,6 +50,43 @@ def start_job(args, env, tmp, procs):
     procs.append(run)
     manager.wait_line("verified: the job runs")  # the first verification (one more per restart)
     return manager, node, run, control
+
+
+#: torchrun's own code after ``import taskd.python.adaptor.patch``: what torchrun runs once
+#: that line is in ``torch/distributed/run.py``
+PATCHED_TORCHRUN = ("import taskd.python.adaptor.patch, runpy; "
+                    "runpy.run_module('torch.distributed.run', run_name='__main__', alter_sys=True)")
+
+
+def start_agent_job(args, env, procs):
+    """The manager, and torchrun with taskd's patch: its node's proxy runs in its process."""
+    manager, port, control = jobs.start_manager(args, env, procs)
+    cmd = [args.python, "-c", PATCHED_TORCHRUN, "--standalone", "--nproc-per-node", "2",
+           "--max-restarts", "1", os.path.join(HERE, "torchrun_train.py")]
+    run = Proc("torchrun", cmd, dict(env, MASTER_ADDR="127.0.0.1", TASKD_MANAGER_PORT=port,
+                                     TASKD_PROXY="127.0.0.1:0"))
+    procs.append(run)
+    run.wait_line("taskd agent: started 2 workers (global ranks [0, 1]; torchrun)")
+    manager.wait_line("verified: the job runs")
+    return manager, run, control
+
+
+def worker_pid(mark, rank):
+    for pid, cmd in job_processes(mark):
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            env = f.read().split(b"\0")
+        if ("RANK=%d" % rank).encode() in env and "torchrun_train.py" in cmd:
+            return pid
+    raise AssertionError("no worker of rank %d runs" % rank)
+
+
+def kill_and_restart(mark, torchrun, manager):
+    """A worker SIGKILLed: taskd's agent restarts both, once; they register again."""
+    os.kill(worker_pid(mark, 1), signal.SIGKILL)
+    line = torchrun.wait_line("restarting every worker of this node (restart 1 of 1)")
+    assert "lost rank 1 (killed by SIGKILL)" in line, line
+    manager.wait_line("verified: the job runs")
+    return line
 
 
 def check_ranks(out_dir, pairs, restarts):
@@ -78,16 +122,29 @@ def run(args):
             env["STANDIN_FAIL_RANK"] = "1"
         procs = []
         with reaping(procs, mark):
-            manager, node, torchrun, control = start_job(args, env, tmp, procs)
+            node = None
+            if args.scenario == "agent":
+                manager, torchrun, control = start_agent_job(args, env, procs)
+                kill_and_restart(mark, torchrun, manager)
+            else:
+                manager, node, torchrun, control = start_job(args, env, tmp, procs)
             if args.scenario == "stop":
                 stop_and_restart(args, control, torchrun, manager)
             stalls = switch_there_and_back(args, control, manager, JOB)
             open(stop, "w").close()
             code = torchrun.p.wait(WAIT)
             assert code == 0, "torchrun exited %s:\n%s" % (code, torchrun.output())
-            held, steps, step_ms = check_ranks(tmp, args.pairs, 1 if args.scenario == "stop" else 0)
-            node.p.stdin.close()
-            assert node.p.wait(WAIT) == 0, node.output()
+            held, steps, step_ms = check_ranks(tmp, args.pairs, 0 if args.scenario == "switch" else 1)
+            if node is not None:
+                node.p.stdin.close()
+                assert node.p.wait(WAIT) == 0, node.output()
+            else:
+                out = torchrun.output()
+                assert "will restart worker group" not in out, "torch's own loop restarted:\n" + out
+                assert "every worker of this node ended with status 0" in out, out
+                for line in out.splitlines():
+                    if "taskd agent" in line or "taskd proxy" in line:
+                        print("torchrun job (agent): %s" % line.strip(), flush=True)
             manager.p.send_signal(signal.SIGTERM)
             assert manager.p.wait(WAIT) == 0, manager.output()
             left = job_processes(mark)
@@ -102,7 +159,7 @@ def main():
     ap.add_argument("--taskd", required=True, help="the taskd command")
     ap.add_argument("--python", default=sys.executable, help="a Python with torch and taskd")
     ap.add_argument("--pairs", type=int, default=1, help="switches to the backup NIC and back")
-    ap.add_argument("scenario", nargs="?", choices=["switch", "stop"], default="switch")
+    ap.add_argument("scenario", nargs="?", choices=["switch", "stop", "agent"], default="switch")
     args = ap.parse_args()
     run(args)
     print("torchrun job (%s): every check holds" % args.scenario)

@@ -10,7 +10,7 @@ import sys
 import fake_msrun
 from fake_msrun import RUN, exits
 from taskd.api import init_taskd_agent, register_func, start_taskd_agent
-from taskd.python.framework import agent as agent_module
+from taskd.python.framework.agent import core
 
 
 def terminate_me(_launcher):
@@ -20,6 +20,7 @@ def terminate_me(_launcher):
 SCENARIOS = {
     "clean": dict(codes={0: [exits(0)], 1: [exits(0)]}),
     "node-rank": dict(codes={0: [exits(0)], 1: [exits(0)]}, node_rank=1),
+    "node-rank-unknown": dict(codes={0: [exits(0)], 1: [exits(0)]}, node_rank=-1),
     "fail": dict(codes={0: [exits(3)], 1: [RUN]}),
     "recover": dict(codes={0: [exits(3), exits(0)], 1: [RUN, exits(0)]}),
     "slow-kill": dict(codes={0: [exits(3), exits(0)], 1: [RUN, exits(0)]}, kill_delay_s=0.3),
@@ -32,8 +33,13 @@ SCENARIOS = {
 def main():
     scenario, out = sys.argv[1], sys.argv[2]
     launcher = fake_msrun.FakeMsrun(**SCENARIOS[scenario])
+    if scenario == "node-rank":  # msrun's own options, then the script's
+        sys.argv[1:] = ["--worker_num=4", "--local_worker_num", "2", "--node_rank", "1", "train.py",
+                        "--node_rank", "7"]
+    if scenario == "node-rank-unknown":
+        sys.argv[1:] = ["--worker_num", "4", "--local_worker_num", "2", "train.py", "--node_rank", "1"]
     if scenario == "scheduler":
-        agent_module.CHILD_GRACE_S = 0.0
+        core.CHILD_GRACE_S = 0.0
         launcher.spawn_other(RUN)  # never ends on its own
     report = {"init": init_taskd_agent({"Framework": "MindSpore"})}
     try:

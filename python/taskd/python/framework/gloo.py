@@ -29,18 +29,36 @@ on another backend is refused: NCCL reads its NIC settings once per process.
 **Failure:** every rank votes in the default group's store before anything is built and again
 once its groups are built, so a rank that fails its part fails every rank within the deadline,
 not at a store timeout. The store must not ride on a plane being switched away from.
+
+**torch's private internals.** Swapping a group in place needs what torch does not export;
+verified with torch 2.15.0 (the version the tests and the network rig ran; no other version
+was tried): ``distributed_c10d._world`` (its ``pg_group_ranks``, ``pg_backend_config``,
+``pg_names``, ``pg_map``, ``pg_to_tag``, ``tags_to_pg``), ``distributed_c10d``'s
+``_get_default_store``, ``_get_default_group``, ``_get_process_group_name``,
+``_register_process_group``, ``_unregister_process_group`` and ``_update_default_pg``;
+``ProcessGroup._set_group_name``, ``_set_default_backend``, ``_register_backend`` and
+``BackendType.GLOO``; ``ProcessGroupGloo._Options`` (``_timeout``, ``_devices``) and
+``create_device``; ``DistributedDataParallel._update_process_group``. :data:`TORCH_INTERNALS`
+lists them; at import (where torch is importable) :func:`missing_internals` checks which this
+torch has, logs the ones it lacks, and :func:`switch_nic` refuses with their names instead of
+failing halfway through a swap.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import enum
+import importlib
 import os
 import queue
 import shlex
 import subprocess
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from taskd.python.utils.log import get_logger
 
 NAME = "taskd.python.framework.gloo.switch_nic"
 ENV_PRIMARY = "TASKD_GLOO_PRIMARY_IFNAME"
@@ -53,6 +71,78 @@ STORE_PREFIX = "taskd-gloo"
 
 class GlooSwitchError(Exception):
     """This rank's part of a switch failed or was refused; the text says why."""
+
+
+#: torch's private names the switch uses: (module, attribute path), checked at import
+TORCH_INTERNALS: Tuple[Tuple[str, str], ...] = tuple(
+    ("torch.distributed.distributed_c10d", a) for a in (
+        "_world.pg_group_ranks", "_world.pg_backend_config", "_world.pg_names", "_world.pg_map",
+        "_world.pg_to_tag", "_world.tags_to_pg", "_get_default_store", "_get_default_group",
+        "_get_process_group_name", "_register_process_group", "_unregister_process_group",
+        "_update_default_pg")
+) + tuple(("torch.distributed", a) for a in (
+    "ProcessGroup._set_group_name", "ProcessGroup._set_default_backend",
+    "ProcessGroup._register_backend", "ProcessGroup.BackendType.GLOO",
+    "ProcessGroupGloo._Options", "ProcessGroupGloo.create_device",
+)) + (("torch.nn.parallel", "DistributedDataParallel._update_process_group"),)
+
+
+def missing_internals() -> Optional[List[str]]:
+    """Which of :data:`TORCH_INTERNALS` this process's torch lacks (``[]``: none), or ``None``
+    when torch.distributed is not importable here."""
+    missing = []
+    for module, path in TORCH_INTERNALS:
+        try:
+            obj = importlib.import_module(module)
+        except ImportError:
+            return None
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                missing.append("%s.%s" % (module, path))
+                break
+    return missing
+
+
+def _check_torch_at_import() -> Optional[List[str]]:
+    missing = missing_internals()
+    if missing:
+        import torch
+
+        get_logger().warning(
+            "taskd's Gloo switch cannot run on torch %s, which lacks %s (it was verified with "
+            "torch 2.15.0)", getattr(torch, "__version__", "?"), ", ".join(missing))
+    return missing
+
+
+#: what :func:`missing_internals` said at import (``None``: torch was not importable then)
+MISSING_AT_IMPORT = _check_torch_at_import()
+
+
+class VoteKind(enum.Enum):
+    OK = "ok"  # this rank's part is done (or, before the build, planned)
+    NOOP = "noop"  # nothing to do on this rank
+    FAIL = "fail"  # this rank's part failed: ``reason`` says why
+
+
+@dataclasses.dataclass(frozen=True)
+class Vote:
+    """One rank's vote in the store, as the store holds it: ``ok``, ``noop``, ``fail: REASON``."""
+
+    kind: VoteKind
+    reason: str = ""
+
+    def encode(self) -> str:
+        return "fail: %s" % self.reason if self.kind is VoteKind.FAIL else self.kind.value
+
+    @staticmethod
+    def decode(text: str) -> "Vote":
+        if text.startswith("fail: "):
+            return Vote(VoteKind.FAIL, text[len("fail: "):])
+        try:
+            return Vote(VoteKind(text))
+        except ValueError:
+            return Vote(VoteKind.FAIL, "an unreadable vote %r" % text)
 
 
 def timeout_from_env(environ: Optional[Dict[str, str]] = None) -> int:
@@ -190,8 +280,9 @@ class _Reaper:
 def _shutdown(pg) -> None:
     try:
         pg.shutdown()
-    except Exception:  # a group that cannot shut down is dropped all the same
-        pass
+    except Exception as e:  # a group that cannot shut down is dropped all the same
+        get_logger().warning("taskd's Gloo switch: a replaced process group did not shut down "
+                             "(%s: %s); it is dropped", type(e).__name__, e)
 
 
 class _Registry:
@@ -256,6 +347,9 @@ def switch_nic(ranks: Sequence[int], use_backup: Sequence[bool], timeout_ms: Opt
     """Moves this process's groups so that ``ranks[i]`` use their backup interface when
     ``use_backup[i]``; ``True`` when every rank's groups are rebuilt and swapped in.
     Raises ``GlooSwitchError`` with the reason otherwise (the old groups stay in use)."""
+    missing = MISSING_AT_IMPORT if MISSING_AT_IMPORT is not None else missing_internals()
+    if missing:
+        raise GlooSwitchError("this torch lacks what taskd's Gloo switch uses: %s" % ", ".join(missing))
     import torch.distributed as dist
 
     deadline = Deadline(timeout_ms if timeout_ms is not None else timeout_from_env())
@@ -290,20 +384,21 @@ class _Switch:
             targets = self._targets()
             _check_interface(names[p.sides[self.rank]])
             self._route(p, route_cmd, local_world)
-            mine = "noop" if p.noop else "ok"
+            mine = Vote(VoteKind.NOOP if p.noop else VoteKind.OK)
         except GlooSwitchError as e:
-            self._vote("plan", "fail: %s" % e)
+            self._vote("plan", Vote(VoteKind.FAIL, str(e)))
             raise
         votes = self._vote("plan", mine)
-        if all(v == "noop" for v in votes.values()):
+        if all(v.kind is VoteKind.NOOP for v in votes.values()):
             self._record(rebuild_ms=0.0, total_ms=(time.perf_counter() - t0) * 1000)
             return True
         t1 = time.perf_counter()
         try:
             built = self._build(targets, names[p.sides[self.rank]])
-            mine = "ok"
+            mine = Vote(VoteKind.OK)
         except Exception as e:  # noqa: B902 - Gloo raises RuntimeError and friends
-            built, mine = {}, "fail: building the groups on %s: %s" % (names[p.sides[self.rank]], e)
+            built, mine = {}, Vote(VoteKind.FAIL, "building the groups on %s: %s" % (
+                names[p.sides[self.rank]], e))
         try:
             self._vote("built", mine)
         except GlooSwitchError:
@@ -363,23 +458,26 @@ class _Switch:
     def _key(self, phase: str, rank: int) -> str:
         return "%s/%d/%s/%d" % (STORE_PREFIX, self.gen, phase, rank)
 
-    def _vote(self, phase: str, mine: str) -> Dict[int, str]:
+    def _vote(self, phase: str, mine: Vote) -> Dict[int, Vote]:
         """Writes this rank's vote, waits for every rank's within the deadline; a failed vote
         anywhere (or a missing one) is this rank's failure too."""
-        self.store.set(self._key(phase, self.rank), mine)
+        self.store.set(self._key(phase, self.rank), mine.encode())
         keys = [self._key(phase, r) for r in range(self.world)]
         try:
             self.store.wait(keys, self.deadline.left())
-        except Exception:
+        except Exception as e:  # noqa: B902 - the store raises its own errors for a timeout
             missing = [r for r, k in enumerate(keys) if not self.store.check([k])]
+            get_logger().warning("taskd's Gloo switch: the %s vote's wait ended with %s: %s",
+                                 phase, type(e).__name__, e)
             raise GlooSwitchError(
-                "ranks %s did not answer the %s vote within the switch deadline" % (missing, phase)
+                "ranks %s did not answer the %s vote within the switch deadline (%s)"
+                % (missing, phase, type(e).__name__)
             )
-        votes = {r: self.store.get(k).decode() for r, k in enumerate(keys)}
+        votes = {r: Vote.decode(self.store.get(k).decode()) for r, k in enumerate(keys)}
         failed: Dict[str, List[int]] = {}
         for r, v in votes.items():
-            if v.startswith("fail: "):
-                failed.setdefault(v[len("fail: "):], []).append(r)
+            if v.kind is VoteKind.FAIL:
+                failed.setdefault(v.reason, []).append(r)
         if failed:
             raise GlooSwitchError("; ".join("%s %s: %s" % (
                 "rank" if len(rs) == 1 else "ranks", ",".join(map(str, rs)), why)

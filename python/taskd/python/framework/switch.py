@@ -5,39 +5,43 @@ Every worker calls its framework with the WHOLE target list of an operation (glo
 their flags, the same on every rank): the framework maps them onto each of its communicators.
 ``False`` or an exception is this rank's failure; its text goes back to the manager.
 
-Each framework is one entry of ``SWITCH_FUNCTIONS``: the switch function, and the stream
-synchronisation to run before it (MindSpore's ``mindspore.runtime.synchronize()``, as MindIO's
-TSP path does; torch_npu's function synchronises the device itself). A function that takes a
-third argument gets the call's deadline in milliseconds (the time this call has, shorter than
-the manager's switch phase); MindSpore's and torch_npu's ``(ranks, flags)`` do not.
+Which function, and the stream synchronisation to run before it (MindSpore's
+``mindspore.runtime.synchronize()``, as MindIO's TSP path does; torch_npu's function
+synchronises the device itself), is the framework's entry
+(``taskd/python/framework/frameworks/``): :func:`resolve` finds the first usable one. A
+function that takes a third argument gets the call's deadline in milliseconds (the time this
+call has, shorter than the manager's switch phase); MindSpore's and torch_npu's
+``(ranks, flags)`` do not.
 """
 
-import collections
 import ctypes
+import dataclasses
 import importlib
-import importlib.util
 import inspect
+from typing import Any, Callable, Optional, Tuple
 
 from taskd.python.cython_api.cython_api import SWITCH_FN
-
-#: where a framework's function is: module and attribute path
-Location = collections.namedtuple("Location", "module attr")
-#: a framework's switch function, and the synchronisation to run first (or ``None``)
-FrameworkSwitch = collections.namedtuple("FrameworkSwitch", "function sync")
-
-SWITCH_FUNCTIONS = {
-    "ms": FrameworkSwitch(Location("mindspore.communication.management", "_comm_switch_nic"),
-                          Location("mindspore.runtime", "synchronize")),
-    "pt": FrameworkSwitch(Location("torch_npu", "npu._comm_switch_nic"), None),
-}
+from taskd.python.framework.spec import Framework, Location
 
 
 class FrameworkError(Exception):
     """The framework or its switch function is missing."""
 
 
-def _find(location):
-    name = "%s.%s" % location
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    """A switch function found in this process: its name (as logs and reasons say it), the
+    function, the synchronisation to call first (or ``None``), and whether it moves HCCL
+    communicators."""
+
+    name: str
+    function: Callable[..., Any]
+    sync: Optional[Callable[[], Any]]
+    moves_hccl: bool
+
+
+def _find(location: Location) -> Tuple[str, Any]:
+    name = str(location)
     try:
         obj = importlib.import_module(location.module)
     except ImportError as e:
@@ -51,26 +55,16 @@ def _find(location):
     return name, obj
 
 
-def resolve(framework):
-    """``(name, function, sync)`` of the framework's switch function; ``sync`` is the function
-    to call before it, or ``None``. ``"pt"`` without torch_npu is taskd's own switch for Gloo
-    process groups (``taskd/python/framework/gloo.py``)."""
-    if framework == "pt" and importlib.util.find_spec("torch_npu") is None:
-        from taskd.python.framework import gloo
-
-        return gloo.NAME, gloo.switch_nic, None
-    entry = SWITCH_FUNCTIONS[framework]
-    name, function = _find(entry.function)
-    sync = _find(entry.sync)[1] if entry.sync is not None else None
-    return name, function, sync
-
-
-def moves_hccl(name):
-    """Whether the switch function ``name`` (as :func:`resolve` names it) moves HCCL
-    communicators, so that the rank needs HCCL's L2 retry and RDMA links for it."""
-    from taskd.python.framework import gloo
-
-    return name != gloo.NAME
+def resolve(framework: Framework) -> Resolved:
+    """The framework's first usable switch function (``"pt"`` without torch_npu: taskd's own
+    switch for Gloo process groups), found; ``FrameworkError`` naming what is missing."""
+    for entry in framework.switches:
+        if entry.usable():
+            name, function = _find(entry.function)
+            sync = _find(entry.sync)[1] if entry.sync is not None else None
+            return Resolved(name, function, sync, entry.moves_hccl)
+    raise FrameworkError("%s has no switch function usable in this process (%s)" % (
+        framework.name, ", ".join(e.name for e in framework.switches)))
 
 
 def takes_deadline(function):

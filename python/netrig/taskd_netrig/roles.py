@@ -1,7 +1,7 @@
 """The job's roles as the seed places them, each a process inside a node's namespace:
 
-    python3 -m taskd.rig.roles manager CONFIG_JSON     # init_taskd_manager + start_taskd_manager
-    python3 -m taskd.rig.roles launcher CONFIG_JSON    # the node's launcher: its proxy
+    python3 -m taskd_netrig.roles manager CONFIG_JSON     # init_taskd_manager + start_taskd_manager
+    python3 -m taskd_netrig.roles launcher CONFIG_JSON    # the node's launcher: its proxy
                                                        # (init_taskd_proxy on a daemon thread) and
                                                        # its training processes
 

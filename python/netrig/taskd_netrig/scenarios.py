@@ -9,9 +9,9 @@ import re
 import time
 from typing import Callable, Dict, List
 
-from taskd.rig import net
-from taskd.rig.job import Job, RigError, Sampler
-from taskd.rig.rig import (PROBE_COUNT, PROBE_SIZE, Rig, bytes_between, bytes_within, now, params_check,
+from taskd_netrig import net
+from taskd_netrig.job import Job, RigError, Sampler
+from taskd_netrig.rig import (PROBE_COUNT, PROBE_SIZE, Rig, bytes_between, bytes_within, now, params_check,
                            phase_bytes, plane_bytes, stall_ms, step_series)
 
 #: Bytes on an interface that are not training traffic while it is not used: ARP.

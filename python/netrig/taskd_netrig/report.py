@@ -6,8 +6,8 @@ import json
 import os
 import time
 
-from taskd.rig import scenarios
-from taskd.rig.rig import Rig
+from taskd_netrig import scenarios
+from taskd_netrig.rig import Rig
 
 
 def summary_line(s: dict) -> str:
@@ -34,7 +34,7 @@ def run_all(a, workdir: str) -> dict:
         with open(os.path.join(workdir, name, "report.json"), "w") as f:
             json.dump(s, f, indent=1)
         if a.plots and name in ("maintenance", "degraded"):
-            from taskd.rig.plot import plot
+            from taskd_netrig.plot import plot
 
             plot(s, os.path.join(a.plots, "rig-%s.png" % name))
     return out

@@ -1,4 +1,4 @@
-"""``python3 -m taskd.rig``: see the package's doc and docs/rig.md."""
+"""``python3 -m taskd_netrig``: see the package's doc and docs/rig.md."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import signal
 import sys
 import tempfile
 
-from taskd.rig import net
+from taskd_netrig import net
 
 
 def parse(argv):
-    ap = argparse.ArgumentParser(prog="python3 -m taskd.rig", description=(
+    ap = argparse.ArgumentParser(prog="python3 -m taskd_netrig", description=(
         "A real PyTorch DDP job under taskd on a two-plane network of namespaces: planned "
         "maintenance, a degraded link, a dying link, a subset switch. Needs root and torch."))
     ap.add_argument("--nodes", type=int, default=2)
@@ -56,9 +56,9 @@ def main(argv=None) -> int:
         return 0
     why = preflight(a)
     if why:
-        print("taskd.rig: %s" % why, file=sys.stderr)
+        print("taskd_netrig: %s" % why, file=sys.stderr)
         return 2
-    from taskd.rig.report import run_all
+    from taskd_netrig.report import run_all
 
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     workdir = a.workdir or tempfile.mkdtemp(prefix="tdrig-")
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
         net.build(a.nodes)
         report = run_all(a, workdir)
     except KeyboardInterrupt:
-        print("taskd.rig: interrupted; the network is torn down", file=sys.stderr)
+        print("taskd_netrig: interrupted; the network is torn down", file=sys.stderr)
         return 130
     finally:
         net.teardown()

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Dict, List, Optional
 
-from taskd.rig import net
+from taskd_netrig import net
 
 MANAGER_PORT = 9601
 PROXY_PORT = 9602
@@ -116,6 +116,10 @@ class Job:
     def _env(self) -> Dict[str, str]:
         env = dict(os.environ)
         env.update(self.rig.env)
+        # The rig's own processes (python -m taskd_netrig.roles, .train, .route) find it here.
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in paths if p != here])
         env.update(MINDX_TASK_ID=JOB_ID, TASKD_LOG_PATH=self.run_dir, TASKD_STD_LOG_LEVEL="INFO",
                    MS_ENABLE_TFT="{TTP:1,TSP:1}", PYTHONUNBUFFERED="1")
         return env
@@ -125,11 +129,11 @@ class Job:
                "listen": "%s:%d" % (net.addr("mg", 0), MANAGER_PORT), "control_addr": CONTROL}
         if self.auto:
             cfg.update(self.auto)
-        argv = net.exec_argv(0, [self.rig.python, "-m", "taskd.rig.roles", "manager", json.dumps(cfg)])
+        argv = net.exec_argv(0, [self.rig.python, "-m", "taskd_netrig.roles", "manager", json.dumps(cfg)])
         self.manager = Proc("manager", argv, self._env(), os.path.join(self.run_dir, "manager.log"))
         self.manager.wait_line("taskd manager control API on")
         for k in range(self.rig.nodes):
-            argv = net.exec_argv(k, [self.rig.python, "-m", "taskd.rig.roles", "launcher",
+            argv = net.exec_argv(k, [self.rig.python, "-m", "taskd_netrig.roles", "launcher",
                                      json.dumps(self._launcher(k))])
             self.launchers.append(Proc("node-%d" % k, argv, self._env(),
                                        os.path.join(self.run_dir, "node-%d.log" % k)))
@@ -149,10 +153,10 @@ class Job:
                 "MASTER_ADDR": net.addr("mg", 0), "MASTER_PORT": str(MASTER_PORT),
                 "GLOO_SOCKET_IFNAME": start, "TASKD_PROXY": "127.0.0.1:%d" % PROXY_PORT,
                 "TASKD_GLOO_PRIMARY_IFNAME": "pri", "TASKD_GLOO_BACKUP_IFNAME": "bak",
-                "TASKD_GLOO_ROUTE_CMD": "%s -m taskd.rig.route --src %s" % (
+                "TASKD_GLOO_ROUTE_CMD": "%s -m taskd_netrig.route --src %s" % (
                     self.rig.python, net.addr("bak", k)),
             })
-        argv = [self.rig.python, "-m", "taskd.rig.train", "--run", self.run_dir,
+        argv = [self.rig.python, "-m", "taskd_netrig.train", "--run", self.run_dir,
                 "--compute-ms", str(self.rig.compute_ms),
                 "--collective-timeout-s", str(self.collective_timeout_s)]
         if self.resume:

@@ -8,9 +8,9 @@ import os
 import time
 from typing import Dict, List, Optional
 
-from taskd.rig import model as problem
-from taskd.rig import net
-from taskd.rig.job import Job
+from taskd_netrig import model as problem
+from taskd_netrig import net
+from taskd_netrig.job import Job
 
 #: Bytes per probe round the Linux HAL's probe sends and receives on one interface per peer
 #: (see ``Rig.proxy_hal``): echo requests and their replies.

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from taskd.api import init_taskd_worker, start_taskd_worker
 from taskd.python.framework import gloo
-from taskd.rig import model as problem
+from taskd_netrig import model as problem
 
 
 def parse():

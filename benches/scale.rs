@@ -270,7 +270,7 @@ impl SimRank {
                 ReplyBody::Resumed { stalled }
             }
             DirectiveKind::Verify => ReplyBody::Verified(self.report(&st)),
-            DirectiveKind::StopTraining { .. } => ReplyBody::Stopped,
+            DirectiveKind::StopTraining { .. } => ReplyBody::Stopped { at_step: None },
         }
     }
 

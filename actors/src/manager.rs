@@ -13,9 +13,12 @@ mod hold;
 
 mod journal_writer;
 
+mod last_words;
+
 mod waiters;
 
 pub use hold::{HoldPolicy, SetHoldPolicy, StopTraining, DEFAULT_HOLD_BOUND};
+pub use last_words::{LastWordsHost, ReportFault, SetLastWords, DEFAULT_LAST_WORDS_BOUND};
 
 pub use clusterd::{
     AttachClusterd, ClusterdLink, ClusterdLinkChanged, ClusterdSessionEnded, ClusterdSignal,
@@ -72,6 +75,11 @@ pub struct Manager {
     bounds: hold::Bounds,
     /// The last stop of training whose end was said ("the job runs again").
     stop_announced: Option<OperationId>,
+    /// The host of the last-words checkpoint before a stop, and its bound
+    /// (`manager/last_words.rs`).
+    last_words: Option<(Arc<dyn LastWordsHost>, Duration)>,
+    /// The stop whose last words were asked for.
+    last_words_asked: Option<OperationId>,
     /// The last journal write's error while the journal cannot be written (nothing new is
     /// admitted then); `None` while it can.
     journal_failing: Option<String>,
@@ -94,6 +102,8 @@ impl Manager {
             journal: None,
             bounds: hold::Bounds::default(),
             stop_announced: None,
+            last_words: None,
+            last_words_asked: None,
             journal_failing: None,
         }
     }

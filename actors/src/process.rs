@@ -119,6 +119,11 @@ pub struct ManagerProcessConfig {
     pub state_dir: Option<PathBuf>,
     /// What a job that does not run leads to (`--hold-policy`, `--hold-bound-ms`).
     pub hold: crate::manager::HoldPolicy,
+    /// Process recovery coordinated by the manager (`--process-recovery`,
+    /// `--max-restarts`).
+    pub recovery: Option<taskd_core::ledger::ProcessRecovery>,
+    /// The bound on a stop of training (`--stop-bound-ms`).
+    pub stop_bound: std::time::Duration,
 }
 
 /// A running manager process: the manager node, its control API and its ClusterD client.
@@ -140,7 +145,9 @@ impl ManagerProcess {
             node_cfg.table.clone(),
             node_cfg.deadlines,
         )
-        .with_hold_policy(cfg.hold);
+        .with_hold_policy(cfg.hold)
+        .with_process_recovery(cfg.recovery)
+        .with_stop_bound(cfg.stop_bound);
         if let Some(dir) = &cfg.state_dir {
             let journal = FileJournal::open(dir, &node_cfg.job)?;
             tracing::info!(journal = %journal.path().display(), "finished operations are journaled");

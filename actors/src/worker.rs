@@ -256,7 +256,8 @@ impl Worker {
             metrics::counter!(telemetry::TRAINING_STOPS).increment(1);
         }
         self.set_held(false);
-        self.reply(op, Phase::Stop, ReplyBody::Stopped);
+        let at_step = self.gate.last_step();
+        self.reply(op, Phase::Stop, ReplyBody::Stopped { at_step });
         self.phase_span = Span::none();
         self.op_span = None;
     }

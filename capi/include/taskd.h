@@ -104,6 +104,27 @@ int32_t taskd_manager_wait_ready(const taskd_manager *m, uint64_t timeout_ms);
  * (may be NULL). */
 int32_t taskd_manager_wait(const taskd_manager *m, uint64_t timeout_ms, char *why, size_t why_len);
 
+/*
+ * A host of the last-words checkpoint (MindIO's dump): asked before every stop of training to
+ * take a checkpoint of the last step the ranks finished from the ranks still alive (dead[0..n]
+ * are the ranks whose process died; n is 0 for a stop without a fault), within timeout_ms.
+ * Returns whether a checkpoint was taken; a NUL-terminated line for people (what was saved,
+ * or why not) of at most detail_len bytes may be written into detail. Called on a thread of
+ * the library's own; it may block.
+ */
+typedef bool (*taskd_last_words_fn)(const uint32_t *dead, size_t n, uint64_t timeout_ms,
+                                    void *user, char *detail, size_t detail_len);
+
+/* Asks last_words (with user) for a last-words checkpoint before every stop of training from
+ * now on, each within timeout_ms: the stop's directive goes out once it answered. last_words
+ * may be called until taskd_manager_free returned. */
+int32_t taskd_manager_set_last_words(const taskd_manager *m, taskd_last_words_fn last_words,
+                                     void *user, uint64_t timeout_ms);
+
+/* The process of `rank` died, as something outside taskd's transport saw it (MindIO's own
+ * fault detection): handled as a lost worker. */
+int32_t taskd_manager_report_fault(const taskd_manager *m, uint32_t rank, const char *why);
+
 /* Asks the manager to stop (it ends an operation in flight safely first); returns at once. */
 int32_t taskd_manager_stop(const taskd_manager *m);
 
@@ -121,6 +142,18 @@ int32_t taskd_proxy_addr(const taskd_proxy *p, char *buf, size_t len);
  * NULL). TASKD_ERR_REFUSED when refused for good. */
 int32_t taskd_proxy_wait_registered(const taskd_proxy *p, uint64_t timeout_ms, char *node,
                                     size_t node_len);
+
+/* Waits at most timeout_ms for the manager's next order for the node's launcher and writes it
+ * as JSON into buf: {"order": "restart", "number": N, "reason": ...} (stop every worker of the
+ * node and start them all again, as restart N of the job) or {"order": "end", "reason": ...}
+ * (end the job on this node). TASKD_ERR_TIMEOUT when none came. */
+int32_t taskd_proxy_next_order(const taskd_proxy *p, uint64_t timeout_ms, char *buf, size_t len);
+
+/* The launcher saw the process of `rank` end: `status` says how, for people; `clean` when it
+ * exited with status 0; `generation` is the job restart it was started for (0: the first
+ * start). The manager learns it even of a worker that never registered. */
+int32_t taskd_proxy_worker_exited(const taskd_proxy *p, uint32_t rank, const char *status,
+                                  bool clean, uint32_t generation);
 
 /* Stops the proxy (its workers and the manager are told) and waits until it has. */
 int32_t taskd_proxy_stop(const taskd_proxy *p);

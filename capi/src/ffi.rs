@@ -247,6 +247,113 @@ pub unsafe extern "C" fn taskd_manager_wait(
     })
 }
 
+/// The host's last-words function: takes a checkpoint from the ranks alive (`dead[0..n]`
+/// died) within `timeout_ms`; returns whether one was taken and may write a NUL-terminated
+/// line of at most `detail_len` bytes into `detail`. Called on a thread of the library's own.
+pub type TaskdLastWordsFn = unsafe extern "C" fn(
+    dead: *const u32,
+    n: usize,
+    timeout_ms: u64,
+    user: *mut c_void,
+    detail: *mut c_char,
+    detail_len: usize,
+) -> bool;
+
+/// A last-words function and its `user` pointer.
+struct CLastWords {
+    f: TaskdLastWordsFn,
+    user: *mut c_void,
+}
+
+// SAFETY: the header tells the caller of `taskd_manager_set_last_words` that the function is
+// called with `user` on a thread of the library's own, one call at a time, until
+// `taskd_manager_free` returned; the pointer is only passed back to that function.
+unsafe impl Send for CLastWords {}
+// SAFETY: as above: the manager never calls it twice at once, and `&CLastWords` only reads
+// the two values.
+unsafe impl Sync for CLastWords {}
+
+impl taskd_actors::manager::LastWordsHost for CLastWords {
+    fn last_words(
+        &self,
+        dead: &[taskd_core::GlobalRank],
+        within: std::time::Duration,
+    ) -> taskd_core::ledger::LastWords {
+        let ranks: Vec<u32> = dead.iter().map(|r| r.0).collect();
+        let mut detail = vec![0u8; SWITCH_ERR_LEN];
+        let timeout_ms = u64::try_from(within.as_millis()).unwrap_or(u64::MAX);
+        // SAFETY: `ranks` holds `ranks.len()` elements and `detail` is writable for its length,
+        // both for the duration of the call; `f` and `user` come from the caller of
+        // `taskd_manager_set_last_words`, who vouches for them.
+        let taken = unsafe {
+            (self.f)(
+                ranks.as_ptr(),
+                ranks.len(),
+                timeout_ms,
+                self.user,
+                detail.as_mut_ptr().cast::<c_char>(),
+                detail.len(),
+            )
+        };
+        let end = detail.iter().position(|b| *b == 0).unwrap_or(detail.len());
+        let detail = String::from_utf8_lossy(&detail[..end]).trim().to_owned();
+        taskd_core::ledger::LastWords {
+            taken,
+            detail: if detail.is_empty() {
+                if taken {
+                    "checkpoint taken"
+                } else {
+                    "no checkpoint"
+                }
+                .to_owned()
+            } else {
+                detail
+            },
+        }
+    }
+}
+
+/// Asks `last_words` (with `user`) for a last-words checkpoint before every stop of training,
+/// each within `timeout_ms`.
+///
+/// # Safety
+/// `m` is a live handle; `last_words` may be called with `user` on a thread of the library's
+/// own, one call at a time, until `taskd_manager_free` returned.
+#[no_mangle]
+pub unsafe extern "C" fn taskd_manager_set_last_words(
+    m: *const TaskdManager,
+    last_words: Option<TaskdLastWordsFn>,
+    user: *mut c_void,
+    timeout_ms_: u64,
+) -> i32 {
+    guard(|| {
+        let f = last_words
+            .ok_or_else(|| CapiError::Argument("the last-words function is null".into()))?;
+        let within = timeout_ms(timeout_ms_).unwrap_or(std::time::Duration::MAX);
+        // SAFETY: a live handle by the caller's contract.
+        unsafe { handle(m)? }
+            .0
+            .set_last_words(std::sync::Arc::new(CLastWords { f, user }), within)
+    })
+}
+
+/// The process of `rank` died, as something outside taskd's transport saw it.
+///
+/// # Safety
+/// `m` is a live handle; `why` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn taskd_manager_report_fault(
+    m: *const TaskdManager,
+    rank: u32,
+    why: *const c_char,
+) -> i32 {
+    guard(|| {
+        // SAFETY: a live handle and a string by the caller's contract.
+        let (m, why) = unsafe { (handle(m)?, text(why, "why")?) };
+        m.0.report_fault(rank, why)
+    })
+}
+
 /// Asks the manager to stop; returns at once.
 ///
 /// # Safety
@@ -328,6 +435,51 @@ pub unsafe extern "C" fn taskd_proxy_wait_registered(
             .wait_registered(timeout_ms(timeout_ms_))?;
         // SAFETY: null or writable for `node_len` bytes by the caller's contract.
         unsafe { write_optional(node, node_len, &a.node) }
+    })
+}
+
+/// Waits at most `timeout_ms` for the manager's next order for the node's launcher and writes
+/// it as JSON into `buf`: `{"order": "restart", "number": N, "reason": ...}` (stop every
+/// worker of the node and start them all again, as restart N of the job) or `{"order":
+/// "end", "reason": ...}` (end the job on this node). `TASKD_ERR_TIMEOUT` when none came.
+///
+/// # Safety
+/// `p` is a live handle; `buf` is writable for `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn taskd_proxy_next_order(
+    p: *const TaskdProxy,
+    timeout_ms_: u64,
+    buf: *mut c_char,
+    len: usize,
+) -> i32 {
+    guard(|| {
+        // SAFETY: a live handle by the caller's contract.
+        let o = unsafe { handle(p)? }
+            .0
+            .next_order(timeout_ms(timeout_ms_))?;
+        // SAFETY: writable for `len` bytes by the caller's contract.
+        unsafe { write_text(buf, len, &proxy::order_json(&o)) }
+    })
+}
+
+/// The launcher saw the process of `rank` end: `status` says how, for people; `clean` when it
+/// exited with status 0; `generation` is the job restart it was started for (0: the first
+/// start). The manager learns it even of a worker that never registered.
+///
+/// # Safety
+/// `p` is a live handle; `status` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn taskd_proxy_worker_exited(
+    p: *const TaskdProxy,
+    rank: u32,
+    status: *const c_char,
+    clean: bool,
+    generation: u32,
+) -> i32 {
+    guard(|| {
+        // SAFETY: a string and a live handle by the caller's contract.
+        let (p, status) = unsafe { (handle(p)?, text(status, "status")?) };
+        p.0.worker_exited(rank, status, clean, generation)
     })
 }
 

@@ -41,9 +41,12 @@ pub fn init_logging() {
     ONCE.call_once(|| {
         use tracing_subscriber::EnvFilter;
         let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+        // Colour only on a terminal: the host's stderr is often a log file (msrun's worker
+        // logs, the manager's log).
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .try_init();
     });
 }

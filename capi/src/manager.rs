@@ -5,15 +5,17 @@ use crate::config::{self, Keys};
 use crate::error::CapiError;
 use crate::role::{stop_requested, RoleStart, RoleThread};
 use crate::state::Shared;
+use actix::Addr;
 use clap::{CommandFactory, Parser};
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use taskd_actors::manager::AwaitRegistered;
+use taskd_actors::manager::{AwaitRegistered, LastWordsHost, Manager, ReportFault, SetLastWords};
 use taskd_actors::process::{ManagerProcess, ManagerProcessConfig, ShutdownSignals};
 use taskd_actors::telemetry::MetricsServer;
 use taskd_core::env::{TASKD_CONTROL_ADDR, TASKD_MANAGER_LISTEN};
+use taskd_core::GlobalRank;
 use taskd_roles::ManagerArgs;
 
 #[derive(Parser)]
@@ -24,21 +26,31 @@ struct ManagerCmd {
 }
 
 /// The reference's keys: `node_nums` and `proc_per_node` are `--nodes` and
-/// `--procs-per-node`; the rest configure what taskd does not do.
+/// `--procs-per-node`, `fault_recover: "on"` is `--process-recovery` (below); the rest
+/// configure what taskd does not do.
 const KEYS: Keys<'static> = Keys {
     renamed: &[("node_nums", "nodes"), ("proc_per_node", "procs_per_node")],
-    ignored: &[
-        "plugin_dir",
-        "fault_recover",
-        "taskd_enable",
-        "cluster_infos",
-    ],
+    ignored: &["plugin_dir", "taskd_enable", "cluster_infos"],
 };
 
 /// The manager's flags from its JSON configuration. A missing `control_addr` or `listen` is
 /// taken from `TASKD_CONTROL_ADDR` / `TASKD_MANAGER_LISTEN` when set.
 pub fn manager_args(json: &str) -> Result<ManagerArgs, CapiError> {
     let mut map = config::object("manager", json)?;
+    // The reference's switch for process recovery, "on" or "off".
+    match map.remove("fault_recover") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(v)) if v.trim().eq_ignore_ascii_case("on") => {
+            map.insert("process_recovery".into(), Value::Bool(true));
+        }
+        Some(Value::String(v)) if v.trim().eq_ignore_ascii_case("off") => {}
+        Some(other) => {
+            return Err(CapiError::Config {
+                role: "manager",
+                message: format!("fault_recover: expected \"on\" or \"off\", got {other}"),
+            })
+        }
+    }
     for (key, var) in [
         ("control_addr", TASKD_CONTROL_ADDR),
         ("listen", TASKD_MANAGER_LISTEN),
@@ -85,6 +97,8 @@ struct ManagerState {
     ready: bool,
     /// Why it stopped, once it has.
     stopped: Option<String>,
+    /// The manager actor, once it runs.
+    actor: Option<Addr<Manager>>,
 }
 
 /// A running manager. Every method may be called from any thread, concurrently.
@@ -154,6 +168,37 @@ impl EmbeddedManager {
             ))
     }
 
+    /// Asks `host` for a last-words checkpoint before every stop of training, each within
+    /// `within` (see [`LastWordsHost`]).
+    pub fn set_last_words(
+        &self,
+        host: Arc<dyn LastWordsHost>,
+        within: Duration,
+    ) -> Result<(), CapiError> {
+        self.actor()?
+            .try_send(SetLastWords { host, within })
+            .map_err(|e| CapiError::Stopped(format!("the manager is gone: {e}")))
+    }
+
+    /// The process of `rank` died, as something outside taskd's transport saw it (MindIO's
+    /// own fault detection): the same as a lost worker.
+    pub fn report_fault(&self, rank: u32, why: &str) -> Result<(), CapiError> {
+        self.actor()?
+            .try_send(ReportFault {
+                rank: GlobalRank(rank),
+                why: why.to_owned(),
+            })
+            .map_err(|e| CapiError::Stopped(format!("the manager is gone: {e}")))
+    }
+
+    fn actor(&self) -> Result<Addr<Manager>, CapiError> {
+        self.state.read(|s| match (&s.actor, &s.stopped) {
+            (_, Some(why)) => Err(CapiError::Stopped(why.clone())),
+            (Some(a), None) => Ok(a.clone()),
+            (None, None) => Err(CapiError::Stopped("the manager has not started".into())),
+        })
+    }
+
     /// Asks the manager to stop (it ends the operation in flight safely first); returns at
     /// once. [`EmbeddedManager::wait`] waits for the end.
     pub fn stop(&self, reason: &str) {
@@ -200,6 +245,7 @@ async fn run(
     tracing::info!(listen = %info.listen, job = %info.job, "embedded manager listening");
     let _ = start.started.send(Ok(info));
     let actor = manager.node().manager().clone();
+    state.update(|s| s.actor = Some(actor.clone()));
     actix_rt::spawn(async move {
         if actor.send(AwaitRegistered(None)).await.is_ok() {
             state.update(|s| s.ready = true);

@@ -5,14 +5,18 @@ use crate::config::{self, Keys};
 use crate::error::CapiError;
 use crate::role::{stop_requested, RoleStart, RoleThread};
 use crate::state::Shared;
+use actix::Recipient;
 use clap::{CommandFactory, Parser};
 use serde_json::{Map, Value};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 use taskd_actors::net::{ProxyNode, ProxyNodeConfig, DEFAULT_MANAGER_PORT, DEFAULT_PROXY_PORT};
+use taskd_actors::proxy::{LauncherOrder, WorkerExited};
 use taskd_actors::telemetry::MetricsServer;
+use taskd_core::GlobalRank;
 use taskd_roles::ProxyArgs;
 
 #[derive(Parser)]
@@ -112,6 +116,22 @@ pub struct Assignment {
 struct ProxyState {
     assigned: Option<Result<Assignment, String>>,
     stopped: Option<String>,
+    /// The manager's orders for the node's launcher, oldest first, until taken.
+    orders: VecDeque<LauncherOrder>,
+    /// Where the launcher's reports of ended workers go, once the node is admitted.
+    exits: Option<Recipient<WorkerExited>>,
+}
+
+/// An order of the manager for the node's launcher, as the host process reads it
+/// (`taskd_proxy_next_order`'s JSON).
+pub fn order_json(o: &LauncherOrder) -> String {
+    let v = match o {
+        LauncherOrder::Restart { number, reason } => {
+            serde_json::json!({"order": "restart", "number": number, "reason": reason})
+        }
+        LauncherOrder::End { reason } => serde_json::json!({"order": "end", "reason": reason}),
+    };
+    v.to_string()
 }
 
 /// A running proxy. Every method may be called from any thread, concurrently.
@@ -128,11 +148,15 @@ impl EmbeddedProxy {
     pub fn start(json: &str) -> Result<EmbeddedProxy, CapiError> {
         crate::init_logging();
         let args = proxy_args(json)?;
-        let cfg = args.config().map_err(|e| crate::config_error("proxy", e))?;
+        let mut cfg = args.config().map_err(|e| crate::config_error("proxy", e))?;
         let metrics = args
             .serve_metrics()
             .map_err(|e| crate::config_error("proxy", e))?;
         let state = Arc::new(Shared::new(ProxyState::default()));
+        let ordered = state.clone();
+        cfg.launcher = Some(Arc::new(move |o: LauncherOrder| {
+            ordered.update(|s| s.orders.push_back(o));
+        }));
         let (admitted, stopped) = (state.clone(), state.clone());
         let (role, addr) = RoleThread::spawn(
             "proxy",
@@ -169,6 +193,54 @@ impl EmbeddedProxy {
         )))
     }
 
+    /// The manager's next order for the node's launcher (taskd's agent), waiting at most
+    /// `timeout` for one: a restart of every worker of the node as restart `n` of the job, or
+    /// the end of the job. Each order is handed out once.
+    pub fn next_order(&self, timeout: Option<Duration>) -> Result<LauncherOrder, CapiError> {
+        let r = self.state.wait_for(timeout, |s| {
+            if let Some(o) = s.orders.front() {
+                return Some(Ok(o.clone()));
+            }
+            s.stopped.clone().map(|why| Err(CapiError::Stopped(why)))
+        });
+        match r {
+            Some(Ok(o)) => {
+                self.state.update(|s| {
+                    s.orders.pop_front();
+                });
+                Ok(o)
+            }
+            Some(Err(e)) => Err(e),
+            None => Err(CapiError::Timeout(
+                timeout.unwrap_or_default(),
+                "an order of the manager for the launcher",
+            )),
+        }
+    }
+
+    /// The launcher saw the process of `rank` end (`status`, for people; `clean`: exit
+    /// status 0), started for restart `generation` of the job: the manager learns it even of
+    /// a worker that never registered. Refused before the manager admitted the node.
+    pub fn worker_exited(
+        &self,
+        rank: u32,
+        status: &str,
+        clean: bool,
+        generation: u32,
+    ) -> Result<(), CapiError> {
+        let exits = self.state.read(|s| s.exits.clone()).ok_or_else(|| {
+            CapiError::Refused("the manager has not admitted this proxy yet".into())
+        })?;
+        exits
+            .try_send(WorkerExited {
+                rank: GlobalRank(rank),
+                status: status.to_owned(),
+                clean,
+                generation,
+            })
+            .map_err(|e| CapiError::Stopped(format!("the proxy is gone: {e}")))
+    }
+
     /// Stops the proxy (its workers and the manager are told it is leaving, with `reason`)
     /// and waits until it has.
     pub fn stop(&self, reason: &str) {
@@ -203,7 +275,11 @@ async fn run(
                 ranks: n.ranks.keys().map(|r| r.0).collect(),
             })
             .map_err(|e| e.to_string());
-        state.update(|s| s.assigned = Some(r));
+        let exits = watched.exits();
+        state.update(|s| {
+            s.assigned = Some(r);
+            s.exits = exits;
+        });
     });
     let reason = stop_requested(&mut start.stop, None).await;
     admission.abort();

@@ -47,6 +47,7 @@ fn c_type(rust: &str) -> String {
         "TaskdProxy" => "taskd_proxy",
         "TaskdWorker" => "taskd_worker",
         "Option<TaskdSwitchFn>" | "TaskdSwitchFn" => "taskd_switch_fn",
+        "Option<TaskdLastWordsFn>" | "TaskdLastWordsFn" => "taskd_last_words_fn",
         other => panic!("no C type for the Rust type {other}"),
     };
     named.to_owned()

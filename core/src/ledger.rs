@@ -33,7 +33,9 @@ mod uuids;
 use activity::Activity;
 pub use hold::{HoldNews, HoldPolicy, DEFAULT_HOLD_BOUND};
 use knowledge::NicKnowledge;
-pub use stop::{ProcessRecovery, Restarts, StopBy, StopPhase, TrainingStop, DEFAULT_STOP_BOUND};
+pub use stop::{
+    LastWords, ProcessRecovery, Restarts, StopBy, StopPhase, TrainingStop, DEFAULT_STOP_BOUND,
+};
 pub use uuids::{AdmittedOperation, FinishedOperation, RequestFingerprint, HISTORY_LEN};
 use uuids::{Seen, UuidMemory};
 
@@ -308,6 +310,8 @@ pub struct JobLedger {
     retired: stop::Retired,
     /// The bound on a stop of training.
     stop_bound: Duration,
+    /// Whether a last-words checkpoint is taken before every stop (the manager hosts one).
+    last_words_host: bool,
 }
 
 /// Which NIC configuration a recovery re-states for the ranks in doubt.
@@ -378,6 +382,7 @@ impl JobLedger {
             owed_restart: None,
             retired: BTreeMap::new(),
             stop_bound: DEFAULT_STOP_BOUND,
+            last_words_host: false,
         }
     }
 

@@ -251,7 +251,11 @@ pub enum ReplyBody {
     Verified(WorkerReport),
     /// The answer to [`DirectiveKind::StopTraining`]: the gate stopped training; the
     /// process ends once its loop reaches (or leaves) the gate.
-    Stopped,
+    Stopped {
+        /// The last step the rank's training loop finished (taskd's count of this
+        /// process), when it finished one: how far training got before the stop.
+        at_step: Option<u64>,
+    },
     /// The directive failed on this rank.
     Failed(RankError),
 }

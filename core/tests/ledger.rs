@@ -213,7 +213,7 @@ fn drive(
                     },
                     DirectiveKind::Resume => ReplyBody::Resumed { stalled: secs(1) },
                     DirectiveKind::Verify => panic!("an operation never verifies"),
-                    DirectiveKind::StopTraining { .. } => ReplyBody::Stopped,
+                    DirectiveKind::StopTraining { .. } => ReplyBody::Stopped { at_step: Some(9) },
                 },
             };
             by_node
@@ -1508,7 +1508,12 @@ fn answer_stop(l: &mut JobLedger, layout: &Layout, stop: OperationId, now: Durat
         by_node
             .entry(layout.node_of(r))
             .or_default()
-            .push(rank_reply(stop, r.0, Phase::Stop, ReplyBody::Stopped));
+            .push(rank_reply(
+                stop,
+                r.0,
+                Phase::Stop,
+                ReplyBody::Stopped { at_step: Some(9) },
+            ));
     }
     for (node, replies) in by_node {
         let nr = NodeReply {

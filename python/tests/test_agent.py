@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 
 import support
@@ -86,7 +87,7 @@ class Agent(AgentRun):
         self.assertIn("PROCESS_RECOVER=on restarts the workers", r["log"])
 
     def test_with_process_recover_every_worker_starts_again(self):
-        r = self.run_agent("recover", PROCESS_RECOVER="on")
+        r = self.run_agent("recover", PROCESS_RECOVER="on", TASKD_AGENT_COORDINATED="off")
         self.assertEqual(r["status"], 0, r["log"])
         self.assertEqual(r["calls"], ["START_ALL_WORKER", "KILL_WORKER", "START_ALL_WORKER", "KILL_WORKER"])
         self.assertIn("restarting every worker of this node (restart 1 of 3)", r["log"])
@@ -95,13 +96,13 @@ class Agent(AgentRun):
 
     def test_a_restart_waits_until_the_killed_workers_have_ended(self):
         # KILL_WORKER's SIGKILL reaches the workers 0.3 s late: the new ones start after.
-        r = self.run_agent("slow-kill", PROCESS_RECOVER="on")
+        r = self.run_agent("slow-kill", PROCESS_RECOVER="on", TASKD_AGENT_COORDINATED="off")
         self.assertEqual(r["status"], 0, r["log"])
         self.assertEqual(r["overlaps"], [], "no worker started beside its killed predecessor")
         self.assertIn("restarting every worker of this node (restart 1 of 3)", r["log"])
 
     def test_restarts_are_bounded(self):
-        r = self.run_agent("bounded", PROCESS_RECOVER="on", TASKD_AGENT_MAX_RESTARTS="2")
+        r = self.run_agent("bounded", PROCESS_RECOVER="on", TASKD_AGENT_COORDINATED="off", TASKD_AGENT_MAX_RESTARTS="2")
         self.assertEqual(r["status"], 1, r["log"])
         self.assertEqual(r["calls"].count("START_ALL_WORKER"), 3)
         self.assertIn("no restart left (2 done)", r["log"])
@@ -175,6 +176,63 @@ class AgentLoop(support.TaskdTestCase):
         self.assertEqual(launcher.alive(), [])
 
 
+MANAGER = textwrap.dedent("""
+    from taskd.api import init_taskd_manager, start_taskd_manager
+    init_taskd_manager({"job_id": "agents", "node_nums": 2, "proc_per_node": 2})
+    start_taskd_manager()
+""")
+
+
+class Coordinated(AgentRun):
+    """Two nodes' agents under one manager with process recovery: one fault, one restart of the
+    whole job, decided by the manager."""
+
+    def test_a_failed_worker_restarts_every_node_once_as_the_jobs_restart(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            env = dict(os.environ, TASKD_MANAGER_LISTEN="127.0.0.1:0", TASKD_LOG_PATH=tmp,
+                       TASKD_STD_LOG_LEVEL="INFO", PROCESS_RECOVER="on",
+                       PYTHONPATH=PYTHON_DIR)
+            manager = subprocess.Popen([sys.executable, "-c", MANAGER], env=env,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            try:
+                port = self.manager_port(manager)
+                common = dict(PROCESS_RECOVER="on", TASKD_MANAGER_PORT=str(port),
+                              MINDX_TASK_ID="agents", MS_WORKER_NUM="4")
+                runs = {}
+                threads = [threading.Thread(target=lambda n=n: runs.__setitem__(
+                    n, self.run_agent("coordinated-node-%d" % n, MS_NODE_RANK=str(n), **common)))
+                    for n in (0, 1)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(WAIT)
+            finally:
+                manager.terminate()
+                manager.wait(WAIT)
+        for n in (0, 1):
+            r = runs[n]
+            self.assertEqual(r["status"], 0, r["log"])
+            self.assertEqual(r["calls"], ["START_ALL_WORKER", "KILL_WORKER", "START_ALL_WORKER",
+                                          "KILL_WORKER"], "node %d: one restart, no more" % n)
+            self.assertIn("the manager restarts the job (restart 1)", r["log"])
+            self.assertNotIn("\x1b[", r["log"], "colour codes only on a terminal")
+            for out in r["outputs"].values():
+                self.assertEqual(json.loads(out)["TASKD_RESTART_COUNT"], "1",
+                                 "node %d: the job's first restart" % n)
+        self.assertIn("lost rank 2 (status 3): the other workers go on until the job's restart",
+                      runs[1]["log"])
+        self.assertNotIn("taskd agent: lost", runs[0]["log"], "node 0 restarted on the manager's order only")
+
+    def manager_port(self, manager):
+        """The port the manager listens on, from its log."""
+        for raw in iter(manager.stderr.readline, b""):
+            line = raw.decode()
+            if "taskd manager listening on " in line:
+                threading.Thread(target=manager.stderr.read, daemon=True).start()
+                return int(line.rsplit(":", 1)[1])
+        raise AssertionError("the manager never listened")
+
+
 class Torchrun(AgentRun):
     """The same agent as torchrun's: ``start_taskd_agent()`` returns torch's ``RunResult``."""
 
@@ -224,7 +282,7 @@ class Torchrun(AgentRun):
         self.assertIn("torchrun's --max-restarts is 0", r["log"])
 
     def test_with_process_recover_taskds_budget_replaces_torchruns(self):
-        r = self.run_agent("recover", PROCESS_RECOVER="on", TASKD_AGENT_MAX_RESTARTS="2")
+        r = self.run_agent("recover", PROCESS_RECOVER="on", TASKD_AGENT_COORDINATED="off", TASKD_AGENT_MAX_RESTARTS="2")
         self.assertEqual((r["status"], r["state"]), (0, "SUCCEEDED"), r["log"])
         self.assertIn("restarting every worker of this node (restart 2 of 2)", r["log"])
         self.assertEqual(self.envs(r)[-2:], [("2", "2"), ("2", "2")])

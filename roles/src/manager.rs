@@ -18,6 +18,7 @@ use taskd_actors::process::{rank_table, ManagerProcessConfig};
 use taskd_actors::telemetry::MetricsServer;
 use taskd_core::clusterd;
 use taskd_core::env::{self, process_env};
+use taskd_core::ledger::ProcessRecovery;
 use taskd_core::rank_table::{MAX_NODES, MAX_RANKS};
 use taskd_core::{JobId, PhaseDeadlines, RankTable};
 
@@ -107,6 +108,21 @@ pub struct ManagerArgs {
     #[arg(long, value_name = "MS", value_parser = flags::deadline_ms(),
           default_value_t = taskd_actors::manager::DEFAULT_HOLD_BOUND.as_millis() as u64)]
     hold_bound_ms: u64,
+    /// Coordinate process recovery: a rank whose process died stops training on every rank
+    /// and every node's launcher (taskd's agent) restarts all its workers together, as one
+    /// restart of the job, at most --max-restarts times. On by default where PROCESS_RECOVER
+    /// is `on` (MindCluster's switch for process-level recovery).
+    #[arg(long)]
+    process_recovery: bool,
+    /// With process recovery: how many restarts the job may have in all.
+    #[arg(long, value_name = "N", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(0..=1000))]
+    max_restarts: u32,
+    /// How long a stop of training (and the restart after it) may take before it is
+    /// overdue: then it says which ranks it still waits for and why.
+    #[arg(long, value_name = "MS", value_parser = flags::deadline_ms(),
+          default_value_t = taskd_core::ledger::DEFAULT_STOP_BOUND.as_millis() as u64)]
+    stop_bound_ms: u64,
     #[command(flatten)]
     auto: AutoArgs,
     #[command(flatten)]
@@ -192,7 +208,18 @@ impl ManagerArgs {
                 }
                 HeldPolicyArg::Hold => HoldPolicy::Hold,
             },
+            recovery: self.process_recovery().then_some(ProcessRecovery {
+                max_restarts: self.max_restarts,
+            }),
+            stop_bound: Duration::from_millis(self.stop_bound_ms),
         })
+    }
+
+    /// `--process-recovery`, or `PROCESS_RECOVER=on` in the environment.
+    fn process_recovery(&self) -> bool {
+        self.process_recovery
+            || env::get(&process_env, env::PROCESS_RECOVER)
+                .is_some_and(|v| v.trim().eq_ignore_ascii_case("on"))
     }
 
     /// Starts the metrics endpoint when `--metrics-addr` was given (keep it while the role runs).

@@ -149,7 +149,7 @@ pub fn status_json(s: &proto::JobStatus) -> Value {
         })),
         "recent": s.recent.iter().map(result_json).collect::<Vec<_>>(),
         "lost_ranks": s.lost_ranks.iter().map(|l| json!({
-            "rank": l.rank, "reason": l.reason,
+            "rank": l.rank, "reason": l.reason, "how": l.how,
         })).collect::<Vec<_>>(),
         "verified": s.verified,
         "last_verification": s.last_verification.as_ref().map(|v| json!({
@@ -174,6 +174,12 @@ pub fn status_json(s: &proto::JobStatus) -> Value {
         "training_stop": s.training_stop.as_ref().map(training_stop_json),
         "last_training_stop": s.last_training_stop.as_ref().map(training_stop_json),
         "journal_error": (!s.journal_error.is_empty()).then_some(&s.journal_error),
+        "restarts": s.restarts.as_ref().map(|r| json!({
+            "done": r.done,
+            "max": r.max,
+            "cause": (!r.cause.is_empty()).then_some(&r.cause),
+            "owed": (!r.owed.is_empty()).then_some(&r.owed),
+        })),
     })
 }
 
@@ -187,7 +193,35 @@ pub fn training_stop_json(t: &proto::TrainingStop) -> serde_json::Value {
         "stopping": t.stopping,
         "not_back": t.not_back,
         "waiting_for": t.waiting_for,
+        "then": t.then,
+        "restart": (t.then == "restart").then_some(t.restart),
+        "unreachable": t.unreachable,
+        "old_back": t.old_back,
+        "overdue": t.overdue,
+        "trained_to": t.trained_to,
+        "last_words": t.last_words.as_ref().map(|l| json!({
+            "taken": l.taken, "detail": l.detail,
+        })),
+        "resume": (!t.resume.is_empty()).then_some(&t.resume),
     })
+}
+
+/// The `restart` line of `taskd status`: how many of the budget, whether one is under way or
+/// owed, and its cause.
+fn restarts_text(r: &proto::Restarts, stop: Option<&proto::TrainingStop>) -> String {
+    let of = r.max.map_or(String::new(), |m| format!(" of {m}"));
+    if !r.owed.is_empty() {
+        return format!(
+            "{}{of} done; one owed, starting once the operation in flight ends ({})",
+            r.done, r.owed
+        );
+    }
+    let under_way = stop.is_some_and(|t| t.then == "restart" && t.restart == r.done);
+    match (under_way, r.cause.is_empty()) {
+        (true, _) => format!("{}{of}, under way ({})", r.done, r.cause),
+        (false, false) => format!("{}{of} done; the last for: {}", r.done, r.cause),
+        (false, true) => format!("{}{of} done", r.done),
+    }
 }
 
 /// The `clusterd` line of `taskd status`: connected or not, and the pause it drives.
@@ -255,8 +289,16 @@ pub fn status_text(s: &proto::JobStatus) -> String {
     // While training is stopped the job's state is the stop's: what it waits for is next.
     match &s.training_stop {
         Some(t) => {
-            let _ = writeln!(out, "state      {} (training stopped by {})", t.phase, t.by);
+            let overdue = if t.overdue { ", OVERDUE" } else { "" };
+            let _ = writeln!(
+                out,
+                "state      {} (training stopped by {}{overdue})",
+                t.phase, t.by
+            );
             let _ = writeln!(out, "stop       {}; {}", t.reason, t.waiting_for);
+            if !t.resume.is_empty() {
+                let _ = writeln!(out, "resume     {}", t.resume);
+            }
         }
         None => {
             let _ = writeln!(out, "state      {}", s.state);
@@ -268,15 +310,24 @@ pub fn status_text(s: &proto::JobStatus) -> String {
         s.workers_registered, s.workers_expected, s.nodes_connected
     );
     let backup: Vec<String> = s.ranks_on_backup.iter().map(|r| r.to_string()).collect();
-    let _ = writeln!(
-        out,
-        "on backup  {}",
-        if backup.is_empty() {
-            "none".to_string()
-        } else {
-            backup.join(", ")
+    let backup = if backup.is_empty() {
+        "none".to_string()
+    } else {
+        backup.join(", ")
+    };
+    // Once the old processes are gone, the table is the old one's: the new ones start on
+    // their default NIC, and the verification round rebuilds it from them.
+    match &s.training_stop {
+        Some(t) if t.phase == "restarting" || t.phase == "restarted" => {
+            let _ = writeln!(
+                out,
+                "on backup  none in the new processes (they start on their default NIC; before the stop: {backup})"
+            );
         }
-    );
+        _ => {
+            let _ = writeln!(out, "on backup  {backup}");
+        }
+    }
     match &s.in_flight {
         Some(f) => {
             let _ = writeln!(
@@ -297,6 +348,13 @@ pub fn status_text(s: &proto::JobStatus) -> String {
         "no (switches wait for every rank's report)"
     };
     let _ = writeln!(out, "verified   {verified}");
+    if let Some(r) = &s.restarts {
+        let _ = writeln!(
+            out,
+            "restart    {}",
+            restarts_text(r, s.training_stop.as_ref())
+        );
+    }
     troubles_text(&mut out, s);
     recent_text(&mut out, &s.recent);
     out
@@ -339,7 +397,12 @@ fn troubles_text(out: &mut String, s: &proto::JobStatus) {
     // Ranks whose process or connection is gone, until they register again.
     for (i, l) in s.lost_ranks.iter().enumerate() {
         let label = if i == 0 { "lost" } else { "" };
-        let _ = writeln!(out, "{label:<10} rank {}: {}", l.rank, l.reason);
+        let how = match l.how.as_str() {
+            "unreachable" => " (unreachable: it may be training on)",
+            "ended" => " (ended)",
+            _ => "",
+        };
+        let _ = writeln!(out, "{label:<10} rank {}{how}: {}", l.rank, l.reason);
     }
 }
 
@@ -384,6 +447,15 @@ mod tests {
             stopping: vec![],
             not_back: vec![2, 5],
             waiting_for: "ranks 2, 5 are not back yet".into(),
+            then: "restart".into(),
+            restart: 1,
+            ..proto::TrainingStop::default()
+        });
+        s.restarts = Some(proto::Restarts {
+            done: 1,
+            max: Some(3),
+            cause: "rank 5 lost: its process ended (killed by SIGKILL)".into(),
+            owed: String::new(),
         });
         let text = status_text(&s);
         assert!(
@@ -392,6 +464,12 @@ mod tests {
         );
         assert!(
             text.contains("stop       the job was paused for 300s; ranks 2, 5 are not back yet"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "restart    1 of 3, under way (rank 5 lost: its process ended (killed by SIGKILL))"
+            ),
             "{text}"
         );
         let j = status_json(&s);

@@ -6,6 +6,7 @@ use super::proto;
 use crate::manager::ManagerStatus;
 use taskd_core::ledger::TrainingStop;
 use taskd_core::operation::{OperationReport, Trigger};
+use taskd_core::protocol::AfterStop;
 use taskd_core::summary::{PhasesMs, RankErrorSummary, TargetSummary};
 use taskd_core::verify::VerifyReport;
 use taskd_core::OperationSummary;
@@ -139,6 +140,7 @@ pub fn status(s: &ManagerStatus) -> proto::JobStatus {
             .map(|l| proto::LostRank {
                 rank: l.rank.0,
                 reason: l.reason.clone(),
+                how: l.how.as_str().into(),
             })
             .collect(),
         verified: s.verified,
@@ -156,6 +158,17 @@ pub fn status(s: &ManagerStatus) -> proto::JobStatus {
         training_stop: s.training_stop.as_ref().map(training_stop),
         last_training_stop: s.last_training_stop.as_ref().map(training_stop),
         journal_error: s.journal_error.clone().unwrap_or_default(),
+        restarts: (s.restarts.max.is_some() || s.restarts.done > 0).then(|| proto::Restarts {
+            done: s.restarts.done,
+            max: s.restarts.max,
+            cause: s
+                .restarts
+                .cause
+                .as_ref()
+                .map(|(c, _)| c.clone())
+                .unwrap_or_default(),
+            owed: s.restart_owed.clone().unwrap_or_default(),
+        }),
     }
 }
 
@@ -169,6 +182,25 @@ pub fn training_stop(t: &TrainingStop) -> proto::TrainingStop {
         stopping: t.stopping.iter().map(|r| r.0).collect(),
         not_back: t.not_back.iter().map(|r| r.0).collect(),
         waiting_for: t.waiting_for(),
+        then: match t.then {
+            AfterStop::Launcher => "launcher",
+            AfterStop::Restart { .. } => "restart",
+            AfterStop::End => "end",
+        }
+        .into(),
+        restart: match t.then {
+            AfterStop::Restart { number } => number,
+            _ => 0,
+        },
+        unreachable: t.unreachable.iter().map(|r| r.0).collect(),
+        old_back: t.old_back.iter().map(|r| r.0).collect(),
+        overdue: t.overdue,
+        trained_to: t.trained_to,
+        last_words: t.last_words.as_ref().map(|l| proto::LastWords {
+            taken: l.taken,
+            detail: l.detail.clone(),
+        }),
+        resume: t.resume_note().unwrap_or_default(),
     }
 }
 

@@ -125,6 +125,7 @@ impl Manager {
     /// follows the hold (says when it begins and ends) and re-arms both bounds' timers.
     pub(super) fn follow_bounds(&mut self, ctx: &mut Context<Self>) {
         self.maybe_restart(ctx);
+        self.take_last_words(ctx);
         match self.ledger.follow_hold(self.now()) {
             Some(HoldNews::Began { left }) => self.warn_operator_needed(left),
             Some(HoldNews::Ended) if self.ledger.state() == JobState::Running => {

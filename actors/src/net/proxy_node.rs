@@ -10,7 +10,7 @@ use super::server::{self, Admitted, Host, NetService, QueueDepth, Refusal, Regis
 use super::session::Delivery;
 use super::tls::TlsPem;
 use super::{pb, wire, NetConfig, NetError};
-use crate::proxy::{Proxy, WorkerConnected, WorkerDisconnected};
+use crate::proxy::{LauncherOrders, Proxy, WorkerConnected, WorkerDisconnected, WorkerExited};
 use crate::transport::{actor_link, hand_over, Link};
 use actix::prelude::*;
 use parking_lot::Mutex;
@@ -45,6 +45,9 @@ pub struct ProxyNodeConfig {
     /// The transport's knobs for both sides: the workers' server, and the connection to the
     /// manager (whose heartbeat settings the manager dictates, see [`NetConfig`]).
     pub net: NetConfig,
+    /// Where the node's launcher (taskd's agent) takes the manager's orders, when it does
+    /// ([`crate::proxy::LauncherOrder`]).
+    pub launcher: Option<LauncherOrders>,
 }
 
 impl ProxyNodeConfig {
@@ -68,6 +71,7 @@ impl ProxyNodeConfig {
             node_hal: Box::new(node_hal),
             tls: None,
             net: NetConfig::default(),
+            launcher: None,
         }
     }
 }
@@ -170,6 +174,7 @@ impl ProxyNode {
             node_rank: cfg.node_rank,
             ranks: cfg.ranks,
             node_hal: Mutex::new(Some(cfg.node_hal)),
+            launcher: Mutex::new(cfg.launcher),
             outbox,
         });
         let tls = cfg.tls.as_ref().map(|t| t.client_config(&cfg.manager));
@@ -185,6 +190,12 @@ impl ProxyNode {
             server: Some(server),
             client: Some(client),
         })
+    }
+
+    /// Where the node's launcher reports a worker's process that ended (see
+    /// [`WorkerExited`]), once the manager admitted the node.
+    pub fn exits(&self) -> Option<Recipient<WorkerExited>> {
+        self.shared.ready.get().map(|r| r.proxy.clone().recipient())
     }
 
     /// The address workers connect to.
@@ -303,6 +314,7 @@ struct Upstream {
     node_rank: Option<u32>,
     ranks: Vec<GlobalRank>,
     node_hal: Mutex<Option<NodeHalFactory>>,
+    launcher: Mutex<Option<LauncherOrders>>,
     outbox: Arc<Outbox<pb::up::Body>>,
 }
 
@@ -353,6 +365,9 @@ impl ClientHost for Upstream {
             let every = Duration::from_millis(ack.link_probe_ms);
             let devices = assignment.ranks.values().copied().collect();
             proxy = proxy.probe_links(every, ack.job_epoch_unix_ms, devices);
+        }
+        if let Some(orders) = self.launcher.lock().take() {
+            proxy = proxy.with_launcher(orders);
         }
         let proxy = proxy.start();
         tracing::info!(%node, ranks = assignment.ranks.len(), "proxy admitted by the manager");

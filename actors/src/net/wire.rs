@@ -399,7 +399,7 @@ pub(crate) fn rank_reply_to_pb(r: RankReply) -> pb::RankReply {
         }
         ReplyBody::Failed(e) => Body::Failed(rank_error_to_pb(e)),
         ReplyBody::Verified(w) => Body::Verified(worker_report_to_pb(w)),
-        ReplyBody::Stopped => Body::Stopped(pb::StoppedTraining {}),
+        ReplyBody::Stopped { at_step } => Body::Stopped(pb::StoppedTraining { at_step }),
     };
     pb::RankReply {
         rank: r.rank.0,
@@ -431,7 +431,7 @@ pub(crate) fn rank_reply_from_pb(r: pb::RankReply) -> Result<RankReply, WireErro
         },
         Body::Failed(e) => ReplyBody::Failed(rank_error_from_pb(e)?),
         Body::Verified(w) => ReplyBody::Verified(worker_report_from_pb(w)?),
-        Body::Stopped(_) => ReplyBody::Stopped,
+        Body::Stopped(s) => ReplyBody::Stopped { at_step: s.at_step },
     };
     Ok(RankReply {
         rank: GlobalRank(r.rank),
@@ -821,7 +821,8 @@ mod tests {
             ReplyBody::Resumed {
                 stalled: Duration::from_micros(1234),
             },
-            ReplyBody::Stopped,
+            ReplyBody::Stopped { at_step: None },
+            ReplyBody::Stopped { at_step: Some(271) },
             ReplyBody::Verified(WorkerReport {
                 groups: vec![GroupView {
                     group: "world".into(),

@@ -70,6 +70,8 @@ impl StopBy {
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StopPhase {
+    /// The last-words checkpoint is being taken; the stop goes out once it answered.
+    LastWords,
     /// Old processes have neither confirmed the stop nor died.
     Stopping,
     /// Every old process stopped; ranks whose new process has not registered yet.
@@ -82,6 +84,7 @@ impl StopPhase {
     /// The name in logs, `taskd status` and JSON.
     pub fn as_str(self) -> &'static str {
         match self {
+            StopPhase::LastWords => "last_words",
             StopPhase::Stopping => "stopping",
             StopPhase::Restarting => "restarting",
             StopPhase::Restarted => "restarted",
@@ -117,12 +120,61 @@ pub struct TrainingStop {
     /// Whether it passed its bound without every rank back.
     #[serde(default)]
     pub overdue: bool,
+    /// The last step any rank had finished when it stopped (from the ranks' answers).
+    #[serde(default)]
+    pub trained_to: Option<u64>,
+    /// The last-words checkpoint taken before the stop, when the manager has a host for one
+    /// (MindIO's dump): `None` without such a host or until it answered.
+    #[serde(default)]
+    pub last_words: Option<LastWords>,
+    /// The ranks whose process had died when the stop began (what the last-words host is
+    /// told: they cannot save).
+    #[serde(default)]
+    pub dead: BTreeSet<GlobalRank>,
+    /// The stop's directive while the last-words checkpoint is taken (it goes out after).
+    #[serde(skip)]
+    held_back: Option<Directive>,
+}
+
+/// What the last-words checkpoint before a stop came to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastWords {
+    /// Whether a checkpoint was taken.
+    pub taken: bool,
+    /// What the host said, one line (why not, when not).
+    pub detail: String,
+}
+
+impl TrainingStop {
+    /// Where training resumes and what was lost, in one line, once the ranks answered: with
+    /// a last-words checkpoint, after the last step any rank finished (the checkpoint is of
+    /// that step), nothing lost; without one, from the job's last periodic checkpoint.
+    pub fn resume_note(&self) -> Option<String> {
+        let lw = self.last_words.as_ref()?;
+        Some(match (lw.taken, self.trained_to) {
+            (true, Some(step)) => format!(
+                "last-words checkpoint taken ({}); training resumes after step {step}, the last step any rank finished: no step lost",
+                lw.detail
+            ),
+            (true, None) => format!("last-words checkpoint taken ({})", lw.detail),
+            (false, Some(step)) => format!(
+                "no last-words checkpoint ({}); training resumes from the job's last periodic checkpoint: the steps after it, up to step {step}, are lost",
+                lw.detail
+            ),
+            (false, None) => format!(
+                "no last-words checkpoint ({}); training resumes from the job's last periodic checkpoint",
+                lw.detail
+            ),
+        })
+    }
 }
 
 impl TrainingStop {
     /// Where it stands.
     pub fn phase(&self) -> StopPhase {
-        if !self.stopping.is_empty() {
+        if self.held_back.is_some() {
+            StopPhase::LastWords
+        } else if !self.stopping.is_empty() {
             StopPhase::Stopping
         } else if !self.not_back.is_empty() {
             StopPhase::Restarting
@@ -136,8 +188,13 @@ impl TrainingStop {
     /// yet.
     pub fn waiting_for(&self) -> String {
         let phase = self.phase();
-        if phase == StopPhase::Restarted {
-            return "every rank is back".to_owned();
+        match phase {
+            StopPhase::Restarted => return "every rank is back".to_owned(),
+            StopPhase::LastWords => {
+                return "the last-words checkpoint is being taken; the stop goes out once it is"
+                    .to_owned()
+            }
+            _ => {}
         }
         let waiting = match phase {
             StopPhase::Stopping => &self.stopping,
@@ -305,6 +362,25 @@ impl JobLedger {
             .map(|(r, _)| *r)
             .collect();
         let stopping = self.workers.keys().chain(&unreachable).copied().collect();
+        let dead = self
+            .lost
+            .iter()
+            .filter(|(_, l)| l.how == Gone::Died)
+            .map(|(r, _)| *r)
+            .collect();
+        let d = Directive {
+            op: id,
+            kind: DirectiveKind::StopTraining {
+                reason: reason.clone(),
+                then,
+                only: Vec::new(),
+            },
+        };
+        let (held_back, actions) = if self.last_words_host {
+            (Some(d), Vec::new())
+        } else {
+            (None, vec![Action::Broadcast(d)])
+        };
         self.stop = Some(TrainingStop {
             id,
             by,
@@ -316,19 +392,35 @@ impl JobLedger {
             unreachable,
             at: now,
             overdue: false,
+            trained_to: None,
+            last_words: None,
+            dead,
+            held_back,
         });
         self.state = JobState::NeedsRecovery;
         self.hold.reset();
         self.nics.doubt();
-        let d = Directive {
-            op: id,
-            kind: DirectiveKind::StopTraining {
-                reason,
-                then,
-                only: Vec::new(),
-            },
+        Ok(actions)
+    }
+
+    /// Takes a last-words checkpoint before every stop of training from now on
+    /// ([`StopPhase::LastWords`]): the stop's directive waits for
+    /// [`JobLedger::last_words_taken`].
+    pub fn set_last_words_host(&mut self, on: bool) {
+        self.last_words_host = on;
+    }
+
+    /// The last-words checkpoint before the stop under way came to `outcome`: the stop goes
+    /// out now (the actions). Nothing when no stop waits for one.
+    pub fn last_words_taken(&mut self, outcome: LastWords) -> Vec<Action> {
+        let Some(s) = self.stop.as_mut() else {
+            return Vec::new();
         };
-        Ok(vec![Action::Broadcast(d)])
+        let Some(d) = s.held_back.take() else {
+            return Vec::new();
+        };
+        s.last_words = Some(outcome);
+        vec![Action::Broadcast(d)]
     }
 
     /// The stop under way, if any.
@@ -381,8 +473,12 @@ impl JobLedger {
             return;
         };
         for r in &nr.replies {
-            if r.op == s.id && r.phase == Phase::Stop && r.body == ReplyBody::Stopped {
+            if r.op != s.id || r.phase != Phase::Stop {
+                continue;
+            }
+            if let ReplyBody::Stopped { at_step } = r.body {
                 s.stopping.remove(&r.rank);
+                s.trained_to = s.trained_to.max(at_step);
             }
         }
     }

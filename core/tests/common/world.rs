@@ -281,7 +281,7 @@ impl World {
             },
             DirectiveKind::Resume => ReplyBody::Resumed { stalled: secs(1) },
             DirectiveKind::Verify => panic!("a driven operation never verifies"),
-            DirectiveKind::StopTraining { .. } => ReplyBody::Stopped,
+            DirectiveKind::StopTraining { .. } => ReplyBody::Stopped { at_step: None },
         }
     }
 

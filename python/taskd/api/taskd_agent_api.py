@@ -21,10 +21,14 @@ under msrun ``MS_NODE_RANK``.
 
 A worker that fails ends the job on this node: the others are killed and the launcher ends
 with status 1 (msrun: ``start_taskd_agent`` exits the process; torchrun: it returns a failed
-``RunResult``). Restarts: with ``PROCESS_RECOVER=on`` every worker starts again, at most
-``$TASKD_AGENT_MAX_RESTARTS`` times (default 3); otherwise the launcher's own budget (msrun:
-none; torchrun: ``--max-restarts``). SIGINT or SIGTERM kills the workers and exits with 128 +
-the signal.
+``RunResult``). Restarts: with ``PROCESS_RECOVER=on`` the job's manager coordinates them
+(``taskd/python/framework/agent/coordinated.py``): one fault, one restart of every node
+together, within the manager's budget; the agent reports its workers' ends to the manager
+and follows its orders, and restarts on its own (at most ``$TASKD_AGENT_MAX_RESTARTS`` times,
+default 3) only when no order comes within ``$TASKD_AGENT_ORDER_WAIT_MS`` (default 600000).
+``TASKD_AGENT_COORDINATED=off`` makes each node restart on its own, as before. Without
+``PROCESS_RECOVER=on``, the launcher's own budget (msrun: none; torchrun: ``--max-restarts``).
+SIGINT or SIGTERM kills the workers and exits with 128 + the signal.
 """
 
 import importlib
@@ -37,6 +41,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 from taskd.api import taskd_proxy_api
 from taskd.python.framework import frameworks
 from taskd.python.framework.agent import AgentError, NodeAgent, child_pids, end_children
+from taskd.python.framework.agent.coordinated import ORDER_WAIT_S, Coordinator
 from taskd.python.framework.spec import Framework
 from taskd.python.utils.convention import returns_bool
 from taskd.python.utils.log import get_logger
@@ -119,8 +124,9 @@ def register_func(operator: str, func: Callable[..., Any]) -> bool:
     return True
 
 
-def _prepare(log: logging.Logger) -> Tuple[NodeAgent, Any]:
-    """The launcher and the agent over it, the proxy started: ``(agent, launcher)``."""
+def _prepare(log: logging.Logger) -> Tuple[NodeAgent, Any, Optional[Coordinator]]:
+    """The launcher and the agent over it, the proxy started: ``(agent, launcher,
+    coordinator)`` (``None`` when each node restarts on its own)."""
     if _framework is None:
         raise RuntimeError("init_taskd_agent has not succeeded")
     adapter = _adapter(_framework)
@@ -146,8 +152,21 @@ def _prepare(log: logging.Logger) -> Tuple[NodeAgent, Any]:
             raise AgentError("the manager's host is unknown: set $%s" % adapter.MANAGER_HOST)
         _start_proxy(host, node_rank)
     os.environ["TASKD_PROXY"] = taskd_proxy_api.listening_addr()
+    coordinator = None
+    if recover and _env("TASKD_AGENT_COORDINATED", "on").lower() != "off":
+        wait_s = _env_count("TASKD_AGENT_ORDER_WAIT_MS", int(ORDER_WAIT_S * 1000)) / 1000.0
+        coordinator = Coordinator(taskd_proxy_api.next_order, taskd_proxy_api.worker_exited,
+                                  log, restarts, wait_s)
+        budget = ("restarts coordinated by the job's manager (on its own, up to %d when no "
+                  "order comes within %.0f s)" % (restarts, wait_s))
     log.info("taskd agent: node rank %d, proxy %s, %s", node_rank, os.environ["TASKD_PROXY"], budget)
-    return NodeAgent(launcher, log, restarts, interval, no_restart=no_restart), launcher
+    if coordinator is None:
+        return NodeAgent(launcher, log, restarts, interval, no_restart=no_restart), launcher, None
+    agent = NodeAgent(launcher, log, restarts, interval, policy=coordinator.policy,
+                      no_restart=no_restart, observer=coordinator.observe)
+    coordinator.attach(agent)
+    coordinator.start()
+    return agent, launcher, coordinator
 
 
 def start_taskd_agent() -> Any:
@@ -159,7 +178,7 @@ def start_taskd_agent() -> Any:
     process exits with status 1."""
     log = get_logger()
     try:
-        agent, launcher = _prepare(log)
+        agent, launcher, coordinator = _prepare(log)
     except Exception as e:
         log.error("start_taskd_agent failed: %s", e)
         if not _functions:
@@ -177,6 +196,8 @@ def start_taskd_agent() -> Any:
         except Exception as e2:
             log.error("taskd agent: the workers could not be stopped: %s", e2)
     finally:
+        if coordinator is not None:
+            coordinator.close()
         agent.reap_others(outcome is not None and outcome.code == 0)
         if taskd_proxy_api.running():
             taskd_proxy_api.destroy_taskd_proxy()

@@ -10,7 +10,7 @@ launcher's ``--node_rank`` option, else ``"0"``); also every flag of
 import os
 import sys
 import threading
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from taskd.python.cython_api import cython_api
 from taskd.python.utils.convention import returns_bool
@@ -115,6 +115,26 @@ def running() -> bool:
     """Whether a proxy runs in this process."""
     with _lock:
         return _proxy is not None
+
+
+def _running_proxy() -> Any:
+    with _lock:
+        if _proxy is None:
+            raise RuntimeError("no proxy runs")
+        return _proxy
+
+
+def next_order(timeout_s: float) -> Optional[Dict[str, Any]]:
+    """The manager's next order for this node's launcher (``{"order": "restart", "number": N,
+    "reason": ...}`` or ``{"order": "end", "reason": ...}``), or ``None`` when none came within
+    ``timeout_s``. ``RuntimeError`` when no proxy runs; ``TaskdError`` once it stopped."""
+    return _running_proxy().next_order(int(timeout_s * 1000))
+
+
+def worker_exited(rank: int, status: str, clean: bool, generation: int) -> None:
+    """Tells the manager, through this node's proxy, that the process of ``rank`` ended
+    (``clean``: with status 0), started for restart ``generation`` of the job."""
+    _running_proxy().worker_exited(rank, status, clean, generation)
 
 
 def listening_addr(timeout_s: float = 60.0) -> str:

@@ -27,6 +27,10 @@ SCENARIOS = {
     "bounded": dict(codes={0: [exits(3)], 1: [RUN]}),
     "sigterm": dict(codes={0: [RUN], 1: [RUN]}, on_start=terminate_me),
     "scheduler": dict(codes={0: [exits(0)], 1: [exits(0)]}),
+    # Two nodes of one job whose manager coordinates restarts: node 1's first worker fails,
+    # node 0's run until the manager's restart; the second incarnation ends cleanly.
+    "coordinated-node-0": dict(codes={0: [RUN, exits(0)], 1: [RUN, exits(0)]}),
+    "coordinated-node-1": dict(codes={0: [exits(3), exits(0)], 1: [RUN, exits(0)]}, node_rank=1),
 }
 
 

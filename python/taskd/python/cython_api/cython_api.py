@@ -40,6 +40,19 @@ SWITCH_FN = ctypes.CFUNCTYPE(
     ctypes.c_size_t,
 )
 
+#: ``bool (*)(const uint32_t *dead, size_t n, uint64_t timeout_ms, void *user, char *detail,
+#: size_t detail_len)``: the manager's last-words host, called on a thread of the library's own
+#: before every stop of training (``taskd_manager_set_last_words``).
+LAST_WORDS_FN = ctypes.CFUNCTYPE(
+    ctypes.c_bool,
+    ctypes.POINTER(ctypes.c_uint32),
+    ctypes.c_size_t,
+    ctypes.c_uint64,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+)
+
 _P = ctypes.c_void_p
 _S = ctypes.c_char_p
 _I = ctypes.c_int32
@@ -52,11 +65,15 @@ _PROTOTYPES = {
     "taskd_manager_addr": (_I, [_P, ctypes.c_int32, _S, ctypes.c_size_t]),
     "taskd_manager_wait_ready": (_I, [_P, ctypes.c_uint64]),
     "taskd_manager_wait": (_I, [_P, ctypes.c_uint64, _S, ctypes.c_size_t]),
+    "taskd_manager_set_last_words": (_I, [_P, LAST_WORDS_FN, _P, ctypes.c_uint64]),
+    "taskd_manager_report_fault": (_I, [_P, ctypes.c_uint32, _S]),
     "taskd_manager_stop": (_I, [_P]),
     "taskd_manager_free": (None, [_P]),
     "taskd_proxy_start": (_I, [_S, _PP]),
     "taskd_proxy_addr": (_I, [_P, _S, ctypes.c_size_t]),
     "taskd_proxy_wait_registered": (_I, [_P, ctypes.c_uint64, _S, ctypes.c_size_t]),
+    "taskd_proxy_next_order": (_I, [_P, ctypes.c_uint64, _S, ctypes.c_size_t]),
+    "taskd_proxy_worker_exited": (_I, [_P, ctypes.c_uint32, _S, ctypes.c_bool, ctypes.c_uint32]),
     "taskd_proxy_stop": (_I, [_P]),
     "taskd_proxy_free": (None, [_P]),
     "taskd_worker_start": (_I, [_S, SWITCH_FN, _P, _PP]),
@@ -159,6 +176,27 @@ class Manager:
         """Until the manager stopped; why."""
         return _text(lib().taskd_manager_wait, self._h, timeout_ms)
 
+    def set_last_words(self, last_words, timeout_ms):
+        """Asks ``last_words(dead_ranks, timeout_s) -> (taken, detail)`` for a last-words
+        checkpoint before every stop of training (on a thread of the library's own; an
+        exception is a checkpoint not taken, with its message)."""
+
+        def call(dead, n, timeout, _user, detail, detail_len):
+            try:
+                taken, why = last_words([dead[i] for i in range(n)], timeout / 1000.0)
+            except Exception as e:  # a host's failure must not cross into the library
+                taken, why = False, "the last-words host failed: %s" % e
+            raw = str(why).encode("utf-8", "replace")[: max(0, detail_len - 1)]
+            ctypes.memmove(detail, raw + b"\0", len(raw) + 1)
+            return bool(taken)
+
+        self._last_words = LAST_WORDS_FN(call)  # kept alive while the library may call it
+        _check(lib().taskd_manager_set_last_words(self._h, self._last_words, None, timeout_ms))
+
+    def report_fault(self, rank, why):
+        """The process of ``rank`` died, as something outside taskd's transport saw it."""
+        _check(lib().taskd_manager_report_fault(self._h, rank, why.encode()))
+
     def stop(self):
         _check(lib().taskd_manager_stop(self._h))
 
@@ -181,6 +219,22 @@ class Proxy:
     def wait_registered(self, timeout_ms=FOREVER):
         """The node's name once the manager admitted the proxy."""
         return _text(lib().taskd_proxy_wait_registered, self._h, timeout_ms)
+
+    def next_order(self, timeout_ms):
+        """The manager's next order for the node's launcher as a dict (``{"order": "restart",
+        "number": N, "reason": ...}`` or ``{"order": "end", "reason": ...}``), or ``None`` when
+        none came within ``timeout_ms``."""
+        buf = ctypes.create_string_buffer(4096)
+        code = lib().taskd_proxy_next_order(self._h, timeout_ms, buf, len(buf))
+        if code == TASKD_ERR_TIMEOUT:
+            return None
+        _check(code)
+        return json.loads(buf.value.decode())
+
+    def worker_exited(self, rank, status, clean, generation):
+        """The launcher saw the process of ``rank`` end (``status`` for people; ``clean``: exit
+        status 0), started for restart ``generation`` of the job."""
+        _check(lib().taskd_proxy_worker_exited(self._h, rank, status.encode(), clean, generation))
 
     def stop(self):
         _check(lib().taskd_proxy_stop(self._h))

@@ -6,13 +6,16 @@ each one is (:class:`WorkerStatus`, a typed :class:`WorkerState`), and give the 
 The agent decides the rest, the same way under every launcher:
 
 - every worker ended with status 0: the job is over on this node (:class:`Outcome` 0);
-- a worker failed, vanished, or could not be started: the others are stopped, and the
-  :data:`FailurePolicy` says whether to start every worker again (a new incarnation,
-  ``TASKD_RESTART_COUNT`` one more), to give up (``Outcome`` 1), or to wait for a restart
-  decided elsewhere;
+- a worker failed, vanished, or could not be started: the :data:`FailurePolicy` says whether
+  to start every worker again (a new incarnation, ``TASKD_RESTART_COUNT`` one more; the others
+  are stopped first), to give up (``Outcome`` 1, the others stopped), or to wait for a restart
+  decided elsewhere (the others go on running until it comes: the job's manager may first take
+  a last-words checkpoint from them);
 - SIGINT or SIGTERM (main thread only): every worker is stopped, ``Outcome`` 128 + the signal;
 - :meth:`NodeAgent.restart` (any thread, or the loop itself): every worker is stopped and
-  started again at the loop's next turn, whatever the budget (whoever asked owns that policy);
+  started again at the loop's next turn, whatever the budget (whoever asked owns that policy),
+  as the incarnation it names (the job's restart number, when the manager decided);
+  :meth:`NodeAgent.end`: every worker is stopped and the job ends here (``Outcome`` 1);
 - after every stop, the agent waits until the stopped workers' processes have ended (pidfds,
   at most :data:`KILL_WAIT_S`): the launchers only send the signal, and a new worker must
   find its predecessor's ports free.
@@ -128,9 +131,13 @@ class Decision(enum.Enum):
     WAIT = "wait for a restart decided elsewhere"
 
 
-#: ``policy(lost, restarts_done) -> Decision``: asked once per failure, after the node's
-#: other workers were stopped (``WAIT``: they stay stopped until :meth:`NodeAgent.restart`).
+#: ``policy(lost, restarts_done) -> Decision``: asked once per failure (``WAIT``: the node's
+#: other workers go on until :meth:`NodeAgent.restart` or :meth:`NodeAgent.end`).
 FailurePolicy = Callable[[List[WorkerStatus], int], Decision]
+
+#: ``observer(statuses, incarnation)``: every worker as the launcher just saw it, after every
+#: look (a coordinator reports the workers that ended to the job's manager).
+Observer = Callable[[List[WorkerStatus], int], None]
 
 
 def local_budget(max_restarts: int) -> FailurePolicy:
@@ -215,13 +222,14 @@ class NodeAgent:
 
     def __init__(self, launcher: Launcher, log: logging.Logger, max_restarts: int = 0,
                  monitor_interval_s: float = 1.0, policy: Optional[FailurePolicy] = None,
-                 no_restart: str = "no restart is allowed"):
+                 no_restart: str = "no restart is allowed", observer: Optional[Observer] = None):
         self.launcher = launcher
         self.log = log
         self.max_restarts = max_restarts
         self.interval = monitor_interval_s
         self.policy = policy or local_budget(max_restarts)
         self.no_restart = no_restart
+        self.observer = observer
         self.restarts = 0  # restarts the failure policy decided
         self.incarnation = 0  # every start after the first, whoever decided it
         self.worker_pids: Set[int] = set()  # every worker's process so far
@@ -231,20 +239,30 @@ class NodeAgent:
         self._wake = threading.Event()
         self._stop_signal: Optional[int] = None
         self._restart_reason: Optional[Tuple[str, bool]] = None  # why, and whether logged
+        self._restart_as: Optional[int] = None  # the incarnation a restart asked for names
+        self._end_reason: Optional[str] = None
         self._saved_handlers: Dict[int, Any] = {}
 
     # -- from other threads (and signal handlers) --
 
-    def restart(self, reason: str) -> None:
+    def restart(self, reason: str, incarnation: Optional[int] = None) -> None:
         """Asks for every worker of the node to be stopped and started again, as one new
-        incarnation, at the loop's next turn (callable from any thread, or from the loop's
-        policy). It does not count against ``max_restarts``."""
-        self._ask_restart(reason, logged=False)
+        incarnation (``incarnation``, when whoever decided numbers them: the job's restart
+        count; else one more), at the loop's next turn (callable from any thread, or from the
+        loop's policy). It does not count against ``max_restarts``."""
+        self._ask_restart(reason, logged=False, incarnation=incarnation)
 
-    def _ask_restart(self, reason: str, logged: bool) -> None:
+    def end(self, reason: str) -> None:
+        """Ends the job on this node (callable from any thread): every worker is stopped,
+        ``Outcome`` 1 with ``reason``."""
+        self._end_reason = reason
+        self._wake.set()
+
+    def _ask_restart(self, reason: str, logged: bool, incarnation: Optional[int] = None) -> None:
         with self._lock:
             if self._restart_reason is None:
                 self._restart_reason = (reason, logged)
+                self._restart_as = incarnation
         self._wake.set()
 
     def request_stop(self, signum: int) -> None:
@@ -292,6 +310,8 @@ class NodeAgent:
     def _monitor(self) -> List[WorkerStatus]:
         self.current = list(self.launcher.monitor())
         self.worker_pids.update(s.pid for s in self.current if isinstance(s.pid, int))
+        if self.observer is not None:
+            self.observer(self.current, self.incarnation)
         return self.current
 
     def _loop(self) -> Outcome:
@@ -303,13 +323,17 @@ class NodeAgent:
         while True:
             if self._stop_signal is not None:
                 return self._stopped()
+            if self._end_reason is not None:
+                self._stop_all()
+                self.log.error("taskd agent: %s: every worker was killed", self._end_reason)
+                return Outcome(1, self._end_reason, self.current)
             asked = self._take_restart()
             if asked is not None:
-                reason, logged = asked
+                reason, logged, number = asked
                 if not logged:
                     self.log.warning("taskd agent: %s: restarting every worker of this node", reason)
                 self._stop_all()
-                self.incarnation += 1
+                self.incarnation = self.incarnation + 1 if number is None else number
                 waiting = False
                 self._start_all()
                 statuses = self._monitor()
@@ -334,10 +358,11 @@ class NodeAgent:
             if not waiting and self._stop_signal is None and self._restart_reason is None:
                 statuses = self._monitor()
 
-    def _take_restart(self) -> Optional[Tuple[str, bool]]:
+    def _take_restart(self) -> Optional[Tuple[str, bool, Optional[int]]]:
         with self._lock:
-            reason, self._restart_reason = self._restart_reason, None
-        return reason
+            asked, self._restart_reason = self._restart_reason, None
+            number, self._restart_as = self._restart_as, None
+        return None if asked is None else (asked[0], asked[1], number)
 
     def _stopped(self) -> Outcome:
         self._stop_all()
@@ -348,18 +373,18 @@ class NodeAgent:
         """Lost ranks: ``None`` when the loop goes on (a restart asked for, or a wait), else
         the job's outcome."""
         names = ", ".join(s.describe() for s in sorted(lost, key=lambda s: s.global_rank))
-        self._stop_all()
         decision = self.policy(lost, self.restarts)
+        if decision is Decision.WAIT:
+            self.log.error("taskd agent: lost %s: the other workers go on until the job's restart "
+                           "is ordered", names)
+            return None
+        self._stop_all()
         if decision is Decision.GIVE_UP:
             left = ("no restart left (%d done)" % self.restarts if self.max_restarts
                     else self.no_restart)
             why = "lost %s; %s" % (names, left)
             self.log.error("taskd agent: %s: every other worker was killed", why)
             return Outcome(1, why, lost)
-        if decision is Decision.WAIT:
-            self.log.error("taskd agent: lost %s: every other worker was killed; waiting for a "
-                           "restart of the job", names)
-            return None
         self.restarts += 1
         self.log.error("taskd agent: lost %s: restarting every worker of this node (restart %d of %d)",
                        names, self.restarts, self.max_restarts)

@@ -757,6 +757,10 @@ pub struct ManagerStatus {
     /// ends first).
     #[serde(default)]
     pub restart_owed: Option<String>,
+    /// While the job is held: for how long, and when the hold policy stops training (`None`:
+    /// it waits for an operator, or for the recovery in flight).
+    #[serde(default)]
+    pub hold: Option<(Duration, Option<Duration>)>,
     /// Why the journal (`--state-dir`) cannot be written now; `None` while it can. While it
     /// cannot, nothing new is admitted ([`SubmitError::JournalFailing`]).
     #[serde(default)]
@@ -814,6 +818,11 @@ impl Handler<GetStatus> for Manager {
                 .collect(),
             restarts: l.restarts().clone(),
             restart_owed: l.restart_owed().map(str::to_owned),
+            hold: l.held_since().filter(|_| l.is_held()).map(|since| {
+                let now = self.now();
+                let stops_in = l.hold_deadline().map(|d| d.saturating_sub(now));
+                (now.saturating_sub(since), stops_in)
+            }),
         })
     }
 }

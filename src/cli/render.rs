@@ -174,6 +174,9 @@ pub fn status_json(s: &proto::JobStatus) -> Value {
         "training_stop": s.training_stop.as_ref().map(training_stop_json),
         "last_training_stop": s.last_training_stop.as_ref().map(training_stop_json),
         "journal_error": (!s.journal_error.is_empty()).then_some(&s.journal_error),
+        "hold": s.hold.as_ref().map(|h| json!({
+            "held_ms": h.held_ms, "stops_in_ms": h.stops_in_ms,
+        })),
         "restarts": s.restarts.as_ref().map(|r| json!({
             "done": r.done,
             "max": r.max,
@@ -354,6 +357,20 @@ pub fn status_text(s: &proto::JobStatus) -> String {
             "restart    {}",
             restarts_text(r, s.training_stop.as_ref())
         );
+    }
+    if let Some(h) = &s.hold {
+        let held = std::time::Duration::from_millis(h.held_ms);
+        let _ = match h.stops_in_ms {
+            Some(ms) => writeln!(
+                out,
+                "held       for {held:.1?}; training stops by itself in {:.1?} (the hold policy) unless an operator recovers the job",
+                std::time::Duration::from_millis(ms)
+            ),
+            None => writeln!(
+                out,
+                "held       for {held:.1?}; waiting for an operator (or for the recovery in flight)"
+            ),
+        };
     }
     troubles_text(&mut out, s);
     recent_text(&mut out, &s.recent);

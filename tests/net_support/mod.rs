@@ -163,6 +163,16 @@ impl Proc {
         }
     }
 
+    /// Whether it still runs, as far as can be seen now.
+    pub(crate) fn running(&mut self) -> bool {
+        if self.exited.is_none() {
+            if let Ok(s) = self.exit.try_recv() {
+                self.exited = Some(s);
+            }
+        }
+        self.exited.is_none()
+    }
+
     /// Waits for the process to exit.
     pub(crate) fn wait_exit(&mut self) -> ExitStatus {
         if let Some(s) = self.exited {
@@ -296,6 +306,16 @@ impl Cluster {
     /// Starts the manager, then every proxy, then every worker, and waits until every worker
     /// is registered.
     pub(crate) fn start(scratch: &Scratch, spec: ClusterSpec<'_>) -> Cluster {
+        Cluster::start_via(scratch, spec, &|_, manager| manager.to_owned())
+    }
+
+    /// [`Cluster::start`], node `k`'s proxy reaching the manager at `via(k, manager_addr)`
+    /// (a fault relay in front of it, say).
+    pub(crate) fn start_via(
+        scratch: &Scratch,
+        spec: ClusterSpec<'_>,
+        via: &dyn Fn(u32, &str) -> String,
+    ) -> Cluster {
         let (manager, manager_addr, control_addr) = spawn_manager(scratch, &spec);
         let mut proxies = Vec::new();
         let mut proxy_addrs = Vec::new();
@@ -307,7 +327,7 @@ impl Cluster {
                 "--node-rank",
                 &k.to_string(),
                 "--manager",
-                &manager_addr,
+                &via(k, &manager_addr),
                 "--listen",
                 "127.0.0.1:0",
                 "--sim",
@@ -418,6 +438,26 @@ impl Cluster {
             self.workers[r as usize] = Some(again);
         }
         self.wait_registered()
+    }
+
+    /// Asks for the job's status until `done` holds (at most [`PATIENCE`], asking more and
+    /// more slowly) and returns that status; fails the test naming `what` otherwise.
+    pub(crate) fn wait_status(
+        &mut self,
+        what: &str,
+        done: impl Fn(&JobStatus) -> bool,
+    ) -> JobStatus {
+        let deadline = Instant::now() + PATIENCE;
+        let mut pause = Duration::from_millis(10);
+        loop {
+            let st = self.status(0);
+            if done(&st) {
+                return st;
+            }
+            assert!(Instant::now() < deadline, "{what} never came: {st:#?}");
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(200));
+        }
     }
 
     /// Waits until every worker is registered.

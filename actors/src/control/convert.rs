@@ -169,7 +169,15 @@ pub fn status(s: &ManagerStatus) -> proto::JobStatus {
                 .unwrap_or_default(),
             owed: s.restart_owed.clone().unwrap_or_default(),
         }),
+        hold: s.hold.map(|(held, stops_in)| proto::Hold {
+            held_ms: ms(held),
+            stops_in_ms: stops_in.map(ms),
+        }),
     }
+}
+
+fn ms(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A stop of training for the wire.

@@ -51,6 +51,14 @@ class Proc:
             if text in line:
                 return line
 
+    def wait_seen(self, text):
+        """The first line containing ``text``, read already or still to come (the lines of
+        several processes come in no fixed order)."""
+        for line in self.seen:
+            if text in line:
+                return line
+        return self.wait_line(text)
+
     def wait_count(self, text, n):
         """Until ``text`` came ``n`` times (two processes' lines may come joined in one); the
         lines it came in."""
@@ -80,10 +88,11 @@ class Proc:
         return self.p.wait(WAIT), out
 
 
-def start_manager(args, env, procs):
-    """The job's manager (``manager_1x2.py``: one node of two ranks) on free ports, listed in
-    ``procs``; the manager, the port its proxies connect to and its control API address."""
-    manager = Proc("manager", [args.python, os.path.join(HERE, "manager_1x2.py")],
+def start_manager(args, env, procs, script="manager_1x2.py"):
+    """The job's manager (``script``: ``manager_1x2.py``, one node of two ranks) on free ports,
+    listed in ``procs``; the manager, the port its proxies connect to and its control API
+    address."""
+    manager = Proc("manager", [args.python, os.path.join(HERE, script)],
                    dict(env, TASKD_MANAGER_LISTEN="127.0.0.1:0", TASKD_CONTROL_ADDR="127.0.0.1:0",
                         RUST_LOG="info"))
     procs.append(manager)
@@ -167,14 +176,14 @@ def switch_there_and_back(args, control, manager, job):
 THERE_AND_BACK = [([0, 1], [True, True]), ([0, 1], [False, False])]
 
 
-def check_ranks(out_dir, pairs):
-    """The two ranks' reports (``rank-N.json`` in ``out_dir``), checked against ``pairs``
+def check_ranks(out_dir, pairs, ranks=(0, 1)):
+    """The ranks' reports (``rank-N.json`` in ``out_dir``), checked against ``pairs``
     switches there and back: every call with the whole target list, training after the last
-    one, both held after the same steps (every group agrees on its NIC configuration), the
-    same parameters. Returns the reports, the steps they were held after, and the slower
+    one, all held after the same steps (every group agrees on its NIC configuration), the
+    same parameters. Returns the reports, the steps they were held after, and the slowest
     rank's mean step in milliseconds."""
     reports = []
-    for r in (0, 1):
+    for r in ranks:
         with open(os.path.join(out_dir, "rank-%d.json" % r)) as f:
             reports.append(json.load(f))
     for r, rep in enumerate(reports):
@@ -182,8 +191,9 @@ def check_ranks(out_dir, pairs):
         assert got == THERE_AND_BACK * pairs, "rank %d: %s" % (r, got)
         assert rep["steps"] > rep["calls"][-1]["step"], "rank %d did not train after the last switch" % r
     held = [[c["step"] for c in rep["calls"]] for rep in reports]
-    assert held[0] == held[1], "the ranks were held after different steps: %s" % held
-    assert reports[0]["params"] == reports[1]["params"], "the ranks' parameters differ"
+    assert all(h == held[0] for h in held), "the ranks were held after different steps: %s" % held
+    assert all(rep["params"] == reports[0]["params"] for rep in reports), \
+        "the ranks' parameters differ"
     step_ms = max(1000 * rep["seconds"] / max(1, rep["steps"] - 1) for rep in reports)
     return reports, held[0], step_ms
 

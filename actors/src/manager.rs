@@ -548,6 +548,9 @@ impl Handler<Deliver<ProxyToManager>> for Manager {
                 self.run(actions, ctx);
                 self.maybe_verify(ctx);
                 self.follow_bounds(ctx);
+                if self.ledger.all_ended() {
+                    tracing::info!("training ended on every rank: every process ended cleanly");
+                }
             }
             ProxyToManager::Reply(nr) => {
                 self.observer.received("node_reply");

@@ -56,7 +56,8 @@ pub fn manager_args(json: &str) -> Result<ManagerArgs, CapiError> {
         ("listen", TASKD_MANAGER_LISTEN),
     ] {
         if !map.contains_key(key) {
-            if let Some(v) = config::env_value(var) {
+            // `off`: not served (the control API's switch in a host's environment).
+            if let Some(v) = config::env_value(var).filter(|v| !v.eq_ignore_ascii_case("off")) {
                 map.insert(key.to_owned(), Value::String(v));
             }
         }

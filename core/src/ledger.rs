@@ -642,6 +642,14 @@ impl JobLedger {
         self.lost.iter().map(|(rank, l)| (*rank, l))
     }
 
+    /// Whether training ended on every rank: no process registered, and every rank's last
+    /// one ended cleanly.
+    pub fn all_ended(&self) -> bool {
+        self.workers.is_empty()
+            && self.lost.len() == self.table.world_size()
+            && self.lost.values().all(|l| l.how == Gone::Ended)
+    }
+
     /// Ranks using their backup NIC, ascending.
     pub fn ranks_on_backup(&self) -> impl Iterator<Item = GlobalRank> + '_ {
         self.nics.table().ranks_on_backup()

@@ -375,6 +375,19 @@ fn with_a_last_words_host_the_stop_goes_out_after_its_checkpoint() {
 }
 
 #[test]
+fn processes_that_end_cleanly_hold_nothing_and_end_the_job() {
+    let mut j = Job::running();
+    j.l.set_process_recovery(Some(ProcessRecovery { max_restarts: 1 }));
+    for r in 0..WORLD {
+        assert!(!j.l.all_ended());
+        j.lose(r, LostRank::ended("its process ended (succeeded)"));
+        assert_eq!(j.l.state(), JobState::Running);
+        assert!(!j.l.is_held() && !j.l.restart_due());
+    }
+    assert!(j.l.all_ended());
+}
+
+#[test]
 fn a_report_about_an_older_process_of_the_rank_changes_nothing() {
     let mut j = Job::running();
     let old = j.alive[1].unwrap();

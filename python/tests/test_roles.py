@@ -5,6 +5,7 @@ or a ``destroy_taskd_proxy`` ends it with False; the MindSpore agent starts the 
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -68,6 +69,48 @@ class ManagerProcess(support.TaskdTestCase):
 
     def test_sigint_ends_it_the_same_way(self):
         self.run_manager_until(signal.SIGINT)
+
+    def manager_log(self, **env):
+        """The log of the seed's manager started with ``env`` (no control address given) and
+        stopped with SIGTERM once it listens."""
+        with tempfile.TemporaryDirectory() as tmp:
+            full = dict(os.environ, TASKD_MANAGER_LISTEN="127.0.0.1:0", TASKD_LOG_PATH=tmp,
+                        TASKD_STD_LOG_LEVEL="INFO", PYTHONPATH=PYTHON_DIR, **env)
+            if "TASKD_CONTROL_ADDR" not in env:
+                full.pop("TASKD_CONTROL_ADDR", None)
+            p = subprocess.Popen([sys.executable, "-c", MANAGER], env=full,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            q = queue.Queue()
+            threading.Thread(target=lines, args=(p.stderr, q), daemon=True).start()
+            seen = []
+            while True:
+                line = q.get(timeout=WAIT)
+                if line is None:
+                    self.assertEqual(p.wait(WAIT), 0, "".join(seen))
+                    return "".join(seen)
+                seen.append(line)
+                if "taskd manager listening on 127.0.0.1:" in line:
+                    p.send_signal(signal.SIGTERM)
+
+    def test_the_control_api_is_on_loopback_by_default_on_a_free_port_if_that_one_is_taken(self):
+        from taskd.api.taskd_manager_api import DEFAULT_CONTROL_ADDR
+
+        host, port = DEFAULT_CONTROL_ADDR.rsplit(":", 1)
+        busy = socket.socket()
+        try:
+            busy.bind((host, int(port)))
+            busy.listen()
+        except OSError:
+            pass  # taken already: the same case
+        with busy:
+            log = self.manager_log()
+        self.assertIn("the default control port (%s) is taken" % DEFAULT_CONTROL_ADDR, log)
+        self.assertRegex(log, r"taskd manager control API on 127\.0\.0\.1:\d+")
+        self.assertNotIn("control API on %s" % DEFAULT_CONTROL_ADDR, log)
+
+    def test_off_serves_no_control_api(self):
+        log = self.manager_log(TASKD_CONTROL_ADDR="off")
+        self.assertNotIn("control API on", log)
 
 
 class Proxy(support.TaskdTestCase):

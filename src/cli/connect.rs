@@ -7,11 +7,17 @@ use taskd_actors::control::{ClientError, ControlClient};
 use taskd_actors::net::{PemIdentity, TlsPem};
 pub use taskd_roles::manager::control_token;
 
+/// The control address the Python package's manager (`start_taskd_manager()`) serves by
+/// default, on loopback.
+pub const DEFAULT_CONTROL_ADDR: &str = "127.0.0.1:9603";
+
 /// Where the control API is and how to authenticate.
 #[derive(Args, Clone, Debug)]
 pub struct ConnectArgs {
-    /// The manager's control address, HOST:PORT.
-    #[arg(long, value_name = "HOST:PORT", value_parser = super::flags::host_port)]
+    /// The manager's control address, HOST:PORT (default: where the Python package's manager
+    /// serves it on its own host).
+    #[arg(long, value_name = "HOST:PORT", value_parser = super::flags::host_port,
+          default_value = DEFAULT_CONTROL_ADDR)]
     pub addr: String,
     /// File holding the bearer token (or set TASKD_CONTROL_TOKEN).
     #[arg(long, value_name = "FILE")]

@@ -6,6 +6,11 @@ The configuration's keys are the reference's (``job_id``, ``node_nums``, ``proc_
 and every flag of ``taskd manager`` with underscores (``listen``, ``control_addr``,
 ``metrics_addr``, ``rank_table``, ``switch_timeout_ms``, ...). ``$TASKD_CONTROL_ADDR`` and
 ``$TASKD_MANAGER_LISTEN`` give ``control_addr`` and ``listen`` when the keys are absent.
+
+The operators' control API is served on loopback by default, at :data:`DEFAULT_CONTROL_ADDR`
+(what ``taskd status``, ``switch`` and ``recover`` reach without ``--addr`` on the manager's
+host), or on a free loopback port when that one is taken (the log says which);
+``TASKD_CONTROL_ADDR=off`` (or ``"control_addr": "off"``) serves none.
 """
 
 import os
@@ -18,6 +23,21 @@ from taskd.python.utils.log import get_logger
 
 _config = None
 _SIGNALS = [s for s in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, s)]
+#: where the control API is served when nothing says otherwise (the CLI's default ``--addr``)
+DEFAULT_CONTROL_ADDR = "127.0.0.1:9603"
+
+
+def _with_control(cfg):
+    """The control API's address: the key, ``$TASKD_CONTROL_ADDR``, else loopback; ``off``:
+    none. Whether it is the default (a taken port then falls back to a free one)."""
+    given = cfg.get("control_addr", os.environ.get("TASKD_CONTROL_ADDR", "").strip() or None)
+    if isinstance(given, str) and given.strip().lower() == "off":
+        cfg.pop("control_addr", None)
+        return False
+    if given is None:
+        cfg["control_addr"] = DEFAULT_CONTROL_ADDR
+        return True
+    return False
 
 
 def _with_reference_env(config):
@@ -36,7 +56,8 @@ def init_taskd_manager(config):
     if not isinstance(config, dict):
         raise TypeError("config must be a dict, got %s" % type(config).__name__)
     cfg = _with_reference_env(config)
-    cython_api.check_config("manager", cfg)
+    cfg["_default_control"] = _with_control(cfg)
+    cython_api.check_config("manager", _native(cfg))
     _config = cfg
     get_logger().info(
         "taskd manager initialised for job %s", cfg.get("job_id") or "$MINDX_TASK_ID"
@@ -63,6 +84,23 @@ class _PythonSignals:
                 signal.signal(sig, handler)
 
 
+def _native(cfg):
+    """The configuration the native library reads (without this module's own keys)."""
+    return {k: v for k, v in cfg.items() if not k.startswith("_")}
+
+
+def _start(cfg, log):
+    """The native manager; on the default control port, a free loopback one if it is taken."""
+    try:
+        return cython_api.Manager(_native(cfg), signals=True)
+    except cython_api.TaskdError as e:
+        if not cfg.get("_default_control") or "control" not in str(e):
+            raise
+        log.warning("taskd manager: the default control port (%s) is taken (%s): serving the "
+                    "control API on a free loopback port instead", DEFAULT_CONTROL_ADDR, e)
+        return cython_api.Manager(dict(_native(cfg), control_addr="127.0.0.1:0"), signals=True)
+
+
 def _log_ready(manager, log):
     try:
         manager.wait_ready()
@@ -79,7 +117,7 @@ def start_taskd_manager():
     if _config is None:
         raise RuntimeError("init_taskd_manager has not succeeded")
     with _PythonSignals():
-        manager = cython_api.Manager(_config, signals=True)
+        manager = _start(_config, log)
         try:
             log.info("taskd manager listening on %s", manager.addr(cython_api.TASKD_ADDR_LISTEN))
             control = manager.addr(cython_api.TASKD_ADDR_CONTROL)

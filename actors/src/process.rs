@@ -117,6 +117,9 @@ pub struct ManagerProcessConfig {
     /// earlier result. `None`: results live in memory only and a restarted manager runs a
     /// repeated uuid again.
     pub state_dir: Option<PathBuf>,
+    /// The longest the manager waits for a write of its journal (`--journal-timeout-ms`):
+    /// past it the journal is failing (a file system that does not answer).
+    pub journal_timeout: std::time::Duration,
     /// What a job that does not run leads to (`--hold-policy`, `--hold-bound-ms`).
     pub hold: crate::manager::HoldPolicy,
 }
@@ -140,7 +143,8 @@ impl ManagerProcess {
             node_cfg.table.clone(),
             node_cfg.deadlines,
         )
-        .with_hold_policy(cfg.hold);
+        .with_hold_policy(cfg.hold)
+        .with_journal_timeout(cfg.journal_timeout);
         if let Some(dir) = &cfg.state_dir {
             let journal = FileJournal::open(dir, &node_cfg.job)?;
             tracing::info!(journal = %journal.path().display(), "finished operations are journaled");

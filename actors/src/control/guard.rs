@@ -91,6 +91,8 @@ enum Kind {
 pub struct Guard {
     cfg: Arc<GuardConfig>,
     buckets: Arc<Mutex<HashMap<(Kind, Option<IpAddr>), Bucket>>>,
+    /// The port's connections: one whose call passes is past its first request.
+    connections: Option<Arc<crate::net::limits::Connections>>,
 }
 
 impl Interceptor for Guard {
@@ -106,7 +108,18 @@ impl Guard {
         Guard {
             cfg: Arc::new(cfg),
             buckets: Arc::new(Mutex::new(HashMap::new())),
+            connections: None,
         }
+    }
+
+    /// Marks the connection of every call it lets through as past its first request in
+    /// `connections` (so it is no longer closed at its deadline).
+    pub(crate) fn with_connections(
+        mut self,
+        connections: Arc<crate::net::limits::Connections>,
+    ) -> Self {
+        self.connections = Some(connections);
+        self
     }
 
     /// `Err` with `resource_exhausted` or `unauthenticated` when the request may not pass.
@@ -116,7 +129,12 @@ impl Guard {
     fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
         let client = req.remote_addr().map(|a| a.ip());
         match self.authenticate(req) {
-            Ok(()) => self.take(Kind::Authenticated, client, Instant::now()),
+            Ok(()) => {
+                if let (Some(c), Some(peer)) = (&self.connections, req.remote_addr()) {
+                    c.served(peer);
+                }
+                self.take(Kind::Authenticated, client, Instant::now())
+            }
             Err(refused) => {
                 self.take(Kind::Failed, client, Instant::now())?;
                 Err(refused)

@@ -269,10 +269,12 @@ impl Driver<'_> {
             Ok(Err(e)) => return Err(self.fail("bounded", format!("the submission failed: {e}"))),
             Ok(Ok(op)) => op,
         };
-        if let Err(e) = self.answers.accepted(&uuid, op.known) {
+        // The operation in flight answered for its uuid sent again started nothing new.
+        let started = !op.known && !op.in_flight;
+        if let Err(e) = self.answers.accepted(&uuid, !started) {
             return Err(self.fail("one_result", e));
         }
-        if !op.known {
+        if started {
             self.out.operations += 1;
             self.admitted.push((uuid.clone(), keep));
         }

@@ -296,7 +296,7 @@ impl Records {
     fn apply(&mut self, line: Line) {
         match line {
             Line::Admit(op) => self.admit(op),
-            Line::Finish(op) => self.finish(bounded(op)),
+            Line::Finish(op) => self.finish(bounded(*op)),
             Line::Withdraw { id } => self.withdraw(id),
         }
     }
@@ -346,7 +346,7 @@ struct Header {
 #[serde(rename_all = "snake_case")]
 enum Line {
     Admit(AdmittedOperation),
-    Finish(FinishedOperation),
+    Finish(Box<FinishedOperation>),
     Withdraw { id: OperationId },
 }
 
@@ -1340,7 +1340,7 @@ mod tests {
         let dir = TempDir::new("unwritable");
         let j = FileJournal::open(&dir.0, &job()).unwrap();
         j.record(finished(1)).unwrap();
-        j.state.lock().fail = Some(io::ErrorKind::StorageFull);
+        j.state.lock().fail = Some(io::ErrorKind::Other);
         let e = j.record(finished(2)).unwrap_err();
         assert!(matches!(e, JournalError::Write { .. }), "{e:?}");
         assert_eq!(on_disk(&dir.0), [finished(1)], "the earlier file is whole");

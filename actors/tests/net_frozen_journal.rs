@@ -71,7 +71,7 @@ impl OperationJournal for Disk {
         if self.full.load(Ordering::SeqCst) {
             return Err(JournalError::Write {
                 path: "operations.json".into(),
-                source: std::io::Error::from(std::io::ErrorKind::StorageFull),
+                source: std::io::Error::from_raw_os_error(28),
             });
         }
         self.admitted.lock().push(op.id);

@@ -255,10 +255,11 @@ fn disk_switch(rng: &mut SplitMix64) -> Step {
             ms: rng.range(1200, 3000),
         }
     };
+    let at = *rng.pick(&DISK_PHASES);
     Step::Switch {
         id,
         targets,
-        at: *rng.pick(&DISK_PHASES),
+        at,
         fault: Some(fault),
     }
 }

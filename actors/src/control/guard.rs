@@ -76,6 +76,9 @@ struct Bucket {
 /// buckets that are full again are forgotten (a forgotten bucket is a full one).
 const MAX_CLIENTS: usize = 4096;
 
+/// Every client's buckets, by kind of call and address (`None`: a call with no address).
+type Buckets = HashMap<(Kind, Option<IpAddr>), Bucket>;
+
 /// Which of a client's buckets a call is charged to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Kind {
@@ -90,7 +93,7 @@ enum Kind {
 #[derive(Clone)]
 pub struct Guard {
     cfg: Arc<GuardConfig>,
-    buckets: Arc<Mutex<HashMap<(Kind, Option<IpAddr>), Bucket>>>,
+    buckets: Arc<Mutex<Buckets>>,
     /// The port's connections: one whose call passes is past its first request.
     connections: Option<Arc<crate::net::limits::Connections>>,
 }

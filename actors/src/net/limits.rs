@@ -585,13 +585,9 @@ mod tests {
         let _other = connect(addr, [127, 0, 0, 2]).await;
         let other = next(&mut conns).await;
         // Every connection of the client past its first request: a new one is refused.
-        let t = table.table.lock();
-        let ids: Vec<u64> = t.open.keys().copied().collect();
-        drop(t);
-        for id in ids {
-            let t = table.table.lock();
-            t.open[&id].shared.served.store(true, Ordering::Release);
-        }
+        table.table.lock().open.values().for_each(|e| {
+            e.shared.served.store(true, Ordering::Release);
+        });
         let mut refused = connect(addr, [127, 0, 0, 1]).await;
         assert!(closed_by_server(&mut refused).await, "refused");
         let t = table.table.lock();

@@ -119,7 +119,7 @@ pub enum JournalError {
     },
     /// Users other than the manager's may write the state directory: they could replace the
     /// journal, or plant a file under a name the manager writes.
-    #[error("the state directory {} may be written by other users (mode {mode:04o}); make it the manager's alone (chmod go-w {}) or give another --state-dir", path.display(), path.display())]
+    #[error("the state directory {} may be written by other users (mode {mode:04o}); make it the manager's alone (chmod go-w {}), or give a --state-dir inside it (created the manager's alone)", path.display(), path.display())]
     OpenToOthers {
         /// The directory.
         path: PathBuf,

@@ -134,13 +134,19 @@ impl JournalWriter {
 const GONE: &str = "the journal's writer thread stopped";
 
 impl Drop for JournalWriter {
-    /// Waits for what the thread was handed, at most the bound: a thread held inside a write
-    /// by a file system that does not answer is left behind (the process's exit then waits
-    /// for the kernel to let it go), so a stopping manager still stops.
+    /// Waits for what the thread was handed, at most the bound (not at all when a write is
+    /// already past it): a thread held inside a write by a file system that does not answer
+    /// is left behind (the process's exit then waits for the kernel to let it go), so a
+    /// stopping manager still stops.
     fn drop(&mut self) {
         drop(self.batches.take());
         let Some(t) = self.thread.take() else { return };
-        match self.ended.recv_timeout(self.bound) {
+        // A write already past the bound is not waited for again.
+        let wait = match self.busy_for() {
+            Some(busy) if busy >= self.bound => Duration::ZERO,
+            _ => self.bound,
+        };
+        match self.ended.recv_timeout(wait) {
             Err(mpsc::RecvTimeoutError::Timeout) => tracing::error!(
                 bound = ?self.bound,
                 "the operation journal's writer thread is still inside a write (its file system does not answer?); the manager stops without it"

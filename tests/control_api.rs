@@ -427,6 +427,46 @@ fn health_check_reports_the_job() {
     rig.sim.finish();
 }
 
+/// The uuid of the operation in flight sent again (a client that lost its stream): the
+/// answer says it is that operation, not a new start, and its result follows.
+#[test]
+fn a_uuid_repeated_while_its_operation_runs_is_answered_as_in_flight() {
+    let rig = Rig::plain(small());
+    rig.sim.fabric().inject_nic_set_fault(
+        GlobalRank(0),
+        NicSetFault::Slow(Duration::from_millis(1000)),
+    );
+    let uuid = "8b1f8d36-0000-4000-8000-0000000000f1";
+    let req = |wait| proto::SwitchRequest {
+        job_id: "sim".into(),
+        uuid: uuid.into(),
+        targets: vec![proto::Target {
+            node: "node-1".into(),
+            device: 2,
+            use_backup: true,
+            rank: 0,
+        }],
+        wait,
+    };
+    let mut c = rig.control();
+    let first = rig.block(async { c.switch(req(false)).await.unwrap().message().await });
+    let Some(Event::Accepted(a)) = first.unwrap().and_then(|e| e.event) else {
+        panic!("not accepted");
+    };
+    assert!(!a.known && !a.in_flight, "a new start: {a:?}");
+    let events = rig.switch_wait(&[("node-1", 2, true)], uuid);
+    assert!(
+        matches!(&events[0], Event::Accepted(a) if a.in_flight && !a.known),
+        "{events:?}"
+    );
+    assert!(
+        matches!(events.last(), Some(Event::Result(r)) if r.uuid == uuid && r.result == "succeeded"),
+        "{events:?}"
+    );
+    assert_eq!(rig.status(4).recent.len(), 1, "it ran once");
+    rig.sim.finish();
+}
+
 #[test]
 fn submit_and_wait_streams_the_result_and_status_shows_the_nic_table() {
     let rig = Rig::plain(small());

@@ -1,17 +1,22 @@
 //! `taskd manager --state-dir` as processes see it: a journal that cannot be written is never
 //! passed off as durable (the result says so, status and metrics say so, nothing new starts
-//! until it can be written again), one manager per state directory, and files that are not
-//! regular ones refused at start instead of hanging it.
+//! until it can be written again), a journal that does not answer does not silence the
+//! manager, one manager per state directory, and files that are not regular ones refused at
+//! start instead of hanging it. The tests of a full or frozen disk mount a file system of
+//! their own, so they need root; elsewhere they say so and pass.
 
 mod common;
 mod net_support;
 
 use common::taskd;
-use net_support::{fast_heartbeats, s, Cluster, ClusterSpec, Proc, Scratch};
+use net_support::{fast_heartbeats, s, Cluster, ClusterSpec, Proc, Scratch, PATIENCE};
 use std::io::{Read as _, Write as _};
+use std::path::Path;
+use std::time::Instant;
 use taskd::actors::control::proto::RefusalKind;
 use taskd::actors::control::ClientError;
 use taskd::actors::telemetry;
+use taskd::chaos::procdisk::StateDisk;
 
 /// `GET /metrics` of the endpoint at `addr`: the body.
 fn scrape(addr: &str) -> String {
@@ -50,17 +55,47 @@ fn value(body: &str, name: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
-/// The manager's journal stops being writable in the middle of a job (here: its temporary
-/// file's name taken by a directory, which fails every write as a full disk does): the
-/// operation that finishes then reports that its result is not journaled, status and the
-/// metric say the journal is failing, and a new switch is refused with a typed reason. Once a
-/// write succeeds again the next switch runs, and after a `kill -9` a restarted manager knows
-/// both results.
+/// The state directory on a tmpfs of 1 MiB of its own, or why not (printed: the test is
+/// skipped).
+fn small_tmpfs(scratch: &Scratch) -> Option<StateDisk> {
+    StateDisk::tmpfs(&scratch.path("state"), 1 << 20)
+        .map_err(|why| eprintln!("skipped: {why}"))
+        .ok()
+}
+
+/// Pads `journal` with blank lines (which a reader skips) so that a record of `next` bytes
+/// ends it exactly at the end of a page: on a file system then filled up, that record is the
+/// last that fits, and the write after it fails. (The padding is written while nothing else
+/// writes the journal: between two operations.)
+fn pad_journal(journal: &Path, next: usize) {
+    const PAGE: u64 = 4096;
+    let next = next as u64;
+    let len = std::fs::metadata(journal).unwrap().len();
+    let room = (PAGE - len % PAGE) % PAGE;
+    let pad = if room >= next {
+        room - next
+    } else {
+        room + PAGE - next
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(journal)
+        .unwrap();
+    f.write_all(&vec![b'\n'; pad as usize]).unwrap();
+}
+
+/// The disk under the manager's state directory fills up in the middle of a job (a tmpfs of
+/// its own, root only): the admission of the next switch is the last record that fits, so
+/// the switch runs and its result reports that it is not journaled; status and the metric say
+/// the journal is failing, and a new switch is refused with a typed reason. Once space is
+/// freed the next switch runs, and after a `kill -9` a restarted manager knows every result.
 #[test]
 fn a_journal_that_cannot_be_written_refuses_new_operations_and_says_so() {
     let scratch = Scratch::new("journal-failing");
-    let state = scratch.path("state");
-    let state_dir = state.display().to_string();
+    let Some(disk) = small_tmpfs(&scratch) else {
+        return;
+    };
+    let state_dir = disk.path().display().to_string();
     let mut manager_flags = s(&["--state-dir", &state_dir]);
     manager_flags.extend(s(&["--metrics-addr", "127.0.0.1:0"]));
     let mut c = Cluster::start(
@@ -86,9 +121,20 @@ fn a_journal_that_cannot_be_written_refuses_new_operations_and_says_so() {
         value(&scrape(&metrics), telemetry::JOURNAL_FAILING),
         Some(0.0)
     );
+    let mut warm = c.command(&[(0, 0, true)]);
+    warm.id = Some(taskd::core::OperationId(uuid::Uuid::new_v4()));
+    assert_eq!(c.run(&warm).unwrap().result, "succeeded");
+    let journal = disk.path().join("operations.json");
+    let text = std::fs::read_to_string(&journal).unwrap();
+    let admission = text
+        .lines()
+        .find(|l| l.starts_with("{\"admit\""))
+        .expect("an admission line")
+        .len()
+        + 1;
 
-    let blocker = state.join(format!("operations.json.{}.tmp", c.manager.pid()));
-    std::fs::create_dir(&blocker).unwrap();
+    pad_journal(&journal, admission);
+    disk.fill().unwrap();
     // Through the CLI: a success it could not record exits 4, not 0 (done) or 1 (retry).
     let mut first = c.command(&[(0, 1, true)]);
     let uuid = uuid::Uuid::new_v4();
@@ -116,10 +162,12 @@ fn a_journal_that_cannot_be_written_refuses_new_operations_and_says_so() {
     assert_eq!(r.result, "succeeded", "{r:#?}");
     let why = r.journal_error.clone();
     assert!(why.contains("operations.json"), "names the file: {why}");
+    assert!(why.contains("No space left"), "says why: {why}");
 
     let st = c.status(4);
     assert!(st.journal_error.contains("operations.json"), "{st:#?}");
-    assert_eq!(st.recent[0].journal_error, why, "the history says it too");
+    let last = st.recent.last().expect("the results");
+    assert_eq!(last.journal_error, why, "the history says it too");
     let scraped = scrape(&metrics);
     assert_eq!(value(&scraped, telemetry::JOURNAL_FAILING), Some(1.0));
     assert!(value(&scraped, telemetry::JOURNAL_WRITE_FAILURES_TOTAL).unwrap() >= 1.0);
@@ -135,7 +183,7 @@ fn a_journal_that_cannot_be_written_refuses_new_operations_and_says_so() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("journal    CANNOT BE WRITTEN"), "{out}");
 
-    std::fs::remove_dir(&blocker).unwrap();
+    disk.free();
     let mut second = c.command(&[(0, 1, false)]);
     second.id = Some(taskd::core::OperationId(uuid::Uuid::new_v4()));
     let r = c
@@ -149,12 +197,12 @@ fn a_journal_that_cannot_be_written_refuses_new_operations_and_says_so() {
         Some(0.0)
     );
 
-    // Both results are durable now: a restarted manager answers both uuids as known.
+    // Every result is durable now: a restarted manager answers each uuid as known.
     c.manager.kill();
     c.restart_manager(&scratch, &s(&["--state-dir", &state_dir]));
     let st = c.wait_registered();
-    assert!(st.ranks_on_backup.is_empty(), "{st:#?}");
-    for cmd in [&first, &second] {
+    assert_eq!(st.ranks_on_backup, [0], "{st:#?}");
+    for cmd in [&warm, &first, &second] {
         let again = c.submit(cmd).expect("answered");
         assert!(again.known, "journaled before the restart");
     }
@@ -163,6 +211,87 @@ fn a_journal_that_cannot_be_written_refuses_new_operations_and_says_so() {
     let v = st.last_verification.expect("a verification round ran");
     assert!(v.disagreements.is_empty(), "every group agrees: {v:#?}");
     c.shutdown_cleanly();
+}
+
+/// The file system under the state directory stops answering (frozen with `fsfreeze`, as a
+/// hung NFS server or a dying disk would; an ext4 image on a loop device, root only): the
+/// switch whose admission cannot be written is refused once the journal timeout passes, and
+/// the manager keeps answering its status, sees a lost rank and stops on SIGTERM (its process
+/// ends once the kernel lets its writing thread go, at the thaw).
+#[test]
+fn a_frozen_state_dir_refuses_commands_and_the_manager_keeps_answering() {
+    let scratch = Scratch::new("state-dir-frozen");
+    let disk = StateDisk::ext4(&scratch.path("state"), &scratch.path("state.img"));
+    let mut disk = match disk {
+        Ok(d) => d,
+        Err(why) => return eprintln!("skipped: {why}"),
+    };
+    let state_dir = disk.path().display().to_string();
+    let mut c = Cluster::start(
+        &scratch,
+        ClusterSpec {
+            job: "state-dir-frozen",
+            nodes: 1,
+            ppn: 2,
+            worker_flags: &|_| Vec::new(),
+            manager_flags: s(&["--state-dir", &state_dir, "--journal-timeout-ms", "500"]),
+            common: fast_heartbeats(),
+            tls: None,
+        },
+    );
+    if let Err(why) = disk.freeze() {
+        return eprintln!("skipped: {why}");
+    }
+    let (code, out, err) = taskd(&[
+        "switch",
+        "--addr",
+        &c.control_addr,
+        "--job",
+        &c.job,
+        "--node",
+        "node-0",
+        "--dev",
+        "0",
+        "--to",
+        "backup",
+        "--wait",
+    ]);
+    assert_eq!(code, 1, "refused: {out}{err}");
+    assert!(
+        err.contains("599") && err.contains("has not finished"),
+        "{err}"
+    );
+    let (code, out, err) = taskd(&["status", "--addr", &c.control_addr, "--job", &c.job]);
+    assert_eq!(code, 0, "answered while frozen: {err}");
+    assert!(out.contains("journal    CANNOT BE WRITTEN"), "{out}");
+    assert!(out.contains("in flight  none"), "nothing ran: {out}");
+
+    c.workers[1].take().expect("rank 1 runs").kill();
+    let deadline = Instant::now() + PATIENCE;
+    while !c.status(0).lost_ranks.iter().any(|l| l.rank == 1) {
+        assert!(
+            Instant::now() < deadline,
+            "rank 1's loss is seen while frozen"
+        );
+        // A poll of the status, bounded by the deadline above.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+
+    c.manager.term();
+    // The manager stops serving while the disk is still frozen.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let (code, _, _) = taskd(&["status", "--addr", &c.control_addr, "--job", &c.job]);
+        if code == 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the control port still answers");
+        // A poll of the port, bounded by the deadline above.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    disk.thaw().unwrap();
+    let st = c.manager.wait_exit();
+    assert!(st.success(), "{st}: {}", c.manager.stderr_tail());
 }
 
 /// A second manager on a state directory another one holds exits 2 at start, naming the

@@ -2,9 +2,14 @@
 //! ever blocking: each is opened non-blocking and refused unless it is a regular file, so a
 //! FIFO, a terminal or a device (`/dev/zero`) named by mistake is an error at once instead of
 //! a start that hangs where no stop signal can end it; and each is read with a size bound.
+//!
+//! The manager's state directory is used through a descriptor of the directory itself
+//! (`*_at`): nothing there is opened through a symbolic link, and what it creates it creates
+//! exclusively, so a file planted under a name it writes is removed, never written through.
 
 use std::fs::File;
 use std::io::{self, Read as _};
+use std::os::fd::BorrowedFd;
 use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
 use std::path::Path;
 
@@ -13,7 +18,7 @@ pub(crate) const NONBLOCK: i32 = rustix::fs::OFlags::NONBLOCK.bits() as i32;
 
 /// Takes an exclusive `flock` on `f` without waiting: `Ok(false)` when another open file holds
 /// it (released when that file is closed, or its process dies).
-pub(crate) fn try_lock_exclusive(f: &File) -> io::Result<bool> {
+pub(crate) fn try_lock_exclusive(f: impl std::os::fd::AsFd) -> io::Result<bool> {
     use rustix::fs::{flock, FlockOperation};
     match flock(f, FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => Ok(true),
@@ -88,6 +93,74 @@ pub fn read_regular(path: &Path, max: u64) -> io::Result<Vec<u8>> {
         ));
     }
     Ok(bytes)
+}
+
+/// The flags of every open in a directory here: no blocking on a FIFO, never through a
+/// symbolic link, not inherited by a child process.
+fn at_flags() -> rustix::fs::OFlags {
+    use rustix::fs::OFlags;
+    OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::CLOEXEC
+}
+
+/// `ELOOP` from an open with `O_NOFOLLOW`: the name is a symbolic link.
+fn link_refused(e: rustix::io::Errno) -> io::Error {
+    if e == rustix::io::Errno::LOOP {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a symbolic link, not a regular file",
+        )
+    } else {
+        e.into()
+    }
+}
+
+/// `f` unless it is not a regular file (then `InvalidInput` naming what it is).
+fn regular(f: File) -> io::Result<File> {
+    let t = f.metadata()?.file_type();
+    if !t.is_file() {
+        return Err(not_regular(t));
+    }
+    Ok(f)
+}
+
+/// Opens `name` in the directory `dir` for reading, without blocking and without following a
+/// symbolic link: `Ok(None)` when there is none, `InvalidInput` naming what it is unless it
+/// is a regular file.
+pub(crate) fn open_regular_at(dir: BorrowedFd<'_>, name: &str) -> io::Result<Option<File>> {
+    use rustix::fs::{Mode, OFlags};
+    match rustix::fs::openat(dir, name, OFlags::RDONLY | at_flags(), Mode::empty()) {
+        Ok(fd) => regular(File::from(fd)).map(Some),
+        Err(e) if e == rustix::io::Errno::NOENT => Ok(None),
+        Err(e) => Err(link_refused(e)),
+    }
+}
+
+/// Opens `name` in `dir` for reading and writing, creating it when missing (mode 0644),
+/// never through a symbolic link; refused unless it is a regular file.
+pub(crate) fn open_or_create_at(dir: BorrowedFd<'_>, name: &str) -> io::Result<File> {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::RDWR | OFlags::CREATE | at_flags();
+    let fd =
+        rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(0o644)).map_err(link_refused)?;
+    regular(File::from(fd))
+}
+
+/// Creates `name` in `dir` for appending (mode 0644), exclusively and never through a
+/// symbolic link (`O_CREAT | O_EXCL | O_NOFOLLOW`): whatever has the name already (a link
+/// planted there, the file of a writer that was killed) is removed, not written through, and
+/// the name created again; if it is created again meanwhile, that is an error.
+pub(crate) fn create_exclusive_at(dir: BorrowedFd<'_>, name: &str) -> io::Result<File> {
+    use rustix::fs::{AtFlags, Mode, OFlags};
+    let flags = OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE | OFlags::EXCL | at_flags();
+    let create = || rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(0o644));
+    let fd = match create() {
+        Err(e) if e == rustix::io::Errno::EXIST => {
+            rustix::fs::unlinkat(dir, name, AtFlags::empty())?;
+            create()?
+        }
+        other => other?,
+    };
+    Ok(File::from(fd))
 }
 
 /// Held by the tests that fork a process and by those that lock a state directory twice in

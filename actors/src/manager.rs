@@ -52,6 +52,10 @@ const JOURNAL_RETRY: Duration = Duration::from_secs(1);
 /// A journal write that takes this long is logged.
 const JOURNAL_SLOW: Duration = Duration::from_secs(1);
 
+/// How long the manager waits for a journal write by default
+/// ([`Manager::with_journal_timeout`]): past it the journal is failing.
+pub const DEFAULT_JOURNAL_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The manager actor: the job's [`JobLedger`], the links to the nodes' proxies, the deadline
 /// armed and whoever waits for a result. What it shows of its work (spans, metrics, the
 /// progress feed) is the business of the observer it tells what happens
@@ -83,6 +87,8 @@ pub struct Manager {
     /// The last journal write's error while the journal cannot be written (nothing new is
     /// admitted then); `None` while it can.
     journal_failing: Option<String>,
+    /// The longest the manager waits for a journal write ([`Manager::with_journal_timeout`]).
+    journal_timeout: Duration,
 }
 
 impl Manager {
@@ -105,6 +111,7 @@ impl Manager {
             last_words: None,
             last_words_asked: None,
             journal_failing: None,
+            journal_timeout: DEFAULT_JOURNAL_TIMEOUT,
         }
     }
 
@@ -119,6 +126,19 @@ impl Manager {
     /// Bounds every stop of training: past it, the stop is overdue and says what it waits for.
     pub fn with_stop_bound(mut self, bound: Duration) -> Self {
         self.ledger.set_stop_bound(bound);
+        self
+    }
+
+    /// Waits for a journal write at most `bound` (default [`DEFAULT_JOURNAL_TIMEOUT`]): a
+    /// write that takes longer (a file system that does not answer) is a failing journal's.
+    /// The manager handles nothing else while it waits (that keeps its records, directives
+    /// and results in order), so the bound is also how long a journal can keep the manager
+    /// from answering its status, its losses and its signals.
+    pub fn with_journal_timeout(mut self, bound: Duration) -> Self {
+        self.journal_timeout = bound;
+        if let Some(w) = self.journal.as_mut() {
+            w.set_bound(bound);
+        }
         self
     }
 
@@ -141,7 +161,10 @@ impl Manager {
         }
         self.ledger.seed(earlier);
         self.ledger.seed_interrupted(interrupted);
-        self.journal = Some(journal_writer::JournalWriter::spawn(journal));
+        self.journal = Some(journal_writer::JournalWriter::spawn(
+            journal,
+            self.journal_timeout,
+        ));
         metrics::gauge!(telemetry::JOURNAL_FAILING).set(0.0);
         self
     }
@@ -311,10 +334,11 @@ impl Manager {
     /// (a client that saw a result can count on a new manager knowing it). The writes run on
     /// the journal's thread (`manager/journal_writer.rs`) and the actor waits for them
     /// (`ctx.wait`: it handles nothing else meanwhile, while its thread keeps serving the
-    /// transport and the control API); then `then` carries on, with the error of a write
-    /// that failed, for the report of a result that is not durable to say so. A write that
-    /// fails does not stop the operation, but nothing new is admitted until the journal can
-    /// be written again ([`Manager::journal_ready`]). With nothing to write (or no journal),
+    /// transport and the control API), at most its journal timeout; then `then` carries on,
+    /// with the error of a write that failed or did not finish in time, for the report of a
+    /// result that is not durable to say so, or for an admission to be withdrawn. A write that
+    /// fails does not stop the operation, but nothing new is admitted until the journal can be
+    /// written again ([`Manager::when_journal_ready`]). With nothing to write (or no journal),
     /// `then` runs at once.
     fn journal(
         &mut self,
@@ -329,9 +353,23 @@ impl Manager {
         let Some(writer) = self.journal.as_ref().filter(|_| !writes.is_empty()) else {
             return then(self, None, ctx);
         };
+        // Behind a write that has not returned (a file system that does not answer), these
+        // would wait as long: they go to the thread, but nobody waits for them.
+        let stuck = writer.busy_for().filter(|t| *t >= self.journal_timeout);
+        let written = writer.write(writes);
+        if let Some(t) = stuck {
+            let why = not_finished(t);
+            self.journal_failed(why.clone(), ctx);
+            return then(self, Some(why), ctx);
+        }
         let started = Instant::now();
-        let written = writer.write(writes).into_actor(self);
-        ctx.wait(written.map(move |failed, act, ctx| {
+        let bound = self.journal_timeout;
+        let bounded = async move {
+            tokio::time::timeout(bound, written)
+                .await
+                .unwrap_or_else(|_| Some(not_finished(bound)))
+        };
+        ctx.wait(bounded.into_actor(self).map(move |failed, act, ctx| {
             let took = started.elapsed();
             if took >= JOURNAL_SLOW {
                 tracing::warn!(?took, "the operation journal's write was slow (a busy disk?); the manager's transport kept running meanwhile");
@@ -354,28 +392,52 @@ impl Manager {
     }
 
     /// Writes the journal again on its thread, waiting for it as for any write; again after
-    /// [`JOURNAL_RETRY`] while it fails.
+    /// [`JOURNAL_RETRY`] while it fails. While an earlier write has not returned, it only
+    /// waits for the next try.
     fn retry_journal(&mut self, ctx: &mut Context<Self>) {
-        let Some(writer) = self
-            .journal
-            .as_ref()
-            .filter(|_| self.journal_failing.is_some())
-        else {
+        if self.journal_failing.is_none() {
             return;
+        }
+        self.flush_journal(ctx, |_, failed, ctx| {
+            if failed.is_some() {
+                ctx.run_later(JOURNAL_RETRY, Self::retry_journal);
+            }
+        });
+    }
+
+    /// Writes everything the journal holds again, waiting for it at most the journal timeout,
+    /// then `then` with the failure (`None`: the journal is writable again). When a write has
+    /// not returned yet, nothing is written and the failure says so.
+    fn flush_journal(
+        &mut self,
+        ctx: &mut Context<Self>,
+        then: impl FnOnce(&mut Self, Option<String>, &mut Context<Self>) + 'static,
+    ) {
+        let Some(writer) = self.journal.as_ref() else {
+            return then(self, None, ctx);
         };
+        if let Some(t) = writer.busy_for() {
+            let why = not_finished(t);
+            self.journal_failing = Some(why.clone());
+            return then(self, Some(why), ctx);
+        }
         let written = writer.write(vec![journal_writer::Write::Flush]);
-        ctx.wait(
-            written
-                .into_actor(self)
-                .map(|failed, act, ctx| match failed {
-                    None => act.journal_writable(),
-                    Some(why) => {
-                        act.journal_failing = Some(why);
-                        metrics::counter!(telemetry::JOURNAL_WRITE_FAILURES_TOTAL).increment(1);
-                        ctx.run_later(JOURNAL_RETRY, Self::retry_journal);
-                    }
-                }),
-        );
+        let bound = self.journal_timeout;
+        let bounded = async move {
+            tokio::time::timeout(bound, written)
+                .await
+                .unwrap_or_else(|_| Some(not_finished(bound)))
+        };
+        ctx.wait(bounded.into_actor(self).map(|failed, act, ctx| {
+            match &failed {
+                None => act.journal_writable(),
+                Some(why) => {
+                    act.journal_failing = Some(why.clone());
+                    metrics::counter!(telemetry::JOURNAL_WRITE_FAILURES_TOTAL).increment(1);
+                }
+            }
+            then(act, failed, ctx)
+        }));
     }
 
     /// A write of everything the journal holds succeeded after a failure.
@@ -388,44 +450,63 @@ impl Manager {
         }
     }
 
-    /// `Ok` when the journal can take a new operation: it is writable, or a write of what it
-    /// holds succeeds now; else [`SubmitError::JournalFailing`] with the last error. Only
-    /// while the journal is failing does this write, and on the actor's thread: the command
-    /// it admits waits for that write (a journal that fails usually fails at once; the
-    /// retries every [`JOURNAL_RETRY`] run on the journal's thread).
+    /// `Ok` when the journal can take a new operation now, else
+    /// [`SubmitError::JournalFailing`] with the last error. It writes nothing: the retries
+    /// every [`JOURNAL_RETRY`] find when it can again (the commands of the operator try at
+    /// once, [`Manager::when_journal_ready`]).
     fn journal_ready(&mut self) -> Result<(), SubmitError> {
-        let (Some(writer), Some(_)) = (&self.journal, &self.journal_failing) else {
-            return Ok(());
-        };
-        match writer.journal().flush() {
-            Ok(()) => {
-                self.journal_writable();
-                Ok(())
-            }
-            Err(e) => {
-                let why = e.to_string();
-                self.journal_failing = Some(why.clone());
-                Err(SubmitError::JournalFailing { why })
-            }
+        match (&self.journal, &self.journal_failing) {
+            (Some(_), Some(why)) => Err(SubmitError::JournalFailing { why: why.clone() }),
+            _ => Ok(()),
         }
     }
 
-    /// An operation the ledger just started under `span`: tells the observer, then carries
-    /// out its first actions.
+    /// Calls `then` with whether the journal can take a new operation: at once while it can;
+    /// while it cannot, after a write of everything it holds (bounded by the journal timeout,
+    /// and not tried behind a write that has not returned), so an operator's command finds a
+    /// journal that can be written again at once, not at the next retry.
+    fn when_journal_ready(
+        &mut self,
+        ctx: &mut Context<Self>,
+        then: impl FnOnce(&mut Self, Result<(), SubmitError>, &mut Context<Self>) + 'static,
+    ) {
+        if self.journal_ready().is_ok() {
+            return then(self, Ok(()), ctx);
+        }
+        self.flush_journal(ctx, |act, failed, ctx| {
+            let ready = match failed {
+                None => Ok(()),
+                Some(why) => Err(SubmitError::JournalFailing { why }),
+            };
+            then(act, ready, ctx)
+        });
+    }
+
+    /// An operation the ledger just started under `span`: once its admission is durable,
+    /// tells the observer, then carries out its first actions.
     ///
-    /// The receiver fires once the admission is durable: the operator's answer ("started")
-    /// waits for it, so a uuid the operator saw accepted is known to any later manager.
+    /// The receiver fires once the admission is durable (`Ok`): the operator's answer
+    /// ("started") waits for it, so a uuid the operator saw accepted is known to any later
+    /// manager. When the admission cannot be written (the write failed or did not finish
+    /// within the journal timeout), nothing of the operation runs: it is withdrawn from the
+    /// ledger (and its admission from the journal, should the write land later), and the
+    /// receiver gets the refusal ([`SubmitError::JournalFailing`]).
     fn operation_started(
         &mut self,
         id: OperationId,
         span: Span,
         actions: Vec<Action>,
         ctx: &mut Context<Self>,
-    ) -> oneshot::Receiver<()> {
+    ) -> oneshot::Receiver<Result<(), SubmitError>> {
         let admitted = Instant::now();
         let (durable, rx) = oneshot::channel();
-        self.journal(ctx, move |act, _, ctx| {
-            let _ = durable.send(());
+        self.journal(ctx, move |act, failed, ctx| {
+            if let Some(why) = failed {
+                act.withdraw(id, &span, why.clone());
+                let _ = durable.send(Err(SubmitError::JournalFailing { why }));
+                return;
+            }
+            let _ = durable.send(Ok(()));
             // The first phase starts once its admission is durable: its deadline counts from
             // there, not from the admission (a slow disk fails no operation by itself).
             let waited = admitted.elapsed();
@@ -444,6 +525,21 @@ impl Manager {
             act.run(actions.collect(), ctx);
         });
         rx
+    }
+
+    /// Takes back operation `id`, whose admission could not be written (`why`), before any
+    /// of its actions ran: the ledger forgets it, and so does the journal (its admission may
+    /// land once the file system answers again; the withdrawal follows it there).
+    fn withdraw(&mut self, id: OperationId, span: &Span, why: String) {
+        if self.ledger.withdraw(id) {
+            if let Some(w) = &self.journal {
+                drop(w.write(vec![journal_writer::Write::Withdraw(id)]));
+            }
+        }
+        let e = SubmitError::JournalFailing { why };
+        self.observer.command_refused(span, &e);
+        self.auto_withdrawn(id);
+        self.job_changed();
     }
 
     /// The job's registrations, operation, NIC table or state may have changed.
@@ -471,6 +567,14 @@ impl Manager {
 
 impl Actor for Manager {
     type Context = Context<Self>;
+}
+
+/// The failure of a journal write that has not returned after `t`.
+fn not_finished(t: Duration) -> String {
+    format!(
+        "a write of the operation journal has not finished after {:.1}s (its file system does not answer?)",
+        t.as_secs_f64()
+    )
 }
 
 /// A proxy's connection is up; directives for its node go through `link`.
@@ -597,30 +701,64 @@ impl Handler<Submit> for Manager {
     type Result = ResponseFuture<Result<Submission, SubmitError>>;
 
     fn handle(&mut self, Submit(cmd): Submit, ctx: &mut Self::Context) -> Self::Result {
+        let (tx, rx) = oneshot::channel();
+        self.when_journal_ready(ctx, move |act, ready, ctx| {
+            act.submit(cmd, ready, tx, ctx);
+        });
+        Box::pin(async move { rx.await.unwrap_or_else(|_| Err(stopped())) })
+    }
+}
+
+impl Manager {
+    /// Admits `cmd` (when the journal is `ready`) and answers `tx`: a new operation once its
+    /// admission is durable (refused when it cannot be written), a known result or the
+    /// operation in flight at once, a refusal.
+    fn submit(
+        &mut self,
+        cmd: SwitchCommand,
+        ready: Result<(), SubmitError>,
+        tx: oneshot::Sender<Result<Submission, SubmitError>>,
+        ctx: &mut Context<Self>,
+    ) {
         let id = cmd.id.unwrap_or_else(|| OperationId(uuid::Uuid::new_v4()));
         let now = self.now();
         let span = observer::submit_span(id, &cmd, Trigger::Operator);
-        let res = match self.journal_ready() {
-            Ok(()) => span.in_scope(|| self.ledger.submit(&cmd, id, now)),
-            Err(e) => Err(e),
-        };
+        let res = ready.and_then(|()| span.in_scope(|| self.ledger.submit(&cmd, id, now)));
         let answer = match res {
             Ok(Submitted::Started { id, actions }) => {
                 // Answered once the admission is durable (the journal's write is awaited).
                 let durable = self.operation_started(id, span, actions, ctx);
-                return Box::pin(async move {
-                    let _ = durable.await;
-                    Ok(Submission::Started(id))
+                actix::spawn(async move {
+                    let admitted = durable.await.unwrap_or_else(|_| Err(stopped()));
+                    let _ = tx.send(admitted.map(|()| Submission::Started(id)));
                 });
+                return;
             }
-            Ok(Submitted::Known(r)) => Ok(Submission::Known(r)),
+            Ok(Submitted::Known(mut r)) => {
+                // A result kept without its targets (a large request is journaled by its
+                // fingerprint) is the request repeated now: its targets are these.
+                if r.targets.is_empty() {
+                    if let Ok(plan) = cmd.resolve(self.ledger.table()) {
+                        r.targets = plan.targets;
+                    }
+                }
+                Ok(Submission::Known(r))
+            }
             Ok(Submitted::InFlight(id)) => Ok(Submission::InFlight(id)),
             Err(e) => {
                 self.observer.command_refused(&span, &e);
                 Err(e)
             }
         };
-        Box::pin(std::future::ready(answer))
+        let _ = tx.send(answer);
+    }
+}
+
+/// The answer to a command whose manager stopped before it could say whether the command
+/// was admitted durably: nothing may be passed off as accepted.
+fn stopped() -> SubmitError {
+    SubmitError::JournalFailing {
+        why: "the manager stopped before the command's admission was written".into(),
     }
 }
 
@@ -854,22 +992,36 @@ impl Handler<Recover> for Manager {
     type Result = ResponseFuture<Result<Recovery, SubmitError>>;
 
     fn handle(&mut self, m: Recover, ctx: &mut Self::Context) -> Self::Result {
+        let (tx, rx) = oneshot::channel();
+        self.when_journal_ready(ctx, move |act, ready, ctx| act.recover(m, ready, tx, ctx));
+        Box::pin(async move { rx.await.unwrap_or_else(|_| Err(stopped())) })
+    }
+}
+
+impl Manager {
+    /// Starts the recovery `m` (when the journal is `ready`) and answers `tx`, as
+    /// [`Manager::submit`] does.
+    fn recover(
+        &mut self,
+        m: Recover,
+        ready: Result<(), SubmitError>,
+        tx: oneshot::Sender<Result<Recovery, SubmitError>>,
+        ctx: &mut Context<Self>,
+    ) {
         let id = m.id.unwrap_or_else(|| OperationId(uuid::Uuid::new_v4()));
         let span = observer::recover_span(id, self.ledger.job(), m.to);
         let now = self.now();
-        let res = match self.journal_ready() {
-            Ok(()) => span.in_scope(|| self.ledger.recover(m.to, id, now)),
-            Err(e) => Err(e),
-        };
+        let res = ready.and_then(|()| span.in_scope(|| self.ledger.recover(m.to, id, now)));
         let answer = match res {
             Ok(RecoveryStarted::Operation { id, actions }) => {
                 span.in_scope(|| tracing::warn!(to = m.to.as_str(), "recovery started"));
                 // Answered once the admission is durable, as a submission is.
                 let durable = self.operation_started(id, span, actions, ctx);
-                return Box::pin(async move {
-                    let _ = durable.await;
-                    Ok(Recovery::Operation(id))
+                actix::spawn(async move {
+                    let admitted = durable.await.unwrap_or_else(|_| Err(stopped()));
+                    let _ = tx.send(admitted.map(|()| Recovery::Operation(id)));
                 });
+                return;
             }
             Ok(RecoveryStarted::Verification { id, actions }) => {
                 span.in_scope(|| tracing::warn!("recovery: nothing in doubt, verifying"));
@@ -882,7 +1034,7 @@ impl Handler<Recover> for Manager {
                 Err(e)
             }
         };
-        Box::pin(std::future::ready(answer))
+        let _ = tx.send(answer);
     }
 }
 

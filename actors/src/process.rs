@@ -117,6 +117,9 @@ pub struct ManagerProcessConfig {
     /// earlier result. `None`: results live in memory only and a restarted manager runs a
     /// repeated uuid again.
     pub state_dir: Option<PathBuf>,
+    /// The longest the manager waits for a write of its journal (`--journal-timeout-ms`):
+    /// past it the journal is failing (a file system that does not answer).
+    pub journal_timeout: std::time::Duration,
     /// What a job that does not run leads to (`--hold-policy`, `--hold-bound-ms`).
     pub hold: crate::manager::HoldPolicy,
     /// Process recovery coordinated by the manager (`--process-recovery`,
@@ -147,7 +150,8 @@ impl ManagerProcess {
         )
         .with_hold_policy(cfg.hold)
         .with_process_recovery(cfg.recovery)
-        .with_stop_bound(cfg.stop_bound);
+        .with_stop_bound(cfg.stop_bound)
+        .with_journal_timeout(cfg.journal_timeout);
         if let Some(dir) = &cfg.state_dir {
             let journal = FileJournal::open(dir, &node_cfg.job)?;
             tracing::info!(journal = %journal.path().display(), "finished operations are journaled");
@@ -317,39 +321,92 @@ impl ProxyIdentity {
 // ---------------------------------------------------------------------------------------------
 // A rank HAL filled in after registration
 
-/// A rank HAL handed to the worker before the job's shape is known: it answers "unavailable"
-/// until [`LateRankHalSlot::install`] puts the real one in (a simulated rank is built from the
-/// world size and node count registration reports). The worker asks its HAL nothing before
-/// the first operation, which comes after registration.
+/// How long a call to a [`LateRankHal`] waits for its real HAL: longer than a registration
+/// takes, shorter than a phase deadline.
+pub const LATE_HAL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A rank HAL handed to the worker before the job's shape is known (a simulated rank is built
+/// from the world size and node count registration reports), until [`LateRankHalSlot::install`]
+/// puts the real one in.
+///
+/// The manager starts a verification round as soon as a rank registers, so its question can
+/// reach the worker before the real HAL is in (a restarted process did so about once in 35
+/// relaunches): a call waits for it, at most [`LATE_HAL_WAIT`], instead of answering "not set
+/// up yet", which the manager does not count as an answer (it waited a whole resume deadline,
+/// then another, before the job was verified). Past the wait the call answers unavailable.
 pub struct LateRankHal {
-    inner: Arc<Mutex<Option<Box<dyn RankHal>>>>,
+    inner: Arc<Late>,
     capabilities: HcclCapabilities,
+    wait: std::time::Duration,
+}
+
+/// The real HAL once installed, and who waits for it.
+#[derive(Default)]
+struct Late {
+    hal: Mutex<Option<Box<dyn RankHal>>>,
+    installed: parking_lot::Condvar,
+    /// Calls waiting for the HAL now.
+    waiting: std::sync::atomic::AtomicUsize,
 }
 
 /// Where the real HAL of a [`LateRankHal`] goes.
 #[derive(Clone)]
-pub struct LateRankHalSlot(Arc<Mutex<Option<Box<dyn RankHal>>>>);
+pub struct LateRankHalSlot(Arc<Late>);
 
 impl LateRankHal {
     /// A HAL reporting `capabilities` (known up front: they are the process's configuration),
-    /// and the slot its real HAL goes into.
+    /// and the slot its real HAL goes into; calls wait for it at most [`LATE_HAL_WAIT`].
     pub fn new(capabilities: HcclCapabilities) -> (LateRankHal, LateRankHalSlot) {
-        let inner = Arc::new(Mutex::new(None));
+        Self::waiting(capabilities, LATE_HAL_WAIT)
+    }
+
+    /// [`LateRankHal::new`] whose calls wait for the real HAL at most `wait`.
+    pub fn waiting(
+        capabilities: HcclCapabilities,
+        wait: std::time::Duration,
+    ) -> (LateRankHal, LateRankHalSlot) {
+        let inner = Arc::new(Late::default());
         let slot = LateRankHalSlot(inner.clone());
         (
             LateRankHal {
                 inner,
                 capabilities,
+                wait,
             },
             slot,
         )
     }
+
+    /// Runs `f` on the real HAL, waiting for it to be installed (at most the wait).
+    fn call<T>(
+        &mut self,
+        f: impl FnOnce(&mut dyn RankHal) -> Result<T, HalError>,
+    ) -> Result<T, HalError> {
+        use std::sync::atomic::Ordering;
+        let deadline = std::time::Instant::now() + self.wait;
+        let mut hal = self.inner.hal.lock();
+        while hal.is_none() {
+            self.inner.waiting.fetch_add(1, Ordering::SeqCst);
+            let waited = self.inner.installed.wait_until(&mut hal, deadline);
+            self.inner.waiting.fetch_sub(1, Ordering::SeqCst);
+            if waited.timed_out() && hal.is_none() {
+                return Err(not_ready());
+            }
+        }
+        f(hal.as_mut().expect("installed").as_mut())
+    }
 }
 
 impl LateRankHalSlot {
-    /// Puts the real HAL in; every later call goes to it.
+    /// Puts the real HAL in; every later call goes to it, and the calls waiting for it go on.
     pub fn install(&self, hal: Box<dyn RankHal>) {
-        *self.0.lock() = Some(hal);
+        *self.0.hal.lock() = Some(hal);
+        self.0.installed.notify_all();
+    }
+
+    /// How many calls wait for the HAL now.
+    pub fn waiting(&self) -> usize {
+        self.0.waiting.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -363,10 +420,7 @@ fn not_ready() -> HalError {
 
 impl RankHal for LateRankHal {
     fn groups(&mut self) -> Result<Vec<GroupInfo>, HalError> {
-        match self.inner.lock().as_mut() {
-            Some(h) => h.groups(),
-            None => Err(not_ready()),
-        }
+        self.call(|h| h.groups())
     }
 
     fn set_working_nic(
@@ -375,10 +429,7 @@ impl RankHal for LateRankHal {
         ranks: &[GroupRank],
         use_backup: &[bool],
     ) -> Result<(), HalError> {
-        match self.inner.lock().as_mut() {
-            Some(h) => h.set_working_nic(group, ranks, use_backup),
-            None => Err(not_ready()),
-        }
+        self.call(|h| h.set_working_nic(group, ranks, use_backup))
     }
 
     fn capabilities(&mut self) -> HcclCapabilities {
@@ -445,13 +496,14 @@ mod tests {
     }
 
     #[test]
-    fn a_late_hal_answers_unavailable_until_installed() {
+    fn a_late_hal_answers_unavailable_when_never_installed_within_its_wait() {
         let caps = HcclCapabilities {
             l2_retry: false,
             rdma: true,
         };
-        let (mut hal, slot) = LateRankHal::new(caps);
-        assert!(hal.groups().is_err());
+        let (mut hal, slot) = LateRankHal::waiting(caps, std::time::Duration::from_millis(20));
+        let e = hal.groups().unwrap_err();
+        assert!(e.to_string().contains("not set up yet"), "{e}");
         assert!(hal.set_working_nic("g", &[], &[]).is_err());
         assert_eq!(hal.capabilities(), caps);
         slot.install(Box::new(Fixed));
@@ -462,5 +514,25 @@ mod tests {
             caps,
             "its own capabilities, not the inner HAL's"
         );
+    }
+
+    /// The verification round's question can reach a new worker before its HAL is installed:
+    /// the call waits for it and answers, instead of "not set up yet" (which cost the job two
+    /// resume deadlines before it was verified).
+    #[test]
+    fn a_call_before_the_hal_is_installed_waits_for_it() {
+        let (mut hal, slot) = LateRankHal::new(HcclCapabilities::default());
+        let asked = std::thread::spawn(move || hal.groups());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while slot.waiting() == 0 {
+            assert!(
+                std::time::Instant::now() < deadline && !asked.is_finished(),
+                "the call answered without waiting for its HAL"
+            );
+            std::thread::yield_now();
+        }
+        slot.install(Box::new(Fixed));
+        assert_eq!(asked.join().unwrap().unwrap(), Vec::new());
+        assert_eq!(slot.waiting(), 0);
     }
 }

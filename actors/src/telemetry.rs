@@ -100,6 +100,15 @@ pub const AUTO_DECISIONS_TOTAL: &str = "taskd_auto_decisions_total";
 pub const JOURNAL_FAILING: &str = "taskd_journal_failing";
 /// Counter: writes of the manager's journal that failed.
 pub const JOURNAL_WRITE_FAILURES_TOTAL: &str = "taskd_journal_write_failures_total";
+/// Gauge, by `port` (`transport`, `control`): connections a server holds open now.
+pub const CONNECTIONS_OPEN: &str = "taskd_connections_open";
+/// Counter, by `port` and `why`: connections a server refused or closed for its limits
+/// (`per_client`, `total`: refused at accept; `evicted`: a pending one closed for a newer one;
+/// `deadline`: no handshake and first request in time).
+pub const CONNECTIONS_CLOSED_TOTAL: &str = "taskd_connections_closed_total";
+/// Counter, by `port`: accepts the system refused for want of descriptors or memory (each
+/// followed by a backoff).
+pub const ACCEPT_ERRORS_TOTAL: &str = "taskd_accept_errors_total";
 
 /// Counter: restarts of the whole job the manager began (process recovery: a lost process,
 /// or a stop of training, restarts every node's workers together).
@@ -137,6 +146,9 @@ pub const ALL: &[&str] = &[
     JOB_RESTARTS,
     TRAINING_STOPS_OVERDUE,
     RANKS_UNREACHABLE,
+    CONNECTIONS_OPEN,
+    CONNECTIONS_CLOSED_TOTAL,
+    ACCEPT_ERRORS_TOTAL,
 ];
 
 /// Buckets (seconds) of the phase and stall histograms: a millisecond (a simulated step) up
@@ -318,6 +330,21 @@ fn describe_job() {
         RANKS_UNREACHABLE,
         Unit::Count,
         "Ranks the manager cannot reach now (their proxy is not connected)"
+    );
+    describe_gauge!(
+        CONNECTIONS_OPEN,
+        Unit::Count,
+        "Connections a server holds open, by port"
+    );
+    describe_counter!(
+        CONNECTIONS_CLOSED_TOTAL,
+        Unit::Count,
+        "Connections a server refused or closed for its limits, by port and why"
+    );
+    describe_counter!(
+        ACCEPT_ERRORS_TOTAL,
+        Unit::Count,
+        "Accepts refused by the system for want of descriptors or memory, by port"
     );
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
 }

@@ -17,6 +17,11 @@ pub const MAX_RANKS: usize = 65_536;
 /// The most nodes in one job.
 pub const MAX_NODES: usize = 4_096;
 
+/// The longest node name: a host name's length. Names are printed in every log line and
+/// message about a node and travel in every registration, so a table that names a node with
+/// a megabyte is refused rather than carried.
+pub const MAX_NODE_NAME: usize = 255;
+
 /// One rank's place in the job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RankSlot {
@@ -90,6 +95,15 @@ pub enum RankTableError {
         /// The largest device id accepted.
         max: usize,
     },
+    /// A node name that is longer than [`MAX_NODE_NAME`] or holds a character that is not
+    /// printable (a newline would split every log line about the node).
+    #[error("node name {shown} is not usable: {why}")]
+    BadNodeName {
+        /// The name as it can be shown (quoted, cut after 40 characters).
+        shown: String,
+        /// What is wrong with it.
+        why: String,
+    },
     /// [`RankTable::try_uniform`] with zero nodes or zero devices per node.
     #[error(
         "a job needs at least one node and one device per node (got {nodes} x {devices_per_node})"
@@ -100,6 +114,27 @@ pub enum RankTableError {
         /// Devices per node asked for.
         devices_per_node: u32,
     },
+}
+
+/// Refuses a node name longer than [`MAX_NODE_NAME`] or with a character that is not
+/// printable.
+fn check_node_name(node: &NodeName) -> Result<(), RankTableError> {
+    let name = &node.0;
+    let why = if name.len() > MAX_NODE_NAME {
+        format!("{} bytes, more than {MAX_NODE_NAME}", name.len())
+    } else if let Some(c) = name.chars().find(|c| c.is_control()) {
+        format!("it holds the control character {c:?}")
+    } else {
+        return Ok(());
+    };
+    let mut shown: String = name.chars().take(40).collect();
+    if shown.len() < name.len() {
+        shown.push_str("...");
+    }
+    Err(RankTableError::BadNodeName {
+        shown: format!("{shown:?}"),
+        why,
+    })
 }
 
 /// Bidirectional map between `(node, device)` and global rank. Nodes keep the order they were
@@ -125,6 +160,12 @@ impl RankTable {
             });
         }
         slots.sort_by_key(|s| s.rank);
+        let mut names = BTreeSet::new();
+        for s in &slots {
+            if names.insert(&s.node) {
+                check_node_name(&s.node)?;
+            }
+        }
         let mut nodes = Vec::new();
         let mut by_node: BTreeMap<NodeName, BTreeMap<DeviceId, GlobalRank>> = BTreeMap::new();
         for (i, s) in slots.iter().enumerate() {
@@ -300,6 +341,30 @@ mod tests {
         assert_eq!(t.rank_of(&"node-4".into(), DeviceId(0)), None);
         assert_eq!(t.rank_of(&"node-0".into(), DeviceId(16)), None);
         assert_eq!(t.ranks_of(&"node-3".into()).len(), 16);
+    }
+
+    #[test]
+    fn node_names_that_would_split_a_log_line_or_carry_a_megabyte_are_refused() {
+        let table = |name: &str| {
+            RankTable::new(vec![RankSlot {
+                node: name.into(),
+                device: DeviceId(0),
+                rank: GlobalRank(0),
+            }])
+        };
+        let e = table("node-1\nINFO forged").unwrap_err();
+        assert!(matches!(e, RankTableError::BadNodeName { .. }), "{e:?}");
+        assert!(e.to_string().contains("control character '\\n'"), "{e}");
+        let huge = "n".repeat(1 << 20);
+        let e = table(&huge).unwrap_err().to_string();
+        assert!(e.contains("1048576 bytes, more than 255"), "{e}");
+        assert!(
+            e.len() < 200,
+            "the message does not carry the name: {}",
+            e.len()
+        );
+        assert!(table(&"n".repeat(MAX_NODE_NAME)).is_ok());
+        assert!(table("10.0.0.1").is_ok() && table("节点-1").is_ok());
     }
 
     #[test]

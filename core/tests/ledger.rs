@@ -1314,6 +1314,25 @@ fn a_uuid_admitted_by_a_manager_that_stopped_before_its_result_is_refused_as_int
     start(&mut l, &to_backup, op_id(4), now);
 }
 
+/// An operation whose admission could not be journaled is withdrawn before any of its
+/// actions runs: the ledger is as before the command, nothing is handed to the journal, and
+/// the same uuid starts afresh later.
+#[test]
+fn an_operation_withdrawn_before_its_first_action_leaves_no_trace() {
+    let layout = Layout::new(2, 4);
+    let mut l = ledger(&layout);
+    let before = snapshot(&l);
+    let cmd = layout.command(&[(3, true)]);
+    start(&mut l, &cmd, op_id(7), secs(1));
+    assert!(!l.withdraw(op_id(8)), "not the operation in flight");
+    assert!(l.withdraw(op_id(7)));
+    assert_eq!(snapshot(&l), before, "nothing runs, nothing changed");
+    assert!(l.take_admitted().is_empty(), "no admission to journal");
+    assert!(l.take_finished().is_empty(), "no result either");
+    assert!(!l.withdraw(op_id(7)), "once");
+    start(&mut l, &cmd, op_id(7), secs(2));
+}
+
 #[test]
 fn a_ledger_keeps_the_newest_seeded_results() {
     let layout = Layout::new(1, 2);

@@ -9,12 +9,64 @@
 //!
 //! `probe` is optional (without it a side is up or down as the kernel says); `cache_ms`
 //! defaults to 100.
+//!
+//! The file is opened without blocking and refused unless it is a regular file, and read with
+//! a bound ([`MAX_CONFIG_BYTES`]), as every file a role is given: `/dev/zero` or a FIFO named
+//! by mistake is an error at once, not a start that reads until memory runs out or hangs.
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
+use std::io::Read as _;
 use std::net::Ipv4Addr;
 use std::path::Path;
 use taskd_core::NicSide;
+
+/// The largest link configuration read: a node's devices and their peers take a few
+/// kilobytes.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// The longest interface name Linux has (`IFNAMSIZ` less its terminating byte).
+const MAX_IFNAME: usize = 15;
+
+/// The whole of the regular file at `path`, opened without blocking (a FIFO without a writer
+/// would block the open itself): `InvalidInput` naming what it is when it is not a regular
+/// file, `InvalidData` when it holds more than `max` bytes.
+pub(crate) fn read_regular(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(path)?;
+    let t = f.metadata()?.file_type();
+    if !t.is_file() {
+        let what = if t.is_dir() {
+            "a directory"
+        } else if t.is_fifo() {
+            "a FIFO"
+        } else if t.is_char_device() {
+            "a character device"
+        } else if t.is_block_device() {
+            "a block device"
+        } else if t.is_socket() {
+            "a socket"
+        } else {
+            "not a regular file"
+        };
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{what}, not a regular file"),
+        ));
+    }
+    let mut bytes = Vec::new();
+    f.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {max} bytes"),
+        ));
+    }
+    Ok(bytes)
+}
 
 /// A configuration that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -106,13 +158,16 @@ fn default_cache_ms() -> u64 {
 }
 
 impl LinkConfig {
-    /// Reads and checks `path`.
+    /// Reads and checks `path` (a regular file of at most [`MAX_CONFIG_BYTES`]).
     pub fn load(path: &Path) -> Result<LinkConfig, ConfigError> {
         let p = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let read_err = |source| ConfigError::Read {
             path: p.clone(),
             source,
-        })?;
+        };
+        let bytes = read_regular(path, MAX_CONFIG_BYTES).map_err(read_err)?;
+        let text = String::from_utf8(bytes)
+            .map_err(|e| read_err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
         LinkConfig::parse(&text, &p)
     }
 
@@ -132,6 +187,21 @@ impl LinkConfig {
     fn check(&self) -> Result<(), String> {
         if self.devices.is_empty() {
             return Err("no devices".into());
+        }
+        for (dev, links) in &self.devices {
+            for name in [&links.primary, &links.backup] {
+                let bad = name.is_empty()
+                    || name.len() > MAX_IFNAME
+                    || name.contains('/')
+                    || name == "."
+                    || name == ".."
+                    || name.chars().any(|c| c.is_whitespace() || c.is_control());
+                if bad {
+                    return Err(format!(
+                        "device {dev}: {name:?} is not an interface name (1 to {MAX_IFNAME} bytes, no '/', no space)"
+                    ));
+                }
+            }
         }
         let Some(p) = &self.probe else { return Ok(()) };
         if p.count == 0 || p.count > 64 {
@@ -182,5 +252,44 @@ mod tests {
           "probe": {"count": 0, "size": 100, "timeout_ms": 10, "max_loss": 0.1, "max_rtt_ms": 5}}"#;
         let e = LinkConfig::parse(text, "c.json").unwrap_err();
         assert!(e.to_string().contains("probe count 0"), "{e}");
+        for name in ["", "../../../dev", "a/b", "..", "sixteen-letters!", "a b"] {
+            let text = format!(r#"{{"devices": {{"0": {{"primary": "p", "backup": {name:?}}}}}}}"#);
+            let e = LinkConfig::parse(&text, "d.json").unwrap_err();
+            assert!(
+                e.to_string().contains("not an interface name"),
+                "{name}: {e}"
+            );
+        }
+    }
+
+    /// `/dev/zero` is refused at once instead of read until memory runs out, a FIFO without
+    /// a writer instead of blocking the start, a file above the bound for its size.
+    #[test]
+    fn only_a_regular_file_of_bounded_size_is_read() {
+        let e = LinkConfig::load(Path::new("/dev/zero")).unwrap_err();
+        assert!(e.to_string().contains("a character device"), "{e}");
+        let dir = std::env::temp_dir().join(format!("taskd-links-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("links.fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let e = LinkConfig::load(&fifo).unwrap_err();
+        assert!(e.to_string().contains("a FIFO"), "{e}");
+        let big = dir.join("big.json");
+        let f = std::fs::File::create(&big).unwrap();
+        f.set_len(MAX_CONFIG_BYTES + 1).unwrap();
+        let e = LinkConfig::load(&big).unwrap_err();
+        assert!(e.to_string().contains("larger than"), "{e}");
+        let good = dir.join("good.json");
+        std::fs::write(
+            &good,
+            r#"{"devices": {"0": {"primary": "p", "backup": "b"}}}"#,
+        )
+        .unwrap();
+        assert_eq!(LinkConfig::load(&good).unwrap().devices.len(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

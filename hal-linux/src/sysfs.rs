@@ -70,21 +70,29 @@ impl fmt::Display for KernelLink {
     }
 }
 
+/// The most of a sysfs attribute read: one page.
+const ATTRIBUTE_BYTES: u64 = 4096;
+
 impl SysNet {
     /// Interfaces under `root` instead of `/sys/class/net`.
     pub fn at(root: impl Into<PathBuf>) -> Self {
         SysNet { root: root.into() }
     }
 
-    /// The state of interface `name`.
+    /// The state of interface `name` (each attribute read as a regular file of at most a
+    /// page, as sysfs has them).
     pub fn link(&self, name: &str) -> Result<KernelLink, ReadError> {
         let dir = self.root.join(name);
         let path = dir.join("operstate");
-        let operstate = std::fs::read_to_string(&path).map_err(|source| ReadError {
+        let read = |p: &std::path::Path| {
+            crate::config::read_regular(p, ATTRIBUTE_BYTES)
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+        };
+        let operstate = read(&path).map_err(|source| ReadError {
             path: path.display().to_string(),
             source,
         })?;
-        let carrier = std::fs::read_to_string(dir.join("carrier"))
+        let carrier = read(&dir.join("carrier"))
             .ok()
             .and_then(|c| match c.trim() {
                 "1" => Some(true),

@@ -83,9 +83,17 @@ pub struct ManagerArgs {
     /// Keep what must survive a restart here (created when missing): the journal of finished
     /// operations, so a command repeated with its uuid after a restart returns the earlier
     /// result instead of running again. Without it a restarted manager forgets every uuid. One
-    /// manager per directory (it holds DIR/manager.lock); it must be writable.
+    /// manager per directory (it holds it locked); it must be writable, and by this manager's
+    /// user alone.
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+    /// How long the manager waits for a write of its journal (--state-dir) before it counts
+    /// the journal as failing (a file system that does not answer: a hung NFS server, a
+    /// frozen or dying disk): the command being admitted is refused, and so is every new one
+    /// until a write succeeds again. The manager handles nothing else while it waits.
+    #[arg(long, value_name = "MS", value_parser = flags::deadline_ms(),
+          default_value_t = taskd_actors::manager::DEFAULT_JOURNAL_TIMEOUT.as_millis() as u64)]
+    journal_timeout_ms: u64,
     /// Deadline of each pause part (sample, pause).
     #[arg(long, value_name = "MS", value_parser = flags::deadline_ms())]
     pause_timeout_ms: Option<u64>,
@@ -202,6 +210,7 @@ impl ManagerArgs {
             clusterd,
             auto: self.auto.config(),
             state_dir: self.state_dir.clone(),
+            journal_timeout: Duration::from_millis(self.journal_timeout_ms),
             hold: match self.hold_policy {
                 HeldPolicyArg::Stop => {
                     HoldPolicy::StopAfter(Duration::from_millis(self.hold_bound_ms))

@@ -4,7 +4,12 @@
 //! [`FaultRelay`] between each proxy and the manager. Every port is bound to 0 and read from
 //! the line the role prints; a restarted manager or proxy binds the port its first
 //! incarnation got, so the others find it again.
+//!
+//! As root, the manager's state directory is a file system of its own (an ext4 image on a
+//! loop device, [`super::procdisk`]), which the disk faults fill up or freeze; elsewhere it is
+//! a plain directory and those faults are skipped, saying why.
 
+use super::procdisk::StateDisk;
 use super::procs::{Proc, ProcError, Sig};
 use super::relay::{FaultRelay, LinkMode};
 use std::net::SocketAddr;
@@ -24,6 +29,9 @@ pub const PHASE_DEADLINE: Duration = Duration::from_millis(1500);
 pub const HOLD_BOUND: Duration = Duration::from_millis(2000);
 /// The most the campaign waits for a role's line, a control call or an exit.
 pub const PATIENCE: Duration = Duration::from_secs(20);
+/// The manager's journal timeout (`--journal-timeout-ms`): a frozen state directory fails a
+/// write after this long. Above a busy disk's slow writes (the campaign runs on the disk).
+pub const JOURNAL_TIMEOUT: Duration = Duration::from_millis(1000);
 
 /// Why the job could not be started or driven.
 #[derive(Debug, thiserror::Error)]
@@ -100,6 +108,9 @@ pub struct ProcJob {
     incarnations: std::collections::BTreeMap<String, u32>,
     rt: tokio::runtime::Runtime,
     client: Option<ControlClient>,
+    /// The state directory's own file system, or why it has none (then the disk faults are
+    /// skipped).
+    disk: Result<StateDisk, String>,
 }
 
 /// The address after `marker` in `line`.
@@ -145,7 +156,11 @@ impl ProcJob {
             .scratch
             .join(format!("taskd-chaos-{}-{seed}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("state")).map_err(io(format!("{}", dir.display())))?;
+        std::fs::create_dir_all(&dir).map_err(io(format!("{}", dir.display())))?;
+        let disk = StateDisk::ext4(&dir.join("state"), &dir.join("state.img"));
+        if disk.is_err() {
+            std::fs::create_dir_all(dir.join("state")).map_err(io(format!("{}", dir.display())))?;
+        }
         let token = format!("chaos-{seed:016x}");
         std::fs::write(dir.join("token"), &token).map_err(io("the token file"))?;
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -172,6 +187,7 @@ impl ProcJob {
             incarnations,
             rt,
             client: None,
+            disk,
         };
         j.manager_started()?;
         j.start_nodes()?;
@@ -351,8 +367,37 @@ impl ProcJob {
         self.relays[k as usize].set(mode);
     }
 
-    /// Heals every link and thaws every process.
+    /// Fills up (`full`) or frees the state directory's file system; `Err` saying why when
+    /// it has none of its own (the fault is skipped).
+    pub fn fill_disk(&mut self, full: bool) -> Result<(), String> {
+        let disk = self.disk.as_ref().map_err(Clone::clone)?;
+        if full {
+            disk.fill()
+                .map(|_| ())
+                .map_err(|e| format!("filling the disk: {e}"))
+        } else {
+            disk.free();
+            Ok(())
+        }
+    }
+
+    /// Freezes or thaws the state directory's file system; `Err` saying why when it has none
+    /// of its own (the fault is skipped) or it cannot be.
+    pub fn freeze_disk(&mut self, frozen: bool) -> Result<(), String> {
+        let disk = self.disk.as_mut().map_err(|e| e.clone())?;
+        if frozen {
+            disk.freeze()
+        } else {
+            disk.thaw()
+        }
+    }
+
+    /// Heals every link, thaws every process and frees the state directory's disk.
     pub fn heal_all(&mut self) {
+        if let Ok(d) = &mut self.disk {
+            let _ = d.thaw();
+            d.free();
+        }
         for r in &self.relays {
             r.set(LinkMode::Pass);
         }
@@ -419,6 +464,7 @@ fn manager_args(dir: &Path, job: &str, listen: &str) -> Vec<String> {
     ]));
     a.extend(strings(&["--control-rate-burst", "100000"]));
     a.extend(strings(&["--control-rate-per-sec", "100000"]));
+    a.extend(strings(&["--journal-timeout-ms", &ms(JOURNAL_TIMEOUT)]));
     for phase in ["pause", "switch", "rollback", "resume"] {
         a.extend([format!("--{phase}-timeout-ms"), ms(PHASE_DEADLINE)]);
     }
@@ -448,6 +494,10 @@ fn spawn_role(
 
 impl Drop for ProcJob {
     fn drop(&mut self) {
+        // First: a process inside a write to a frozen file system cannot die until it thaws.
+        if let Ok(d) = &mut self.disk {
+            let _ = d.thaw();
+        }
         self.client = None;
         // Workers first, then proxies, then the manager: each Proc kills its group.
         self.workers.clear();
@@ -479,6 +529,7 @@ mod tests {
         assert_eq!(flag("--state-dir"), Some("/s/state"));
         assert_eq!(flag("--hold-bound-ms"), Some("2000"));
         assert_eq!(flag("--pause-timeout-ms"), Some("1500"));
+        assert_eq!(flag("--journal-timeout-ms"), Some("1000"));
         assert_eq!(LOSS_BOUND, Duration::from_secs(2));
     }
 }

@@ -29,7 +29,8 @@
 use super::answers::Answers;
 use super::driver::{RunResult, Stop, Violation};
 use super::procjob::{
-    JobError, ProcEnv, ProcJob, HOLD_BOUND, LOSS_BOUND, NODES, PATIENCE, PHASE_DEADLINE, PPN,
+    JobError, ProcEnv, ProcJob, HOLD_BOUND, JOURNAL_TIMEOUT, LOSS_BOUND, NODES, PATIENCE,
+    PHASE_DEADLINE, PPN,
 };
 use super::procsched::{Fault, ProcSchedule, Step, Target};
 use super::relay::LinkMode;
@@ -78,6 +79,7 @@ pub fn run(env: &ProcEnv, schedule: &ProcSchedule) -> RunResult {
         out,
         answers: Answers::default(),
         admitted: Vec::new(),
+        not_recorded: BTreeSet::new(),
         clock: started,
         at: "start".into(),
     };
@@ -107,6 +109,9 @@ struct Driver<'a> {
     answers: Answers,
     /// Every uuid the manager admitted, with its command.
     admitted: Vec<(String, SwitchCommand)>,
+    /// The uuids whose result said it was not journaled (`journal_error`): a manager started
+    /// before a later write succeeded refuses them as interrupted, as the docs say.
+    not_recorded: BTreeSet<String>,
     clock: Instant,
     at: String,
 }
@@ -216,6 +221,15 @@ impl Driver<'_> {
 
     /// Injects `f` and heals it after its length.
     fn fault(&mut self, f: &Fault) -> Checked {
+        if f.is_disk() {
+            if !self.disk(f, true)? {
+                return Ok(());
+            }
+            // The fault's length: how long the disk stays full or frozen.
+            std::thread::sleep(Duration::from_millis(f.length_ms()));
+            self.disk(f, false)?;
+            return Ok(());
+        }
         *self.out.faults.entry(f.kind()).or_default() += 1;
         self.log(format!("fault: {f}"));
         let hold = Duration::from_millis(f.length_ms());
@@ -244,13 +258,45 @@ impl Driver<'_> {
                 self.job.link(*node, LinkMode::Pass);
                 Ok(())
             }
+            Fault::FillDisk { .. } | Fault::FreezeDisk { .. } => unreachable!("handled above"),
         };
         self.log("fault healed".into());
         r.map_err(|e| self.harness(e))
     }
 
+    /// Lands (`on`) or heals the disk fault `f`; `false` when the state directory has no file
+    /// system of its own (the fault is skipped, and said so).
+    fn disk(&mut self, f: &Fault, on: bool) -> Checked<bool> {
+        let done = match f {
+            Fault::FillDisk { .. } => self.job.fill_disk(on),
+            _ => self.job.freeze_disk(on),
+        };
+        match done {
+            Ok(()) if on => {
+                *self.out.faults.entry(f.kind()).or_default() += 1;
+                self.log(format!("fault: {f}"));
+                Ok(true)
+            }
+            Ok(()) => {
+                self.log("fault healed".into());
+                Ok(true)
+            }
+            Err(why) if on => {
+                self.log(format!("fault skipped ({f}): {why}"));
+                self.observe("disk_fault_skipped");
+                Ok(false)
+            }
+            Err(why) => Err(self.fail("bounded", format!("healing {f}: {why}"))),
+        }
+    }
+
     /// Submits `cmd`; lands `fault` when phase `at` starts; checks the result.
     fn switch(&mut self, cmd: SwitchCommand, at: &str, fault: Option<&Fault>) -> Checked {
+        if at == "before" {
+            if let Some(f) = fault {
+                return self.switch_during(cmd, f);
+            }
+        }
         let uuid = cmd.id.map(|i| i.to_string()).unwrap_or_default();
         let keep = cmd.clone();
         let mut client = self.job.client();
@@ -269,10 +315,12 @@ impl Driver<'_> {
             Ok(Err(e)) => return Err(self.fail("bounded", format!("the submission failed: {e}"))),
             Ok(Ok(op)) => op,
         };
-        if let Err(e) = self.answers.accepted(&uuid, op.known) {
+        // The operation in flight answered for its uuid sent again started nothing new.
+        let started = !op.known && !op.in_flight;
+        if let Err(e) = self.answers.accepted(&uuid, !started) {
             return Err(self.fail("one_result", e));
         }
-        if !op.known {
+        if started {
             self.out.operations += 1;
             self.admitted.push((uuid.clone(), keep));
         }
@@ -306,11 +354,65 @@ impl Driver<'_> {
         }
     }
 
+    /// Lands the disk fault `f`, submits `cmd` while it holds (its admission meets it: the
+    /// manager refuses the switch, or runs it when the record still fits), heals it after its
+    /// length and follows the switch to its result.
+    fn switch_during(&mut self, cmd: SwitchCommand, f: &Fault) -> Checked {
+        let landed = self.disk(f, true)?;
+        let started = Instant::now();
+        let heal_at = started + Duration::from_millis(f.length_ms());
+        let uuid = cmd.id.map(|i| i.to_string()).unwrap_or_default();
+        let keep = cmd.clone();
+        let mut client = self.job.client();
+        let task = self.job.runtime().spawn(async move {
+            let op = client.submit(&cmd).await?;
+            let known = (op.known, op.in_flight);
+            op.result().await.map(|s| (known, s))
+        });
+        // The fault's length, then it heals (the switch may wait for it meanwhile).
+        std::thread::sleep(heal_at.saturating_duration_since(Instant::now()));
+        if landed {
+            self.disk(f, false)?;
+        }
+        let bound = op_bound(Some(f));
+        let rt = self.job.runtime();
+        let got = rt.block_on(async { tokio::time::timeout(bound, task).await });
+        match got {
+            Err(_) => Err(self.fail(
+                "bounded",
+                format!("uuid {uuid} had no answer within {bound:?}"),
+            )),
+            Ok(Err(join)) => Err(self.fail("bounded", format!("following {uuid}: {join}"))),
+            Ok(Ok(Err(ClientError::Refused { kind, reason, .. }))) => {
+                self.log(format!("refused ({}): {reason}", refusal_name(kind)));
+                self.observe(refusal_name(kind));
+                self.refused_repeat(&uuid, &reason)
+            }
+            Ok(Ok(Err(e))) => Err(self.fail("bounded", format!("uuid {uuid}: {e}"))),
+            Ok(Ok(Ok(((known, in_flight), summary)))) => {
+                let fresh = !known && !in_flight;
+                if let Err(e) = self.answers.accepted(&uuid, !fresh) {
+                    return Err(self.fail("one_result", e));
+                }
+                if fresh {
+                    self.out.operations += 1;
+                    self.admitted.push((uuid.clone(), keep));
+                }
+                self.answered(&uuid, &summary)
+            }
+        }
+    }
+
     fn answered(&mut self, uuid: &str, s: &OperationSummary) -> Checked {
         self.log(format!(
             "{uuid}: {} (applied {}, rolled back {}, job {})",
             s.result, s.applied, s.rolled_back, s.job_state
         ));
+        if let Some(why) = &s.journal_error {
+            self.log(format!("{uuid}: its result is not journaled: {why}"));
+            self.observe("result_not_journaled");
+            self.not_recorded.insert(uuid.to_owned());
+        }
         if s.uuid != uuid {
             return Err(self.fail(
                 "one_result",
@@ -324,6 +426,12 @@ impl Driver<'_> {
 
     /// A refusal of a uuid that has a result breaks `one_result`: the uuid must return it.
     fn refused_repeat(&mut self, uuid: &str, reason: &str) -> Checked {
+        if self.not_recorded.contains(uuid) && reason.contains("stopped before its result") {
+            // Its result said it was not journaled, and a manager started since refuses it as
+            // interrupted: what the docs promise for such a result.
+            self.observe("not_journaled_result_refused_as_interrupted");
+            return Ok(());
+        }
         match self.answers.first(uuid) {
             Some(first) => {
                 let first = format!("{first:?}");
@@ -391,9 +499,17 @@ impl Driver<'_> {
 /// a rollback may follow the switch), the hold bound, the faults' own length, and time for a
 /// killed role to come back on a loaded machine.
 fn op_bound(fault: Option<&Fault>) -> Duration {
+    // A frozen state directory holds the admission's and the result's writes each up to the
+    // journal timeout.
+    let journal = if fault.is_some_and(Fault::is_disk) {
+        JOURNAL_TIMEOUT * 2
+    } else {
+        Duration::ZERO
+    };
     PHASE_DEADLINE * 5
         + HOLD_BOUND
         + Duration::from_millis(fault.map_or(0, Fault::length_ms))
+        + journal
         + PATIENCE
 }
 
@@ -572,6 +688,7 @@ impl Driver<'_> {
 
 fn quiet(st: &JobStatus, expected: u32) -> bool {
     st.state == "running"
+        && st.journal_error.is_empty()
         && st.verified
         && st.workers_registered == expected
         && st.lost_ranks.is_empty()

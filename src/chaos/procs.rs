@@ -13,14 +13,17 @@ use std::time::{Duration, Instant};
 /// starts any more): what [`kill_all`] ends when the campaign itself is told to stop.
 static LIVE: Mutex<(BTreeSet<u32>, bool)> = Mutex::new((BTreeSet::new(), false));
 
-/// Kills the process group of every live role and lets no new one start: for a campaign
-/// stopped by a signal, which runs no `Drop`.
+/// Kills the process group of every live role and lets no new one start, then thaws and
+/// unmounts every state directory's file system ([`super::procdisk`]): for a campaign stopped
+/// by a signal, which runs no `Drop`.
 pub fn kill_all() {
     let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
     live.1 = true;
     for pid in &live.0 {
         kill_group(*pid, Sig::Kill);
     }
+    drop(live);
+    super::procdisk::release_all();
 }
 
 /// Whether [`kill_all`] ran: the campaign is being stopped, and what its runs saw since (roles

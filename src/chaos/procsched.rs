@@ -2,6 +2,12 @@
 //! the in-process ones, drawn from the same [`SplitMix64`] so a seed fixes its schedule. A
 //! schedule is a few steps: a switch (or switchback) with at most one fault landing when a
 //! chosen phase starts, a fault alone, a uuid repeated, an operator's recovery.
+//!
+//! About one schedule in three ends with a switch that meets a fault of the manager's state
+//! directory: its file system filled up, or frozen (as a hung NFS server or a dying disk),
+//! landing before the switch is submitted (its admission meets it) or when one of its phases
+//! starts. Those are drawn from a stream of their own, so the steps of a seed are the ones
+//! it had before disk faults existed.
 
 use super::procjob::{NODES, PPN};
 use super::rng::SplitMix64;
@@ -37,6 +43,16 @@ pub enum Fault {
         /// How long.
         ms: u64,
     },
+    /// The file system of the manager's state directory full for `ms`.
+    FillDisk {
+        /// How long.
+        ms: u64,
+    },
+    /// The file system of the manager's state directory frozen (`fsfreeze`) for `ms`.
+    FreezeDisk {
+        /// How long.
+        ms: u64,
+    },
 }
 
 impl Fault {
@@ -50,13 +66,24 @@ impl Fault {
             Fault::Freeze { .. } => "freeze_proxy",
             Fault::Cut { .. } => "link_cut",
             Fault::Blackhole { .. } => "link_blackhole",
+            Fault::FillDisk { .. } => "fill_disk",
+            Fault::FreezeDisk { .. } => "freeze_disk",
         }
+    }
+
+    /// Whether it is a fault of the state directory's file system.
+    pub fn is_disk(&self) -> bool {
+        matches!(self, Fault::FillDisk { .. } | Fault::FreezeDisk { .. })
     }
 
     /// How long the fault lasts before it heals (0 for a kill: the restart follows at once).
     pub fn length_ms(&self) -> u64 {
         match self {
-            Fault::Freeze { ms, .. } | Fault::Cut { ms, .. } | Fault::Blackhole { ms, .. } => *ms,
+            Fault::Freeze { ms, .. }
+            | Fault::Cut { ms, .. }
+            | Fault::Blackhole { ms, .. }
+            | Fault::FillDisk { ms }
+            | Fault::FreezeDisk { ms } => *ms,
             _ => 0,
         }
     }
@@ -72,6 +99,10 @@ impl fmt::Display for Fault {
             Fault::Freeze { proxy: Some(k), ms } => write!(f, "SIGSTOP proxy {k} for {ms} ms"),
             Fault::Cut { node, ms } => write!(f, "cut node {node}'s link for {ms} ms"),
             Fault::Blackhole { node, ms } => write!(f, "blackhole node {node}'s link for {ms} ms"),
+            Fault::FillDisk { ms } => write!(f, "fill the state directory's disk for {ms} ms"),
+            Fault::FreezeDisk { ms } => {
+                write!(f, "freeze the state directory's file system for {ms} ms")
+            }
         }
     }
 }
@@ -133,6 +164,13 @@ impl fmt::Display for Step {
 /// The phases a fault may land at.
 pub const PHASES: [&str; 5] = ["accepted", "sample", "pause", "switch", "resume"];
 
+/// Where a fault of the state directory may land: before the switch is submitted (its
+/// admission's write meets it), or when a phase starts (its result's write does).
+pub const DISK_PHASES: [&str; 6] = ["before", "accepted", "sample", "pause", "switch", "resume"];
+
+/// What the stream of the disk faults is seeded with, besides the seed.
+const DISK_STREAM: u64 = 0xd15c_fa17_0000_0000;
+
 /// One seed's schedule.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcSchedule {
@@ -162,6 +200,10 @@ impl ProcSchedule {
                 _ => switch(&mut rng),
             };
             steps.push(step);
+        }
+        let mut disk = SplitMix64::new(seed ^ DISK_STREAM);
+        if disk.chance(35) {
+            steps.push(disk_switch(&mut disk));
         }
         ProcSchedule { seed, steps }
     }
@@ -195,6 +237,30 @@ fn switch(rng: &mut SplitMix64) -> Step {
         targets,
         at,
         fault,
+    }
+}
+
+/// A switch that meets a fault of the state directory's file system.
+fn disk_switch(rng: &mut SplitMix64) -> Step {
+    let Step::Switch { id, targets, .. } = switch(rng) else {
+        unreachable!("switch() draws a switch")
+    };
+    let fault = if rng.chance(50) {
+        Fault::FillDisk {
+            ms: rng.range(300, 2000),
+        }
+    } else {
+        // Longer than the campaign's journal timeout: the writes it meets time out.
+        Fault::FreezeDisk {
+            ms: rng.range(1200, 3000),
+        }
+    };
+    let at = *rng.pick(&DISK_PHASES);
+    Step::Switch {
+        id,
+        targets,
+        at,
+        fault: Some(fault),
     }
 }
 
@@ -239,7 +305,7 @@ mod tests {
         let mut steps = std::collections::HashSet::new();
         for seed in 0..200 {
             let s = ProcSchedule::generate(seed);
-            assert!((3..=5).contains(&s.steps.len()));
+            assert!((3..=6).contains(&s.steps.len()));
             for (i, st) in s.steps.iter().enumerate() {
                 steps.insert(std::mem::discriminant(st));
                 match st {
@@ -251,7 +317,31 @@ mod tests {
                 }
             }
         }
-        assert_eq!(kinds.len(), 7, "{kinds:?}");
+        assert_eq!(kinds.len(), 9, "{kinds:?}");
         assert_eq!(steps.len(), 4);
+    }
+
+    /// The disk faults come from a stream of their own: a seed's other steps are the ones
+    /// it had before them (the seeds the tests chose keep their faults).
+    #[test]
+    fn disk_faults_are_added_after_a_seeds_own_steps() {
+        let mut with_disk = 0;
+        for seed in 0..200 {
+            let s = ProcSchedule::generate(seed);
+            let disk: Vec<usize> = (0..s.steps.len())
+                .filter(
+                    |i| matches!(&s.steps[*i], Step::Switch { fault: Some(f), .. } if f.is_disk()),
+                )
+                .collect();
+            match disk.as_slice() {
+                [] => {}
+                [last] => {
+                    assert_eq!(*last, s.steps.len() - 1, "seed {seed}");
+                    with_disk += 1;
+                }
+                more => panic!("seed {seed}: {more:?}"),
+            }
+        }
+        assert!((40..=100).contains(&with_disk), "{with_disk} of 200");
     }
 }

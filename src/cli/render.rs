@@ -19,7 +19,9 @@ fn result_json(r: &proto::OperationResult) -> Value {
 /// down) or `finished` (with `took_ms`).
 pub fn event_json(ev: &Event) -> Value {
     match ev {
-        Event::Accepted(a) => json!({"event": "accepted", "uuid": a.uuid, "known": a.known}),
+        Event::Accepted(a) => {
+            json!({"event": "accepted", "uuid": a.uuid, "known": a.known, "in_flight": a.in_flight})
+        }
         Event::Refused(r) => json!({
             "event": "refused", "code": r.code,
             "name": taskd_actors::control::codes::name(r.code), "reason": r.reason,

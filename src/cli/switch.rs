@@ -121,6 +121,8 @@ async fn follow(
                 if !a.json {
                     let what = if acc.known {
                         "already ran: its result follows"
+                    } else if acc.in_flight {
+                        "is already in flight (nothing new started): its result follows"
                     } else {
                         "accepted"
                     };

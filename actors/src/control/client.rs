@@ -139,6 +139,7 @@ impl ControlClient {
             Event::Accepted(a) => Ok(Switching {
                 uuid: a.uuid,
                 known: a.known,
+                in_flight: a.in_flight,
                 events,
             }),
             Event::Refused(r) => Err(refused(r)),
@@ -237,6 +238,9 @@ pub struct Switching {
     pub uuid: String,
     /// `true` when the UUID had already run: its result comes at once.
     pub known: bool,
+    /// `true` when the UUID is the operation in flight: nothing new started, its phases and
+    /// result follow.
+    pub in_flight: bool,
     events: tonic::Streaming<proto::SwitchEvent>,
 }
 

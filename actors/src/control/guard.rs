@@ -2,6 +2,12 @@
 //! one tonic [`Interceptor`] in front of every operator service (`Recover` and `Control`), so no
 //! method can forget it. (Mutual TLS is configured on the server itself, see
 //! [`super::ControlConfig::tls`].)
+//!
+//! Each client address has two buckets: one for the calls that carry the token, one for those
+//! that do not (no token, a wrong one). Guesses are rate-limited as any call, but a client
+//! without the token on the operator's address (the same host, a NAT, a sidecar) drains only
+//! the bucket of failures: the operator's calls, an emergency `recover` among them, still
+//! pass.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -66,12 +72,30 @@ struct Bucket {
     at: Instant,
 }
 
+/// The most client addresses a guard keeps buckets for (per kind of call); past it, the
+/// buckets that are full again are forgotten (a forgotten bucket is a full one).
+const MAX_CLIENTS: usize = 4096;
+
+/// Every client's buckets, by kind of call and address (`None`: a call with no address).
+type Buckets = HashMap<(Kind, Option<IpAddr>), Bucket>;
+
+/// Which of a client's buckets a call is charged to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Kind {
+    /// A call that carries the token (every call when none is configured).
+    Authenticated,
+    /// A call without the token, or with a wrong one.
+    Failed,
+}
+
 /// Checks every request before it reaches the manager: the interceptor of every operator
 /// service. Clones share one set of buckets.
 #[derive(Clone)]
 pub struct Guard {
     cfg: Arc<GuardConfig>,
-    buckets: Arc<Mutex<HashMap<Option<IpAddr>, Bucket>>>,
+    buckets: Arc<Mutex<Buckets>>,
+    /// The port's connections: one whose call passes is past its first request.
+    connections: Option<Arc<crate::net::limits::Connections>>,
 }
 
 impl Interceptor for Guard {
@@ -87,39 +111,71 @@ impl Guard {
         Guard {
             cfg: Arc::new(cfg),
             buckets: Arc::new(Mutex::new(HashMap::new())),
+            connections: None,
         }
+    }
+
+    /// Marks the connection of every call it lets through as past its first request in
+    /// `connections` (so it is no longer closed at its deadline).
+    pub(crate) fn with_connections(
+        mut self,
+        connections: Arc<crate::net::limits::Connections>,
+    ) -> Self {
+        self.connections = Some(connections);
+        self
     }
 
     /// `Err` with `resource_exhausted` or `unauthenticated` when the request may not pass.
-    /// Every request is charged to its client's bucket first, so wrong-token guesses are
-    /// rate-limited as any other request.
+    /// Every request is charged to one of its client's buckets: the one of authenticated
+    /// calls when it carries the token, the one of failures otherwise, so wrong-token guesses
+    /// are rate-limited without locking out the client that has the token.
     fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
-        self.take(req.remote_addr().map(|a| a.ip()), Instant::now())?;
-        if let Some(want) = &self.cfg.token {
-            let got = req
-                .metadata()
-                .get("authorization")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "));
-            match got {
-                None => {
-                    return Err(Status::unauthenticated(
-                        "this control port requires a bearer token (authorization: Bearer <token>)",
-                    ))
+        let client = req.remote_addr().map(|a| a.ip());
+        match self.authenticate(req) {
+            Ok(()) => {
+                if let (Some(c), Some(peer)) = (&self.connections, req.remote_addr()) {
+                    c.served(peer);
                 }
-                Some(t) if !constant_time_eq(t.as_bytes(), want.as_bytes()) => {
-                    return Err(Status::unauthenticated("the bearer token is not valid"))
-                }
-                Some(_) => {}
+                self.take(Kind::Authenticated, client, Instant::now())
+            }
+            Err(refused) => {
+                self.take(Kind::Failed, client, Instant::now())?;
+                Err(refused)
             }
         }
-        Ok(())
     }
 
-    fn take(&self, client: Option<IpAddr>, now: Instant) -> Result<(), Status> {
+    /// `Err` with `unauthenticated` when a token is configured and `req` does not carry it.
+    fn authenticate<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        let Some(want) = &self.cfg.token else {
+            return Ok(());
+        };
+        let got = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match got {
+            None => Err(Status::unauthenticated(
+                "this control port requires a bearer token (authorization: Bearer <token>)",
+            )),
+            Some(t) if !constant_time_eq(t.as_bytes(), want.as_bytes()) => {
+                Err(Status::unauthenticated("the bearer token is not valid"))
+            }
+            Some(_) => Ok(()),
+        }
+    }
+
+    fn take(&self, kind: Kind, client: Option<IpAddr>, now: Instant) -> Result<(), Status> {
         let rate = self.cfg.rate;
         let mut buckets = self.buckets.lock();
-        let b = buckets.entry(client).or_insert(Bucket {
+        if buckets.len() >= MAX_CLIENTS && !buckets.contains_key(&(kind, client)) {
+            buckets.retain(|_, b| {
+                let refill = now.saturating_duration_since(b.at).as_secs_f64() * rate.per_second;
+                b.tokens + refill < f64::from(rate.burst)
+            });
+        }
+        let b = buckets.entry((kind, client)).or_insert(Bucket {
             tokens: f64::from(rate.burst),
             at: now,
         });
@@ -165,14 +221,15 @@ mod tests {
         });
         let t0 = Instant::now();
         let ip = Some(IpAddr::from([127, 0, 0, 1]));
-        assert!(g.take(ip, t0).is_ok());
-        assert!(g.take(ip, t0).is_ok());
-        let e = g.take(ip, t0).unwrap_err();
+        let take = |ip, t| g.take(Kind::Authenticated, ip, t);
+        assert!(take(ip, t0).is_ok());
+        assert!(take(ip, t0).is_ok());
+        let e = take(ip, t0).unwrap_err();
         assert_eq!(e.code(), tonic::Code::ResourceExhausted);
         // Another client has its own bucket.
-        assert!(g.take(Some(IpAddr::from([10, 0, 0, 1])), t0).is_ok());
-        assert!(g.take(ip, t0 + Duration::from_millis(1100)).is_ok());
-        assert!(g.take(ip, t0 + Duration::from_millis(1100)).is_err());
+        assert!(take(Some(IpAddr::from([10, 0, 0, 1])), t0).is_ok());
+        assert!(take(ip, t0 + Duration::from_millis(1100)).is_ok());
+        assert!(take(ip, t0 + Duration::from_millis(1100)).is_err());
     }
 
     #[test]
@@ -225,6 +282,64 @@ mod tests {
                 ResourceExhausted
             ]
         );
+    }
+
+    /// A client without the token on the operator's address drains the bucket of failures
+    /// only: the operator's calls still pass, and have a bucket of their own.
+    #[test]
+    fn failed_authentications_do_not_lock_out_the_client_with_the_token() {
+        let mut g = Guard::new(GuardConfig {
+            token: Some("s3cret".into()),
+            rate: RateLimit {
+                burst: 3,
+                per_second: MIN_PER_SECOND,
+            },
+        });
+        let with = |token: &str| {
+            let mut r = Request::new(());
+            let v = format!("Bearer {token}").parse().unwrap();
+            r.metadata_mut().insert("authorization", v);
+            r
+        };
+        for _ in 0..10 {
+            let _ = g.call(with("guess"));
+            let _ = g.call(Request::new(()));
+        }
+        let e = g.call(with("guess")).unwrap_err();
+        assert_eq!(
+            e.code(),
+            tonic::Code::ResourceExhausted,
+            "guesses are limited"
+        );
+        for n in 0..3 {
+            assert!(g.call(with("s3cret")).is_ok(), "the operator's call {n}");
+        }
+        let e = g.call(with("s3cret")).unwrap_err();
+        assert_eq!(
+            e.code(),
+            tonic::Code::ResourceExhausted,
+            "and rate-limited too"
+        );
+    }
+
+    /// The buckets of many addresses are forgotten once full again: a spray of addresses
+    /// cannot grow the guard without bound.
+    #[test]
+    fn the_buckets_of_many_clients_stay_bounded() {
+        let g = Guard::new(GuardConfig {
+            token: None,
+            rate: RateLimit {
+                burst: 1,
+                per_second: 1.0,
+            },
+        });
+        let t0 = Instant::now();
+        for n in 0..(3 * MAX_CLIENTS as u32) {
+            let ip = Some(IpAddr::from(n.to_be_bytes()));
+            let t = t0 + Duration::from_secs(u64::from(n));
+            assert!(g.take(Kind::Authenticated, ip, t).is_ok());
+        }
+        assert!(g.buckets.lock().len() <= MAX_CLIENTS);
     }
 
     #[test]

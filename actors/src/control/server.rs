@@ -1,5 +1,7 @@
 //! The control server: `Recover` and `Control` on one port, behind one [`Guard`] interceptor,
-//! on a runtime thread of its own, in front of the manager actor.
+//! on a runtime thread of its own, in front of the manager actor. Its connections are held
+//! within [`ControlConfig::limits`] (`crate::net::limits`): a connection that has not had a
+//! call through the guard (a token, when one is configured) within the deadline is closed.
 
 use super::guard::{Guard, GuardConfig};
 use super::proto::control_server::ControlServer as ControlService;
@@ -9,7 +11,8 @@ use super::service::ControlSvc;
 use crate::background::Background;
 use crate::clusterd::proto::recover_server::RecoverServer;
 use crate::manager::{Manager, SubscribeProgress};
-use crate::net::{TlsError, TlsPem};
+use crate::net::limits::{self, Connections};
+use crate::net::{ConnLimits, TlsError, TlsPem};
 use actix::Addr;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -34,6 +37,9 @@ pub struct ControlConfig {
     pub tls: Option<TlsPem>,
     /// The clock of the result retention ([`super::RESULT_RETENTION`]); tests move their own.
     pub clock: Clock,
+    /// How many connections the port holds, per client address and in all, and how long a
+    /// new one has to complete its handshake and first authenticated call.
+    pub limits: ConnLimits,
 }
 
 impl ControlConfig {
@@ -45,6 +51,7 @@ impl ControlConfig {
             guard: GuardConfig::default(),
             tls: None,
             clock: Clock::system(),
+            limits: ConnLimits::control(),
         }
     }
 }
@@ -142,12 +149,12 @@ async fn run(
     };
     let last = LastResult::new(feed.resubscribe(), cfg.clock.clone());
     tokio::spawn(last.clone().follow(feed));
-    let guard = Guard::new(cfg.guard.clone());
+    // A connection is past its first request once a call of it is let through.
+    let connections = Connections::new("control", cfg.limits);
+    let guard = Guard::new(cfg.guard.clone()).with_connections(connections.clone());
     let recover = RecoverSvc::new(manager.clone(), cfg.job.clone(), last);
     let control = ControlSvc::new(manager, cfg.job.clone());
-    // Without TCP_NODELAY, a stream of small messages (the phases of a switch) waits on
-    // delayed acknowledgements: tens of milliseconds per event.
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming = limits::incoming(listener, connections);
     let stopping = Arc::new(tokio::sync::Notify::new());
     let stop_signal = stopping.clone();
     let serving = builder

@@ -66,10 +66,13 @@ fn refused(code: i32, kind: RefusalKind, reason: impl Into<String>) -> proto::Sw
     }))
 }
 
-fn accepted(id: OperationId, known: bool) -> proto::SwitchEvent {
+/// `accepted` for `id`: `known` when it ran before (its result follows at once), `in_flight`
+/// when it is the operation running (nothing new started).
+fn accepted(id: OperationId, known: bool, in_flight: bool) -> proto::SwitchEvent {
     event(switch_event::Event::Accepted(proto::Accepted {
         uuid: id.to_string(),
         known,
+        in_flight,
     }))
 }
 
@@ -133,13 +136,15 @@ async fn drive(manager: Addr<Manager>, cmd: SwitchCommand, wait: bool, tx: Event
             return;
         }
         Ok(Ok(Submission::Known(r))) => {
-            let _ = tx.send(Ok(accepted(r.id, true))).await;
+            let _ = tx.send(Ok(accepted(r.id, true, false))).await;
             let _ = tx.send(Ok(result_event(&r))).await;
             return;
         }
-        Ok(Ok(s)) => s.id(),
+        Ok(Ok(s)) => s,
     };
-    let _ = tx.send(Ok(accepted(id, false))).await;
+    let in_flight = matches!(id, Submission::InFlight(_));
+    let id = id.id();
+    let _ = tx.send(Ok(accepted(id, false, in_flight))).await;
     if !wait {
         return;
     }

@@ -114,6 +114,18 @@ impl Manager {
         self.auto_evaluate(ctx);
     }
 
+    /// The automatic operation `id` was withdrawn before it ran (its admission could not be
+    /// journaled): the policy hears it as refused, as when the ledger refuses one.
+    pub(super) fn auto_withdrawn(&mut self, id: OperationId) {
+        let now = self.now();
+        let Some(auto) = self.auto.as_mut().filter(|a| a.op == Some(id)) else {
+            return;
+        };
+        auto.op = None;
+        let refused = auto.policy.refused(now);
+        self.publish_decisions(&refused);
+    }
+
     /// Asks the policy what to do now and does it.
     pub(super) fn auto_evaluate(&mut self, ctx: &mut Context<Self>) {
         let now = self.now();

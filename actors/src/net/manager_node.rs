@@ -2,6 +2,7 @@
 //! proxies connect to. Nothing else is served there: operators use the control port
 //! ([`crate::control::serve`] in front of [`ManagerNode::manager`]).
 
+use super::limits::ConnLimits;
 use super::outbox::{self, Outbox};
 use super::server::{self, Admitted, Host, NetService, QueueDepth, Refusal, Registry};
 use super::session::Delivery;
@@ -77,7 +78,8 @@ impl ManagerNode {
                 .link_probe
                 .map_or(0, |d| d.as_millis().max(1) as u64),
         };
-        let net = NetService::new(host, cfg.net.clone());
+        let limits = ConnLimits::transport("manager", cfg.table.nodes().len());
+        let net = NetService::new(host, cfg.net.clone(), limits);
         let registry = net.registry();
         let (tx, server) = net.serve(incoming, cfg.tls.as_ref(), "manager's")?;
         tracing::info!(%local_addr, job = %cfg.job, "manager listening");

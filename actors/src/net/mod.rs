@@ -31,6 +31,7 @@ pub(crate) mod client;
 pub(crate) mod codec;
 pub(crate) mod frame;
 pub(crate) mod heartbeat;
+pub(crate) mod limits;
 pub(crate) mod liveness;
 pub mod manager_node;
 pub(crate) mod outbound;
@@ -47,6 +48,7 @@ pub(crate) mod wire;
 pub mod worker_node;
 
 pub use client::ClientState;
+pub use limits::{fd_budget, ConnLimits, FD_RESERVE, FIRST_REQUEST};
 pub use manager_node::{ManagerNode, ManagerNodeConfig};
 pub use proxy_node::{ProxyNode, ProxyNodeConfig};
 pub use server::{QueueDepth, Registry};

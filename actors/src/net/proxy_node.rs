@@ -159,11 +159,18 @@ impl ProxyNode {
         let outbox = Outbox::new(cfg.net.queue_capacity, Some(sticky_proxy));
         let upstream = Client::new(cfg.manager.clone(), outbox.clone());
         let _ = shared.upstream.set(upstream.clone());
+        // A node's workers, when known; a node of 256 otherwise (more NPUs than a node has).
+        let peers = if cfg.ranks.is_empty() {
+            256
+        } else {
+            cfg.ranks.len()
+        };
         let net = NetService::new(
             ProxyHost {
                 shared: shared.clone(),
             },
             cfg.net.clone(),
+            super::limits::ConnLimits::transport("proxy", peers),
         );
         let registry = net.registry();
         let _ = shared.workers.set(registry.clone());

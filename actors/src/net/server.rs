@@ -11,6 +11,7 @@
 
 use super::frame::End;
 use super::heartbeat::Liveness;
+use super::limits::{ConnLimits, Connections};
 use super::liveness::LocalProcess;
 use super::outbound::outbound;
 use super::outbox::Outbox;
@@ -25,7 +26,6 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::{Stream, StreamExt};
-use tonic::transport::server::TcpIncoming;
 use tonic::{Code, Request, Response, Status, Streaming};
 
 /// Why a registration is refused, in words the operator of the refused process can act on.
@@ -188,13 +188,17 @@ impl<H: Host> Clone for NetService<H> {
 struct Inner<H> {
     host: H,
     registry: Arc<Registry>,
+    /// The port's connections: a registered one is past its first request.
+    connections: Arc<Connections>,
 }
 
 impl<H: Host> NetService<H> {
-    pub(crate) fn new(host: H, net: NetConfig) -> Self {
+    /// The service of `host`, its connections held within `limits`.
+    pub(crate) fn new(host: H, net: NetConfig, limits: ConnLimits) -> Self {
         let role = host.role();
         NetService {
             inner: Arc::new(Inner {
+                connections: Connections::new("transport", limits),
                 host,
                 registry: Arc::new(Registry {
                     incarnation: uuid::Uuid::new_v4().to_string(),
@@ -219,14 +223,16 @@ impl<H: Host> NetService<H> {
             .max_encoding_message_size(max)
     }
 
-    /// Serves the connections of `incoming` (with TLS when given) until the returned sender
-    /// is used or dropped; `role` names the server in the log of a failure ("the proxy's").
+    /// Serves the connections of `listener` (with TLS when given, within the service's
+    /// connection limits) until the returned sender is used or dropped; `role` names the
+    /// server in the log of a failure ("the proxy's").
     pub(crate) fn serve(
         self,
-        incoming: TcpIncoming,
+        listener: tokio::net::TcpListener,
         tls: Option<&super::tls::TlsPem>,
         role: &'static str,
     ) -> Result<(oneshot::Sender<()>, tokio::task::JoinHandle<()>), NetError> {
+        let incoming = super::limits::incoming(listener, self.inner.connections.clone());
         let mut builder = tonic::transport::Server::builder();
         if let Some(tls) = tls {
             builder = builder
@@ -365,6 +371,9 @@ impl<H: Host> pb::task_net_server::TaskNet for NetService<H> {
         let (control_tx, control_rx) = mpsc::channel(64);
         let (stop_tx, stop_rx) = watch::channel(false);
         let (claim, replaced) = inner.claim(&key, &reg, remote, control_tx, stop_tx)?;
+        if let Some(peer) = remote {
+            inner.connections.served(peer);
+        }
         if let Some(reason) = replaced {
             inner.lose(&key, reason, false);
         }
@@ -555,16 +564,13 @@ impl<H: Host> Inner<H> {
 }
 
 /// Binds a listener (port 0 picks a free port) for a tonic server.
-pub(crate) async fn bind(addr: SocketAddr) -> Result<(TcpIncoming, SocketAddr), NetError> {
-    let listener = tokio::net::TcpListener::bind(addr)
+pub(crate) async fn bind(
+    addr: SocketAddr,
+) -> Result<(tokio::net::TcpListener, SocketAddr), NetError> {
+    super::limits::bind(addr)
         .await
         .map_err(|source| NetError::Bind {
             addr: addr.to_string(),
             source,
-        })?;
-    let local = listener.local_addr().map_err(|source| NetError::Bind {
-        addr: addr.to_string(),
-        source,
-    })?;
-    Ok((TcpIncoming::from(listener).with_nodelay(Some(true)), local))
+        })
 }

@@ -73,6 +73,17 @@ pub enum RankTableParseError {
         /// Its index in `server_list`.
         index: usize,
     },
+    /// Two servers of `server_list` have one name: their devices would be merged into one
+    /// node without a word.
+    #[error("servers {first} and {second} of server_list have one name, {name:?}: each node is one server")]
+    DuplicateNode {
+        /// The name.
+        name: String,
+        /// The index of its first server.
+        first: usize,
+        /// The index of its second server.
+        second: usize,
+    },
     /// The slots do not make a valid table (duplicates, gaps, above the job size limits).
     #[error(transparent)]
     Table(#[from] RankTableError),
@@ -152,10 +163,18 @@ pub fn load(path: &Path) -> Result<RankTable, RankTableFileError> {
 pub fn parse(text: &str) -> Result<RankTable, RankTableParseError> {
     let t: HcclRankTable = serde_json::from_str(text)?;
     let mut slots = Vec::new();
+    let mut seen = std::collections::HashMap::new();
     for (index, s) in t.server_list.into_iter().enumerate() {
         let name = s.server_name.unwrap_or(s.server_id);
         if name.trim().is_empty() {
             return Err(RankTableParseError::EmptyNode { index });
+        }
+        if let Some(first) = seen.insert(name.clone(), index) {
+            return Err(RankTableParseError::DuplicateNode {
+                name,
+                first,
+                second: index,
+            });
         }
         let node = NodeName(name);
         for d in s.device {
@@ -215,6 +234,35 @@ mod tests {
                 "server 0 of server_list has an empty name (server_name or server_id)"
             );
         }
+    }
+
+    /// Two servers of one name were merged into one node without a word; a name that would
+    /// split a log line, or a megabyte long, went into every message about the node.
+    #[test]
+    fn servers_of_one_name_and_unusable_names_are_refused() {
+        let e = parse(
+            r#"{"server_list": [
+              {"server_id": "a", "device": [{"device_id": 0, "rank_id": 0}]},
+              {"server_id": "b", "server_name": "a", "device": [{"device_id": 1, "rank_id": 1}]}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "servers 0 and 1 of server_list have one name, \"a\": each node is one server"
+        );
+        let e = parse(r#"{"server_list": [{"server_id": "a\nb", "device": [{"device_id": 0, "rank_id": 0}]}]}"#)
+            .unwrap_err();
+        assert!(e.to_string().contains("control character"), "{e}");
+        let long = "x".repeat(1 << 20);
+        let text = format!(
+            r#"{{"server_list": [{{"server_id": "{long}", "device": [{{"device_id": 0, "rank_id": 0}}]}}]}}"#
+        );
+        let e = parse(&text).unwrap_err().to_string();
+        assert!(
+            e.contains("more than 255") && e.len() < 200,
+            "{}",
+            &e[..e.len().min(300)]
+        );
     }
 
     #[test]

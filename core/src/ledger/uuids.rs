@@ -13,17 +13,73 @@ use std::collections::{BTreeSet, VecDeque};
 /// How many finished operations the ledger remembers (for repeated ids and status).
 pub const HISTORY_LEN: usize = 256;
 
-/// What identifies a request under its uuid: every target's rank and side, in no order. A
-/// command under a known uuid is the same request (a retry: the known answer) when its
-/// fingerprint is the known one, and a reused uuid ([`super::SubmitError::IdReused`]) otherwise.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct RequestFingerprint(BTreeSet<(GlobalRank, bool)>);
+/// What identifies a request under its uuid: a digest of every target's rank and side, in no
+/// order (FNV-1a, 128 bits, over the sorted set: 4 bytes of rank, little-endian, and a byte of
+/// side each). A command under a known uuid is the same request (a retry: the known answer)
+/// when its fingerprint is the known one, and a reused uuid ([`super::SubmitError::IdReused`])
+/// otherwise.
+///
+/// It is 16 bytes whatever the request's size, so a journal record of a whole-job switch of
+/// 65,536 ranks is as small as one of a single device. Serialized as 32 hex digits; the list of
+/// `[rank, side]` pairs that journals of earlier builds hold is read too, and digested.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RequestFingerprint(u128);
 
 impl RequestFingerprint {
     /// The fingerprint of resolved targets (order and repetitions do not count).
     pub fn of(targets: &[RankTarget]) -> Self {
-        RequestFingerprint(targets.iter().map(|t| (t.rank, t.use_backup)).collect())
+        Self::of_pairs(targets.iter().map(|t| (t.rank, t.use_backup)))
+    }
+
+    fn of_pairs(pairs: impl IntoIterator<Item = (GlobalRank, bool)>) -> Self {
+        const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
+        const PRIME: u128 = 0x0000000001000000000000000000013B;
+        let set: BTreeSet<(GlobalRank, bool)> = pairs.into_iter().collect();
+        let mut h = OFFSET;
+        for (rank, side) in set {
+            for b in rank.0.to_le_bytes().into_iter().chain([u8::from(side)]) {
+                h ^= u128::from(b);
+                h = h.wrapping_mul(PRIME);
+            }
+        }
+        RequestFingerprint(h)
+    }
+}
+
+impl Serialize for RequestFingerprint {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{:032x}", self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for RequestFingerprint {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = RequestFingerprint;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("32 hex digits, or a list of [rank, backup] pairs")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                if v.len() != 32 {
+                    return Err(E::invalid_length(v.len(), &self));
+                }
+                u128::from_str_radix(v, 16)
+                    .map(RequestFingerprint)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Str(v), &self))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut pairs = Vec::new();
+                while let Some(p) = seq.next_element::<(GlobalRank, bool)>()? {
+                    pairs.push(p);
+                }
+                Ok(RequestFingerprint::of_pairs(pairs))
+            }
+        }
+        d.deserialize_any(Visitor)
     }
 }
 
@@ -176,6 +232,23 @@ impl UuidMemory {
     }
 }
 
+impl super::JobLedger {
+    /// Takes back the operation `id` the ledger has just started, none of whose actions was
+    /// carried out because its admission could not be journaled: a command the operator was
+    /// not told was accepted must leave no trace, or a manager started after this one might
+    /// run it again unknowingly (or refuse its uuid as interrupted). Nothing runs afterwards
+    /// and the uuid is unknown again, so a retry under it starts afresh. `false` (and nothing
+    /// changed) when `id` is not the operation in flight.
+    pub fn withdraw(&mut self, id: OperationId) -> bool {
+        if self.activity.operation().map(|op| op.id()) != Some(id) {
+            return false;
+        }
+        self.activity = super::activity::Activity::Idle;
+        self.uuids.admitted.retain(|a| a.id != id);
+        true
+    }
+}
+
 /// Appends `item`, forgetting the oldest past [`HISTORY_LEN`].
 fn push_bounded<T>(list: &mut VecDeque<T>, item: T) {
     list.push_back(item);
@@ -289,6 +362,49 @@ mod tests {
         m.note_not_journaled(id(4), "disk full");
         let r = m.result_of(id(4)).expect("remembered");
         assert_eq!(r.journal_error.as_deref(), Some("disk full"));
+    }
+
+    fn target(rank: u32, use_backup: bool) -> RankTarget {
+        RankTarget {
+            node: NodeName::from("node-0"),
+            device: DeviceId(rank),
+            rank: GlobalRank(rank),
+            use_backup,
+        }
+    }
+
+    #[test]
+    fn a_fingerprint_is_the_set_of_ranks_and_sides_in_sixteen_bytes() {
+        let a = RequestFingerprint::of(&[target(1, true), target(2, false)]);
+        let again = RequestFingerprint::of(&[target(2, false), target(1, true), target(1, true)]);
+        assert_eq!(a, again, "order and repetitions do not count");
+        assert_ne!(
+            a,
+            RequestFingerprint::of(&[target(1, true), target(2, true)])
+        );
+        assert_ne!(a, RequestFingerprint::of(&[target(1, true)]));
+        assert_ne!(
+            a,
+            RequestFingerprint::of(&[target(1, true), target(3, false)])
+        );
+        let text = serde_json::to_string(&a).unwrap();
+        assert_eq!(text.len(), 34, "32 hex digits: {text}");
+        let whole_job: Vec<RankTarget> = (0..65_536).map(|r| target(r, true)).collect();
+        let big = serde_json::to_string(&RequestFingerprint::of(&whole_job)).unwrap();
+        assert_eq!(big.len(), text.len(), "the same size for 65,536 targets");
+        assert_eq!(
+            serde_json::from_str::<RequestFingerprint>(&text).unwrap(),
+            a
+        );
+        // What journals of earlier builds hold: the pairs themselves.
+        let listed: RequestFingerprint = serde_json::from_str("[[2,false],[1,true]]").unwrap();
+        assert_eq!(listed, a);
+        for bad in ["\"abc\"", "\"zz\"", "3", "{}"] {
+            assert!(
+                serde_json::from_str::<RequestFingerprint>(bad).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -91,7 +91,7 @@ class Channel:
         while True:
             msg = self.q.get()
             try:
-                self.out.write(json.dumps(msg) + "\n")
+                self.out.write(json.dumps(msg, default=repr) + "\n")
                 self.out.flush()
             except (OSError, ValueError):
                 return  # the host is gone: the end of standard input ends this process
@@ -118,10 +118,6 @@ class Mirror:
         self.state = NORMAL
         self.ended = ""  # why the state machine went to EXIT
         self.events = []
-
-    def seq(self):
-        with self.cond:
-            return len(self.events)
 
     def record(self, name, args):
         with self.cond:

@@ -62,7 +62,14 @@ pub struct Proxy {
     launcher: Option<LauncherOrders>,
     /// The last order handed to the launcher: each is handed once.
     ordered: Option<AfterStop>,
+    /// The order of the stop being relayed, until the node's workers answered it (or
+    /// [`ORDER_AFTER`] passed): their answers reach the manager before the launcher kills
+    /// them.
+    pending_order: Option<(OperationId, AfterStop, String)>,
 }
+
+/// How long an order for the launcher waits for the node's workers to answer their stop.
+const ORDER_AFTER: Duration = Duration::from_secs(2);
 
 /// What the manager asks of a node's launcher through its proxy, once per stop of training
 /// (see [`AfterStop`]).
@@ -123,6 +130,7 @@ impl Proxy {
             probe: None,
             launcher: None,
             ordered: None,
+            pending_order: None,
         }
     }
 
@@ -131,6 +139,13 @@ impl Proxy {
     pub fn with_launcher(mut self, orders: LauncherOrders) -> Self {
         self.launcher = Some(orders);
         self
+    }
+
+    /// Hands the launcher the order of stop `op` that waits, if any.
+    fn release_order(&mut self, op: OperationId) {
+        if let Some((_, then, reason)) = self.pending_order.take_if(|(o, _, _)| *o == op) {
+            self.order_launcher(then, &reason);
+        }
     }
 
     /// A stop of training reached the node: hands the launcher its order, once per stop
@@ -307,8 +322,12 @@ impl Proxy {
             )
         });
         let resumed = complete && reply.phase == Phase::Resume;
+        let stopped = (complete && reply.phase == Phase::Stop).then_some(reply.op);
         telemetry::message("out", "node_reply");
         self.up(ProxyToManager::Reply(reply));
+        if let Some(op) = stopped {
+            self.release_order(op);
+        }
         if resumed {
             // The operation is over on this node: close its spans.
             self.phase_span = Span::none();
@@ -525,8 +544,11 @@ impl Handler<Deliver<Directive>> for Proxy {
         if let DirectiveKind::StopTraining { then, reason, only } = &d.kind {
             let for_node =
                 only.is_empty() || self.hellos.values().any(|h| only.contains(&h.instance));
-            if for_node {
-                self.order_launcher(*then, reason);
+            if for_node && *then != AfterStop::Launcher {
+                // Handed once the workers answered (in `flush`), or after a bound.
+                self.pending_order = Some((d.op, *then, reason.clone()));
+                let op = d.op;
+                ctx.run_later(ORDER_AFTER, move |act, _| act.release_order(op));
             }
         }
         // The workers the directive is for (a stop sent again names old processes).

@@ -251,12 +251,13 @@ impl Worker {
     /// Stops training for good (see [`DirectiveKind::StopTraining`]) and says so once, at
     /// ERROR: it ends this training process.
     fn stop_training(&mut self, op: OperationId, reason: &str) {
+        // How far training got, read before the stop arms the gate.
+        let at_step = self.gate.last_step();
         if self.gate.stop_training(reason) {
             tracing::error!(rank = self.cfg.rank.0, %reason, "the manager stopped training; the training loop ends at its step gate");
             metrics::counter!(telemetry::TRAINING_STOPS).increment(1);
         }
         self.set_held(false);
-        let at_step = self.gate.last_step();
         self.reply(op, Phase::Stop, ReplyBody::Stopped { at_step });
         self.phase_span = Span::none();
         self.op_span = None;

@@ -244,9 +244,10 @@ async fn run(
         ranks,
     };
     tracing::info!(listen = %info.listen, job = %info.job, "embedded manager listening");
-    let _ = start.started.send(Ok(info));
+    // Before the start is answered: a host may call the actor (its last-words host) at once.
     let actor = manager.node().manager().clone();
     state.update(|s| s.actor = Some(actor.clone()));
+    let _ = start.started.send(Ok(info));
     actix_rt::spawn(async move {
         if actor.send(AwaitRegistered(None)).await.is_ok() {
             state.update(|s| s.ready = true);

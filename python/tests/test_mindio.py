@@ -505,5 +505,175 @@ class AgainstMindio(unittest.TestCase):
         self.assertTrue(self.faults.empty())
 
 
+FAKES = os.path.join(HERE, "fakes")
+#: the taskd command, for the operator's switch (CI sets it; the test is skipped without it)
+TASKD_BIN = os.environ.get("TASKD_BIN")
+JOB_ID = "mindio-job"
+MANAGER = """
+import sys
+from taskd.api import init_taskd_manager, start_taskd_manager
+ok = init_taskd_manager({"job_id": "%s", "node_nums": 1, "proc_per_node": 2}) and start_taskd_manager()
+sys.exit(0 if ok else 1)
+""" % JOB_ID
+
+
+class Lines:
+    """The lines a process writes to a stream, as they come."""
+
+    def __init__(self, stream):
+        self.q = queue.Queue()
+        self.seen = []
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream):
+        for raw in iter(stream.readline, b""):
+            self.q.put(raw.decode(errors="replace"))
+        self.q.put(None)
+
+    def wait(self, pred, what, timeout_s=WAIT_S * 3):
+        """The first line, seen already or to come, for which ``pred`` holds."""
+        for line in self.seen:
+            if pred(line):
+                return line
+        end = time.monotonic() + timeout_s
+        while True:
+            try:
+                line = self.q.get(timeout=max(0.0, end - time.monotonic()))
+            except queue.Empty:
+                line = None
+            if line is None:
+                raise AssertionError("%s never came; got:\n%s" % (what, "".join(self.seen[-60:])))
+            self.seen.append(line)
+            if pred(line):
+                return line
+
+    def text(self, text):
+        return self.wait(lambda l: text in l, repr(text))
+
+    def event(self, worker, name, pred=lambda f: True):
+        """The fields of the event ``name`` of ``worker`` (``"L.N"``: local rank L, start N)."""
+        head = "worker %s EVT %s " % (worker, name)
+        line = self.wait(lambda l: l.startswith(head) and pred(json.loads(l[len(head):])),
+                         "%s of worker %s" % (name, worker))
+        return json.loads(line[len(head):])
+
+
+def manager_env(tmp, ttp_port, **extra):
+    env = dict(os.environ, MINDX_TASK_ID=JOB_ID, POD_IP="127.0.0.1", TTP_PORT=str(ttp_port),
+               MS_WORKER_NUM="2", PROCESS_RECOVER="on", TASKD_MANAGER_LISTEN="127.0.0.1:0",
+               TASKD_CONTROL_ADDR="127.0.0.1:0", TASKD_LAST_WORDS_TIMEOUT_MS="20000",
+               TASKD_LOG_PATH=tmp, TASKD_STD_LOG_LEVEL="INFO", RUST_LOG="info",
+               TTP_LOG_PATH=os.path.join(tmp, "ttp-controller"))
+    env.pop("TTP_LOG_STDOUT", None)
+    env.update(extra)
+    return env
+
+
+@unittest.skipUnless(HAS_MINDIO, NO_MINDIO)
+class ManagerHostsMindio(unittest.TestCase):
+    """The seed's ``manager.py`` (``start_taskd_manager()``) hosts MindIO's controller for the
+    job: stand-ins of MindSpore's Ascend ranks, as MindIO processors and taskd workers under
+    taskd's agent (a fake msrun), connect to it; a switch pauses every rank at one step with
+    taskd's gate (MindIO idle); a killed rank leads to MindIO's last-words checkpoint, one
+    restart of the job and a resume at the checkpoint's step, no step lost."""
+
+    def test_a_controller_address_that_is_wrong_fails_the_managers_start_naming_it(self):
+        for extra, variable in (({"POD_IP": "0.0.0.0"}, "POD_IP"),
+                                ({"TTP_PORT": "port"}, "TTP_PORT")):
+            with tempfile.TemporaryDirectory() as tmp:
+                t0 = time.monotonic()
+                p = subprocess.run([sys.executable, "-c", MANAGER], env=manager_env(tmp, free_port(), **extra),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                   timeout=WAIT_S)
+                measured("a manager refusing a bad %s" % variable, time.monotonic() - t0)
+                self.assertEqual(p.returncode, 1)
+                self.assertIn(variable, p.stderr.decode())
+
+    @unittest.skipUnless(TASKD_BIN, "set TASKD_BIN to the taskd command (the operator's switch)")
+    def test_the_job_switches_and_a_killed_rank_resumes_at_the_last_words_step(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            ttp_port = free_port()
+            manager = subprocess.Popen([sys.executable, "-c", MANAGER],
+                                       env=manager_env(tmp, ttp_port), stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.PIPE, start_new_session=True)
+            procs = [manager]
+            try:
+                self.run_job(tmp, ttp_port, manager, procs)
+            finally:
+                for p in reversed(procs):
+                    if p.poll() is None:
+                        p.send_signal(signal.SIGTERM)
+                        try:
+                            p.wait(WAIT_S)
+                        except subprocess.TimeoutExpired:
+                            os.killpg(p.pid, signal.SIGKILL)
+                            p.wait(WAIT_S)
+
+    def run_job(self, tmp, ttp_port, manager, procs):
+        m = Lines(manager.stderr)
+        port = m.text("taskd manager listening on ").strip().rsplit(":", 1)[1]
+        m.text("MindIO's controller listens on 127.0.0.1:%d" % ttp_port)
+        control = m.text("taskd manager control API on ").strip().rsplit(" ", 1)[1]
+        paths = [p for p in (os.environ.get("PYTHONPATH"), FAKES) if p]
+        env = dict(os.environ, MINDX_TASK_ID=JOB_ID, MS_SCHED_HOST="127.0.0.1",
+                   TASKD_MANAGER_PORT=port, TASKD_PROXY="127.0.0.1:0", PROCESS_RECOVER="on",
+                   MS_NODE_RANK="0", TASKD_AGENT_MONITOR_MS="50", MS_TFT_IP="127.0.0.1",
+                   MS_TFT_PORT=str(ttp_port), MS_WORKER_NUM="2", MINDIO_FOR_MINDSPORE="1",
+                   MS_ENABLE_TFT="{TTP:1,TSP:1}", HCCL_OP_RETRY_ENABLE="L0:0, L1:1, L2:1",
+                   STANDIN_CKPT=os.path.join(tmp, "ckpt"), TASKD_LOG_PATH=tmp,
+                   TASKD_STD_LOG_LEVEL="INFO", TTP_LOG_PATH=os.path.join(tmp, "ttp-ranks"),
+                   PYTHONPATH=os.pathsep.join(paths))
+        env.pop("TTP_LOG_STDOUT", None)
+        agent = subprocess.Popen([sys.executable, os.path.join(FAKES, "agent_run.py"), "mindio",
+                                  os.path.join(tmp, "agent.json")], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 start_new_session=True)
+        procs.append(agent)
+        a = Lines(agent.stderr)
+        pids = {r: a.event("%d.0" % r, "processor")["pid"] for r in (0, 1)}
+        m.text("verified: the job runs")
+
+        # A switch there and back: taskd's gate holds every rank at one step; MindIO idle.
+        for to in ("backup", "primary"):
+            out = subprocess.run([TASKD_BIN, "switch", "--addr", control, "--job", JOB_ID,
+                                  "--node", "node-0", "--dev", "0,1", "--to", to, "--wait"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=WAIT_S)
+            text = out.stdout.decode()
+            self.assertEqual(out.returncode, 0, text)
+            self.assertIn("SUCCEEDED", text)
+            self.assertIn("every rank held after step", text)
+
+        # Rank 1 dies: last words from rank 0, one restart of the job, a resume at that step.
+        a.event("0.0", "step", lambda f: f["step"] >= 5)
+        t0 = time.monotonic()
+        os.kill(pids[1], signal.SIGKILL)
+        saved = a.event("0.0", "saved")
+        measured("a killed rank to MindIO's last-words checkpoint", time.monotonic() - t0)
+        resumed = {r: a.event("%d.1" % r, "resumed") for r in (0, 1)}
+        measured("a killed rank to the new processes resumed", time.monotonic() - t0)
+        again = m.text("the job runs again after restart 1")
+        step = saved["step"]
+        for r in (0, 1):
+            self.assertEqual(resumed[r]["step"], step, "rank %d resumed at the checkpoint" % r)
+            self.assertEqual(resumed[r]["params"], standin_train.replay(step),
+                             "rank %d resumed with the serial replay's parameters" % r)
+        a.event("0.1", "step", lambda f: f["step"] >= step + 3)
+        a.event("1.1", "step", lambda f: f["step"] >= step + 3)
+
+        out = subprocess.run([TASKD_BIN, "status", "--addr", control, "--job", JOB_ID, "--json"],
+                             stdout=subprocess.PIPE, timeout=WAIT_S)
+        status = json.loads(out.stdout)
+        last = status["last_training_stop"]
+        self.assertEqual((last["by"], last["then"], last["restart"]), ("fault", "restart", 1), last)
+        self.assertTrue(last["last_words"]["taken"], last)
+        self.assertEqual(last["trained_to"], step, "the ranks had finished the checkpoint's step")
+        self.assertIn("resumes after step %d" % step, last["resume"])
+        self.assertIn("no step lost", last["resume"])
+        self.assertEqual(status["restarts"]["done"], 1, status["restarts"])
+        self.assertEqual(status["state"], "running")
+        sys.stderr.write("measured: the manager: %s" % again.split("the job runs again ", 1)[1])
+        self.assertFalse(any("(restart 2)" in l for l in a.seen), "one restart")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -48,7 +48,9 @@ impl Handler<SetLastWords> for Manager {
 }
 
 /// A rank's process died, as something outside taskd's transport saw it (the last-words
-/// host's own fault detection): the same as a lost worker.
+/// host's own fault detection): the same as a lost worker, for a rank whose process is
+/// registered (of a rank already lost, taskd's own word stands: a process that ended cleanly
+/// and that the host, slower, takes for dead, is not).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct ReportFault {
@@ -61,6 +63,10 @@ pub struct ReportFault {
 impl Handler<ReportFault> for Manager {
     type Result = ();
     fn handle(&mut self, m: ReportFault, ctx: &mut Self::Context) {
+        if !self.ledger.is_registered(m.rank) {
+            tracing::info!(rank = m.rank.0, why = %m.why, "a rank already lost was reported dead");
+            return;
+        }
         tracing::warn!(rank = m.rank.0, why = %m.why, "a rank's process was reported dead");
         let now = self.now();
         let actions = self.ledger.worker_lost(m.rank, LostRank::died(m.why), now);

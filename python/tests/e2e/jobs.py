@@ -88,13 +88,16 @@ class Proc:
         return self.p.wait(WAIT), out
 
 
-def start_manager(args, env, procs, script="manager_1x2.py"):
-    """The job's manager (``script``: ``manager_1x2.py``, one node of two ranks) on free ports,
-    listed in ``procs``; the manager, the port its proxies connect to and its control API
-    address."""
+def start_manager(args, env, procs, script="manager_1x2.py", world=2):
+    """The job's manager (``script``: ``manager_1x2.py``, one node of two ranks; ``world``
+    ranks in all) on free ports, listed in ``procs``; the manager, the port its proxies connect
+    to and its control API address. Where ``mindio_ttp`` is installed the manager hosts MindIO's
+    controller, from the pod's variables (``POD_IP``, ``TTP_PORT``, ``MS_WORKER_NUM``), on a free
+    port; MindSpore's CPU build makes no rank a processor of it."""
     manager = Proc("manager", [args.python, os.path.join(HERE, script)],
                    dict(env, TASKD_MANAGER_LISTEN="127.0.0.1:0", TASKD_CONTROL_ADDR="127.0.0.1:0",
-                        RUST_LOG="info"))
+                        RUST_LOG="info", POD_IP="127.0.0.1", TTP_PORT=str(free_port()),
+                        MS_WORKER_NUM=str(world)))
     procs.append(manager)
     port = manager.wait_line("taskd manager listening on ").strip().rsplit(":", 1)[1]
     control = manager.wait_line("taskd manager control API on ").strip().rsplit(" ", 1)[1]

@@ -200,7 +200,7 @@ def run_two_nodes(args):
                    TRAIN_STOP_FILE=stop, TRAIN_OUT=tmp, PROCESS_RECOVER="on")
         procs = []
         with reaping(procs, mark):
-            manager, port, control = jobs.start_manager(args, env, procs, "manager_2x2.py")
+            manager, port, control = jobs.start_manager(args, env, procs, "manager_2x2.py", 4)
             env.update(MS_ENABLE_TFT="{TTP:1,TSP:1}", MS_SCHED_HOST="127.0.0.1",
                        TASKD_MANAGER_PORT=port, TASKD_PROXY="127.0.0.1:0")
             sched = free_port()

@@ -17,6 +17,21 @@ def terminate_me(_launcher):
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+#: the stand-in of MindSpore's Ascend training processes with MindIO (tests/mindio/)
+STANDIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mindio",
+                       "standin_train.py")
+
+
+def standin(local, resume):
+    """A worker running the stand-in as local rank ``local`` (its rank: a job of one node),
+    with taskd's worker; ``resume``: from the newest checkpoint, as a restarted job does."""
+    argv = ["standin_train.py", "--ckpt-dir", "$STANDIN_CKPT", "--step-ms", "20", "--taskd"]
+    argv += ["--resume"] if resume else []
+    return ("import os, runpy, sys; os.environ['MS_NODE_ID'] = '%d'; "
+            "sys.argv = [os.path.expandvars(a) for a in %r]; "
+            "runpy.run_path(%r, run_name='__main__')" % (local, argv, STANDIN))
+
+
 SCENARIOS = {
     "clean": dict(codes={0: [exits(0)], 1: [exits(0)]}),
     "node-rank": dict(codes={0: [exits(0)], 1: [exits(0)]}, node_rank=1),
@@ -31,6 +46,9 @@ SCENARIOS = {
     # node 0's run until the manager's restart; the second incarnation ends cleanly.
     "coordinated-node-0": dict(codes={0: [RUN, exits(0)], 1: [RUN, exits(0)]}),
     "coordinated-node-1": dict(codes={0: [exits(3), exits(0)], 1: [RUN, exits(0)]}, node_rank=1),
+    # MindSpore's Ascend ranks with MindIO (stand-ins), the second incarnation resuming from the
+    # newest checkpoint; what they say goes on to stderr as it comes.
+    "mindio": dict(codes={r: [standin(r, False), standin(r, True)] for r in (0, 1)}, relay=True),
 }
 
 

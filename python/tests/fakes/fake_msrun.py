@@ -30,8 +30,16 @@ def _kill_group(p):
         pass  # it ended on its own
 
 
+def _relay(prefix, stream):
+    """Passes a worker's output on to this process's stderr, line by line, each line after
+    ``prefix``: a test reads what the workers say as they say it."""
+    for line in iter(stream.readline, b""):
+        sys.stderr.write(prefix + line.decode(errors="replace"))
+        sys.stderr.flush()
+
+
 class FakeMsrun:
-    def __init__(self, codes, node_rank=0, on_start=None, kill_delay_s=0.0):
+    def __init__(self, codes, node_rank=0, on_start=None, kill_delay_s=0.0, relay=False):
         self.codes = codes  # local rank -> list of worker codes, one per start
         self.local_worker_num = len(codes)
         self.node_rank = node_rank
@@ -46,6 +54,9 @@ class FakeMsrun:
         self.kill_delay_s = kill_delay_s
         self.workers = []  # every worker ever started
         self.overlaps = []  # workers still running when a new one of their rank started
+        # Whether the workers' output goes on to stderr as it comes ("worker L.N " before each
+        # line: local rank L, start N) rather than kept for ``worker_output``.
+        self.relay = relay
 
     def callbacks(self):
         return {"KILL_WORKER": self.kill_workers, "START_ALL_WORKER": self.start_all_workers,
@@ -64,6 +75,9 @@ class FakeMsrun:
                              stdout=subprocess.PIPE, start_new_session=True)
         self.proc_rank_map[local] = p
         self.workers.append(p)
+        if self.relay:
+            threading.Thread(target=_relay, args=("worker %d.%d " % (local, self.started), p.stdout),
+                             daemon=True).start()
 
     def start_all_workers(self):
         self.calls.append(("START_ALL_WORKER", None))
@@ -111,7 +125,9 @@ class FakeMsrun:
         return out
 
     def worker_output(self):
-        """What each current worker printed (they have ended)."""
+        """What each current worker printed (they have ended; relayed: nothing kept)."""
+        if self.relay:
+            return {}
         return {local: p.stdout.read().decode() for local, p in self.proc_rank_map.items()}
 
     def alive(self):

@@ -54,9 +54,15 @@ thread has been inside one MindIO call for ``HELD_S``), ``saved``, ``renamed``, 
 ``end`` (training is over, with the parameters), ``finished`` (after MindSpore's ``end``); the
 parameters of a save are in its file.
 
-Usage: ``standin_train.py --ckpt-dir DIR [--steps N] [--step-ms MS] [--resume]``; the rank and
-world come from ``MS_NODE_ID`` and ``MS_WORKER_NUM``, the controller from ``MS_TFT_IP`` and
-``MS_TFT_PORT``, the features from ``MS_ENABLE_TFT``, as in MindSpore.
+**taskd** (``--taskd``): the seed's worker lines (``init_taskd_worker(rank, 5000, "ms")``,
+``start_taskd_worker()``) before training, and taskd's step gate at every step's end, after
+MindSpore's own step-end calls (the order taskd's MindSpore callback has: last in the list,
+after ``TrainFaultTolerance``), through ``step_completed`` (``TASKD_MS_STEP_CALLBACK=off``:
+there is no ``Model``). The manager's stop of training ends the process with status 1.
+
+Usage: ``standin_train.py --ckpt-dir DIR [--steps N] [--step-ms MS] [--resume] [--taskd]``; the
+rank and world come from ``MS_NODE_ID`` and ``MS_WORKER_NUM``, the controller from
+``MS_TFT_IP`` and ``MS_TFT_PORT``, the features from ``MS_ENABLE_TFT``, as in MindSpore.
 """
 
 import argparse
@@ -154,6 +160,7 @@ def main():
     ap.add_argument("--steps", type=int, default=0, help="the last global step (0: train on)")
     ap.add_argument("--step-ms", type=float, default=50.0)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--taskd", action="store_true", help="taskd's worker and step gate")
     args = ap.parse_args()
 
     os.environ["MINDIO_FOR_MINDSPORE"] = "1"
@@ -267,6 +274,17 @@ def main():
     capi.MindioTtpSetOptimStatusUpdating.argtypes = [ctypes.c_int64]
     capi.MindioTtpSetOptimStatusUpdating.restype = ctypes.c_int
 
+    gate = None
+    if args.taskd:  # the seed's two lines, right before training
+        os.environ["TASKD_MS_STEP_CALLBACK"] = "off"
+        from taskd.api import init_taskd_worker, start_taskd_worker, step_completed
+        from taskd import TrainingStopped
+
+        if not (init_taskd_worker(cur_rank, 5000, "ms") and start_taskd_worker()):
+            raise RuntimeError("taskd's worker did not start")
+        gate = step_completed
+        evt("taskd_worker", rank=cur_rank)
+
     threading.Thread(target=watchdog, args=(training,), daemon=True).start()
     pause_too = "TSP:1" in tft_env or "ARF:1" in tft_env
     has_init_replica = False
@@ -303,6 +321,15 @@ def main():
                     tft.tft_pause_train(cur + initial_step)
                 training.leave()
         evt("step", step=step)
+        if gate is not None:  # taskd's callback, last at the step's end
+            training.enter("taskd_gate", step)
+            try:
+                gate(step)
+            except TrainingStopped as e:
+                evt("stopped", step=step, reason=str(e))
+                sys.stdout.flush()
+                os._exit(1)
+            training.leave()
     evt("end", step=initial_step + cur, params=training.params)
     if not tsp_only:  # TrainFaultTolerance.end (:1010-1028)
         tft.tft_destroy_processor()

@@ -1,0 +1,1 @@
+"""FAKE ``mindspore.communication`` (see the package)."""

@@ -642,6 +642,8 @@ class ManagerHostsMindio(unittest.TestCase):
             self.assertEqual(out.returncode, 0, text)
             self.assertIn("SUCCEEDED", text)
             self.assertIn("every rank held after step", text)
+        # MindIO paused nobody: its pause runs the stream-sync handler (TSP:1) at every rank.
+        self.assertFalse([l for l in a.seen if " EVT stream_sync " in l], "no double pause")
 
         # Rank 1 dies: last words from rank 0, one restart of the job, a resume at that step.
         a.event("0.0", "step", lambda f: f["step"] >= 5)

@@ -12,9 +12,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 use taskd::actors::manager::HoldPolicy;
 use taskd::core::ledger::{ProcessRecovery, StopBy, StopPhase};
-use taskd::core::operation::JobState;
+use taskd::core::operation::{JobState, Outcome};
 use taskd::core::protocol::AfterStop;
-use taskd::core::GlobalRank;
+use taskd::core::{DeviceId, GlobalRank};
 use taskd::hal_mock::RankExit;
 use taskd::sim::{Followed, SimConfig, Simulation};
 
@@ -38,6 +38,8 @@ fn a_killed_process_restarts_the_whole_job_once_on_its_default_nics_then_the_bud
     assert_eq!(r.job_state, JobState::Running, "{r}");
     sim.train(2).unwrap();
 
+    // A physical port goes down: the new processes find it down too.
+    sim.fabric().set_link(1, DeviceId(3), false);
     sim.fabric().kill_rank(GlobalRank(5));
     sim.job().kill_worker(GlobalRank(5));
     // Every node's launcher is ordered restart 1, once; the simulation restarts every process.
@@ -65,6 +67,15 @@ fn a_killed_process_restarts_the_whole_job_once_on_its_default_nics_then_the_bud
     assert!(s.training_stop.is_none() && s.restart_owed.is_none());
     sim.train(3).unwrap();
     assert!(sim.fabric().check_consistency().is_consistent());
+    // The proxies see the new processes' links: node-1:2's backup NIC (its partner's port) is
+    // down, then up again.
+    assert!(!sim.fabric().link_up(1, DeviceId(3)));
+    let r = sim.job().run(cmd(&[("node-1", 2, true)])).unwrap();
+    assert_eq!(r.outcome, Outcome::Rejected, "{r}");
+    sim.fabric().set_link(1, DeviceId(3), true);
+    let r = sim.job().run(cmd(&[("node-1", 2, true)])).unwrap();
+    assert_eq!(r.job_state, JobState::Running, "{r}");
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r}");
 
     // The budget is spent: the next lost process ends the job on every node.
     sim.fabric().kill_rank(GlobalRank(2));

@@ -284,10 +284,31 @@ impl StepHook for GateHook {
     }
 }
 
+/// The HAL a simulated node's proxy owns: the links of the job's fabric of the moment. The
+/// proxies outlive a restart of every process ([`Simulation::restart_processes`]), which
+/// brings a new fabric; the physical links they report are the new fabric's, which keeps the
+/// old one's link states.
+struct CurrentNodeHal {
+    fabric: Arc<parking_lot::Mutex<Arc<Fabric>>>,
+    node: u32,
+}
+
+impl NodeHal for CurrentNodeHal {
+    fn link_health(
+        &mut self,
+        device: DeviceId,
+    ) -> Result<taskd_core::LinkHealth, taskd_core::HalError> {
+        let fabric = self.fabric.lock().clone();
+        fabric.node_hal(self.node).link_health(device)
+    }
+}
+
 /// A running simulated job.
 pub struct Simulation {
     job_id: JobId,
     fabric: Arc<Fabric>,
+    /// The fabric the proxies' node HALs read (the one of the processes running).
+    current: Arc<parking_lot::Mutex<Arc<Fabric>>>,
     table: RankTable,
     job: Option<LocalJob>,
     training: Option<SimTraining>,
@@ -296,6 +317,8 @@ pub struct Simulation {
     options: TrainingOptions,
     /// Ranks whose processes lack `TSP:1`.
     tsp: Vec<GlobalRank>,
+    /// Ranks whose HCCL runs without L2 retry (their new processes too).
+    l2_off: Vec<GlobalRank>,
     /// The nodes' launchers, with process recovery.
     launchers: Option<Arc<SimLaunchers>>,
     /// How many times every process was restarted (the running processes' incarnation).
@@ -335,8 +358,12 @@ impl Simulation {
             fabric.set_l2_retry(*r, false);
         }
         let table = RankTable::uniform(cfg.nodes, cfg.devices_per_node);
+        let current = Arc::new(parking_lot::Mutex::new(fabric.clone()));
         let nodes: Vec<Box<dyn NodeHal>> = (0..cfg.nodes)
-            .map(|n| Box::new(fabric.node_hal(n)) as Box<dyn NodeHal>)
+            .map(|node| {
+                let fabric = current.clone();
+                Box::new(CurrentNodeHal { fabric, node }) as Box<dyn NodeHal>
+            })
             .collect();
         let ranks: Vec<RankSpec> = (0..table.world_size() as u32)
             .map(|r| RankSpec {
@@ -378,12 +405,14 @@ impl Simulation {
         let sim = Simulation {
             job_id: cfg.job.clone(),
             fabric,
+            current,
             table,
             job: Some(job),
             training: Some(training),
             clock,
             options,
             tsp: cfg.tsp_off.clone(),
+            l2_off: cfg.l2_retry_off.clone(),
             launchers,
             incarnation: 0,
             carried: 0,
@@ -517,6 +546,18 @@ impl Simulation {
             "sim: every training loop ended; restarting the processes"
         );
         let fabric = Fabric::new(self.fabric.config().clone());
+        // The links are physical: new processes find them as the old ones left them.
+        let cfg = self.fabric.config();
+        for node in 0..cfg.nodes {
+            for d in 0..cfg.devices_per_node {
+                let up = self.fabric.link_up(node, DeviceId(d));
+                fabric.set_link(node, DeviceId(d), up);
+            }
+        }
+        for r in &self.l2_off {
+            fabric.set_l2_retry(*r, false);
+        }
+        *self.current.lock() = fabric.clone();
         let world = self.table.world_size() as u32;
         let tsp = self.tsp.clone();
         let ranks: Vec<RankSpec> = (0..world)

@@ -298,6 +298,12 @@ impl Driver<'_> {
     fn running_first(&mut self) -> Checked {
         self.settle()?;
         if self.status()?.state != JobState::Running {
+            // As the contract has it: every link up before `recover`.
+            for (node, device) in std::mem::take(&mut self.links_down) {
+                self.sim
+                    .fabric()
+                    .set_link(node, taskd_core::DeviceId(device), true);
+            }
             self.bring_back()?;
         }
         Ok(())

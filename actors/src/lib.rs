@@ -83,7 +83,8 @@ pub mod worker;
 pub use gate::StepGate;
 pub use hal_exec::{HalPanicked, ThreadedRankHal};
 pub use local::{
-    IntoRankSpec, LocalJob, LocalJobConfig, LocalJobError, RankParts, RankSpec, RecoveryResult,
+    IntoRankSpec, LocalJob, LocalJobConfig, LocalJobError, LocalJobOptions, NodeLaunchers,
+    RankParts, RankSpec, RecoveryResult,
 };
 pub use manager::{Manager, ManagerStatus};
 pub use net::{RemoteWorker, RemoteWorkerConfig};

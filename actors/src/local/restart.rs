@@ -34,6 +34,15 @@ impl LocalJob {
         Ok(res?)
     }
 
+    /// Ends every rank's process, as a launcher ordered to end the job does once training
+    /// stopped: each worker stops (its proxy sees it leave, and the manager loses the rank, a
+    /// process the stop ended); nothing starts again.
+    pub fn end_processes(&self) {
+        for w in &self.ranks.lock().workers {
+            w.do_send(StopWorker);
+        }
+    }
+
     /// Restarts every rank's process as a new incarnation, as a launcher does once training
     /// stopped: each old worker stops (its proxy sees it leave, and the manager loses the
     /// rank), then, once the manager has no rank registered, a new worker per rank with a new

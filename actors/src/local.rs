@@ -238,6 +238,9 @@ pub struct LocalJob {
 
 /// The processes of the job's ranks, as one incarnation.
 struct Incarnation {
+    /// Which start of the job's processes this is (0: the first), as a launcher numbers them
+    /// (`TASKD_RESTART_COUNT`).
+    generation: u32,
     workers: Vec<Addr<Worker>>,
     uplinks: Vec<Arc<Uplink>>,
     gates: Vec<Arc<StepGate>>,
@@ -334,7 +337,7 @@ impl LocalJob {
                 .map(|(r, parts)| {
                     let rank = GlobalRank(r as u32);
                     let link = (worker_gates[r].clone(), worker_uplinks[r].clone());
-                    start_worker(&cfg.job, &table, rank, parts, &proxies, link)
+                    start_worker(&cfg.job, &table, (rank, 0), parts, &proxies, link)
                 })
                 .collect();
             let _ = tx.send((System::current(), manager, proxies, workers, progress));
@@ -359,6 +362,7 @@ impl LocalJob {
             recovery,
             journal,
             ranks: Mutex::new(Incarnation {
+                generation: 0,
                 workers,
                 uplinks,
                 gates,
@@ -754,7 +758,7 @@ impl LocalJob {
 fn start_worker(
     job: &JobId,
     table: &RankTable,
-    rank: GlobalRank,
+    (rank, generation): (GlobalRank, u32),
     parts: RankSpec,
     proxies: &[Addr<Proxy>],
     (gate, uplink): (Arc<StepGate>, Arc<Uplink>),
@@ -774,6 +778,7 @@ fn start_worker(
             node: slot.node.clone(),
             rank: slot.rank,
             tsp: parts.tsp,
+            generation,
         },
         parts.hal,
         gate,

@@ -36,6 +36,8 @@ pub struct WorkerConfig {
     pub rank: GlobalRank,
     /// `MS_ENABLE_TFT` of this process enables `TSP:1`.
     pub tsp: bool,
+    /// The job restart its launcher started this process for (`TASKD_RESTART_COUNT`).
+    pub generation: u32,
 }
 
 enum HalJob {
@@ -309,6 +311,7 @@ impl Actor for Worker {
                     rank: act.cfg.rank,
                     capabilities: caps,
                     instance: act.instance,
+                    generation: act.cfg.generation,
                 };
                 telemetry::message("out", "hello");
                 if act.upstream.send(WorkerToProxy::Hello(hello)).is_err() {

@@ -42,15 +42,24 @@ fn caps() -> impl Strategy<Value = Option<pb::Capabilities>> {
 }
 
 fn hello() -> impl Strategy<Value = pb::WorkerHello> {
-    (text(), text(), any::<u32>(), caps(), any::<u64>()).prop_map(
-        |(job, node, rank, capabilities, instance)| pb::WorkerHello {
-            job,
-            node,
-            rank,
-            capabilities,
-            instance,
-        },
+    (
+        text(),
+        text(),
+        any::<u32>(),
+        caps(),
+        any::<u64>(),
+        any::<u32>(),
     )
+        .prop_map(
+            |(job, node, rank, capabilities, instance, generation)| pb::WorkerHello {
+                job,
+                node,
+                rank,
+                capabilities,
+                instance,
+                generation,
+            },
+        )
 }
 
 fn rank_reply_body() -> impl Strategy<Value = Option<pb::rank_reply::Body>> {

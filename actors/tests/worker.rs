@@ -93,6 +93,7 @@ impl Harness {
             node: "node-0".into(),
             rank: RANK,
             tsp: true,
+            generation: 0,
         };
         let on_thread = ThreadedRankHal::for_rank(RANK, wrap(hal.clone())).unwrap();
         let worker =

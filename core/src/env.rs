@@ -154,6 +154,19 @@ pub fn flag_enabled(list: &str, key: &str) -> bool {
         .any(|(k, v)| k.trim().eq_ignore_ascii_case(key) && v.trim() == "1")
 }
 
+/// The job restart a launcher started this process for (taskd's agent sets it; torchrun's
+/// workers have it as `TORCHELASTIC_RESTART_COUNT`).
+pub const TASKD_RESTART_COUNT: &str = "TASKD_RESTART_COUNT";
+
+/// The job restart this process was started for: `TASKD_RESTART_COUNT`, else
+/// `TORCHELASTIC_RESTART_COUNT`; 0 when neither is a count.
+pub fn restart_count(env: EnvLookup<'_>) -> u32 {
+    [TASKD_RESTART_COUNT, "TORCHELASTIC_RESTART_COUNT"]
+        .iter()
+        .find_map(|name| get(env, name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0)
+}
+
 /// `MS_ENABLE_TFT` enables the switch-back feature (`TSP:1`).
 pub fn tsp_enabled(ms_enable_tft: Option<&str>) -> bool {
     ms_enable_tft.is_some_and(|v| flag_enabled(v, "TSP"))

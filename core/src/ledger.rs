@@ -611,6 +611,8 @@ impl JobLedger {
         self.nics.doubt();
         self.stop_registered(hello.rank);
         self.lost.remove(&hello.rank);
+        // A manager started after the job's restarts counts on from the processes' own.
+        self.restarts.done = self.restarts.done.max(hello.generation);
         self.workers.insert(hello.rank, hello);
         Ok(Registered::Counted)
     }

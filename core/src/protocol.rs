@@ -383,6 +383,10 @@ pub struct WorkerHello {
     /// Which process of the rank this is: a restarted process has a new one.
     #[serde(default)]
     pub instance: Instance,
+    /// The job restart its launcher started it for (`TASKD_RESTART_COUNT`; 0: the first
+    /// start): a manager started after restarts learns the job's count from it.
+    #[serde(default)]
+    pub generation: u32,
 }
 
 /// The links of one device of a node, as the node's proxy probed them: sent when they

@@ -30,6 +30,7 @@ fn hello(layout: &Layout, rank: u32, capabilities: SwitchCapabilities) -> Worker
         rank: GlobalRank(rank),
         capabilities,
         instance: taskd_core::Instance::UNKNOWN,
+        generation: 0,
     }
 }
 
@@ -1460,6 +1461,7 @@ fn registration_errors_are_named_and_register_nothing() {
         rank: GlobalRank(8),
         capabilities: SwitchCapabilities::ALL,
         instance: taskd_core::Instance::UNKNOWN,
+        generation: 0,
     };
     assert_eq!(
         l.register(h),

@@ -76,6 +76,7 @@ impl WorkerArgs {
             proxy: self.proxy.clone(),
             node,
             tsp: self.tsp.unwrap_or_else(|| env::tsp_enabled(tft.as_deref())),
+            generation: env::restart_count(&process_env),
             tls: self.tls.load()?,
             net: self.net.checked()?,
         })

@@ -72,6 +72,7 @@ impl LocalJob {
         let uplinks: Vec<Arc<Uplink>> = (0..ranks.len()).map(|_| Arc::default()).collect();
         let (job, proxies) = (self.config.0.clone(), self.proxies.clone());
         let (worker_gates, worker_uplinks) = (gates.clone(), uplinks.clone());
+        let generation = self.ranks.lock().generation + 1;
         let (tx, rx) = std::sync::mpsc::channel();
         self.system.arbiter().spawn(async move {
             let workers: Vec<_> = ranks
@@ -79,13 +80,15 @@ impl LocalJob {
                 .enumerate()
                 .map(|(r, parts)| {
                     let link = (worker_gates[r].clone(), worker_uplinks[r].clone());
-                    start_worker(&job, &table, GlobalRank(r as u32), parts, &proxies, link)
+                    let rank = (GlobalRank(r as u32), generation);
+                    start_worker(&job, &table, rank, parts, &proxies, link)
                 })
                 .collect();
             let _ = tx.send(workers);
         });
         let workers = rx.recv().map_err(|_| LocalJobError::SystemGone)?;
         *self.ranks.lock() = Incarnation {
+            generation,
             workers,
             uplinks,
             gates,

@@ -99,6 +99,7 @@ pub(crate) fn hello_to_pb(h: WorkerHello) -> pb::WorkerHello {
         rank: h.rank.0,
         capabilities: Some(caps_to_pb(h.capabilities)),
         instance: h.instance.0,
+        generation: h.generation,
     }
 }
 
@@ -109,6 +110,7 @@ pub(crate) fn hello_from_pb(h: pb::WorkerHello) -> WorkerHello {
         rank: GlobalRank(h.rank),
         capabilities: caps_from_pb(h.capabilities),
         instance: Instance(h.instance),
+        generation: h.generation,
     }
 }
 
@@ -882,6 +884,7 @@ mod tests {
                 rdma: true,
             },
             instance: Instance(0x1234_5678_9abc_def1),
+            generation: 2,
         };
         let links = |primary, backup| {
             ProxyToManager::Links(LinkReport {

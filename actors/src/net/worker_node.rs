@@ -54,6 +54,8 @@ pub struct RemoteWorkerConfig {
     pub node: Option<NodeName>,
     /// `MS_ENABLE_TFT` of this process enables `TSP:1`.
     pub tsp: bool,
+    /// The job restart its launcher started this process for (`TASKD_RESTART_COUNT`).
+    pub generation: u32,
     /// Mutual TLS towards the proxy; `None`: plain HTTP/2 (the proxy listens on loopback by
     /// default).
     pub tls: Option<TlsPem>,
@@ -62,7 +64,8 @@ pub struct RemoteWorkerConfig {
 }
 
 impl RemoteWorkerConfig {
-    /// Defaults: `tsp` from this process's `MS_ENABLE_TFT`, no TLS, default transport knobs.
+    /// Defaults: `tsp` from this process's `MS_ENABLE_TFT`, the generation from its
+    /// `TASKD_RESTART_COUNT` (0 when unset or not a count), no TLS, default transport knobs.
     pub fn new(job: JobId, rank: GlobalRank, proxy: impl Into<String>) -> Self {
         let tft = std::env::var(taskd_core::env::MS_ENABLE_TFT).ok();
         RemoteWorkerConfig {
@@ -71,6 +74,7 @@ impl RemoteWorkerConfig {
             proxy: proxy.into(),
             node: None,
             tsp: taskd_core::env::tsp_enabled(tft.as_deref()),
+            generation: taskd_core::env::restart_count(&taskd_core::env::process_env),
             tls: None,
             net: NetConfig::default(),
         }
@@ -150,6 +154,7 @@ impl ClientHost for Upstream {
                         node: reg.node.clone(),
                         rank: self.cfg.rank,
                         tsp: self.cfg.tsp,
+                        generation: self.cfg.generation,
                     },
                     hal,
                     self.gate.clone(),

@@ -68,6 +68,7 @@ pub mod control;
 pub mod files;
 pub mod gate;
 pub mod hal_exec;
+mod hang_watch;
 pub mod journal;
 pub mod local;
 pub mod manager;

@@ -656,6 +656,11 @@ impl Handler<Deliver<WorkerToProxy>> for Proxy {
                 self.hellos.insert(hello.rank, hello.clone());
                 self.up(ProxyToManager::WorkerUp(hello));
             }
+            WorkerToProxy::Stall(n) => {
+                telemetry::message("in", "stall");
+                telemetry::message("out", "stall");
+                self.up(ProxyToManager::Stall(n));
+            }
             WorkerToProxy::Reply(r) => {
                 telemetry::message("in", "reply");
                 let failed = matches!(r.body, ReplyBody::Failed(_));

@@ -28,11 +28,13 @@ use std::time::Duration;
 mod activity;
 mod hold;
 mod knowledge;
+mod stall;
 mod stop;
 mod uuids;
 use activity::Activity;
 pub use hold::{HoldNews, HoldPolicy, DEFAULT_HOLD_BOUND};
 use knowledge::NicKnowledge;
+pub use stall::{StallOutcome, StalledRank};
 pub use stop::{
     LastWords, ProcessRecovery, Restarts, StopBy, StopPhase, TrainingStop, DEFAULT_STOP_BOUND,
 };
@@ -312,6 +314,8 @@ pub struct JobLedger {
     stop_bound: Duration,
     /// Whether a last-words checkpoint is taken before every stop (the manager hosts one).
     last_words_host: bool,
+    /// Ranks whose hang watch says their loop finished no step for its timeout.
+    stalled: BTreeMap<GlobalRank, StalledRank>,
 }
 
 /// Which NIC configuration a recovery re-states for the ranks in doubt.
@@ -381,6 +385,7 @@ impl JobLedger {
             restarts: Restarts::default(),
             owed_restart: None,
             retired: BTreeMap::new(),
+            stalled: BTreeMap::new(),
             stop_bound: DEFAULT_STOP_BOUND,
             last_words_host: false,
         }
@@ -611,6 +616,7 @@ impl JobLedger {
         self.nics.doubt();
         self.stop_registered(hello.rank);
         self.lost.remove(&hello.rank);
+        self.stalled.remove(&hello.rank);
         // A manager started after the job's restarts counts on from the processes' own.
         self.restarts.done = self.restarts.done.max(hello.generation);
         self.workers.insert(hello.rank, hello);
@@ -952,6 +958,7 @@ impl JobLedger {
         }
         let ended_by_stop = self.is_retired(rank, current);
         self.workers.remove(&rank);
+        self.stalled.remove(&rank);
         let LostRank { why, how, .. } = lost.clone();
         self.lost.insert(rank, lost.of(current));
         self.stop_lost(rank, how);

@@ -169,6 +169,15 @@ pub fn status(s: &ManagerStatus) -> proto::JobStatus {
                 .unwrap_or_default(),
             owed: s.restart_owed.clone().unwrap_or_default(),
         }),
+        stalled_ranks: s
+            .stalled_ranks
+            .iter()
+            .map(|h| proto::StalledRank {
+                rank: h.rank.0,
+                last_step: h.last_step,
+                stalled_for_ms: ms(h.stalled_for),
+            })
+            .collect(),
         hold: s.hold.map(|(held, stops_in)| proto::Hold {
             held_ms: ms(held),
             stops_in_ms: stops_in.map(ms),

@@ -298,6 +298,7 @@ impl Host for ManagerHost {
                 ProxyToManager::Reply(r) => r.node == node,
                 ProxyToManager::WorkerLost { rank, .. } => self.ranks_of[&node].contains(rank),
                 ProxyToManager::Links(l) => l.node == node,
+                ProxyToManager::Stall(n) => self.ranks_of[&node].contains(&n.rank),
             };
             if from_node {
                 Ok(m)

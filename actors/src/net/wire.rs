@@ -10,8 +10,8 @@ use taskd_core::auto::{LinkState, Links};
 use taskd_core::command::RankTarget;
 use taskd_core::protocol::{
     AfterStop, AppliedCall, Directive, DirectiveKind, GateReport, Gone, GroupView, LinkReport,
-    NodeReply, Phase, ProxyToManager, RankError, RankReply, ReplyBody, WorkerHello, WorkerReport,
-    WorkerToProxy,
+    NodeReply, Phase, ProxyToManager, RankError, RankReply, ReplyBody, StallNotice, WorkerHello,
+    WorkerReport, WorkerToProxy,
 };
 use taskd_core::{
     DeviceId, GlobalRank, HalError, HalErrorKind, Instance, JobId, LibraryName, LinkHealth,
@@ -499,6 +499,7 @@ pub fn worker_msg_to_pb(m: WorkerToProxy) -> pb::WorkerMessage {
         kind: Some(match m {
             WorkerToProxy::Hello(h) => Kind::Hello(hello_to_pb(h)),
             WorkerToProxy::Reply(r) => Kind::Reply(rank_reply_to_pb(r)),
+            WorkerToProxy::Stall(n) => Kind::Stall(stall_to_pb(n)),
         }),
     }
 }
@@ -511,6 +512,27 @@ pub(crate) fn worker_msg_from_pb(m: pb::WorkerMessage) -> Result<WorkerToProxy, 
     {
         Kind::Hello(h) => Ok(WorkerToProxy::Hello(hello_from_pb(h))),
         Kind::Reply(r) => Ok(WorkerToProxy::Reply(rank_reply_from_pb(r)?)),
+        Kind::Stall(n) => Ok(WorkerToProxy::Stall(stall_from_pb(n))),
+    }
+}
+
+fn stall_to_pb(n: StallNotice) -> pb::StallNotice {
+    pb::StallNotice {
+        rank: n.rank.0,
+        instance: n.instance.0,
+        last_step: n.last_step,
+        stalled_for_ms: n
+            .stalled_for
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+    }
+}
+
+fn stall_from_pb(n: pb::StallNotice) -> StallNotice {
+    StallNotice {
+        rank: GlobalRank(n.rank),
+        instance: Instance(n.instance),
+        last_step: n.last_step,
+        stalled_for: n.stalled_for_ms.map(Duration::from_millis),
     }
 }
 
@@ -582,6 +604,7 @@ pub fn proxy_msg_to_pb(m: ProxyToManager) -> pb::ProxyMessage {
             }),
             ProxyToManager::Reply(n) => Kind::Reply(node_reply_to_pb(n)),
             ProxyToManager::Links(r) => Kind::Links(link_report_to_pb(r)),
+            ProxyToManager::Stall(n) => Kind::Stall(stall_to_pb(n)),
         }),
     }
 }
@@ -603,6 +626,7 @@ pub(crate) fn proxy_msg_from_pb(m: pb::ProxyMessage) -> Result<ProxyToManager, W
         }),
         Kind::Reply(n) => Ok(ProxyToManager::Reply(node_reply_from_pb(n)?)),
         Kind::Links(r) => Ok(ProxyToManager::Links(link_report_from_pb(r)?)),
+        Kind::Stall(n) => Ok(ProxyToManager::Stall(stall_from_pb(n))),
     }
 }
 
@@ -872,6 +896,18 @@ mod tests {
             let w = WorkerToProxy::Reply(r);
             assert_eq!(worker_msg_from_pb(worker_msg_to_pb(w.clone())).unwrap(), w);
             let p = ProxyToManager::Reply(n);
+            assert_eq!(proxy_msg_from_pb(proxy_msg_to_pb(p.clone())).unwrap(), p);
+        }
+        for stalled_for in [Some(Duration::from_millis(1_836_000)), None] {
+            let n = StallNotice {
+                rank: GlobalRank(5),
+                instance: Instance(0xfeed),
+                last_step: 41,
+                stalled_for,
+            };
+            let w = WorkerToProxy::Stall(n.clone());
+            assert_eq!(worker_msg_from_pb(worker_msg_to_pb(w.clone())).unwrap(), w);
+            let p = ProxyToManager::Stall(n);
             assert_eq!(proxy_msg_from_pb(proxy_msg_to_pb(p.clone())).unwrap(), p);
         }
         let hello = WorkerHello {

@@ -252,9 +252,9 @@ impl Manager {
             ctx.cancel_future(h);
         }
         self.observer.verification_done(&report);
-        if report.job_state().is_none() {
-            // A rank that registered but does not answer: ask again after the deadline.
-            let again = self.ledger.deadlines().resume;
+        // A rank that registered but did not report: ask again, soon when it answered with a
+        // failure (not set up yet), after the deadline when it did not answer.
+        if let Some(again) = report.ask_again_after(self.ledger.deadlines().resume) {
             ctx.run_later(again, |act, ctx| act.maybe_verify(ctx));
         }
         self.waiters.round_done(&report);

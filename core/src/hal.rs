@@ -170,92 +170,159 @@ impl fmt::Display for NicSide {
     }
 }
 
-/// Link state of one device's two NICs.
+/// One NIC's state, as its node's HAL saw it: the one link-state type of the control plane
+/// (the HALs return it, the proxy reports it, the wire carries it, the automatic policy reads
+/// it).
 ///
-/// A side is *up*, *down*, or *unknown*: its probe did not answer in time, failed, or the die
-/// whose NIC it is cannot be seen from this node. An unknown side is reported not up, with the
-/// reason in `primary_unknown` / `backup_unknown`, so that a switch onto it is refused with
-/// that reason rather than as a link that is down (and rather than going ahead blind).
+/// Every state but up says why, in the HAL's words (empty when it has nothing to add): a
+/// degraded link its probe's loss or delay, a down link the kernel's or the device's words, an
+/// unknown one why it could not be told (its probe failed or did not answer in time, or the die
+/// whose NIC it is cannot be seen from this node).
+///
+/// Two questions are asked of it. [`SideState::is_up`]: does the link carry traffic, so that a
+/// switch may go onto it (degraded does); a switch onto an unknown side is refused with its
+/// reason rather than as a link that is down, and never goes ahead blind.
+/// [`SideState::is_healthy`]: is it a link to stay on (degraded is not; the automatic policy
+/// moves a device off it).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "state", content = "why", rename_all = "snake_case")]
+pub enum SideState {
+    /// Up, and its probe (when there is one) within its thresholds.
+    Up,
+    /// Up, but its probe's loss or round-trip time is past a threshold: why.
+    Degraded(String),
+    /// Down (no carrier, administratively down, the device's health says so): why.
+    Down(String),
+    /// Not known: why. Not up.
+    Unknown(String),
+}
+
+impl SideState {
+    /// Up, or down with nothing more to say: a HAL that knows only whether the link is up.
+    pub fn up_or_down(up: bool) -> Self {
+        if up {
+            SideState::Up
+        } else {
+            SideState::Down(String::new())
+        }
+    }
+
+    /// Whether the link carries traffic (up, or degraded): a switch may go onto it.
+    pub fn is_up(&self) -> bool {
+        matches!(self, SideState::Up | SideState::Degraded(_))
+    }
+
+    /// Whether it is a link to stay on: up and not degraded. What the automatic failover
+    /// policy reads; anything else counts as a failed link there.
+    pub fn is_healthy(&self) -> bool {
+        matches!(self, SideState::Up)
+    }
+
+    /// Why the link is not plainly up; `None` when it is. May be empty.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            SideState::Up => None,
+            SideState::Degraded(why) | SideState::Down(why) | SideState::Unknown(why) => Some(why),
+        }
+    }
+
+    /// The state's name in logs, metrics and JSON: `up`, `degraded`, `down` or `unknown`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            SideState::Up => "up",
+            SideState::Degraded(_) => "degraded",
+            SideState::Down(_) => "down",
+            SideState::Unknown(_) => "unknown",
+        }
+    }
+
+    /// Whether `self` and `other` are the same state, whatever their reasons: a degraded link
+    /// whose loss changed is still the same degraded link.
+    pub fn same_state(&self, other: &SideState) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+    }
+}
+
+/// `up`, `down`, or the state and why: `degraded: loss 50% > 25%`.
+impl fmt::Display for SideState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.reason() {
+            Some(why) if !why.is_empty() => write!(f, "{}: {why}", self.as_str()),
+            _ => f.write_str(self.as_str()),
+        }
+    }
+}
+
+/// Link state of one device's two NICs: what [`NodeHal::link_health`] returns.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LinkHealth {
     /// The device, by the rank table's (physical) id; see [`DeviceId`].
     pub device: DeviceId,
-    /// The device's own NIC is up.
-    pub primary_up: bool,
-    /// Its backup NIC (its partner die's NIC) is up.
-    pub backup_up: bool,
-    /// Why the primary side's state is not known, when it is not.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub primary_unknown: Option<String>,
-    /// Why the backup side's state is not known, when it is not.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backup_unknown: Option<String>,
-    /// Why the primary side, up, is degraded (its probe's loss or round-trip time is past a
-    /// threshold), when it is.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub primary_degraded: Option<String>,
-    /// Why the backup side, up, is degraded, when it is.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backup_degraded: Option<String>,
+    /// The device's own NIC.
+    pub primary: SideState,
+    /// Its backup NIC (its partner die's NIC).
+    pub backup: SideState,
 }
 
 impl LinkHealth {
-    /// Both sides known: up or down as given.
+    /// Both sides known, up or down as given, with nothing more to say of a side that is down.
     pub fn new(device: DeviceId, primary_up: bool, backup_up: bool) -> Self {
         LinkHealth {
             device,
-            primary_up,
-            backup_up,
-            primary_unknown: None,
-            backup_unknown: None,
-            primary_degraded: None,
-            backup_degraded: None,
+            primary: SideState::up_or_down(primary_up),
+            backup: SideState::up_or_down(backup_up),
         }
     }
 
-    /// `side` is up but degraded, for `reason`. A side that is not up stays not up.
-    pub fn with_degraded(mut self, side: NicSide, reason: impl Into<String>) -> Self {
-        if self.is_up(side) {
-            let reason = Some(reason.into());
-            match side {
-                NicSide::Primary => self.primary_degraded = reason,
-                NicSide::Backup => self.backup_degraded = reason,
-            }
+    /// `side` is in `state`.
+    pub fn with(mut self, side: NicSide, state: SideState) -> Self {
+        match side {
+            NicSide::Primary => self.primary = state,
+            NicSide::Backup => self.backup = state,
         }
         self
     }
 
-    /// Why `side` is degraded; `None` when it is not.
-    pub fn degraded(&self, side: NicSide) -> Option<&str> {
-        match side {
-            NicSide::Primary => self.primary_degraded.as_deref(),
-            NicSide::Backup => self.backup_degraded.as_deref(),
+    /// `side`, up, is degraded, for `reason`. A side that is not up stays as it is.
+    pub fn with_degraded(self, side: NicSide, reason: impl Into<String>) -> Self {
+        if self.side(side).is_up() {
+            self.with(side, SideState::Degraded(reason.into()))
+        } else {
+            self
         }
     }
 
     /// `side` is unknown, for `reason` (and so not up).
-    pub fn with_unknown(mut self, side: NicSide, reason: impl Into<String>) -> Self {
-        let reason = Some(reason.into());
-        match side {
-            NicSide::Primary => (self.primary_up, self.primary_unknown) = (false, reason),
-            NicSide::Backup => (self.backup_up, self.backup_unknown) = (false, reason),
-        }
-        self
+    pub fn with_unknown(self, side: NicSide, reason: impl Into<String>) -> Self {
+        self.with(side, SideState::Unknown(reason.into()))
     }
 
-    /// Whether `side` is known to be up.
+    /// The state of `side`.
+    pub fn side(&self, side: NicSide) -> &SideState {
+        match side {
+            NicSide::Primary => &self.primary,
+            NicSide::Backup => &self.backup,
+        }
+    }
+
+    /// Whether `side` carries traffic (up, or degraded): see [`SideState::is_up`].
     pub fn is_up(&self, side: NicSide) -> bool {
-        match side {
-            NicSide::Primary => self.primary_up,
-            NicSide::Backup => self.backup_up,
+        self.side(side).is_up()
+    }
+
+    /// Why `side` is degraded; `None` when it is not.
+    pub fn degraded(&self, side: NicSide) -> Option<&str> {
+        match self.side(side) {
+            SideState::Degraded(why) => Some(why),
+            _ => None,
         }
     }
 
-    /// Why `side`'s state is not known; `None` when it is (up or down).
+    /// Why `side`'s state is not known; `None` when it is (up, degraded or down).
     pub fn unknown(&self, side: NicSide) -> Option<&str> {
-        match side {
-            NicSide::Primary => self.primary_unknown.as_deref(),
-            NicSide::Backup => self.backup_unknown.as_deref(),
+        match self.side(side) {
+            SideState::Unknown(why) => Some(why),
+            _ => None,
         }
     }
 }
@@ -328,8 +395,9 @@ pub trait NodeHal: Send {
     /// Link state of both NICs of one device. `device` is the rank table's id of the die, its
     /// *physical* id (`/dev/davinciN`), whatever the renumbering inside the container.
     ///
-    /// A call must return within a bounded time: a side whose probe does not answer is
-    /// reported unknown ([`LinkHealth::with_unknown`]), never waited for without end.
+    /// The answer is the two sides' states ([`SideState`]: up, degraded, down or unknown, each
+    /// with the HAL's reason). A call must return within a bounded time: a side whose probe
+    /// does not answer is reported [`SideState::Unknown`], never waited for without end.
     fn link_health(&mut self, device: DeviceId) -> Result<LinkHealth, HalError>;
 }
 
@@ -383,13 +451,19 @@ mod tests {
             h.unknown(NicSide::Backup),
             Some("probe did not answer within 1s")
         );
-        // Known sides serialize as before; an unknown side adds its reason.
+        // Each side is its state, and its reason when it has one.
         let known = serde_json::to_value(LinkHealth::new(DeviceId(1), true, false)).unwrap();
         assert_eq!(
             known,
-            serde_json::json!({"device": 1, "primary_up": true, "backup_up": false})
+            serde_json::json!({"device": 1, "primary": {"state": "up"},
+                               "backup": {"state": "down", "why": ""}})
         );
-        let back: LinkHealth = serde_json::from_value(serde_json::to_value(&h).unwrap()).unwrap();
+        let json = serde_json::to_value(&h).unwrap();
+        assert_eq!(
+            json["backup"],
+            serde_json::json!({"state": "unknown", "why": "probe did not answer within 1s"})
+        );
+        let back: LinkHealth = serde_json::from_value(json).unwrap();
         assert_eq!(back, h);
     }
 
@@ -406,9 +480,44 @@ mod tests {
             "a side that is down is not degraded"
         );
         let json = serde_json::to_value(&h).unwrap();
-        assert_eq!(json["primary_degraded"], "probe lost 3/8 echoes");
+        assert_eq!(json["primary"]["state"], "degraded");
+        assert_eq!(json["primary"]["why"], "probe lost 3/8 echoes");
         let back: LinkHealth = serde_json::from_value(json).unwrap();
         assert_eq!(back, h);
+    }
+
+    #[test]
+    fn a_side_is_up_healthy_or_neither_and_says_why() {
+        let states = [
+            SideState::Up,
+            SideState::Degraded("loss 50% > 25%".into()),
+            SideState::Down("operstate down".into()),
+            SideState::Unknown(String::new()),
+        ];
+        let up: Vec<bool> = states.iter().map(SideState::is_up).collect();
+        let healthy: Vec<bool> = states.iter().map(SideState::is_healthy).collect();
+        assert_eq!(up, [true, true, false, false]);
+        assert_eq!(healthy, [true, false, false, false]);
+        let shown: Vec<String> = states.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            [
+                "up",
+                "degraded: loss 50% > 25%",
+                "down: operstate down",
+                "unknown"
+            ]
+        );
+        assert_eq!(states[0].reason(), None);
+        assert_eq!(states[3].reason(), Some(""));
+        assert!(states[1].same_state(&SideState::Degraded("loss 75% > 25%".into())));
+        assert!(!states[2].same_state(&states[3]));
+        assert_eq!(SideState::up_or_down(false), SideState::Down(String::new()));
+        let h = LinkHealth::new(DeviceId(0), true, true).with(NicSide::Backup, states[2].clone());
+        assert_eq!(
+            (h.side(NicSide::Primary), h.side(NicSide::Backup)),
+            (&states[0], &states[2])
+        );
     }
 
     #[test]

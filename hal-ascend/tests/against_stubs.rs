@@ -10,7 +10,7 @@ use std::sync::Arc;
 use support::{env, fresh, fresh_dir, install, Stub, StubControl};
 use taskd_core::{
     plan_calls, DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind,
-    HcclCapabilities, HcclCode, LinkHealth, NicSide, NodeHal, RankHal,
+    HcclCapabilities, HcclCode, LinkHealth, NicSide, NodeHal, RankHal, SideState,
 };
 use taskd_hal_ascend::result::{self, AclError};
 use taskd_hal_ascend::search::{self, LibrarySpec, LoadError, Origin};
@@ -967,6 +967,15 @@ mod node_hal {
         (hal, stub)
     }
 
+    /// Device `d`'s health with its primary up and its backup's probe answering
+    /// `DCMI_RDFX_DETECT_UNREACH`.
+    fn unreachable_backup(d: u32) -> LinkHealth {
+        LinkHealth::new(DeviceId(d), true, true).with(
+            NicSide::Backup,
+            SideState::Down("DCMI network health Unreach (3)".into()),
+        )
+    }
+
     /// The health probes in the log, sorted (own and partner run at once).
     fn health_calls(stub: &StubControl) -> Vec<String> {
         let mut v = stub.calls("dcmi_get_device_network_health");
@@ -996,7 +1005,7 @@ mod node_hal {
         stub.dcmi_health(10, 1, 3); // DCMI_RDFX_DETECT_UNREACH
         stub.clear_log();
         let h0 = hal.link_health(DeviceId(0)).unwrap();
-        assert_eq!(h0, LinkHealth::new(DeviceId(0), true, false));
+        assert_eq!(h0, unreachable_backup(0));
         assert_eq!(
             stub.log()[0],
             "dcmi_get_card_id_device_id_from_phyid device_phy_id=0"
@@ -1012,7 +1021,10 @@ mod node_hal {
             .calls("dcmi_get_card_id_device_id_from_logicid")
             .is_empty());
         let h1 = hal.link_health(DeviceId(1)).unwrap();
-        assert_eq!((h1.primary_up, h1.backup_up), (false, true));
+        assert_eq!(
+            (h1.is_up(NicSide::Primary), h1.is_up(NicSide::Backup)),
+            (false, true)
+        );
         assert_eq!(
             h1.unknown(NicSide::Primary),
             None,
@@ -1028,7 +1040,17 @@ mod node_hal {
             stub.dcmi_health(0, 1, v);
             let h = hal.link_health(DeviceId(0)).unwrap();
             let up = v == 0 || v == 6; // DCMI_RDFX_DETECT_OK, DCMI_RDFX_DETECT_INIT
-            assert_eq!((h.primary_up, h.backup_up), (up, up), "result {v}");
+            assert_eq!(
+                (h.is_up(NicSide::Primary), h.is_up(NicSide::Backup)),
+                (up, up),
+                "result {v}"
+            );
+            if !up {
+                assert!(
+                    h.primary.reason().unwrap().contains(&format!("({v})")),
+                    "{h:?}"
+                );
+            }
         }
     }
 
@@ -1048,7 +1070,7 @@ mod node_hal {
         // Physical 0 is card 10 chip 0: its backup NIC (physical 1) is down. Read through its
         // logical id 0, it would have been card 11's dies, both up.
         let h = hal.link_health(DeviceId(0)).unwrap();
-        assert_eq!(h, LinkHealth::new(DeviceId(0), true, false));
+        assert_eq!(h, unreachable_backup(0));
         assert_eq!(
             health_calls(&stub),
             vec![
@@ -1085,7 +1107,7 @@ mod node_hal {
         // Physical 7 (card 13, chip 1) is not in this container.
         let (mut hal, _stub) = node_with("invisible", 4, 2, 10, &[6, 2, 3], Duration::from_secs(5));
         let h = hal.link_health(DeviceId(6)).unwrap();
-        assert!(h.primary_up && !h.backup_up);
+        assert!(h.is_up(NicSide::Primary) && !h.is_up(NicSide::Backup));
         let why = h.unknown(NicSide::Backup).expect("unknown, not down");
         assert!(
             why.contains("card 13 chip 1")
@@ -1111,7 +1133,7 @@ mod node_hal {
         // One die per card (not an A3): the partner chip does not exist.
         let (mut hal, stub) = node("one_die_per_card", 4, 1, 0);
         let h = hal.link_health(DeviceId(2)).unwrap();
-        assert!(h.primary_up && !h.backup_up);
+        assert!(h.is_up(NicSide::Primary) && !h.is_up(NicSide::Backup));
         let why = h.unknown(NicSide::Backup).unwrap();
         assert!(
             why.contains("card 2 chip 1") && why.contains("DCMI_ERR_CODE_INVALID_DEVICE_ID"),
@@ -1144,7 +1166,7 @@ mod node_hal {
             took >= timeout && took < Duration::from_secs(20),
             "{took:?}"
         );
-        assert!(h.primary_up && !h.backup_up);
+        assert!(h.is_up(NicSide::Primary) && !h.is_up(NicSide::Backup));
         let why = h.unknown(NicSide::Backup).unwrap();
         assert!(
             why.contains(
@@ -1184,7 +1206,7 @@ mod node_hal {
         // A probe that answers with an error: both sides unknown, with DCMI's code named.
         stub.set_result("dcmi_get_device_network_health", -8023);
         let h = hal.link_health(DeviceId(2)).unwrap();
-        assert!(!h.primary_up && !h.backup_up);
+        assert!(!h.is_up(NicSide::Primary) && !h.is_up(NicSide::Backup));
         let why = h.unknown(NicSide::Primary).unwrap();
         assert!(
             why.contains("card 11 chip 0")

@@ -626,6 +626,7 @@ fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use taskd_core::NicSide;
 
     fn r(n: u32) -> GlobalRank {
         GlobalRank(n)
@@ -713,7 +714,7 @@ mod tests {
         let mut n = SoloNodeHal::new(4);
         n.set_link(DeviceId(2), false);
         let h = n.link_health(DeviceId(3)).unwrap();
-        assert!(h.primary_up && !h.backup_up);
+        assert!(h.is_up(NicSide::Primary) && !h.is_up(NicSide::Backup));
         assert_eq!(
             n.link_health(DeviceId(4)).unwrap_err().kind,
             HalErrorKind::InvalidArgument

@@ -6,7 +6,7 @@
 use super::pb;
 use std::borrow::Cow;
 use std::time::Duration;
-use taskd_core::auto::{LinkState, Links};
+use taskd_core::auto::Links;
 use taskd_core::command::RankTarget;
 use taskd_core::protocol::{
     AfterStop, AppliedCall, Directive, DirectiveKind, GateReport, Gone, GroupView, LinkReport,
@@ -15,7 +15,7 @@ use taskd_core::protocol::{
 };
 use taskd_core::{
     DeviceId, GlobalRank, HalError, HalErrorKind, Instance, JobId, LibraryName, LinkHealth,
-    NicSide, NodeName, OperationId, SwitchCapabilities, VendorCode,
+    NicSide, NodeName, OperationId, SideState, SwitchCapabilities, VendorCode,
 };
 
 /// A frame that cannot be decoded into the protocol.
@@ -447,18 +447,49 @@ pub(crate) fn node_reply_to_pb(n: NodeReply) -> pb::NodeReply {
         op: n.op.to_string(),
         phase: phase_to_pb(n.phase) as i32,
         replies: n.replies.into_iter().map(rank_reply_to_pb).collect(),
-        health: n
-            .health
-            .into_iter()
-            .map(|h| pb::LinkHealth {
-                device: h.device.0,
-                primary_up: h.primary_up,
-                backup_up: h.backup_up,
-                primary_unknown: h.primary_unknown.unwrap_or_default(),
-                backup_unknown: h.backup_unknown.unwrap_or_default(),
-            })
-            .collect(),
+        health: n.health.into_iter().map(link_health_to_pb).collect(),
     }
+}
+
+/// Both sides as they are, and the previous version's fields beside them.
+fn link_health_to_pb(h: LinkHealth) -> pb::LinkHealth {
+    /// The previous version's reading of an unknown side: a reason, never empty.
+    fn unknown_why(s: &SideState) -> String {
+        match s {
+            SideState::Unknown(why) if why.is_empty() => "not known".into(),
+            SideState::Unknown(why) => why.clone(),
+            _ => String::new(),
+        }
+    }
+    pb::LinkHealth {
+        device: h.device.0,
+        primary_up: h.primary.is_up(),
+        backup_up: h.backup.is_up(),
+        primary_unknown: unknown_why(&h.primary),
+        backup_unknown: unknown_why(&h.backup),
+        primary_side: Some(side_to_pb(h.primary)),
+        backup_side: Some(side_to_pb(h.backup)),
+    }
+}
+
+/// Each side from its `SideState`; from the previous version's fields when it has none.
+fn link_health_from_pb(h: pb::LinkHealth) -> Result<LinkHealth, WireError> {
+    const W: &str = "link health";
+    let previous = |up: bool, unknown: String| match (up, unknown.is_empty()) {
+        (_, false) => SideState::Unknown(unknown),
+        (up, true) => SideState::up_or_down(up),
+    };
+    Ok(LinkHealth {
+        device: DeviceId(h.device),
+        primary: match h.primary_side {
+            Some(s) => side_from_pb(W, "the primary side's state", s)?,
+            None => previous(h.primary_up, h.primary_unknown),
+        },
+        backup: match h.backup_side {
+            Some(s) => side_from_pb(W, "the backup side's state", s)?,
+            None => previous(h.backup_up, h.backup_unknown),
+        },
+    })
 }
 
 pub(crate) fn node_reply_from_pb(n: pb::NodeReply) -> Result<NodeReply, WireError> {
@@ -475,18 +506,8 @@ pub(crate) fn node_reply_from_pb(n: pb::NodeReply) -> Result<NodeReply, WireErro
         health: n
             .health
             .into_iter()
-            .map(|h| LinkHealth {
-                device: DeviceId(h.device),
-                primary_up: h.primary_up,
-                backup_up: h.backup_up,
-                primary_unknown: Some(h.primary_unknown).filter(|r| !r.is_empty()),
-                backup_unknown: Some(h.backup_unknown).filter(|r| !r.is_empty()),
-                // A switch's link check asks whether the target is up; degradation travels
-                // in link reports (`LinkState::Degraded`).
-                primary_degraded: None,
-                backup_degraded: None,
-            })
-            .collect(),
+            .map(link_health_from_pb)
+            .collect::<Result<_, _>>()?,
     })
 }
 
@@ -512,44 +533,72 @@ pub(crate) fn worker_msg_from_pb(m: pb::WorkerMessage) -> Result<WorkerToProxy, 
     }
 }
 
-fn link_state_to_pb(s: LinkState) -> pb::LinkState {
+fn link_state_to_pb(s: &SideState) -> pb::LinkState {
     match s {
-        LinkState::Up => pb::LinkState::Up,
-        LinkState::Down => pb::LinkState::Down,
-        LinkState::Unknown => pb::LinkState::Unknown,
-        LinkState::Degraded => pb::LinkState::Degraded,
+        SideState::Up => pb::LinkState::Up,
+        SideState::Down(_) => pb::LinkState::Down,
+        SideState::Unknown(_) => pb::LinkState::Unknown,
+        SideState::Degraded(_) => pb::LinkState::Degraded,
     }
 }
 
-/// A newer peer's state is read as unknown (not up); a missing one is refused.
-fn link_state_from_pb(side: &str, raw: i32) -> Result<LinkState, WireError> {
+/// The state `raw` names, with `why`: a newer peer's state is read as unknown (not up); a
+/// missing one is refused.
+fn link_state_from_pb(
+    what: &'static str,
+    side: &str,
+    raw: i32,
+    why: String,
+) -> Result<SideState, WireError> {
     match pb::LinkState::try_from(raw) {
-        Ok(pb::LinkState::Up) => Ok(LinkState::Up),
-        Ok(pb::LinkState::Down) => Ok(LinkState::Down),
-        Ok(pb::LinkState::Degraded) => Ok(LinkState::Degraded),
-        Ok(pb::LinkState::Unspecified) => Err(missing("link report", side)),
-        Ok(pb::LinkState::Unknown) | Err(_) => Ok(LinkState::Unknown),
+        Ok(pb::LinkState::Up) => Ok(SideState::Up),
+        Ok(pb::LinkState::Down) => Ok(SideState::Down(why)),
+        Ok(pb::LinkState::Degraded) => Ok(SideState::Degraded(why)),
+        Ok(pb::LinkState::Unspecified) => Err(missing(what, side)),
+        Ok(pb::LinkState::Unknown) | Err(_) => Ok(SideState::Unknown(why)),
     }
 }
 
-/// A proxy's link report for the wire.
+fn side_to_pb(s: SideState) -> pb::SideState {
+    let state = link_state_to_pb(&s) as i32;
+    let why = match s {
+        SideState::Up => String::new(),
+        SideState::Degraded(why) | SideState::Down(why) | SideState::Unknown(why) => why,
+    };
+    pb::SideState { state, why }
+}
+
+fn side_from_pb(what: &'static str, side: &str, s: pb::SideState) -> Result<SideState, WireError> {
+    link_state_from_pb(what, side, s.state, s.why)
+}
+
+/// A proxy's link report for the wire: each side's state and reason, and the previous
+/// version's state alone beside it.
 pub(crate) fn link_report_to_pb(r: LinkReport) -> pb::LinkReport {
     pb::LinkReport {
         node: r.node.0,
         device: r.device.0,
-        primary: link_state_to_pb(r.links.primary) as i32,
-        backup: link_state_to_pb(r.links.backup) as i32,
+        primary: link_state_to_pb(&r.links.primary) as i32,
+        backup: link_state_to_pb(&r.links.backup) as i32,
+        primary_side: Some(side_to_pb(r.links.primary)),
+        backup_side: Some(side_to_pb(r.links.backup)),
     }
 }
 
-/// A proxy's link report from the wire; a missing state is refused, a newer one is unknown.
+/// A proxy's link report from the wire: each side from its `SideState`, or from the previous
+/// version's state alone when it has none; a missing state is refused, a newer one is unknown.
 pub(crate) fn link_report_from_pb(r: pb::LinkReport) -> Result<LinkReport, WireError> {
+    const W: &str = "link report";
+    let side = |name: &str, s: Option<pb::SideState>, previous: i32| match s {
+        Some(s) => side_from_pb(W, name, s),
+        None => link_state_from_pb(W, name, previous, String::new()),
+    };
     Ok(LinkReport {
         node: NodeName(r.node),
         device: DeviceId(r.device),
         links: Links {
-            primary: link_state_from_pb("the primary link's state", r.primary)?,
-            backup: link_state_from_pb("the backup link's state", r.backup)?,
+            primary: side("the primary link's state", r.primary_side, r.primary)?,
+            backup: side("the backup link's state", r.backup_side, r.backup)?,
         },
     })
 }
@@ -864,7 +913,10 @@ mod tests {
                 health: vec![
                     LinkHealth::new(DeviceId(1), false, true),
                     LinkHealth::new(DeviceId(2), true, true)
-                        .with_unknown(taskd_core::NicSide::Backup, "probe timed out"),
+                        .with_unknown(NicSide::Backup, "probe timed out"),
+                    LinkHealth::new(DeviceId(3), true, true)
+                        .with_degraded(NicSide::Primary, "loss 50% > 25%")
+                        .with(NicSide::Backup, SideState::Down("operstate down".into())),
                 ],
             };
             let w = WorkerToProxy::Reply(r);
@@ -913,9 +965,12 @@ mod tests {
                 instance: Instance(1),
                 generation: 1,
             },
-            links(LinkState::Down, LinkState::Up),
-            links(LinkState::Up, LinkState::Unknown),
-            links(LinkState::Degraded, LinkState::Up),
+            links(SideState::Down(String::new()), SideState::Up),
+            links(SideState::Up, SideState::Unknown("probe timed out".into())),
+            links(
+                SideState::Degraded("rtt 40 ms > 10 ms".into()),
+                SideState::Up,
+            ),
         ] {
             assert_eq!(proxy_msg_from_pb(proxy_msg_to_pb(m.clone())).unwrap(), m);
         }
@@ -930,16 +985,141 @@ mod tests {
             device: 2,
             primary,
             backup,
+            ..Default::default()
         };
         let r = link_report_from_pb(report(pb::LinkState::Up as i32, 42)).unwrap();
         assert_eq!(
             (r.links.primary, r.links.backup),
-            (LinkState::Up, LinkState::Unknown)
+            (SideState::Up, SideState::Unknown(String::new()))
         );
         let e = link_report_from_pb(report(0, pb::LinkState::Up as i32)).unwrap_err();
         assert!(
             e.to_string().contains("primary link's state is missing"),
             "{e}"
+        );
+        // Likewise in a side of this version.
+        let with_side = |state| pb::LinkReport {
+            backup_side: Some(pb::SideState {
+                state,
+                why: "w".into(),
+            }),
+            ..report(1, 1)
+        };
+        let r = link_report_from_pb(with_side(42)).unwrap();
+        assert_eq!(r.links.backup, SideState::Unknown("w".into()));
+        let e = link_report_from_pb(with_side(0)).unwrap_err();
+        assert!(
+            e.to_string().contains("backup link's state is missing"),
+            "{e}"
+        );
+        let health = pb::LinkHealth {
+            primary_side: Some(pb::SideState::default()),
+            ..Default::default()
+        };
+        let e = link_health_from_pb(health).unwrap_err();
+        assert!(
+            e.to_string().contains("primary side's state is missing"),
+            "{e}"
+        );
+    }
+
+    /// `LinkHealth` and `LinkReport` as the previous version of `net.proto` had them: no
+    /// `SideState`, no degraded state in a node's health, no reason for a link that is down.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct PreviousLinkHealth {
+        #[prost(uint32, tag = "1")]
+        device: u32,
+        #[prost(bool, tag = "2")]
+        primary_up: bool,
+        #[prost(bool, tag = "3")]
+        backup_up: bool,
+        #[prost(string, tag = "4")]
+        primary_unknown: String,
+        #[prost(string, tag = "5")]
+        backup_unknown: String,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct PreviousLinkReport {
+        #[prost(string, tag = "1")]
+        node: String,
+        #[prost(uint32, tag = "2")]
+        device: u32,
+        #[prost(int32, tag = "3")]
+        primary: i32,
+        #[prost(int32, tag = "4")]
+        backup: i32,
+    }
+
+    #[test]
+    fn a_peer_of_the_previous_version_and_this_one_read_each_others_link_states() {
+        use prost::Message as _;
+        // What a previous-version proxy sends: booleans and an unknown side's reason.
+        let old = PreviousLinkHealth {
+            device: 4,
+            primary_up: true,
+            backup_up: false,
+            primary_unknown: String::new(),
+            backup_unknown: "partner die not visible".into(),
+        };
+        let read = pb::LinkHealth::decode(&old.encode_to_vec()[..]).unwrap();
+        assert_eq!(
+            link_health_from_pb(read).unwrap(),
+            LinkHealth::new(DeviceId(4), true, false)
+                .with_unknown(NicSide::Backup, "partner die not visible")
+        );
+        // What a previous-version manager reads from this version: a degraded side is up, an
+        // unknown one says why (a reason even when the HAL gave none), a down one is down.
+        let sent = |h: LinkHealth| {
+            PreviousLinkHealth::decode(&link_health_to_pb(h).encode_to_vec()[..]).unwrap()
+        };
+        let p = sent(
+            LinkHealth::new(DeviceId(1), true, true)
+                .with_degraded(NicSide::Primary, "loss 50% > 25%")
+                .with(NicSide::Backup, SideState::Unknown(String::new())),
+        );
+        assert_eq!(
+            (p.primary_up, p.primary_unknown.as_str()),
+            (true, ""),
+            "degraded reads as up"
+        );
+        assert_eq!(
+            (p.backup_up, p.backup_unknown.as_str()),
+            (false, "not known")
+        );
+        let p = sent(
+            LinkHealth::new(DeviceId(1), false, true)
+                .with(NicSide::Primary, SideState::Down("operstate down".into())),
+        );
+        assert_eq!((p.primary_up, p.primary_unknown.as_str()), (false, ""));
+        // Link reports: the previous version's states alone, either way.
+        let old = PreviousLinkReport {
+            node: "node-0".into(),
+            device: 1,
+            primary: pb::LinkState::Degraded as i32,
+            backup: pb::LinkState::Down as i32,
+        };
+        let r =
+            link_report_from_pb(pb::LinkReport::decode(&old.encode_to_vec()[..]).unwrap()).unwrap();
+        assert_eq!(
+            (r.links.primary, r.links.backup),
+            (
+                SideState::Degraded(String::new()),
+                SideState::Down(String::new())
+            )
+        );
+        let report = LinkReport {
+            node: NodeName("node-0".into()),
+            device: DeviceId(1),
+            links: Links {
+                primary: SideState::Degraded("loss 50% > 25%".into()),
+                backup: SideState::Up,
+            },
+        };
+        let p = PreviousLinkReport::decode(&link_report_to_pb(report).encode_to_vec()[..]).unwrap();
+        assert_eq!(
+            (p.primary, p.backup),
+            (pb::LinkState::Degraded as i32, pb::LinkState::Up as i32)
         );
     }
 

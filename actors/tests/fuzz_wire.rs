@@ -31,14 +31,23 @@ fn phase() -> impl Strategy<Value = i32> {
     prop_oneof![4 => 1..=6i32, 1 => any::<i32>()]
 }
 
-fn caps() -> impl Strategy<Value = Option<pb::Capabilities>> {
-    prop::option::of((any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
-        |(tsp, l2_retry, rdma)| pb::Capabilities {
-            tsp,
-            l2_retry,
-            rdma,
-        },
-    ))
+fn caps() -> BoxedStrategy<Option<pb::Capabilities>> {
+    let missing = (text(), text()).prop_map(|(by, what)| pb::Missing { by, what });
+    prop::option::of(
+        (
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+            prop::collection::vec(missing, 0..3),
+        )
+            .prop_map(|(tsp, l2_retry, rdma, missing)| pb::Capabilities {
+                tsp,
+                l2_retry,
+                rdma,
+                missing,
+            }),
+    )
+    .boxed()
 }
 
 /// One side's state, past the known ones and the missing 0 included.

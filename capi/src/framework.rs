@@ -26,7 +26,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use taskd_actors::StepGate;
 use taskd_core::{
-    GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCapabilities, HcclCode, RankHal,
+    GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCode, RankHal, SwitchCapabilities,
 };
 
 /// The one group a framework HAL reports: every rank of the job, group rank = global rank.
@@ -94,18 +94,18 @@ pub struct FrameworkHal {
     run: RunCall,
     call_timeout: Duration,
     world: WorldSize,
-    capabilities: HcclCapabilities,
+    capabilities: SwitchCapabilities,
 }
 
 impl FrameworkHal {
     /// A HAL calling `switch` through `run` (the training thread: [`on_training_thread`]),
-    /// for a job of `world` ranks, whose HCCL setup allows `capabilities` (L2 retry, RDMA:
-    /// from the environment, as for `AscendRankHal`).
+    /// for a job of `world` ranks, whose backend lacks `capabilities` (for HCCL, L2 retry and
+    /// RDMA from the environment, as for `AscendRankHal`).
     pub fn new(
         switch: Box<dyn FrameworkSwitch>,
         run: RunCall,
         world: WorldSize,
-        capabilities: HcclCapabilities,
+        capabilities: SwitchCapabilities,
     ) -> Self {
         FrameworkHal {
             switch: Arc::new(Mutex::new(switch)),
@@ -163,8 +163,8 @@ impl RankHal for FrameworkHal {
         })
     }
 
-    fn capabilities(&mut self) -> HcclCapabilities {
-        self.capabilities
+    fn capabilities(&mut self) -> SwitchCapabilities {
+        self.capabilities.clone()
     }
 
     fn set_call_timeout(&mut self, timeout: Duration) {
@@ -203,7 +203,7 @@ mod tests {
             Box::new(switch),
             inline(),
             Box::new(move || world),
-            HcclCapabilities::ALL,
+            SwitchCapabilities::ALL,
         );
         (hal, calls)
     }
@@ -257,7 +257,7 @@ mod tests {
             Box::new(switch),
             on_training_thread(slot),
             Box::new(|| Some(2)),
-            HcclCapabilities::ALL,
+            SwitchCapabilities::ALL,
         );
         // Training, not held: refused, and the function is not called.
         let e = h
@@ -307,6 +307,6 @@ mod tests {
             unregistered.groups().unwrap_err().kind,
             HalErrorKind::Unavailable
         );
-        assert_eq!(h.capabilities(), HcclCapabilities::ALL);
+        assert_eq!(h.capabilities(), SwitchCapabilities::ALL);
     }
 }

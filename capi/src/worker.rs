@@ -13,7 +13,7 @@ use taskd_actors::net::{ClientState, RemoteWorker, RemoteWorkerConfig, WorkerReg
 use taskd_actors::telemetry::MetricsServer;
 use taskd_actors::StepGate;
 use taskd_core::env::process_env;
-use taskd_core::{GlobalRank, HcclCapabilities, StepOutcome};
+use taskd_core::{GlobalRank, StepOutcome, SwitchCapabilities};
 use taskd_roles::WorkerArgs;
 use tokio::sync::watch;
 
@@ -44,14 +44,14 @@ impl WorkerOptions {
         WorkerOptions::try_parse_from(argv).map_err(|e| config::parse_error("worker", &cmd, &e))
     }
 
-    /// What this rank's switch needs that its process has: HCCL's L2 retry and RDMA links from
-    /// the environment for a function that moves HCCL communicators, nothing of HCCL's for one
+    /// What this rank's switch lacks in its process: HCCL's L2 retry and RDMA links from the
+    /// environment for a function that moves HCCL communicators, nothing of HCCL's for one
     /// that does not (`"hccl": false`).
-    fn capabilities(&self) -> HcclCapabilities {
+    fn capabilities(&self) -> SwitchCapabilities {
         if self.hccl {
-            taskd_hal_ascend::rank::capabilities_from_env(&process_env)
+            taskd_hal_ascend::rank::capabilities_from_env(&process_env).capabilities()
         } else {
-            HcclCapabilities::ALL
+            SwitchCapabilities::ALL
         }
     }
 
@@ -246,7 +246,7 @@ mod tests {
 
     #[test]
     fn a_switch_that_moves_no_hccl_communicator_needs_nothing_of_hccls() {
-        let env = taskd_hal_ascend::rank::capabilities_from_env(&process_env);
+        let env = taskd_hal_ascend::rank::capabilities_from_env(&process_env).capabilities();
         let hccl = WorkerOptions::parse(r#"{"job_id": "j", "rank": 0}"#).unwrap();
         assert_eq!(
             hccl.capabilities(),
@@ -254,7 +254,7 @@ mod tests {
             "by default what the environment says"
         );
         let gloo = WorkerOptions::parse(r#"{"job_id": "j", "rank": 0, "hccl": false}"#).unwrap();
-        assert_eq!(gloo.capabilities(), HcclCapabilities::ALL);
+        assert_eq!(gloo.capabilities(), SwitchCapabilities::ALL);
         assert!(check(r#"{"job_id": "j", "rank": 0, "hccl": "no"}"#).is_err());
     }
 }

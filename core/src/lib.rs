@@ -66,8 +66,8 @@ pub mod verify;
 
 pub use command::{Direction, RankTarget, SwitchCommand, SwitchPlan, ValidationError};
 pub use hal::{
-    CodeTable, GroupInfo, GroupsFuture, HalError, HalErrorKind, HalFuture, HcclCapabilities,
-    HcclCode, LibraryName, LinkHealth, NicSide, NodeHal, RankHal, SideState, StepBoundary,
+    CodeTable, GroupInfo, GroupsFuture, HalError, HalErrorKind, HalFuture, HcclCode, HcclSetup,
+    LibraryName, LinkHealth, Missing, NicSide, NodeHal, RankHal, SideState, StepBoundary,
     StepOutcome, SwitchCapabilities, TaskRankHal, VendorCode, VendorStatus,
 };
 pub use ids::{DeviceId, GlobalRank, GroupRank, Instance, JobId, NodeName, OperationId};

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::sync::Arc;
 use support::{env, fresh, fresh_dir, install, Stub, StubControl};
 use taskd_core::{
-    plan_calls, DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind,
-    HcclCapabilities, HcclCode, LinkHealth, NicSide, NodeHal, RankHal, SideState,
+    plan_calls, DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCode,
+    HcclSetup, LinkHealth, NicSide, NodeHal, RankHal, SideState,
 };
 use taskd_hal_ascend::result::{self, AclError};
 use taskd_hal_ascend::search::{self, LibrarySpec, LoadError, Origin};
@@ -738,7 +738,7 @@ mod rank_hal {
                     },
                 ),
             ],
-            HcclCapabilities::ALL,
+            HcclSetup::ALL,
         );
         (hal, stub)
     }
@@ -797,7 +797,7 @@ mod rank_hal {
                     members: ranks(&[0, 1, 2]),
                 },
             )],
-            HcclCapabilities::ALL,
+            HcclSetup::ALL,
         );
         let e = hal.groups().unwrap_err();
         assert_eq!(
@@ -822,7 +822,7 @@ mod rank_hal {
                     members: ranks(&[0, 1]),
                 },
             )],
-            HcclCapabilities::ALL,
+            HcclSetup::ALL,
         );
         let e = hal.groups().unwrap_err();
         assert_eq!(
@@ -844,10 +844,8 @@ mod rank_hal {
             name: String::new(),
             members: ranks(&[0, 1]),
         };
-        let mut hal = AscendRankHal::with_capabilities(
-            vec![(a, info.clone()), (b, info)],
-            HcclCapabilities::ALL,
-        );
+        let mut hal =
+            AscendRankHal::with_capabilities(vec![(a, info.clone()), (b, info)], HcclSetup::ALL);
         assert!(hal
             .groups()
             .unwrap_err()
@@ -910,10 +908,11 @@ mod rank_hal {
         );
         assert_eq!(
             hal.capabilities(),
-            HcclCapabilities {
+            HcclSetup {
                 l2_retry: true,
                 rdma: false
             }
+            .capabilities()
         );
     }
 
@@ -928,7 +927,7 @@ mod rank_hal {
         };
         let hal = AscendRankHal::with_capabilities(
             vec![(owned, one.clone()), (borrowed, one)],
-            HcclCapabilities::ALL,
+            HcclSetup::ALL,
         );
         drop(hal);
         assert_eq!(

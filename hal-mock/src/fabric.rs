@@ -1024,6 +1024,8 @@ mod tests {
         assert!(report.is_consistent(), "{report}");
         assert_eq!(f.ranks_on_backup(), [r(0)]);
         let mut hal = f.rank_hal(r(1));
-        assert!(!hal.capabilities().l2_retry);
+        assert!(hal
+            .capabilities()
+            .lacks(&taskd_core::HcclSetup::L2_RETRY_OFF));
     }
 }

@@ -14,8 +14,8 @@ use taskd_core::protocol::{
     WorkerToProxy,
 };
 use taskd_core::{
-    DeviceId, GlobalRank, HalError, HalErrorKind, Instance, JobId, LibraryName, LinkHealth,
-    NicSide, NodeName, OperationId, SideState, SwitchCapabilities, VendorCode,
+    DeviceId, GlobalRank, HalError, HalErrorKind, HcclSetup, Instance, JobId, LibraryName,
+    LinkHealth, Missing, NicSide, NodeName, OperationId, SideState, SwitchCapabilities, VendorCode,
 };
 
 /// A frame that cannot be decoded into the protocol.
@@ -75,21 +75,54 @@ pub(crate) fn phase_from_pb(what: &'static str, raw: i32) -> Result<Phase, WireE
     }
 }
 
-pub(crate) fn caps_to_pb(c: SwitchCapabilities) -> pb::Capabilities {
+/// What a rank lacks, listed; and, for a peer of the previous version, its three booleans:
+/// anything it has no word for counts as L2 retry missing, so that it refuses the switch too.
+pub(crate) fn caps_to_pb(c: &SwitchCapabilities) -> pb::Capabilities {
+    let known = [Missing::TSP, HcclSetup::L2_RETRY_OFF, HcclSetup::NO_RDMA];
+    let other = c.missing().any(|m| !known.contains(m));
     pb::Capabilities {
-        tsp: c.tsp,
-        l2_retry: c.l2_retry,
-        rdma: c.rdma,
+        tsp: !c.lacks(&Missing::TSP),
+        l2_retry: !c.lacks(&HcclSetup::L2_RETRY_OFF) && !other,
+        rdma: !c.lacks(&HcclSetup::NO_RDMA),
+        missing: c
+            .missing()
+            .map(|m| pb::Missing {
+                by: m.by.to_string(),
+                what: m.what.to_string(),
+            })
+            .collect(),
     }
 }
 
-pub(crate) fn caps_from_pb(c: Option<pb::Capabilities>) -> SwitchCapabilities {
+/// The list when there is one; a previous-version frame's booleans otherwise. A thing named by
+/// something that is not a library name is refused.
+pub(crate) fn caps_from_pb(c: Option<pb::Capabilities>) -> Result<SwitchCapabilities, WireError> {
     let c = c.unwrap_or_default();
-    SwitchCapabilities {
-        tsp: c.tsp,
-        l2_retry: c.l2_retry,
-        rdma: c.rdma,
+    if c.missing.is_empty() {
+        let said = [
+            (c.tsp, Missing::TSP),
+            (c.l2_retry, HcclSetup::L2_RETRY_OFF),
+            (c.rdma, HcclSetup::NO_RDMA),
+        ];
+        return Ok(SwitchCapabilities::lacking(
+            said.into_iter().filter(|(has, _)| !has).map(|(_, m)| m),
+        ));
     }
+    let missing = c
+        .missing
+        .into_iter()
+        .map(|m| {
+            let by = LibraryName::parse(m.by).map_err(|e| WireError {
+                what: "capabilities",
+                detail: e.to_string(),
+            })?;
+            Ok(Missing {
+                by,
+                what: Cow::Owned(m.what),
+            })
+        })
+        .collect::<Result<Vec<_>, WireError>>()?;
+    Ok(SwitchCapabilities::lacking(missing))
 }
 
 pub(crate) fn hello_to_pb(h: WorkerHello) -> pb::WorkerHello {
@@ -97,19 +130,19 @@ pub(crate) fn hello_to_pb(h: WorkerHello) -> pb::WorkerHello {
         job: h.job.0,
         node: h.node.0,
         rank: h.rank.0,
-        capabilities: Some(caps_to_pb(h.capabilities)),
+        capabilities: Some(caps_to_pb(&h.capabilities)),
         instance: h.instance.0,
     }
 }
 
-pub(crate) fn hello_from_pb(h: pb::WorkerHello) -> WorkerHello {
-    WorkerHello {
+pub(crate) fn hello_from_pb(h: pb::WorkerHello) -> Result<WorkerHello, WireError> {
+    Ok(WorkerHello {
         job: JobId(h.job),
         node: NodeName(h.node),
         rank: GlobalRank(h.rank),
-        capabilities: caps_from_pb(h.capabilities),
+        capabilities: caps_from_pb(h.capabilities)?,
         instance: Instance(h.instance),
-    }
+    })
 }
 
 /// The wire keeps HCCL's `use_backup` flag per rank; the directive speaks of sides.
@@ -528,7 +561,7 @@ pub(crate) fn worker_msg_from_pb(m: pb::WorkerMessage) -> Result<WorkerToProxy, 
         .kind
         .ok_or_else(|| missing("worker message", "its kind"))?
     {
-        Kind::Hello(h) => Ok(WorkerToProxy::Hello(hello_from_pb(h))),
+        Kind::Hello(h) => Ok(WorkerToProxy::Hello(hello_from_pb(h)?)),
         Kind::Reply(r) => Ok(WorkerToProxy::Reply(rank_reply_from_pb(r)?)),
     }
 }
@@ -636,7 +669,7 @@ pub fn proxy_msg_to_pb(m: ProxyToManager) -> pb::ProxyMessage {
 pub(crate) fn proxy_msg_from_pb(m: pb::ProxyMessage) -> Result<ProxyToManager, WireError> {
     use pb::proxy_message::Kind;
     match m.kind.ok_or_else(|| missing("proxy message", "its kind"))? {
-        Kind::WorkerUp(h) => Ok(ProxyToManager::WorkerUp(hello_from_pb(h))),
+        Kind::WorkerUp(h) => Ok(ProxyToManager::WorkerUp(hello_from_pb(h)?)),
         Kind::WorkerLost(l) => Ok(ProxyToManager::WorkerLost {
             rank: GlobalRank(l.rank),
             how: match l.how() {
@@ -928,11 +961,10 @@ mod tests {
             job: JobId("j".into()),
             node: NodeName("n".into()),
             rank: GlobalRank(3),
-            capabilities: SwitchCapabilities {
-                tsp: true,
-                l2_retry: false,
-                rdma: true,
-            },
+            capabilities: SwitchCapabilities::lacking([
+                HcclSetup::L2_RETRY_OFF,
+                Missing::new(LibraryName::new("acme"), "ACME_MULTIRAIL=0"),
+            ]),
             instance: Instance(0x1234_5678_9abc_def1),
         };
         let links = |primary, backup| {
@@ -1121,6 +1153,49 @@ mod tests {
             (p.primary, p.backup),
             (pb::LinkState::Degraded as i32, pb::LinkState::Up as i32)
         );
+    }
+
+    #[test]
+    fn capabilities_cross_the_wire_named_and_a_previous_peer_reads_its_booleans() {
+        let acme = Missing::new(LibraryName::new("acme"), "ACME_MULTIRAIL=0");
+        let cases = [
+            SwitchCapabilities::ALL,
+            SwitchCapabilities::ALL.with_tsp(false),
+            HcclSetup {
+                l2_retry: false,
+                rdma: false,
+            }
+            .capabilities(),
+            SwitchCapabilities::lacking([acme.clone()]),
+        ];
+        for c in &cases {
+            assert_eq!(&caps_from_pb(Some(caps_to_pb(c))).unwrap(), c);
+        }
+        // A previous-version peer reads the booleans: another backend's gap refuses there too.
+        let b = |p: pb::Capabilities| (p.tsp, p.l2_retry, p.rdma);
+        assert_eq!(b(caps_to_pb(&cases[0])), (true, true, true));
+        assert_eq!(b(caps_to_pb(&cases[1])), (false, true, true));
+        assert_eq!(b(caps_to_pb(&cases[2])), (true, false, false));
+        assert_eq!(b(caps_to_pb(&cases[3])), (true, false, true));
+        // A previous-version frame: its booleans, in this version's words.
+        let old = |tsp, l2_retry, rdma| {
+            caps_from_pb(Some(pb::Capabilities {
+                tsp,
+                l2_retry,
+                rdma,
+                missing: Vec::new(),
+            }))
+            .unwrap()
+        };
+        assert_eq!(old(true, true, true), SwitchCapabilities::ALL);
+        assert_eq!(old(false, true, true), cases[1]);
+        assert_eq!(old(true, false, false), cases[2]);
+        assert_eq!(caps_from_pb(None).unwrap().missing().count(), 3);
+        // A thing named by something that is no library name is refused.
+        let mut bad = caps_to_pb(&SwitchCapabilities::lacking([acme]));
+        bad.missing[0].by = "Acme NICs".into();
+        let e = caps_from_pb(Some(bad)).unwrap_err();
+        assert!(e.to_string().contains("\"Acme NICs\""), "{e}");
     }
 
     #[test]

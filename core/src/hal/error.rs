@@ -110,6 +110,10 @@ impl LibraryName {
     /// The longest name, in bytes.
     pub const MAX_LEN: usize = 16;
 
+    /// A training framework's own settings (the framework's TSP, [`super::Missing::TSP`]): no
+    /// vendor library's.
+    pub const FRAMEWORK: LibraryName = LibraryName::new("framework");
+
     /// A backend's name for its library. Panics on a name that is not a short lowercase
     /// identifier, which in a `const` is a compile error:
     ///

@@ -26,7 +26,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use taskd_actors::StepGate;
 use taskd_core::{
-    GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCode, RankHal, SwitchCapabilities,
+    GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, LibraryName, RankHal,
+    SwitchCapabilities,
 };
 
 /// The one group a framework HAL reports: every rank of the job, group rank = global rank.
@@ -122,7 +123,7 @@ impl RankHal for FrameworkHal {
         let n = (self.world)().ok_or_else(|| {
             HalError::uncoded(
                 "groups",
-                HcclCode::LIBRARY,
+                LibraryName::FRAMEWORK,
                 HalErrorKind::Unavailable,
                 "the job's size is not known before the worker registered",
             )
@@ -142,7 +143,7 @@ impl RankHal for FrameworkHal {
         if group != FRAMEWORK_GROUP {
             return Err(HalError::uncoded(
                 "_comm_switch_nic",
-                HcclCode::LIBRARY,
+                LibraryName::FRAMEWORK,
                 HalErrorKind::InvalidArgument,
                 format!("the framework HAL has one group, {FRAMEWORK_GROUP}, not {group}"),
             ));
@@ -156,7 +157,7 @@ impl RankHal for FrameworkHal {
         (self.run)(timeout + timeout / 4, call).map_err(|reason| {
             HalError::uncoded(
                 "_comm_switch_nic",
-                HcclCode::LIBRARY,
+                LibraryName::FRAMEWORK,
                 HalErrorKind::Other,
                 reason,
             )

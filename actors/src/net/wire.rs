@@ -300,13 +300,20 @@ const LEGACY_LIBRARIES: [(pb::LegacyLibrary, &str); 4] = [
     (pb::LegacyLibrary::Mock, "mock"),
 ];
 
-/// What a peer of the previous version reads: the enum value of one of its four libraries,
-/// else unspecified (which it refuses, as it refuses any library it does not know).
-fn legacy_library_to_pb(l: &LibraryName) -> pb::LegacyLibrary {
-    LEGACY_LIBRARIES
+/// What a peer of the previous version reads: the enum value of one of its four libraries;
+/// HCCL's for an error without a code of any other library (no numbering to misread: the
+/// previous version's framework HAL sent its errors so); else unspecified (which it refuses,
+/// as it refuses any library it does not know).
+fn legacy_library_to_pb(v: &VendorCode) -> pb::LegacyLibrary {
+    let known = LEGACY_LIBRARIES
         .iter()
-        .find(|(_, n)| *n == l.as_str())
-        .map_or(pb::LegacyLibrary::Unspecified, |(v, _)| *v)
+        .find(|(_, n)| *n == v.library.as_str())
+        .map(|(l, _)| *l);
+    match (known, v.code) {
+        (Some(l), _) => l,
+        (None, None) => pb::LegacyLibrary::Hccl,
+        (None, Some(_)) => pb::LegacyLibrary::Unspecified,
+    }
 }
 
 /// The library a frame names: `library` when set; the legacy enum of a previous-version
@@ -336,7 +343,7 @@ fn hal_error_to_pb(h: HalError) -> pb::HalError {
         code: h.vendor.code,
         detail: h.detail,
         kind: kind_to_pb(h.kind) as i32,
-        legacy_library: legacy_library_to_pb(&h.vendor.library) as i32,
+        legacy_library: legacy_library_to_pb(&h.vendor) as i32,
         library: h.vendor.library.to_string(),
         name: h.vendor.name.map(String::from),
     }
@@ -839,6 +846,21 @@ mod tests {
             );
         }
         assert_eq!(sent("a_new_backend").library, 0);
+        // An error without a code has no numbering to misread: the previous version reads it
+        // as HCCL's (as its framework HAL sent them) rather than refuse the frame.
+        let uncoded = HalError::uncoded(
+            "_comm_switch_nic",
+            LibraryName::FRAMEWORK,
+            HalErrorKind::Other,
+            "returned False",
+        );
+        let p = PreviousHalError::decode(&hal_error_to_pb(uncoded.clone()).encode_to_vec()[..])
+            .unwrap();
+        assert_eq!((p.library, p.code), (1, None));
+        assert_eq!(
+            hal_error_from_pb(hal_error_to_pb(uncoded.clone())).unwrap(),
+            uncoded
+        );
     }
 
     #[test]

@@ -101,7 +101,7 @@ pub struct FrameworkHal {
 impl FrameworkHal {
     /// A HAL calling `switch` through `run` (the training thread: [`on_training_thread`]),
     /// for a job of `world` ranks, whose backend lacks `capabilities` (for HCCL, L2 retry and
-    /// RDMA from the environment, as for `AscendRankHal`).
+    /// RDMA from the environment, as for `AscendRankHal`; see `crate::worker::SwitchBackend`).
     pub fn new(
         switch: Box<dyn FrameworkSwitch>,
         run: RunCall,

@@ -9,7 +9,7 @@
 //! group, a parked future rather than a blocked thread), so a process can host thousands of
 //! simulated ranks.
 //!
-//! A HAL that panics is out of service: the panic is caught ([`caught`]) and surfaced as a
+//! A HAL that panics is out of service: the panic is caught (`caught`) and surfaced as a
 //! [`HalPanicked`], which the worker reports as its rank's failure, for the call that
 //! panicked and every later one.
 

@@ -141,7 +141,7 @@ impl Handler<ClusterdSignal> for Manager {
     type Result = ();
 
     /// ClusterD's `stop_train` and `killMaster` are decided here, by the sequencer
-    /// (`Sequencer::on_signal`), and carried out by [`Manager::clusterd_step`]: the driven
+    /// (`Sequencer::on_signal`), and carried out by `Manager::clusterd_step`: the driven
     /// operation ends held, then the manager stops training ([`super::StopTraining`]'s path,
     /// by [`StopBy::Clusterd`]).
     fn handle(&mut self, m: ClusterdSignal, ctx: &mut Self::Context) {

@@ -20,8 +20,8 @@ use taskd_core::protocol::{
     StallNotice, WorkerHello, WorkerReport, WorkerToProxy,
 };
 use taskd_core::{
-    plan_calls, GlobalRank, GroupCall, HcclCapabilities, Instance, JobId, NicSide, NodeName,
-    OperationId, SwitchCapabilities, TaskRankHal,
+    plan_calls, GlobalRank, GroupCall, Instance, JobId, NicSide, NodeName, OperationId,
+    SwitchCapabilities, TaskRankHal,
 };
 use tokio::sync::{mpsc, oneshot};
 use tracing::{Instrument, Span};
@@ -524,10 +524,10 @@ struct GroupApplied {
     unsettled: BTreeSet<GlobalRank>,
 }
 
-/// What this rank can switch: the HAL's answer (L2 retry, RDMA) with this process's own `tsp`
-/// (`MS_ENABLE_TFT`), which no HAL knows. The one place the two are joined.
-pub(crate) fn rank_capabilities(hal_says: HcclCapabilities, tsp: bool) -> SwitchCapabilities {
-    SwitchCapabilities::new(tsp, hal_says)
+/// What this rank lacks for a switch: the HAL's answer (its backend's) with this process's
+/// own `tsp` (`MS_ENABLE_TFT`), which no HAL knows. The one place the two are joined.
+pub(crate) fn rank_capabilities(hal_says: SwitchCapabilities, tsp: bool) -> SwitchCapabilities {
+    hal_says.with_tsp(tsp)
 }
 
 /// Hands the worker's jobs to its HAL, one at a time: a job starts once the one before ended,

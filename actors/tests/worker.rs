@@ -17,8 +17,8 @@ use taskd_core::protocol::{
     AppliedCall, Directive, DirectiveKind, Phase, RankError, ReplyBody, WorkerToProxy,
 };
 use taskd_core::{
-    GlobalRank, GroupCall, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCapabilities,
-    HcclCode, NicSide, OperationId, RankHal, StepOutcome, SwitchCapabilities,
+    GlobalRank, GroupCall, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCode, NicSide,
+    OperationId, RankHal, StepOutcome, SwitchCapabilities,
 };
 use taskd_hal_mock::{Expect, ScriptedRankHal};
 use tokio::sync::mpsc;
@@ -197,7 +197,7 @@ impl Harness {
 
 /// The HAL knows L2 retry and RDMA but not `TSP:1`, which is the worker's own configuration.
 fn hal_capabilities() -> Expect {
-    Expect::capabilities(HcclCapabilities::ALL)
+    Expect::capabilities(SwitchCapabilities::ALL)
 }
 
 fn call(group: &str, ranks: &[u32], use_backup: &[bool]) -> GroupCall {
@@ -465,7 +465,7 @@ impl RankHal for Interposed {
         self.script.set_working_nic(group, ranks, use_backup)
     }
 
-    fn capabilities(&mut self) -> HcclCapabilities {
+    fn capabilities(&mut self) -> SwitchCapabilities {
         self.script.capabilities()
     }
 

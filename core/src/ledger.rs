@@ -75,8 +75,8 @@ pub enum SubmitError {
     /// targets, ...): refused before any rank is involved.
     #[error(transparent)]
     Invalid(#[from] ValidationError),
-    /// Some rank's HCCL would accept `HcclCommWorkingDevNicSet` and switch nothing (no L2
-    /// retry, no RDMA links, no TSP), leaving the NIC table wrong. Checked on every rank, not
+    /// Some rank's backend would accept the NIC switch and switch nothing (HCCL without L2
+    /// retry or RDMA links, a framework without TSP), leaving the NIC table wrong. Checked on every rank, not
     /// only the targets: every member of a group makes the call.
     #[error(
         "{} switch NICs: {missing}; fix the environment of those processes and restart them",
@@ -85,8 +85,8 @@ pub enum SubmitError {
     CapabilityMissing {
         /// The ranks that cannot switch, abbreviated for a message.
         ranks: String,
-        /// Every setting missing on any of them ([`SwitchCapabilities::missing`]), so one
-        /// message sends the operator to all of them.
+        /// Every setting missing on any of them, as their backends named it
+        /// ([`SwitchCapabilities::missing`]), so one message sends the operator to all of them.
         missing: String,
     },
     /// A failed operation left the job held or without a process; switching now would plan
@@ -754,13 +754,14 @@ impl JobLedger {
         Ok(Submitted::Started { id, actions })
     }
 
-    /// Every rank calls HCCL in a switch (not only targets), so every rank must be able to.
+    /// Every rank makes the NIC-set call in a switch (not only targets), so every rank must be
+    /// able to.
     fn check_capabilities(&self) -> Result<(), SubmitError> {
         let unable: Vec<(GlobalRank, SwitchCapabilities)> = self
             .workers
             .values()
             .filter(|w| !w.capabilities.can_switch())
-            .map(|w| (w.rank, w.capabilities))
+            .map(|w| (w.rank, w.capabilities.clone()))
             .collect();
         if !unable.is_empty() {
             let ranks: Vec<GlobalRank> = unable.iter().map(|(r, _)| *r).collect();
@@ -768,11 +769,11 @@ impl JobLedger {
             // lacking TSP and rank 5 lacking RDMA, the message must send the operator to both
             // flags.
             let common = unable
-                .iter()
-                .fold(SwitchCapabilities::ALL, |acc, (_, c)| acc.and(*c));
+                .into_iter()
+                .fold(SwitchCapabilities::ALL, |acc, (_, c)| acc.and(c));
             return Err(SubmitError::CapabilityMissing {
                 ranks: short_list(&ranks),
-                missing: common.missing().join(", "),
+                missing: common.to_string(),
             });
         }
         Ok(())

@@ -140,7 +140,7 @@ impl ClientHost for Upstream {
                 .map(|n| n.0.clone())
                 .unwrap_or_default(),
             ranks: vec![self.cfg.rank.0],
-            capabilities: Some(wire::caps_to_pb(self.capabilities)),
+            capabilities: Some(wire::caps_to_pb(&self.capabilities)),
             ..Default::default()
         }
     }

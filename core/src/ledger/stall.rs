@@ -111,7 +111,7 @@ mod tests {
                 job: JobId("j".into()),
                 node: NodeName("n0".into()),
                 rank: GlobalRank(r),
-                capabilities: SwitchCapabilities::default(),
+                capabilities: SwitchCapabilities::ALL,
                 instance: Instance(10 + u64::from(r)),
                 generation: 0,
             })

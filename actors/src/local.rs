@@ -173,7 +173,7 @@ fn start_proxies(
 ) -> Vec<Addr<Proxy>> {
     let mut proxies = Vec::new();
     // Every node probes at the same instants.
-    let origin = crate::net::unix_ms();
+    let origin = crate::unix_ms();
     for (i, (node, hal)) in table.nodes().iter().zip(nodes).enumerate() {
         let mut proxy = Proxy::new(job.clone(), node.clone(), hal, actor_link(manager));
         if let Some(a) = auto {

@@ -227,7 +227,7 @@ impl Proxy {
             return;
         };
         let every = (p.every.as_millis() as u64).max(1);
-        let since = crate::net::unix_ms().saturating_sub(p.origin_unix_ms);
+        let since = crate::unix_ms().saturating_sub(p.origin_unix_ms);
         let wait = Duration::from_millis(every - since % every);
         ctx.run_later(wait, |act, ctx| {
             act.probe_round(ctx);

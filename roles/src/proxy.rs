@@ -102,7 +102,10 @@ fn hardware_node_hal(timeout: std::time::Duration) -> Box<dyn NodeHal> {
         }) {
         Ok(h) => Box::new(h),
         Err(e) => {
-            eprintln!("taskd proxy: no link health on this node ({e}); switches go ahead without the link check");
+            tracing::warn!(
+                error = %e,
+                "no link health on this node: switches go ahead without the link check"
+            );
             Box::new(NoHealth)
         }
     }
@@ -116,9 +119,9 @@ fn linux_node_hal(path: &std::path::Path) -> Result<NodeHalFactory, ConfigError>
     Ok(Box::new(move |n: &NodeAssignment| {
         for d in n.ranks.values() {
             if !cfg.devices.contains_key(&d.0) {
-                eprintln!(
-                    "taskd proxy: device {} of this node has no interfaces in the link configuration; its links read as unknown",
-                    d.0
+                tracing::warn!(
+                    device = d.0,
+                    "this device of the node has no interfaces in the link configuration: its links read as unknown"
                 );
             }
         }

@@ -34,6 +34,23 @@ fn ranks(fabric: &Arc<Fabric>) -> Vec<RankParts> {
 /// then the gate, until the gate stops it or a collective fails (a peer's process was
 /// killed). With `hang_before`, the rank hangs before that step's collectives (its peers then
 /// wait in them) until `released` is set, then goes on. Returns the last step it finished.
+/// The one node's job of two ranks on `fabric`, every rank registered.
+fn start(fabric: &Arc<Fabric>, options: LocalJobOptions) -> LocalJob {
+    let job = LocalJob::start_with(
+        LocalJobConfig {
+            job: JobId("sim".into()),
+            table: RankTable::uniform(1, 2),
+            deadlines: PhaseDeadlines::default(),
+        },
+        options,
+        vec![Box::new(fabric.node_hal(0)) as Box<dyn NodeHal>],
+        ranks(fabric),
+    )
+    .unwrap();
+    job.wait_registered(WAIT).unwrap();
+    job
+}
+
 fn train(
     job: &LocalJob,
     fabric: &Arc<Fabric>,
@@ -90,23 +107,15 @@ fn a_hung_collective_restarts_the_job_once_and_the_new_processes_train_and_switc
     let launchers: NodeLaunchers = Arc::new(move |node, order| {
         let _ = orders_tx.lock().send((node, order));
     });
-    let job = LocalJob::start_with(
-        LocalJobConfig {
-            job: JobId("sim".into()),
-            table: RankTable::uniform(1, 2),
-            deadlines: PhaseDeadlines::default(),
-        },
+    let job = start(
+        &fabric,
         LocalJobOptions {
             process_recovery: Some(ProcessRecovery { max_restarts: 2 }),
             launchers: Some(launchers),
             hang_timeout: Some(HANG_TIMEOUT),
             ..LocalJobOptions::default()
         },
-        vec![Box::new(fabric.node_hal(0)) as Box<dyn NodeHal>],
-        ranks(&fabric),
-    )
-    .unwrap();
-    job.wait_registered(WAIT).unwrap();
+    );
 
     // Both loops finish 5 steps; rank 0 hangs before step 6's collectives, and rank 1 waits in
     // them for good.
@@ -189,21 +198,13 @@ fn status_until(
 #[test]
 fn without_process_recovery_hung_ranks_are_shown_until_they_step_again() {
     let fabric = Fabric::new(FabricConfig::new(1, 2));
-    let job = LocalJob::start_with(
-        LocalJobConfig {
-            job: JobId("sim".into()),
-            table: RankTable::uniform(1, 2),
-            deadlines: PhaseDeadlines::default(),
-        },
+    let job = start(
+        &fabric,
         LocalJobOptions {
             hang_timeout: Some(HANG_TIMEOUT),
             ..LocalJobOptions::default()
         },
-        vec![Box::new(fabric.node_hal(0)) as Box<dyn NodeHal>],
-        ranks(&fabric),
-    )
-    .unwrap();
-    job.wait_registered(WAIT).unwrap();
+    );
     let released = Arc::new(AtomicBool::new(false));
     let loops = [
         train(&job, &fabric, 0, Some(4), released.clone()),

@@ -63,12 +63,11 @@ use taskd_actors::manager::{
     Submission,
 };
 use taskd_actors::{LocalJob, LocalJobError, Manager, ProgressEvent, ProgressKind};
-use taskd_core::command::Target as CmdTarget;
 use taskd_core::ledger::RecoverTo;
 use taskd_core::operation::{JobState, OperationReport};
 use taskd_core::protocol::Phase;
 use taskd_core::{
-    DeviceId, GlobalRank, HcclCode, JobId, NodeName, OperationId, PhaseDeadlines, SubmitError,
+    DeviceId, GlobalRank, HcclCode, NodeName, OperationId, PhaseDeadlines, SubmitError,
     SwitchCommand,
 };
 use taskd_hal_mock::NicSetFault;
@@ -414,18 +413,7 @@ impl<'a> Driver<'a> {
     }
 
     fn command(&self, id: OperationId, targets: &[Target]) -> SwitchCommand {
-        SwitchCommand {
-            job: JobId("sim".into()),
-            id: Some(id),
-            targets: targets
-                .iter()
-                .map(|t| CmdTarget {
-                    node: NodeName::uniform(t.node),
-                    device: DeviceId(t.device),
-                    use_backup: t.backup,
-                })
-                .collect(),
-        }
+        Target::command("sim", id, targets)
     }
 
     fn steps(&mut self) -> Checked {

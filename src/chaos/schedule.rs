@@ -49,6 +49,28 @@ pub struct Target {
     pub backup: bool,
 }
 
+impl Target {
+    /// The operator's command that asks for `targets`, as `id`, in `job`.
+    pub fn command(
+        job: &str,
+        id: taskd_core::OperationId,
+        targets: &[Target],
+    ) -> taskd_core::SwitchCommand {
+        taskd_core::SwitchCommand {
+            job: taskd_core::JobId(job.into()),
+            id: Some(id),
+            targets: targets
+                .iter()
+                .map(|t| taskd_core::command::Target {
+                    node: taskd_core::NodeName::uniform(t.node),
+                    device: taskd_core::DeviceId(t.device),
+                    use_backup: t.backup,
+                })
+                .collect(),
+        }
+    }
+}
+
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let side = if self.backup { "backup" } else { "primary" };

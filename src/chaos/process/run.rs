@@ -38,8 +38,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 use taskd_actors::control::proto::{recover_reply::Outcome, JobStatus, RefusalKind};
 use taskd_actors::control::{ClientError, Progress, Switching};
-use taskd_core::command::Target as CmdTarget;
-use taskd_core::{DeviceId, JobId, NodeName, OperationId, OperationSummary, SwitchCommand};
+use taskd_core::{OperationId, OperationSummary, SwitchCommand};
 
 /// How long past the hold bound a job may stay not running before the check fails: the
 /// poll's period and a loaded machine's delays.
@@ -144,18 +143,11 @@ impl Driver<'_> {
     }
 
     fn command(&self, id: u128, targets: &[Target]) -> SwitchCommand {
-        SwitchCommand {
-            job: JobId(self.job.job.clone()),
-            id: Some(OperationId(uuid::Uuid::from_u128(id))),
-            targets: targets
-                .iter()
-                .map(|t| CmdTarget {
-                    node: NodeName::uniform(t.node),
-                    device: DeviceId(t.device),
-                    use_backup: t.backup,
-                })
-                .collect(),
-        }
+        Target::command(
+            &self.job.job,
+            OperationId(uuid::Uuid::from_u128(id)),
+            targets,
+        )
     }
 
     fn steps(&mut self) -> Checked {

@@ -108,16 +108,8 @@ impl fmt::Display for Fault {
     }
 }
 
-/// One target of a switch.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct Target {
-    /// The node's index.
-    pub node: u32,
-    /// The device on it.
-    pub device: u32,
-    /// To its backup NIC (or back to the primary).
-    pub backup: bool,
-}
+/// One target of a switch: the in-process campaign's.
+pub use crate::chaos::schedule::Target;
 
 /// Where in a switch its fault lands.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]

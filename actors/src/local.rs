@@ -60,6 +60,8 @@ pub struct LocalJobOptions {
     /// Where every node's launcher takes the manager's orders ([`Proxy::with_launcher`]);
     /// without it, the proxies say that no launcher takes them.
     pub launchers: Option<NodeLaunchers>,
+    /// Every worker's hang watch timeout ([`WorkerConfig::hang_timeout`]); `None`: no watch.
+    pub hang_timeout: Option<Duration>,
 }
 
 /// One rank's HAL and whether its process enables `TSP:1`.
@@ -171,7 +173,7 @@ fn start_proxies(
 ) -> Vec<Addr<Proxy>> {
     let mut proxies = Vec::new();
     // Every node probes at the same instants.
-    let origin = crate::net::unix_ms();
+    let origin = crate::unix_ms();
     for (i, (node, hal)) in table.nodes().iter().zip(nodes).enumerate() {
         let mut proxy = Proxy::new(job.clone(), node.clone(), hal, actor_link(manager));
         if let Some(a) = auto {
@@ -221,6 +223,8 @@ pub struct LocalJob {
     auto: Option<AutoConfig>,
     /// Process recovery coordinated by the manager, when on (a restarted manager too).
     recovery: Option<ProcessRecovery>,
+    /// Every worker's hang watch timeout (a restarted rank's too).
+    hang_timeout: Option<Duration>,
     /// The finished operations of every manager of the job: a restarted manager answers a
     /// repeated uuid with the earlier result, as one with `--state-dir` does.
     journal: Arc<MemoryJournal>,
@@ -293,6 +297,7 @@ impl LocalJob {
             auto,
             process_recovery: recovery,
             launchers,
+            hang_timeout,
         } = options;
         let ranks = rank_specs(ranks)?;
         let table = cfg.table.clone();
@@ -335,9 +340,13 @@ impl LocalJob {
                 .into_iter()
                 .enumerate()
                 .map(|(r, parts)| {
-                    let rank = GlobalRank(r as u32);
+                    let process = Process {
+                        rank: GlobalRank(r as u32),
+                        generation: 0,
+                        hang_timeout,
+                    };
                     let link = (worker_gates[r].clone(), worker_uplinks[r].clone());
-                    start_worker(&cfg.job, &table, (rank, 0), parts, &proxies, link)
+                    start_worker(&cfg.job, &table, process, parts, &proxies, link)
                 })
                 .collect();
             let _ = tx.send((System::current(), manager, proxies, workers, progress));
@@ -360,6 +369,7 @@ impl LocalJob {
             config,
             auto,
             recovery,
+            hang_timeout,
             journal,
             ranks: Mutex::new(Incarnation {
                 generation: 0,
@@ -753,17 +763,26 @@ impl LocalJob {
     }
 }
 
-/// Starts `rank`'s worker (with its step gate and its connection to the proxy of its node)
+/// Which process of a rank a worker is.
+#[derive(Copy, Clone)]
+struct Process {
+    rank: GlobalRank,
+    /// The job restart it was started for.
+    generation: u32,
+    hang_timeout: Option<Duration>,
+}
+
+/// Starts `process`'s worker (with its step gate and its connection to the proxy of its node)
 /// and connects it to that proxy.
 fn start_worker(
     job: &JobId,
     table: &RankTable,
-    (rank, generation): (GlobalRank, u32),
+    process: Process,
     parts: RankSpec,
     proxies: &[Addr<Proxy>],
     (gate, uplink): (Arc<StepGate>, Arc<Uplink>),
 ) -> Addr<Worker> {
-    let slot = table.slot(rank).expect("rank in table");
+    let slot = table.slot(process.rank).expect("rank in table");
     let node_idx = table
         .nodes()
         .iter()
@@ -778,7 +797,8 @@ fn start_worker(
             node: slot.node.clone(),
             rank: slot.rank,
             tsp: parts.tsp,
-            generation,
+            generation: process.generation,
+            hang_timeout: process.hang_timeout,
         },
         parts.hal,
         gate,

@@ -227,7 +227,7 @@ impl Proxy {
             return;
         };
         let every = (p.every.as_millis() as u64).max(1);
-        let since = crate::net::unix_ms().saturating_sub(p.origin_unix_ms);
+        let since = crate::unix_ms().saturating_sub(p.origin_unix_ms);
         let wait = Duration::from_millis(every - since % every);
         ctx.run_later(wait, |act, ctx| {
             act.probe_round(ctx);
@@ -235,20 +235,27 @@ impl Proxy {
         });
     }
 
-    /// Sends the manager the devices of `probed` whose links changed since the last report.
+    /// Sends the manager the devices of `probed` whose links changed state since the last
+    /// report, with their reasons now (a reason that changes alone, a degraded link's loss, is
+    /// not sent again).
     fn report_links(&mut self, probed: Vec<(DeviceId, Links)>) {
         let Some(p) = self.probe.as_mut() else {
             return;
         };
         let mut changed = Vec::new();
         for (device, links) in probed {
-            if p.reported.insert(device, links) != Some(links) {
-                changed.push(LinkReport {
-                    node: self.node.clone(),
-                    device,
-                    links,
-                });
+            if p.reported
+                .get(&device)
+                .is_some_and(|l| l.same_states(&links))
+            {
+                continue;
             }
+            p.reported.insert(device, links.clone());
+            changed.push(LinkReport {
+                node: self.node.clone(),
+                device,
+                links,
+            });
         }
         for report in changed {
             tracing::info!(node = %self.node, device = report.device.0, primary = %report.links.primary, backup = %report.links.backup, "links changed");
@@ -414,7 +421,7 @@ fn probe_device(hal: &mut dyn NodeHal, node: &NodeName, device: DeviceId) -> Lin
         Err(e) => {
             telemetry::hal_error("link_health", &e);
             tracing::debug!(%node, device = device.0, error = %e, "link probe failed: links unknown");
-            Links::UNKNOWN
+            Links::unknown(&e.to_string())
         }
     }
 }
@@ -655,6 +662,11 @@ impl Handler<Deliver<WorkerToProxy>> for Proxy {
                 telemetry::message("out", "worker_up");
                 self.hellos.insert(hello.rank, hello.clone());
                 self.up(ProxyToManager::WorkerUp(hello));
+            }
+            WorkerToProxy::Stall(n) => {
+                telemetry::message("in", "stall");
+                telemetry::message("out", "stall");
+                self.up(ProxyToManager::Stall(n));
             }
             WorkerToProxy::Reply(r) => {
                 telemetry::message("in", "reply");

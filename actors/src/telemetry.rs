@@ -118,6 +118,9 @@ pub const TRAINING_STOPS_OVERDUE: &str = "taskd_training_stops_overdue_total";
 /// Gauge: ranks the manager cannot reach now (their node's proxy lost its connection); with no
 /// operation in flight the job is `degraded`, not held.
 pub const RANKS_UNREACHABLE: &str = "taskd_ranks_unreachable";
+/// Gauge: ranks whose worker's hang watch says their training loop finished no step for its
+/// timeout (a hung collective, with HCCL's watchdog off under `TSP:1`).
+pub const RANKS_HUNG: &str = "taskd_ranks_hung";
 
 /// Every metric name this crate exports.
 pub const ALL: &[&str] = &[
@@ -146,6 +149,7 @@ pub const ALL: &[&str] = &[
     JOB_RESTARTS,
     TRAINING_STOPS_OVERDUE,
     RANKS_UNREACHABLE,
+    RANKS_HUNG,
     CONNECTIONS_OPEN,
     CONNECTIONS_CLOSED_TOTAL,
     ACCEPT_ERRORS_TOTAL,
@@ -330,6 +334,11 @@ fn describe_job() {
         RANKS_UNREACHABLE,
         Unit::Count,
         "Ranks the manager cannot reach now (their proxy is not connected)"
+    );
+    describe_gauge!(
+        RANKS_HUNG,
+        Unit::Count,
+        "Ranks whose training loop finished no step for the hang watch's timeout"
     );
     describe_gauge!(
         CONNECTIONS_OPEN,

@@ -457,6 +457,8 @@ pub enum ProxyToManager {
     Reply(NodeReply),
     /// A device's links changed (only proxies asked to probe send it).
     Links(LinkReport),
+    /// A worker's hang watch: its rank stopped finishing steps, or finished one again.
+    Stall(StallNotice),
 }
 
 /// What flows from a worker to its proxy.
@@ -466,6 +468,24 @@ pub enum WorkerToProxy {
     Hello(WorkerHello),
     /// The worker's answer to a directive, fanned in with its node's.
     Reply(RankReply),
+    /// The worker's hang watch spoke, forwarded as [`ProxyToManager::Stall`].
+    Stall(StallNotice),
+}
+
+/// What a worker's hang watch saw: its training loop finished no step for the watch's
+/// timeout while nothing held it (a collective that never completes, with HCCL's own
+/// watchdog off under `TSP:1`), or, after that, finished one again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StallNotice {
+    /// The rank.
+    pub rank: GlobalRank,
+    /// Its process: a notice of a process the manager no longer counts changes nothing.
+    pub instance: Instance,
+    /// The last step the loop finished (the watch starts at the first).
+    pub last_step: u64,
+    /// While stalled: how long since the loop last made progress (a step, or a release from
+    /// the gate). `None`: it finished a step again.
+    pub stalled_for: Option<Duration>,
 }
 
 #[cfg(test)]

@@ -380,6 +380,8 @@ impl Simulation {
             launchers: launchers.clone().map(|l| {
                 Arc::new(move |node, order| l.take(node, order)) as taskd_actors::NodeLaunchers
             }),
+            // The simulated collectives never hang: no watch.
+            hang_timeout: None,
         };
         let job = LocalJob::start_with(
             LocalJobConfig {

@@ -2,7 +2,9 @@
 //! incarnation, as a launcher does (MindCluster's process-level recovery, torchrun's
 //! `--max-restarts`, taskd's agent under msrun).
 
-use super::{rank_specs, start_worker, Incarnation, IntoRankSpec, LocalJob, LocalJobError, Uplink};
+use super::{
+    rank_specs, start_worker, Incarnation, IntoRankSpec, LocalJob, LocalJobError, Process, Uplink,
+};
 use crate::gate::StepGate;
 use crate::manager::{HoldPolicy, SetHoldPolicy, StopTraining};
 use crate::worker::StopWorker;
@@ -73,6 +75,7 @@ impl LocalJob {
         let (job, proxies) = (self.config.0.clone(), self.proxies.clone());
         let (worker_gates, worker_uplinks) = (gates.clone(), uplinks.clone());
         let generation = self.ranks.lock().generation + 1;
+        let hang_timeout = self.hang_timeout;
         let (tx, rx) = std::sync::mpsc::channel();
         self.system.arbiter().spawn(async move {
             let workers: Vec<_> = ranks
@@ -80,8 +83,12 @@ impl LocalJob {
                 .enumerate()
                 .map(|(r, parts)| {
                     let link = (worker_gates[r].clone(), worker_uplinks[r].clone());
-                    let rank = (GlobalRank(r as u32), generation);
-                    start_worker(&job, &table, rank, parts, &proxies, link)
+                    let process = Process {
+                        rank: GlobalRank(r as u32),
+                        generation,
+                        hang_timeout,
+                    };
+                    start_worker(&job, &table, process, parts, &proxies, link)
                 })
                 .collect();
             let _ = tx.send(workers);

@@ -82,7 +82,7 @@ impl Manager {
             node: r.node.clone(),
             device: r.device,
         };
-        if auto.policy.link_changed(key, r.links, now) {
+        if auto.policy.link_changed(key, r.links.clone(), now) {
             tracing::info!(node = %r.node, device = r.device.0, primary = %r.links.primary, backup = %r.links.backup, "links changed");
         }
         let progress = ProgressKind::Links { report: r, at: now };
@@ -247,7 +247,10 @@ impl Manager {
         let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut auto.settled)
             .into_iter()
             .partition(|(links, _)| {
-                quiet && links.iter().all(|(k, l)| policy.links(k) == Some(*l))
+                quiet
+                    && links
+                        .iter()
+                        .all(|(k, l)| policy.links(k).is_some_and(|p| p.same_states(l)))
             });
         auto.settled = waiting;
         for (_, tx) in ready {

@@ -29,6 +29,13 @@
 //! client sends it only while that stream is open and drops it after. The end of a session
 //! ends the flow it drove ([`Sequencer::on_session_end`]): nobody will `continue` it.
 //!
+//! What the sequencer keeps (`clusterd/flow.rs`): whether ClusterD drives an operation, and if
+//! so its [`Stage`] (paused, switching its one rank list, continued, or stopping for a reason)
+//! and the reports it is owed; else what the last flow left behind to know its late
+//! duplicates. At most one thing is [`Pending`] until the operation in flight has ended: a
+//! `stop_train` to take again, or a stop of training. The requests it has taken are
+//! remembered by kind and uuid, so one delivered again is never taken twice.
+//!
 //! Pure like the rest of `core`: it takes signals, the ledger and the time, and returns the
 //! ledger's actions to carry out, the reports to send and notes to log.
 
@@ -38,8 +45,13 @@ use crate::ledger::{JobLedger, JobState, SequenceError, SubmitError};
 use crate::operation::{Action, CommandError, HoldPoint, OperationReport};
 use crate::rank_table::RankTable;
 use crate::summary::OperationSummary;
-use std::collections::{BTreeSet, VecDeque};
+use flow::{Driven, Flow, Heard, Owed, Request};
+use std::collections::BTreeSet;
 use std::time::Duration;
+
+mod flow;
+
+pub use flow::{Pending, RankList, Stage};
 
 // ---------------------------------------------------------------------------------------------
 // ClusterD's names and numbers
@@ -355,6 +367,33 @@ impl Step {
             report,
         });
     }
+
+    /// `later`'s actions, reports and notes after this one's.
+    fn append(&mut self, mut later: Step) {
+        self.actions.append(&mut later.actions);
+        self.reports.append(&mut later.reports);
+        self.notes.append(&mut later.notes);
+        self.stop_training = self.stop_training.take().or(later.stop_training);
+    }
+}
+
+/// One `ProcessManageSignal` for [`Sequencer::on_signal`], with what deciding it takes.
+#[derive(Debug)]
+pub struct SignalInput<'a> {
+    /// The signal.
+    pub signal: Signal,
+    /// Where it came from.
+    pub from: Origin,
+    /// The job's ledger.
+    pub ledger: &'a mut JobLedger,
+    /// An unused operation id, taken if an operation starts.
+    pub fresh: OperationId,
+    /// The time.
+    pub now: Duration,
+    /// The manager's own verdict on starting an operation, on what the ledger cannot see (its
+    /// journal: [`SubmitError::JournalFailing`]); a pause it refuses is answered as failed, as
+    /// a pause the ledger refuses is.
+    pub admit: Result<(), SubmitError>,
 }
 
 /// What handling one signal works with: where it came from (with the job resolved: never
@@ -365,119 +404,75 @@ struct Cx<'a> {
     fresh: OperationId,
     now: Duration,
     step: Step,
-    /// The manager's verdict on starting an operation (see [`Sequencer::on_signal`]).
+    /// The manager's verdict on starting an operation ([`SignalInput::admit`]).
     admit: Result<(), SubmitError>,
 }
 
-/// A report owed to ClusterD, in the order of the requests.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-enum Owed {
-    StopComplete,
-    SwitchResult,
-    RecoverStatus,
-}
-
-/// `(rankID, op)` of a `SwitchRankList`.
-type RankList = (Vec<String>, Vec<bool>);
-
-/// The sequenced operation ClusterD drives, and its requests so far.
-#[derive(Clone, Debug)]
-struct Driven {
-    uuid: String,
-    /// The pause's origin: the reports of the operation go there.
-    from: Origin,
-    op: OperationId,
-    switch: Option<RankList>,
-    continued: bool,
-    /// The `stop_train` uuids it was told (a stop delivered again is not a new request).
-    stops: BTreeSet<String>,
-    /// It was told `killMaster`: it ends held.
-    killed: bool,
-    /// Why ClusterD stopped training (its `stop_train` or `killMaster`): once the operation
-    /// is over, training stops.
-    stop_reason: Option<String>,
-}
-
-/// The ClusterD side of the manager: which sequenced operation ClusterD drives and which
-/// reports it is owed.
+/// The ClusterD side of the manager: whether ClusterD drives an operation and where its
+/// requests have taken it, the reports that operation is owed, what is left to do once an
+/// operation has ended, and the requests taken so far.
 #[derive(Clone, Debug)]
 pub struct Sequencer {
     /// How long a pause it started waits for ClusterD's next signal.
     signal_wait: Duration,
-    current: Option<Driven>,
-    owed: Vec<Owed>,
-    /// The last operation ClusterD drove, once over (a late duplicate or `continue` names it).
-    last: Option<Driven>,
-    /// A `stop_train` that came while the gates were opening: it pauses again once they are.
-    stop_after: Option<(String, Origin)>,
-    /// A `killMaster` that came while an operator's operation ran: training stops once it
-    /// has ended (the reason).
-    kill_after: Option<String>,
-    /// Signals answered at once (refused, or nothing to do), newest last: delivered again,
-    /// they are not answered twice.
-    answered: VecDeque<(&'static str, String)>,
-    /// The last rank list answered with no pause in effect (one delivered again is not a new
-    /// request: only a new pause comes before a new switch).
-    orphan_list: Option<RankList>,
+    flow: Flow,
+    pending: Option<Pending>,
+    heard: Heard,
 }
-
-/// How many signals answered at once the sequencer remembers.
-const ANSWERED: usize = 64;
 
 impl Sequencer {
     /// A sequencer whose pauses wait at most `signal_wait` for ClusterD's next signal.
     pub fn new(signal_wait: Duration) -> Sequencer {
         Sequencer {
             signal_wait,
-            current: None,
-            owed: Vec::new(),
-            last: None,
-            stop_after: None,
-            kill_after: None,
-            answered: VecDeque::new(),
-            orphan_list: None,
+            flow: Flow::default(),
+            pending: None,
+            heard: Heard::default(),
         }
     }
 
     /// The pause uuid and operation ClusterD drives now.
     pub fn current(&self) -> Option<(&str, OperationId)> {
-        self.current.as_ref().map(|d| (d.uuid.as_str(), d.op))
+        self.flow.driven().map(|d| (d.uuid.as_str(), d.op))
+    }
+
+    /// Where ClusterD's requests have taken the operation it drives now.
+    pub fn stage(&self) -> Option<&Stage> {
+        self.flow.driven().map(|d| &d.stage)
+    }
+
+    /// What is left to do once the operation in flight has ended.
+    pub fn pending(&self) -> Option<&Pending> {
+        self.pending.as_ref()
     }
 
     /// How many reports are owed.
     pub fn owed(&self) -> usize {
-        self.owed.len()
+        self.flow.driven().map_or(0, |d| d.owed.len())
     }
 
-    /// A `ProcessManageSignal` from `from`. `fresh` is an unused operation id, taken if an
-    /// operation starts. `admit` is the manager's own verdict on starting one, on what the
-    /// ledger cannot see (its journal: [`SubmitError::JournalFailing`]); a pause it refuses is
-    /// answered as failed, as a pause the ledger refuses is.
-    pub fn on_signal(
-        &mut self,
-        signal: &Signal,
-        from: &Origin,
-        ledger: &mut JobLedger,
-        fresh: OperationId,
-        now: Duration,
-        admit: Result<(), SubmitError>,
-    ) -> Step {
+    /// A `ProcessManageSignal`. A pause, `stop_train` or `continue` taken before (the same
+    /// kind and uuid) is the same message delivered again: not acted on, not answered.
+    pub fn on_signal(&mut self, input: SignalInput<'_>) -> Step {
+        let SignalInput {
+            signal,
+            from,
+            ledger,
+            fresh,
+            now,
+            admit,
+        } = input;
         let mut step = Step::default();
-        let key = match signal {
-            Signal::Pause { uuid } | Signal::StopTrain { uuid } | Signal::Continue { uuid } => {
-                Some((signal.kind(), uuid.clone()))
-            }
-            _ => None,
-        };
-        if let Some(key) = key.as_ref().filter(|k| self.answered.contains(k)) {
+        let request = Request::of(&signal);
+        if let Some(r) = request.as_ref().filter(|r| self.heard.contains(r)) {
             step.note(
                 Level::Warn,
-                format!("{} {} delivered again: answered already", key.0, key.1),
+                format!("{r} delivered again: taken already, not answered twice"),
             );
             return step;
         }
         let mut cx = Cx {
-            from: resolve(from, ledger),
+            from: resolve(&from, ledger),
             ledger,
             fresh,
             now,
@@ -485,18 +480,14 @@ impl Sequencer {
             admit,
         };
         if cx.from.job != cx.ledger.job().0 {
-            refuse_foreign(signal, &mut cx);
+            refuse_foreign(&signal, &mut cx);
         } else {
-            self.dispatch(signal, &mut cx);
+            self.dispatch(&signal, &mut cx);
         }
-        let step = cx.step;
-        if let Some(key) = key.filter(|_| !step.reports.is_empty()) {
-            if self.answered.len() == ANSWERED {
-                self.answered.pop_front();
-            }
-            self.answered.push_back(key);
+        if let Some(r) = request {
+            self.heard.insert(r);
         }
-        step
+        cx.step
     }
 
     fn dispatch(&mut self, signal: &Signal, cx: &mut Cx<'_>) {
@@ -515,29 +506,33 @@ impl Sequencer {
 
     /// The client's signal-stream session `session` ended. ClusterD resets the job's flow
     /// whenever that stream ends, so nobody will read the reports owed to it or `continue` the
-    /// operation it drove: the reports are dropped, and an operation not yet told to
-    /// continue, stop or `killMaster` ends as a hold expiry ends it (it resumes on the NIC
-    /// state every group agrees on, or stays held where that is not safe); the next pause is
-    /// then a new flow.
+    /// operation it drove: the reports are dropped, and an operation not yet told how to end
+    /// ([`Stage::told_to_end`]) ends as a hold expiry ends it (it resumes on the NIC state
+    /// every group agrees on, or stays held where that is not safe); the next pause is then a
+    /// new flow.
     pub fn on_session_end(&mut self, session: u64, ledger: &mut JobLedger, now: Duration) -> Step {
         let mut step = Step::default();
-        if let Some((uuid, _)) = self.stop_after.take_if(|(_, from)| from.session == session) {
+        let ours = |p: &mut Pending| matches!(p, Pending::StopTrainAgain { from, .. } if from.session == session);
+        if let Some(Pending::StopTrainAgain { uuid, .. }) = self.pending.take_if(ours) {
             step.note(
                 Level::Warn,
                 format!("stop_train {uuid}: its session ended before the gates opened; not paused again"),
             );
         }
-        let Some(cur) = self.current.as_ref().filter(|c| c.from.session == session) else {
+        let Flow::Driving(d) = &mut self.flow else {
             return step;
         };
-        let uuid = cur.uuid.clone();
-        for owed in self.owed.drain(..) {
+        if d.from.session != session {
+            return step;
+        }
+        let uuid = d.uuid.clone();
+        for owed in d.owed.drain(..) {
             step.note(
                 Level::Warn,
                 format!("pause {uuid}: the {owed:?} report is dropped: ClusterD's flow ended with the session that asked for it"),
             );
         }
-        if cur.continued || cur.killed || !cur.stops.is_empty() {
+        if d.stage.told_to_end() {
             step.note(
                 Level::Info,
                 format!(
@@ -558,27 +553,32 @@ impl Sequencer {
     }
 
     fn pause(&mut self, uuid: &str, cx: &mut Cx<'_>) {
-        if let Some(cur) = &self.current {
-            if cur.uuid == uuid {
+        match &self.flow {
+            Flow::Driving(d) if d.uuid == uuid => {
                 cx.step.note(
                     Level::Warn,
                     format!("pause {uuid} delivered again: already in effect, not answered twice"),
                 );
-            } else {
+                return;
+            }
+            Flow::Driving(d) => {
                 let info = format!(
                     "pause {uuid} refused: pause {} (operation {}) is in effect",
-                    cur.uuid, cur.op
+                    d.uuid, d.op
                 );
                 stop_failed(info, cx);
+                return;
             }
-            return;
-        }
-        if self.last.as_ref().is_some_and(|l| l.uuid == uuid) {
-            cx.step.note(
-                Level::Warn,
-                format!("pause {uuid} delivered again after its operation ended: not a new pause"),
-            );
-            return;
+            Flow::Idle(past) if past.last.as_ref().is_some_and(|l| l.uuid == uuid) => {
+                cx.step.note(
+                    Level::Warn,
+                    format!(
+                        "pause {uuid} delivered again after its operation ended: not a new pause"
+                    ),
+                );
+                return;
+            }
+            Flow::Idle(_) => {}
         }
         let started = cx.admit.clone().and_then(|()| {
             cx.ledger
@@ -590,48 +590,36 @@ impl Sequencer {
                     Level::Info,
                     format!("pause {uuid}: operation {} pauses every rank", cx.fresh),
                 );
-                self.drive(uuid, cx.from.clone(), cx.fresh, Owed::StopComplete);
+                self.drive(uuid, cx, Stage::Paused);
                 cx.step.actions = actions;
             }
             Err(e) => stop_failed(format!("pause {uuid} refused: {e}"), cx),
         }
     }
 
-    fn drive(&mut self, uuid: &str, from: Origin, op: OperationId, owed: Owed) {
-        self.orphan_list = None;
-        self.current = Some(Driven {
+    /// ClusterD drives the operation `cx.fresh` just started for the request `uuid` from
+    /// `cx.from`, which is owed its `StopComplete`.
+    fn drive(&mut self, uuid: &str, cx: &Cx<'_>, stage: Stage) {
+        self.flow = Flow::Driving(Driven {
             uuid: uuid.to_owned(),
-            from,
-            op,
-            switch: None,
-            continued: false,
-            stops: BTreeSet::new(),
-            killed: false,
-            stop_reason: None,
+            from: cx.from.clone(),
+            op: cx.fresh,
+            stage,
+            owed: vec![Owed::StopComplete],
         });
-        self.owed.push(owed);
     }
 
     fn stop(&mut self, uuid: &str, cx: &mut Cx<'_>) {
         let reason = format!("ClusterD stop_train {uuid}");
-        let told = |d: &Option<Driven>| d.as_ref().is_some_and(|d| d.stops.contains(uuid));
-        if told(&self.current) || (self.current.is_none() && told(&self.last)) {
-            cx.step.note(
-                Level::Warn,
-                format!("stop_train {uuid} delivered again: not answered twice"),
-            );
-            return;
-        }
-        if let Some(cur) = self.current.as_mut() {
+        if let Flow::Driving(d) = &mut self.flow {
             match cx.ledger.stop_sequenced(reason.clone(), cx.now) {
                 Ok(actions) => {
-                    cur.stops.insert(uuid.to_owned());
-                    cur.stop_reason.get_or_insert(reason);
+                    d.stage.stop(reason);
                     cx.step.note(
                         Level::Warn,
                         format!("stop_train {uuid}: training stays held at the next hold point"),
                     );
-                    self.owed.push(Owed::StopComplete);
+                    d.owed.push(Owed::StopComplete);
                     cx.step.actions = actions;
                 }
                 Err(SequenceError::Command(CommandError::Resuming(_))) => {
@@ -639,7 +627,10 @@ impl Sequencer {
                         Level::Warn,
                         format!("stop_train {uuid} came while resuming: pausing again after"),
                     );
-                    self.stop_after = Some((uuid.to_owned(), cx.from.clone()));
+                    self.pending = Some(Pending::StopTrainAgain {
+                        uuid: uuid.to_owned(),
+                        from: cx.from.clone(),
+                    });
                 }
                 Err(e) => refuse_stop(uuid, &e.to_string(), cx),
             }
@@ -679,11 +670,8 @@ impl Sequencer {
                             cx.fresh
                         ),
                     );
-                    self.drive(uuid, cx.from.clone(), cx.fresh, Owed::StopComplete);
-                    if let Some(cur) = self.current.as_mut() {
-                        cur.stops.insert(uuid.to_owned());
-                        cur.stop_reason = Some(reason);
-                    }
+                    let stage = Stage::Stopping { reason, list: None };
+                    self.drive(uuid, cx, stage);
                     cx.step.actions = actions;
                 }
                 Err(e) => refuse_stop(uuid, &e.to_string(), cx),
@@ -692,15 +680,12 @@ impl Sequencer {
     }
 
     fn kill(&mut self, uuid: &str, cx: &mut Cx<'_>) {
-        self.stop_after = None;
-        for owed in self.owed.drain(..) {
-            cx.step.note(
-                Level::Warn,
-                format!("killMaster {uuid}: the {owed:?} report is no longer awaited; not sent"),
-            );
+        // ClusterD restarts the job: a stop_train waiting to pause again is overtaken.
+        if matches!(self.pending, Some(Pending::StopTrainAgain { .. })) {
+            self.pending = None;
         }
         let reason = format!("ClusterD killMaster {uuid}: the job restarts");
-        let Some(cur) = self.current.as_mut() else {
+        let Flow::Driving(d) = &mut self.flow else {
             let why = if let Some(s) = cx.ledger.training_stop() {
                 format!("nothing more to stop ({s})")
             } else if let Some(op) = cx.ledger.in_flight() {
@@ -708,7 +693,7 @@ impl Sequencer {
                     "operation {} runs; training stops once it has ended, not under it",
                     op.id()
                 );
-                self.kill_after = Some(reason);
+                self.pending = Some(Pending::StopTraining { reason });
                 why
             } else {
                 cx.step.stop_training = Some(reason);
@@ -720,14 +705,17 @@ impl Sequencer {
             );
             return;
         };
+        for owed in d.owed.drain(..) {
+            cx.step.note(
+                Level::Warn,
+                format!("killMaster {uuid}: the {owed:?} report is no longer awaited; not sent"),
+            );
+        }
         // Whatever the stop below answers, the operation ends (held, or by itself) and then
         // training stops: ClusterD restarts the job either way.
-        cur.stop_reason.get_or_insert(reason.clone());
+        d.stage.stop(reason.clone());
         match cx.ledger.stop_sequenced(reason, cx.now) {
             Ok(actions) => {
-                if let Some(cur) = self.current.as_mut() {
-                    cur.killed = true;
-                }
                 cx.step.note(
                     Level::Warn,
                     format!("killMaster {uuid}: every rank stays held until the job restarts"),
@@ -742,52 +730,38 @@ impl Sequencer {
     }
 
     fn resume(&mut self, uuid: &str, cx: &mut Cx<'_>) {
-        let current = self.current.as_mut();
-        match current {
-            Some(cur) if cur.uuid == uuid => {
-                if cur.continued {
+        match &mut self.flow {
+            Flow::Driving(d) if d.uuid == uuid => {
+                if matches!(d.stage, Stage::Continued(_)) {
                     cx.step.note(
                         Level::Warn,
                         format!("continue {uuid} delivered again: not answered twice"),
                     );
                     return;
                 }
-                cur.continued = true;
+                d.stage.resume();
                 match cx.ledger.resume_sequenced(cx.now) {
                     Ok(actions) => {
                         cx.step
                             .note(Level::Info, format!("continue {uuid}: resuming"));
-                        self.owed.push(Owed::RecoverStatus);
+                        d.owed.push(Owed::RecoverStatus);
                         cx.step.actions = actions;
                     }
                     Err(e) => refuse_continue(uuid, &e.to_string(), cx),
                 }
             }
-            Some(cur) => {
-                let why = format!("pause {} (operation {}) holds training", cur.uuid, cur.op);
+            Flow::Driving(d) => {
+                let why = format!("pause {} (operation {}) holds training", d.uuid, d.op);
                 refuse_continue(uuid, &why, cx);
             }
-            None if self
-                .last
-                .as_ref()
-                .is_some_and(|l| l.uuid == uuid && l.continued) =>
-            {
-                cx.step.note(
-                    Level::Warn,
-                    format!("continue {uuid} delivered again: not answered twice"),
-                );
-            }
-            None => {
-                if let Some(last) = self.last.as_mut().filter(|l| l.uuid == uuid) {
-                    last.continued = true;
-                }
+            Flow::Idle(past) => {
                 let (code, info) = if cx.ledger.state() == JobState::Running {
                     (CODE_OK, format!("continue {uuid}: training runs"))
                 } else {
                     let state = cx.ledger.state();
                     (CODE_FAILED, format!("continue {uuid}: the job is {state}"))
                 };
-                let late = self.last.as_ref().is_some_and(|l| l.uuid == uuid);
+                let late = past.last.as_ref().is_some_and(|l| l.uuid == uuid);
                 let level = if late { Level::Warn } else { Level::Error };
                 cx.step
                     .note(level, format!("{info} (no pause of that uuid in effect)"));
@@ -820,26 +794,29 @@ impl Sequencer {
             step.report(&from, Report::SwitchResult { ok: false });
             return step;
         }
-        let list = (ranks.to_vec(), ops.to_vec());
-        let Some(cur) = self.current.as_mut() else {
-            let known = self.last.as_ref().and_then(|l| l.switch.as_ref()) == Some(&list)
-                || self.orphan_list.as_ref() == Some(&list);
-            if known {
-                step.note(
-                    Level::Warn,
-                    "SwitchRankList delivered again after its operation ended: not a new switch, not answered",
-                );
-            } else {
-                step.note(
-                    Level::Error,
-                    format!("SwitchRankList {ranks:?} refused: no pause is in effect (switches need ClusterD's pause first); result false"),
-                );
-                step.report(&from, Report::SwitchResult { ok: false });
-                self.orphan_list = Some(list);
+        let list = RankList::new(ranks, ops);
+        let d = match &mut self.flow {
+            Flow::Driving(d) => d,
+            Flow::Idle(past) => {
+                let known = past.last.as_ref().and_then(|l| l.list.as_ref()) == Some(&list)
+                    || past.orphan.as_ref() == Some(&list);
+                if known {
+                    step.note(
+                        Level::Warn,
+                        "SwitchRankList delivered again after its operation ended: not a new switch, not answered",
+                    );
+                } else {
+                    step.note(
+                        Level::Error,
+                        format!("SwitchRankList {ranks:?} refused: no pause is in effect (switches need ClusterD's pause first); result false"),
+                    );
+                    step.report(&from, Report::SwitchResult { ok: false });
+                    past.orphan = Some(list);
+                }
+                return step;
             }
-            return step;
         };
-        if let Some(first) = &cur.switch {
+        if let Some(first) = d.stage.list() {
             let (level, text) = if *first == list {
                 (Level::Warn, "delivered again: already switched in this pause, not switched or answered twice")
             } else {
@@ -848,7 +825,7 @@ impl Sequencer {
             step.note(level, format!("SwitchRankList {ranks:?} {text}"));
             return step;
         }
-        cur.switch = Some(list);
+        d.stage.take_list(list);
         let result = plan_rank_list(ledger.table(), ranks, ops)
             .map_err(|e| e.to_string())
             .and_then(|plan| {
@@ -862,7 +839,7 @@ impl Sequencer {
                     Level::Info,
                     format!("SwitchRankList {ranks:?} {ops:?}: switching"),
                 );
-                self.owed.push(Owed::SwitchResult);
+                d.owed.push(Owed::SwitchResult);
                 step.actions = actions;
             }
             Err(e) => {
@@ -877,8 +854,9 @@ impl Sequencer {
     }
 
     /// Actions the ledger produced (from any input): a hold or the end of the driven
-    /// operation settles the reports owed. `fresh` is an unused id for a pause that a
-    /// `stop_train` left owed.
+    /// operation settles the reports owed, and once the operation in flight has ended what
+    /// was [`Pending`] is done. `fresh` is an unused id for the pause a
+    /// [`Pending::StopTrainAgain`] starts.
     pub fn on_actions(
         &mut self,
         actions: &[Action],
@@ -890,39 +868,72 @@ impl Sequencer {
         for a in actions {
             match a {
                 Action::Held(at) => self.held(*at, &mut step),
-                Action::Finish(r) if self.current.as_ref().is_some_and(|c| c.op == r.id) => {
+                Action::Finish(r) if self.flow.driven().is_some_and(|d| d.op == r.id) => {
                     self.finished(r, &mut step)
                 }
                 _ => {}
             }
         }
-        if let Some((uuid, from)) = self.stop_after.take_if(|_| self.current.is_none()) {
-            let stop = Signal::StopTrain { uuid };
-            let mut again = self.on_signal(&stop, &from, ledger, fresh, now, Ok(()));
-            step.actions.append(&mut again.actions);
-            step.reports.append(&mut again.reports);
-            step.notes.append(&mut again.notes);
-            step.stop_training = step.stop_training.or(again.stop_training);
-        }
-        let free = ledger.in_flight().is_none() && self.current.is_none();
-        if let Some(reason) = self.kill_after.take_if(|_| free) {
-            if ledger.training_stop().is_none() && step.stop_training.is_none() {
-                step.note(
-                    Level::Warn,
-                    format!(
-                        "{reason}: the operation it waited for ended; training stops on every rank"
-                    ),
-                );
-                step.stop_training = Some(reason);
-            }
+        if self.flow.driven().is_none() {
+            self.after(ledger, fresh, now, &mut step);
         }
         step
+    }
+
+    /// ClusterD drives no operation (any more): what was [`Pending`] is done once nothing
+    /// is in flight.
+    fn after(
+        &mut self,
+        ledger: &mut JobLedger,
+        fresh: OperationId,
+        now: Duration,
+        step: &mut Step,
+    ) {
+        match self.pending.take() {
+            // The operation ended told to stop (a killMaster, then this stop_train as it
+            // resumed): training stops now, which is what the stop_train asks for.
+            Some(Pending::StopTrainAgain { uuid, from }) if step.stop_training.is_some() => {
+                let info = format!("stop_train {uuid}: training stops on every rank (the launcher restarts the processes)");
+                step.note(Level::Warn, info.clone());
+                step.report(
+                    &from,
+                    Report::StopComplete {
+                        code: CODE_OK,
+                        info,
+                    },
+                );
+            }
+            Some(Pending::StopTrainAgain { uuid, from }) => {
+                let mut cx = Cx {
+                    from,
+                    ledger,
+                    fresh,
+                    now,
+                    step: Step::default(),
+                    admit: Ok(()),
+                };
+                self.stop(&uuid, &mut cx);
+                step.append(cx.step);
+            }
+            Some(Pending::StopTraining { reason }) if ledger.in_flight().is_none() => {
+                if ledger.training_stop().is_none() && step.stop_training.is_none() {
+                    step.note(
+                        Level::Warn,
+                        format!(
+                            "{reason}: the operation it waited for ended; training stops on every rank"
+                        ),
+                    );
+                    step.stop_training = Some(reason);
+                }
+            }
+            other => self.pending = other,
+        }
     }
 
     /// Only the sequencer starts sequenced operations, and one runs at a time: a hold is the
     /// driven operation's.
     fn held(&mut self, at: HoldPoint, step: &mut Step) {
-        let Some(to) = self.current.as_ref().map(|c| c.from.clone()) else {
+        let Flow::Driving(d) = &mut self.flow else {
             return;
         };
         let (owed, report) = match at {
@@ -937,20 +948,18 @@ impl Sequencer {
                 (Owed::SwitchResult, Report::SwitchResult { ok: applied })
             }
         };
-        if let Some(i) = self.owed.iter().position(|o| *o == owed) {
-            self.owed.remove(i);
-            step.report(&to, report);
+        if let Some(i) = d.owed.iter().position(|o| *o == owed) {
+            d.owed.remove(i);
+            step.report(&d.from, report);
         }
     }
 
     fn finished(&mut self, r: &OperationReport, step: &mut Step) {
+        let Some(d) = self.flow.end() else {
+            return;
+        };
         let summary = OperationSummary::from(r).to_string();
-        let to = self
-            .current
-            .as_ref()
-            .map(|c| c.from.clone())
-            .unwrap_or_default();
-        for owed in std::mem::take(&mut self.owed) {
+        for owed in d.owed {
             let report = match owed {
                 Owed::StopComplete => {
                     let held = r.pause_step.is_some() && r.job_state == JobState::Paused;
@@ -969,7 +978,7 @@ impl Sequencer {
                     info: summary.clone(),
                 },
             };
-            step.report(&to, report);
+            step.report(&d.from, report);
         }
         let level = if r.job_state == JobState::Running {
             Level::Info
@@ -979,10 +988,11 @@ impl Sequencer {
         step.note(level, format!("ClusterD's operation ended: {summary}"));
         // ClusterD's stop_train or killMaster ended the operation first, as they always have
         // (at a hold point, every gate shut, no NIC call), and only now, with nothing in
-        // flight, does training stop. The ledger's refusal of a stop while an operation runs stays as it is: the
-        // held operation's end settles its reports, history and NIC table as any other, and
-        // a switch or rollback still calling the NICs finishes first instead of being cut.
-        if let Some(reason) = self.current.as_mut().and_then(|c| c.stop_reason.take()) {
+        // flight, does training stop. The ledger's refusal of a stop while an operation runs
+        // stays as it is: the held operation's end settles its reports, history and NIC table
+        // as any other, and a switch or rollback still calling the NICs finishes first
+        // instead of being cut.
+        if let Stage::Stopping { reason, .. } = d.stage {
             step.note(
                 Level::Warn,
                 format!(
@@ -991,7 +1001,6 @@ impl Sequencer {
             );
             step.stop_training = Some(reason);
         }
-        self.last = self.current.take();
     }
 }
 

@@ -8,7 +8,9 @@ mod common;
 
 use common::world::{ids, Reply, World};
 use common::*;
-use taskd_core::clusterd::{Origin, Report, Signal, CODE_FAILED, CODE_OK};
+use taskd_core::clusterd::{
+    Origin, Pending, RankList, Report, Signal, Stage, CODE_FAILED, CODE_OK,
+};
 use taskd_core::ledger::{StopBy, Submitted};
 use taskd_core::operation::{Awaiting, OperationError};
 use taskd_core::protocol::{DirectiveKind, Phase};
@@ -614,4 +616,219 @@ fn a_kill_master_while_pausing_ends_held_then_stops_training_when_its_session_en
     assert!(w.settle().is_empty());
     stopped_by_clusterd(&w, "killMaster k1");
     assert!(w.reports.is_empty(), "{:?}", w.reports);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The sequencer's own states: the stage of the operation ClusterD drives, the one pending
+// action, the requests it knows by kind and uuid.
+
+fn list(ranks: &[u32], ops: &[bool]) -> RankList {
+    RankList::new(&ids(ranks), ops)
+}
+
+#[test]
+fn the_stage_follows_clusterds_requests() {
+    let mut w = world();
+    assert_eq!(w.seq.stage(), None);
+    paused(&mut w, "u1");
+    assert_eq!(w.seq.stage(), Some(&Stage::Paused));
+    w.switch(&ids(&[1]), &[true]);
+    let switching = Stage::Switching(list(&[1], &[true]));
+    assert_eq!(w.seq.stage(), Some(&switching));
+    one(w.settle(), |r| *r == Report::SwitchResult { ok: true });
+    assert_eq!(
+        w.seq.stage(),
+        Some(&switching),
+        "switched, still the pause's list"
+    );
+    w.signal(resume("u1"));
+    let continued = Stage::Continued(Some(list(&[1], &[true])));
+    assert_eq!(w.seq.stage(), Some(&continued));
+    assert!(continued.told_to_end());
+    one(w.settle(), recover_status(CODE_OK));
+    assert_eq!((w.seq.stage(), w.seq.owed()), (None, 0));
+    // A stop_train during the switch: the operation is stopping, keeping its list.
+    paused(&mut w, "u2");
+    w.switch(&ids(&[1]), &[false]);
+    assert!(w.signal(Signal::StopTrain { uuid: "s2".into() }).is_empty());
+    let stopping = Stage::Stopping {
+        reason: "ClusterD stop_train s2".into(),
+        list: Some(list(&[1], &[false])),
+    };
+    assert_eq!(w.seq.stage(), Some(&stopping));
+    assert_eq!(w.seq.owed(), 2, "the switch result and the stop's answer");
+    let got = w.settle();
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(got[0], Report::SwitchResult { ok: true });
+    assert!(stop_complete(CODE_OK)(&got[1]), "{got:?}");
+    let stop = w.ledger.training_stop().expect("training stops");
+    assert!(stop.reason.contains("stop_train s2"), "{stop}");
+    assert_eq!(w.seq.stage(), None);
+}
+
+#[test]
+fn a_continue_after_stop_train_leaves_the_operation_stopping() {
+    let mut w = world();
+    paused(&mut w, "u1");
+    w.switch(&ids(&[2]), &[true]);
+    assert!(w.signal(Signal::StopTrain { uuid: "s1".into() }).is_empty());
+    // ClusterD's continue after its stop_train: taken (answered once the operation is over),
+    // and the stop still wins: every gate stays shut.
+    assert!(w.signal(resume("u1")).is_empty());
+    assert!(matches!(w.seq.stage(), Some(Stage::Stopping { .. })));
+    assert!(w.signal(resume("u1")).is_empty(), "the continue again");
+    let got = w.settle();
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(got[0], Report::SwitchResult { ok: true });
+    assert!(stop_complete(CODE_OK)(&got[1]), "{got:?}");
+    assert!(recover_status(CODE_FAILED)(&got[2]), "{got:?}");
+    stopped_by_clusterd(&w, "stop_train s1");
+}
+
+#[test]
+fn a_rank_list_after_continue_is_the_pauses_one_refused_once() {
+    let mut w = world();
+    paused(&mut w, "u1");
+    w.signal(resume("u1"));
+    assert_eq!(w.seq.stage(), Some(&Stage::Continued(None)));
+    one(w.switch(&ids(&[3]), &[true]), |r| {
+        *r == Report::SwitchResult { ok: false }
+    });
+    assert_eq!(
+        w.seq.stage(),
+        Some(&Stage::Continued(Some(list(&[3], &[true]))))
+    );
+    assert!(
+        w.switch(&ids(&[3]), &[true]).is_empty(),
+        "the same list again"
+    );
+    one(w.settle(), recover_status(CODE_OK));
+    assert_eq!(w.table(), Vec::<u32>::new());
+}
+
+#[test]
+fn a_stop_train_while_resuming_is_pending_and_pauses_again_after() {
+    let mut w = world();
+    paused(&mut w, "u1");
+    assert!(w.signal(resume("u1")).is_empty());
+    assert!(matches!(
+        w.pending.as_ref().map(|d| &d.kind),
+        Some(DirectiveKind::Resume)
+    ));
+    // Too late to keep this operation held: the stop waits for it to end.
+    assert!(w.signal(Signal::StopTrain { uuid: "s1".into() }).is_empty());
+    let from = w.from.clone();
+    assert_eq!(
+        w.seq.pending(),
+        Some(&Pending::StopTrainAgain {
+            uuid: "s1".into(),
+            from
+        })
+    );
+    assert!(
+        w.signal(Signal::StopTrain { uuid: "s1".into() }).is_empty(),
+        "the stop again"
+    );
+    // The first operation ends (its continue answered), a new pause holds every rank, and
+    // the stop is answered once they hold; then training stops.
+    let got = w.settle();
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert!(recover_status(CODE_OK)(&got[0]), "{got:?}");
+    assert!(stop_complete(CODE_OK)(&got[1]), "{got:?}");
+    assert_eq!(w.seq.pending(), None);
+    let stop = w.ledger.training_stop().expect("training stops");
+    assert!(stop.reason.contains("stop_train s1"), "{stop}");
+    assert_eq!(stops_sent(&w), 1);
+}
+
+#[test]
+fn a_stop_train_pending_is_dropped_with_its_session() {
+    let mut w = world();
+    paused(&mut w, "u1");
+    w.signal(resume("u1"));
+    w.signal(Signal::StopTrain { uuid: "s1".into() });
+    assert!(w.seq.pending().is_some());
+    assert!(w.session_end(1).is_empty());
+    assert_eq!(w.seq.pending(), None);
+    assert!(w.settle().is_empty(), "the session's reports are dropped");
+    assert_eq!(w.ledger.state(), JobState::Running);
+    assert!(w.ledger.training_stop().is_none());
+}
+
+#[test]
+fn kill_master_then_stop_train_while_resuming_stop_training_once() {
+    let mut w = world();
+    paused(&mut w, "u1");
+    w.signal(resume("u1"));
+    // killMaster as the gates open: too late to hold, the operation ends by itself and then
+    // training stops; a stop_train after it is answered by that stop, and no new pause starts.
+    assert!(w
+        .signal(Signal::KillMaster { uuid: "k1".into() })
+        .is_empty());
+    assert!(
+        matches!(w.seq.stage(), Some(Stage::Stopping { reason, .. }) if reason.contains("killMaster k1"))
+    );
+    assert!(w.signal(Signal::StopTrain { uuid: "s1".into() }).is_empty());
+    assert!(matches!(
+        w.seq.pending(),
+        Some(Pending::StopTrainAgain { .. })
+    ));
+    let got = w.settle();
+    one(got, stop_complete(CODE_OK));
+    assert_eq!(w.seq.pending(), None);
+    assert!(w.seq.current().is_none() && w.ledger.in_flight().is_none());
+    let stop = w.ledger.training_stop().expect("training stops");
+    assert_eq!(stop.by, StopBy::Clusterd);
+    assert!(stop.reason.contains("killMaster k1"), "{stop}");
+    assert_eq!(stops_sent(&w), 1);
+    assert!(
+        !w.sent
+            .iter()
+            .any(|d| matches!(d.kind, DirectiveKind::Sample { .. }) && d.op != w.sent[0].op),
+        "no second pause: {:?}",
+        w.sent
+    );
+}
+
+#[test]
+fn kill_master_during_an_operators_switch_is_pending_until_it_ends() {
+    let mut w = world();
+    let cmd = w.layout.command(&[(2, true)]);
+    let id = OperationId(uuid::Uuid::from_u128(78));
+    let Ok(Submitted::Started { actions, .. }) = w.ledger.submit(&cmd, id, w.now) else {
+        panic!("admitted");
+    };
+    w.run_actions(actions);
+    assert!(w
+        .signal(Signal::KillMaster { uuid: "k1".into() })
+        .is_empty());
+    assert_eq!(
+        w.seq.pending(),
+        Some(&Pending::StopTraining {
+            reason: "ClusterD killMaster k1: the job restarts".into()
+        })
+    );
+    assert_eq!(w.seq.stage(), None, "not ClusterD's operation");
+    w.settle();
+    assert_eq!(w.seq.pending(), None);
+    assert!(w.ledger.training_stop().is_some());
+}
+
+#[test]
+fn a_request_is_known_by_its_kind_and_uuid() {
+    let mut w = world();
+    let failing = SubmitError::JournalFailing {
+        why: "writing /state/operations.json: No space left on device".into(),
+    };
+    one(
+        w.signal_admitting(pause("u1"), Err(failing)),
+        stop_complete(CODE_FAILED),
+    );
+    assert!(w.signal(pause("u1")).is_empty(), "the same pause again");
+    // The same uuid in another kind of request is another request.
+    one(w.signal(resume("u1")), recover_status(CODE_OK));
+    assert!(w.signal(resume("u1")).is_empty(), "the same continue again");
+    assert!(w.signal(Signal::StopTrain { uuid: "u1".into() }).is_empty());
+    one(w.settle(), stop_complete(CODE_OK));
+    stopped_by_clusterd(&w, "stop_train u1");
 }

@@ -25,9 +25,9 @@ mod common;
 use common::world::{ids, Reply, World};
 use common::*;
 use proptest::prelude::*;
-use taskd_core::clusterd::{Report, Signal, CODE_OK};
+use taskd_core::clusterd::{Pending, Report, Signal, Stage, CODE_OK};
 use taskd_core::ledger::StopBy;
-use taskd_core::protocol::DirectiveKind;
+use taskd_core::protocol::{DirectiveKind, Phase};
 use taskd_core::{GlobalRank, JobState};
 
 /// One move of the world.
@@ -260,6 +260,17 @@ fn reply(seed: u64, r: GlobalRank) -> Reply {
 }
 
 fn play(nodes: u32, per_node: u32, lists: Vec<(Vec<String>, Vec<bool>)>, script: Vec<Move>) {
+    play_checking(nodes, per_node, lists, script, |_| {});
+}
+
+/// [`play`], with `check` after every move of the world.
+fn play_checking(
+    nodes: u32,
+    per_node: u32,
+    lists: Vec<(Vec<String>, Vec<bool>)>,
+    script: Vec<Move>,
+    check: impl Fn(&World),
+) {
     let mut w = World::new(Layout::new(nodes, per_node), secs(900));
     let mut cd = ClusterD {
         flow: Flow::Idle,
@@ -315,6 +326,7 @@ fn play(nodes: u32, per_node: u32, lists: Vec<(Vec<String>, Vec<bool>)>, script:
         for r in &reports {
             cd.receive(w, r);
         }
+        check(w);
     };
     for m in &script {
         step(&mut w, &mut cd, m);
@@ -369,6 +381,33 @@ fn play(nodes: u32, per_node: u32, lists: Vec<(Vec<String>, Vec<bool>)>, script:
     }
 }
 
+/// The sequencer's own state against the world's: it drives exactly the operation in flight
+/// (only ClusterD starts operations here), at a stage ClusterD's requests explain, and what it
+/// has pending waits for that operation: a `stop_train` to take again only while ClusterD's
+/// operation is resuming, a stop of training never (that one waits for an operator's).
+fn the_sequencers_state_matches_the_world(w: &World) {
+    let driving = w.seq.current().map(|(_, id)| id);
+    assert_eq!(driving, w.ledger.in_flight().map(|o| o.id()));
+    match w.seq.stage() {
+        None => assert_eq!(w.seq.owed(), 0),
+        Some(Stage::Stopping { reason, .. }) => assert!(reason.starts_with("ClusterD ")),
+        Some(_) => {}
+    }
+    match w.seq.pending() {
+        None => {}
+        Some(Pending::StopTrainAgain { from, .. }) => {
+            assert!(driving.is_some(), "a stop_train waits for no operation");
+            assert_eq!(
+                w.ledger.phase(),
+                Some(Phase::Resume),
+                "a stop_train pending while the operation can still hold"
+            );
+            assert_eq!(from.session, w.from.session, "pending for an ended session");
+        }
+        Some(p @ Pending::StopTraining { .. }) => panic!("no operator's operation: {p:?}"),
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
@@ -380,6 +419,16 @@ proptest! {
         script in moves(),
     ) {
         play(nodes, per_node, lists, script);
+    }
+
+    #[test]
+    fn the_sequencer_drives_the_operation_in_flight_and_nothing_pending_outlives_it(
+        nodes in 1u32..=3,
+        per_node in 1u32..=4,
+        lists in prop::collection::vec(rank_list(), 1..4),
+        script in moves(),
+    ) {
+        play_checking(nodes, per_node, lists, script, the_sequencers_state_matches_the_world);
     }
 }
 

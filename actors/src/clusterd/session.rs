@@ -17,7 +17,9 @@
 //!   that stream, or its refusal, subscribes it again, alone, after
 //!   [`ClusterdConfig::retry_min`]: a new signal stream would reset ClusterD's flow.
 //! - Reports are sent as soon as they are owed, whatever state either stream is in (they are
-//!   unary calls), in order; a call that fails is retried while the session lasts.
+//!   unary calls), in order; a call that fails is retried while the session lasts. The
+//!   session's [`Outbox`] is the one place they pass: it takes them from the manager's
+//!   channel, drops one owed to an earlier session, and sends the others one at a time.
 //! - Signals are read in order from one stream, so a `killMaster` that ClusterD sends before
 //!   it resets the job (which ends both streams) is handled before the session ends.
 //!
@@ -40,6 +42,7 @@ use crate::net::client::error_chain;
 use crate::telemetry;
 use actix::Addr;
 use std::collections::VecDeque;
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -59,7 +62,80 @@ enum End {
     /// ClusterD ended the signal stream: normal, start again.
     Reset,
     /// Something failed: start again after a backoff.
-    Failed(String),
+    Failed(SessionError),
+}
+
+/// Why a session failed. Its text is the link's detail (`taskd status`) and the log's.
+#[derive(Debug, thiserror::Error)]
+enum SessionError {
+    /// `cfg.addr` makes no URI.
+    #[error("bad ClusterD address {addr:?}: {error}")]
+    Address {
+        addr: String,
+        error: tonic::transport::Error,
+    },
+    /// No connection.
+    #[error("cannot connect to ClusterD at {addr}: {}", error_chain(.error))]
+    Connect {
+        addr: String,
+        error: tonic::transport::Error,
+    },
+    /// `Init` or `Register` answered a code other than 0.
+    #[error("{rpc} answered {code}: {info}")]
+    Refused {
+        rpc: &'static str,
+        code: i32,
+        info: String,
+    },
+    /// `Init` or `Register` failed as a call.
+    #[error("{rpc}: {status}")]
+    Call {
+        rpc: &'static str,
+        status: tonic::Status,
+    },
+    /// The signal stream failed (its end is not a failure: [`End::Reset`]).
+    #[error("signal stream: {0}")]
+    SignalStream(tonic::Status),
+    /// The manager's end of the reports' channel is gone: the manager stopped.
+    #[error("the manager is gone")]
+    ManagerGone,
+    /// Nothing came for this long, not even a keep-alive.
+    #[error("nothing from ClusterD for {0:?} (it sends a keep-alive every 5 s)")]
+    Silent(Duration),
+}
+
+/// Why a report did not go through: it is sent again while its session lasts.
+#[derive(Debug, thiserror::Error)]
+enum ReportError {
+    /// The call failed.
+    #[error("{0}")]
+    Call(tonic::Status),
+    /// The call was still out when the session ended.
+    #[error("no answer within {0:?}")]
+    NoAnswer(Duration),
+}
+
+/// ClusterD's answer to a unary call (its `Status`). To a report, any code means ClusterD took
+/// it: it is not sent again; to `Init` and `Register`, a code other than 0 is a refusal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Answer {
+    /// Code 0.
+    Ok,
+    /// Another code, with ClusterD's words.
+    Code { code: i32, info: String },
+}
+
+impl From<proto::Status> for Answer {
+    fn from(s: proto::Status) -> Answer {
+        if s.code == CODE_OK {
+            Answer::Ok
+        } else {
+            Answer::Code {
+                code: s.code,
+                info: s.info,
+            }
+        }
+    }
 }
 
 /// The client's whole life, until `stop`.
@@ -81,8 +157,7 @@ pub(super) async fn run(
                 id,
                 cfg: &cfg,
                 manager: &manager,
-                reports: &mut reports,
-                outbox: Outbox::default(),
+                outbox: Outbox::new(&mut reports, id),
                 link: &mut link,
             };
             let end = tokio::select! {
@@ -98,7 +173,7 @@ pub(super) async fn run(
                     cfg.retry_min
                 }
                 Some(End::Failed(why)) => {
-                    link.down(why);
+                    link.down(why.to_string());
                     backoff.next_delay()
                 }
             };
@@ -124,8 +199,8 @@ struct Session<'a> {
     id: u64,
     cfg: &'a ClusterdConfig,
     manager: &'a Addr<Manager>,
-    reports: &'a mut UnboundedReceiver<Outgoing>,
-    outbox: Outbox,
+    /// The reports owed to this session.
+    outbox: Outbox<'a>,
     link: &'a mut Link,
 }
 
@@ -153,29 +228,22 @@ impl Session<'_> {
                         self.finish_in_flight().await;
                         return End::Reset;
                     }
-                    Event::Failed(s) => return End::Failed(format!("signal stream: {s}")),
+                    Event::Failed(s) => return End::Failed(SessionError::SignalStream(s)),
                 },
                 ev = next_of(&mut switches, || switch_call(&client, &me)) => match ev {
                     Event::Message(m) => self.switch(m),
-                    Event::Ended => self.switch_again(&mut switches, "ended".into()),
-                    Event::Failed(s) => self.switch_again(&mut switches, s.to_string()),
+                    Event::Ended => self.switch_again(&mut switches, "ended"),
+                    Event::Failed(s) => self.switch_again(&mut switches, s),
                 },
-                r = self.reports.recv() => match r {
-                    Some(r) => {
-                        self.outbox.push(r, self.id);
+                out = self.outbox.next(&client) => match out {
+                    Outboxed::Answered(r, answer) => {
+                        self.outbox.settle(&r, answer, self.cfg);
                         continue;
                     }
-                    None => return End::Failed("the manager is gone".into()),
+                    Outboxed::ManagerGone => return End::Failed(SessionError::ManagerGone),
                 },
-                (r, sent) = self.outbox.next(&client) => {
-                    self.outbox.answered(&r, sent, self.cfg);
-                    continue;
-                }
                 _ = tokio::time::sleep_until(quiet_until) => {
-                    return End::Failed(format!(
-                        "nothing from ClusterD for {:?} (it sends a keep-alive every 5 s)",
-                        self.cfg.silence
-                    ));
+                    return End::Failed(SessionError::Silent(self.cfg.silence));
                 }
             }
             quiet_until = Instant::now() + self.cfg.silence;
@@ -190,21 +258,14 @@ impl Session<'_> {
     }
 
     /// Connects, `Init`, `Register`.
-    async fn open(&mut self) -> Result<RecoverClient<Channel>, String> {
-        let addr = &self.cfg.addr;
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| format!("bad ClusterD address {addr:?}: {e}"))?
-            .connect_timeout(self.cfg.connect_timeout)
-            .tcp_nodelay(true)
-            .connect()
-            .await
-            .map_err(|e| format!("cannot connect to ClusterD at {addr}: {}", error_chain(&e)))?;
+    async fn open(&mut self) -> Result<RecoverClient<Channel>, SessionError> {
+        let channel = connect(self.cfg).await?;
         let mut client = RecoverClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE);
         let me = self.me();
-        answered("Init", client.init(me.clone()).await)?;
-        answered("Register", client.register(me).await)?;
+        accepted("Init", client.init(me.clone()).await)?;
+        accepted("Register", client.register(me).await)?;
         Ok(client)
     }
 
@@ -213,17 +274,16 @@ impl Session<'_> {
     /// is, is waited for (at most the connect timeout), so that a report ClusterD took counts
     /// as taken and only the others are dropped.
     async fn finish_in_flight(&mut self) {
-        if let Some((r, Ok(()))) = self.outbox.finish_sending(self.cfg.connect_timeout).await {
-            self.outbox.answered(&r, Ok(()), self.cfg);
+        let bound = self.cfg.connect_timeout;
+        if let Some((r, Ok(answer))) = self.outbox.finish_sending(bound).await {
+            self.outbox.settle(&r, Ok(answer), self.cfg);
         }
     }
 
     /// The session ended: the reports still owed to it are dropped, and the manager ends the
     /// flow it drove.
     fn close(&mut self) {
-        for r in self.outbox.queue.drain(..) {
-            dropped(&r, "its session ended before ClusterD took it");
-        }
+        self.outbox.drop_owed();
         self.manager
             .do_send(ClusterdSessionEnded { session: self.id });
     }
@@ -256,7 +316,11 @@ impl Session<'_> {
     }
 
     /// The switch stream ended or was refused: subscribe it again, alone, a little later.
-    fn switch_again(&mut self, sub: &mut Option<Sub<proto::SwitchRankList>>, why: String) {
+    fn switch_again(
+        &mut self,
+        sub: &mut Option<Sub<proto::SwitchRankList>>,
+        why: impl fmt::Display,
+    ) {
         tracing::info!(
             "ClusterD's switch stream {why}; subscribing it again in {:?}",
             self.cfg.retry_min
@@ -338,69 +402,100 @@ async fn next_of<T>(sub: &mut Option<Sub<T>>, call: impl Fn() -> Call<T>) -> Eve
 
 type Reply = Pin<Box<dyn Future<Output = Result<proto::Status, tonic::Status>> + Send>>;
 
-/// The reports owed in this session, in order; the first is being sent (or waits to be
-/// retried).
-#[derive(Default)]
-struct Outbox {
+/// The reports owed to ClusterD in one session, the one way they go: taken from the manager's
+/// channel as they come (one owed to an earlier session is dropped), kept in order, sent one at
+/// a time; a call that fails is retried after a pause while the session lasts.
+struct Outbox<'a> {
+    /// The manager's reports, for every session (the channel outlives them).
+    from_manager: &'a mut UnboundedReceiver<Outgoing>,
+    /// This session.
+    session: u64,
+    /// The reports owed to it, in order; the first is being sent (or waits to be retried).
     queue: VecDeque<Outgoing>,
+    /// The call sending the first.
     sending: Option<Reply>,
     retry_at: Option<Instant>,
     failures: u32,
 }
 
-impl Outbox {
-    /// Queues a report owed to `session` (the current one); one owed to another is dropped.
-    fn push(&mut self, r: Outgoing, session: u64) {
-        if r.session == session {
+/// What the outbox has come to.
+enum Outboxed {
+    /// ClusterD answered the first report, or the call failed.
+    Answered(Outgoing, Result<Answer, ReportError>),
+    /// The manager is gone: no report will come any more.
+    ManagerGone,
+}
+
+impl<'a> Outbox<'a> {
+    fn new(from_manager: &'a mut UnboundedReceiver<Outgoing>, session: u64) -> Outbox<'a> {
+        Outbox {
+            from_manager,
+            session,
+            queue: VecDeque::new(),
+            sending: None,
+            retry_at: None,
+            failures: 0,
+        }
+    }
+
+    /// The answer to the first report (taking the manager's reports meanwhile), or the
+    /// manager's end. Its state lives in the outbox: dropping the future loses nothing.
+    async fn next(&mut self, client: &RecoverClient<Channel>) -> Outboxed {
+        loop {
+            tokio::select! {
+                r = self.from_manager.recv() => match r {
+                    Some(r) => self.push(r),
+                    None => return Outboxed::ManagerGone,
+                },
+                (r, answer) = first_answer(&self.queue, &mut self.sending, &mut self.retry_at, client) => {
+                    return Outboxed::Answered(r, answer);
+                }
+            }
+        }
+    }
+
+    /// Queues a report owed to this session; one owed to another is dropped.
+    fn push(&mut self, r: Outgoing) {
+        if r.session == self.session {
             self.queue.push_back(r);
         } else {
             dropped(&r, "the session that asked for it ended");
         }
     }
 
-    /// The first report's answer (never ready while there is none).
-    async fn next(&mut self, client: &RecoverClient<Channel>) -> (Outgoing, Result<(), String>) {
-        if let Some(at) = self.retry_at {
-            tokio::time::sleep_until(at).await;
-            self.retry_at = None;
-        }
-        let Some(front) = self.queue.front().cloned() else {
-            return std::future::pending().await;
-        };
-        let sending = self
-            .sending
-            .get_or_insert_with(|| deliver(client.clone(), front.clone()));
-        let res = sending.as_mut().await;
-        self.sending = None;
-        let res = res.map_err(|s| s.to_string()).and_then(|a| took(&front, a));
-        (front, res)
-    }
-
     /// The answer to the report being sent, if one is, waited for at most `bound`.
-    async fn finish_sending(&mut self, bound: Duration) -> Option<(Outgoing, Result<(), String>)> {
+    async fn finish_sending(
+        &mut self,
+        bound: Duration,
+    ) -> Option<(Outgoing, Result<Answer, ReportError>)> {
         let mut sending = self.sending.take()?;
         let front = self.queue.front().cloned()?;
-        let res = match tokio::time::timeout(bound, sending.as_mut()).await {
-            Ok(answer) => answer
-                .map_err(|s| s.to_string())
-                .and_then(|a| took(&front, a)),
-            Err(_) => Err(format!("no answer within {bound:?}")),
+        let answer = match tokio::time::timeout(bound, sending.as_mut()).await {
+            Ok(answer) => answer.map(Answer::from).map_err(ReportError::Call),
+            Err(_) => Err(ReportError::NoAnswer(bound)),
         };
-        Some((front, res))
+        Some((front, answer))
     }
 
-    /// Counts and logs the answer to `r`; a failed call is retried after a pause.
-    fn answered(&mut self, r: &Outgoing, sent: Result<(), String>, cfg: &ClusterdConfig) {
-        let kind = r.report.kind();
-        let result = match (&sent, r.report.ok()) {
+    /// Counts and logs the answer to `r`: a report ClusterD answered (whatever its code) is
+    /// done, a failed call is retried after a pause.
+    fn settle(&mut self, r: &Outgoing, answer: Result<Answer, ReportError>, cfg: &ClusterdConfig) {
+        let (kind, ok) = (r.report.kind(), r.report.ok());
+        let result = match (&answer, ok) {
             (Err(_), _) => "error",
             (Ok(_), true) => "ok",
             (Ok(_), false) => "failed",
         };
         metrics::counter!(telemetry::CLUSTERD_REPORTS_TOTAL, "report" => kind, "result" => result)
             .increment(1);
-        match sent {
-            Ok(()) => {
+        match answer {
+            Ok(answer) => {
+                match answer {
+                    Answer::Ok => tracing::info!(report = kind, ok, "reported to ClusterD"),
+                    Answer::Code { code, info } => {
+                        tracing::warn!(report = kind, ok, code, info = %info, job = %r.job, "ClusterD took the report with an error code")
+                    }
+                }
                 self.queue.pop_front();
                 self.failures = 0;
             }
@@ -416,17 +511,35 @@ impl Outbox {
             }
         }
     }
+
+    /// The session ended: the reports still owed to it are dropped.
+    fn drop_owed(&mut self) {
+        self.sending = None;
+        for r in self.queue.drain(..) {
+            dropped(&r, "its session ended before ClusterD took it");
+        }
+    }
 }
 
-/// ClusterD took the report (whatever its code: it answered).
-fn took(r: &Outgoing, a: proto::Status) -> Result<(), String> {
-    let kind = r.report.kind();
-    if a.code == CODE_OK {
-        tracing::info!(report = kind, ok = r.report.ok(), "reported to ClusterD");
-    } else {
-        tracing::warn!(report = kind, ok = r.report.ok(), code = a.code, info = %a.info, job = %r.job, "ClusterD took the report with an error code");
+/// ClusterD's answer to the first of `queue` (never ready while there is none), sent by the
+/// call in `sending` (made here if there is none) once `retry_at` has passed.
+async fn first_answer(
+    queue: &VecDeque<Outgoing>,
+    sending: &mut Option<Reply>,
+    retry_at: &mut Option<Instant>,
+    client: &RecoverClient<Channel>,
+) -> (Outgoing, Result<Answer, ReportError>) {
+    if let Some(at) = *retry_at {
+        tokio::time::sleep_until(at).await;
+        *retry_at = None;
     }
-    Ok(())
+    let Some(front) = queue.front().cloned() else {
+        return std::future::pending().await;
+    };
+    let call = sending.get_or_insert_with(|| deliver(client.clone(), front.clone()));
+    let answer = call.as_mut().await;
+    *sending = None;
+    (front, answer.map(Answer::from).map_err(ReportError::Call))
 }
 
 fn dropped(r: &Outgoing, why: &str) {
@@ -475,18 +588,33 @@ fn deliver(mut client: RecoverClient<Channel>, r: Outgoing) -> Reply {
     })
 }
 
-/// A unary call's answer: code 0, else why not.
-fn answered(
-    rpc: &str,
+/// A connection to ClusterD at `cfg.addr`.
+async fn connect(cfg: &ClusterdConfig) -> Result<Channel, SessionError> {
+    let addr = &cfg.addr;
+    Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|error| SessionError::Address {
+            addr: addr.clone(),
+            error,
+        })?
+        .connect_timeout(cfg.connect_timeout)
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .map_err(|error| SessionError::Connect {
+            addr: addr.clone(),
+            error,
+        })
+}
+
+/// `Init` or `Register` went through: the call answered, with code 0.
+fn accepted(
+    rpc: &'static str,
     res: Result<tonic::Response<proto::Status>, tonic::Status>,
-) -> Result<(), String> {
-    match res {
-        Ok(a) if a.get_ref().code == CODE_OK => Ok(()),
-        Ok(a) => {
-            let a = a.into_inner();
-            Err(format!("{rpc} answered {}: {}", a.code, a.info))
-        }
-        Err(s) => Err(format!("{rpc}: {s}")),
+) -> Result<(), SessionError> {
+    match res.map(|a| Answer::from(a.into_inner())) {
+        Ok(Answer::Ok) => Ok(()),
+        Ok(Answer::Code { code, info }) => Err(SessionError::Refused { rpc, code, info }),
+        Err(status) => Err(SessionError::Call { rpc, status }),
     }
 }
 
@@ -537,5 +665,200 @@ impl Link {
             connected: up,
             detail,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use taskd_core::JobId;
+    use tokio::sync::mpsc::unbounded_channel;
+
+    fn cfg(addr: &str) -> ClusterdConfig {
+        ClusterdConfig::new(addr, JobId("job".into()))
+    }
+
+    fn report(session: u64, ok: bool) -> Outgoing {
+        Outgoing {
+            session,
+            job: "job".into(),
+            report: Report::SwitchResult { ok },
+        }
+    }
+
+    fn status(code: i32, info: &str) -> proto::Status {
+        proto::Status {
+            code,
+            info: info.into(),
+        }
+    }
+
+    /// A client that would connect only when first used (these tests never use it).
+    fn idle_client() -> RecoverClient<Channel> {
+        RecoverClient::new(Endpoint::from_static("http://127.0.0.1:1").connect_lazy())
+    }
+
+    #[test]
+    fn code_zero_is_ok_and_another_keeps_clusterds_words() {
+        assert_eq!(Answer::from(status(CODE_OK, "")), Answer::Ok);
+        assert_eq!(
+            Answer::from(status(3, "no such job")),
+            Answer::Code {
+                code: 3,
+                info: "no such job".into()
+            }
+        );
+    }
+
+    #[test]
+    fn init_answered_with_another_code_is_a_refusal_naming_the_call() {
+        let ok = accepted("Init", Ok(tonic::Response::new(status(CODE_OK, ""))));
+        assert!(ok.is_ok(), "{ok:?}");
+        let err = accepted("Init", Ok(tonic::Response::new(status(3, "no such job")))).unwrap_err();
+        assert!(
+            matches!(&err, SessionError::Refused { rpc: "Init", code: 3, info } if info == "no such job"),
+            "{err:?}"
+        );
+        assert_eq!(err.to_string(), "Init answered 3: no such job");
+    }
+
+    #[test]
+    fn register_failed_as_a_call_keeps_its_status() {
+        let err = accepted("Register", Err(tonic::Status::unavailable("going away"))).unwrap_err();
+        match &err {
+            SessionError::Call {
+                rpc: "Register",
+                status,
+            } => assert_eq!(status.code(), tonic::Code::Unavailable),
+            other => panic!("{other:?}"),
+        }
+        let text = err.to_string();
+        assert!(text.starts_with("Register: "), "{text}");
+        assert!(text.contains("going away"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_bad_address_is_named() {
+        let err = connect(&cfg("no such host:x y")).await.unwrap_err();
+        assert!(
+            matches!(&err, SessionError::Address { addr, .. } if addr == "no such host:x y"),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.starts_with("bad ClusterD address \"no such host:x y\": "),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn no_connection_names_the_address_and_the_cause() {
+        let closed = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().to_string()
+        };
+        let err = connect(&cfg(&closed)).await.unwrap_err();
+        assert!(
+            matches!(&err, SessionError::Connect { addr, .. } if *addr == closed),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        let head = format!("cannot connect to ClusterD at {closed}: ");
+        assert!(text.starts_with(&head) && text.len() > head.len(), "{text}");
+    }
+
+    #[test]
+    fn the_link_reads_the_session_errors_as_before() {
+        assert_eq!(
+            SessionError::Silent(Duration::from_secs(30)).to_string(),
+            "nothing from ClusterD for 30s (it sends a keep-alive every 5 s)"
+        );
+        assert_eq!(SessionError::ManagerGone.to_string(), "the manager is gone");
+        let stream = SessionError::SignalStream(tonic::Status::internal("reset"));
+        assert!(
+            stream.to_string().starts_with("signal stream: "),
+            "{stream}"
+        );
+    }
+
+    #[test]
+    fn a_report_owed_to_an_earlier_session_is_dropped() {
+        let (_tx, mut rx) = unbounded_channel();
+        let mut outbox = Outbox::new(&mut rx, 2);
+        outbox.push(report(1, true));
+        outbox.push(report(2, true));
+        assert_eq!(outbox.queue, [report(2, true)]);
+    }
+
+    #[tokio::test]
+    async fn the_managers_end_ends_the_outbox() {
+        let (tx, mut rx) = unbounded_channel::<Outgoing>();
+        drop(tx);
+        let mut outbox = Outbox::new(&mut rx, 1);
+        assert!(matches!(
+            outbox.next(&idle_client()).await,
+            Outboxed::ManagerGone
+        ));
+    }
+
+    #[test]
+    fn a_report_clusterd_answered_with_another_code_is_done() {
+        let (_tx, mut rx) = unbounded_channel();
+        let mut outbox = Outbox::new(&mut rx, 1);
+        outbox.push(report(1, true));
+        outbox.push(report(1, false));
+        let answer = Answer::Code {
+            code: 1,
+            info: "no flow".into(),
+        };
+        outbox.settle(&report(1, true), Ok(answer), &cfg("127.0.0.1:1"));
+        assert_eq!(outbox.queue, [report(1, false)]);
+        assert_eq!(outbox.failures, 0);
+        assert!(outbox.retry_at.is_none());
+    }
+
+    #[test]
+    fn a_failed_call_keeps_the_report_for_a_retry() {
+        let (_tx, mut rx) = unbounded_channel();
+        let mut outbox = Outbox::new(&mut rx, 1);
+        outbox.push(report(1, true));
+        let failed = ReportError::Call(tonic::Status::unavailable("down"));
+        outbox.settle(&report(1, true), Err(failed), &cfg("127.0.0.1:1"));
+        assert_eq!(outbox.queue, [report(1, true)]);
+        assert_eq!(outbox.failures, 1);
+        assert!(outbox.retry_at.is_some());
+    }
+
+    #[tokio::test]
+    async fn a_call_still_out_when_the_session_ends_has_no_answer() {
+        let (_tx, mut rx) = unbounded_channel();
+        let mut outbox = Outbox::new(&mut rx, 1);
+        assert!(outbox.finish_sending(Duration::ZERO).await.is_none());
+        outbox.push(report(1, true));
+        outbox.sending = Some(Box::pin(std::future::pending()));
+        let (r, answer) = outbox.finish_sending(Duration::ZERO).await.unwrap();
+        assert_eq!(r, report(1, true));
+        let err = answer.unwrap_err();
+        assert!(
+            matches!(err, ReportError::NoAnswer(d) if d == Duration::ZERO),
+            "{err:?}"
+        );
+        assert_eq!(err.to_string(), "no answer within 0ns");
+    }
+
+    #[tokio::test]
+    async fn a_call_that_failed_as_the_session_ends_keeps_its_status() {
+        let (_tx, mut rx) = unbounded_channel();
+        let mut outbox = Outbox::new(&mut rx, 1);
+        outbox.push(report(1, true));
+        outbox.sending = Some(Box::pin(async { Err(tonic::Status::unavailable("down")) }));
+        let (_, answer) = outbox
+            .finish_sending(Duration::from_secs(60))
+            .await
+            .unwrap();
+        match answer {
+            Err(ReportError::Call(s)) => assert_eq!(s.code(), tonic::Code::Unavailable),
+            other => panic!("{other:?}"),
+        }
     }
 }

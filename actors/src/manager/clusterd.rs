@@ -8,7 +8,7 @@
 use super::Manager;
 use actix::prelude::*;
 use std::time::Duration;
-use taskd_core::clusterd::{Level, Origin, Outgoing, Sequencer, Signal, Step};
+use taskd_core::clusterd::{Level, Origin, Outgoing, Sequencer, Signal, SignalInput, Step};
 use taskd_core::ledger::StopBy;
 use taskd_core::operation::Action;
 use taskd_core::{JobLedger, OperationId};
@@ -153,7 +153,14 @@ impl Handler<ClusterdSignal> for Manager {
             _ => Ok(()),
         };
         self.clusterd_input(span, ctx, |seq, ledger, now| {
-            seq.on_signal(&m.signal, &m.from, ledger, fresh, now, admit)
+            seq.on_signal(SignalInput {
+                signal: m.signal,
+                from: m.from,
+                ledger,
+                fresh,
+                now,
+                admit,
+            })
         });
     }
 }

@@ -5,7 +5,7 @@
 //! agree, and a switch result reports what the ranks really hold.
 
 use super::*;
-use taskd_core::clusterd::{Origin, Outgoing, Report, Sequencer, Signal, Step};
+use taskd_core::clusterd::{Origin, Outgoing, Report, Sequencer, Signal, SignalInput, Step};
 use taskd_core::ledger::{StopBy, SubmitError};
 use taskd_core::protocol::{GateReport, WorkerHello};
 use taskd_core::{JobLedger, JobState, SwitchCapabilities};
@@ -113,10 +113,14 @@ impl World {
     ) -> Vec<Report> {
         self.now += millis(1);
         let fresh = self.fresh();
-        let from = self.from.clone();
-        let step = self
-            .seq
-            .on_signal(&s, &from, &mut self.ledger, fresh, self.now, admit);
+        let step = self.seq.on_signal(SignalInput {
+            signal: s,
+            from: self.from.clone(),
+            ledger: &mut self.ledger,
+            fresh,
+            now: self.now,
+            admit,
+        });
         self.take(step)
     }
 

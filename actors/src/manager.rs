@@ -410,7 +410,8 @@ impl Manager {
 
     /// Writes everything the journal holds again, waiting for it at most the journal timeout,
     /// then `then` with the failure (`None`: the journal is writable again). When a write has
-    /// not returned yet, nothing is written and the failure says so.
+    /// not returned for the journal timeout, nothing is written and the failure says so; one
+    /// still within it (the withdrawal of a refused admission, say) is waited behind.
     fn flush_journal(
         &mut self,
         ctx: &mut Context<Self>,
@@ -419,7 +420,7 @@ impl Manager {
         let Some(writer) = self.journal.as_ref() else {
             return then(self, None, ctx);
         };
-        if let Some(t) = writer.busy_for() {
+        if let Some(t) = writer.busy_for().filter(|t| *t >= self.journal_timeout) {
             let why = not_finished(t);
             self.journal_failing = Some(why.clone());
             return then(self, Some(why), ctx);

@@ -271,6 +271,11 @@ impl SimRank {
             }
             DirectiveKind::Verify => ReplyBody::Verified(self.report(&st)),
             DirectiveKind::StopTraining { .. } => ReplyBody::Stopped { at_step: None },
+            DirectiveKind::AbortInFlight { .. } => ReplyBody::Aborted {
+                in_step: st.last + 1,
+                collectives: Vec::new(),
+            },
+            DirectiveKind::SwitchInFlight { targets, .. } => self.apply(&mut st, &[targets]),
         }
     }
 

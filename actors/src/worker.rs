@@ -86,6 +86,9 @@ pub struct Worker {
     /// Which process of the rank this is (drawn when the worker is made): a stop sent again to
     /// old processes names theirs.
     instance: Instance,
+    /// The in-flight operation whose collectives this rank aborted and has not finished on
+    /// rebuilt groups yet: its resume gives the waiting collectives up.
+    aborted: Option<OperationId>,
 }
 
 impl Worker {
@@ -111,6 +114,7 @@ impl Worker {
             phase_span: Span::none(),
             held: false,
             instance: new_instance(),
+            aborted: None,
         }
     }
 
@@ -146,6 +150,91 @@ impl Worker {
         self.on_hal(ctx, (op, phase), job, rx, false, |calls, _| {
             ReplyBody::Applied { calls }
         });
+    }
+
+    /// Ends the collectives in flight through the framework's in-flight side (off the actor's
+    /// thread) and answers with where each group stands.
+    fn abort_in_flight(
+        &mut self,
+        ctx: &mut Context<Self>,
+        op: OperationId,
+        targets: Vec<(GlobalRank, NicSide)>,
+    ) {
+        let Some(f) = self.gate.in_flight() else {
+            self.fail(
+                op,
+                Phase::Abort,
+                "this training process cannot abort its collectives in flight: its framework \
+                 registered no in-flight side (taskd's Gloo switch has one)"
+                    .into(),
+            );
+            return;
+        };
+        self.aborted = Some(op);
+        let in_step = self.gate.last_step().map_or(0, |s| s + 1);
+        let started = Instant::now();
+        let call = actix_rt::task::spawn_blocking(move || f.abort(&targets));
+        ctx.spawn(
+            actix::fut::wrap_future::<_, Self>(call).map(move |res, act, _| {
+                metrics::histogram!(telemetry::IN_FLIGHT_ABORT_SECONDS)
+                    .record(started.elapsed().as_secs_f64());
+                let body = match res {
+                    Ok(Ok(collectives)) => ReplyBody::Aborted {
+                        in_step,
+                        collectives,
+                    },
+                    Ok(Err(e)) => ReplyBody::Failed(RankError::worker(format!(
+                        "aborting the collectives in flight: {e}"
+                    ))),
+                    Err(e) => ReplyBody::Failed(RankError::worker(format!(
+                        "aborting the collectives in flight: the call ended: {e}"
+                    ))),
+                };
+                act.reply(op, Phase::Abort, body);
+            }),
+        );
+    }
+
+    /// The switch of an in-flight operation: the framework's switch call (through the HAL,
+    /// as any switch) rebuilds off the training thread and re-issues from `redo`.
+    fn switch_in_flight(
+        &mut self,
+        ctx: &mut Context<Self>,
+        op: OperationId,
+        (targets, call_timeout): (Vec<(GlobalRank, NicSide)>, Duration),
+        redo: Vec<taskd_core::inflight::RedoPoint>,
+        span: Span,
+    ) {
+        let Some(f) = self.gate.in_flight() else {
+            self.fail(
+                op,
+                Phase::Switch,
+                "this training process has no in-flight side to finish the step with".into(),
+            );
+            return;
+        };
+        f.arm_switch(redo);
+        let (tx, rx) = oneshot::channel();
+        let job = HalJob::Apply {
+            rounds: vec![targets],
+            call_timeout,
+            reply: tx,
+            span,
+        };
+        self.on_hal(
+            ctx,
+            (op, Phase::Switch),
+            job,
+            rx,
+            false,
+            move |calls, act| {
+                if f.take_switch().is_none() && act.aborted == Some(op) {
+                    // The HAL made the in-flight call: the step goes on on the rebuilt groups.
+                    act.aborted = None;
+                }
+                ReplyBody::Applied { calls }
+            },
+        );
     }
 
     /// Opens the spans of `op` (a new operation gets a new span) and its `phase`.
@@ -376,6 +465,12 @@ impl Handler<Deliver<Directive>> for Worker {
                 self.set_nics(ctx, (op, phase), (rounds, call_timeout), span.clone())
             }
             DirectiveKind::StopTraining { reason, .. } => self.stop_training(op, &reason),
+            DirectiveKind::AbortInFlight { targets } => self.abort_in_flight(ctx, op, targets),
+            DirectiveKind::SwitchInFlight {
+                targets,
+                call_timeout,
+                redo,
+            } => self.switch_in_flight(ctx, op, (targets, call_timeout), redo, span.clone()),
             DirectiveKind::Verify => {
                 // A round starts only once every rank is registered.
                 self.gate.job_whole();
@@ -395,6 +490,13 @@ impl Handler<Deliver<Directive>> for Worker {
                 );
             }
             DirectiveKind::Resume => {
+                if let (Some(aborted), Some(f)) = (self.aborted.take(), self.gate.in_flight()) {
+                    // The move did not finish the step here: the waiting collectives fail
+                    // their callers (the recovery path of a failed collective).
+                    let reason = format!("the in-flight move {aborted} did not finish");
+                    tracing::warn!(%reason, "giving the collectives in flight up");
+                    drop(actix_rt::task::spawn_blocking(move || f.give_up(&reason)));
+                }
                 let stalled = self.gate.resume(op);
                 // Opened (it serves no operation now), or left to a later operation's hold.
                 if self.gate.report().op.is_none() {

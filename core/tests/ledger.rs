@@ -214,6 +214,13 @@ fn drive(
                     DirectiveKind::Resume => ReplyBody::Resumed { stalled: secs(1) },
                     DirectiveKind::Verify => panic!("an operation never verifies"),
                     DirectiveKind::StopTraining { .. } => ReplyBody::Stopped { at_step: Some(9) },
+                    DirectiveKind::AbortInFlight { .. } => ReplyBody::Aborted {
+                        in_step: 10,
+                        collectives: Vec::new(),
+                    },
+                    DirectiveKind::SwitchInFlight { targets, .. } => ReplyBody::Applied {
+                        calls: layout.calls(GlobalRank(r), targets),
+                    },
                 },
             };
             by_node

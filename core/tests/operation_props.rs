@@ -226,7 +226,9 @@ impl World {
             Phase::Switch => 2,
             Phase::Rollback => 3,
             Phase::Resume => 4,
-            Phase::Verify | Phase::Stop => unreachable!("an operation never verifies or stops"),
+            Phase::Verify | Phase::Stop | Phase::Abort => {
+                unreachable!("an operation never verifies or stops, and none here aborts")
+            }
         };
         if self.wild & (1 << bit) != 0 {
             self.chaos
@@ -292,10 +294,13 @@ impl World {
             Some(Phase::Pause) => matches!(phase, Phase::Switch | Phase::Resume),
             Some(Phase::Switch) => matches!(phase, Phase::Rollback | Phase::Resume),
             Some(Phase::Rollback) => phase == Phase::Resume,
-            Some(Phase::Resume | Phase::Verify | Phase::Stop) => false,
+            Some(Phase::Resume | Phase::Verify | Phase::Stop | Phase::Abort) => false,
         };
         assert!(allowed, "{prev:?} -> {phase}");
         match &d.kind {
+            DirectiveKind::AbortInFlight { .. } | DirectiveKind::SwitchInFlight { .. } => {
+                unreachable!("no operation here moves the job inside a step")
+            }
             DirectiveKind::Sample { targets } => assert_eq!(targets, &self.plan_targets),
             DirectiveKind::PauseAt { step } => {
                 // Every rank sampled, nothing went wrong, and T is the largest step.
@@ -385,6 +390,9 @@ impl World {
 
     fn correct(&self, d: &Directive, r: GlobalRank) -> ReplyBody {
         match &d.kind {
+            DirectiveKind::AbortInFlight { .. } | DirectiveKind::SwitchInFlight { .. } => {
+                unreachable!("no operation here moves the job inside a step")
+            }
             DirectiveKind::Sample { .. } => ReplyBody::Sampled {
                 in_step: self.steps[&r],
             },
@@ -439,7 +447,9 @@ impl World {
             },
             Phase::Switch | Phase::Rollback => ReplyBody::Resumed { stalled: secs(1) },
             Phase::Resume => ReplyBody::Applied { calls: vec![] },
-            Phase::Verify | Phase::Stop => unreachable!("an operation never verifies or stops"),
+            Phase::Verify | Phase::Stop | Phase::Abort => {
+                unreachable!("an operation never verifies or stops, and none here aborts")
+            }
         }
     }
 

@@ -34,6 +34,12 @@ pub struct AutoArgs {
     /// The shortest time between two automatic operations.
     #[arg(long, value_name = "MS", default_value_t = 30_000, requires = "auto_failover", value_parser = flags::span_ms())]
     pub min_interval_ms: u64,
+    /// Move devices off a link that is down or degraded inside the step: abort the
+    /// collectives stuck on it and finish the step on the backup, instead of pausing at the
+    /// next step boundary (every training process needs an in-flight side: taskd's Gloo
+    /// switch has one). Off by default.
+    #[arg(long, requires = "auto_failover")]
+    pub abort_in_flight: bool,
 }
 
 impl AutoArgs {

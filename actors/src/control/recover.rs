@@ -64,8 +64,8 @@ pub fn not_registered(job: &str) -> String {
 /// ClusterD's failure string for a failed or rejected operation: by the phase it failed in.
 fn failure_string(r: &OperationReport) -> &'static str {
     let by_phase = |phase: Phase, timeout: bool| match (phase, timeout) {
-        (Phase::Sample | Phase::Pause, false) => PAUSE_FAILED,
-        (Phase::Sample | Phase::Pause, true) => PAUSE_TIMEOUT,
+        (Phase::Sample | Phase::Pause | Phase::Abort, false) => PAUSE_FAILED,
+        (Phase::Sample | Phase::Pause | Phase::Abort, true) => PAUSE_TIMEOUT,
         (Phase::Switch | Phase::Rollback, false) => SWITCH_FAILED,
         (Phase::Switch | Phase::Rollback, true) => SWITCH_TIMEOUT,
         (Phase::Resume | Phase::Verify | Phase::Stop, false) => CONTINUE_FAILED,

@@ -282,6 +282,13 @@ impl World {
             DirectiveKind::Resume => ReplyBody::Resumed { stalled: secs(1) },
             DirectiveKind::Verify => panic!("a driven operation never verifies"),
             DirectiveKind::StopTraining { .. } => ReplyBody::Stopped { at_step: None },
+            DirectiveKind::AbortInFlight { .. } => ReplyBody::Aborted {
+                in_step: 10,
+                collectives: Vec::new(),
+            },
+            DirectiveKind::SwitchInFlight { targets, .. } => ReplyBody::Applied {
+                calls: self.layout.calls(r, targets),
+            },
         }
     }
 

@@ -143,12 +143,13 @@ fn up() -> impl Strategy<Value = pb::Up> {
             ),
             node_reply().prop_map(P::Reply),
             // Link states past the known ones (a newer peer's) and the missing 0 included.
-            (text(), any::<u32>(), -1i32..6, -1i32..6).prop_map(
-                |(node, device, primary, backup)| P::Links(pb::LinkReport {
+            (text(), any::<u32>(), -1i32..6, -1i32..6, any::<bool>()).prop_map(
+                |(node, device, primary, backup, from_kernel)| P::Links(pb::LinkReport {
                     node,
                     device,
                     primary,
                     backup,
+                    from_kernel,
                 })
             ),
         ],

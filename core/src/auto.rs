@@ -502,9 +502,25 @@ struct Track {
     moved_by_policy: bool,
     /// The reason of the last hold reported, so it is not repeated.
     held: Option<AutoReason>,
+    /// Per side (primary, backup): its node's system said it is down (a kernel carrier event,
+    /// [`AutoPolicy::link_changed_by_kernel`]): no confirming probes are waited for.
+    kernel_down: [bool; 2],
 }
 
 impl Track {
+    /// How long a side that is not up waits for confirming probes before it counts.
+    fn confirm(&self, side: NicSide, cfg: &AutoConfig) -> Duration {
+        let kernel = match side {
+            NicSide::Primary => self.kernel_down[0],
+            NicSide::Backup => self.kernel_down[1],
+        };
+        if kernel {
+            Duration::ZERO
+        } else {
+            cfg.confirm_delay()
+        }
+    }
+
     fn since(&self, side: NicSide) -> Duration {
         match side {
             NicSide::Primary => self.primary_since,
@@ -553,7 +569,7 @@ fn rule(t: &Track, side: NicSide, cfg: &AutoConfig, now: Duration) -> Rule {
         NicSide::Backup => NicSide::Primary,
     };
     if !t.links.side(side).is_up() {
-        let due = t.since(side) + cfg.confirm_delay();
+        let due = t.since(side) + t.confirm(side, cfg);
         if now < due {
             return Rule::Later(due);
         }
@@ -655,6 +671,7 @@ impl AutoPolicy {
                     failed: false,
                     moved_by_policy: false,
                     held: None,
+                    kernel_down: [false; 2],
                 },
             );
             return false;
@@ -663,17 +680,34 @@ impl AutoPolicy {
         if t.links.primary.is_up() != links.primary.is_up() {
             t.primary_since = now;
             t.changes.push_back(now);
+            t.kernel_down[0] = false;
             changed = true;
         }
         if t.links.backup.is_up() != links.backup.is_up() {
             t.backup_since = now;
             t.changes.push_back(now);
+            t.kernel_down[1] = false;
             changed = true;
         }
         t.links = links;
         t.prune(now, window);
         if changed {
             t.failed = false;
+        }
+        changed
+    }
+
+    /// [`AutoPolicy::link_changed`] for a report its node's system made
+    /// (`LinkReport::from_kernel`: the kernel said a carrier went): a side it says is down
+    /// counts at once, without the `down_after` probes that guard against a lost ping. The
+    /// coalescing window, the flap rule and the minimum interval apply as to any change.
+    pub fn link_changed_by_kernel(&mut self, key: DeviceKey, links: Links, now: Duration) -> bool {
+        let changed = self.link_changed(key.clone(), links, now);
+        if let Some(t) = self.devices.get_mut(&key) {
+            t.kernel_down = [
+                links.primary == LinkState::Down,
+                links.backup == LinkState::Down,
+            ];
         }
         changed
     }
@@ -982,6 +1016,38 @@ mod tests {
         job.apply(&e);
         // On backup with its primary down: nothing more.
         assert_eq!(job.eval(2000 * MS), Evaluation::default());
+    }
+
+    #[test]
+    fn a_carrier_loss_the_kernel_reported_needs_no_confirming_probes_only_the_gathering() {
+        let mut job = Job::new(cfg());
+        assert!(job
+            .policy
+            .link_changed_by_kernel(key(1, 0), links(false, true), 100 * MS));
+        // No down_after probes (20 ms): only the coalescing window (5 ms).
+        let e = job.eval(100 * MS);
+        assert!(e.decisions.is_empty());
+        assert_eq!(e.wake_at, Some(105 * MS));
+        let e = job.eval(105 * MS);
+        assert_eq!(summary(&e), ["node-1:0 to_backup primary_down"]);
+        // A probe's report of the same failure keeps the confirming probes.
+        let mut job = Job::new(cfg());
+        job.policy
+            .link_changed(key(1, 0), links(false, true), 100 * MS);
+        assert_eq!(job.eval(100 * MS).wake_at, Some(120 * MS));
+        // ... until the kernel's word about it arrives.
+        job.policy
+            .link_changed_by_kernel(key(1, 0), links(false, true), 103 * MS);
+        assert_eq!(job.eval(103 * MS).wake_at, Some(105 * MS));
+        // A degraded side is the probe's word whoever triggered the round.
+        let mut job = Job::new(cfg());
+        let degraded = Links {
+            primary: LinkState::Degraded,
+            backup: LinkState::Up,
+        };
+        job.policy
+            .link_changed_by_kernel(key(1, 2), degraded, 100 * MS);
+        assert_eq!(job.eval(100 * MS).wake_at, Some(120 * MS));
     }
 
     #[test]

@@ -429,6 +429,11 @@ pub struct LinkReport {
     pub device: DeviceId,
     /// Its primary and backup link now.
     pub links: Links,
+    /// Read because the node's system said a link changed (the kernel's carrier event,
+    /// [`crate::hal::NodeHal::watch`]): a side it says is down is the system's word, not a
+    /// probe that may have lost a ping, and needs no confirming probes.
+    #[serde(default)]
+    pub from_kernel: bool,
 }
 
 /// How a rank's process left the manager's sight.

@@ -19,13 +19,16 @@
 //! for `cache_ms`.
 
 pub mod config;
+pub mod netlink;
 pub mod probe;
 pub mod sysfs;
 
 pub use config::{ConfigError, DeviceLinks, LinkConfig, ProbeConfig};
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use taskd_core::hal::LinkWake;
 use taskd_core::{DeviceId, HalError, LinkHealth, NicSide, NodeHal};
 
 /// What one interface was found to be.
@@ -48,6 +51,9 @@ pub struct LinuxNodeHal {
     cache: HashMap<(String, NicSide), (Instant, SideState)>,
     /// The probe cannot run in this process (no raw socket): said once, then not tried again.
     no_probe: bool,
+    /// Interfaces the kernel said changed since they were last read: read afresh, whatever
+    /// the cache holds ([`NodeHal::watch`]).
+    changed: Arc<Mutex<BTreeSet<String>>>,
 }
 
 impl LinuxNodeHal {
@@ -63,14 +69,29 @@ impl LinuxNodeHal {
             sys,
             cache: HashMap::new(),
             no_probe: false,
+            changed: Arc::default(),
         }
+    }
+
+    /// Every interface the configuration names.
+    pub fn interfaces(&self) -> BTreeSet<String> {
+        self.cfg
+            .devices
+            .values()
+            .flat_map(|d| [d.primary.clone(), d.backup.clone()])
+            .collect()
     }
 
     /// The state of `iface`, the interface of `side`: the kernel's, then the probe's.
     pub fn side_state(&mut self, iface: &str, side: NicSide) -> SideState {
         let key = (iface.to_owned(), side);
         let ttl = Duration::from_millis(self.cfg.cache_ms);
-        if let Some((at, s)) = self.cache.get(&key) {
+        let fresh = self
+            .changed
+            .lock()
+            .map(|mut c| c.remove(iface))
+            .unwrap_or(false);
+        if let Some((at, s)) = self.cache.get(&key).filter(|_| !fresh) {
             if at.elapsed() < ttl {
                 return s.clone();
             }
@@ -125,6 +146,26 @@ impl NodeHal for LinuxNodeHal {
         let primary = self.side_state(&links.primary, NicSide::Primary);
         let backup = self.side_state(&links.backup, NicSide::Backup);
         Ok(health(device, &primary, &backup))
+    }
+
+    /// The kernel's link messages ([`netlink`]): a change of a configured interface marks it to
+    /// be read afresh and wakes the proxy.
+    fn watch(&mut self, wake: LinkWake) -> bool {
+        let changed = self.changed.clone();
+        let on_event = Box::new(move |e: &netlink::LinkEvent| {
+            if let Ok(mut c) = changed.lock() {
+                c.insert(e.ifname.clone());
+            }
+            tracing::debug!(ifname = %e.ifname, carrier = e.has_carrier(), "the kernel says a link changed");
+            wake();
+        });
+        match netlink::watch(self.interfaces(), on_event) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "no kernel link events: link changes are seen at the probe rounds");
+                false
+            }
+        }
     }
 }
 

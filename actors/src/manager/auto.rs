@@ -103,7 +103,12 @@ impl Manager {
             node: r.node.clone(),
             device: r.device,
         };
-        if auto.policy.link_changed(key, r.links, now) {
+        let changed = if r.from_kernel {
+            auto.policy.link_changed_by_kernel(key, r.links, now)
+        } else {
+            auto.policy.link_changed(key, r.links, now)
+        };
+        if changed {
             tracing::info!(node = %r.node, device = r.device.0, primary = %r.links.primary, backup = %r.links.backup, "links changed");
         }
         let progress = ProgressKind::Links { report: r, at: now };

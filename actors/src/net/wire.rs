@@ -611,6 +611,7 @@ pub(crate) fn link_report_to_pb(r: LinkReport) -> pb::LinkReport {
         device: r.device.0,
         primary: link_state_to_pb(r.links.primary) as i32,
         backup: link_state_to_pb(r.links.backup) as i32,
+        from_kernel: r.from_kernel,
     }
 }
 
@@ -623,6 +624,7 @@ pub(crate) fn link_report_from_pb(r: pb::LinkReport) -> Result<LinkReport, WireE
             primary: link_state_from_pb("the primary link's state", r.primary)?,
             backup: link_state_from_pb("the backup link's state", r.backup)?,
         },
+        from_kernel: r.from_kernel,
     })
 }
 
@@ -980,6 +982,7 @@ mod tests {
                 node: NodeName("node-1".into()),
                 device: DeviceId(5),
                 links: Links { primary, backup },
+                from_kernel: primary == LinkState::Down,
             })
         };
         for m in [
@@ -1022,6 +1025,7 @@ mod tests {
             device: 2,
             primary,
             backup,
+            from_kernel: false,
         };
         let r = link_report_from_pb(report(pb::LinkState::Up as i32, 42)).unwrap();
         assert_eq!(

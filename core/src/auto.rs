@@ -61,13 +61,13 @@ pub struct AutoConfig {
 
 impl Default for AutoConfig {
     /// The defaults docs/auto-failover.md explains: probe every 2 s, act
-    /// after 3 failed probes, gather 1 s, switch back after 5 min up, damp more than 4 changes
+    /// after 3 failed probes (a kernel's carrier loss at once), gather 200 ms, switch back after 5 min up, damp more than 4 changes
     /// a minute, at most one automatic operation per 30 s.
     fn default() -> Self {
         AutoConfig {
             link_probe: Duration::from_millis(2_000),
             down_after: 3,
-            coalesce: Duration::from_millis(1_000),
+            coalesce: Duration::from_millis(200),
             switchback_after: Duration::from_millis(300_000),
             max_flaps: 4,
             flap_window: Duration::from_millis(60_000),

@@ -20,7 +20,7 @@ pub struct AutoArgs {
     #[arg(long, value_name = "N", default_value_t = 3, requires = "auto_failover", value_parser = flags::probes())]
     pub down_after: u32,
     /// Devices failing within this long of each other move in one operation.
-    #[arg(long, value_name = "MS", default_value_t = 1_000, requires = "auto_failover", value_parser = flags::span_ms())]
+    #[arg(long, value_name = "MS", default_value_t = 200, requires = "auto_failover", value_parser = flags::span_ms())]
     pub coalesce_ms: u64,
     /// How long a device's primary link must stay up before it moves back from its backup.
     #[arg(long, value_name = "MS", default_value_t = 300_000, requires = "auto_failover", value_parser = flags::span_ms())]

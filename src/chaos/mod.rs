@@ -15,6 +15,7 @@
 
 pub mod answers;
 pub mod driver;
+pub mod inflight;
 pub mod procdisk;
 pub mod procjob;
 pub mod procrun;

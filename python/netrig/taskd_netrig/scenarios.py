@@ -245,8 +245,13 @@ def in_flight_report(sc: Scenario, t_fault: float) -> dict:
     abort started, how long it, the rebuild and the redo took, how long the training threads
     waited mid-step, the first step finished on the backup, restarts and steps lost."""
     results = sc.job.results()
-    moves = [m for r in results for m in r.get("in_flight", []) if m.get("t_abort", 0) >= t_fault]
-    out: dict = {"ranks_moved": len(moves)}
+    # Each rank's first move after the fault is the one that answers it (a later one moves
+    # what the fault's consequences moved: with two nodes, the survivor's probe has lost its
+    # only peer on the primary plane and calls its own primary degraded).
+    firsts = [[m for m in r.get("in_flight", []) if m.get("t_abort", 0) >= t_fault][:1] for r in results]
+    moves = [m for ms in firsts for m in ms]
+    out: dict = {"ranks_moved": len(moves),
+                 "moves_after_fault": sum(len(r.get("in_flight", [])) for r in results)}
     if moves:
         t_abort = min(m["t_abort"] for m in moves)
         t_switched = max(m.get("t_switched", t_abort) for m in moves)

@@ -216,24 +216,58 @@ impl Worker {
         f.arm_switch(redo);
         let (tx, rx) = oneshot::channel();
         let job = HalJob::Apply {
-            rounds: vec![targets],
+            rounds: vec![targets.clone()],
             call_timeout,
             reply: tx,
             span,
         };
-        self.on_hal(
-            ctx,
-            (op, Phase::Switch),
-            job,
-            rx,
-            false,
-            move |calls, act| {
-                if f.take_switch().is_none() && act.aborted == Some(op) {
-                    // The HAL made the in-flight call: the step goes on on the rebuilt groups.
-                    act.aborted = None;
+        if self.hal.send(job).is_err() {
+            self.fail(op, Phase::Switch, "the worker's HAL task is gone".into());
+            return;
+        }
+        // `Err(None)`: the HAL's task ended without an answer (the actor says why).
+        let answered = async move {
+            let calls = match rx.await {
+                Ok(Ok(calls)) => calls,
+                Ok(Err(e)) => return Err(Some(e)),
+                Err(_) => return Err(None),
+            };
+            // A framework HAL made the in-flight call itself (it took the redo points). A HAL
+            // that only moves the communicators (HCCL's NIC set) leaves the rebuild and the
+            // redo to the framework's in-flight side, called here, off the actor's thread.
+            if let Some(redo) = f.take_switch() {
+                let ranks: Vec<u32> = targets.iter().map(|(r, _)| r.0).collect();
+                let flags: Vec<bool> = targets.iter().map(|(_, s)| s.use_backup()).collect();
+                let done = actix_rt::task::spawn_blocking(move || {
+                    f.switch(&ranks, &flags, &redo, call_timeout)
+                })
+                .await;
+                let failed = match done {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(format!("the framework's in-flight switch: {e}")),
+                    Err(e) => Some(format!("the framework's in-flight switch ended: {e}")),
+                };
+                if let Some(why) = failed {
+                    return Err(Some(RankError::worker(why)));
                 }
-                ReplyBody::Applied { calls }
-            },
+            }
+            Ok(calls)
+        };
+        ctx.spawn(
+            actix::fut::wrap_future::<_, Self>(answered).map(move |res, act, _| {
+                let body = match res {
+                    Ok(calls) => {
+                        if act.aborted == Some(op) {
+                            // The step goes on on the rebuilt groups.
+                            act.aborted = None;
+                        }
+                        ReplyBody::Applied { calls }
+                    }
+                    Err(Some(e)) => ReplyBody::Failed(e),
+                    Err(None) => ReplyBody::Failed(RankError::worker(act.hal_gone())),
+                };
+                act.reply(op, Phase::Switch, body);
+            }),
         );
     }
 

@@ -253,6 +253,7 @@ impl SimRank {
                 st.gate = Some(d.op);
                 ReplyBody::Sampled {
                     in_step: st.last + 1,
+                    in_flight: false,
                 }
             }
             DirectiveKind::PauseAt { step } => {

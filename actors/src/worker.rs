@@ -471,7 +471,10 @@ impl Handler<Deliver<Directive>> for Worker {
         tracing::debug!("directive received");
         match d.kind {
             DirectiveKind::Sample { .. } => match self.gate.sample(op) {
-                Ok(Some(in_step)) => self.reply(op, phase, ReplyBody::Sampled { in_step }),
+                Ok(Some(in_step)) => {
+                    let in_flight = self.gate.in_flight().is_some();
+                    self.reply(op, phase, ReplyBody::Sampled { in_step, in_flight })
+                }
                 // No step completed yet: the gate answers at the first boundary.
                 Ok(None) => {}
                 Err(e) => self.fail(op, phase, e.to_string()),
@@ -557,7 +560,8 @@ impl Handler<GateNotice> for Worker {
     fn handle(&mut self, GateNotice(ev): GateNotice, _ctx: &mut Self::Context) {
         match ev {
             GateEvent::Sampled { op, in_step } => {
-                self.reply(op, Phase::Sample, ReplyBody::Sampled { in_step })
+                let in_flight = self.gate.in_flight().is_some();
+                self.reply(op, Phase::Sample, ReplyBody::Sampled { in_step, in_flight })
             }
             GateEvent::Held { op, step } => {
                 self.set_held(true);

@@ -73,6 +73,7 @@ fn rank_reply_body() -> impl Strategy<Value = Option<pb::rank_reply::Body>> {
         0.9,
         prop_oneof![
             any::<u64>().prop_map(Body::SampledInStep),
+            any::<u64>().prop_map(Body::SampledInFlight),
             any::<u64>().prop_map(Body::PausedStep),
             prop::collection::vec(call, 0..4)
                 .prop_map(|calls| Body::Applied(pb::AppliedCalls { calls })),

@@ -286,6 +286,14 @@ pub enum OperationError {
         /// What disagrees, with the digests and ranks.
         detail: String,
     },
+    /// An in-flight operation's sample found ranks whose training process has no in-flight
+    /// side: they could not abort their collectives in flight. Nothing was aborted or
+    /// switched; the gates opened again.
+    #[error("{}: an in-flight move needs every training process to abort its collectives in flight (taskd's Gloo switch can); nothing was aborted. Run the move without aborting in flight, or restart the job", crate::display::ranks_with(ranks, "has no in-flight side", "have no in-flight side"))]
+    NoInFlightSide {
+        /// The ranks without one, as a short list.
+        ranks: String,
+    },
     /// A rank held after another step than the pause step.
     #[error("rank {rank} paused after step {got}, expected {expected}")]
     WrongPauseStep {
@@ -459,8 +467,12 @@ pub struct Operation {
 /// Where an operation stands, with the data only that stage needs.
 #[derive(Clone, Debug)]
 enum Stage {
-    /// Every rank reports the step it is in: `(lowest, highest)` reported so far.
-    Sampling { steps: Option<(u64, u64)> },
+    /// Every rank reports the step it is in: `(lowest, highest)` reported so far, and the
+    /// ranks that said they have no in-flight side (which an in-flight operation needs).
+    Sampling {
+        steps: Option<(u64, u64)>,
+        without_side: Vec<GlobalRank>,
+    },
     /// Every rank finishes `step` and holds after it.
     Pausing { step: u64 },
     /// Every rank ends its collectives in flight and reports where each group stands (an
@@ -717,11 +729,17 @@ impl Operation {
             error: None,
             rank_errors: RankErrors::default(),
             pause: PauseRecord::default(),
-            stage: Stage::Sampling { steps: None },
+            stage: Stage::Sampling {
+                steps: None,
+                without_side: Vec::new(),
+            },
             seq: None,
             in_flight: false,
         };
-        let sampling = Stage::Sampling { steps: None };
+        let sampling = Stage::Sampling {
+            steps: None,
+            without_side: Vec::new(),
+        };
         let actions = op.enter(sampling, DirectiveKind::Sample { targets }, now);
         (op, actions)
     }
@@ -893,7 +911,16 @@ impl Operation {
     fn on_answer(&mut self, rank: GlobalRank, body: ReplyBody) {
         let phase = self.phase();
         let failure = match (&mut self.stage, body) {
-            (Stage::Sampling { steps }, ReplyBody::Sampled { in_step }) => {
+            (
+                Stage::Sampling {
+                    steps,
+                    without_side,
+                },
+                ReplyBody::Sampled { in_step, in_flight },
+            ) => {
+                if !in_flight {
+                    without_side.push(rank);
+                }
                 *steps = Some(steps.map_or((in_step, in_step), |(lo, hi)| {
                     (lo.min(in_step), hi.max(in_step))
                 }));
@@ -1005,8 +1032,21 @@ impl Operation {
         }
         let took = now - self.round.started;
         match &self.stage {
-            Stage::Sampling { steps } if self.in_flight => {
+            Stage::Sampling {
+                steps,
+                without_side,
+            } if self.in_flight => {
                 self.pause.sampled = *steps;
+                if !without_side.is_empty() {
+                    // Checked before anything is aborted: a rank that cannot abort would fail
+                    // the abort after its peers aborted, and send them all to a restart.
+                    let mut ranks = without_side.clone();
+                    ranks.sort();
+                    self.fail(OperationError::NoInFlightSide {
+                        ranks: short_list(&ranks),
+                    });
+                    return self.after_failure(now);
+                }
                 let aborting = Stage::Aborting {
                     positions: BTreeMap::new(),
                 };
@@ -1041,7 +1081,7 @@ impl Operation {
                     }
                 }
             }
-            Stage::Sampling { steps } => {
+            Stage::Sampling { steps, .. } => {
                 self.pause.sampled = *steps;
                 // The pause step is the highest any rank is in: every rank can reach it.
                 let step = steps.map_or(0, |(_, highest)| highest);

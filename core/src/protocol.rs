@@ -255,6 +255,11 @@ pub enum ReplyBody {
     Sampled {
         /// The step the training loop is running (or about to run) on this rank.
         in_step: u64,
+        /// The training process registered an in-flight side (`crate::inflight`): it can
+        /// abort its collectives in flight for an in-flight move. False from a sender that
+        /// predates it.
+        #[serde(default)]
+        in_flight: bool,
     },
     /// Phase B: held after finishing `step`.
     Paused {

@@ -104,6 +104,7 @@ fn an_in_flight_move_aborts_switches_from_the_agreed_point_and_resumes_without_a
     // Rank 3 is a step behind: the others are blocked in its collectives.
     let next = answer(&mut op, 1, |r| ReplyBody::Sampled {
         in_step: if r == 3 { 9 } else { 10 },
+        in_flight: true,
     });
     let d = directive(&next);
     assert_eq!(d.phase(), Phase::Abort);
@@ -156,7 +157,10 @@ fn an_in_flight_move_aborts_switches_from_the_agreed_point_and_resumes_without_a
 #[test]
 fn a_rank_that_cannot_abort_resumes_the_job_without_a_switch() {
     let (mut op, _) = start();
-    answer(&mut op, 1, |_| ReplyBody::Sampled { in_step: 10 });
+    answer(&mut op, 1, |_| ReplyBody::Sampled {
+        in_step: 10,
+        in_flight: true,
+    });
     let next = answer(&mut op, 2, |r| {
         if r == 1 {
             ReplyBody::Failed(RankError::worker("no in-flight side"))
@@ -184,7 +188,10 @@ fn a_rank_that_cannot_abort_resumes_the_job_without_a_switch() {
 fn positions_that_give_no_redo_point_or_a_failed_switch_never_roll_back() {
     // A member missing from a group's reports: no point to agree on.
     let (mut op, _) = start();
-    answer(&mut op, 1, |_| ReplyBody::Sampled { in_step: 10 });
+    answer(&mut op, 1, |_| ReplyBody::Sampled {
+        in_step: 10,
+        in_flight: true,
+    });
     let next = answer(&mut op, 2, |r| ReplyBody::Aborted {
         in_step: 10,
         collectives: if r == 2 { Vec::new() } else { position(5, 5) },
@@ -193,7 +200,10 @@ fn positions_that_give_no_redo_point_or_a_failed_switch_never_roll_back() {
 
     // A rank's rebuild fails: resume (the old plane is gone), no rollback.
     let (mut op, _) = start();
-    answer(&mut op, 1, |_| ReplyBody::Sampled { in_step: 10 });
+    answer(&mut op, 1, |_| ReplyBody::Sampled {
+        in_step: 10,
+        in_flight: true,
+    });
     answer(&mut op, 2, |_| ReplyBody::Aborted {
         in_step: 10,
         collectives: position(5, 6),
@@ -218,5 +228,40 @@ fn positions_that_give_no_redo_point_or_a_failed_switch_never_roll_back() {
     assert_eq!(
         kinds.keys().copied().collect::<Vec<_>>(),
         vec![Phase::Resume]
+    );
+}
+
+#[test]
+fn ranks_without_an_in_flight_side_fail_the_move_after_the_sample_before_any_abort() {
+    let (mut op, _) = start();
+    let next = answer(&mut op, 1, |r| ReplyBody::Sampled {
+        in_step: 10,
+        in_flight: r == 0,
+    });
+    // No abort is asked of anyone: the gates open again, nothing changed.
+    let d = directive(&next);
+    assert!(matches!(d.kind, DirectiveKind::Resume), "{:?}", d.kind);
+    let done = answer(&mut op, 2, |_| ReplyBody::Resumed { stalled: ms(1) });
+    let report = done
+        .iter()
+        .find_map(|a| match a {
+            Action::Finish(r) => Some(r.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(report.outcome, Outcome::Failed);
+    assert!(!report.applied && !report.rolled_back);
+    let error = report.error.expect("why it failed");
+    assert_eq!(
+        error,
+        taskd_core::operation::OperationError::NoInFlightSide {
+            ranks: "1, 2, 3".into()
+        }
+    );
+    assert!(
+        error
+            .to_string()
+            .starts_with("ranks 1, 2, 3 have no in-flight side"),
+        "{error}"
     );
 }

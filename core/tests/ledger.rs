@@ -201,7 +201,10 @@ fn drive(
                 Answer::Silent => continue,
                 Answer::Body(b) => b,
                 Answer::Correct => match &d.kind {
-                    DirectiveKind::Sample { .. } => ReplyBody::Sampled { in_step: 10 },
+                    DirectiveKind::Sample { .. } => ReplyBody::Sampled {
+                        in_step: 10,
+                        in_flight: false,
+                    },
                     DirectiveKind::PauseAt { step } => ReplyBody::Paused { step: *step },
                     DirectiveKind::Switch { targets, .. } => ReplyBody::Applied {
                         calls: layout.calls(GlobalRank(r), targets),
@@ -1514,7 +1517,10 @@ fn events_without_an_operation_are_ignored() {
             op_id(1),
             0,
             Phase::Sample,
-            ReplyBody::Sampled { in_step: 1 },
+            ReplyBody::Sampled {
+                in_step: 1,
+                in_flight: false,
+            },
         )],
         health: vec![],
     };

@@ -308,7 +308,10 @@ impl World {
                 let mut t = 0;
                 for r in self.layout.ranks() {
                     match w.first.get(&r) {
-                        Some(ReplyBody::Sampled { in_step }) => t = t.max(*in_step),
+                        Some(ReplyBody::Sampled {
+                            in_step,
+                            in_flight: false,
+                        }) => t = t.max(*in_step),
                         other => {
                             panic!("pause sent but rank {r} answered the sample with {other:?}")
                         }
@@ -395,6 +398,7 @@ impl World {
             }
             DirectiveKind::Sample { .. } => ReplyBody::Sampled {
                 in_step: self.steps[&r],
+                in_flight: false,
             },
             DirectiveKind::PauseAt { step } => ReplyBody::Paused { step: *step },
             DirectiveKind::Switch { targets, .. } => ReplyBody::Applied {
@@ -416,8 +420,9 @@ impl World {
 
     fn garbled(&mut self, d: &Directive, r: GlobalRank) -> ReplyBody {
         match self.correct(d, r) {
-            ReplyBody::Sampled { in_step } => ReplyBody::Sampled {
+            ReplyBody::Sampled { in_step, in_flight } => ReplyBody::Sampled {
                 in_step: in_step + 3,
+                in_flight,
             },
             ReplyBody::Paused { step } => ReplyBody::Paused { step: step + 1 },
             ReplyBody::Applied { mut calls } => {
@@ -444,6 +449,7 @@ impl World {
             },
             Phase::Pause => ReplyBody::Sampled {
                 in_step: self.steps[&r],
+                in_flight: false,
             },
             Phase::Switch | Phase::Rollback => ReplyBody::Resumed { stalled: secs(1) },
             Phase::Resume => ReplyBody::Applied { calls: vec![] },

@@ -285,7 +285,10 @@ impl Sched {
         let (issued, completed) = self.fabric.progress(r);
         let in_step = completed / self.per_step + 1;
         let body = match &d.kind {
-            DirectiveKind::Sample { .. } => ReplyBody::Sampled { in_step },
+            DirectiveKind::Sample { .. } => ReplyBody::Sampled {
+                in_step,
+                in_flight: true,
+            },
             DirectiveKind::AbortInFlight { targets } => {
                 self.aborted.insert(r);
                 if self.refuser == Some(r) {

@@ -77,7 +77,10 @@ fn failure_string(r: &OperationReport) -> &'static str {
         | Some(OperationError::WorkerLost { phase, .. })
         | Some(OperationError::GroupDisagrees { phase, .. })
         | Some(OperationError::Aborted { phase, .. }) => by_phase(*phase, false),
-        Some(OperationError::WrongPauseStep { .. }) => PAUSE_FAILED,
+        // An in-flight move's training could not be stopped inside the step: its pause.
+        Some(OperationError::WrongPauseStep { .. } | OperationError::NoInFlightSide { .. }) => {
+            PAUSE_FAILED
+        }
         // Operations ClusterD drives (the manager as its client) end these ways.
         Some(OperationError::HoldExpired { .. }) => PAUSE_TIMEOUT,
         Some(OperationError::Stopped { phase, .. }) => by_phase(*phase, false),

@@ -426,7 +426,14 @@ fn worker_report_from_pb(w: pb::WorkerReport) -> Result<WorkerReport, WireError>
 pub(crate) fn rank_reply_to_pb(r: RankReply) -> pb::RankReply {
     use pb::rank_reply::Body;
     let body = match r.body {
-        ReplyBody::Sampled { in_step } => Body::SampledInStep(in_step),
+        ReplyBody::Sampled {
+            in_step,
+            in_flight: false,
+        } => Body::SampledInStep(in_step),
+        ReplyBody::Sampled {
+            in_step,
+            in_flight: true,
+        } => Body::SampledInFlight(in_step),
         ReplyBody::Paused { step } => Body::PausedStep(step),
         ReplyBody::Applied { calls } => Body::Applied(pb::AppliedCalls {
             calls: calls
@@ -472,7 +479,14 @@ pub(crate) fn rank_reply_from_pb(r: pb::RankReply) -> Result<RankReply, WireErro
     use pb::rank_reply::Body;
     const W: &str = "rank reply";
     let body = match r.body.ok_or_else(|| missing(W, "its body"))? {
-        Body::SampledInStep(in_step) => ReplyBody::Sampled { in_step },
+        Body::SampledInStep(in_step) => ReplyBody::Sampled {
+            in_step,
+            in_flight: false,
+        },
+        Body::SampledInFlight(in_step) => ReplyBody::Sampled {
+            in_step,
+            in_flight: true,
+        },
         Body::PausedStep(step) => ReplyBody::Paused { step },
         Body::Applied(a) => ReplyBody::Applied {
             calls: a
@@ -894,7 +908,10 @@ mod tests {
     #[test]
     fn every_reply_round_trips() {
         let bodies = vec![
-            ReplyBody::Sampled { in_step: 7 },
+            ReplyBody::Sampled {
+                in_step: 7,
+                in_flight: false,
+            },
             ReplyBody::Paused { step: 8 },
             ReplyBody::Applied {
                 calls: vec![AppliedCall {

@@ -269,7 +269,10 @@ impl World {
 
     fn correct(&self, r: GlobalRank, kind: &DirectiveKind) -> ReplyBody {
         match kind {
-            DirectiveKind::Sample { .. } => ReplyBody::Sampled { in_step: 10 },
+            DirectiveKind::Sample { .. } => ReplyBody::Sampled {
+                in_step: 10,
+                in_flight: true,
+            },
             DirectiveKind::PauseAt { step } => ReplyBody::Paused { step: *step },
             DirectiveKind::Switch { targets, .. } => ReplyBody::Applied {
                 calls: self.layout.calls(r, targets),

@@ -35,7 +35,7 @@ use taskd::actors::{StepGate, ThreadedRankHal};
 use taskd::core::summary::ms;
 use taskd::core::OperationSummary;
 use taskd::core::{GlobalRank, JobId, PhaseDeadlines, RankTable};
-use taskd::core::{GroupRank, GroupsFuture, HalFuture, HcclCapabilities, RankHal, TaskRankHal};
+use taskd::core::{GroupRank, GroupsFuture, HalFuture, RankHal, SwitchCapabilities, TaskRankHal};
 use taskd::hal_mock::{SoloLayout, SoloRank, SoloRankHal};
 
 const JOB: &str = "bench";
@@ -87,7 +87,7 @@ impl TaskRankHal for InlineSolo {
         ))
     }
 
-    fn capabilities(&mut self) -> HcclCapabilities {
+    fn capabilities(&mut self) -> SwitchCapabilities {
         self.0.capabilities()
     }
 }

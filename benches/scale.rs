@@ -372,6 +372,7 @@ async fn spawn_nodes(nodes: Vec<u32>, job: Arc<Job>, manager: String) -> Vec<Pro
                 rank: *rank,
                 capabilities: SwitchCapabilities::ALL,
                 instance: taskd::core::Instance(u64::from(rank.0) + 1),
+                generation: 0,
             };
             up.send(WorkerToProxy::Hello(hello)).unwrap();
             let _ = sim.up.set(up);

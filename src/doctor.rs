@@ -19,6 +19,7 @@
 //! | `job:id` | `MINDX_TASK_ID` unset | |
 //! | `job:role` | `MS_SCHED_HOST` or `POD_IP` unset or not an address | one is a host name, the other an address |
 //! | `job:node-rank` | no node rank, a value that is not a number, or values that disagree | |
+//! | `job:mindio` (only when `MS_ENABLE_TFT` makes every rank a MindIO processor) | `MS_TFT_IP` or `MS_TFT_PORT` unset or unusable (every rank ends itself about 85 s after it starts); on the manager host, `TTP_PORT` or the job's size (`WORLD_SIZE`, `MS_WORKER_NUM`) missing (the manager cannot host MindIO's controller) | `MS_TFT_PORT` is not the manager's `TTP_PORT`, `MINDIO_FOR_MINDSPORE` is not `1` |
 //! | `port` | the taskd port cannot be bound on this host (manager host or role unknown) | the same on a worker host |
 //!
 //! `PROCESS_RECOVER` and `ELASTIC_PROCESS_RECOVER_ENABLE` only warn: taskd does not read them,
@@ -156,8 +157,106 @@ pub fn run(cfg: &DoctorConfig, env: EnvLookup<'_>) -> Vec<Check> {
     let (role_check, role) = role(env);
     out.push(role_check);
     out.push(node_rank(env));
+    out.extend(mindio(env, role));
     out.push(port(cfg.port, role));
     out
+}
+
+/// The features of `MS_ENABLE_TFT` for which MindSpore 2.10.0 on Ascend makes every rank a
+/// MindIO TTP processor, which must reach MindIO's controller (hosted by the job's manager).
+const NEEDS_MINDIO: &[&str] = &["TTP:1", "UCE:1", "ARF:1", "TSP:1", "HCCE:1"];
+
+/// MindIO's controller and its processors: where the ranks find the controller
+/// (`MS_TFT_IP`, `MS_TFT_PORT`) and, on the manager host, what the manager needs to host it
+/// (`TTP_PORT`, the job's size). No check when `MS_ENABLE_TFT` needs no MindIO.
+pub fn mindio(env: EnvLookup<'_>, role: Role) -> Option<Check> {
+    let name = "job:mindio";
+    let tft = get(env, flags::MS_ENABLE_TFT).unwrap_or_default();
+    let compact: String = tft.chars().filter(|c| !c.is_whitespace()).collect();
+    let needs: Vec<&str> = NEEDS_MINDIO
+        .iter()
+        .copied()
+        .filter(|f| compact.contains(f))
+        .collect();
+    if needs.is_empty() {
+        return None;
+    }
+    let why = format!(
+        "MS_ENABLE_TFT has {}: on an Ascend device every rank is a MindIO processor",
+        needs.join(", ")
+    );
+    let rank_fix =
+        "set MS_TFT_IP=$MS_SCHED_HOST and MS_TFT_PORT=$TTP_PORT (the port the manager's \
+                    MindIO controller listens on, e.g. 8000) in the launcher's environment";
+    let mut fails = Vec::new();
+    let tft_port = get_set(env, "MS_TFT_PORT");
+    match get_set(env, "MS_TFT_IP") {
+        None => fails.push("MS_TFT_IP is unset".to_owned()),
+        Some(ip) if flags::parse_ip(ip.trim()).is_none() => {
+            fails.push(format!("MS_TFT_IP={ip:?} is not an IP address"))
+        }
+        Some(_) => {}
+    }
+    match &tft_port {
+        None => fails.push("MS_TFT_PORT is unset (MindSpore's int() of it raises)".to_owned()),
+        Some(p) if p.trim().parse::<u16>().map_or(true, |p| p == 0) => {
+            fails.push(format!("MS_TFT_PORT={p:?} is not a port"))
+        }
+        Some(_) => {}
+    }
+    if !fails.is_empty() {
+        let detail = format!(
+            "{why}, which cannot reach the controller: {}; every rank would end itself about 85 s \
+             after it starts",
+            fails.join("; ")
+        );
+        return Some(Check::fail(name, detail, rank_fix));
+    }
+    let mut warns = Vec::new();
+    if role == Role::Manager {
+        let ttp = get_set(env, "TTP_PORT");
+        match &ttp {
+            None => fails.push("TTP_PORT is unset".to_owned()),
+            Some(p) if p.trim().parse::<u16>().map_or(true, |p| p == 0) => {
+                fails.push(format!("TTP_PORT={p:?} is not a port"))
+            }
+            Some(p) if tft_port.as_deref().map(str::trim) != Some(p.trim()) => warns.push(format!(
+                "MS_TFT_PORT={:?} is not TTP_PORT={p:?}: the ranks look for the controller \
+                 elsewhere",
+                tft_port.as_deref().unwrap_or_default()
+            )),
+            Some(_) => {}
+        }
+        if get_set(env, flags::WORLD_SIZE).is_none() && get_set(env, "MS_WORKER_NUM").is_none() {
+            fails.push("neither WORLD_SIZE nor MS_WORKER_NUM is set".to_owned());
+        }
+        if !fails.is_empty() {
+            let detail = format!(
+                "{why}; the manager host cannot host MindIO's controller: {}",
+                fails.join("; ")
+            );
+            let fix =
+                "set TTP_PORT (the controller's port, the container port named ttp-port) and \
+                       MS_WORKER_NUM (or WORLD_SIZE) in the pod";
+            return Some(Check::fail(name, detail, fix));
+        }
+    }
+    if get(env, "MINDIO_FOR_MINDSPORE").map(|v| v.trim().to_owned()) != Some("1".into()) {
+        warns.push(
+            "MINDIO_FOR_MINDSPORE is not 1: MindIO's processors would import torch and              torch_npu instead of MindSpore"
+                .to_owned(),
+        );
+    }
+    let detail = format!("{why}, which finds the controller at MS_TFT_IP:MS_TFT_PORT");
+    Some(if warns.is_empty() {
+        Check::pass(name, detail)
+    } else {
+        Check::warn(
+            name,
+            format!("{detail}; {}", warns.join("; ")),
+            "set MS_TFT_PORT=$TTP_PORT and MINDIO_FOR_MINDSPORE=1 for a MindSpore job",
+        )
+    })
 }
 
 /// Whether the node may run the job: no check failed.
@@ -889,6 +988,40 @@ mod tests {
             rdma(&env(&[("TASKD_HCCL_RDMA", "off")])).status,
             Status::Fail
         );
+    }
+
+    #[test]
+    fn mindio_variables_are_checked_where_every_rank_is_a_processor() {
+        let base = [
+            ("MS_ENABLE_TFT", "{TTP:1,TSP:1}"),
+            ("MS_TFT_IP", "10.0.0.1"),
+            ("MS_TFT_PORT", "8000"),
+            ("MINDIO_FOR_MINDSPORE", "1"),
+        ];
+        // No MindIO feature: no check.
+        assert!(mindio(&env(&[("MS_ENABLE_TFT", "{UCE:0}")]), Role::Worker).is_none());
+        let c = mindio(&env(&base), Role::Worker).unwrap();
+        assert_eq!(c.status, Status::Pass, "{c:?}");
+        let mut unset = base.to_vec();
+        unset.retain(|(k, _)| *k != "MS_TFT_PORT");
+        let c = mindio(&env(&unset), Role::Worker).unwrap();
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.detail.contains("MS_TFT_PORT is unset"), "{c:?}");
+        assert!(c.detail.contains("85 s"), "{c:?}");
+        // The manager host also needs TTP_PORT and the job's size.
+        let c = mindio(&env(&base), Role::Manager).unwrap();
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.detail.contains("TTP_PORT is unset"), "{c:?}");
+        assert!(c.detail.contains("MS_WORKER_NUM"), "{c:?}");
+        let mut manager = base.to_vec();
+        manager.extend([("TTP_PORT", "8001"), ("MS_WORKER_NUM", "16")]);
+        let c = mindio(&env(&manager), Role::Manager).unwrap();
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert!(c.detail.contains("is not TTP_PORT"), "{c:?}");
+        manager.retain(|(k, _)| *k != "TTP_PORT");
+        manager.push(("TTP_PORT", "8000"));
+        let c = mindio(&env(&manager), Role::Manager).unwrap();
+        assert_eq!(c.status, Status::Pass, "{c:?}");
     }
 
     #[test]

@@ -161,3 +161,56 @@ fn seed_1274_no_calls_on_the_groups_of_a_lost_rank() {
 fn seed_914_a_desynchronized_job_can_still_be_recovered() {
     never_violates(914, 5);
 }
+
+#[test]
+fn recovery_schedules_restart_the_job_once_per_fault_and_never_stop_a_degraded_one() {
+    use taskd::chaos::schedule::{CutStop, Step};
+    // The first recovery schedules that, between them, kill a process, stop training while a
+    // node is cut off (by an operator and by the hold policy) and lose a proxy with nothing in
+    // flight.
+    let mut wanted = ["kill", "operator", "policy", "away"].to_vec();
+    let mut seeds = Vec::new();
+    for seed in 0..500 {
+        let s = Schedule::generate(seed);
+        if s.recovery.is_none() {
+            continue;
+        }
+        let has = |k: &str| {
+            s.steps.iter().any(|step| match (k, step) {
+                ("kill", Step::KillRank { .. }) => true,
+                ("operator", Step::StopWhileCut { by, .. }) => *by == CutStop::Operator,
+                ("policy", Step::StopWhileCut { by, .. }) => *by != CutStop::Operator,
+                ("away", Step::ProxyAway { .. }) => true,
+                _ => false,
+            })
+        };
+        if wanted.iter().any(|k| has(k)) {
+            wanted.retain(|k| !has(k));
+            seeds.push(seed);
+        }
+        if wanted.is_empty() {
+            break;
+        }
+    }
+    assert!(wanted.is_empty(), "{wanted:?}");
+    let mut observed = std::collections::BTreeMap::new();
+    for seed in seeds {
+        let r = run_one(seed);
+        assert!(
+            r.violations.is_empty(),
+            "seed {seed}: {:?}\n{}",
+            r.violations,
+            r.log.join("\n")
+        );
+        for (k, n) in r.observations {
+            *observed.entry(k).or_insert(0) += n;
+        }
+    }
+    for what in [
+        "job_restarted_after_a_fault",
+        "old_processes_back_after_a_cut_were_told_to_stop_again",
+        "degraded_job_ran_again_once_its_proxy_was_back",
+    ] {
+        assert!(observed.contains_key(what), "{what}: {observed:?}");
+    }
+}

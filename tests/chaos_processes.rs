@@ -7,8 +7,8 @@ mod common;
 
 use common::taskd;
 use serde_json::Value;
-use taskd::chaos::procjob::ProcEnv;
-use taskd::chaos::procsched::{Fault, ProcSchedule, Step};
+use taskd::chaos::process::job::ProcEnv;
+use taskd::chaos::process::schedule::{Fault, LandAt, ProcSchedule, Step};
 use taskd::chaos::run_one_process;
 
 /// Where the jobs keep their files: the system's temporary directory, on the disk. The
@@ -106,7 +106,7 @@ fn process_schedules_with_a_full_and_a_frozen_state_directory_break_no_invariant
                 let s = ProcSchedule::generate(*seed);
                 s.steps.iter().any(|st| {
                     matches!(st, Step::Switch { at, fault: Some(f), .. }
-                        if (*at == "before") == before
+                        if (*at == LandAt::Before) == before
                             && matches!(f, Fault::FreezeDisk { .. }) == freeze
                             && f.is_disk())
                 })

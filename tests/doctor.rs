@@ -25,6 +25,10 @@ fn good_env(s: &StubInstall) -> EnvMap {
         ("MS_SCHED_HOST", "10.0.0.1"),
         ("POD_IP", "10.0.0.2"),
         ("MS_NODE_RANK", "1"),
+        // MindIO's controller, hosted by the manager at MS_SCHED_HOST (the seed's job).
+        ("MS_TFT_IP", "10.0.0.1"),
+        ("MS_TFT_PORT", "8000"),
+        ("MINDIO_FOR_MINDSPORE", "1"),
     ] {
         m.insert(k.into(), v.into());
     }
@@ -71,6 +75,7 @@ fn a_ready_node_passes_every_check() {
             "job:id",
             "job:role",
             "job:node-rank",
+            "job:mindio",
             "port",
         ]
     );
@@ -379,7 +384,7 @@ fn the_binary_prints_json_or_lines_and_exits_1_on_a_failure() {
     assert_eq!(code, 0, "{out}");
     let json: serde_json::Value = serde_json::from_str(&out).unwrap();
     let arr = json.as_array().expect("an array");
-    assert_eq!(arr.len(), 15);
+    assert_eq!(arr.len(), 16);
     for item in arr {
         let obj = item.as_object().unwrap();
         let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
@@ -413,7 +418,7 @@ fn the_binary_prints_json_or_lines_and_exits_1_on_a_failure() {
     let (code, out) = taskd_doctor(&env, &["--port", &port]);
     assert_eq!(code, 1);
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 15, "{out}");
+    assert_eq!(lines.len(), 16, "{out}");
     assert!(lines
         .iter()
         .all(|l| l.starts_with("PASS  ") || l.starts_with("WARN  ") || l.starts_with("FAIL  ")));

@@ -16,7 +16,7 @@ use std::time::Instant;
 use taskd::actors::control::proto::RefusalKind;
 use taskd::actors::control::ClientError;
 use taskd::actors::telemetry;
-use taskd::chaos::procdisk::StateDisk;
+use taskd::chaos::process::disk::StateDisk;
 
 /// `GET /metrics` of the endpoint at `addr`: the body.
 fn scrape(addr: &str) -> String {

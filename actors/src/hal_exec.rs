@@ -9,7 +9,7 @@
 //! group, a parked future rather than a blocked thread), so a process can host thousands of
 //! simulated ranks.
 //!
-//! A HAL that panics is out of service: the panic is caught ([`caught`]) and surfaced as a
+//! A HAL that panics is out of service: the panic is caught (`caught`) and surfaced as a
 //! [`HalPanicked`], which the worker reports as its rank's failure, for the call that
 //! panicked and every later one.
 
@@ -23,7 +23,7 @@ use std::sync::{mpsc, Arc};
 use std::task::Poll;
 use std::time::Duration;
 use taskd_core::{
-    GlobalRank, GroupRank, GroupsFuture, HalFuture, HcclCapabilities, RankHal, TaskRankHal,
+    GlobalRank, GroupRank, GroupsFuture, HalFuture, RankHal, SwitchCapabilities, TaskRankHal,
 };
 use tokio::sync::oneshot;
 
@@ -222,7 +222,7 @@ impl TaskRankHal for ThreadedRankHal {
         Box::pin(self.shared.clone().answer(rx))
     }
 
-    fn capabilities(&mut self) -> HcclCapabilities {
+    fn capabilities(&mut self) -> SwitchCapabilities {
         let (tx, rx) = mpsc::sync_channel(1);
         self.queue(Box::new(move |hal, in_call| {
             make_call(
@@ -294,8 +294,8 @@ mod tests {
             Ok(())
         }
 
-        fn capabilities(&mut self) -> HcclCapabilities {
-            HcclCapabilities::ALL
+        fn capabilities(&mut self) -> SwitchCapabilities {
+            SwitchCapabilities::ALL
         }
 
         fn set_call_timeout(&mut self, timeout: Duration) {
@@ -329,7 +329,7 @@ mod tests {
     #[test]
     fn calls_run_in_order_on_the_hals_thread_which_the_drop_joins() {
         let (mut hal, go, seen) = probe(None);
-        assert_eq!(hal.capabilities(), HcclCapabilities::ALL);
+        assert_eq!(hal.capabilities(), SwitchCapabilities::ALL);
         let groups = run(hal.groups()).unwrap();
         assert_eq!(groups[0].name, "g");
         hal.set_call_timeout(Duration::from_millis(750));

@@ -68,6 +68,7 @@ pub mod control;
 pub mod files;
 pub mod gate;
 pub mod hal_exec;
+mod hang_watch;
 pub mod journal;
 pub mod local;
 pub mod manager;
@@ -80,10 +81,20 @@ pub mod telemetry;
 pub mod transport;
 pub mod worker;
 
+/// Milliseconds since the Unix epoch, now: the origin of a job's step clock (an in-process
+/// job's, the network manager's epoch) and the age of a proxy's view of it.
+pub(crate) fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 pub use gate::StepGate;
 pub use hal_exec::{HalPanicked, ThreadedRankHal};
 pub use local::{
-    IntoRankSpec, LocalJob, LocalJobConfig, LocalJobError, RankParts, RankSpec, RecoveryResult,
+    IntoRankSpec, LocalJob, LocalJobConfig, LocalJobError, LocalJobOptions, NodeLaunchers,
+    RankParts, RankSpec, RecoveryResult,
 };
 pub use manager::{Manager, ManagerStatus};
 pub use net::{RemoteWorker, RemoteWorkerConfig};

@@ -16,7 +16,7 @@ use crate::manager::{
 use crate::progress::{ProgressEvent, ProgressFeed};
 
 mod restart;
-use crate::proxy::{ManagerConnected, Proxy, WorkerConnected, WorkerDisconnected};
+use crate::proxy::{LauncherOrder, ManagerConnected, Proxy, WorkerConnected, WorkerDisconnected};
 use crate::transport::{actor_link, Deliver, Link, Sender, TransportError};
 use crate::worker::{StopWorker, Worker, WorkerConfig};
 use actix::prelude::*;
@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;
 use taskd_core::auto::{AutoConfig, DeviceKey, Links};
-use taskd_core::ledger::RecoverTo;
+use taskd_core::ledger::{ProcessRecovery, RecoverTo};
 use taskd_core::operation::OperationReport;
 use taskd_core::protocol::{Gone, ProxyToManager, WorkerHello, WorkerToProxy};
 use taskd_core::verify::VerifyReport;
@@ -41,6 +41,27 @@ pub struct LocalJobConfig {
     pub table: RankTable,
     /// Deadlines of every operation's phases.
     pub deadlines: PhaseDeadlines,
+}
+
+/// Where the launcher of each node takes the manager's orders in a local job: called with the
+/// node's index in the rank table and the order its proxy handed (on the proxy's thread: it
+/// must not block). See [`crate::proxy::LauncherOrders`].
+pub type NodeLaunchers = Arc<dyn Fn(usize, LauncherOrder) + Send + Sync>;
+
+/// What a local job runs besides switches, each off by default: automatic failover, process
+/// recovery coordinated by the manager, and the launchers that follow its orders.
+#[derive(Clone, Default)]
+pub struct LocalJobOptions {
+    /// Automatic failover: the manager runs the policy and every proxy probes its node's links.
+    pub auto: Option<AutoConfig>,
+    /// Process recovery coordinated by the manager (and every manager started after it): a
+    /// lost process restarts the whole job ([`Manager::with_process_recovery`]).
+    pub process_recovery: Option<ProcessRecovery>,
+    /// Where every node's launcher takes the manager's orders ([`Proxy::with_launcher`]);
+    /// without it, the proxies say that no launcher takes them.
+    pub launchers: Option<NodeLaunchers>,
+    /// Every worker's hang watch timeout ([`WorkerConfig::hang_timeout`]); `None`: no watch.
+    pub hang_timeout: Option<Duration>,
 }
 
 /// One rank's HAL and whether its process enables `TSP:1`.
@@ -141,22 +162,27 @@ pub enum LocalJobError {
     AutoOff,
 }
 
-/// One proxy per node of `table`, connected to `manager` (probing links when `auto` is on).
+/// One proxy per node of `table`, connected to `manager` (probing links when `auto` is on,
+/// handing the launchers' orders to `launchers` when given).
 fn start_proxies(
     job: &JobId,
     table: &RankTable,
     nodes: Vec<Box<dyn NodeHal>>,
     manager: &Addr<Manager>,
-    auto: Option<AutoConfig>,
+    (auto, launchers): (Option<AutoConfig>, Option<NodeLaunchers>),
 ) -> Vec<Addr<Proxy>> {
     let mut proxies = Vec::new();
     // Every node probes at the same instants.
-    let origin = crate::net::unix_ms();
-    for (node, hal) in table.nodes().iter().zip(nodes) {
+    let origin = crate::unix_ms();
+    for (i, (node, hal)) in table.nodes().iter().zip(nodes).enumerate() {
         let mut proxy = Proxy::new(job.clone(), node.clone(), hal, actor_link(manager));
         if let Some(a) = auto {
             let devices = table.devices_of(node).map(|(d, _)| d).collect();
             proxy = proxy.probe_links(a.link_probe, origin, devices);
+        }
+        if let Some(l) = &launchers {
+            let l = l.clone();
+            proxy = proxy.with_launcher(Arc::new(move |order| l(i, order)));
         }
         let proxy = proxy.start();
         manager.do_send(ProxyConnected {
@@ -169,15 +195,18 @@ fn start_proxies(
 }
 
 /// A manager for `job`, recording its results in `journal` (and answering the uuids it
-/// holds), with automatic failover when `auto` is given.
+/// holds), with automatic failover when `auto` is given and process recovery when
+/// `recovery` is.
 fn new_manager(
     job: &JobId,
     table: &RankTable,
     deadlines: PhaseDeadlines,
-    auto: Option<AutoConfig>,
+    (auto, recovery): (Option<AutoConfig>, Option<ProcessRecovery>),
     journal: Arc<dyn OperationJournal>,
 ) -> Manager {
-    let m = Manager::new(job.clone(), table.clone(), deadlines).with_journal(journal);
+    let m = Manager::new(job.clone(), table.clone(), deadlines)
+        .with_journal(journal)
+        .with_process_recovery(recovery);
     match auto {
         Some(cfg) => m.with_auto(cfg),
         None => m,
@@ -192,6 +221,10 @@ pub struct LocalJob {
     config: (JobId, RankTable, PhaseDeadlines),
     /// Automatic failover, when on (a restarted manager runs it too).
     auto: Option<AutoConfig>,
+    /// Process recovery coordinated by the manager, when on (a restarted manager too).
+    recovery: Option<ProcessRecovery>,
+    /// Every worker's hang watch timeout (a restarted rank's too).
+    hang_timeout: Option<Duration>,
     /// The finished operations of every manager of the job: a restarted manager answers a
     /// repeated uuid with the earlier result, as one with `--state-dir` does.
     journal: Arc<MemoryJournal>,
@@ -209,6 +242,9 @@ pub struct LocalJob {
 
 /// The processes of the job's ranks, as one incarnation.
 struct Incarnation {
+    /// Which start of the job's processes this is (0: the first), as a launcher numbers them
+    /// (`TASKD_RESTART_COUNT`).
+    generation: u32,
     workers: Vec<Addr<Worker>>,
     uplinks: Vec<Arc<Uplink>>,
     gates: Vec<Arc<StepGate>>,
@@ -242,6 +278,27 @@ impl LocalJob {
         nodes: Vec<Box<dyn NodeHal>>,
         ranks: Vec<R>,
     ) -> Result<LocalJob, LocalJobError> {
+        let options = LocalJobOptions {
+            auto,
+            ..LocalJobOptions::default()
+        };
+        Self::start_with(cfg, options, nodes, ranks)
+    }
+
+    /// [`LocalJob::start`] with `options`: automatic failover, process recovery coordinated by
+    /// the manager, the launchers that take its orders.
+    pub fn start_with<R: IntoRankSpec>(
+        cfg: LocalJobConfig,
+        options: LocalJobOptions,
+        nodes: Vec<Box<dyn NodeHal>>,
+        ranks: Vec<R>,
+    ) -> Result<LocalJob, LocalJobError> {
+        let LocalJobOptions {
+            auto,
+            process_recovery: recovery,
+            launchers,
+            hang_timeout,
+        } = options;
         let ranks = rank_specs(ranks)?;
         let table = cfg.table.clone();
         let config = (cfg.job.clone(), cfg.table.clone(), cfg.deadlines);
@@ -269,17 +326,27 @@ impl LocalJob {
         let first_journal: Arc<dyn OperationJournal> = journal.clone();
         let (tx, rx) = std::sync::mpsc::channel();
         let actors = Background::spawn_actix("taskd-actors", move |stop| async move {
-            let manager = new_manager(&cfg.job, &table, cfg.deadlines, auto, first_journal);
+            let manager = new_manager(
+                &cfg.job,
+                &table,
+                cfg.deadlines,
+                (auto, recovery),
+                first_journal,
+            );
             let progress = manager.progress();
             let manager = manager.start();
-            let proxies = start_proxies(&cfg.job, &table, nodes, &manager, auto);
+            let proxies = start_proxies(&cfg.job, &table, nodes, &manager, (auto, launchers));
             let workers: Vec<Addr<Worker>> = ranks
                 .into_iter()
                 .enumerate()
                 .map(|(r, parts)| {
-                    let rank = GlobalRank(r as u32);
+                    let process = Process {
+                        rank: GlobalRank(r as u32),
+                        generation: 0,
+                        hang_timeout,
+                    };
                     let link = (worker_gates[r].clone(), worker_uplinks[r].clone());
-                    start_worker(&cfg.job, &table, rank, parts, &proxies, link)
+                    start_worker(&cfg.job, &table, process, parts, &proxies, link)
                 })
                 .collect();
             let _ = tx.send((System::current(), manager, proxies, workers, progress));
@@ -301,8 +368,11 @@ impl LocalJob {
             proxies,
             config,
             auto,
+            recovery,
+            hang_timeout,
             journal,
             ranks: Mutex::new(Incarnation {
+                generation: 0,
                 workers,
                 uplinks,
                 gates,
@@ -324,13 +394,13 @@ impl LocalJob {
         let _ = self.client.block_on(old.send(StopManager));
         let (job, table, deadlines) = self.config.clone();
         let proxies = self.proxies.clone();
-        let auto = self.auto;
+        let features = (self.auto, self.recovery);
         let journal: Arc<dyn OperationJournal> = self.journal.clone();
         let hold = *self.hold.lock();
         let (tx, rx) = std::sync::mpsc::channel();
         self.system.arbiter().spawn(async move {
             let manager =
-                new_manager(&job, &table, deadlines, auto, journal).with_hold_policy(hold);
+                new_manager(&job, &table, deadlines, features, journal).with_hold_policy(hold);
             let progress = manager.progress();
             let addr = manager.start();
             for (node, proxy) in table.nodes().iter().zip(&proxies) {
@@ -693,17 +763,26 @@ impl LocalJob {
     }
 }
 
-/// Starts `rank`'s worker (with its step gate and its connection to the proxy of its node)
+/// Which process of a rank a worker is.
+#[derive(Copy, Clone)]
+struct Process {
+    rank: GlobalRank,
+    /// The job restart it was started for.
+    generation: u32,
+    hang_timeout: Option<Duration>,
+}
+
+/// Starts `process`'s worker (with its step gate and its connection to the proxy of its node)
 /// and connects it to that proxy.
 fn start_worker(
     job: &JobId,
     table: &RankTable,
-    rank: GlobalRank,
+    process: Process,
     parts: RankSpec,
     proxies: &[Addr<Proxy>],
     (gate, uplink): (Arc<StepGate>, Arc<Uplink>),
 ) -> Addr<Worker> {
-    let slot = table.slot(rank).expect("rank in table");
+    let slot = table.slot(process.rank).expect("rank in table");
     let node_idx = table
         .nodes()
         .iter()
@@ -718,6 +797,8 @@ fn start_worker(
             node: slot.node.clone(),
             rank: slot.rank,
             tsp: parts.tsp,
+            generation: process.generation,
+            hang_timeout: process.hang_timeout,
         },
         parts.hal,
         gate,

@@ -9,6 +9,8 @@ pub use auto::AwaitAutoSettled;
 
 mod clusterd;
 
+mod faults;
+
 mod hold;
 
 mod journal_writer;
@@ -17,8 +19,9 @@ mod last_words;
 
 mod waiters;
 
+pub use faults::ReportFault;
 pub use hold::{HoldPolicy, SetHoldPolicy, StopTraining, DEFAULT_HOLD_BOUND};
-pub use last_words::{LastWordsHost, ReportFault, SetLastWords, DEFAULT_LAST_WORDS_BOUND};
+pub use last_words::{LastWordsHost, SetLastWords, DEFAULT_LAST_WORDS_BOUND};
 
 pub use clusterd::{
     AttachClusterd, ClusterdLink, ClusterdLinkChanged, ClusterdSessionEnded, ClusterdSignal,
@@ -249,9 +252,9 @@ impl Manager {
             ctx.cancel_future(h);
         }
         self.observer.verification_done(&report);
-        if report.job_state().is_none() {
-            // A rank that registered but does not answer: ask again after the deadline.
-            let again = self.ledger.deadlines().resume;
+        // A rank that registered but did not report: ask again, soon when it answered with a
+        // failure (not set up yet), after the deadline when it did not answer.
+        if let Some(again) = report.ask_again_after(self.ledger.deadlines().resume) {
             ctx.run_later(again, |act, ctx| act.maybe_verify(ctx));
         }
         self.waiters.round_done(&report);
@@ -665,6 +668,10 @@ impl Handler<Deliver<ProxyToManager>> for Manager {
                 self.wake_calls_answered();
             }
             ProxyToManager::Links(report) => self.auto_links(report, ctx),
+            ProxyToManager::Stall(notice) => {
+                self.observer.received("stall");
+                self.rank_stalled(notice, ctx);
+            }
         }
     }
 }
@@ -929,6 +936,9 @@ pub struct ManagerStatus {
     /// ends first).
     #[serde(default)]
     pub restart_owed: Option<String>,
+    /// Ranks whose training loop finished no step for their hang watch's timeout, ascending.
+    #[serde(default)]
+    pub stalled_ranks: Vec<taskd_core::ledger::StalledRank>,
     /// While the job is held: for how long, and when the hold policy stops training (`None`:
     /// it waits for an operator, or for the recovery in flight).
     #[serde(default)]
@@ -990,6 +1000,7 @@ impl Handler<GetStatus> for Manager {
                 .collect(),
             restarts: l.restarts().clone(),
             restart_owed: l.restart_owed().map(str::to_owned),
+            stalled_ranks: l.stalled_ranks().cloned().collect(),
             hold: l.held_since().filter(|_| l.is_held()).map(|since| {
                 let now = self.now();
                 let stops_in = l.hold_deadline().map(|d| d.saturating_sub(now));

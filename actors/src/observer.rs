@@ -141,6 +141,7 @@ impl Observer {
             .filter(|(_, l)| l.how == taskd_core::protocol::Gone::Unreachable)
             .count();
         metrics::gauge!(telemetry::RANKS_UNREACHABLE).set(unreachable as f64);
+        metrics::gauge!(telemetry::RANKS_HUNG).set(ledger.stalled_ranks().count() as f64);
         set_job_state(ledger.state());
     }
 

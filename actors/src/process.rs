@@ -28,8 +28,8 @@ use std::sync::Arc;
 use taskd_core::auto::AutoConfig;
 use taskd_core::operation::OperationReport;
 use taskd_core::{
-    GlobalRank, GroupInfo, GroupRank, HalError, HcclCapabilities, HcclCode, NodeName, RankHal,
-    RankTable,
+    GlobalRank, GroupInfo, GroupRank, HalError, HcclCode, NodeName, RankHal, RankTable,
+    SwitchCapabilities,
 };
 
 /// Why a role could not start.
@@ -341,7 +341,7 @@ pub const LATE_HAL_WAIT: std::time::Duration = std::time::Duration::from_secs(10
 /// then another, before the job was verified). Past the wait the call answers unavailable.
 pub struct LateRankHal {
     inner: Arc<Late>,
-    capabilities: HcclCapabilities,
+    capabilities: SwitchCapabilities,
     wait: std::time::Duration,
 }
 
@@ -361,13 +361,13 @@ pub struct LateRankHalSlot(Arc<Late>);
 impl LateRankHal {
     /// A HAL reporting `capabilities` (known up front: they are the process's configuration),
     /// and the slot its real HAL goes into; calls wait for it at most [`LATE_HAL_WAIT`].
-    pub fn new(capabilities: HcclCapabilities) -> (LateRankHal, LateRankHalSlot) {
+    pub fn new(capabilities: SwitchCapabilities) -> (LateRankHal, LateRankHalSlot) {
         Self::waiting(capabilities, LATE_HAL_WAIT)
     }
 
     /// [`LateRankHal::new`] whose calls wait for the real HAL at most `wait`.
     pub fn waiting(
-        capabilities: HcclCapabilities,
+        capabilities: SwitchCapabilities,
         wait: std::time::Duration,
     ) -> (LateRankHal, LateRankHalSlot) {
         let inner = Arc::new(Late::default());
@@ -437,8 +437,8 @@ impl RankHal for LateRankHal {
         self.call(|h| h.set_working_nic(group, ranks, use_backup))
     }
 
-    fn capabilities(&mut self) -> HcclCapabilities {
-        self.capabilities
+    fn capabilities(&mut self) -> SwitchCapabilities {
+        self.capabilities.clone()
     }
 }
 
@@ -495,18 +495,20 @@ mod tests {
         ) -> Result<(), HalError> {
             Ok(())
         }
-        fn capabilities(&mut self) -> HcclCapabilities {
-            HcclCapabilities::default()
+        fn capabilities(&mut self) -> SwitchCapabilities {
+            SwitchCapabilities::ALL
         }
     }
 
     #[test]
     fn a_late_hal_answers_unavailable_when_never_installed_within_its_wait() {
-        let caps = HcclCapabilities {
+        let caps = taskd_core::HcclSetup {
             l2_retry: false,
             rdma: true,
-        };
-        let (mut hal, slot) = LateRankHal::waiting(caps, std::time::Duration::from_millis(20));
+        }
+        .capabilities();
+        let (mut hal, slot) =
+            LateRankHal::waiting(caps.clone(), std::time::Duration::from_millis(20));
         let e = hal.groups().unwrap_err();
         assert!(e.to_string().contains("not set up yet"), "{e}");
         assert!(hal.set_working_nic("g", &[], &[]).is_err());
@@ -526,7 +528,7 @@ mod tests {
     /// resume deadlines before it was verified).
     #[test]
     fn a_call_before_the_hal_is_installed_waits_for_it() {
-        let (mut hal, slot) = LateRankHal::new(HcclCapabilities::default());
+        let (mut hal, slot) = LateRankHal::new(SwitchCapabilities::ALL);
         let asked = std::thread::spawn(move || hal.groups());
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         while slot.waiting() == 0 {

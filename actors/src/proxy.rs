@@ -12,13 +12,14 @@ use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use taskd_core::auto::{LinkState, Links};
+use taskd_core::auto::Links;
 use taskd_core::protocol::{
     AfterStop, Directive, DirectiveKind, Gone, LinkReport, NodeReply, Phase, ProxyToManager,
     RankReply, ReplyBody, WorkerHello, WorkerToProxy,
 };
 use taskd_core::{
-    DeviceId, GlobalRank, HalErrorKind, Instance, JobId, LinkHealth, NodeHal, NodeName, OperationId,
+    DeviceId, GlobalRank, HalErrorKind, Instance, JobId, LinkHealth, NodeHal, NodeName,
+    OperationId, SideState,
 };
 use tracing::Span;
 
@@ -241,7 +242,7 @@ impl Proxy {
             return;
         };
         let every = (p.every.as_millis() as u64).max(1);
-        let since = crate::net::unix_ms().saturating_sub(p.origin_unix_ms);
+        let since = crate::unix_ms().saturating_sub(p.origin_unix_ms);
         let wait = Duration::from_millis(every - since % every);
         ctx.run_later(wait, |act, ctx| {
             act.probe_round(ctx);
@@ -249,24 +250,32 @@ impl Proxy {
         });
     }
 
-    /// Sends the manager the devices of `probed` whose links changed since the last report;
-    /// after the node HAL said a link changed (`kernel`), also those with a side down (the
-    /// system's word now, where a probe round may have seen it first).
+    /// Sends the manager the devices of `probed` whose links changed state since the last
+    /// report, with their reasons now (a reason that changes alone, a degraded link's loss, is
+    /// not sent again); after the node HAL said a link changed (`kernel`), also those with a
+    /// side down (the system's word now, where a probe round may have seen it first).
     fn report_links(&mut self, probed: Vec<(DeviceId, Links)>, kernel: bool) {
         let Some(p) = self.probe.as_mut() else {
             return;
         };
         let mut changed = Vec::new();
         for (device, links) in probed {
-            let down = links.primary == LinkState::Down || links.backup == LinkState::Down;
-            if p.reported.insert(device, links) != Some(links) || (kernel && down) {
-                changed.push(LinkReport {
-                    node: self.node.clone(),
-                    device,
-                    links,
-                    from_kernel: kernel,
-                });
+            let down = matches!(links.primary, SideState::Down(_))
+                || matches!(links.backup, SideState::Down(_));
+            if p.reported
+                .get(&device)
+                .is_some_and(|l| l.same_states(&links))
+                && !(kernel && down)
+            {
+                continue;
             }
+            p.reported.insert(device, links.clone());
+            changed.push(LinkReport {
+                node: self.node.clone(),
+                device,
+                links,
+                from_kernel: kernel,
+            });
         }
         for report in changed {
             tracing::info!(node = %self.node, device = report.device.0, primary = %report.links.primary, backup = %report.links.backup, "links changed");
@@ -432,7 +441,7 @@ fn probe_device(hal: &mut dyn NodeHal, node: &NodeName, device: DeviceId) -> Lin
         Err(e) => {
             telemetry::hal_error("link_health", &e);
             tracing::debug!(%node, device = device.0, error = %e, "link probe failed: links unknown");
-            Links::UNKNOWN
+            Links::unknown(&e.to_string())
         }
     }
 }
@@ -700,6 +709,11 @@ impl Handler<Deliver<WorkerToProxy>> for Proxy {
                 telemetry::message("out", "worker_up");
                 self.hellos.insert(hello.rank, hello.clone());
                 self.up(ProxyToManager::WorkerUp(hello));
+            }
+            WorkerToProxy::Stall(n) => {
+                telemetry::message("in", "stall");
+                telemetry::message("out", "stall");
+                self.up(ProxyToManager::Stall(n));
             }
             WorkerToProxy::Reply(r) => {
                 telemetry::message("in", "reply");

@@ -121,6 +121,9 @@ pub const RANKS_UNREACHABLE: &str = "taskd_ranks_unreachable";
 /// Histogram: how long a rank's framework took to end its collectives in flight and say where
 /// its groups stand (the abort of an in-flight move).
 pub const IN_FLIGHT_ABORT_SECONDS: &str = "taskd_in_flight_abort_seconds";
+/// Gauge: ranks whose worker's hang watch says their training loop finished no step for its
+/// timeout (a hung collective, with HCCL's watchdog off under `TSP:1`).
+pub const RANKS_HUNG: &str = "taskd_ranks_hung";
 
 /// Every metric name this crate exports.
 pub const ALL: &[&str] = &[
@@ -150,6 +153,7 @@ pub const ALL: &[&str] = &[
     TRAINING_STOPS_OVERDUE,
     RANKS_UNREACHABLE,
     IN_FLIGHT_ABORT_SECONDS,
+    RANKS_HUNG,
     CONNECTIONS_OPEN,
     CONNECTIONS_CLOSED_TOTAL,
     ACCEPT_ERRORS_TOTAL,
@@ -339,6 +343,11 @@ fn describe_job() {
         RANKS_UNREACHABLE,
         Unit::Count,
         "Ranks the manager cannot reach now (their proxy is not connected)"
+    );
+    describe_gauge!(
+        RANKS_HUNG,
+        Unit::Count,
+        "Ranks whose training loop finished no step for the hang watch's timeout"
     );
     describe_gauge!(
         CONNECTIONS_OPEN,

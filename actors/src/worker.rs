@@ -8,6 +8,7 @@
 
 use crate::gate::{GateEvent, StepGate};
 use crate::hal_exec::{caught, HalPanicked};
+use crate::hang_watch::{self, Change, HangWatch};
 use crate::telemetry;
 use crate::transport::{Deliver, Link};
 use actix::prelude::*;
@@ -16,11 +17,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use taskd_core::protocol::{
     AppliedCall, Directive, DirectiveKind, GroupView, Phase, RankError, RankReply, ReplyBody,
-    WorkerHello, WorkerReport, WorkerToProxy,
+    StallNotice, WorkerHello, WorkerReport, WorkerToProxy,
 };
 use taskd_core::{
-    plan_calls, GlobalRank, GroupCall, HcclCapabilities, Instance, JobId, NicSide, NodeName,
-    OperationId, SwitchCapabilities, TaskRankHal,
+    plan_calls, GlobalRank, GroupCall, Instance, JobId, NicSide, NodeName, OperationId,
+    SwitchCapabilities, TaskRankHal,
 };
 use tokio::sync::{mpsc, oneshot};
 use tracing::{Instrument, Span};
@@ -36,6 +37,11 @@ pub struct WorkerConfig {
     pub rank: GlobalRank,
     /// `MS_ENABLE_TFT` of this process enables `TSP:1`.
     pub tsp: bool,
+    /// The job restart its launcher started this process for (`TASKD_RESTART_COUNT`).
+    pub generation: u32,
+    /// The hang watch's timeout (`crate::hang_watch`); `None`: no watch
+    /// ([`taskd_core::env::hang_timeout`] reads it).
+    pub hang_timeout: Option<Duration>,
 }
 
 enum HalJob {
@@ -405,6 +411,15 @@ impl Actor for Worker {
     fn started(&mut self, ctx: &mut Self::Context) {
         let addr = ctx.address();
         self.gate.set_notify(move |ev| addr.do_send(GateNotice(ev)));
+        if let Some(timeout) = self.cfg.hang_timeout {
+            let mut watch = HangWatch::new(timeout, Instant::now());
+            tracing::info!(
+                rank = self.cfg.rank.0,
+                ?timeout,
+                "hang watch on: a rank that finishes no step for the timeout is reported hung"
+            );
+            ctx.run_interval(watch.period(), move |act, _| act.watch_progress(&mut watch));
+        }
         if let Some((hal, jobs)) = self.hal_home.take() {
             let task = hal_task(self.cfg.rank, hal, jobs, self.hal_panic.clone());
             ctx.spawn(actix::fut::wrap_future(task));
@@ -432,6 +447,7 @@ impl Actor for Worker {
                     rank: act.cfg.rank,
                     capabilities: caps,
                     instance: act.instance,
+                    generation: act.cfg.generation,
                 };
                 telemetry::message("out", "hello");
                 if act.upstream.send(WorkerToProxy::Hello(hello)).is_err() {
@@ -549,6 +565,48 @@ impl Handler<Deliver<Directive>> for Worker {
     }
 }
 
+impl Worker {
+    /// One sample of the hang watch; a change goes upstream.
+    fn watch_progress(&mut self, watch: &mut HangWatch) {
+        let sample = hang_watch::Sample {
+            last_step: self.gate.last_step(),
+            resting: self.gate.held_step().is_some() || self.gate.stopped().is_some(),
+        };
+        let notice = match watch.observe(sample, Instant::now()) {
+            None => return,
+            Some(Change::Stalled {
+                last_step,
+                stalled_for,
+            }) => {
+                tracing::error!(rank = self.cfg.rank.0, last_step, ?stalled_for, "training finished no step for the hang watch's timeout: reporting this rank hung");
+                StallNotice {
+                    rank: self.cfg.rank,
+                    instance: self.instance,
+                    last_step,
+                    stalled_for: Some(stalled_for),
+                }
+            }
+            Some(Change::Progressing { last_step }) => {
+                tracing::warn!(
+                    rank = self.cfg.rank.0,
+                    last_step,
+                    "training finished a step again after a stall"
+                );
+                StallNotice {
+                    rank: self.cfg.rank,
+                    instance: self.instance,
+                    last_step,
+                    stalled_for: None,
+                }
+            }
+        };
+        telemetry::message("out", "stall");
+        if let Err(e) = self.upstream.send(WorkerToProxy::Stall(notice)) {
+            tracing::warn!(rank = self.cfg.rank.0, error = %e, "the stall notice could not be sent");
+        }
+    }
+}
+
 /// A gate event, delivered from the training thread.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -606,10 +664,10 @@ struct GroupApplied {
     unsettled: BTreeSet<GlobalRank>,
 }
 
-/// What this rank can switch: the HAL's answer (L2 retry, RDMA) with this process's own `tsp`
-/// (`MS_ENABLE_TFT`), which no HAL knows. The one place the two are joined.
-pub(crate) fn rank_capabilities(hal_says: HcclCapabilities, tsp: bool) -> SwitchCapabilities {
-    SwitchCapabilities::new(tsp, hal_says)
+/// What this rank lacks for a switch: the HAL's answer (its backend's) with this process's
+/// own `tsp` (`MS_ENABLE_TFT`), which no HAL knows. The one place the two are joined.
+pub(crate) fn rank_capabilities(hal_says: SwitchCapabilities, tsp: bool) -> SwitchCapabilities {
+    hal_says.with_tsp(tsp)
 }
 
 /// Hands the worker's jobs to its HAL, one at a time: a job starts once the one before ended,

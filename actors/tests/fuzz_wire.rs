@@ -31,26 +31,51 @@ fn phase() -> impl Strategy<Value = i32> {
     prop_oneof![4 => 1..=6i32, 1 => any::<i32>()]
 }
 
-fn caps() -> impl Strategy<Value = Option<pb::Capabilities>> {
-    prop::option::of((any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
-        |(tsp, l2_retry, rdma)| pb::Capabilities {
-            tsp,
-            l2_retry,
-            rdma,
-        },
-    ))
+fn caps() -> BoxedStrategy<Option<pb::Capabilities>> {
+    let missing = (text(), text()).prop_map(|(by, what)| pb::Missing { by, what });
+    prop::option::of(
+        (
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+            prop::collection::vec(missing, 0..3),
+        )
+            .prop_map(|(tsp, l2_retry, rdma, missing)| pb::Capabilities {
+                tsp,
+                l2_retry,
+                rdma,
+                missing,
+            }),
+    )
+    .boxed()
 }
 
-fn hello() -> impl Strategy<Value = pb::WorkerHello> {
-    (text(), text(), any::<u32>(), caps(), any::<u64>()).prop_map(
-        |(job, node, rank, capabilities, instance)| pb::WorkerHello {
-            job,
-            node,
-            rank,
-            capabilities,
-            instance,
-        },
+/// One side's state, past the known ones and the missing 0 included.
+fn side() -> BoxedStrategy<Option<pb::SideState>> {
+    prop::option::of((-1i32..6, text()).prop_map(|(state, why)| pb::SideState { state, why }))
+        .boxed()
+}
+
+fn hello() -> BoxedStrategy<pb::WorkerHello> {
+    (
+        text(),
+        text(),
+        any::<u32>(),
+        caps(),
+        any::<u64>(),
+        any::<u32>(),
     )
+        .prop_map(
+            |(job, node, rank, capabilities, instance, generation)| pb::WorkerHello {
+                job,
+                node,
+                rank,
+                capabilities,
+                instance,
+                generation,
+            },
+        )
+        .boxed()
 }
 
 fn rank_reply_body() -> impl Strategy<Value = Option<pb::rank_reply::Body>> {
@@ -83,27 +108,36 @@ fn rank_reply_body() -> impl Strategy<Value = Option<pb::rank_reply::Body>> {
     )
 }
 
-fn rank_reply() -> impl Strategy<Value = pb::RankReply> {
-    (any::<u32>(), op(), phase(), rank_reply_body()).prop_map(|(rank, op, phase, body)| {
-        pb::RankReply {
+fn rank_reply() -> BoxedStrategy<pb::RankReply> {
+    (any::<u32>(), op(), phase(), rank_reply_body())
+        .prop_map(|(rank, op, phase, body)| pb::RankReply {
             rank,
             op,
             phase,
             body,
-        }
-    })
+        })
+        .boxed()
 }
 
-fn node_reply() -> impl Strategy<Value = pb::NodeReply> {
-    let health = (any::<u32>(), any::<bool>(), any::<bool>(), text()).prop_map(|(d, p, b, why)| {
-        pb::LinkHealth {
+fn node_reply() -> BoxedStrategy<pb::NodeReply> {
+    let health = (
+        any::<u32>(),
+        any::<bool>(),
+        any::<bool>(),
+        text(),
+        side(),
+        side(),
+    )
+        .prop_map(|(d, p, b, why, primary_side, backup_side)| pb::LinkHealth {
             device: d,
             primary_up: p,
             backup_up: b,
             primary_unknown: String::new(),
             backup_unknown: why,
-        }
-    });
+            primary_side,
+            backup_side,
+        })
+        .boxed();
     (
         text(),
         op(),
@@ -118,9 +152,12 @@ fn node_reply() -> impl Strategy<Value = pb::NodeReply> {
             replies,
             health,
         })
+        .boxed()
 }
 
-fn up() -> impl Strategy<Value = pb::Up> {
+/// Boxed, as the strategies it is made of: the whole frame's strategy stays within a test
+/// thread's stack.
+fn up() -> BoxedStrategy<pb::Up> {
     use pb::proxy_message::Kind as P;
     use pb::worker_message::Kind as W;
     let worker = prop::option::weighted(
@@ -144,15 +181,29 @@ fn up() -> impl Strategy<Value = pb::Up> {
             ),
             node_reply().prop_map(P::Reply),
             // Link states past the known ones (a newer peer's) and the missing 0 included.
-            (text(), any::<u32>(), -1i32..6, -1i32..6, any::<bool>()).prop_map(
-                |(node, device, primary, backup, from_kernel)| P::Links(pb::LinkReport {
-                    node,
-                    device,
-                    primary,
-                    backup,
-                    from_kernel,
-                })
-            ),
+            (
+                text(),
+                any::<u32>(),
+                -1i32..6,
+                -1i32..6,
+                side(),
+                side(),
+                any::<bool>()
+            )
+                .prop_map(
+                    |(node, device, primary, backup, primary_side, backup_side, from_kernel)| {
+                        P::Links(pb::LinkReport {
+                            node,
+                            device,
+                            primary,
+                            backup,
+                            primary_side,
+                            backup_side,
+                            from_kernel,
+                        })
+                    }
+                )
+                .boxed(),
         ],
     )
     .prop_map(|kind| pb::up::Body::Proxy(pb::ProxyMessage { kind }));
@@ -166,6 +217,7 @@ fn up() -> impl Strategy<Value = pb::Up> {
         prop::option::weighted(0.95, prop_oneof![4 => worker, 4 => proxy, 1 => other]),
     )
         .prop_map(|(seq, ack, body)| pb::Up { seq, ack, body })
+        .boxed()
 }
 
 fn directive() -> impl Strategy<Value = pb::Directive> {
@@ -221,7 +273,7 @@ fn directive() -> impl Strategy<Value = pb::Directive> {
     (op(), kind).prop_map(|(op, kind)| pb::Directive { op, kind })
 }
 
-fn down() -> impl Strategy<Value = pb::Down> {
+fn down() -> BoxedStrategy<pb::Down> {
     let body = prop::option::weighted(
         0.95,
         prop_oneof![
@@ -230,7 +282,9 @@ fn down() -> impl Strategy<Value = pb::Down> {
             1 => Just(pb::down::Body::Registered(Default::default())),
         ],
     );
-    (any::<u64>(), any::<u64>(), body).prop_map(|(seq, ack, body)| pb::Down { seq, ack, body })
+    (any::<u64>(), any::<u64>(), body)
+        .prop_map(|(seq, ack, body)| pb::Down { seq, ack, body })
+        .boxed()
 }
 
 /// Encodes a decoded message again, as its sender would.

@@ -177,6 +177,7 @@ fn a_proxy_that_stops_reading_is_cut_off_at_its_queue_capacity() {
                 rank: GlobalRank(r),
                 capabilities: SwitchCapabilities::ALL,
                 instance: taskd_core::Instance(u64::from(r) + 1),
+                generation: 0,
             });
             tx.send(up(
                 u64::from(r) + 1,

@@ -17,8 +17,8 @@ use taskd_core::protocol::{
     AppliedCall, Directive, DirectiveKind, Phase, RankError, ReplyBody, WorkerToProxy,
 };
 use taskd_core::{
-    GlobalRank, GroupCall, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCapabilities,
-    HcclCode, NicSide, OperationId, RankHal, StepOutcome, SwitchCapabilities,
+    GlobalRank, GroupCall, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCode, NicSide,
+    OperationId, RankHal, StepOutcome, SwitchCapabilities,
 };
 use taskd_hal_mock::{Expect, ScriptedRankHal};
 use tokio::sync::mpsc;
@@ -85,6 +85,15 @@ impl Harness {
         script: impl IntoIterator<Item = Expect>,
         wrap: impl FnOnce(ScriptedRankHal) -> Box<dyn RankHal>,
     ) -> Self {
+        Self::start_with(script, wrap, None)
+    }
+
+    /// [`Harness::start_on`] with the worker's hang watch at `hang_timeout`.
+    fn start_with(
+        script: impl IntoIterator<Item = Expect>,
+        wrap: impl FnOnce(ScriptedRankHal) -> Box<dyn RankHal>,
+        hang_timeout: Option<Duration>,
+    ) -> Self {
         let hal = ScriptedRankHal::new(script);
         let gate = Arc::new(StepGate::new());
         let (tx, upstream) = mpsc::unbounded_channel();
@@ -93,6 +102,8 @@ impl Harness {
             node: "node-0".into(),
             rank: RANK,
             tsp: true,
+            generation: 0,
+            hang_timeout,
         };
         let on_thread = ThreadedRankHal::for_rank(RANK, wrap(hal.clone())).unwrap();
         let worker =
@@ -189,7 +200,7 @@ impl Harness {
 
 /// The HAL knows L2 retry and RDMA but not `TSP:1`, which is the worker's own configuration.
 fn hal_capabilities() -> Expect {
-    Expect::capabilities(HcclCapabilities::ALL)
+    Expect::capabilities(SwitchCapabilities::ALL)
 }
 
 fn call(group: &str, ranks: &[u32], use_backup: &[bool]) -> GroupCall {
@@ -412,6 +423,28 @@ async fn a_stop_ends_the_held_training_loop_and_no_hal_call_is_made() {
     w.hal.done();
 }
 
+#[actix_rt::test]
+async fn a_loop_that_stops_finishing_steps_is_reported_hung_once_and_again_when_it_steps() {
+    let timeout = Duration::from_millis(40);
+    let mut w = Harness::start_with([hal_capabilities()], |h| Box::new(h), Some(timeout));
+    w.next().await; // hello
+                    // The loop finishes step 1, then nothing: the watch says so once, with the step.
+    assert_eq!(w.gate.step_completed(1), StepOutcome::Go);
+    let WorkerToProxy::Stall(n) = w.next().await else {
+        panic!("expected a stall notice");
+    };
+    assert_eq!((n.rank, n.last_step), (RANK, 1));
+    assert!(n.stalled_for.is_some_and(|d| d >= timeout), "{n:?}");
+    // A step again: said once, then the stall is over.
+    assert_eq!(w.gate.step_completed(2), StepOutcome::Go);
+    let WorkerToProxy::Stall(n) = w.next().await else {
+        panic!("expected the notice that the loop steps again");
+    };
+    assert_eq!((n.last_step, n.stalled_for), (2, None));
+    // (A hold at the gate is no stall: `hang_watch`'s unit tests.)
+    w.hal.done();
+}
+
 /// The scripted HAL with `before_nic_set` run first in every NIC-set call (to block or panic
 /// there), telling the test each call timeout it is given.
 struct Interposed {
@@ -435,7 +468,7 @@ impl RankHal for Interposed {
         self.script.set_working_nic(group, ranks, use_backup)
     }
 
-    fn capabilities(&mut self) -> HcclCapabilities {
+    fn capabilities(&mut self) -> SwitchCapabilities {
         self.script.capabilities()
     }
 

@@ -122,9 +122,10 @@ fn is_setting(a: &clap::Arg) -> bool {
     !matches!(a.get_action(), ArgAction::Help | ArgAction::Version)
 }
 
+/// The keys to name in a refusal: the deprecated ones (hidden flags) are read but not offered.
 fn known_keys(cmd: &Command) -> String {
     cmd.get_arguments()
-        .filter(|a| is_setting(a))
+        .filter(|a| is_setting(a) && !a.is_hide_set())
         .filter_map(|a| a.get_long())
         .map(|l| l.replace('-', "_"))
         .collect::<Vec<_>>()

@@ -27,7 +27,8 @@ use std::time::Duration;
 use taskd_actors::StepGate;
 use taskd_core::inflight::InFlightFramework;
 use taskd_core::{
-    GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCapabilities, HcclCode, RankHal,
+    GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, LibraryName, RankHal,
+    SwitchCapabilities,
 };
 
 /// The one group a framework HAL reports: every rank of the job, group rank = global rank.
@@ -98,18 +99,18 @@ pub struct FrameworkHal {
     run: RunCall,
     call_timeout: Duration,
     world: WorldSize,
-    capabilities: HcclCapabilities,
+    capabilities: SwitchCapabilities,
 }
 
 impl FrameworkHal {
     /// A HAL calling `switch` through `run` (the training thread: [`on_training_thread`]),
-    /// for a job of `world` ranks, whose HCCL setup allows `capabilities` (L2 retry, RDMA:
-    /// from the environment, as for `AscendRankHal`).
+    /// for a job of `world` ranks, whose backend lacks `capabilities` (for HCCL, L2 retry and
+    /// RDMA from the environment, as for `AscendRankHal`; see `crate::worker::SwitchBackend`).
     pub fn new(
         switch: Box<dyn FrameworkSwitch>,
         run: RunCall,
         world: WorldSize,
-        capabilities: HcclCapabilities,
+        capabilities: SwitchCapabilities,
     ) -> Self {
         FrameworkHal {
             in_flight: None,
@@ -141,7 +142,7 @@ impl RankHal for FrameworkHal {
         let n = (self.world)().ok_or_else(|| {
             HalError::uncoded(
                 "groups",
-                HcclCode::LIBRARY,
+                LibraryName::FRAMEWORK,
                 HalErrorKind::Unavailable,
                 "the job's size is not known before the worker registered",
             )
@@ -161,7 +162,7 @@ impl RankHal for FrameworkHal {
         if group != FRAMEWORK_GROUP {
             return Err(HalError::uncoded(
                 "_comm_switch_nic",
-                HcclCode::LIBRARY,
+                LibraryName::FRAMEWORK,
                 HalErrorKind::InvalidArgument,
                 format!("the framework HAL has one group, {FRAMEWORK_GROUP}, not {group}"),
             ));
@@ -183,7 +184,7 @@ impl RankHal for FrameworkHal {
                 .map_err(|reason| {
                     HalError::uncoded(
                         "switch_in_flight",
-                        HcclCode::LIBRARY,
+                        LibraryName::FRAMEWORK,
                         HalErrorKind::Other,
                         reason,
                     )
@@ -195,15 +196,15 @@ impl RankHal for FrameworkHal {
         (self.run)(timeout + timeout / 4, call).map_err(|reason| {
             HalError::uncoded(
                 "_comm_switch_nic",
-                HcclCode::LIBRARY,
+                LibraryName::FRAMEWORK,
                 HalErrorKind::Other,
                 reason,
             )
         })
     }
 
-    fn capabilities(&mut self) -> HcclCapabilities {
-        self.capabilities
+    fn capabilities(&mut self) -> SwitchCapabilities {
+        self.capabilities.clone()
     }
 
     fn set_call_timeout(&mut self, timeout: Duration) {
@@ -242,7 +243,7 @@ mod tests {
             Box::new(switch),
             inline(),
             Box::new(move || world),
-            HcclCapabilities::ALL,
+            SwitchCapabilities::ALL,
         );
         (hal, calls)
     }
@@ -296,7 +297,7 @@ mod tests {
             Box::new(switch),
             on_training_thread(slot),
             Box::new(|| Some(2)),
-            HcclCapabilities::ALL,
+            SwitchCapabilities::ALL,
         );
         // Training, not held: refused, and the function is not called.
         let e = h
@@ -346,6 +347,6 @@ mod tests {
             unregistered.groups().unwrap_err().kind,
             HalErrorKind::Unavailable
         );
-        assert_eq!(h.capabilities(), HcclCapabilities::ALL);
+        assert_eq!(h.capabilities(), SwitchCapabilities::ALL);
     }
 }

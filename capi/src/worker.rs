@@ -5,7 +5,7 @@ use crate::config::{self, Keys};
 use crate::error::CapiError;
 use crate::framework::{self, FrameworkHal, FrameworkSwitch};
 use crate::state::Shared;
-use clap::{CommandFactory, Parser};
+use clap::{CommandFactory, Parser, ValueEnum};
 use parking_lot::Mutex;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -13,22 +13,63 @@ use taskd_actors::net::{ClientState, RemoteWorker, RemoteWorkerConfig, WorkerReg
 use taskd_actors::telemetry::MetricsServer;
 use taskd_actors::StepGate;
 use taskd_core::env::process_env;
-use taskd_core::{GlobalRank, HcclCapabilities, StepOutcome};
+use taskd_core::{GlobalRank, StepOutcome, SwitchCapabilities};
 use taskd_roles::WorkerArgs;
 use tokio::sync::watch;
 
+/// The communication library a framework's switch function moves: what the rank's switch
+/// needs of its process, and so what its registration says it lacks. The one value that picks
+/// an embedded worker's backend (the key `backend`; the Python package sets it from the switch
+/// function's entry, `taskd/python/framework/spec.py`).
+///
+/// A new backend is a value here with its check ([`SwitchBackend::capabilities`]), and a switch
+/// function naming it in the framework registry (docs/hal.md, "Adding a backend").
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SwitchBackend {
+    /// HCCL communicators (MindSpore's and torch_npu's functions; the default): HCCL's L2 retry
+    /// and RDMA links, read from the environment as `AscendRankHal` reads them.
+    Hccl,
+    /// Gloo process groups (taskd's own Gloo switch rebuilds them on the other NIC): nothing
+    /// the worker can check.
+    Gloo,
+}
+
+impl SwitchBackend {
+    /// The value's name, as the configuration spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SwitchBackend::Hccl => "hccl",
+            SwitchBackend::Gloo => "gloo",
+        }
+    }
+
+    /// What a rank of this backend lacks for a switch, from this process's environment.
+    pub fn capabilities(self) -> SwitchCapabilities {
+        match self {
+            SwitchBackend::Hccl => {
+                taskd_hal_ascend::rank::capabilities_from_env(&process_env).capabilities()
+            }
+            SwitchBackend::Gloo => SwitchCapabilities::ALL,
+        }
+    }
+}
+
 /// An embedded worker's settings: the keys of its JSON configuration are the flags of a
-/// worker ([`WorkerArgs`], the same as `taskd worker`'s but for the simulated rank's).
+/// worker ([`WorkerArgs`], the same as `taskd worker`'s but for the simulated rank's), and
+/// `backend`.
 #[derive(Parser)]
 #[command(name = "worker", no_binary_name = true)]
 pub struct WorkerOptions {
     #[command(flatten)]
     args: WorkerArgs,
-    /// The switch function moves HCCL communicators (the default: MindSpore's and torch_npu's),
-    /// so HCCL's L2 retry and RDMA links are what the switch needs; `false` for a function that
-    /// moves no HCCL communicator (taskd's Gloo switch), whose rank then needs neither.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    hccl: bool,
+    /// The communication library the switch function moves: hccl (the default: MindSpore's
+    /// and torch_npu's functions) or gloo (taskd's Gloo switch). Deprecated spelling, still
+    /// read: `"hccl": false` for `"backend": "gloo"`.
+    #[arg(long, value_enum, value_name = "BACKEND")]
+    backend: Option<SwitchBackend>,
+    /// Deprecated: `false` is `backend` gloo, `true` is hccl.
+    #[arg(long, hide = true, action = clap::ArgAction::Set)]
+    hccl: Option<bool>,
 }
 
 impl WorkerOptions {
@@ -41,18 +82,41 @@ impl WorkerOptions {
             ignored: &[],
         };
         let argv = config::to_args("worker", &cmd, &map, &no_reference_keys)?;
-        WorkerOptions::try_parse_from(argv).map_err(|e| config::parse_error("worker", &cmd, &e))
+        let opts = WorkerOptions::try_parse_from(argv)
+            .map_err(|e| config::parse_error("worker", &cmd, &e))?;
+        opts.backend()?;
+        Ok(opts)
     }
 
-    /// What this rank's switch needs that its process has: HCCL's L2 retry and RDMA links from
-    /// the environment for a function that moves HCCL communicators, nothing of HCCL's for one
-    /// that does not (`"hccl": false`).
-    fn capabilities(&self) -> HcclCapabilities {
-        if self.hccl {
-            taskd_hal_ascend::rank::capabilities_from_env(&process_env)
-        } else {
-            HcclCapabilities::ALL
+    /// The backend `backend` names, or its deprecated spelling (`hccl`); HCCL when neither. The
+    /// two saying different things is refused.
+    pub fn backend(&self) -> Result<SwitchBackend, CapiError> {
+        let old = self.hccl.map(|moves_hccl| {
+            if moves_hccl {
+                SwitchBackend::Hccl
+            } else {
+                SwitchBackend::Gloo
+            }
+        });
+        match (self.backend, old) {
+            (Some(b), Some(o)) if b != o => Err(CapiError::Config {
+                role: "worker",
+                message: format!(
+                    "backend {:?} and hccl {} (deprecated: backend {:?}) disagree; give backend \
+                     alone",
+                    b.as_str(),
+                    self.hccl == Some(true),
+                    o.as_str()
+                ),
+            }),
+            (b, o) => Ok(b.or(o).unwrap_or(SwitchBackend::Hccl)),
         }
+    }
+
+    /// What this rank's switch lacks in its process: its backend's check
+    /// ([`SwitchBackend::capabilities`]).
+    fn capabilities(&self) -> Result<SwitchCapabilities, CapiError> {
+        Ok(self.backend()?.capabilities())
     }
 
     /// The worker's configuration, or why these settings cannot run.
@@ -97,7 +161,7 @@ impl EmbeddedWorker {
             .serve_metrics()
             .map_err(|e| crate::config_error("worker", e))?;
         let rank = cfg.rank;
-        let caps = opts.capabilities();
+        let caps = opts.capabilities()?;
         // The HAL asks for the job's size only for a directive, which comes after the
         // registration; the registration's channel exists once the worker has started.
         let handoff: Arc<Shared<Option<Registrations>>> = Arc::new(Shared::new(None));
@@ -257,15 +321,36 @@ mod tests {
 
     #[test]
     fn a_switch_that_moves_no_hccl_communicator_needs_nothing_of_hccls() {
-        let env = taskd_hal_ascend::rank::capabilities_from_env(&process_env);
-        let hccl = WorkerOptions::parse(r#"{"job_id": "j", "rank": 0}"#).unwrap();
+        let env = taskd_hal_ascend::rank::capabilities_from_env(&process_env).capabilities();
+        let caps = |json: &str| WorkerOptions::parse(json).unwrap().capabilities().unwrap();
         assert_eq!(
-            hccl.capabilities(),
+            caps(r#"{"job_id": "j", "rank": 0}"#),
             env,
             "by default what the environment says"
         );
-        let gloo = WorkerOptions::parse(r#"{"job_id": "j", "rank": 0, "hccl": false}"#).unwrap();
-        assert_eq!(gloo.capabilities(), HcclCapabilities::ALL);
+        assert_eq!(
+            caps(r#"{"job_id": "j", "rank": 0, "backend": "hccl"}"#),
+            env
+        );
+        assert_eq!(
+            caps(r#"{"job_id": "j", "rank": 0, "backend": "gloo"}"#),
+            SwitchCapabilities::ALL
+        );
+        let e = check(r#"{"job_id": "j", "rank": 0, "backend": "nccl"}"#).unwrap_err();
+        assert!(e.to_string().contains("hccl, gloo"), "{e}");
+        // The deprecated boolean still reads, as the value it stands for.
+        assert_eq!(
+            caps(r#"{"job_id": "j", "rank": 0, "hccl": false}"#),
+            SwitchCapabilities::ALL
+        );
+        assert_eq!(caps(r#"{"job_id": "j", "rank": 0, "hccl": true}"#), env);
+        assert_eq!(
+            caps(r#"{"job_id": "j", "rank": 0, "hccl": false, "backend": "gloo"}"#),
+            SwitchCapabilities::ALL
+        );
+        let e =
+            check(r#"{"job_id": "j", "rank": 0, "hccl": false, "backend": "hccl"}"#).unwrap_err();
+        assert!(e.to_string().contains("disagree"), "{e}");
         assert!(check(r#"{"job_id": "j", "rank": 0, "hccl": "no"}"#).is_err());
     }
 }

@@ -164,7 +164,7 @@ fn the_c_example_runs_a_worker_loop() {
     )
     .unwrap();
     let proxy = EmbeddedProxy::start(&format!(
-        r#"{{"job_id": "{job}", "manager": "{}", "node_rank": 0, "listen": "127.0.0.1:0", "sim": true}}"#,
+        r#"{{"job_id": "{job}", "manager": "{}", "node_rank": 0, "listen": "127.0.0.1:0", "node_hal": "sim"}}"#,
         manager.info().listen
     ))
     .unwrap();

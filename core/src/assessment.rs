@@ -94,14 +94,24 @@ pub struct VerifyReport {
     pub id: OperationId,
     /// `None` when some rank did not answer (see `missing`).
     pub assessment: Option<Assessment>,
-    /// Ranks that did not answer before the deadline.
+    /// Ranks that did not report before the deadline (`refused` among them).
     pub missing: Vec<GlobalRank>,
+    /// Ranks among `missing` that answered, but with a failure (a process whose HAL is not set
+    /// up yet): the round ended without waiting for its deadline, and the manager asks again
+    /// soon ([`VerifyReport::ask_again_after`]).
+    #[serde(default)]
+    pub refused: Vec<GlobalRank>,
     /// Orphaned operations whose held gates were opened.
     pub released: Vec<OperationId>,
     /// From the query to the end of the round (the last answer or the deadline, and the
     /// release of held gates when there were any).
     pub took: Duration,
 }
+
+/// How soon a round is asked again when every rank that did not report answered with a
+/// failure: such a rank is up and answering (a process still building its communicators), so
+/// a second's wait, not a phase deadline's, is what it needs.
+pub const REFUSED_ASK_AGAIN: Duration = Duration::from_secs(1);
 
 impl VerifyReport {
     /// The job state the round establishes (`None`: it establishes nothing, some rank did not
@@ -113,11 +123,36 @@ impl VerifyReport {
         }
         Some(a.job_state())
     }
+
+    /// When a round that established nothing is to be asked again: soon
+    /// ([`REFUSED_ASK_AGAIN`], at most `deadline`) when every rank missing answered with a
+    /// failure, after `deadline` when one did not answer at all. `None` when the round
+    /// established the job's state.
+    pub fn ask_again_after(&self, deadline: Duration) -> Option<Duration> {
+        if self.job_state().is_some() {
+            return None;
+        }
+        let all_refused =
+            !self.missing.is_empty() && self.missing.iter().all(|r| self.refused.contains(r));
+        Some(if all_refused {
+            REFUSED_ASK_AGAIN.min(deadline)
+        } else {
+            deadline
+        })
+    }
 }
 
 impl fmt::Display for VerifyReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.assessment {
+            _ if !self.missing.is_empty() && !self.refused.is_empty() => {
+                write!(f, "no report from ranks {}", short_list(&self.missing))?;
+                write!(
+                    f,
+                    " ({} answered with a failure: asking again)",
+                    short_list(&self.refused)
+                )
+            }
             _ if !self.missing.is_empty() => {
                 write!(f, "no report from ranks {}", short_list(&self.missing))
             }

@@ -24,14 +24,16 @@
 //!   call, see [`crate::command::ValidationError::PartnerConflict`]): when both fall due that
 //!   way, the one due first goes now and its partner in the next operation.
 //!
-//! A link that is up but *degraded* (its probe's loss or round-trip time past a threshold:
-//! `taskd-hal-linux`) counts as not up, with reasons of its own (`primary_degraded`,
-//! `backup_degraded`): the device moves off it under the same damping, and a switchback waits
-//! until the primary has been up and healthy for the hold time.
+//! The policy reads each link's [`SideState`] as its node's HAL reported it. A link that is up
+//! but *degraded* (its probe's loss or round-trip time past a threshold: `taskd-hal-linux`)
+//! counts as not up, with reasons of its own (`primary_degraded`, `backup_degraded`): the
+//! device moves off it under the same damping, and a switchback waits until the primary has
+//! been up and healthy for the hold time.
 //!
-//! Only changes of a link's *up-ness* count: a link going from down to unknown did not change.
+//! Only changes of a link's *health* ([`SideState::is_healthy`]) count: a link going from down
+//! to unknown did not change, nor did a degraded link whose loss changed.
 
-use crate::hal::{LinkHealth, NicSide};
+use crate::hal::{LinkHealth, NicSide, SideState};
 use crate::ids::{DeviceId, NodeName, OperationId};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
@@ -119,101 +121,67 @@ impl AutoConfig {
     }
 }
 
-/// One link's state as a probe saw it.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LinkState {
-    /// The link answers.
-    Up,
-    /// The link is down.
-    Down,
-    /// The probe failed or did not answer in time: not known to be up, so treated as not up.
-    Unknown,
-    /// Up, but its probe's loss or round-trip time is past a threshold: treated as not up.
-    Degraded,
-}
-
-impl LinkState {
-    /// The name used in logs and JSON.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LinkState::Up => "up",
-            LinkState::Down => "down",
-            LinkState::Unknown => "unknown",
-            LinkState::Degraded => "degraded",
-        }
-    }
-
-    /// Whether the link is known to be up.
-    pub fn is_up(self) -> bool {
-        self == LinkState::Up
-    }
-
-    /// `Up` or `Down`.
-    pub fn from_up(up: bool) -> Self {
-        if up {
-            LinkState::Up
-        } else {
-            LinkState::Down
-        }
-    }
-}
-
-impl fmt::Display for LinkState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Both links of one device: its own NIC (primary) and its partner die's (backup).
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// Both links of one device, as its node's HAL saw them: its own NIC (primary) and its partner
+/// die's (backup). The policy reads each side's [`SideState`] as it is: only a healthy link
+/// ([`SideState::is_healthy`]) is one to stay on or move to; down, unknown and degraded links
+/// are not.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Links {
     /// The device's own NIC.
-    pub primary: LinkState,
+    pub primary: SideState,
     /// The NIC it uses on backup (its partner die's).
-    pub backup: LinkState,
+    pub backup: SideState,
 }
 
 impl Links {
     /// Both links' states known: up or down as given.
     pub fn known(primary_up: bool, backup_up: bool) -> Self {
         Links {
-            primary: LinkState::from_up(primary_up),
-            backup: LinkState::from_up(backup_up),
+            primary: SideState::up_or_down(primary_up),
+            backup: SideState::up_or_down(backup_up),
         }
     }
 
-    /// What a node HAL's answer says (a probe that failed is [`Links::UNKNOWN`]); a side that
-    /// is up but degraded is [`LinkState::Degraded`].
+    /// Both sides of a node HAL's answer, as they are.
     pub fn from_health(h: &LinkHealth) -> Self {
-        let state = |side| match (h.is_up(side), h.degraded(side)) {
-            (true, Some(_)) => LinkState::Degraded,
-            (up, _) => LinkState::from_up(up),
-        };
         Links {
-            primary: state(NicSide::Primary),
-            backup: state(NicSide::Backup),
+            primary: h.primary.clone(),
+            backup: h.backup.clone(),
         }
     }
 
-    /// Neither link's state is known.
-    pub const UNKNOWN: Links = Links {
-        primary: LinkState::Unknown,
-        backup: LinkState::Unknown,
-    };
+    /// Neither link's state is known (the node's HAL failed), for `why`.
+    pub fn unknown(why: &str) -> Self {
+        Links {
+            primary: SideState::Unknown(why.to_owned()),
+            backup: SideState::Unknown(why.to_owned()),
+        }
+    }
 
     /// The state of `side`'s link.
-    pub fn side(&self, side: NicSide) -> LinkState {
+    pub fn side(&self, side: NicSide) -> &SideState {
         match side {
-            NicSide::Primary => self.primary,
-            NicSide::Backup => self.backup,
+            NicSide::Primary => &self.primary,
+            NicSide::Backup => &self.backup,
         }
+    }
+
+    /// Whether both sides are in the same states as `other`'s, whatever their reasons
+    /// ([`SideState::same_state`]).
+    pub fn same_states(&self, other: &Links) -> bool {
+        self.primary.same_state(&other.primary) && self.backup.same_state(&other.backup)
     }
 }
 
+/// `primary down, backup up`: the states, without their reasons.
 impl fmt::Display for Links {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "primary {}, backup {}", self.primary, self.backup)
+        write!(
+            f,
+            "primary {}, backup {}",
+            self.primary.as_str(),
+            self.backup.as_str()
+        )
     }
 }
 
@@ -568,12 +536,12 @@ fn rule(t: &Track, side: NicSide, cfg: &AutoConfig, now: Duration) -> Rule {
         NicSide::Primary => NicSide::Backup,
         NicSide::Backup => NicSide::Primary,
     };
-    if !t.links.side(side).is_up() {
+    if !t.links.side(side).is_healthy() {
         let due = t.since(side) + t.confirm(side, cfg);
         if now < due {
             return Rule::Later(due);
         }
-        return if t.links.side(other).is_up() {
+        return if t.links.side(other).is_healthy() {
             Rule::Move {
                 to: other,
                 reason: not_up(side, t.links.side(side)),
@@ -583,7 +551,7 @@ fn rule(t: &Track, side: NicSide, cfg: &AutoConfig, now: Duration) -> Rule {
             Rule::Stuck(not_up(other, t.links.side(other)))
         };
     }
-    if side == NicSide::Backup && t.moved_by_policy && t.links.primary.is_up() {
+    if side == NicSide::Backup && t.moved_by_policy && t.links.primary.is_healthy() {
         let due = t.primary_since + cfg.switchback_after;
         return if now < due {
             Rule::Later(due)
@@ -598,9 +566,9 @@ fn rule(t: &Track, side: NicSide, cfg: &AutoConfig, now: Duration) -> Rule {
     Rule::Nothing
 }
 
-/// Why `side`'s link, in `state`, is not up: degraded has reasons of its own.
-fn not_up(side: NicSide, state: LinkState) -> AutoReason {
-    match (side, state == LinkState::Degraded) {
+/// Why `side`'s link, in `state`, is not healthy: degraded has reasons of its own.
+fn not_up(side: NicSide, state: &SideState) -> AutoReason {
+    match (side, matches!(state, SideState::Degraded(_))) {
         (NicSide::Primary, false) => AutoReason::PrimaryDown,
         (NicSide::Backup, false) => AutoReason::BackupDown,
         (NicSide::Primary, true) => AutoReason::PrimaryDegraded,
@@ -646,8 +614,8 @@ impl AutoPolicy {
     }
 
     /// The links of `key` as last reported.
-    pub fn links(&self, key: &DeviceKey) -> Option<Links> {
-        self.devices.get(key).map(|t| t.links)
+    pub fn links(&self, key: &DeviceKey) -> Option<&Links> {
+        self.devices.get(key).map(|t| &t.links)
     }
 
     /// Whether the automatic operation the policy asked for has not finished yet.
@@ -656,7 +624,8 @@ impl AutoPolicy {
     }
 
     /// A probe of `key`'s links, as its proxy reported it at `now` (the first report of a
-    /// device is its initial state, not a change). Returns whether the links' up-ness changed.
+    /// device is its initial state, not a change). Returns whether either link's health
+    /// changed ([`SideState::is_healthy`]); the links are kept as reported, reasons and all.
     pub fn link_changed(&mut self, key: DeviceKey, links: Links, now: Duration) -> bool {
         let window = self.cfg.flap_window;
         let Some(t) = self.devices.get_mut(&key) else {
@@ -677,13 +646,13 @@ impl AutoPolicy {
             return false;
         };
         let mut changed = false;
-        if t.links.primary.is_up() != links.primary.is_up() {
+        if t.links.primary.is_healthy() != links.primary.is_healthy() {
             t.primary_since = now;
             t.changes.push_back(now);
             t.kernel_down[0] = false;
             changed = true;
         }
-        if t.links.backup.is_up() != links.backup.is_up() {
+        if t.links.backup.is_healthy() != links.backup.is_healthy() {
             t.backup_since = now;
             t.changes.push_back(now);
             t.kernel_down[1] = false;
@@ -702,12 +671,13 @@ impl AutoPolicy {
     /// counts at once, without the `down_after` probes that guard against a lost ping. The
     /// coalescing window, the flap rule and the minimum interval apply as to any change.
     pub fn link_changed_by_kernel(&mut self, key: DeviceKey, links: Links, now: Duration) -> bool {
+        let kernel_down = [
+            matches!(links.primary, SideState::Down(_)),
+            matches!(links.backup, SideState::Down(_)),
+        ];
         let changed = self.link_changed(key.clone(), links, now);
         if let Some(t) = self.devices.get_mut(&key) {
-            t.kernel_down = [
-                links.primary == LinkState::Down,
-                links.backup == LinkState::Down,
-            ];
+            t.kernel_down = kernel_down;
         }
         changed
     }
@@ -901,7 +871,7 @@ fn decision(
         device: key.device,
         action,
         reason,
-        links: t.links,
+        links: t.links.clone(),
         at: now,
         operation: None,
     }
@@ -1042,8 +1012,8 @@ mod tests {
         // A degraded side is the probe's word whoever triggered the round.
         let mut job = Job::new(cfg());
         let degraded = Links {
-            primary: LinkState::Degraded,
-            backup: LinkState::Up,
+            primary: SideState::Degraded("loss 20 % > 5 %".into()),
+            backup: SideState::Up,
         };
         job.policy
             .link_changed_by_kernel(key(1, 2), degraded, 100 * MS);
@@ -1054,10 +1024,12 @@ mod tests {
     fn a_degraded_primary_moves_with_its_own_reason_and_comes_back_after_the_hold() {
         let mut job = Job::new(cfg());
         let degraded = Links {
-            primary: LinkState::Degraded,
-            backup: LinkState::Up,
+            primary: SideState::Degraded("loss 50% > 25%".into()),
+            backup: SideState::Up,
         };
-        assert!(job.policy.link_changed(key(1, 2), degraded, 100 * MS));
+        assert!(job
+            .policy
+            .link_changed(key(1, 2), degraded.clone(), 100 * MS));
         // The same damping as a failure: confirmed after down_after probes, then gathered.
         assert!(job.eval(100 * MS).decisions.is_empty());
         let e = job.eval(125 * MS);
@@ -1085,8 +1057,8 @@ mod tests {
     fn a_degraded_backup_holds_a_device_whose_primary_failed() {
         let mut job = Job::new(cfg());
         let l = Links {
-            primary: LinkState::Down,
-            backup: LinkState::Degraded,
+            primary: SideState::Down(String::new()),
+            backup: SideState::Degraded("rtt 40 ms > 10 ms".into()),
         };
         job.policy.link_changed(key(0, 3), l, 10 * MS);
         let e = job.eval(40 * MS);
@@ -1097,8 +1069,28 @@ mod tests {
     fn a_hals_degraded_side_is_a_degraded_link() {
         let h = LinkHealth::new(DeviceId(0), true, true).with_degraded(NicSide::Backup, "slow");
         let l = Links::from_health(&h);
-        assert_eq!((l.primary, l.backup), (LinkState::Up, LinkState::Degraded));
-        assert_eq!(serde_json::to_value(l.backup).unwrap(), "degraded");
+        assert_eq!(
+            (&l.primary, &l.backup),
+            (&SideState::Up, &SideState::Degraded("slow".into()))
+        );
+        assert_eq!(
+            serde_json::to_value(&l.backup).unwrap()["state"],
+            "degraded"
+        );
+        // Degrading is a change, its loss changing is none, healing is one again.
+        let mut job = Job::new(cfg());
+        assert!(job.policy.link_changed(key(0, 0), l.clone(), 10 * MS));
+        let slower = Links::from_health(&h.clone().with_degraded(NicSide::Backup, "slower"));
+        assert!(!job.policy.link_changed(key(0, 0), slower.clone(), 20 * MS));
+        assert_eq!(
+            job.policy.links(&key(0, 0)),
+            Some(&slower),
+            "kept as reported"
+        );
+        assert!(l.same_states(&slower) && !l.same_states(&links(true, true)));
+        assert!(job
+            .policy
+            .link_changed(key(0, 0), links(true, true), 30 * MS));
     }
 
     #[test]
@@ -1116,8 +1108,8 @@ mod tests {
     fn an_unknown_link_counts_as_not_up_and_down_to_unknown_is_no_change() {
         let mut job = Job::new(cfg());
         let unknown = Links {
-            primary: LinkState::Unknown,
-            backup: LinkState::Up,
+            primary: SideState::Unknown("probe timed out".into()),
+            backup: SideState::Up,
         };
         assert!(job
             .policy
@@ -1128,8 +1120,8 @@ mod tests {
         // A backup whose state is unknown is no place to go.
         let mut job = Job::new(cfg());
         let no_backup = Links {
-            primary: LinkState::Down,
-            backup: LinkState::Unknown,
+            primary: SideState::Down(String::new()),
+            backup: SideState::Unknown("partner die not visible".into()),
         };
         job.policy.link_changed(key(0, 1), no_backup, 10 * MS);
         let e = job.eval(40 * MS);
@@ -1382,6 +1374,6 @@ mod tests {
         let v = serde_json::to_value(&d).unwrap();
         assert_eq!(v["action"], "hold");
         assert_eq!(v["reason"], "backup_down");
-        assert_eq!(v["links"]["primary"], "down");
+        assert_eq!(v["links"]["primary"]["state"], "down");
     }
 }

@@ -69,8 +69,10 @@ pub const CODE_OK: i32 = 0;
 pub const CODE_FAILED: i32 = 499;
 /// ClusterD's gRPC port (`clusterd-grpc-svc`).
 pub const DEFAULT_PORT: u16 = 8899;
-/// How long a hold waits for ClusterD's next signal: ClusterD's own wait for each report.
-pub const DEFAULT_HOLD: Duration = Duration::from_secs(15 * 60);
+/// How long a pause ClusterD started waits for ClusterD's next signal: ClusterD's own wait for
+/// each report. (Not the manager's hold bound, `ledger::DEFAULT_HOLD_BOUND`: that one stops
+/// training of a job left held; this one ends a pause ClusterD went quiet on.)
+pub const DEFAULT_SIGNAL_WAIT: Duration = Duration::from_secs(15 * 60);
 
 // ---------------------------------------------------------------------------------------------
 // Where requests come from and reports go
@@ -400,7 +402,8 @@ struct Driven {
 /// reports it is owed.
 #[derive(Clone, Debug)]
 pub struct Sequencer {
-    hold: Duration,
+    /// How long a pause it started waits for ClusterD's next signal.
+    signal_wait: Duration,
     current: Option<Driven>,
     owed: Vec<Owed>,
     /// The last operation ClusterD drove, once over (a late duplicate or `continue` names it).
@@ -422,10 +425,10 @@ pub struct Sequencer {
 const ANSWERED: usize = 64;
 
 impl Sequencer {
-    /// A sequencer whose holds wait at most `hold` for ClusterD's next signal.
-    pub fn new(hold: Duration) -> Sequencer {
+    /// A sequencer whose pauses wait at most `signal_wait` for ClusterD's next signal.
+    pub fn new(signal_wait: Duration) -> Sequencer {
         Sequencer {
-            hold,
+            signal_wait,
             current: None,
             owed: Vec::new(),
             last: None,
@@ -577,10 +580,10 @@ impl Sequencer {
             );
             return;
         }
-        let started = cx
-            .admit
-            .clone()
-            .and_then(|()| cx.ledger.start_sequenced(cx.fresh, self.hold, None, cx.now));
+        let started = cx.admit.clone().and_then(|()| {
+            cx.ledger
+                .start_sequenced(cx.fresh, self.signal_wait, None, cx.now)
+        });
         match started {
             Ok(actions) => {
                 cx.step.note(
@@ -662,10 +665,12 @@ impl Sequencer {
                     },
                 );
             }
-            _ => match cx
-                .ledger
-                .start_sequenced(cx.fresh, self.hold, Some(reason.clone()), cx.now)
-            {
+            _ => match cx.ledger.start_sequenced(
+                cx.fresh,
+                self.signal_wait,
+                Some(reason.clone()),
+                cx.now,
+            ) {
                 Ok(actions) => {
                     cx.step.note(
                         Level::Warn,

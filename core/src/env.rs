@@ -8,6 +8,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::net::IpAddr;
+use std::time::Duration;
 
 // ---------------------------------------------------------------------------------------------
 // Names
@@ -154,9 +155,60 @@ pub fn flag_enabled(list: &str, key: &str) -> bool {
         .any(|(k, v)| k.trim().eq_ignore_ascii_case(key) && v.trim() == "1")
 }
 
+/// The job restart a launcher started this process for (taskd's agent sets it; torchrun's
+/// workers have it as `TORCHELASTIC_RESTART_COUNT`).
+pub const TASKD_RESTART_COUNT: &str = "TASKD_RESTART_COUNT";
+
+/// The job restart this process was started for: `TASKD_RESTART_COUNT`, else
+/// `TORCHELASTIC_RESTART_COUNT`; 0 when neither is a count.
+pub fn restart_count(env: EnvLookup<'_>) -> u32 {
+    [TASKD_RESTART_COUNT, "TORCHELASTIC_RESTART_COUNT"]
+        .iter()
+        .find_map(|name| get(env, name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0)
+}
+
 /// `MS_ENABLE_TFT` enables the switch-back feature (`TSP:1`).
 pub fn tsp_enabled(ms_enable_tft: Option<&str>) -> bool {
     ms_enable_tft.is_some_and(|v| flag_enabled(v, "TSP"))
+}
+
+/// The worker's hang watch: milliseconds without a finished step (while the gate does not hold
+/// training) after which the worker reports its rank hung; `0` or `off` turns it off.
+pub const TASKD_HANG_TIMEOUT_MS: &str = "TASKD_HANG_TIMEOUT_MS";
+
+/// HCCL's execution timeout, in seconds: how long its watchdog lets a collective run.
+pub const HCCL_EXEC_TIMEOUT: &str = "HCCL_EXEC_TIMEOUT";
+
+/// HCCL's default execution timeout on Atlas A2 and A3 (CANN's `HCCL_EXEC_TIMEOUT`
+/// documentation).
+pub const DEFAULT_HCCL_EXEC_TIMEOUT: Duration = Duration::from_secs(1836);
+
+/// The worker's hang watch timeout: `TASKD_HANG_TIMEOUT_MS` when set (`0` or `off`: none);
+/// otherwise, under `TSP:1` (`tsp`), which turns HCCL's watchdog off, the timeout that
+/// watchdog would have had (`HCCL_EXEC_TIMEOUT` seconds, default
+/// [`DEFAULT_HCCL_EXEC_TIMEOUT`]; `0` there means no timeout); without TSP none (HCCL's
+/// watchdog watches).
+pub fn hang_timeout(env: EnvLookup<'_>, tsp: bool) -> Result<Option<Duration>, EnvError> {
+    if let Some(v) = get(env, TASKD_HANG_TIMEOUT_MS) {
+        if v.eq_ignore_ascii_case("off") {
+            return Ok(None);
+        }
+        let ms: u64 = v.parse().map_err(|_| EnvError {
+            var: TASKD_HANG_TIMEOUT_MS,
+            value: v.clone(),
+            expected: "a number of milliseconds, or off",
+        })?;
+        return Ok((ms > 0).then(|| Duration::from_millis(ms)));
+    }
+    if !tsp {
+        return Ok(None);
+    }
+    Ok(match parse_u32(env, HCCL_EXEC_TIMEOUT)? {
+        None => Some(DEFAULT_HCCL_EXEC_TIMEOUT),
+        Some(0) => None,
+        Some(s) => Some(Duration::from_secs(s.into())),
+    })
 }
 
 /// `HCCL_OP_RETRY_ENABLE` enables HCCL's L2 retry (`L2:1`), without which
@@ -281,6 +333,30 @@ pub fn check_host_port(addr: &str) -> Result<(), AddressError> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_hang_watch_stands_in_for_hccls_watchdog_only_where_tsp_turns_it_off() {
+        let t = |pairs: &[(&str, &str)], tsp| hang_timeout(&from_pairs(pairs), tsp);
+        assert_eq!(t(&[], false), Ok(None));
+        assert_eq!(t(&[], true), Ok(Some(DEFAULT_HCCL_EXEC_TIMEOUT)));
+        assert_eq!(
+            t(&[(HCCL_EXEC_TIMEOUT, "600")], true),
+            Ok(Some(Duration::from_secs(600)))
+        );
+        assert_eq!(t(&[(HCCL_EXEC_TIMEOUT, "0")], true), Ok(None));
+        assert_eq!(
+            t(&[(TASKD_HANG_TIMEOUT_MS, "250")], false),
+            Ok(Some(Duration::from_millis(250)))
+        );
+        assert_eq!(t(&[(TASKD_HANG_TIMEOUT_MS, "off")], true), Ok(None));
+        assert_eq!(t(&[(TASKD_HANG_TIMEOUT_MS, "0")], true), Ok(None));
+        let e = t(&[(TASKD_HANG_TIMEOUT_MS, "5s")], true).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "TASKD_HANG_TIMEOUT_MS=\"5s\" is not a number of milliseconds, or off"
+        );
+        assert!(t(&[(HCCL_EXEC_TIMEOUT, "-1")], true).is_err());
+    }
 
     #[test]
     fn parses_reference_deployment_values() {

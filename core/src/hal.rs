@@ -1,25 +1,37 @@
 //! The device layer's contract: what a rank and a node must be able to do for a switch.
 //!
-//! Calls are blocking (they are C calls into HCCL in production); the worker runs them on a
-//! thread of their own, strictly one at a time per rank, as HCCL requires.
+//! Nothing in the contract is one vendor's: a rank HAL lists the groups of its process, switches
+//! the NICs of some members of one group, and says what its backend lacks for a switch to
+//! really switch ([`SwitchCapabilities`], each [`Missing`] thing named by the backend); a node
+//! HAL tells each NIC's [`SideState`]. HCCL is one backend (`taskd-hal-ascend`, simulated by
+//! `taskd-hal-mock`), a framework's switch function another (`taskd-capi`); docs/hal.md says how
+//! to add one.
+//!
+//! Calls are blocking (C calls into the vendor's library in production); the worker runs them
+//! on a thread of their own, strictly one at a time per rank, as HCCL requires.
 //!
 //! Every call fails with a [`HalError`]: a [`HalErrorKind`] the control plane can act on
 //! without knowing the hardware, and the vendor's own [`VendorCode`] (library, number, name)
-//! kept beside it. Which code maps to which kind is written down with the codes
-//! (`core/src/hal/codes.rs`, [`HcclCode::kind`], and each backend's own [`CodeTable`]).
+//! kept beside it. Which code maps to which kind is written down with each backend's codes (its
+//! own [`CodeTable`]; HCCL's is [`HcclCode::kind`], in `core/src/hal/codes.rs` because the real
+//! and the simulated HCCL share it).
 
 use crate::ids::{DeviceId, GlobalRank, GroupRank};
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+use std::collections::BTreeSet;
 use std::fmt;
 
 mod codes;
 mod error;
+mod hccl;
 
 pub use codes::{CodeTable, HcclCode};
 pub use error::{
     HalError, HalErrorKind, LibraryName, LibraryNameError, VendorCode, VendorStatus,
     OTHER_CODE_NAME,
 };
+pub use hccl::HcclSetup;
 
 /// One communication group a process belongs to.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,93 +53,116 @@ impl GroupInfo {
     }
 }
 
-/// What a rank's HCCL can do, as its HAL knows it: HCCL answers success and changes nothing
-/// when L2 retry is off or there are no RDMA links.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct HcclCapabilities {
-    /// `HCCL_OP_RETRY_ENABLE` contains `L2:1` for this process's HCCL.
-    pub l2_retry: bool,
-    /// The topology has RDMA links (no RDMA: HCCL's NIC set is a silent no-op).
-    pub rdma: bool,
+/// One thing a rank lacks for its NIC switch to really switch, named by the backend that knows
+/// it is needed: HCCL's NIC set, for one, succeeds and changes nothing without L2 retry or RDMA
+/// links ([`HcclSetup`]); a framework that cannot pause its communication cannot be switched
+/// under ([`Missing::TSP`]).
+///
+/// A backend writes its own as constants, `Missing::new(ACME, "ACME_MULTIRAIL=0")`; the
+/// manager only collects and shows them.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Missing {
+    /// Who says it is needed: the backend's library (`hccl`), or [`LibraryName::FRAMEWORK`].
+    pub by: LibraryName,
+    /// What is missing, in the words of the setting an operator changes
+    /// (`HCCL_OP_RETRY_ENABLE without L2:1`).
+    pub what: Cow<'static, str>,
 }
 
-impl HcclCapabilities {
-    /// Both present: what a HAL of a fully configured rank reports.
-    pub const ALL: HcclCapabilities = HcclCapabilities {
-        l2_retry: true,
-        rdma: true,
-    };
+impl Missing {
+    /// The training framework lets its communication be paused and the NIC switched only with
+    /// `MS_ENABLE_TFT` containing `TSP:1`. No HAL knows it: the worker adds it from its
+    /// process's configuration ([`SwitchCapabilities::with_tsp`]).
+    pub const TSP: Missing = Missing::new(LibraryName::FRAMEWORK, "MS_ENABLE_TFT without TSP:1");
 
-    /// Whether HCCL's NIC set on this rank really switches, rather than succeed and change
-    /// nothing.
-    pub fn can_switch(&self) -> bool {
-        self.l2_retry && self.rdma
+    /// `what` is missing, as `by` says.
+    pub const fn new(by: LibraryName, what: &'static str) -> Self {
+        Missing {
+            by,
+            what: Cow::Borrowed(what),
+        }
     }
 }
 
-/// What a registered rank can switch: its training framework's TSP, which the worker knows
-/// from its process's configuration, and its HCCL's capabilities, which the HAL reports. A
-/// switch is refused unless every rank can really switch.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+/// The words alone: what an operator sets.
+impl fmt::Display for Missing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.what)
+    }
+}
+
+/// What a rank lacks for a NIC switch: nothing ([`SwitchCapabilities::ALL`]), or each
+/// [`Missing`] thing as its backend named it.
+///
+/// A rank HAL answers with its backend's part ([`RankHal::capabilities`]); the worker adds the
+/// framework's TSP ([`SwitchCapabilities::with_tsp`]) and registers the whole; the manager
+/// refuses a switch unless no rank lacks anything, naming everything missing anywhere (the
+/// ledger's `CapabilityMissing`). The things are kept sorted and once each, so two ranks that
+/// lack the same compare equal and a message lists them in one order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SwitchCapabilities {
-    /// `MS_ENABLE_TFT` contains `TSP:1`: the framework lets its communication be paused and
-    /// the NIC switched (the worker's registration carries it; no HAL knows it).
-    pub tsp: bool,
-    /// `HCCL_OP_RETRY_ENABLE` contains `L2:1` for this process's HCCL.
-    pub l2_retry: bool,
-    /// The topology has RDMA links (no RDMA: HCCL's NIC set is a silent no-op).
-    pub rdma: bool,
+    missing: BTreeSet<Missing>,
 }
 
 impl SwitchCapabilities {
-    /// Everything present: what a fully configured rank reports, and the identity when the
-    /// manager intersects ranks' capabilities to name what is missing anywhere.
-    pub const ALL: SwitchCapabilities = SwitchCapabilities::new(true, HcclCapabilities::ALL);
+    /// Nothing missing: what a fully configured rank reports, and the identity when the
+    /// manager joins ranks' capabilities to name what is missing anywhere.
+    pub const ALL: SwitchCapabilities = SwitchCapabilities {
+        missing: BTreeSet::new(),
+    };
 
-    /// A rank's registration: the framework's `tsp` joined to what its HAL says of HCCL.
-    pub const fn new(tsp: bool, hccl: HcclCapabilities) -> Self {
+    /// A rank that lacks each of `missing`.
+    pub fn lacking(missing: impl IntoIterator<Item = Missing>) -> Self {
         SwitchCapabilities {
-            tsp,
-            l2_retry: hccl.l2_retry,
-            rdma: hccl.rdma,
+            missing: missing.into_iter().collect(),
         }
     }
 
-    /// The HCCL part, as a HAL reports it.
-    pub fn hccl(&self) -> HcclCapabilities {
-        HcclCapabilities {
-            l2_retry: self.l2_retry,
-            rdma: self.rdma,
+    /// A rank's registration: what its HAL says, and [`Missing::TSP`] unless the framework runs
+    /// with TSP (`tsp`, from the worker's configuration).
+    pub fn with_tsp(mut self, tsp: bool) -> Self {
+        if !tsp {
+            self.missing.insert(Missing::TSP);
         }
+        self
     }
 
-    /// What both `self` and `other` have: the manager's intersection over ranks.
-    pub fn and(self, other: SwitchCapabilities) -> SwitchCapabilities {
-        SwitchCapabilities {
-            tsp: self.tsp && other.tsp,
-            l2_retry: self.l2_retry && other.l2_retry,
-            rdma: self.rdma && other.rdma,
-        }
+    /// What `self` and `other` lack together: the manager's join over ranks.
+    pub fn and(mut self, other: SwitchCapabilities) -> SwitchCapabilities {
+        self.missing.extend(other.missing);
+        self
     }
 
-    /// Whether a NIC-set call on this rank would really switch.
+    /// Whether a NIC switch on this rank would really switch: nothing is missing.
     pub fn can_switch(&self) -> bool {
-        self.tsp && self.hccl().can_switch()
+        self.missing.is_empty()
     }
 
-    /// What is missing, in the words of the flag an operator sets.
-    pub fn missing(&self) -> Vec<&'static str> {
-        let mut m = Vec::new();
-        if !self.tsp {
-            m.push("MS_ENABLE_TFT without TSP:1");
+    /// Whether `thing` is missing.
+    pub fn lacks(&self, thing: &Missing) -> bool {
+        self.missing.contains(thing)
+    }
+
+    /// What is missing, sorted by who named it, then by its words.
+    pub fn missing(&self) -> impl Iterator<Item = &Missing> + '_ {
+        self.missing.iter()
+    }
+}
+
+/// What is missing, in the words of the settings an operator changes, comma separated
+/// (`MS_ENABLE_TFT without TSP:1, no RDMA links`); `nothing missing` for none.
+impl fmt::Display for SwitchCapabilities {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.missing.is_empty() {
+            return f.write_str("nothing missing");
         }
-        if !self.l2_retry {
-            m.push("HCCL_OP_RETRY_ENABLE without L2:1");
+        for (i, m) in self.missing.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{m}")?;
         }
-        if !self.rdma {
-            m.push("no RDMA links");
-        }
-        m
+        Ok(())
     }
 }
 
@@ -170,92 +205,159 @@ impl fmt::Display for NicSide {
     }
 }
 
-/// Link state of one device's two NICs.
+/// One NIC's state, as its node's HAL saw it: the one link-state type of the control plane
+/// (the HALs return it, the proxy reports it, the wire carries it, the automatic policy reads
+/// it).
 ///
-/// A side is *up*, *down*, or *unknown*: its probe did not answer in time, failed, or the die
-/// whose NIC it is cannot be seen from this node. An unknown side is reported not up, with the
-/// reason in `primary_unknown` / `backup_unknown`, so that a switch onto it is refused with
-/// that reason rather than as a link that is down (and rather than going ahead blind).
+/// Every state but up says why, in the HAL's words (empty when it has nothing to add): a
+/// degraded link its probe's loss or delay, a down link the kernel's or the device's words, an
+/// unknown one why it could not be told (its probe failed or did not answer in time, or the die
+/// whose NIC it is cannot be seen from this node).
+///
+/// Two questions are asked of it. [`SideState::is_up`]: does the link carry traffic, so that a
+/// switch may go onto it (degraded does); a switch onto an unknown side is refused with its
+/// reason rather than as a link that is down, and never goes ahead blind.
+/// [`SideState::is_healthy`]: is it a link to stay on (degraded is not; the automatic policy
+/// moves a device off it).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "state", content = "why", rename_all = "snake_case")]
+pub enum SideState {
+    /// Up, and its probe (when there is one) within its thresholds.
+    Up,
+    /// Up, but its probe's loss or round-trip time is past a threshold: why.
+    Degraded(String),
+    /// Down (no carrier, administratively down, the device's health says so): why.
+    Down(String),
+    /// Not known: why. Not up.
+    Unknown(String),
+}
+
+impl SideState {
+    /// Up, or down with nothing more to say: a HAL that knows only whether the link is up.
+    pub fn up_or_down(up: bool) -> Self {
+        if up {
+            SideState::Up
+        } else {
+            SideState::Down(String::new())
+        }
+    }
+
+    /// Whether the link carries traffic (up, or degraded): a switch may go onto it.
+    pub fn is_up(&self) -> bool {
+        matches!(self, SideState::Up | SideState::Degraded(_))
+    }
+
+    /// Whether it is a link to stay on: up and not degraded. What the automatic failover
+    /// policy reads; anything else counts as a failed link there.
+    pub fn is_healthy(&self) -> bool {
+        matches!(self, SideState::Up)
+    }
+
+    /// Why the link is not plainly up; `None` when it is. May be empty.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            SideState::Up => None,
+            SideState::Degraded(why) | SideState::Down(why) | SideState::Unknown(why) => Some(why),
+        }
+    }
+
+    /// The state's name in logs, metrics and JSON: `up`, `degraded`, `down` or `unknown`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            SideState::Up => "up",
+            SideState::Degraded(_) => "degraded",
+            SideState::Down(_) => "down",
+            SideState::Unknown(_) => "unknown",
+        }
+    }
+
+    /// Whether `self` and `other` are the same state, whatever their reasons: a degraded link
+    /// whose loss changed is still the same degraded link.
+    pub fn same_state(&self, other: &SideState) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+    }
+}
+
+/// `up`, `down`, or the state and why: `degraded: loss 50% > 25%`.
+impl fmt::Display for SideState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.reason() {
+            Some(why) if !why.is_empty() => write!(f, "{}: {why}", self.as_str()),
+            _ => f.write_str(self.as_str()),
+        }
+    }
+}
+
+/// Link state of one device's two NICs: what [`NodeHal::link_health`] returns.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LinkHealth {
     /// The device, by the rank table's (physical) id; see [`DeviceId`].
     pub device: DeviceId,
-    /// The device's own NIC is up.
-    pub primary_up: bool,
-    /// Its backup NIC (its partner die's NIC) is up.
-    pub backup_up: bool,
-    /// Why the primary side's state is not known, when it is not.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub primary_unknown: Option<String>,
-    /// Why the backup side's state is not known, when it is not.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backup_unknown: Option<String>,
-    /// Why the primary side, up, is degraded (its probe's loss or round-trip time is past a
-    /// threshold), when it is.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub primary_degraded: Option<String>,
-    /// Why the backup side, up, is degraded, when it is.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backup_degraded: Option<String>,
+    /// The device's own NIC.
+    pub primary: SideState,
+    /// Its backup NIC (its partner die's NIC).
+    pub backup: SideState,
 }
 
 impl LinkHealth {
-    /// Both sides known: up or down as given.
+    /// Both sides known, up or down as given, with nothing more to say of a side that is down.
     pub fn new(device: DeviceId, primary_up: bool, backup_up: bool) -> Self {
         LinkHealth {
             device,
-            primary_up,
-            backup_up,
-            primary_unknown: None,
-            backup_unknown: None,
-            primary_degraded: None,
-            backup_degraded: None,
+            primary: SideState::up_or_down(primary_up),
+            backup: SideState::up_or_down(backup_up),
         }
     }
 
-    /// `side` is up but degraded, for `reason`. A side that is not up stays not up.
-    pub fn with_degraded(mut self, side: NicSide, reason: impl Into<String>) -> Self {
-        if self.is_up(side) {
-            let reason = Some(reason.into());
-            match side {
-                NicSide::Primary => self.primary_degraded = reason,
-                NicSide::Backup => self.backup_degraded = reason,
-            }
+    /// `side` is in `state`.
+    pub fn with(mut self, side: NicSide, state: SideState) -> Self {
+        match side {
+            NicSide::Primary => self.primary = state,
+            NicSide::Backup => self.backup = state,
         }
         self
     }
 
-    /// Why `side` is degraded; `None` when it is not.
-    pub fn degraded(&self, side: NicSide) -> Option<&str> {
-        match side {
-            NicSide::Primary => self.primary_degraded.as_deref(),
-            NicSide::Backup => self.backup_degraded.as_deref(),
+    /// `side`, up, is degraded, for `reason`. A side that is not up stays as it is.
+    pub fn with_degraded(self, side: NicSide, reason: impl Into<String>) -> Self {
+        if self.side(side).is_up() {
+            self.with(side, SideState::Degraded(reason.into()))
+        } else {
+            self
         }
     }
 
     /// `side` is unknown, for `reason` (and so not up).
-    pub fn with_unknown(mut self, side: NicSide, reason: impl Into<String>) -> Self {
-        let reason = Some(reason.into());
-        match side {
-            NicSide::Primary => (self.primary_up, self.primary_unknown) = (false, reason),
-            NicSide::Backup => (self.backup_up, self.backup_unknown) = (false, reason),
-        }
-        self
+    pub fn with_unknown(self, side: NicSide, reason: impl Into<String>) -> Self {
+        self.with(side, SideState::Unknown(reason.into()))
     }
 
-    /// Whether `side` is known to be up.
+    /// The state of `side`.
+    pub fn side(&self, side: NicSide) -> &SideState {
+        match side {
+            NicSide::Primary => &self.primary,
+            NicSide::Backup => &self.backup,
+        }
+    }
+
+    /// Whether `side` carries traffic (up, or degraded): see [`SideState::is_up`].
     pub fn is_up(&self, side: NicSide) -> bool {
-        match side {
-            NicSide::Primary => self.primary_up,
-            NicSide::Backup => self.backup_up,
+        self.side(side).is_up()
+    }
+
+    /// Why `side` is degraded; `None` when it is not.
+    pub fn degraded(&self, side: NicSide) -> Option<&str> {
+        match self.side(side) {
+            SideState::Degraded(why) => Some(why),
+            _ => None,
         }
     }
 
-    /// Why `side`'s state is not known; `None` when it is (up or down).
+    /// Why `side`'s state is not known; `None` when it is (up, degraded or down).
     pub fn unknown(&self, side: NicSide) -> Option<&str> {
-        match side {
-            NicSide::Primary => self.primary_unknown.as_deref(),
-            NicSide::Backup => self.backup_unknown.as_deref(),
+        match self.side(side) {
+            SideState::Unknown(why) => Some(why),
+            _ => None,
         }
     }
 }
@@ -265,8 +367,10 @@ pub trait RankHal: Send {
     /// The communication groups this process belongs to.
     fn groups(&mut self) -> Result<Vec<GroupInfo>, HalError>;
 
-    /// `HcclCommWorkingDevNicSet` on one group: `ranks[i]` (group ranks) use their backup NIC
-    /// when `use_backup[i]`. Every member of the group must make the identical call.
+    /// Switches the working NIC of some members of one group: `ranks[i]` (group ranks) use
+    /// their backup NIC when `use_backup[i]`. Every member of the group must make the identical
+    /// call (HCCL's is `HcclCommWorkingDevNicSet`; a framework's switch function takes the
+    /// whole list at once).
     fn set_working_nic(
         &mut self,
         group: &str,
@@ -274,9 +378,11 @@ pub trait RankHal: Send {
         use_backup: &[bool],
     ) -> Result<(), HalError>;
 
-    /// What this rank's HCCL can do (L2 retry, RDMA links). TSP is not the HAL's to know: the
-    /// worker joins in its process's own (`MS_ENABLE_TFT`, [`SwitchCapabilities::new`]).
-    fn capabilities(&mut self) -> HcclCapabilities;
+    /// What this rank's backend lacks for [`RankHal::set_working_nic`] to really switch, each
+    /// thing named by the backend (HCCL's: [`HcclSetup`]); [`SwitchCapabilities::ALL`] when
+    /// nothing. TSP is not the HAL's to know: the worker adds its process's own
+    /// ([`SwitchCapabilities::with_tsp`]).
+    fn capabilities(&mut self) -> SwitchCapabilities;
 
     /// The time the NIC-set calls of the directive the worker handles now have: shorter than
     /// the phase's deadline, so that a call that gives up still leaves the rollback its
@@ -303,7 +409,8 @@ pub trait TaskRankHal: Send {
     /// The communication groups this process belongs to.
     fn groups(&mut self) -> GroupsFuture<'_>;
 
-    /// `HcclCommWorkingDevNicSet` on one group (see [`RankHal::set_working_nic`]).
+    /// Switches the working NIC of some members of one group (see
+    /// [`RankHal::set_working_nic`]).
     fn set_working_nic<'a>(
         &'a mut self,
         group: &'a str,
@@ -311,9 +418,9 @@ pub trait TaskRankHal: Send {
         use_backup: &'a [bool],
     ) -> HalFuture<'a>;
 
-    /// What this rank's HCCL can do (see [`RankHal::capabilities`]). Asked when the worker
+    /// What this rank's backend lacks (see [`RankHal::capabilities`]). Asked when the worker
     /// starts, before any other call: it may wait for the HAL's own thread.
-    fn capabilities(&mut self) -> HcclCapabilities;
+    fn capabilities(&mut self) -> SwitchCapabilities;
 
     /// The time the next NIC-set calls have (see [`RankHal::set_call_timeout`]).
     fn set_call_timeout(&mut self, _timeout: std::time::Duration) {}
@@ -328,8 +435,9 @@ pub trait NodeHal: Send {
     /// Link state of both NICs of one device. `device` is the rank table's id of the die, its
     /// *physical* id (`/dev/davinciN`), whatever the renumbering inside the container.
     ///
-    /// A call must return within a bounded time: a side whose probe does not answer is
-    /// reported unknown ([`LinkHealth::with_unknown`]), never waited for without end.
+    /// The answer is the two sides' states ([`SideState`]: up, degraded, down or unknown, each
+    /// with the HAL's reason). A call must return within a bounded time: a side whose probe
+    /// does not answer is reported [`SideState::Unknown`], never waited for without end.
     fn link_health(&mut self, device: DeviceId) -> Result<LinkHealth, HalError>;
 
     /// Registers `wake`, called (from any thread) as soon as the HAL learns from its system
@@ -395,13 +503,19 @@ mod tests {
             h.unknown(NicSide::Backup),
             Some("probe did not answer within 1s")
         );
-        // Known sides serialize as before; an unknown side adds its reason.
+        // Each side is its state, and its reason when it has one.
         let known = serde_json::to_value(LinkHealth::new(DeviceId(1), true, false)).unwrap();
         assert_eq!(
             known,
-            serde_json::json!({"device": 1, "primary_up": true, "backup_up": false})
+            serde_json::json!({"device": 1, "primary": {"state": "up"},
+                               "backup": {"state": "down", "why": ""}})
         );
-        let back: LinkHealth = serde_json::from_value(serde_json::to_value(&h).unwrap()).unwrap();
+        let json = serde_json::to_value(&h).unwrap();
+        assert_eq!(
+            json["backup"],
+            serde_json::json!({"state": "unknown", "why": "probe did not answer within 1s"})
+        );
+        let back: LinkHealth = serde_json::from_value(json).unwrap();
         assert_eq!(back, h);
     }
 
@@ -418,55 +532,102 @@ mod tests {
             "a side that is down is not degraded"
         );
         let json = serde_json::to_value(&h).unwrap();
-        assert_eq!(json["primary_degraded"], "probe lost 3/8 echoes");
+        assert_eq!(json["primary"]["state"], "degraded");
+        assert_eq!(json["primary"]["why"], "probe lost 3/8 echoes");
         let back: LinkHealth = serde_json::from_value(json).unwrap();
         assert_eq!(back, h);
     }
 
     #[test]
-    fn capabilities_name_what_is_missing() {
-        assert!(SwitchCapabilities::ALL.can_switch());
-        let c = SwitchCapabilities {
-            l2_retry: false,
-            ..SwitchCapabilities::ALL
-        };
-        assert!(!c.can_switch());
-        assert_eq!(c.missing(), vec!["HCCL_OP_RETRY_ENABLE without L2:1"]);
+    fn a_side_is_up_healthy_or_neither_and_says_why() {
+        let states = [
+            SideState::Up,
+            SideState::Degraded("loss 50% > 25%".into()),
+            SideState::Down("operstate down".into()),
+            SideState::Unknown(String::new()),
+        ];
+        let up: Vec<bool> = states.iter().map(SideState::is_up).collect();
+        let healthy: Vec<bool> = states.iter().map(SideState::is_healthy).collect();
+        assert_eq!(up, [true, true, false, false]);
+        assert_eq!(healthy, [true, false, false, false]);
+        let shown: Vec<String> = states.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            [
+                "up",
+                "degraded: loss 50% > 25%",
+                "down: operstate down",
+                "unknown"
+            ]
+        );
+        assert_eq!(states[0].reason(), None);
+        assert_eq!(states[3].reason(), Some(""));
+        assert!(states[1].same_state(&SideState::Degraded("loss 75% > 25%".into())));
+        assert!(!states[2].same_state(&states[3]));
+        assert_eq!(SideState::up_or_down(false), SideState::Down(String::new()));
+        let h = LinkHealth::new(DeviceId(0), true, true).with(NicSide::Backup, states[2].clone());
+        assert_eq!(
+            (h.side(NicSide::Primary), h.side(NicSide::Backup)),
+            (&states[0], &states[2])
+        );
     }
 
     #[test]
-    fn a_registration_joins_the_frameworks_tsp_to_the_hals_hccl() {
-        let hccl = HcclCapabilities {
+    fn capabilities_name_what_is_missing() {
+        assert!(SwitchCapabilities::ALL.can_switch());
+        let c = HcclSetup {
+            l2_retry: false,
+            rdma: true,
+        }
+        .capabilities();
+        assert!(!c.can_switch());
+        assert_eq!(c.to_string(), "HCCL_OP_RETRY_ENABLE without L2:1");
+        assert!(c.lacks(&HcclSetup::L2_RETRY_OFF) && !c.lacks(&HcclSetup::NO_RDMA));
+        assert_eq!(SwitchCapabilities::ALL.to_string(), "nothing missing");
+    }
+
+    #[test]
+    fn a_registration_joins_the_frameworks_tsp_to_the_hals_answer() {
+        let hccl = HcclSetup {
             l2_retry: true,
             rdma: false,
         };
-        let c = SwitchCapabilities::new(false, hccl);
-        assert_eq!((c.tsp, c.l2_retry, c.rdma), (false, true, false));
-        assert_eq!(c.hccl(), hccl);
-        assert!(!hccl.can_switch() && HcclCapabilities::ALL.can_switch());
+        let c = hccl.capabilities().with_tsp(false);
+        assert!(c.lacks(&Missing::TSP) && c.lacks(&HcclSetup::NO_RDMA));
+        assert_eq!(c.to_string(), "MS_ENABLE_TFT without TSP:1, no RDMA links");
         assert_eq!(
-            c.missing(),
-            vec!["MS_ENABLE_TFT without TSP:1", "no RDMA links"]
-        );
-        assert_eq!(SwitchCapabilities::ALL.hccl(), HcclCapabilities::ALL);
-        // The intersection keeps what every rank has, and ALL is its identity.
-        let no_l2 = SwitchCapabilities::new(
-            true,
-            HcclCapabilities {
-                l2_retry: false,
-                rdma: true,
-            },
+            c.missing().map(|m| m.by.as_str()).collect::<Vec<_>>(),
+            ["framework", "hccl"]
         );
         assert_eq!(
-            SwitchCapabilities::ALL.and(c).and(no_l2),
-            SwitchCapabilities::new(
-                false,
-                HcclCapabilities {
-                    l2_retry: false,
-                    rdma: false
-                }
-            )
+            HcclSetup::ALL.capabilities().with_tsp(true),
+            SwitchCapabilities::ALL
         );
-        assert_eq!(SwitchCapabilities::ALL.and(no_l2), no_l2);
+        // The join keeps what any rank lacks, once, and ALL is its identity.
+        let no_l2 = HcclSetup {
+            l2_retry: false,
+            rdma: true,
+        }
+        .capabilities();
+        let all = SwitchCapabilities::ALL.and(c.clone()).and(no_l2.clone());
+        assert_eq!(
+            all.to_string(),
+            "MS_ENABLE_TFT without TSP:1, HCCL_OP_RETRY_ENABLE without L2:1, no RDMA links"
+        );
+        assert_eq!(all.clone().and(c), all);
+        assert_eq!(SwitchCapabilities::ALL.and(no_l2.clone()), no_l2);
+        // Another backend names its own, beside HCCL's.
+        const ACME: LibraryName = LibraryName::new("acme");
+        let acme = SwitchCapabilities::lacking([Missing::new(ACME, "ACME_MULTIRAIL=0")]);
+        assert_eq!(acme.clone().and(no_l2).missing().count(), 2);
+        let json = serde_json::to_value(&acme).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"missing": [{"by": "acme", "what": "ACME_MULTIRAIL=0"}]})
+        );
+        assert_eq!(
+            serde_json::from_value::<SwitchCapabilities>(json).unwrap(),
+            acme
+        );
     }
 }

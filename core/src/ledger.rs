@@ -28,11 +28,13 @@ use std::time::Duration;
 mod activity;
 mod hold;
 mod knowledge;
+mod stall;
 mod stop;
 mod uuids;
 use activity::Activity;
 pub use hold::{HoldNews, HoldPolicy, DEFAULT_HOLD_BOUND};
 use knowledge::NicKnowledge;
+pub use stall::{StallOutcome, StalledRank};
 pub use stop::{
     LastWords, ProcessRecovery, Restarts, StopBy, StopPhase, TrainingStop, DEFAULT_STOP_BOUND,
 };
@@ -73,8 +75,8 @@ pub enum SubmitError {
     /// targets, ...): refused before any rank is involved.
     #[error(transparent)]
     Invalid(#[from] ValidationError),
-    /// Some rank's HCCL would accept `HcclCommWorkingDevNicSet` and switch nothing (no L2
-    /// retry, no RDMA links, no TSP), leaving the NIC table wrong. Checked on every rank, not
+    /// Some rank's backend would accept the NIC switch and switch nothing (HCCL without L2
+    /// retry or RDMA links, a framework without TSP), leaving the NIC table wrong. Checked on every rank, not
     /// only the targets: every member of a group makes the call.
     #[error(
         "{} switch NICs: {missing}; fix the environment of those processes and restart them",
@@ -83,8 +85,8 @@ pub enum SubmitError {
     CapabilityMissing {
         /// The ranks that cannot switch, abbreviated for a message.
         ranks: String,
-        /// Every setting missing on any of them ([`SwitchCapabilities::missing`]), so one
-        /// message sends the operator to all of them.
+        /// Every setting missing on any of them, as their backends named it
+        /// ([`SwitchCapabilities::missing`]), so one message sends the operator to all of them.
         missing: String,
     },
     /// A failed operation left the job held or without a process; switching now would plan
@@ -312,6 +314,8 @@ pub struct JobLedger {
     stop_bound: Duration,
     /// Whether a last-words checkpoint is taken before every stop (the manager hosts one).
     last_words_host: bool,
+    /// Ranks whose hang watch says their loop finished no step for its timeout.
+    stalled: BTreeMap<GlobalRank, StalledRank>,
 }
 
 /// Which NIC configuration a recovery re-states for the ranks in doubt.
@@ -381,6 +385,7 @@ impl JobLedger {
             restarts: Restarts::default(),
             owed_restart: None,
             retired: BTreeMap::new(),
+            stalled: BTreeMap::new(),
             stop_bound: DEFAULT_STOP_BOUND,
             last_words_host: false,
         }
@@ -611,6 +616,9 @@ impl JobLedger {
         self.nics.doubt();
         self.stop_registered(hello.rank);
         self.lost.remove(&hello.rank);
+        self.stalled.remove(&hello.rank);
+        // A manager started after the job's restarts counts on from the processes' own.
+        self.restarts.done = self.restarts.done.max(hello.generation);
         self.workers.insert(hello.rank, hello);
         Ok(Registered::Counted)
     }
@@ -770,13 +778,14 @@ impl JobLedger {
         Ok(submitted)
     }
 
-    /// Every rank calls HCCL in a switch (not only targets), so every rank must be able to.
+    /// Every rank makes the NIC-set call in a switch (not only targets), so every rank must be
+    /// able to.
     fn check_capabilities(&self) -> Result<(), SubmitError> {
         let unable: Vec<(GlobalRank, SwitchCapabilities)> = self
             .workers
             .values()
             .filter(|w| !w.capabilities.can_switch())
-            .map(|w| (w.rank, w.capabilities))
+            .map(|w| (w.rank, w.capabilities.clone()))
             .collect();
         if !unable.is_empty() {
             let ranks: Vec<GlobalRank> = unable.iter().map(|(r, _)| *r).collect();
@@ -784,11 +793,11 @@ impl JobLedger {
             // lacking TSP and rank 5 lacking RDMA, the message must send the operator to both
             // flags.
             let common = unable
-                .iter()
-                .fold(SwitchCapabilities::ALL, |acc, (_, c)| acc.and(*c));
+                .into_iter()
+                .fold(SwitchCapabilities::ALL, |acc, (_, c)| acc.and(c));
             return Err(SubmitError::CapabilityMissing {
                 ranks: short_list(&ranks),
-                missing: common.missing().join(", "),
+                missing: common.to_string(),
             });
         }
         Ok(())
@@ -974,6 +983,7 @@ impl JobLedger {
         }
         let ended_by_stop = self.is_retired(rank, current);
         self.workers.remove(&rank);
+        self.stalled.remove(&rank);
         let LostRank { why, how, .. } = lost.clone();
         self.lost.insert(rank, lost.of(current));
         self.stop_lost(rank, how);

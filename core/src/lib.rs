@@ -69,9 +69,9 @@ pub mod verify;
 
 pub use command::{Direction, RankTarget, SwitchCommand, SwitchPlan, ValidationError};
 pub use hal::{
-    CodeTable, GroupInfo, GroupsFuture, HalError, HalErrorKind, HalFuture, HcclCapabilities,
-    HcclCode, LibraryName, LinkHealth, NicSide, NodeHal, RankHal, StepBoundary, StepOutcome,
-    SwitchCapabilities, TaskRankHal, VendorCode, VendorStatus,
+    CodeTable, GroupInfo, GroupsFuture, HalError, HalErrorKind, HalFuture, HcclCode, HcclSetup,
+    LibraryName, LinkHealth, Missing, NicSide, NodeHal, RankHal, SideState, StepBoundary,
+    StepOutcome, SwitchCapabilities, TaskRankHal, VendorCode, VendorStatus,
 };
 pub use ids::{DeviceId, GlobalRank, GroupRank, Instance, JobId, NodeName, OperationId};
 pub use ledger::{JobLedger, JobState, SubmitError};

@@ -421,6 +421,10 @@ pub struct WorkerHello {
     /// Which process of the rank this is: a restarted process has a new one.
     #[serde(default)]
     pub instance: Instance,
+    /// The job restart its launcher started it for (`TASKD_RESTART_COUNT`; 0: the first
+    /// start): a manager started after restarts learns the job's count from it.
+    #[serde(default)]
+    pub generation: u32,
 }
 
 /// The links of one device of a node, as the node's proxy probed them: sent when they
@@ -496,6 +500,8 @@ pub enum ProxyToManager {
     Reply(NodeReply),
     /// A device's links changed (only proxies asked to probe send it).
     Links(LinkReport),
+    /// A worker's hang watch: its rank stopped finishing steps, or finished one again.
+    Stall(StallNotice),
 }
 
 /// What flows from a worker to its proxy.
@@ -505,6 +511,24 @@ pub enum WorkerToProxy {
     Hello(WorkerHello),
     /// The worker's answer to a directive, fanned in with its node's.
     Reply(RankReply),
+    /// The worker's hang watch spoke, forwarded as [`ProxyToManager::Stall`].
+    Stall(StallNotice),
+}
+
+/// What a worker's hang watch saw: its training loop finished no step for the watch's
+/// timeout while nothing held it (a collective that never completes, with HCCL's own
+/// watchdog off under `TSP:1`), or, after that, finished one again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StallNotice {
+    /// The rank.
+    pub rank: GlobalRank,
+    /// Its process: a notice of a process the manager no longer counts changes nothing.
+    pub instance: Instance,
+    /// The last step the loop finished (the watch starts at the first).
+    pub last_step: u64,
+    /// While stalled: how long since the loop last made progress (a step, or a release from
+    /// the gate). `None`: it finished a step again.
+    pub stalled_for: Option<Duration>,
 }
 
 #[cfg(test)]

@@ -66,12 +66,45 @@ pub struct RankErrorSummary {
     pub rank: u32,
     /// The phase it failed in (`sample`, `pause`, `switch`, `rollback`, `resume`).
     pub phase: String,
-    /// The HCCL group whose call failed, when a HAL call failed.
+    /// The group whose call failed, when a HAL call failed.
     pub group: Option<String>,
-    /// The `HcclResult` code, when a HAL call failed.
+    /// Deprecated, kept for the readers that have it: [`RankErrorSummary::code`] when the
+    /// library is HCCL (`library` = `hccl`), else absent. Read `library` and `code` instead.
     pub hccl_code: Option<i32>,
+    /// What the control plane made of the HAL's failure (`network`, `timeout`, ...: the
+    /// `HalErrorKind`), when a HAL call failed.
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// The library that failed (`hccl`, `dcmi`, `framework`, a new backend's): the numbering
+    /// `code` is in. When a HAL call failed.
+    #[serde(default)]
+    pub library: Option<String>,
+    /// The library's own status code, when it answered one.
+    #[serde(default)]
+    pub code: Option<i32>,
+    /// The vendor's name for `code` (`HCCL_E_NETWORK`), when the reporting process knew it.
+    #[serde(default)]
+    pub code_name: Option<String>,
     /// The failure in words.
     pub message: String,
+}
+
+impl RankErrorSummary {
+    /// Rank `rank`'s failure `e` in `phase`.
+    pub fn new(rank: u32, phase: &str, e: &crate::protocol::RankError) -> Self {
+        let hal = e.hal.as_ref();
+        RankErrorSummary {
+            rank,
+            phase: phase.into(),
+            group: e.group.clone(),
+            hccl_code: hal.and_then(|h| h.hccl_code()),
+            kind: hal.map(|h| h.kind.as_str().into()),
+            library: hal.map(|h| h.vendor.library.to_string()),
+            code: hal.and_then(|h| h.vendor.code),
+            code_name: hal.and_then(|h| h.vendor.name.as_deref().map(Into::into)),
+            message: e.to_string(),
+        }
+    }
 }
 
 /// One operation, as the simulator's JSON, the rig, the control API and `Recover` show it.
@@ -144,13 +177,7 @@ impl From<&OperationReport> for OperationSummary {
             rank_errors: r
                 .rank_errors
                 .iter()
-                .map(|(rank, phase, e)| RankErrorSummary {
-                    rank: rank.0,
-                    phase: phase.as_str().into(),
-                    group: e.group.clone(),
-                    hccl_code: e.hal.as_ref().and_then(|h| h.hccl_code()),
-                    message: e.to_string(),
-                })
+                .map(|(rank, phase, e)| RankErrorSummary::new(rank.0, phase.as_str(), e))
                 .collect(),
             lost_ranks: r.lost_ranks.iter().map(|r| r.0).collect(),
             trigger: r.trigger,
@@ -297,5 +324,60 @@ mod tests {
         let back: OperationSummary = serde_json::from_value(v).unwrap();
         assert_eq!(back, s);
         assert_eq!(s.to_string(), "operation u to_backup succeeded");
+    }
+
+    #[test]
+    fn a_rank_error_names_its_library_and_code_and_hccl_code_only_for_hccls() {
+        use crate::hal::{CodeTable, HalError, HalErrorKind, HcclCode, LibraryName};
+        use crate::protocol::RankError;
+        let hccl = RankError::in_group(
+            "dp_0",
+            HalError::new("HcclCommWorkingDevNicSet", HcclCode::Network, "link"),
+        );
+        let e = RankErrorSummary::new(1, "switch", &hccl);
+        assert_eq!(
+            (
+                e.kind.as_deref(),
+                e.library.as_deref(),
+                e.code,
+                e.code_name.as_deref()
+            ),
+            (
+                Some("network"),
+                Some("hccl"),
+                Some(19),
+                Some("HCCL_E_NETWORK")
+            )
+        );
+        assert_eq!((e.hccl_code, e.group.as_deref()), (Some(19), Some("dp_0")));
+        const ACME: CodeTable = CodeTable::new(
+            LibraryName::new("acme"),
+            &[(19, "ACME_E_PORT", HalErrorKind::Unavailable)],
+        );
+        let acme = RankError::hal(HalError::new("acme_set_port", ACME.status(19), ""));
+        let e = RankErrorSummary::new(2, "switch", &acme);
+        assert_eq!(
+            (e.library.as_deref(), e.code, e.hccl_code),
+            (Some("acme"), Some(19), None),
+            "another library's 19 is no HcclResult"
+        );
+        let v = serde_json::to_value(&e).unwrap();
+        for key in ["hccl_code", "kind", "library", "code", "code_name"] {
+            assert!(v.get(key).is_some(), "{key} missing in {v}");
+        }
+        let worker = RankErrorSummary::new(3, "pause", &RankError::worker("gate refused"));
+        assert_eq!(
+            (&worker.kind, &worker.library, worker.code),
+            (&None, &None, None)
+        );
+        // A summary written before the neutral fields existed reads with them absent.
+        let mut old = serde_json::to_value(&worker).unwrap();
+        for key in ["kind", "library", "code", "code_name"] {
+            old.as_object_mut().unwrap().remove(key);
+        }
+        assert_eq!(
+            serde_json::from_value::<RankErrorSummary>(old).unwrap(),
+            worker
+        );
     }
 }

@@ -31,7 +31,9 @@
 //! "consistent" under it; the simulator counts collectives that ran on the default NIC of a
 //! switched group apart from disagreements.
 
-pub use crate::assessment::{Assessment, Disagreement, DisagreementKind, VerifyReport};
+pub use crate::assessment::{
+    Assessment, Disagreement, DisagreementKind, VerifyReport, REFUSED_ASK_AGAIN,
+};
 use crate::display::short_list;
 use crate::ids::{GlobalRank, OperationId};
 use crate::operation::Action;
@@ -187,6 +189,9 @@ pub struct Verification {
     all: BTreeSet<GlobalRank>,
     pending: BTreeSet<GlobalRank>,
     reports: BTreeMap<GlobalRank, WorkerReport>,
+    /// Ranks that answered the query with a failure: they stay unreported, but the round does
+    /// not wait its deadline for them.
+    refused: BTreeSet<GlobalRank>,
     deadline: Duration,
     token: u64,
     stage: Stage,
@@ -230,6 +235,7 @@ impl Verification {
             pending: all.clone(),
             all,
             reports: BTreeMap::new(),
+            refused: BTreeSet::new(),
             deadline,
             token: TOKEN_BASE,
             stage: Stage::Collect,
@@ -291,9 +297,21 @@ impl Verification {
                 ReplyBody::Resumed { .. } if expected.1 == Phase::Resume => {
                     self.pending.remove(&r.rank);
                 }
-                // A rank that cannot answer stays pending: the deadline names it.
+                // A rank that cannot report now (its HAL not set up yet) is not waited for:
+                // the round ends as soon as every other rank answered, naming it.
+                ReplyBody::Failed(_) if expected.1 == Phase::Verify => {
+                    self.refused.insert(r.rank);
+                }
+                // Anything else stays pending: the deadline names it.
                 _ => {}
             }
+        }
+        if self.stage == Stage::Collect
+            && !self.refused.is_empty()
+            && self.pending.is_subset(&self.refused)
+        {
+            let missing = self.pending.iter().copied().collect();
+            return Some(VerifyStep::Done(self.finish(missing, now)));
         }
         self.advance(now)
     }
@@ -365,6 +383,11 @@ impl Verification {
                 // A partial view still says what the answering ranks reported.
                 (!self.reports.is_empty()).then(|| assess(&self.reports))
             }),
+            refused: missing
+                .iter()
+                .copied()
+                .filter(|r| self.refused.contains(r))
+                .collect(),
             missing,
             released,
             took: now.saturating_sub(self.started),
@@ -457,6 +480,74 @@ mod tests {
         assert!(a.disagreements[0]
             .detail
             .contains("last NIC-set call on it failed"));
+    }
+
+    fn answers(id: OperationId, bodies: Vec<(u32, ReplyBody)>) -> NodeReply {
+        NodeReply {
+            node: crate::NodeName("node-0".into()),
+            op: id,
+            phase: Phase::Verify,
+            replies: bodies
+                .into_iter()
+                .map(|(rank, body)| crate::protocol::RankReply {
+                    rank: GlobalRank(rank),
+                    op: id,
+                    phase: Phase::Verify,
+                    body,
+                })
+                .collect(),
+            health: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_rank_that_answers_with_a_failure_ends_the_round_early_and_is_asked_again_soon() {
+        let id = OperationId(uuid::Uuid::from_u128(1));
+        let deadline = Duration::from_secs(60);
+        let (mut v, _) = Verification::start(id, r(&[0, 1, 2]), deadline, Duration::ZERO);
+        let not_ready = ReplyBody::Failed(crate::protocol::RankError::worker(
+            "the rank's HAL is not set up yet",
+        ));
+        let at = Duration::from_millis(5);
+        // Rank 1 cannot report; ranks 0 and 2 have not answered yet: the round waits.
+        assert_eq!(v.on_replies(answers(id, vec![(1, not_ready)]), at), None);
+        let ok = || ReplyBody::Verified(report(vec![view("dp_0", 3, &[])]));
+        assert_eq!(v.on_replies(answers(id, vec![(0, ok())]), at), None);
+        // The last one that can answers: the round ends now, not at its deadline.
+        let Some(VerifyStep::Done(rep)) = v.on_replies(answers(id, vec![(2, ok())]), at) else {
+            panic!("the round should end once only the refusing rank is left");
+        };
+        assert_eq!(
+            (rep.missing.clone(), rep.refused.clone()),
+            (r(&[1]), r(&[1]))
+        );
+        assert_eq!(rep.job_state(), None);
+        assert_eq!(rep.ask_again_after(deadline), Some(REFUSED_ASK_AGAIN));
+        assert!(rep.to_string().contains("answered with a failure"), "{rep}");
+    }
+
+    #[test]
+    fn a_rank_that_does_not_answer_is_asked_again_after_the_deadline() {
+        let id = OperationId(uuid::Uuid::from_u128(2));
+        let deadline = Duration::from_secs(60);
+        let (mut v, _) = Verification::start(id, r(&[0, 1]), deadline, Duration::ZERO);
+        let not_ready = ReplyBody::Failed(crate::protocol::RankError::worker("not set up"));
+        assert_eq!(
+            v.on_replies(answers(id, vec![(1, not_ready)]), Duration::ZERO),
+            None
+        );
+        let Some(VerifyStep::Done(rep)) = v.on_deadline(v.token, deadline) else {
+            panic!("the deadline ends the round");
+        };
+        assert_eq!(
+            (rep.missing.clone(), rep.refused.clone()),
+            (r(&[0, 1]), r(&[1]))
+        );
+        assert_eq!(
+            rep.ask_again_after(deadline),
+            Some(deadline),
+            "rank 0 never answered"
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Property tests of the automatic failover policy against a simulated job.
 //!
-//! A job of 2 nodes x 4 devices whose links change at random (up, down, unknown), whose
+//! A job of 2 nodes x 4 devices whose links change at random (up, down, unknown, degraded with
+//! reasons that change while the state does not), whose
 //! operator and verification rounds come and go, and whose automatic operations take a random
 //! time and succeed or fail at random. The world drives the policy as the manager does (on
 //! every report, at every wake-up time it asks for, whenever an operation ends) and keeps its
@@ -10,10 +11,9 @@ use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 use taskd_core::auto::{
-    AutoAction, AutoConfig, AutoDecision, AutoPolicy, AutoReason, DeviceKey, JobGate, LinkState,
-    Links,
+    AutoAction, AutoConfig, AutoDecision, AutoPolicy, AutoReason, DeviceKey, JobGate, Links,
 };
-use taskd_core::{DeviceId, NicSide, NodeName};
+use taskd_core::{DeviceId, NicSide, NodeName, SideState};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -36,11 +36,20 @@ fn key(i: u8) -> DeviceKey {
     }
 }
 
-fn state(x: u8) -> LinkState {
-    match x % 3 {
-        0 => LinkState::Up,
-        1 => LinkState::Down,
-        _ => LinkState::Unknown,
+/// A side's state from two dice: which state, and (for the reasons) how bad.
+fn state(x: u8, how: u8) -> SideState {
+    match x % 4 {
+        0 => SideState::Up,
+        1 => SideState::Down(String::new()),
+        2 => SideState::Unknown("probe did not answer".into()),
+        _ => SideState::Degraded(format!("loss {}% > 25%", 26 + how % 8)),
+    }
+}
+
+fn up() -> Links {
+    Links {
+        primary: SideState::Up,
+        backup: SideState::Up,
     }
 }
 
@@ -61,7 +70,7 @@ enum Happening {
 
 fn happening() -> impl Strategy<Value = Happening> {
     prop_oneof![
-        6 => (0u8..8, 0u8..6, 0u8..6).prop_map(|(device, primary, backup)| Happening::Links {
+        6 => (0u8..8, 0u8..8, 0u8..8).prop_map(|(device, primary, backup)| Happening::Links {
             device,
             primary,
             backup
@@ -87,7 +96,7 @@ struct World {
     now: Duration,
     sides: BTreeMap<DeviceKey, NicSide>,
     links: BTreeMap<DeviceKey, Links>,
-    /// When each device's up-ness changed, per side.
+    /// When each device's health changed, per side.
     changes: BTreeMap<DeviceKey, Vec<Duration>>,
     since: HashMap<(DeviceKey, NicSide), Duration>,
     operator_op: bool,
@@ -111,12 +120,8 @@ impl World {
         let mut links = BTreeMap::new();
         let mut since = HashMap::new();
         for i in 0..8 {
-            let up = Links {
-                primary: LinkState::Up,
-                backup: LinkState::Up,
-            };
-            policy.link_changed(key(i), up, Duration::ZERO);
-            links.insert(key(i), up);
+            policy.link_changed(key(i), up(), Duration::ZERO);
+            links.insert(key(i), up());
             since.insert((key(i), NicSide::Primary), Duration::ZERO);
             since.insert((key(i), NicSide::Backup), Duration::ZERO);
         }
@@ -158,10 +163,10 @@ impl World {
     }
 
     fn report(&mut self, k: DeviceKey, new: Links) {
-        let old = self.links[&k];
+        let old = self.links[&k].clone();
         let mut changed = false;
         for side in [NicSide::Primary, NicSide::Backup] {
-            if old.side(side).is_up() != new.side(side).is_up() {
+            if old.side(side).is_healthy() != new.side(side).is_healthy() {
                 self.changes.entry(k.clone()).or_default().push(self.now);
                 self.since.insert((k.clone(), side), self.now);
                 changed = true;
@@ -171,7 +176,7 @@ impl World {
             // The links changed: a hold may be said again.
             self.last_hold.remove(&k);
         }
-        self.links.insert(k.clone(), new);
+        self.links.insert(k.clone(), new.clone());
         assert_eq!(self.policy.link_changed(k, new, self.now), changed);
     }
 
@@ -235,8 +240,8 @@ impl World {
                 let from = self.sides[&k];
                 assert_ne!(to, from, "a move to the side it is on: {d}");
                 assert!(
-                    self.links[&k].side(to).is_up(),
-                    "a move onto a link not up: {d}"
+                    self.links[&k].side(to).is_healthy(),
+                    "a move onto a link not up and healthy: {d}"
                 );
                 assert!(
                     self.changes_in_window(&k) <= cfg().max_flaps as usize,
@@ -249,7 +254,16 @@ impl World {
                 let since = self.since[&(k.clone(), from)];
                 match d.reason {
                     AutoReason::PrimaryDown | AutoReason::BackupDown => {
-                        assert!(!self.links[&k].side(from).is_up(), "{d}");
+                        let was = self.links[&k].side(from);
+                        assert!(!was.is_up(), "{d}");
+                        assert!(
+                            self.now >= since + cfg().confirm_delay(),
+                            "not confirmed: {d}"
+                        );
+                    }
+                    AutoReason::PrimaryDegraded | AutoReason::BackupDegraded => {
+                        let was = self.links[&k].side(from);
+                        assert!(matches!(was, SideState::Degraded(_)), "{d}");
                         assert!(
                             self.now >= since + cfg().confirm_delay(),
                             "not confirmed: {d}"
@@ -261,7 +275,7 @@ impl World {
                             "an operator's choice undone: {d}"
                         );
                         let up = self.since[&(k.clone(), NicSide::Primary)];
-                        assert!(self.links[&k].primary.is_up());
+                        assert!(self.links[&k].primary.is_healthy());
                         assert!(self.now >= up + cfg().switchback_after, "too early: {d}");
                     }
                     other => panic!("a move for {other:?}: {d}"),
@@ -343,15 +357,12 @@ impl World {
                 backup,
             } => {
                 let links = Links {
-                    primary: state(*primary / 2),
-                    backup: state(*backup / 2),
+                    primary: state(*primary / 2, *backup),
+                    backup: state(*backup / 2, *primary),
                 };
                 // Most probes see both links up.
                 let links = if primary % 2 == 0 && backup % 2 == 0 {
-                    Links {
-                        primary: LinkState::Up,
-                        backup: LinkState::Up,
-                    }
+                    up()
                 } else {
                     links
                 };
@@ -417,8 +428,8 @@ proptest! {
         prop_assume!(first != second && key(first).partner() != key(second));
         let mut w = World::new(Vec::new());
         w.advance_to(Duration::from_millis(50));
-        let down = Links { primary: LinkState::Down, backup: LinkState::Up };
-        w.report(key(first), down);
+        let down = Links { primary: SideState::Down(String::new()), backup: SideState::Up };
+        w.report(key(first), down.clone());
         w.evaluate();
         w.advance_to(Duration::from_millis(50 + gap));
         w.report(key(second), down);
@@ -448,8 +459,8 @@ proptest! {
         let mut t = Duration::from_millis(10);
         for i in 0..toggles {
             w.advance_to(t);
-            let primary = if i % 2 == 0 { LinkState::Down } else { LinkState::Up };
-            w.report(key(device), Links { primary, backup: LinkState::Up });
+            let primary = if i % 2 == 0 { SideState::Down(String::new()) } else { SideState::Up };
+            w.report(key(device), Links { primary, backup: SideState::Up });
             w.evaluate();
             t += Duration::from_millis(period);
         }

@@ -18,9 +18,9 @@ use taskd_core::protocol::{
 };
 use taskd_core::verify::VerifyReport;
 use taskd_core::{
-    Action, DeviceId, Event, GlobalRank, HcclCode, JobId, JobLedger, JobState, NicSide, NodeName,
-    OperationId, OperationReport, Outcome, SubmitError, SwitchCapabilities, SwitchCommand, Trigger,
-    ValidationError,
+    Action, DeviceId, Event, GlobalRank, HcclCode, HcclSetup, JobId, JobLedger, JobState,
+    LibraryName, Missing, NicSide, NodeName, OperationId, OperationReport, Outcome, SubmitError,
+    SwitchCapabilities, SwitchCommand, Trigger, ValidationError,
 };
 
 fn hello(layout: &Layout, rank: u32, capabilities: SwitchCapabilities) -> WorkerHello {
@@ -30,6 +30,7 @@ fn hello(layout: &Layout, rank: u32, capabilities: SwitchCapabilities) -> Worker
         rank: GlobalRank(rank),
         capabilities,
         instance: taskd_core::Instance::UNKNOWN,
+        generation: 0,
     }
 }
 
@@ -652,25 +653,29 @@ fn every_validation_error_is_refused_as_invalid() {
 fn a_rank_that_cannot_switch_refuses_the_command() {
     let layout = Layout::new(2, 4);
     let all = SwitchCapabilities::ALL;
+    let no_tsp = || all.clone().with_tsp(false);
+    let no_rdma = || SwitchCapabilities::lacking([HcclSetup::NO_RDMA]);
     let cases = [
+        (no_tsp(), "MS_ENABLE_TFT without TSP:1"),
         (
-            SwitchCapabilities { tsp: false, ..all },
-            "MS_ENABLE_TFT without TSP:1",
-        ),
-        (
-            SwitchCapabilities {
-                l2_retry: false,
-                ..all
-            },
+            SwitchCapabilities::lacking([HcclSetup::L2_RETRY_OFF]),
             "HCCL_OP_RETRY_ENABLE without L2:1",
         ),
-        (SwitchCapabilities { rdma: false, ..all }, "no RDMA links"),
+        (no_rdma(), "no RDMA links"),
+        // Another backend's, in its own words.
+        (
+            SwitchCapabilities::lacking([Missing::new(
+                LibraryName::new("acme"),
+                "ACME_MULTIRAIL=0",
+            )]),
+            "ACME_MULTIRAIL=0",
+        ),
     ];
     for (caps, missing) in cases {
         // An untargeted rank counts too: every rank calls HCCL.
         for rank in [0, 5, 7] {
             let mut l = ledger(&layout);
-            l.register(hello(&layout, rank, caps)).unwrap();
+            l.register(hello(&layout, rank, caps.clone())).unwrap();
             assert_eq!(l.registered(), 8, "a reconnect replaces, it does not add");
             let before = snapshot(&l);
             assert_eq!(
@@ -682,7 +687,7 @@ fn a_rank_that_cannot_switch_refuses_the_command() {
             );
             assert_eq!(snapshot(&l), before);
             // Fixed and restarted: once its report agrees, it runs.
-            l.register(hello(&layout, rank, all)).unwrap();
+            l.register(hello(&layout, rank, all.clone())).unwrap();
             verify(&mut l, &layout, &BTreeSet::new(), secs(0));
             start(&mut l, &layout.command(&[(1, true)]), op_id(1), secs(0));
         }
@@ -690,10 +695,8 @@ fn a_rank_that_cannot_switch_refuses_the_command() {
 
     // Two ranks with different gaps: both ranks and both gaps are named.
     let mut l = ledger(&layout);
-    l.register(hello(&layout, 2, SwitchCapabilities { tsp: false, ..all }))
-        .unwrap();
-    l.register(hello(&layout, 5, SwitchCapabilities { rdma: false, ..all }))
-        .unwrap();
+    l.register(hello(&layout, 2, no_tsp())).unwrap();
+    l.register(hello(&layout, 5, no_rdma())).unwrap();
     assert_eq!(
         l.submit(&layout.command(&[(1, true)]), op_id(1), secs(0)),
         Err(SubmitError::CapabilityMissing {
@@ -1470,6 +1473,7 @@ fn registration_errors_are_named_and_register_nothing() {
         rank: GlobalRank(8),
         capabilities: SwitchCapabilities::ALL,
         instance: taskd_core::Instance::UNKNOWN,
+        generation: 0,
     };
     assert_eq!(
         l.register(h),

@@ -98,6 +98,7 @@ fn hello(layout: &Layout, rank: u32) -> WorkerHello {
         rank: GlobalRank(rank),
         capabilities: SwitchCapabilities::ALL,
         instance: taskd_core::Instance::UNKNOWN,
+        generation: 0,
     }
 }
 

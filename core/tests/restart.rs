@@ -26,6 +26,8 @@ struct Job {
     alive: Vec<Option<Instance>>,
     next: u64,
     now: Duration,
+    /// The job restart the processes it starts now were started for.
+    generation: u32,
 }
 
 impl Job {
@@ -39,6 +41,7 @@ impl Job {
             alive: vec![None; WORLD as usize],
             next: 1,
             now: secs(0),
+            generation: 0,
         };
         for r in 0..WORLD {
             j.start(r);
@@ -63,6 +66,7 @@ impl Job {
             rank: GlobalRank(r),
             capabilities: SwitchCapabilities::ALL,
             instance,
+            generation: self.generation,
         };
         self.l.register(hello).expect("a valid registration")
     }
@@ -372,6 +376,26 @@ fn with_a_last_words_host_the_stop_goes_out_after_its_checkpoint() {
         note.contains("after step 271") && note.contains("no step lost"),
         "{note}"
     );
+}
+
+#[test]
+fn a_new_manager_counts_restarts_on_from_the_processes_generation() {
+    let mut j = Job::running();
+    // The job's processes were started for its second restart: a manager started now (its
+    // count lost) learns it from them, and the budget counts on from there.
+    let layout = Layout::new(2, 2);
+    let mut fresh = JobLedger::new(job(), layout.table.clone(), DEADLINES);
+    fresh.set_process_recovery(Some(ProcessRecovery { max_restarts: 3 }));
+    std::mem::swap(&mut j.l, &mut fresh);
+    j.generation = 2;
+    for r in 0..WORLD {
+        j.start(r);
+    }
+    assert_eq!(j.l.restarts().done, 2);
+    j.verify();
+    j.lose(0, died("killed"));
+    let a = j.l.restart_job(op_id(1), j.now).unwrap();
+    assert_eq!(stop_directive(&a).0, AfterStop::Restart { number: 3 });
 }
 
 #[test]

@@ -99,7 +99,7 @@
 //! - `TASKD_DCMI_TIMEOUT_MS`: how long one DCMI probe may take (default 1000); see
 //!   [`node::probe_timeout_from_env`].
 //! - `HCCL_OP_RETRY_ENABLE="L0:0, L1:1, L2:1"`: without `L2:1`, `HcclCommWorkingDevNicSet`
-//!   answers success and switches nothing; [`AscendRankHal`] reports `l2_retry: false` then.
+//!   answers success and switches nothing; [`AscendRankHal`] reports L2 retry missing then.
 //! - `TASKD_HCCL_RDMA=0` only if the job has no RoCE links (HCCL cannot be asked; the HAL
 //!   assumes RDMA otherwise, see [`rank::TASKD_HCCL_RDMA`]).
 //! - A detect IP per NIC (`hccn_tool -i <id> -netdetect -s address <gateway>`), which is what

@@ -9,7 +9,7 @@ use std::fmt;
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use taskd_core::env::{self, EnvError, TASKD_DCMI_TIMEOUT_MS};
-use taskd_core::{DeviceId, HalError, HalErrorKind, LinkHealth, NicSide, NodeHal};
+use taskd_core::{DeviceId, HalError, HalErrorKind, LinkHealth, NodeHal, SideState};
 
 /// How long one DCMI call may take before its answer counts as unknown: 1 s, the bound
 /// MindCluster puts on `dcmi_get_device_network_health`, which it documents as occasionally
@@ -149,14 +149,15 @@ struct Pending<T> {
 /// `*_logical`. The partner die is `(card_id, device_id ^ 1)` in DCMI's own numbering
 /// ([`DcmiLocation::partner`]), never derived from a logical id.
 ///
-/// **Link health.** `primary_up` is `dcmi_get_device_network_health` of the die itself,
-/// `backup_up` the same probe on its partner die: on Atlas A3 each card carries the two dies
-/// of one NPU, and a die's backup NIC is its partner's NIC. The probe reports reachability of
-/// a detect IP the operator configures per NIC (`hccn_tool -i <id> -netdetect -s address
+/// **Link health.** The primary side is `dcmi_get_device_network_health` of the die itself,
+/// the backup side the same probe on its partner die: on Atlas A3 each card carries the two
+/// dies of one NPU, and a die's backup NIC is its partner's NIC. The probe reports reachability
+/// of a detect IP the operator configures per NIC (`hccn_tool -i <id> -netdetect -s address
 /// <ip>`), so a NIC without one never reads as up; which results count as up is written down
-/// at [`NetworkHealth::is_up`]. A side whose probe fails, times out, or names a die this node
-/// cannot see (a partner outside the container) is reported *unknown* with the reason
-/// ([`LinkHealth::with_unknown`]), and the manager refuses a switch onto it.
+/// at [`NetworkHealth::is_up`], and a side that is not up is [`SideState::Down`] with the
+/// probe's result. A side whose probe fails, times out, or names a die this node cannot see (a
+/// partner outside the container) is [`SideState::Unknown`] with the reason, and the manager
+/// refuses a switch onto it. DCMI has no degraded state.
 ///
 /// **Bounded probes.** Every DCMI call runs on a thread of its own and is waited for at most
 /// the probe timeout ([`DEFAULT_PROBE_TIMEOUT`], [`probe_timeout_from_env`]); a call that does
@@ -369,26 +370,34 @@ impl NodeHal for AscendNodeHal {
         let partner = own.partner();
         let deadline = Instant::now() + self.timeout;
         let (p_own, p_partner) = (self.start_health(own), self.start_health(partner));
-        let mut health = LinkHealth::new(device, false, false);
-        match self.finish(p_own, deadline) {
-            Ok(h) => health.primary_up = h.is_up(),
-            Err(e) => {
-                let why = format!("the probe of its own NIC ({own}) gave no answer: {e}");
-                health = health.with_unknown(NicSide::Primary, why);
-            }
-        }
-        match self.finish(p_partner, deadline) {
-            Ok(h) => health.backup_up = h.is_up(),
-            Err(e) => {
-                let why = format!(
-                    "its backup NIC is its partner die's ({partner}), whose probe gave no \
-                     answer: {e}{}",
-                    partner_hint(&e)
-                );
-                health = health.with_unknown(NicSide::Backup, why);
-            }
-        }
-        Ok(health)
+        let primary = match self.finish(p_own, deadline) {
+            Ok(h) => side_state(h),
+            Err(e) => SideState::Unknown(format!(
+                "the probe of its own NIC ({own}) gave no answer: {e}"
+            )),
+        };
+        let backup = match self.finish(p_partner, deadline) {
+            Ok(h) => side_state(h),
+            Err(e) => SideState::Unknown(format!(
+                "its backup NIC is its partner die's ({partner}), whose probe gave no \
+                 answer: {e}{}",
+                partner_hint(&e)
+            )),
+        };
+        Ok(LinkHealth {
+            device,
+            primary,
+            backup,
+        })
+    }
+}
+
+/// A side the probe answered for: up, or down with the probe's result.
+fn side_state(h: NetworkHealth) -> SideState {
+    if h.is_up() {
+        SideState::Up
+    } else {
+        SideState::Down(format!("DCMI network health {h}"))
     }
 }
 

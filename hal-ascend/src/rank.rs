@@ -3,7 +3,9 @@
 use crate::safe::Comm;
 use crate::search::EnvLookup;
 use std::collections::HashSet;
-use taskd_core::{env, GroupInfo, GroupRank, HalError, HcclCapabilities, HcclCode, RankHal};
+use taskd_core::{
+    env, GroupInfo, GroupRank, HalError, HcclCode, HcclSetup, RankHal, SwitchCapabilities,
+};
 
 /// `HCCL_OP_RETRY_ENABLE`: HCCL's retry levels; `L2:1` is needed for a real NIC switch.
 ///
@@ -15,8 +17,9 @@ pub use taskd_core::env::{HCCL_OP_RETRY_ENABLE, TASKD_HCCL_RDMA};
 
 /// What this rank's HCCL setup allows, from the environment: `l2_retry` from
 /// `HCCL_OP_RETRY_ENABLE` (parsed by [`taskd_core::env::l2_retry_enabled`]), `rdma` true unless
-/// [`TASKD_HCCL_RDMA`] says otherwise. (TSP is the framework's, which the worker joins in.)
-pub fn capabilities_from_env(env: EnvLookup<'_>) -> HcclCapabilities {
+/// [`TASKD_HCCL_RDMA`] says otherwise (what a rank lacks then: [`HcclSetup::capabilities`]).
+/// TSP is the framework's, which the worker adds.
+pub fn capabilities_from_env(env: EnvLookup<'_>) -> HcclSetup {
     let get = |k: &str| env(k).map(|v| v.to_string_lossy().into_owned());
     let rdma_off = get(TASKD_HCCL_RDMA).is_some_and(|v| {
         matches!(
@@ -24,7 +27,7 @@ pub fn capabilities_from_env(env: EnvLookup<'_>) -> HcclCapabilities {
             "0" | "false" | "off" | "no"
         )
     });
-    HcclCapabilities {
+    HcclSetup {
         l2_retry: env::l2_retry_enabled(get(HCCL_OP_RETRY_ENABLE).as_deref()),
         rdma: !rdma_off,
     }
@@ -52,7 +55,7 @@ struct Group {
 /// [`taskd_core::plan_calls`] one call at a time, which is what HCCL requires.
 pub struct AscendRankHal {
     groups: Vec<Group>,
-    caps: HcclCapabilities,
+    caps: HcclSetup,
 }
 
 impl AscendRankHal {
@@ -64,7 +67,7 @@ impl AscendRankHal {
     }
 
     /// As [`AscendRankHal::new`], with the capabilities given instead of read.
-    pub fn with_capabilities(groups: Vec<(Comm, GroupInfo)>, caps: HcclCapabilities) -> Self {
+    pub fn with_capabilities(groups: Vec<(Comm, GroupInfo)>, caps: HcclSetup) -> Self {
         AscendRankHal {
             groups: groups
                 .into_iter()
@@ -178,8 +181,8 @@ impl RankHal for AscendRankHal {
             .set_working_nic(&ranks, use_backup)
     }
 
-    fn capabilities(&mut self) -> HcclCapabilities {
-        self.caps
+    fn capabilities(&mut self) -> SwitchCapabilities {
+        self.caps.capabilities()
     }
 }
 
@@ -187,7 +190,7 @@ impl RankHal for AscendRankHal {
 mod tests {
     use super::*;
 
-    fn caps(pairs: &[(&str, &str)]) -> HcclCapabilities {
+    fn caps(pairs: &[(&str, &str)]) -> HcclSetup {
         let env = taskd_core::env::from_pairs(pairs);
         capabilities_from_env(&env)
     }
@@ -210,13 +213,13 @@ mod tests {
 
     #[test]
     fn no_groups_means_no_calls() {
-        let mut hal = AscendRankHal::with_capabilities(Vec::new(), HcclCapabilities::ALL);
+        let mut hal = AscendRankHal::with_capabilities(Vec::new(), HcclSetup::ALL);
         assert_eq!(hal.groups().unwrap(), vec![]);
         let err = hal
             .set_working_nic("world", &[GroupRank(0)], &[true])
             .unwrap_err();
         assert_eq!(err.hccl(), Some(HcclCode::NotFound));
         assert_eq!(err.op, "HcclCommWorkingDevNicSet");
-        assert_eq!(hal.capabilities(), HcclCapabilities::ALL);
+        assert_eq!(hal.capabilities(), SwitchCapabilities::ALL);
     }
 }

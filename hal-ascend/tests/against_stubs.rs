@@ -9,8 +9,8 @@ use std::path::Path;
 use std::sync::Arc;
 use support::{env, fresh, fresh_dir, install, Stub, StubControl};
 use taskd_core::{
-    plan_calls, DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind,
-    HcclCapabilities, HcclCode, LinkHealth, NicSide, NodeHal, RankHal,
+    plan_calls, DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCode,
+    HcclSetup, LinkHealth, NicSide, NodeHal, RankHal, SideState,
 };
 use taskd_hal_ascend::result::{self, AclError};
 use taskd_hal_ascend::search::{self, LibrarySpec, LoadError, Origin};
@@ -738,7 +738,7 @@ mod rank_hal {
                     },
                 ),
             ],
-            HcclCapabilities::ALL,
+            HcclSetup::ALL,
         );
         (hal, stub)
     }
@@ -797,7 +797,7 @@ mod rank_hal {
                     members: ranks(&[0, 1, 2]),
                 },
             )],
-            HcclCapabilities::ALL,
+            HcclSetup::ALL,
         );
         let e = hal.groups().unwrap_err();
         assert_eq!(
@@ -822,7 +822,7 @@ mod rank_hal {
                     members: ranks(&[0, 1]),
                 },
             )],
-            HcclCapabilities::ALL,
+            HcclSetup::ALL,
         );
         let e = hal.groups().unwrap_err();
         assert_eq!(
@@ -844,10 +844,8 @@ mod rank_hal {
             name: String::new(),
             members: ranks(&[0, 1]),
         };
-        let mut hal = AscendRankHal::with_capabilities(
-            vec![(a, info.clone()), (b, info)],
-            HcclCapabilities::ALL,
-        );
+        let mut hal =
+            AscendRankHal::with_capabilities(vec![(a, info.clone()), (b, info)], HcclSetup::ALL);
         assert!(hal
             .groups()
             .unwrap_err()
@@ -910,10 +908,11 @@ mod rank_hal {
         );
         assert_eq!(
             hal.capabilities(),
-            HcclCapabilities {
+            HcclSetup {
                 l2_retry: true,
                 rdma: false
             }
+            .capabilities()
         );
     }
 
@@ -928,7 +927,7 @@ mod rank_hal {
         };
         let hal = AscendRankHal::with_capabilities(
             vec![(owned, one.clone()), (borrowed, one)],
-            HcclCapabilities::ALL,
+            HcclSetup::ALL,
         );
         drop(hal);
         assert_eq!(
@@ -967,6 +966,15 @@ mod node_hal {
         (hal, stub)
     }
 
+    /// Device `d`'s health with its primary up and its backup's probe answering
+    /// `DCMI_RDFX_DETECT_UNREACH`.
+    fn unreachable_backup(d: u32) -> LinkHealth {
+        LinkHealth::new(DeviceId(d), true, true).with(
+            NicSide::Backup,
+            SideState::Down("DCMI network health Unreach (3)".into()),
+        )
+    }
+
     /// The health probes in the log, sorted (own and partner run at once).
     fn health_calls(stub: &StubControl) -> Vec<String> {
         let mut v = stub.calls("dcmi_get_device_network_health");
@@ -996,7 +1004,7 @@ mod node_hal {
         stub.dcmi_health(10, 1, 3); // DCMI_RDFX_DETECT_UNREACH
         stub.clear_log();
         let h0 = hal.link_health(DeviceId(0)).unwrap();
-        assert_eq!(h0, LinkHealth::new(DeviceId(0), true, false));
+        assert_eq!(h0, unreachable_backup(0));
         assert_eq!(
             stub.log()[0],
             "dcmi_get_card_id_device_id_from_phyid device_phy_id=0"
@@ -1012,7 +1020,10 @@ mod node_hal {
             .calls("dcmi_get_card_id_device_id_from_logicid")
             .is_empty());
         let h1 = hal.link_health(DeviceId(1)).unwrap();
-        assert_eq!((h1.primary_up, h1.backup_up), (false, true));
+        assert_eq!(
+            (h1.is_up(NicSide::Primary), h1.is_up(NicSide::Backup)),
+            (false, true)
+        );
         assert_eq!(
             h1.unknown(NicSide::Primary),
             None,
@@ -1028,7 +1039,17 @@ mod node_hal {
             stub.dcmi_health(0, 1, v);
             let h = hal.link_health(DeviceId(0)).unwrap();
             let up = v == 0 || v == 6; // DCMI_RDFX_DETECT_OK, DCMI_RDFX_DETECT_INIT
-            assert_eq!((h.primary_up, h.backup_up), (up, up), "result {v}");
+            assert_eq!(
+                (h.is_up(NicSide::Primary), h.is_up(NicSide::Backup)),
+                (up, up),
+                "result {v}"
+            );
+            if !up {
+                assert!(
+                    h.primary.reason().unwrap().contains(&format!("({v})")),
+                    "{h:?}"
+                );
+            }
         }
     }
 
@@ -1048,7 +1069,7 @@ mod node_hal {
         // Physical 0 is card 10 chip 0: its backup NIC (physical 1) is down. Read through its
         // logical id 0, it would have been card 11's dies, both up.
         let h = hal.link_health(DeviceId(0)).unwrap();
-        assert_eq!(h, LinkHealth::new(DeviceId(0), true, false));
+        assert_eq!(h, unreachable_backup(0));
         assert_eq!(
             health_calls(&stub),
             vec![
@@ -1085,7 +1106,7 @@ mod node_hal {
         // Physical 7 (card 13, chip 1) is not in this container.
         let (mut hal, _stub) = node_with("invisible", 4, 2, 10, &[6, 2, 3], Duration::from_secs(5));
         let h = hal.link_health(DeviceId(6)).unwrap();
-        assert!(h.primary_up && !h.backup_up);
+        assert!(h.is_up(NicSide::Primary) && !h.is_up(NicSide::Backup));
         let why = h.unknown(NicSide::Backup).expect("unknown, not down");
         assert!(
             why.contains("card 13 chip 1")
@@ -1111,7 +1132,7 @@ mod node_hal {
         // One die per card (not an A3): the partner chip does not exist.
         let (mut hal, stub) = node("one_die_per_card", 4, 1, 0);
         let h = hal.link_health(DeviceId(2)).unwrap();
-        assert!(h.primary_up && !h.backup_up);
+        assert!(h.is_up(NicSide::Primary) && !h.is_up(NicSide::Backup));
         let why = h.unknown(NicSide::Backup).unwrap();
         assert!(
             why.contains("card 2 chip 1") && why.contains("DCMI_ERR_CODE_INVALID_DEVICE_ID"),
@@ -1144,7 +1165,7 @@ mod node_hal {
             took >= timeout && took < Duration::from_secs(20),
             "{took:?}"
         );
-        assert!(h.primary_up && !h.backup_up);
+        assert!(h.is_up(NicSide::Primary) && !h.is_up(NicSide::Backup));
         let why = h.unknown(NicSide::Backup).unwrap();
         assert!(
             why.contains(
@@ -1184,7 +1205,7 @@ mod node_hal {
         // A probe that answers with an error: both sides unknown, with DCMI's code named.
         stub.set_result("dcmi_get_device_network_health", -8023);
         let h = hal.link_health(DeviceId(2)).unwrap();
-        assert!(!h.primary_up && !h.backup_up);
+        assert!(!h.is_up(NicSide::Primary) && !h.is_up(NicSide::Backup));
         let why = h.unknown(NicSide::Primary).unwrap();
         assert!(
             why.contains("card 11 chip 0")

@@ -31,18 +31,11 @@ use std::time::{Duration, Instant};
 use taskd_core::hal::LinkWake;
 use taskd_core::{DeviceId, HalError, LinkHealth, NicSide, NodeHal};
 
-/// What one interface was found to be.
-#[derive(Clone, Debug, PartialEq)]
-pub enum SideState {
-    /// Carrier and answers within the thresholds.
-    Up,
-    /// Up, but the probe's loss or round-trip time is past a threshold: why.
-    Degraded(String),
-    /// No carrier or administratively down: the kernel's words.
-    Down(String),
-    /// Could not be read or probed: why.
-    Unknown(String),
-}
+/// What one interface was found to be: the control plane's own link state. Up: carrier, and
+/// answers within the thresholds; degraded: up, but the probe's loss or round-trip time is past
+/// a threshold; down: no carrier or administratively down, in the kernel's words; unknown: it
+/// could not be read or probed.
+pub use taskd_core::SideState;
 
 /// The node HAL over Linux interfaces.
 pub struct LinuxNodeHal {
@@ -139,13 +132,19 @@ impl NodeHal for LinuxNodeHal {
                 "device {} has no interfaces in the link configuration",
                 device.0
             );
-            return Ok(LinkHealth::new(device, false, false)
-                .with_unknown(NicSide::Primary, why.clone())
-                .with_unknown(NicSide::Backup, why));
+            return Ok(LinkHealth {
+                device,
+                primary: SideState::Unknown(why.clone()),
+                backup: SideState::Unknown(why),
+            });
         };
         let primary = self.side_state(&links.primary, NicSide::Primary);
         let backup = self.side_state(&links.backup, NicSide::Backup);
-        Ok(health(device, &primary, &backup))
+        Ok(LinkHealth {
+            device,
+            primary,
+            backup,
+        })
     }
 
     /// The kernel's link messages ([`netlink`]): a change of a configured interface marks it to
@@ -169,18 +168,13 @@ impl NodeHal for LinuxNodeHal {
     }
 }
 
-/// The [`LinkHealth`] both sides' states make.
+/// The [`LinkHealth`] both sides' states make: the states as they are.
 pub fn health(device: DeviceId, primary: &SideState, backup: &SideState) -> LinkHealth {
-    let up = |s: &SideState| matches!(s, SideState::Up | SideState::Degraded(_));
-    let mut h = LinkHealth::new(device, up(primary), up(backup));
-    for (side, s) in [(NicSide::Primary, primary), (NicSide::Backup, backup)] {
-        h = match s {
-            SideState::Degraded(why) => h.with_degraded(side, why.clone()),
-            SideState::Unknown(why) => h.with_unknown(side, why.clone()),
-            SideState::Up | SideState::Down(_) => h,
-        };
+    LinkHealth {
+        device,
+        primary: primary.clone(),
+        backup: backup.clone(),
     }
-    h
 }
 
 #[cfg(test)]
@@ -235,6 +229,39 @@ mod tests {
         let h = hal.link_health(DeviceId(7)).unwrap();
         assert!(h.unknown(NicSide::Primary).unwrap().contains("device 7"));
         assert!(!h.is_up(NicSide::Backup));
+    }
+
+    #[test]
+    fn an_interface_the_kernel_said_changed_is_read_past_the_cache_and_down_says_why() {
+        let dir = sysfs::tests::FakeSys::new();
+        dir.set("pri", "up", Some("1"));
+        dir.set("bak", "up", Some("1"));
+        let mut hal = LinuxNodeHal::with_sysfs(
+            LinkConfig {
+                cache_ms: 3_600_000,
+                ..cfg()
+            },
+            dir.sys(),
+        );
+        assert!(hal
+            .link_health(DeviceId(0))
+            .unwrap()
+            .is_up(NicSide::Primary));
+        // The carrier goes: the cache still says up until the kernel's event marks `pri`
+        // (what the watch's callback does) ...
+        dir.set("pri", "down", Some("0"));
+        assert!(hal
+            .link_health(DeviceId(0))
+            .unwrap()
+            .is_up(NicSide::Primary));
+        hal.changed.lock().unwrap().insert("pri".into());
+        // ... then it is down, in the kernel's words.
+        let h = hal.link_health(DeviceId(0)).unwrap();
+        match &h.primary {
+            SideState::Down(why) => assert!(why.contains("no carrier"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(h.backup, SideState::Up);
     }
 
     #[test]

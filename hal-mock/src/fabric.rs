@@ -918,7 +918,7 @@ impl fmt::Debug for Fabric {
 mod tests {
     use super::*;
     use crate::test_support::*;
-    use taskd_core::{NodeHal, RankHal};
+    use taskd_core::{NicSide, NodeHal, RankHal};
 
     #[test]
     fn topology_lays_out_ranks_partners_and_groups() {
@@ -958,7 +958,7 @@ mod tests {
         let f = fabric(1, 3, 3);
         assert_eq!(f.partner(r(2)), None);
         let h = f.node_hal(0).link_health(DeviceId(2)).unwrap();
-        assert!(h.primary_up && !h.backup_up);
+        assert!(h.is_up(NicSide::Primary) && !h.is_up(NicSide::Backup));
         warm_up(&f);
         for calls in switch_all(&f, &[(2, true)]) {
             for (group, res) in calls {
@@ -1024,6 +1024,8 @@ mod tests {
         assert!(report.is_consistent(), "{report}");
         assert_eq!(f.ranks_on_backup(), [r(0)]);
         let mut hal = f.rank_hal(r(1));
-        assert!(!hal.capabilities().l2_retry);
+        assert!(hal
+            .capabilities()
+            .lacks(&taskd_core::HcclSetup::L2_RETRY_OFF));
     }
 }

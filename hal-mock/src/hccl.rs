@@ -636,6 +636,11 @@ impl Fabric {
             let Some(gi) = Self::waiting_in(st, r) else {
                 continue;
             };
+            // A round with a dead member waits for nobody: each of its members leaves it with
+            // HCCL_E_REMOTE at its next look, as one that calls now gets it at once.
+            if st.any_member_dead(gi).is_some() {
+                continue;
+            }
             let g = &st.groups[gi];
             for ((p, a), left) in g.members.iter().zip(&g.nic_round).zip(&g.nic_left) {
                 if a.is_some() || *left {
@@ -1235,6 +1240,52 @@ mod tests {
         );
         assert_eq!(f.view(WORLD_GROUP, r(0)).unwrap(), [false, false]);
         assert!(f.check_consistency().is_consistent());
+    }
+
+    #[test]
+    fn a_round_a_dead_member_ends_is_not_an_order_violation() {
+        // 1 node x 4 dies, tp 2: world {0..3}, tp_0 {0, 1}. Rank 0 has joined the world
+        // group's round when rank 3 dies; rank 1 then finds the world group broken
+        // (HCCL_E_REMOTE at once) and goes on to tp_0, where it waits for rank 0, before rank 0
+        // looks again. Rank 0 leaves the world round with HCCL_E_REMOTE at its next look: the
+        // same group order on both, nothing waits for ever.
+        use std::future::Future;
+        use std::task::{Context, Poll, Waker};
+        let f = fabric(1, 4, 2);
+        warm_up(&f);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let _in_runtime = rt.enter();
+        let mut cx = Context::from_waker(Waker::noop());
+        let (hal0, hal1) = (f.rank_hal(r(0)), f.rank_hal(r(1)));
+        let (rank_0, backup) = (gr(&[0]), [true]);
+        let mut world0 = Box::pin(hal0.set_working_nic_async(WORLD_GROUP, &rank_0, &backup));
+        assert!(world0.as_mut().poll(&mut cx).is_pending());
+        f.kill_rank(r(3));
+        let mut world1 = Box::pin(hal1.set_working_nic_async(WORLD_GROUP, &rank_0, &backup));
+        let Poll::Ready(res) = world1.as_mut().poll(&mut cx) else {
+            panic!("a group with a dead member answers at once");
+        };
+        assert_eq!(code(&res), HcclCode::Remote);
+        let mut tp1 = Box::pin(hal1.set_working_nic_async("tp_0", &rank_0, &backup));
+        assert!(tp1.as_mut().poll(&mut cx).is_pending());
+        assert!(f.violations().is_empty(), "{:?}", f.violations());
+        let Poll::Ready(res) = world0.as_mut().poll(&mut cx) else {
+            panic!("rank 0 leaves the broken round");
+        };
+        assert_eq!(code(&res), HcclCode::Remote);
+        let mut tp0 = Box::pin(hal0.set_working_nic_async("tp_0", &rank_0, &backup));
+        let Poll::Ready(res) = tp0.as_mut().poll(&mut cx) else {
+            panic!("the last member completes tp_0's round");
+        };
+        assert_eq!(code(&res), HcclCode::Success);
+        let Poll::Ready(res) = tp1.as_mut().poll(&mut cx) else {
+            panic!("rank 1 has its answer");
+        };
+        assert_eq!(code(&res), HcclCode::Success);
+        assert!(f.violations().is_empty(), "{:?}", f.violations());
     }
 
     #[test]

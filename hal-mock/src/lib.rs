@@ -28,7 +28,7 @@
 //! ([`taskd_core::hal`], explained in `docs/hal.md`); `taskd-hal-ascend` implements the same
 //! traits over the real libraries. The actors of `taskd-actors` cannot tell the two apart,
 //! which is the point: `taskd sim` (the `taskd` crate's `src/sim/`) runs the production
-//! manager, proxies and workers on a [`Fabric`], `taskd worker --sim` and `taskd proxy --sim`
+//! manager, proxies and workers on a [`Fabric`], `taskd worker --sim` and `taskd proxy --node-hal sim`
 //! run one role on a [`solo`] rank or node, and the scenario tests under the workspace's
 //! `tests/` end with [`Fabric::check_consistency`].
 //!

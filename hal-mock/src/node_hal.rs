@@ -81,7 +81,7 @@ impl NodeHal for MockNodeHal {
 #[cfg(test)]
 mod tests {
     use crate::test_support::*;
-    use taskd_core::{DeviceId, HalErrorKind, LinkHealth, NodeHal};
+    use taskd_core::{DeviceId, HalErrorKind, LinkHealth, NicSide, NodeHal};
 
     #[test]
     fn link_health_reports_own_port_as_primary_and_partners_as_backup() {
@@ -95,10 +95,10 @@ mod tests {
             LinkHealth::new(DeviceId(2), false, true)
         );
         let partner = node.link_health(DeviceId(3)).unwrap();
-        assert!(partner.primary_up && !partner.backup_up);
+        assert!(partner.is_up(NicSide::Primary) && !partner.is_up(NicSide::Backup));
         // The other node is untouched.
         let other = f.node_hal(0).link_health(DeviceId(2)).unwrap();
-        assert!(other.primary_up && other.backup_up);
+        assert!(other.is_up(NicSide::Primary) && other.is_up(NicSide::Backup));
         let e = node.link_health(DeviceId(4)).unwrap_err();
         assert_eq!(
             (e.kind, e.vendor.library.as_str()),

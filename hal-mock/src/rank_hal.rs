@@ -4,8 +4,8 @@ use crate::fabric::Fabric;
 use crate::hccl::NIC_SET_OP;
 use std::sync::Arc;
 use taskd_core::{
-    GlobalRank, GroupInfo, GroupRank, GroupsFuture, HalError, HalFuture, HcclCapabilities,
-    HcclCode, RankHal, TaskRankHal,
+    GlobalRank, GroupInfo, GroupRank, GroupsFuture, HalError, HalFuture, HcclCode, HcclSetup,
+    RankHal, SwitchCapabilities, TaskRankHal,
 };
 
 /// One simulated training process's view of HCCL, handed to the worker of `rank`.
@@ -104,12 +104,13 @@ impl RankHal for MockRankHal {
             .set_working_nic(self.rank, group, ranks, use_backup)
     }
 
-    fn capabilities(&mut self) -> HcclCapabilities {
+    fn capabilities(&mut self) -> SwitchCapabilities {
         let l2_retry = self.alive(NIC_SET_OP).is_ok() && self.fabric.l2_retry(self.rank);
-        HcclCapabilities {
+        HcclSetup {
             l2_retry,
             rdma: self.fabric.config().rdma,
         }
+        .capabilities()
     }
 }
 
@@ -129,7 +130,7 @@ impl TaskRankHal for MockRankHal {
         Box::pin(self.set_working_nic_async(group, ranks, use_backup))
     }
 
-    fn capabilities(&mut self) -> HcclCapabilities {
+    fn capabilities(&mut self) -> SwitchCapabilities {
         RankHal::capabilities(self)
     }
 }
@@ -138,7 +139,7 @@ impl TaskRankHal for MockRankHal {
 mod tests {
     use crate::test_support::*;
     use crate::WORLD_GROUP;
-    use taskd_core::{HcclCapabilities, HcclCode, RankHal};
+    use taskd_core::{HcclCode, HcclSetup, RankHal, SwitchCapabilities};
 
     #[test]
     fn a_rank_reports_its_groups_and_capabilities() {
@@ -147,9 +148,9 @@ mod tests {
         assert_eq!(hal.rank(), r(3));
         let names: Vec<String> = hal.groups().unwrap().into_iter().map(|g| g.name).collect();
         assert_eq!(names, [WORLD_GROUP, "tp_1", "dp_1"]);
-        assert_eq!(hal.capabilities(), HcclCapabilities::ALL);
+        assert_eq!(hal.capabilities(), SwitchCapabilities::ALL);
         f.set_l2_retry(r(3), false);
-        assert!(!hal.capabilities().l2_retry);
+        assert!(hal.capabilities().lacks(&HcclSetup::L2_RETRY_OFF));
         assert_eq!(
             f.rank_hal(r(4)).groups().unwrap_err().hccl(),
             Some(HcclCode::NotFound)

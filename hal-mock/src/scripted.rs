@@ -29,7 +29,7 @@ use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
-use taskd_core::{GroupInfo, GroupRank, HalError, HcclCapabilities, RankHal};
+use taskd_core::{GroupInfo, GroupRank, HalError, RankHal, SwitchCapabilities};
 
 /// A call of the [`RankHal`] conversation, with its arguments.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,7 +65,7 @@ impl fmt::Display for Call {
 enum Answer {
     Groups(Vec<GroupInfo>),
     Done,
-    Capabilities(HcclCapabilities),
+    Capabilities(SwitchCapabilities),
     Fails(HalError),
 }
 
@@ -99,7 +99,7 @@ impl Expect {
     }
 
     /// `capabilities()`, answering `caps`.
-    pub fn capabilities(caps: HcclCapabilities) -> Self {
+    pub fn capabilities(caps: SwitchCapabilities) -> Self {
         Expect {
             call: Call::Capabilities,
             answer: Answer::Capabilities(caps),
@@ -236,7 +236,7 @@ impl RankHal for ScriptedRankHal {
         }
     }
 
-    fn capabilities(&mut self) -> HcclCapabilities {
+    fn capabilities(&mut self) -> SwitchCapabilities {
         match self.next(Call::Capabilities) {
             Answer::Capabilities(c) => c,
             other => unreachable!("capabilities() scripted with {other:?}"),
@@ -269,13 +269,13 @@ mod tests {
     fn a_conversation_that_follows_the_script_gets_its_answers() {
         let timeout = HalError::new("HcclCommWorkingDevNicSet", HcclCode::Timeout, "");
         let mut hal = ScriptedRankHal::new([
-            Expect::capabilities(HcclCapabilities::ALL),
+            Expect::capabilities(SwitchCapabilities::ALL),
             Expect::groups(vec![world()]),
             Expect::set_working_nic("world", &[1], &[true]).fails(timeout.clone()),
             Expect::set_working_nic("world", &[0, 1], &[false, false]),
         ]);
         let watcher = hal.clone();
-        assert_eq!(hal.capabilities(), HcclCapabilities::ALL);
+        assert_eq!(hal.capabilities(), SwitchCapabilities::ALL);
         assert_eq!(hal.groups(), Ok(vec![world()]));
         assert_eq!(
             hal.set_working_nic("world", &[GroupRank(1)], &[true]),
@@ -351,7 +351,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "capabilities cannot fail")]
     fn capabilities_cannot_be_scripted_to_fail() {
-        let _ = Expect::capabilities(HcclCapabilities::ALL).fails(crate::MOCK.uncoded(
+        let _ = Expect::capabilities(SwitchCapabilities::ALL).fails(crate::MOCK.uncoded(
             "caps",
             HalErrorKind::Other,
             "",

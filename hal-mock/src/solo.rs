@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 use taskd_core::{
-    DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCapabilities, HcclCode,
-    LinkHealth, NodeHal, RankHal, StepBoundary, StepOutcome,
+    DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, HcclCode, HcclSetup,
+    LinkHealth, NodeHal, RankHal, StepBoundary, StepOutcome, SwitchCapabilities,
 };
 
 /// The shape of the job a solo rank belongs to.
@@ -438,12 +438,13 @@ impl RankHal for SoloRankHal {
         self.0.set_working_nic(group, ranks, use_backup)
     }
 
-    fn capabilities(&mut self) -> HcclCapabilities {
+    fn capabilities(&mut self) -> SwitchCapabilities {
         let st = self.0.state.lock();
-        HcclCapabilities {
+        HcclSetup {
             l2_retry: st.l2_retry,
             rdma: st.rdma,
         }
+        .capabilities()
     }
 }
 
@@ -626,6 +627,7 @@ fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use taskd_core::NicSide;
 
     fn r(n: u32) -> GlobalRank {
         GlobalRank(n)
@@ -681,7 +683,7 @@ mod tests {
         assert_eq!(solo.view("tp_0").unwrap(), [false, true, false, false]);
         // L2 retry off: success, no change.
         solo.set_l2_retry(false);
-        assert!(!hal.capabilities().l2_retry);
+        assert!(hal.capabilities().lacks(&HcclSetup::L2_RETRY_OFF));
         hal.set_working_nic("tp_0", &gr(&[1]), &[false]).unwrap();
         assert_eq!(solo.view("tp_0").unwrap(), [false, true, false, false]);
         assert_eq!(solo.nic_set_log().len(), 7);
@@ -713,7 +715,7 @@ mod tests {
         let mut n = SoloNodeHal::new(4);
         n.set_link(DeviceId(2), false);
         let h = n.link_health(DeviceId(3)).unwrap();
-        assert!(h.primary_up && !h.backup_up);
+        assert!(h.is_up(NicSide::Primary) && !h.is_up(NicSide::Backup));
         assert_eq!(
             n.link_health(DeviceId(4)).unwrap_err().kind,
             HalErrorKind::InvalidArgument

@@ -323,6 +323,12 @@ impl SimTraining {
         true
     }
 
+    /// How many ranks' loops have not ended yet (training, blocked in a collective or held at
+    /// their step boundary).
+    pub fn running(&self) -> usize {
+        self.shared.state.lock().running
+    }
+
     /// Collectives that returned an error so far (not counting those ended by shutdown).
     pub fn collective_failures(&self) -> u64 {
         self.shared.state.lock().failures

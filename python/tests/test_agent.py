@@ -175,6 +175,41 @@ class AgentLoop(support.TaskdTestCase):
         self.assertIn("the job restarts as one: restarting every worker", "\n".join(logs.output))
         self.assertEqual(launcher.alive(), [])
 
+    def ordered_restart(self, grace_s, end_first):
+        """The first start's workers run until their standard input closes; the manager's
+        order restarts the job as incarnation 1 (after closing it when ``end_first``: the
+        workers end on their own, as workers whose training was stopped do); the second
+        start's workers exit 0. The first start's exit codes, and the agent's log."""
+        launcher = fake_msrun.FakeMsrun({0: [RUN, exits(0)], 1: [RUN, exits(0)]})
+        log = logging.getLogger("taskd.test")
+        agent = NodeAgent(Msrun(launcher.callbacks(), log), log, 0, 0.01, stopped_grace_s=grace_s)
+
+        def order(launcher):
+            if launcher.started != 1:
+                return
+            if end_first:
+                for p in launcher.workers:
+                    p.stdin.close()
+            agent.restart("the job's restart 1", incarnation=1)
+
+        launcher.on_start = order
+        with self.assertLogs("taskd.test", "INFO") as logs:
+            outcome = agent.run(handle_signals=False)
+        self.assertEqual(outcome.code, 0, outcome)
+        self.assertEqual(agent.incarnation, 1)
+        self.assertEqual(launcher.alive(), [])
+        return [p.returncode for p in launcher.workers[:2]], "\n".join(logs.output)
+
+    def test_an_ordered_restart_lets_workers_whose_training_stopped_end_on_their_own(self):
+        codes, log = self.ordered_restart(WAIT, end_first=True)
+        self.assertEqual(codes, [0, 0], "ended on their own, not killed:\n" + log)
+        self.assertIn("the workers ended on their own", log)
+
+    def test_an_ordered_restart_stops_workers_that_do_not_end_within_the_grace(self):
+        codes, log = self.ordered_restart(0.05, end_first=False)
+        self.assertEqual(codes, [-signal.SIGKILL] * 2, log)
+        self.assertIn("did not end within 0.1 s of the restart order: stopping them", log)
+
 
 MANAGER = textwrap.dedent("""
     from taskd.api import init_taskd_manager, start_taskd_manager

@@ -9,7 +9,7 @@ import unittest
 
 import support  # noqa: F401 - the fakes on the path
 import fake_framework
-from taskd.python.framework import frameworks, switch
+from taskd.python.framework import frameworks, spec, switch
 
 LOG = logging.getLogger("taskd.test")
 
@@ -89,6 +89,7 @@ class SwitchCallback(unittest.TestCase):
         self.assertEqual(fake_framework.calls[-1]["ranks"], [0, 1])
         self.assertTrue(fake_framework.calls[-1]["synced"])
         self.assertTrue(chosen.moves_hccl, "MindSpore's switch moves HCCL communicators")
+        self.assertEqual(chosen.backend, "hccl")
         chosen = switch.resolve(pt)
         self.assertEqual((chosen.name, chosen.sync), ("torch_npu.npu._comm_switch_nic", None),
                          "torch_npu's function synchronises itself")
@@ -100,6 +101,7 @@ class SwitchCallback(unittest.TestCase):
             chosen = switch.resolve(pt)
             self.assertEqual(chosen.name, "taskd.python.framework.gloo.switch_nic")
             self.assertFalse(chosen.moves_hccl, "Gloo needs nothing of HCCL's")
+            self.assertEqual(chosen.backend, "gloo", "the worker's backend for it")
         finally:
             sys.modules["torch_npu"] = saved
         import mindspore.communication.management as m
@@ -138,3 +140,18 @@ class Registry(unittest.TestCase):
         self.assertEqual(pt.node_rank({"GROUP_RANK": "4"}), 4)
         with self.assertRaisesRegex(ValueError, r"\$LOCAL_WORLD_SIZE is not set"):
             pt.node_rank({"RANK": "5"})
+
+    def test_each_switch_function_names_the_backend_it_moves(self):
+        for f in frameworks.REGISTRY:
+            for entry in f.switches:
+                self.assertIn(entry.backend, spec.BACKENDS, entry.name)
+        gloo = spec.Location("taskd.python.framework.gloo", "switch_nic")
+        self.assertEqual(spec.SwitchFunction(gloo).backend, "hccl", "the default")
+        self.assertEqual(spec.SwitchFunction(gloo, backend="gloo").backend, "gloo")
+        # The deprecated boolean still reads, as the backend it stands for.
+        self.assertEqual(spec.SwitchFunction(gloo, moves_hccl=False).backend, "gloo")
+        self.assertEqual(spec.SwitchFunction(gloo, moves_hccl=True).backend, "hccl")
+        with self.assertRaisesRegex(ValueError, "backend 'nccl' is none of hccl, gloo"):
+            spec.SwitchFunction(gloo, backend="nccl")
+        with self.assertRaisesRegex(ValueError, "contradicts"):
+            spec.SwitchFunction(gloo, backend="gloo", moves_hccl=True)

@@ -9,9 +9,11 @@
 //!
 //! Between `taskd-actors` (which starts and runs the roles, and knows neither clap nor a HAL
 //! crate) and its two front ends, the `taskd` binary and the C ABI. It picks the node HAL of a
-//! proxy (DCMI from `taskd-hal-ascend`, or simulated link health from `taskd-hal-mock` with
-//! `--sim`). It prints nothing but the metrics endpoint's address, and never exits the process:
-//! every refusal is a [`ConfigError`] the front end reports in its own way.
+//! proxy by one value, `--node-hal` ([`NodeHalKind`]: DCMI from `taskd-hal-ascend`, Linux
+//! interfaces from `taskd-hal-linux`, simulated link health from `taskd-hal-mock`). It prints
+//! nothing but the metrics endpoint's address (what it notices on the way, a node HAL it
+//! cannot open, goes to the `tracing` log), and never exits the process: every refusal is a
+//! [`ConfigError`] the front end reports in its own way.
 //!
 //! ## Where to start reading
 //!
@@ -38,5 +40,5 @@ pub use auto::AutoArgs;
 pub use error::ConfigError;
 pub use manager::ManagerArgs;
 pub use net::{say, NetArgs, TlsArgs};
-pub use proxy::ProxyArgs;
+pub use proxy::{NodeHalKind, ProxyArgs};
 pub use worker::WorkerArgs;

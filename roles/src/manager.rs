@@ -72,10 +72,12 @@ pub struct ManagerArgs {
     /// Not ClusterD's client, whatever the environment says.
     #[arg(long)]
     no_clusterd: bool,
-    /// How long a pause ClusterD started holds waiting for its next signal before training
-    /// resumes (default 900000: ClusterD's own wait for each answer).
-    #[arg(long, value_name = "MS", value_parser = flags::deadline_ms())]
-    clusterd_hold_ms: Option<u64>,
+    /// How long a pause ClusterD started waits for its next signal before training resumes
+    /// (default 900000: ClusterD's own wait for each answer). Formerly --clusterd-hold-ms, still
+    /// accepted: "hold" is the hold policy's word (--hold-policy, --hold-bound-ms).
+    #[arg(long, value_name = "MS", value_parser = flags::deadline_ms(),
+          alias = "clusterd-hold-ms")]
+    clusterd_signal_wait_ms: Option<u64>,
     /// Start even though MS_SCHED_HOST differs from POD_IP (the manager belongs on the
     /// scheduler host).
     #[arg(long)]
@@ -257,8 +259,8 @@ impl ManagerArgs {
             },
         };
         let mut cfg = ClusterdConfig::new(addr, job.clone());
-        if let Some(ms) = self.clusterd_hold_ms {
-            cfg.hold = Duration::from_millis(ms);
+        if let Some(ms) = self.clusterd_signal_wait_ms {
+            cfg.signal_wait = Duration::from_millis(ms);
         }
         Ok(Some(cfg))
     }

@@ -3,7 +3,7 @@
 use crate::error::ConfigError;
 use crate::flags;
 use crate::net::{NetArgs, TlsArgs};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use taskd_actors::net::proxy_node::{NodeAssignment, NodeHalFactory};
@@ -16,8 +16,38 @@ use taskd_core::{
 };
 use taskd_hal_mock::SoloNodeHal;
 
+/// Where a proxy reads its node's link health: the one value that picks the node HAL
+/// (`--node-hal`, and the key `node_hal` of an embedded proxy's JSON configuration).
+///
+/// A new node backend is a crate implementing `taskd_core::NodeHal`, a value here and its arm
+/// in [`ProxyArgs::config`]'s choice (docs/hal.md, "Adding a backend").
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum NodeHalKind {
+    /// DCMI's network health probe of each die and its partner (`taskd-hal-ascend`): Ascend
+    /// NPUs. The default.
+    Dcmi,
+    /// Linux network interfaces, each device's named in `--linux-links FILE`
+    /// (`taskd-hal-linux`): a rig of namespaces, a job on Gloo, any host whose NICs are
+    /// kernel interfaces.
+    Linux,
+    /// Simulated, every port up unless `--sim-link-down` (`taskd-hal-mock`): rigs and tests
+    /// without NPUs.
+    Sim,
+}
+
+impl NodeHalKind {
+    /// The value's name, as `--node-hal` takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeHalKind::Dcmi => "dcmi",
+            NodeHalKind::Linux => "linux",
+            NodeHalKind::Sim => "sim",
+        }
+    }
+}
+
 /// The flags of `taskd proxy`: the job, which node this is, where the manager and the
-/// node's workers are, TLS, and the node HAL (DCMI, or simulated with `--sim`).
+/// node's workers are, TLS, and the node HAL (`--node-hal dcmi|linux|sim`).
 #[derive(Args)]
 pub struct ProxyArgs {
     /// The job (default: $MINDX_TASK_ID).
@@ -38,15 +68,22 @@ pub struct ProxyArgs {
     /// The HCCL rank table: names the node and its ranks (checked against the manager's).
     #[arg(long, value_name = "FILE")]
     rank_table: Option<PathBuf>,
-    /// Simulated link health (every port up unless --sim-link-down), for rigs without NPUs.
-    #[arg(long)]
+    /// Where link health comes from: dcmi (Ascend NPUs' own probe; the default), linux (the
+    /// interfaces --linux-links names), sim (simulated, for rigs without NPUs). Deprecated
+    /// spellings, still read: --sim for `--node-hal sim`, --linux-links FILE alone for
+    /// `--node-hal linux`.
+    #[arg(long, value_enum, value_name = "HAL")]
+    node_hal: Option<NodeHalKind>,
+    /// Deprecated: `--node-hal sim`.
+    #[arg(long, hide = true)]
     sim: bool,
-    /// With --sim: the port of this device is down (its primary NIC, its partner's backup).
-    #[arg(long, value_name = "DEV", requires = "sim")]
+    /// With --node-hal sim: the port of this device is down (its primary NIC, its partner's
+    /// backup).
+    #[arg(long, value_name = "DEV")]
     sim_link_down: Vec<u32>,
-    /// Link health from Linux interfaces: a JSON file naming each device's primary and backup
-    /// interface and the probe of each plane (docs/rig.md).
-    #[arg(long, value_name = "FILE", conflicts_with = "sim")]
+    /// With --node-hal linux: a JSON file naming each device's primary and backup interface
+    /// and the probe of each plane (docs/rig.md).
+    #[arg(long, value_name = "FILE")]
     linux_links: Option<PathBuf>,
     #[command(flatten)]
     tls: TlsArgs,
@@ -65,7 +102,10 @@ fn hardware_node_hal(timeout: std::time::Duration) -> Box<dyn NodeHal> {
         }) {
         Ok(h) => Box::new(h),
         Err(e) => {
-            eprintln!("taskd proxy: no link health on this node ({e}); switches go ahead without the link check");
+            tracing::warn!(
+                error = %e,
+                "no link health on this node: switches go ahead without the link check"
+            );
             Box::new(NoHealth)
         }
     }
@@ -79,9 +119,9 @@ fn linux_node_hal(path: &std::path::Path) -> Result<NodeHalFactory, ConfigError>
     Ok(Box::new(move |n: &NodeAssignment| {
         for d in n.ranks.values() {
             if !cfg.devices.contains_key(&d.0) {
-                eprintln!(
-                    "taskd proxy: device {} of this node has no interfaces in the link configuration; its links read as unknown",
-                    d.0
+                tracing::warn!(
+                    device = d.0,
+                    "this device of the node has no interfaces in the link configuration: its links read as unknown"
                 );
             }
         }
@@ -140,27 +180,81 @@ impl ProxyArgs {
         Ok(addr)
     }
 
-    /// The node's HAL: simulated with `--sim`, DCMI otherwise (its probes bounded by
-    /// `TASKD_DCMI_TIMEOUT_MS`, default 1 s; a value that is not a number is refused).
-    fn node_hal(&self) -> Result<NodeHalFactory, ConfigError> {
-        if let Some(path) = &self.linux_links {
-            return linux_node_hal(path);
-        }
-        if !self.sim {
-            let timeout = taskd_hal_ascend::node::probe_timeout_from_env(&process_env)?;
-            return Ok(Box::new(move |_: &NodeAssignment| {
-                hardware_node_hal(timeout)
-            }));
-        }
-        let down = self.sim_link_down.clone();
-        Ok(Box::new(move |n: &NodeAssignment| {
-            let devices = n.ranks.values().map(|d| d.0 + 1).max().unwrap_or(0);
-            let hal = SoloNodeHal::new(devices);
-            for d in down {
-                hal.set_link(DeviceId(d), false);
+    /// The node HAL `--node-hal` names, or its deprecated spellings (`--sim`, `--linux-links`
+    /// alone); `dcmi` when none. A flag of another HAL than the chosen one is refused, naming
+    /// both.
+    pub fn node_hal_kind(&self) -> Result<NodeHalKind, ConfigError> {
+        let alias =
+            match (self.sim, &self.linux_links) {
+                (true, Some(_)) => return Err(ConfigError::usage(
+                    "--sim (--node-hal sim) and --linux-links (--node-hal linux) name two node \
+                     HALs; give one --node-hal",
+                )),
+                (true, None) => Some(NodeHalKind::Sim),
+                (false, Some(_)) => Some(NodeHalKind::Linux),
+                (false, None) => None,
+            };
+        let kind = match (self.node_hal, alias) {
+            (Some(k), Some(a)) if self.sim && a != k => {
+                return Err(ConfigError::usage(format!(
+                    "--sim is --node-hal sim, which --node-hal {} contradicts",
+                    k.as_str()
+                )))
             }
-            Box::new(hal) as Box<dyn NodeHal>
-        }))
+            (Some(k), _) => k,
+            (None, Some(a)) => a,
+            (None, None) => NodeHalKind::Dcmi,
+        };
+        match kind {
+            NodeHalKind::Linux if self.linux_links.is_none() => Err(ConfigError::usage(
+                "--node-hal linux needs --linux-links FILE (each device's interfaces)",
+            )),
+            k if k != NodeHalKind::Linux && self.linux_links.is_some() => {
+                Err(ConfigError::usage(format!(
+                    "--linux-links is the linux node HAL's configuration, not the {} one's",
+                    k.as_str()
+                )))
+            }
+            k if k != NodeHalKind::Sim && !self.sim_link_down.is_empty() => {
+                Err(ConfigError::usage(format!(
+                    "--sim-link-down is for --node-hal sim, not {}",
+                    k.as_str()
+                )))
+            }
+            k => Ok(k),
+        }
+    }
+
+    /// The node's HAL, as [`ProxyArgs::node_hal_kind`] chose it: DCMI (its probes bounded by
+    /// `TASKD_DCMI_TIMEOUT_MS`, default 1 s; a value that is not a number is refused), Linux
+    /// interfaces, or simulated.
+    fn node_hal(&self) -> Result<NodeHalFactory, ConfigError> {
+        match self.node_hal_kind()? {
+            NodeHalKind::Dcmi => {
+                let timeout = taskd_hal_ascend::node::probe_timeout_from_env(&process_env)?;
+                Ok(Box::new(move |_: &NodeAssignment| {
+                    hardware_node_hal(timeout)
+                }))
+            }
+            NodeHalKind::Linux => {
+                let path = self
+                    .linux_links
+                    .as_deref()
+                    .expect("checked by node_hal_kind");
+                linux_node_hal(path)
+            }
+            NodeHalKind::Sim => {
+                let down = self.sim_link_down.clone();
+                Ok(Box::new(move |n: &NodeAssignment| {
+                    let devices = n.ranks.values().map(|d| d.0 + 1).max().unwrap_or(0);
+                    let hal = SoloNodeHal::new(devices);
+                    for d in down {
+                        hal.set_link(DeviceId(d), false);
+                    }
+                    Box::new(hal) as Box<dyn NodeHal>
+                }))
+            }
+        }
     }
 
     /// Starts the metrics endpoint when `--metrics-addr` was given (keep it while the role runs).
@@ -222,4 +316,78 @@ pub fn devices_differ(table: &RankTable, n: &NodeAssignment) -> Option<String> {
             )
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        proxy: ProxyArgs,
+    }
+
+    fn kind(flags: &[&str]) -> Result<NodeHalKind, String> {
+        let argv = ["t", "--job-id", "j"].iter().chain(flags);
+        let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
+        cli.proxy.node_hal_kind().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn one_value_picks_the_node_hal() {
+        assert_eq!(kind(&[]), Ok(NodeHalKind::Dcmi));
+        for k in [NodeHalKind::Dcmi, NodeHalKind::Sim] {
+            assert_eq!(kind(&["--node-hal", k.as_str()]), Ok(k));
+        }
+        assert_eq!(
+            kind(&["--node-hal", "linux", "--linux-links", "l.json"]),
+            Ok(NodeHalKind::Linux)
+        );
+        assert_eq!(
+            kind(&["--node-hal", "sim", "--sim-link-down", "1"]),
+            Ok(NodeHalKind::Sim)
+        );
+        let e = kind(&["--node-hal", "nvml"]).unwrap_err();
+        assert!(e.contains("dcmi, linux, sim"), "{e}");
+    }
+
+    #[test]
+    fn the_old_flags_are_spellings_of_the_value() {
+        assert_eq!(kind(&["--sim"]), Ok(NodeHalKind::Sim));
+        assert_eq!(
+            kind(&["--sim", "--sim-link-down", "3"]),
+            Ok(NodeHalKind::Sim)
+        );
+        assert_eq!(kind(&["--node-hal", "sim", "--sim"]), Ok(NodeHalKind::Sim));
+        assert_eq!(kind(&["--linux-links", "l.json"]), Ok(NodeHalKind::Linux));
+        // --sim is not in the help; --node-hal says what replaced it.
+        let Err(help) = Cli::try_parse_from(["t", "--help"]) else {
+            panic!("--help parsed as flags")
+        };
+        let help = help.to_string();
+        assert!(!help.contains("\n      --sim "), "{help}");
+        assert!(
+            help.contains("--node-hal <HAL>") && help.contains("Deprecated"),
+            "{help}"
+        );
+    }
+
+    #[test]
+    fn flags_of_two_node_hals_are_refused_naming_both() {
+        let e = kind(&["--node-hal", "linux"]).unwrap_err();
+        assert!(e.contains("--linux-links FILE"), "{e}");
+        let e = kind(&["--node-hal", "dcmi", "--sim"]).unwrap_err();
+        assert!(e.contains("--node-hal dcmi"), "{e}");
+        let e = kind(&["--sim", "--linux-links", "l.json"]).unwrap_err();
+        assert!(e.contains("give one --node-hal"), "{e}");
+        let e = kind(&["--node-hal", "sim", "--linux-links", "l.json"]).unwrap_err();
+        assert!(e.contains("not the sim one's"), "{e}");
+        let e = kind(&["--sim-link-down", "1"]).unwrap_err();
+        assert!(
+            e.contains("--sim-link-down is for --node-hal sim, not dcmi"),
+            "{e}"
+        );
+    }
 }

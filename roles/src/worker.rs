@@ -70,12 +70,15 @@ impl WorkerArgs {
             },
         };
         let tft = env::get(&process_env, env::MS_ENABLE_TFT);
+        let tsp = self.tsp.unwrap_or_else(|| env::tsp_enabled(tft.as_deref()));
         Ok(RemoteWorkerConfig {
             job: JobId(self.job_id.clone()),
             rank,
             proxy: self.proxy.clone(),
             node,
-            tsp: self.tsp.unwrap_or_else(|| env::tsp_enabled(tft.as_deref())),
+            tsp,
+            generation: env::restart_count(&process_env),
+            hang_timeout: env::hang_timeout(&process_env, tsp)?,
             tls: self.tls.load()?,
             net: self.net.checked()?,
         })

@@ -30,12 +30,31 @@
 //! - `hold_bounded`: in schedules with an odd seed no operator recovers at the end: a job
 //!   that does not run must have training stopped by the manager's hold policy within its
 //!   bound ([`HOLD_BOUND`]), and run again once its processes restart as new incarnations.
+//!
+//! Recovery schedules ([`Schedule::recovery`]: process recovery on, every node's launcher
+//! following the manager's orders, `driver/recovery.rs`) add:
+//!
+//! - `one_restart_per_fault`: one fault (a killed process, or a stop of training) leads to at
+//!   most one restart of the job: the manager's restart count (`restarts().done`), the
+//!   highest restart number any launcher was ordered and the restarts the launchers carried
+//!   out never exceed the faults injected; each fault with budget left is followed by exactly
+//!   one restart, after which the job runs on its default NICs, every group agreeing; with
+//!   the budget spent, the job ends (every node's launcher is ordered `End`) instead.
+//! - `only_new_incarnations_count`: while the processes a stop retired are the only ones
+//!   (the launchers have not restarted them), the manager counts no rank back, never reports
+//!   the stop finished and never says `running`: an old process that registers again (its
+//!   node was cut off during the stop) is told to stop again, not counted.
+//! - `no_stop_without_hold`: a proxy lost with nothing in flight (and no process dead) leaves
+//!   the job `degraded`: no launcher is ordered anything, no stop of training begins (with a
+//!   hold bound far shorter than the time the proxy stays away), training goes on, and the
+//!   job runs again once the proxy is back and verified.
 
 use super::schedule::{
     Disruption, Interrupt, NicFault, Schedule, Step, Switch, Target, DEVICES, NODES,
 };
 use crate::sim::{FinalState, SimConfig, Simulation};
 use actix::{Handler, Message};
+use recovery::Book;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -226,6 +245,8 @@ struct Aftermath {
     proxy: Option<usize>,
     /// A second operation was admitted too.
     second: Option<OperationId>,
+    /// A rank's process was killed (process recovery): the job restarts.
+    killed_rank: bool,
 }
 
 /// Runs `schedule` and checks it.
@@ -235,7 +256,11 @@ pub fn run(schedule: &Schedule) -> RunResult {
         seed: schedule.seed,
         ..RunResult::default()
     };
-    let mut sim = match Simulation::start(&sim_config()) {
+    let cfg = SimConfig {
+        process_recovery: schedule.recovery,
+        ..sim_config()
+    };
+    let mut sim = match Simulation::start(&cfg) {
         Ok(sim) => sim,
         Err(e) => {
             out.violations.push(Violation {
@@ -309,6 +334,8 @@ struct Driver<'a> {
     disconnected: BTreeSet<u32>,
     links_down: BTreeSet<(u32, u32)>,
     killed: Option<u32>,
+    /// A recovery schedule's book of faults, restarts and the proxy away.
+    book: Option<Book>,
     /// The step being carried out, for violation details.
     at: String,
     clock: Instant,
@@ -330,6 +357,7 @@ impl<'a> Driver<'a> {
             disconnected: BTreeSet::new(),
             links_down: BTreeSet::new(),
             killed: None,
+            book: schedule.recovery.map(Book::new),
             at: "start".into(),
             clock: Instant::now(),
         }
@@ -404,6 +432,10 @@ impl<'a> Driver<'a> {
         for (i, step) in self.schedule.steps.iter().enumerate() {
             self.at = format!("step {i}: {step}");
             self.log(self.at.clone());
+            if self.job_ended() {
+                self.log("  (the job ended: its restart budget was spent)".into());
+                break;
+            }
             match step {
                 Step::Train(n) => self.train(*n)?,
                 Step::Fault { rank, fault } => self.nic_fault(*rank, *fault),
@@ -415,6 +447,10 @@ impl<'a> Driver<'a> {
                 Step::RestartManager => self.restart_manager()?,
                 Step::Recover(to) => self.recover_step(*to)?,
                 Step::KillProcess { rank } => self.kill_process(*rank)?,
+                Step::KillRank { rank } => self.kill_rank(*rank)?,
+                Step::StopWhileCut { node, by } => self.stop_while_cut(*node, by)?,
+                Step::ProxyAway { node } => self.proxy_away(*node)?,
+                Step::ProxyBack { node } => self.proxy_back(*node)?,
             }
             self.check_fabric()?;
         }
@@ -461,7 +497,12 @@ impl<'a> Driver<'a> {
             return Ok(());
         }
         let state = self.status()?.state;
-        if state != JobState::Running {
+        // A proxy away with nothing in flight: the job is degraded and trains on.
+        let trains = match self.proxy_away_node() {
+            Some(_) => JobState::Degraded,
+            None => JobState::Running,
+        };
+        if state != trains {
             self.log(format!("  (no training: the job is {state})"));
             return Ok(());
         }
@@ -488,8 +529,13 @@ impl<'a> Driver<'a> {
             })
             .collect();
         format!(
-            "the manager says running but training did not reach step {target} within \
+            "the manager says {} but training did not reach step {target} within \
              {TRAIN_WAIT:?}: {}",
+            if self.proxy_away_node().is_some() {
+                "degraded"
+            } else {
+                "running"
+            },
             ranks.join("; ")
         )
     }
@@ -516,9 +562,10 @@ impl<'a> Driver<'a> {
     /// process is away, until the manager registered every one that is not. (Each change of
     /// who is away is waited for before the next, so the count moves one way to its target.)
     fn settle(&mut self) -> Checked {
-        if !self.whole() {
+        if !self.whole() || self.proxy_away_node().is_some() {
             let away = self.disconnected.len()
-                + usize::from(self.killed.is_some_and(|k| !self.disconnected.contains(&k)));
+                + usize::from(self.killed.is_some_and(|k| !self.disconnected.contains(&k)))
+                + self.proxy_away_node().map_or(0, |_| DEVICES as usize);
             let live = (NODES * DEVICES) as usize - away;
             self.ask(
                 AwaitRegistered(Some(live)),
@@ -689,6 +736,10 @@ impl<'a> Driver<'a> {
                 }
             }
             Disruption::LinkDown { node, device } => self.link(*node, *device, false),
+            Disruption::KillRank { rank } => {
+                self.kill_rank_only(*rank);
+                after.killed_rank = true;
+            }
         }
         Ok(())
     }
@@ -775,6 +826,9 @@ impl<'a> Driver<'a> {
             if after.drained.is_some() {
                 self.restart_manager_now()?;
             }
+        }
+        if after.killed_rank {
+            return self.follow_restart();
         }
         self.settle()
     }
@@ -1026,6 +1080,7 @@ fn same_request(cmd: &SwitchCommand, ran: &OperationReport) -> bool {
 }
 
 mod end;
+mod recovery;
 
 #[cfg(test)]
 mod tests {

@@ -3,9 +3,10 @@
 //! manager, proxy and worker actors on the simulated fabric), each checked against the
 //! invariants of the recovery contract (docs/recovery.md; the list is in [`driver`]).
 //!
-//! `taskd chaos --processes` runs smaller schedules ([`procsched`]) on a job whose every role
-//! is a `taskd` process on loopback, over the real gRPC transport, with links through a
-//! [`relay::FaultRelay`] (simulated network failure), checked from outside ([`procrun`]).
+//! `taskd chaos --processes` runs smaller schedules ([`process::schedule`]) on a job whose
+//! every role is a `taskd` process on loopback, over the real gRPC transport, with links
+//! through a [`relay::FaultRelay`] (simulated network failure), checked from outside
+//! ([`process::run`]).
 //!
 //! A seed determines its schedule completely ([`Schedule::generate`], drawn from
 //! [`rng::SplitMix64`]; no clock, no OS randomness), so a violation is reported with the seed
@@ -16,11 +17,7 @@
 pub mod answers;
 pub mod driver;
 pub mod inflight;
-pub mod procdisk;
-pub mod procjob;
-pub mod procrun;
-pub mod procs;
-pub mod procsched;
+pub mod process;
 pub mod relay;
 pub mod rng;
 pub mod schedule;
@@ -103,11 +100,11 @@ pub fn run_one(seed: u64) -> RunResult {
     caught(seed, || driver::run(&Schedule::generate(seed)))
 }
 
-/// Runs the process schedule of `seed` ([`procsched::ProcSchedule`]) on a job of `taskd`
+/// Runs the process schedule of `seed` ([`process::schedule::ProcSchedule`]) on a job of `taskd`
 /// processes started as `env` says; a panic of the driver is a violation.
-pub fn run_one_process(env: &procjob::ProcEnv, seed: u64) -> RunResult {
+pub fn run_one_process(env: &process::job::ProcEnv, seed: u64) -> RunResult {
     caught(seed, || {
-        procrun::run(env, &procsched::ProcSchedule::generate(seed))
+        process::run::run(env, &process::schedule::ProcSchedule::generate(seed))
     })
 }
 

@@ -9,11 +9,21 @@
 //! arrives, a link goes down) and follows up (training, a repeated or reused uuid, a lost
 //! worker coming back, an idle manager restart, a recovery). The last step may kill a rank's
 //! process for good.
+//!
+//! One seed in [`RECOVERY_PERCENT`] (drawn from a generator of its own, so every other seed's
+//! schedule is what it always was) is a *recovery schedule* instead ([`Schedule::recovery`]):
+//! its job runs with process recovery (a budget of 1 to 3 restarts) and a launcher on every
+//! node that follows the manager's orders. Its rounds keep to faults that no process outlives
+//! unnoticed (NIC-set faults, links, a second command; no manager or worker connection lost),
+//! and add the cases of process recovery: a rank's process killed during or between
+//! operations ([`Step::KillRank`], [`Disruption::KillRank`]), a stop of training while a
+//! node's proxy is cut off ([`Step::StopWhileCut`]), and a proxy lost with nothing in flight
+//! ([`Step::ProxyAway`], back later or at the end: [`Step::ProxyBack`]).
 
 use super::rng::SplitMix64;
 use std::fmt;
 use std::time::Duration;
-use taskd_core::ledger::RecoverTo;
+use taskd_core::ledger::{ProcessRecovery, RecoverTo};
 use taskd_core::protocol::Phase;
 use taskd_core::HcclCode;
 
@@ -23,6 +33,10 @@ pub const NODES: u32 = 2;
 pub const DEVICES: u32 = 4;
 /// Ranks of every schedule's job.
 pub const RANKS: u32 = NODES * DEVICES;
+/// The share of seeds, in percent, whose schedule is a recovery schedule.
+pub const RECOVERY_PERCENT: u64 = 20;
+/// What a seed is mixed with to draw whether its schedule is a recovery schedule.
+const RECOVERY_SALT: u64 = 0x7265_636f_7665_7279;
 
 /// One device told to use its backup NIC (`backup`) or its primary.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -93,6 +107,27 @@ pub enum Disruption {
         node: u32,
         /// Device whose port it is.
         device: u32,
+    },
+    /// This rank's process dies, in a job with process recovery: the whole job restarts.
+    KillRank {
+        /// Global rank.
+        rank: u32,
+    },
+}
+
+/// Who stops training while a node's proxy is cut off.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CutStop {
+    /// An operator, with nothing in flight (the job `degraded`).
+    Operator,
+    /// The hold policy, after this switch lost the node when `phase` started (the job held).
+    Policy {
+        /// The switch's uuid.
+        id: u128,
+        /// Its targets.
+        targets: Vec<Target>,
+        /// The phase at which the node's proxy dies.
+        phase: Phase,
     },
 }
 
@@ -179,6 +214,29 @@ pub enum Step {
         /// Global rank.
         rank: u32,
     },
+    /// The process of a rank dies in a job with process recovery: the whole job restarts (or
+    /// ends, its budget spent).
+    KillRank {
+        /// Global rank.
+        rank: u32,
+    },
+    /// Training is stopped while this node's proxy is cut off; the proxy comes back after.
+    StopWhileCut {
+        /// Node index.
+        node: u32,
+        /// Who stops.
+        by: CutStop,
+    },
+    /// This node's proxy dies with nothing in flight: the job is `degraded`, training goes on.
+    ProxyAway {
+        /// Node index.
+        node: u32,
+    },
+    /// The proxy [`Step::ProxyAway`] lost starts again.
+    ProxyBack {
+        /// Node index.
+        node: u32,
+    },
 }
 
 impl fmt::Display for Step {
@@ -211,6 +269,26 @@ impl fmt::Display for Step {
             Step::RestartManager => f.write_str("manager killed while idle, restarted"),
             Step::Recover(to) => write!(f, "recover --to {}", to.as_str()),
             Step::KillProcess { rank } => write!(f, "process of rank {rank} killed"),
+            Step::KillRank { rank } => {
+                write!(f, "process of rank {rank} killed (process recovery)")
+            }
+            Step::StopWhileCut { node, by } => match by {
+                CutStop::Operator => write!(
+                    f,
+                    "proxy of node-{node} killed, then an operator stops training"
+                ),
+                CutStop::Policy { id, targets, phase } => write!(
+                    f,
+                    "switch {:08x} [{}], proxy of node-{node} killed at {phase}, then the hold \
+                     policy stops training",
+                    id >> 96,
+                    list(targets)
+                ),
+            },
+            Step::ProxyAway { node } => {
+                write!(f, "proxy of node-{node} killed with nothing in flight")
+            }
+            Step::ProxyBack { node } => write!(f, "proxy of node-{node} back"),
         }
     }
 }
@@ -234,6 +312,8 @@ pub struct Schedule {
     pub recover_to: RecoverTo,
     /// A switch that must succeed once the job runs again at the end.
     pub final_switch: Vec<Target>,
+    /// A recovery schedule's process recovery (see the module); `None` for every other one.
+    pub recovery: Option<ProcessRecovery>,
 }
 
 /// The phases a disruption may wait for.
@@ -261,17 +341,19 @@ struct Draw {
     switches: Vec<Vec<Target>>,
     /// Workers whose connection is closed.
     disconnected: Vec<u32>,
+    /// A recovery schedule: only the faults it keeps to (see the module).
+    recovery: bool,
+    /// The node whose proxy is away with nothing in flight (a recovery schedule's).
+    away: Option<u32>,
 }
 
 impl Schedule {
     /// The schedule of `seed`: a pure function of it.
     pub fn generate(seed: u64) -> Schedule {
-        let mut d = Draw {
-            rng: SplitMix64::new(seed),
-            steps: Vec::new(),
-            switches: Vec::new(),
-            disconnected: Vec::new(),
-        };
+        if SplitMix64::new(seed ^ RECOVERY_SALT).chance(RECOVERY_PERCENT) {
+            return Schedule::generate_recovery(seed);
+        }
+        let mut d = Draw::new(seed, false);
         let first = d.rng.range(1, 3);
         d.steps.push(Step::Train(first));
         for _ in 0..d.rng.range(2, 4) {
@@ -290,6 +372,33 @@ impl Schedule {
             steps: d.steps,
             recover_to,
             final_switch,
+            recovery: None,
+        }
+    }
+
+    /// A recovery schedule (see the module): a few rounds, each followed most of the time by
+    /// one of the cases of process recovery.
+    fn generate_recovery(seed: u64) -> Schedule {
+        let mut d = Draw::new(seed, true);
+        let max_restarts = d.rng.range(1, 3) as u32;
+        let first = d.rng.range(1, 3);
+        d.steps.push(Step::Train(first));
+        for _ in 0..d.rng.range(2, 4) {
+            d.round();
+            if d.rng.chance(75) {
+                d.recovery_case();
+            }
+        }
+        let recover_to = *d
+            .rng
+            .pick(&[RecoverTo::Primary, RecoverTo::Backup, RecoverTo::AsIs]);
+        let final_switch = d.valid_targets();
+        Schedule {
+            seed,
+            steps: d.steps,
+            recover_to,
+            final_switch,
+            recovery: Some(ProcessRecovery { max_restarts }),
         }
     }
 
@@ -303,6 +412,58 @@ impl Schedule {
 }
 
 impl Draw {
+    fn new(seed: u64, recovery: bool) -> Draw {
+        Draw {
+            rng: SplitMix64::new(seed),
+            steps: Vec::new(),
+            switches: Vec::new(),
+            disconnected: Vec::new(),
+            recovery,
+            away: None,
+        }
+    }
+
+    /// One case of process recovery; while a proxy is away, mostly its return.
+    fn recovery_case(&mut self) {
+        let node = self.rng.below(u64::from(NODES)) as u32;
+        if let Some(away) = self.away {
+            if self.rng.chance(60) {
+                self.away = None;
+                self.steps.push(Step::ProxyBack { node: away });
+            }
+            return;
+        }
+        match self.rng.below(100) {
+            0..=39 => {
+                let rank = self.rank();
+                self.steps.push(Step::KillRank { rank });
+            }
+            40..=69 => {
+                let by = if self.rng.chance(50) {
+                    CutStop::Operator
+                } else {
+                    CutStop::Policy {
+                        id: self.rng.next_u128(),
+                        targets: self.valid_targets(),
+                        phase: *self.rng.pick(&[Phase::Sample, Phase::Pause, Phase::Switch]),
+                    }
+                };
+                self.steps.push(Step::StopWhileCut { node, by });
+            }
+            _ => {
+                self.steps.push(Step::ProxyAway { node });
+                let n = self.rng.range(2, 5);
+                self.steps.push(Step::Train(n));
+                // Back soon, in a later round, or only at the end.
+                if self.rng.chance(50) {
+                    self.steps.push(Step::ProxyBack { node });
+                } else {
+                    self.away = Some(node);
+                }
+            }
+        }
+    }
+
     fn rank(&mut self) -> u32 {
         self.rng.below(u64::from(RANKS)) as u32
     }
@@ -443,6 +604,9 @@ impl Draw {
     /// back, or the manager goes too, or another worker, or a link. A dead proxy is never
     /// followed by a manager restart (a new manager would reach the dead proxy).
     fn cascade(&mut self, first: &Disruption) -> Option<Disruption> {
+        if self.recovery {
+            return None;
+        }
         let link = |d: &mut Draw| Disruption::LinkDown {
             node: d.rng.below(u64::from(NODES)) as u32,
             device: d.rng.below(u64::from(DEVICES)) as u32,
@@ -466,6 +630,19 @@ impl Draw {
     }
 
     fn disruption(&mut self) -> Disruption {
+        if self.recovery {
+            return match self.rng.below(100) {
+                0..=39 => Disruption::KillRank { rank: self.rank() },
+                40..=79 => Disruption::Concurrent {
+                    targets: self.new_targets(),
+                    same_id: self.rng.chance(30),
+                },
+                _ => Disruption::LinkDown {
+                    node: self.rng.below(u64::from(NODES)) as u32,
+                    device: self.rng.below(u64::from(DEVICES)) as u32,
+                },
+            };
+        }
         match self.rng.below(100) {
             0..=21 => Disruption::KillManager,
             22..=35 => Disruption::Drain,
@@ -506,6 +683,15 @@ impl Draw {
             let targets = self.new_targets();
             self.steps.push(Step::Reuse { of, targets });
         }
+        if self.recovery {
+            if self.rng.chance(25) {
+                let to = *self
+                    .rng
+                    .pick(&[RecoverTo::Primary, RecoverTo::Backup, RecoverTo::AsIs]);
+                self.steps.push(Step::Recover(to));
+            }
+            return;
+        }
         // A lost worker mostly comes back soon; otherwise at the end.
         let back: Vec<u32> = self
             .disconnected
@@ -545,6 +731,7 @@ impl Draw {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     #[test]
     fn a_seed_always_gives_the_same_schedule() {
@@ -577,7 +764,22 @@ mod tests {
             );
             for (i, step) in s.steps.iter().enumerate() {
                 match step {
-                    Step::KillProcess { .. } => assert_eq!(i, s.steps.len() - 1, "{seed}"),
+                    Step::KillProcess { .. } => {
+                        assert!(s.recovery.is_none(), "{seed}");
+                        assert_eq!(i, s.steps.len() - 1, "{seed}")
+                    }
+                    // A proxy comes back only after it went away.
+                    Step::ProxyBack { node } => assert!(
+                        s.steps[..i].contains(&Step::ProxyAway { node: *node }),
+                        "{seed}"
+                    ),
+                    Step::KillRank { .. } | Step::StopWhileCut { .. } | Step::ProxyAway { .. } => {
+                        assert!(s.recovery.is_some(), "{seed}")
+                    }
+                    // A recovery schedule loses no manager and no worker connection.
+                    Step::RestartManager | Step::Reconnect { .. } => {
+                        assert!(s.recovery.is_none(), "{seed}")
+                    }
                     Step::Fault {
                         fault: NicFault::Hang(d) | NicFault::Slow(d),
                         ..
@@ -598,6 +800,25 @@ mod tests {
                         }
                         // Disruptions follow the phases.
                         assert!(sw.during.windows(2).all(|w| w[0].0 <= w[1].0), "{seed}");
+                        if s.recovery.is_some() {
+                            assert!(
+                                sw.during.iter().all(|(_, d)| matches!(
+                                    d,
+                                    Disruption::KillRank { .. }
+                                        | Disruption::Concurrent { .. }
+                                        | Disruption::LinkDown { .. }
+                                )),
+                                "{seed}: {:?}",
+                                sw.during
+                            );
+                        } else {
+                            assert!(
+                                !sw.during
+                                    .iter()
+                                    .any(|(_, d)| matches!(d, Disruption::KillRank { .. })),
+                                "{seed}"
+                            );
+                        }
                     }
                     _ => {}
                 }
@@ -659,8 +880,43 @@ mod tests {
             "KillProxy",
             "Concurrent",
             "LinkDown",
+            "KillRank",
+            "StopWhileCut",
+            "ProxyAway",
+            "ProxyBack",
         ] {
             assert!(kinds.contains(k), "{k} never drawn: {kinds:?}");
         }
+    }
+
+    #[test]
+    fn a_fifth_of_the_seeds_are_recovery_schedules_with_every_case() {
+        let mut recovery = 0;
+        let (mut by_operator, mut by_policy, mut budgets) = (0, 0, BTreeSet::new());
+        for seed in 0..1_000 {
+            let s = Schedule::generate(seed);
+            let Some(r) = s.recovery else { continue };
+            recovery += 1;
+            budgets.insert(r.max_restarts);
+            for step in &s.steps {
+                match step {
+                    Step::StopWhileCut {
+                        by: CutStop::Operator,
+                        ..
+                    } => by_operator += 1,
+                    Step::StopWhileCut {
+                        by: CutStop::Policy { .. },
+                        ..
+                    } => by_policy += 1,
+                    _ => {}
+                }
+            }
+        }
+        assert!((150..=250).contains(&recovery), "{recovery}");
+        assert!(
+            by_operator > 20 && by_policy > 20,
+            "{by_operator} {by_policy}"
+        );
+        assert_eq!(budgets, BTreeSet::from([1, 2, 3]));
     }
 }

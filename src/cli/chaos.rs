@@ -1,7 +1,7 @@
 //! `taskd chaos`: the seeded fault campaign (see [`crate::chaos`]).
 
 use super::error::CliError;
-use crate::chaos::procjob::ProcEnv;
+use crate::chaos::process::job::ProcEnv;
 use crate::chaos::{
     run_campaign_with, run_one, run_one_process, CampaignConfig, CampaignReport, RunResult,
     MAX_JOBS, MAX_SCHEDULES,
@@ -157,11 +157,11 @@ pub fn run(a: ChaosArgs) -> Result<ExitCode, CliError> {
         None => run_one(seed),
     };
     let report = run_campaign_with(&cfg, run, |r| {
-        if !a.json && !crate::chaos::procs::stopping() {
+        if !a.json && !crate::chaos::process::children::stopping() {
             let _ = out.write_all(schedule_text(r, a.explain, a.processes).as_bytes());
         }
     });
-    if crate::chaos::procs::stopping() {
+    if crate::chaos::process::children::stopping() {
         // A signal is stopping the campaign: the runs it cut short found nothing, and the
         // signal's thread ends the process (exit 130) once every role is killed.
         loop {
@@ -184,7 +184,7 @@ fn stop_jobs_on_signals() -> Result<(), CliError> {
     let mut signals = rt.block_on(async { ShutdownSignals::install() })?;
     std::thread::spawn(move || {
         let sig = rt.block_on(signals.recv());
-        crate::chaos::procs::kill_all();
+        crate::chaos::process::children::kill_all();
         eprintln!("taskd chaos: {sig}: every job's processes killed");
         std::process::exit(130);
     });

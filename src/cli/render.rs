@@ -179,6 +179,9 @@ pub fn status_json(s: &proto::JobStatus) -> Value {
         "hold": s.hold.as_ref().map(|h| json!({
             "held_ms": h.held_ms, "stops_in_ms": h.stops_in_ms,
         })),
+        "stalled_ranks": s.stalled_ranks.iter().map(|h| json!({
+            "rank": h.rank, "last_step": h.last_step, "stalled_for_ms": h.stalled_for_ms,
+        })).collect::<Vec<_>>(),
         "restarts": s.restarts.as_ref().map(|r| json!({
             "done": r.done,
             "max": r.max,
@@ -423,6 +426,16 @@ fn troubles_text(out: &mut String, s: &proto::JobStatus) {
         };
         let _ = writeln!(out, "{label:<10} rank {}{how}: {}", l.rank, l.reason);
     }
+    for (i, h) in s.stalled_ranks.iter().enumerate() {
+        let label = if i == 0 { "hung" } else { "" };
+        let _ = writeln!(
+            out,
+            "{label:<10} rank {}: no step finished for {:.1} s after step {}",
+            h.rank,
+            h.stalled_for_ms as f64 / 1000.0,
+            h.last_step
+        );
+    }
 }
 
 #[cfg(test)]
@@ -449,6 +462,26 @@ mod tests {
             status_text(&s)
         );
         assert_eq!(status_json(&s)["in_calls"]["ranks"], json!([1, 3]));
+    }
+
+    #[test]
+    fn hung_ranks_are_named_with_their_last_step_in_text_and_json() {
+        let s = proto::JobStatus {
+            job_id: "j".into(),
+            state: "running".into(),
+            stalled_ranks: vec![proto::StalledRank {
+                rank: 3,
+                last_step: 41,
+                stalled_for_ms: 1_836_500,
+            }],
+            ..proto::JobStatus::default()
+        };
+        let text = status_text(&s);
+        assert!(
+            text.contains("hung       rank 3: no step finished for 1836.5 s after step 41"),
+            "{text}"
+        );
+        assert_eq!(status_json(&s)["stalled_ranks"][0]["last_step"], json!(41));
     }
 
     #[test]

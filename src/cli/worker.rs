@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use taskd_actors::net::{RemoteWorker, RemoteWorkerConfig, WorkerRegistration};
 use taskd_actors::process::{LateRankHal, LateRankHalSlot, ShutdownSignals};
-use taskd_core::{HcclCapabilities, HcclCode, StepBoundary};
+use taskd_core::{HcclCode, HcclSetup, StepBoundary, SwitchCapabilities};
 use taskd_hal_mock::{NicSetFault, SoloLayout, SoloRank, SoloTraining, SoloTrainingOptions};
 use taskd_roles::WorkerArgs;
 
@@ -46,12 +46,13 @@ pub struct SimWorkerArgs {
 }
 
 impl SimWorkerArgs {
-    /// What the simulated HCCL can do: everything, unless `--sim-l2-off`.
-    fn capabilities(&self) -> HcclCapabilities {
-        HcclCapabilities {
+    /// What the simulated HCCL lacks: nothing, unless `--sim-l2-off`.
+    fn capabilities(&self) -> SwitchCapabilities {
+        HcclSetup {
             l2_retry: !self.sim_l2_off,
             rdma: true,
         }
+        .capabilities()
     }
 
     /// The worker's configuration: a simulated rank reports TSP:1 unless `--tsp false`.

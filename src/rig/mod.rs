@@ -731,6 +731,7 @@ pub fn header_text(cfg: &RigConfig, libs: &RigLibraries) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use taskd_core::SideState;
 
     #[test]
     fn commands_parse() {
@@ -779,6 +780,6 @@ mod tests {
     fn unmonitored_node_hal_reports_every_nic_up() {
         let mut h = UnmonitoredNodeHal;
         let l = h.link_health(DeviceId(3)).unwrap();
-        assert!(l.primary_up && l.backup_up);
+        assert_eq!((l.primary, l.backup), (SideState::Up, SideState::Up));
     }
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use taskd_actors::StepGate;
 use taskd_core::env::EnvLookup;
-use taskd_core::{DeviceId, GlobalRank, GroupInfo, HcclCapabilities, NodeHal, RankTable};
+use taskd_core::{DeviceId, GlobalRank, GroupInfo, HcclSetup, NodeHal, RankTable};
 use taskd_hal_ascend::node;
 use taskd_hal_ascend::result::{self};
 use taskd_hal_ascend::sys::acl::AclLib;
@@ -123,7 +123,7 @@ pub(super) fn spawn_ranks(
     cfg: &RigConfig,
     rt: &Runtime,
     roots: &[RootInfo],
-    caps: HcclCapabilities,
+    caps: HcclSetup,
     shared: &Arc<Shared>,
 ) -> Starting {
     let groups = cfg.all_groups();
@@ -214,7 +214,7 @@ pub(super) fn prepare(
     cfg: &RigConfig,
     rt: &Runtime,
     dcmi: Result<DcmiLib, LoadError>,
-    caps: HcclCapabilities,
+    caps: HcclSetup,
     shared: &Arc<Shared>,
     env: EnvLookup<'_>,
 ) -> Result<Prepared, RigError> {

@@ -6,8 +6,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use taskd_actors::StepGate;
 use taskd_core::{
-    DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HcclCapabilities, RankHal, StepBoundary,
-    StepOutcome,
+    DeviceId, GlobalRank, GroupInfo, GroupRank, HalError, HcclSetup, RankHal, StepBoundary,
+    StepOutcome, SwitchCapabilities,
 };
 use taskd_hal_ascend::result;
 use taskd_hal_ascend::sys::acl::{AclLib, MemMallocPolicy};
@@ -36,7 +36,7 @@ impl RankHal for SharedRankHal {
         lock(&self.0).set_working_nic(group, ranks, use_backup)
     }
 
-    fn capabilities(&mut self) -> HcclCapabilities {
+    fn capabilities(&mut self) -> SwitchCapabilities {
         lock(&self.0).capabilities()
     }
 }
@@ -168,7 +168,7 @@ pub(super) struct RankSetup {
     pub(super) acl: Arc<AclLib>,
     /// The groups this rank is in: (root info, members), world first.
     pub(super) groups: Vec<(RootInfo, Vec<GlobalRank>)>,
-    pub(super) caps: HcclCapabilities,
+    pub(super) caps: HcclSetup,
     pub(super) elements: usize,
     pub(super) compute: Duration,
     /// Every this many steps an evaluation all-reduce on the world communicator (0: never).

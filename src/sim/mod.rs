@@ -13,6 +13,8 @@
 //! - [`scenario`]: the default scenario (two operations, to backup and back) and the dispatch
 //!   to the automatic failover one ([`auto`]).
 //! - [`auto`]: `taskd sim --auto-failover`, a script of link events under the policy.
+//! - [`launcher`]: the nodes' launchers of a job with process recovery, which take the
+//!   manager's orders (restart every process, or end the job).
 //! - [`report`]: the JSON contract and the table of a scenario's outcome.
 //! - [`progress`]: the live rendering of an operation's phases (also `taskd switch --wait`'s).
 //! - [`timeline`]: which phase each training step overlapped (`--timeline`, the per-step CSV).
@@ -21,6 +23,7 @@
 //! flags and a run loop over [`Simulation`], and the simulator does not depend on the CLI.
 
 pub mod auto;
+pub mod launcher;
 pub mod progress;
 pub mod report;
 pub mod scenario;

@@ -417,16 +417,13 @@ mod tests {
 
     #[test]
     fn automatic_failover_says_what_it_saw_and_decided_before_its_operation() {
-        use taskd_core::auto::{AutoAction, AutoDecision, AutoReason, LinkState, Links};
+        use taskd_core::auto::{AutoAction, AutoDecision, AutoReason, Links};
         use taskd_core::protocol::LinkReport;
-        let links = Links {
-            primary: LinkState::Down,
-            backup: LinkState::Up,
-        };
+        let links = Links::known(false, true);
         let report = LinkReport {
             node: NodeName("node-1".into()),
             device: DeviceId(0),
-            links,
+            links: links.clone(),
             from_kernel: false,
         };
         let decision = AutoDecision {

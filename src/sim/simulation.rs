@@ -11,12 +11,14 @@
 //! its gate a parked task too, and its worker still answers the pause sample from the step the
 //! gate published, exactly as for a real training thread.
 
+use super::launcher::SimLaunchers;
 use super::timeline::StepClock;
 use std::sync::Arc;
 use std::time::Duration;
-use taskd_actors::{LocalJob, LocalJobConfig, LocalJobError, RankSpec, StepGate};
+use taskd_actors::{LocalJob, LocalJobConfig, LocalJobError, LocalJobOptions, RankSpec, StepGate};
 use taskd_core::auto::AutoConfig;
 use taskd_core::command::Target;
+use taskd_core::ledger::ProcessRecovery;
 use taskd_core::operation::{JobState, OperationReport};
 use taskd_core::{
     DeviceId, GlobalRank, HcclCode, JobId, NodeHal, NodeName, OperationId, PhaseDeadlines,
@@ -113,6 +115,11 @@ pub struct SimConfig {
     /// How long a simulated HCCL call waits for its peers before it gives up
     /// ([`FabricConfig::hccl_timeout`]).
     pub hccl_timeout: Duration,
+    /// Process recovery coordinated by the manager: a lost process restarts the whole job, and
+    /// every node's simulated launcher takes the manager's orders ([`super::launcher`];
+    /// [`Simulation::follow_orders`] carries them out). `None` (the default): no launcher takes
+    /// orders, and processes restart only through [`Simulation::restart_processes`].
+    pub process_recovery: Option<ProcessRecovery>,
 }
 
 /// A NIC port of the simulated fabric going down or up during the scenario. The port of
@@ -152,6 +159,7 @@ impl Default for SimConfig {
             auto: None,
             links: Vec::new(),
             hccl_timeout: FabricConfig::new(1, 1).hccl_timeout,
+            process_recovery: None,
         }
     }
 }
@@ -276,10 +284,31 @@ impl StepHook for GateHook {
     }
 }
 
+/// The HAL a simulated node's proxy owns: the links of the job's fabric of the moment. The
+/// proxies outlive a restart of every process ([`Simulation::restart_processes`]), which
+/// brings a new fabric; the physical links they report are the new fabric's, which keeps the
+/// old one's link states.
+struct CurrentNodeHal {
+    fabric: Arc<parking_lot::Mutex<Arc<Fabric>>>,
+    node: u32,
+}
+
+impl NodeHal for CurrentNodeHal {
+    fn link_health(
+        &mut self,
+        device: DeviceId,
+    ) -> Result<taskd_core::LinkHealth, taskd_core::HalError> {
+        let fabric = self.fabric.lock().clone();
+        fabric.node_hal(self.node).link_health(device)
+    }
+}
+
 /// A running simulated job.
 pub struct Simulation {
     job_id: JobId,
     fabric: Arc<Fabric>,
+    /// The fabric the proxies' node HALs read (the one of the processes running).
+    current: Arc<parking_lot::Mutex<Arc<Fabric>>>,
     table: RankTable,
     job: Option<LocalJob>,
     training: Option<SimTraining>,
@@ -288,6 +317,32 @@ pub struct Simulation {
     options: TrainingOptions,
     /// Ranks whose processes lack `TSP:1`.
     tsp: Vec<GlobalRank>,
+    /// Ranks whose HCCL runs without L2 retry (their new processes too).
+    l2_off: Vec<GlobalRank>,
+    /// The nodes' launchers, with process recovery.
+    launchers: Option<Arc<SimLaunchers>>,
+    /// How many times every process was restarted (the running processes' incarnation).
+    incarnation: u32,
+    /// The last restart number of the manager's orders carried out.
+    carried: u32,
+    /// Whether the launchers ended the job (no process runs).
+    ended: bool,
+}
+
+/// What [`Simulation::follow_orders`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Followed {
+    /// Every process was restarted as restart `number` of the job; how each old loop ended.
+    Restarted {
+        /// The restart's number, as the manager ordered it.
+        number: u32,
+        /// How each old training loop ended, by global rank.
+        exits: Vec<RankExit>,
+    },
+    /// Every node was ordered to end the job: every process ended.
+    Ended,
+    /// No order was due within the wait.
+    Nothing,
 }
 
 impl Simulation {
@@ -303,8 +358,12 @@ impl Simulation {
             fabric.set_l2_retry(*r, false);
         }
         let table = RankTable::uniform(cfg.nodes, cfg.devices_per_node);
+        let current = Arc::new(parking_lot::Mutex::new(fabric.clone()));
         let nodes: Vec<Box<dyn NodeHal>> = (0..cfg.nodes)
-            .map(|n| Box::new(fabric.node_hal(n)) as Box<dyn NodeHal>)
+            .map(|node| {
+                let fabric = current.clone();
+                Box::new(CurrentNodeHal { fabric, node }) as Box<dyn NodeHal>
+            })
             .collect();
         let ranks: Vec<RankSpec> = (0..table.world_size() as u32)
             .map(|r| RankSpec {
@@ -312,13 +371,25 @@ impl Simulation {
                 tsp: !cfg.tsp_off.contains(&GlobalRank(r)),
             })
             .collect();
-        let job = LocalJob::start_with_auto(
+        let launchers = cfg
+            .process_recovery
+            .map(|_| Arc::new(SimLaunchers::new(table.nodes().len())));
+        let options = LocalJobOptions {
+            auto: cfg.auto,
+            process_recovery: cfg.process_recovery,
+            launchers: launchers.clone().map(|l| {
+                Arc::new(move |node, order| l.take(node, order)) as taskd_actors::NodeLaunchers
+            }),
+            // The simulated collectives never hang: no watch.
+            hang_timeout: None,
+        };
+        let job = LocalJob::start_with(
             LocalJobConfig {
                 job: cfg.job.clone(),
                 table: table.clone(),
                 deadlines: cfg.deadlines,
             },
-            cfg.auto,
+            options,
             nodes,
             ranks,
         )?;
@@ -336,12 +407,18 @@ impl Simulation {
         let sim = Simulation {
             job_id: cfg.job.clone(),
             fabric,
+            current,
             table,
             job: Some(job),
             training: Some(training),
             clock,
             options,
             tsp: cfg.tsp_off.clone(),
+            l2_off: cfg.l2_retry_off.clone(),
+            launchers,
+            incarnation: 0,
+            carried: 0,
+            ended: false,
         };
         sim.train(1)?;
         Ok(sim)
@@ -392,6 +469,61 @@ impl Simulation {
         switch_command(&self.job_id, targets, use_backup)
     }
 
+    /// The nodes' launchers and the orders they got (with process recovery).
+    pub fn launchers(&self) -> Option<&Arc<SimLaunchers>> {
+        self.launchers.as_ref()
+    }
+
+    /// How many times every process was restarted: 0 for the first processes, +1 per restart
+    /// (by [`Simulation::restart_processes`] or an order carried out).
+    pub fn incarnation(&self) -> u32 {
+        self.incarnation
+    }
+
+    /// Whether the launchers ended the job ([`Followed::Ended`]).
+    pub fn ended(&self) -> bool {
+        self.ended
+    }
+
+    /// Carries out the manager's next order, as every node's agent does: waits at most
+    /// `timeout` for an order every node's launcher has (the next restart number, or the
+    /// end), then, once every old training loop ended, restarts every process as that restart
+    /// of the job ([`Simulation::restart_processes`]) or ends every process. A restart number
+    /// carried out already is never carried out again.
+    ///
+    /// # Errors
+    /// As [`Simulation::restart_processes`]; the old loops do not end within `timeout`.
+    pub fn follow_orders(&mut self, timeout: Duration) -> Result<Followed, SimError> {
+        let Some(launchers) = self.launchers.clone() else {
+            return Ok(Followed::Nothing);
+        };
+        if self.ended {
+            return Ok(Followed::Nothing);
+        }
+        let carried = self.carried;
+        let due = |o: &super::launcher::Orders| o.restart_due(carried).is_some() || o.end_due();
+        if !launchers.wait(timeout, due) {
+            return Ok(Followed::Nothing);
+        }
+        let orders = launchers.orders();
+        match orders.restart_due(carried) {
+            Some(number) => {
+                let exits = self.restart_processes()?;
+                self.carried = number;
+                Ok(Followed::Restarted { number, exits })
+            }
+            None => {
+                if !self.training().wait_ended(timeout) {
+                    return Err(SimError::Stuck(timeout, self.training().min_steps()));
+                }
+                tracing::info!("sim: every node's launcher was ordered to end the job");
+                self.job().end_processes();
+                self.ended = true;
+                Ok(Followed::Ended)
+            }
+        }
+    }
+
     /// Restarts every rank's process as a new incarnation, as a launcher does once training
     /// stopped (the manager's stop, or its hold policy's): waits for every training loop to
     /// end, then starts new processes (a new fabric: new communicators, every NIC on its
@@ -416,6 +548,18 @@ impl Simulation {
             "sim: every training loop ended; restarting the processes"
         );
         let fabric = Fabric::new(self.fabric.config().clone());
+        // The links are physical: new processes find them as the old ones left them.
+        let cfg = self.fabric.config();
+        for node in 0..cfg.nodes {
+            for d in 0..cfg.devices_per_node {
+                let up = self.fabric.link_up(node, DeviceId(d));
+                fabric.set_link(node, DeviceId(d), up);
+            }
+        }
+        for r in &self.l2_off {
+            fabric.set_l2_retry(*r, false);
+        }
+        *self.current.lock() = fabric.clone();
         let world = self.table.world_size() as u32;
         let tsp = self.tsp.clone();
         let ranks: Vec<RankSpec> = (0..world)
@@ -435,6 +579,7 @@ impl Simulation {
         let options = self.options.clone();
         self.training = Some(SimTraining::start(fabric.clone(), hooks, options));
         self.fabric = fabric;
+        self.incarnation += 1;
         self.train(1)?;
         Ok(exits)
     }

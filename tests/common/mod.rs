@@ -206,7 +206,7 @@ pub(crate) fn lines_of(out: ChildStdout) -> mpsc::Receiver<String> {
 
 /// `taskd proxy` for node 0 of `job`, with simulated link health, connected to the manager at
 /// `manager` and listening on port 0.
-pub(crate) fn proxy_args<'a>(job: &'a str, manager: &'a str) -> [&'a str; 10] {
+pub(crate) fn proxy_args<'a>(job: &'a str, manager: &'a str) -> [&'a str; 11] {
     [
         "proxy",
         "--job-id",
@@ -217,7 +217,8 @@ pub(crate) fn proxy_args<'a>(job: &'a str, manager: &'a str) -> [&'a str; 10] {
         manager,
         "--listen",
         "127.0.0.1:0",
-        "--sim",
+        "--node-hal",
+        "sim",
     ]
 }
 

@@ -30,7 +30,7 @@ use crate::manager::{AttachClusterd, Manager};
 use crate::telemetry;
 use actix::Addr;
 use std::time::Duration;
-use taskd_core::clusterd::DEFAULT_HOLD;
+use taskd_core::clusterd::DEFAULT_SIGNAL_WAIT;
 use taskd_core::env::{check_host_port, AddressError};
 use taskd_core::JobId;
 
@@ -48,8 +48,9 @@ pub struct ClusterdConfig {
     pub addr: String,
     /// The job (`ClientInfo.jobId`).
     pub job: JobId,
-    /// How long a hold waits for ClusterD's next signal before the job resumes.
-    pub hold: Duration,
+    /// How long a pause ClusterD started waits for ClusterD's next signal before the job
+    /// resumes (`--clusterd-signal-wait-ms`).
+    pub signal_wait: Duration,
     /// The first wait before reconnecting after a failure (and after ClusterD ends the
     /// streams; and before subscribing the switch stream again); it doubles up to
     /// [`ClusterdConfig::retry_max`].
@@ -64,14 +65,14 @@ pub struct ClusterdConfig {
 }
 
 impl ClusterdConfig {
-    /// ClusterD at `addr` for `job`, with the defaults: holds of 15 minutes (ClusterD's own
+    /// ClusterD at `addr` for `job`, with the defaults: pauses waiting 15 minutes for a signal (ClusterD's own
     /// wait for each report), reconnecting after 1 s up to 30 s, 5 s to connect, 30 s of
     /// silence.
     pub fn new(addr: impl Into<String>, job: JobId) -> ClusterdConfig {
         ClusterdConfig {
             addr: addr.into(),
             job,
-            hold: DEFAULT_HOLD,
+            signal_wait: DEFAULT_SIGNAL_WAIT,
             retry_min: Duration::from_secs(1),
             retry_max: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
@@ -107,7 +108,7 @@ impl ClusterdClient {
         let (reports_tx, reports) = tokio::sync::mpsc::unbounded_channel();
         manager.do_send(AttachClusterd {
             addr: cfg.addr.clone(),
-            hold: cfg.hold,
+            signal_wait: cfg.signal_wait,
             reports: reports_tx,
         });
         metrics::gauge!(telemetry::CLUSTERD_CONNECTED).set(0.0);

@@ -48,6 +48,10 @@ impl From<&OperationSummary> for proto::OperationResult {
                     group: e.group.clone(),
                     hccl_code: e.hccl_code,
                     message: e.message.clone(),
+                    kind: e.kind.clone(),
+                    library: e.library.clone(),
+                    code: e.code,
+                    code_name: e.code_name.clone(),
                 })
                 .collect(),
             lost_ranks: s.lost_ranks.clone(),
@@ -98,6 +102,10 @@ impl From<&proto::OperationResult> for OperationSummary {
                     phase: e.phase.clone(),
                     group: e.group.clone(),
                     hccl_code: e.hccl_code,
+                    kind: e.kind.clone(),
+                    library: e.library.clone(),
+                    code: e.code,
+                    code_name: e.code_name.clone(),
                     message: e.message.clone(),
                 })
                 .collect(),
@@ -169,6 +177,15 @@ pub fn status(s: &ManagerStatus) -> proto::JobStatus {
                 .unwrap_or_default(),
             owed: s.restart_owed.clone().unwrap_or_default(),
         }),
+        stalled_ranks: s
+            .stalled_ranks
+            .iter()
+            .map(|h| proto::StalledRank {
+                rank: h.rank.0,
+                last_step: h.last_step,
+                stalled_for_ms: ms(h.stalled_for),
+            })
+            .collect(),
         hold: s.hold.map(|(held, stops_in)| proto::Hold {
             held_ms: ms(held),
             stops_in_ms: stops_in.map(ms),
@@ -269,6 +286,10 @@ mod tests {
                 phase: "switch".into(),
                 group: Some("dp_0".into()),
                 hccl_code: Some(19),
+                kind: Some("network".into()),
+                library: Some("hccl".into()),
+                code: Some(19),
+                code_name: Some("HCCL_E_NETWORK".into()),
                 message: "group dp_0: network".into(),
             }],
             lost_ranks: vec![],

@@ -3,9 +3,11 @@
 //!
 //! - ClusterD's `Recover` service (its operator API, `proto/clusterd.proto`), wire-compatible
 //!   and answering as ClusterD does ([`recover`]), so a platform written against ClusterD works unchanged.
-//! - taskd's own `taskd.control.v1.Control` (`proto/control.proto`): job status with the NIC
-//!   table, lost ranks and past results, waiting for registrations, and submit-and-wait with the
-//!   phases as they happen ([`ControlClient`] is its typed client).
+//! - taskd's own `taskd.control.v1.Control` (`proto/control.proto`, `taskd_service.rs`): job
+//!   status with the NIC table, lost ranks and past results, waiting for registrations, and
+//!   submit-and-wait with the phases as they happen ([`ControlClient`] is its typed client).
+//!
+//! `server.rs` serves both on one port (the guard, TLS, connection limits).
 //!
 //! Result codes: [`codes`]. Every service sits behind one [`guard::Guard`] interceptor (an
 //! optional bearer token and a per-client rate limit); TLS, optionally mutual, is the port's.
@@ -17,7 +19,7 @@ pub mod guard;
 pub mod recover;
 pub mod retention;
 pub mod server;
-mod service;
+mod taskd_service;
 
 pub use client::{ClientError, ControlClient, Progress, Switching};
 pub use guard::{Guard, GuardConfig, RateLimit};

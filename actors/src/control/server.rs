@@ -7,7 +7,7 @@ use super::guard::{Guard, GuardConfig};
 use super::proto::control_server::ControlServer as ControlService;
 use super::recover::RecoverSvc;
 use super::retention::{Clock, LastResult};
-use super::service::ControlSvc;
+use super::taskd_service::ControlSvc;
 use crate::background::Background;
 use crate::clusterd::proto::recover_server::RecoverServer;
 use crate::manager::{Manager, SubscribeProgress};

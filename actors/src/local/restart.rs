@@ -2,7 +2,9 @@
 //! incarnation, as a launcher does (MindCluster's process-level recovery, torchrun's
 //! `--max-restarts`, taskd's agent under msrun).
 
-use super::{rank_specs, start_worker, Incarnation, IntoRankSpec, LocalJob, LocalJobError, Uplink};
+use super::{
+    rank_specs, start_worker, Incarnation, IntoRankSpec, LocalJob, LocalJobError, Process, Uplink,
+};
 use crate::gate::StepGate;
 use crate::manager::{HoldPolicy, SetHoldPolicy, StopTraining};
 use crate::worker::StopWorker;
@@ -34,6 +36,15 @@ impl LocalJob {
         Ok(res?)
     }
 
+    /// Ends every rank's process, as a launcher ordered to end the job does once training
+    /// stopped: each worker stops (its proxy sees it leave, and the manager loses the rank, a
+    /// process the stop ended); nothing starts again.
+    pub fn end_processes(&self) {
+        for w in &self.ranks.lock().workers {
+            w.do_send(StopWorker);
+        }
+    }
+
     /// Restarts every rank's process as a new incarnation, as a launcher does once training
     /// stopped: each old worker stops (its proxy sees it leave, and the manager loses the
     /// rank), then, once the manager has no rank registered, a new worker per rank with a new
@@ -63,6 +74,8 @@ impl LocalJob {
         let uplinks: Vec<Arc<Uplink>> = (0..ranks.len()).map(|_| Arc::default()).collect();
         let (job, proxies) = (self.config.0.clone(), self.proxies.clone());
         let (worker_gates, worker_uplinks) = (gates.clone(), uplinks.clone());
+        let generation = self.ranks.lock().generation + 1;
+        let hang_timeout = self.hang_timeout;
         let (tx, rx) = std::sync::mpsc::channel();
         self.system.arbiter().spawn(async move {
             let workers: Vec<_> = ranks
@@ -70,13 +83,19 @@ impl LocalJob {
                 .enumerate()
                 .map(|(r, parts)| {
                     let link = (worker_gates[r].clone(), worker_uplinks[r].clone());
-                    start_worker(&job, &table, GlobalRank(r as u32), parts, &proxies, link)
+                    let process = Process {
+                        rank: GlobalRank(r as u32),
+                        generation,
+                        hang_timeout,
+                    };
+                    start_worker(&job, &table, process, parts, &proxies, link)
                 })
                 .collect();
             let _ = tx.send(workers);
         });
         let workers = rx.recv().map_err(|_| LocalJobError::SystemGone)?;
         *self.ranks.lock() = Incarnation {
+            generation,
             workers,
             uplinks,
             gates,

@@ -104,9 +104,10 @@ impl Manager {
             device: r.device,
         };
         let changed = if r.from_kernel {
-            auto.policy.link_changed_by_kernel(key, r.links, now)
+            auto.policy
+                .link_changed_by_kernel(key, r.links.clone(), now)
         } else {
-            auto.policy.link_changed(key, r.links, now)
+            auto.policy.link_changed(key, r.links.clone(), now)
         };
         if changed {
             tracing::info!(node = %r.node, device = r.device.0, primary = %r.links.primary, backup = %r.links.backup, "links changed");
@@ -283,7 +284,10 @@ impl Manager {
         let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut auto.settled)
             .into_iter()
             .partition(|(links, _)| {
-                quiet && links.iter().all(|(k, l)| policy.links(k) == Some(*l))
+                quiet
+                    && links
+                        .iter()
+                        .all(|(k, l)| policy.links(k).is_some_and(|p| p.same_states(l)))
             });
         auto.settled = waiting;
         for (_, tx) in ready {

@@ -44,14 +44,14 @@ pub struct ClusterdLink {
 }
 
 /// Makes the manager ClusterD's client (sent by [`crate::clusterd::ClusterdClient::start`]):
-/// its holds wait at most `hold` for ClusterD's next signal, its reports go to `reports`.
+/// its pauses wait at most `signal_wait` for ClusterD's next signal, its reports go to `reports`.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct AttachClusterd {
     /// ClusterD's `HOST:PORT`, for status and logs.
     pub addr: String,
-    /// How long a hold waits for ClusterD's next signal.
-    pub hold: Duration,
+    /// How long a pause ClusterD started waits for ClusterD's next signal.
+    pub signal_wait: Duration,
     /// Where the reports owed to ClusterD go.
     pub reports: UnboundedSender<Outgoing>,
 }
@@ -113,7 +113,7 @@ impl Handler<AttachClusterd> for Manager {
 
     fn handle(&mut self, m: AttachClusterd, _: &mut Self::Context) {
         self.clusterd = Some(Side {
-            seq: Sequencer::new(m.hold),
+            seq: Sequencer::new(m.signal_wait),
             reports: m.reports,
             link: ClusterdLink {
                 addr: m.addr,
@@ -141,7 +141,7 @@ impl Handler<ClusterdSignal> for Manager {
     type Result = ();
 
     /// ClusterD's `stop_train` and `killMaster` are decided here, by the sequencer
-    /// (`Sequencer::on_signal`), and carried out by [`Manager::clusterd_step`]: the driven
+    /// (`Sequencer::on_signal`), and carried out by `Manager::clusterd_step`: the driven
     /// operation ends held, then the manager stops training ([`super::StopTraining`]'s path,
     /// by [`StopBy::Clusterd`]).
     fn handle(&mut self, m: ClusterdSignal, ctx: &mut Self::Context) {

@@ -108,7 +108,7 @@ impl Manager {
                     || (String::new(), AfterStop::Launcher),
                     |s| (s.reason.clone(), s.then),
                 );
-                tracing::error!(%id, %reason, then = %then.describe(), "a process of the job died: stopping training on every rank");
+                tracing::error!(%id, %reason, then = %then.describe(), "a fault ended training (a process died or hung): stopping training on every rank");
                 metrics::counter!(telemetry::TRAINING_STOPS, "by" => StopBy::Fault.as_str())
                     .increment(1);
                 if let AfterStop::Restart { .. } = then {

@@ -1,6 +1,6 @@
 //! The last-words checkpoint before training stops: a host the manager asks (MindIO's dump,
-//! run by the process that hosts the manager), and the one fault report such a host can add
-//! (a rank it saw die that taskd had not).
+//! run by the process that hosts the manager). The fault such a host can report (a rank it saw
+//! die that taskd had not) is in `faults.rs`.
 //!
 //! With a host, every stop of training (a restart of the job after a lost process, the hold
 //! policy, an operator, ClusterD) first asks it for a checkpoint of the last step the ranks
@@ -12,7 +12,7 @@ use super::Manager;
 use actix::prelude::*;
 use std::sync::Arc;
 use std::time::Duration;
-use taskd_core::ledger::{LastWords, LostRank, StopPhase};
+use taskd_core::ledger::{LastWords, StopPhase};
 use taskd_core::GlobalRank;
 
 /// How long a last-words checkpoint may take by default: a large model's replica set is
@@ -44,36 +44,6 @@ impl Handler<SetLastWords> for Manager {
         tracing::info!(within = ?m.within, "a last-words checkpoint is taken before every stop of training");
         self.ledger.set_last_words_host(true);
         self.last_words = Some((m.host, m.within));
-    }
-}
-
-/// A rank's process died, as something outside taskd's transport saw it (the last-words
-/// host's own fault detection): the same as a lost worker, for a rank whose process is
-/// registered (of a rank already lost, taskd's own word stands: a process that ended cleanly
-/// and that the host, slower, takes for dead, is not).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct ReportFault {
-    /// The rank.
-    pub rank: GlobalRank,
-    /// What was seen, one line.
-    pub why: String,
-}
-
-impl Handler<ReportFault> for Manager {
-    type Result = ();
-    fn handle(&mut self, m: ReportFault, ctx: &mut Self::Context) {
-        if !self.ledger.is_registered(m.rank) {
-            tracing::info!(rank = m.rank.0, why = %m.why, "a rank already lost was reported dead");
-            return;
-        }
-        tracing::warn!(rank = m.rank.0, why = %m.why, "a rank's process was reported dead");
-        let now = self.now();
-        let actions = self.ledger.worker_lost(m.rank, LostRank::died(m.why), now);
-        self.job_changed();
-        self.observe_waiting();
-        self.run(actions, ctx);
-        self.follow_bounds(ctx);
     }
 }
 

@@ -7,9 +7,10 @@ use super::outbox::{self, Outbox};
 use super::server::{self, Admitted, Host, NetService, QueueDepth, Refusal, Registry};
 use super::session::Delivery;
 use super::tls::TlsPem;
-use super::{pb, unix_ms, wire, NetConfig, NetError};
+use super::{pb, wire, NetConfig, NetError};
 use crate::manager::{Manager, ProxyConnected, ProxyDisconnected};
 use crate::transport::hand_over;
+use crate::unix_ms;
 use actix::prelude::*;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -298,6 +299,7 @@ impl Host for ManagerHost {
                 ProxyToManager::Reply(r) => r.node == node,
                 ProxyToManager::WorkerLost { rank, .. } => self.ranks_of[&node].contains(rank),
                 ProxyToManager::Links(l) => l.node == node,
+                ProxyToManager::Stall(n) => self.ranks_of[&node].contains(&n.rank),
             };
             if from_node {
                 Ok(m)

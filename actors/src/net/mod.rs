@@ -160,11 +160,3 @@ pub enum NetError {
     #[error("cannot start the HAL thread: {0}")]
     HalThread(#[source] std::io::Error),
 }
-
-/// Milliseconds since the Unix epoch, now.
-pub(crate) fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}

@@ -492,6 +492,7 @@ impl Host for ProxyHost {
             let claimed = match &m {
                 WorkerToProxy::Hello(h) => h.rank,
                 WorkerToProxy::Reply(r) => r.rank,
+                WorkerToProxy::Stall(n) => n.rank,
             };
             if claimed != rank {
                 tracing::error!(

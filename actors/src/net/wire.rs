@@ -6,17 +6,17 @@
 use super::pb;
 use std::borrow::Cow;
 use std::time::Duration;
-use taskd_core::auto::{LinkState, Links};
+use taskd_core::auto::Links;
 use taskd_core::command::RankTarget;
 use taskd_core::inflight::{CollectivePosition, RedoPoint};
 use taskd_core::protocol::{
     AfterStop, AppliedCall, Directive, DirectiveKind, GateReport, Gone, GroupView, LinkReport,
-    NodeReply, Phase, ProxyToManager, RankError, RankReply, ReplyBody, WorkerHello, WorkerReport,
-    WorkerToProxy,
+    NodeReply, Phase, ProxyToManager, RankError, RankReply, ReplyBody, StallNotice, WorkerHello,
+    WorkerReport, WorkerToProxy,
 };
 use taskd_core::{
-    DeviceId, GlobalRank, HalError, HalErrorKind, Instance, JobId, LibraryName, LinkHealth,
-    NicSide, NodeName, OperationId, SwitchCapabilities, VendorCode,
+    DeviceId, GlobalRank, HalError, HalErrorKind, HcclSetup, Instance, JobId, LibraryName,
+    LinkHealth, Missing, NicSide, NodeName, OperationId, SideState, SwitchCapabilities, VendorCode,
 };
 
 /// A frame that cannot be decoded into the protocol.
@@ -78,21 +78,54 @@ pub(crate) fn phase_from_pb(what: &'static str, raw: i32) -> Result<Phase, WireE
     }
 }
 
-pub(crate) fn caps_to_pb(c: SwitchCapabilities) -> pb::Capabilities {
+/// What a rank lacks, listed; and, for a peer of the previous version, its three booleans:
+/// anything it has no word for counts as L2 retry missing, so that it refuses the switch too.
+pub(crate) fn caps_to_pb(c: &SwitchCapabilities) -> pb::Capabilities {
+    let known = [Missing::TSP, HcclSetup::L2_RETRY_OFF, HcclSetup::NO_RDMA];
+    let other = c.missing().any(|m| !known.contains(m));
     pb::Capabilities {
-        tsp: c.tsp,
-        l2_retry: c.l2_retry,
-        rdma: c.rdma,
+        tsp: !c.lacks(&Missing::TSP),
+        l2_retry: !c.lacks(&HcclSetup::L2_RETRY_OFF) && !other,
+        rdma: !c.lacks(&HcclSetup::NO_RDMA),
+        missing: c
+            .missing()
+            .map(|m| pb::Missing {
+                by: m.by.to_string(),
+                what: m.what.to_string(),
+            })
+            .collect(),
     }
 }
 
-pub(crate) fn caps_from_pb(c: Option<pb::Capabilities>) -> SwitchCapabilities {
+/// The list when there is one; a previous-version frame's booleans otherwise. A thing named by
+/// something that is not a library name is refused.
+pub(crate) fn caps_from_pb(c: Option<pb::Capabilities>) -> Result<SwitchCapabilities, WireError> {
     let c = c.unwrap_or_default();
-    SwitchCapabilities {
-        tsp: c.tsp,
-        l2_retry: c.l2_retry,
-        rdma: c.rdma,
+    if c.missing.is_empty() {
+        let said = [
+            (c.tsp, Missing::TSP),
+            (c.l2_retry, HcclSetup::L2_RETRY_OFF),
+            (c.rdma, HcclSetup::NO_RDMA),
+        ];
+        return Ok(SwitchCapabilities::lacking(
+            said.into_iter().filter(|(has, _)| !has).map(|(_, m)| m),
+        ));
     }
+    let missing = c
+        .missing
+        .into_iter()
+        .map(|m| {
+            let by = LibraryName::parse(m.by).map_err(|e| WireError {
+                what: "capabilities",
+                detail: e.to_string(),
+            })?;
+            Ok(Missing {
+                by,
+                what: Cow::Owned(m.what),
+            })
+        })
+        .collect::<Result<Vec<_>, WireError>>()?;
+    Ok(SwitchCapabilities::lacking(missing))
 }
 
 pub(crate) fn hello_to_pb(h: WorkerHello) -> pb::WorkerHello {
@@ -100,19 +133,21 @@ pub(crate) fn hello_to_pb(h: WorkerHello) -> pb::WorkerHello {
         job: h.job.0,
         node: h.node.0,
         rank: h.rank.0,
-        capabilities: Some(caps_to_pb(h.capabilities)),
+        capabilities: Some(caps_to_pb(&h.capabilities)),
         instance: h.instance.0,
+        generation: h.generation,
     }
 }
 
-pub(crate) fn hello_from_pb(h: pb::WorkerHello) -> WorkerHello {
-    WorkerHello {
+pub(crate) fn hello_from_pb(h: pb::WorkerHello) -> Result<WorkerHello, WireError> {
+    Ok(WorkerHello {
         job: JobId(h.job),
         node: NodeName(h.node),
         rank: GlobalRank(h.rank),
-        capabilities: caps_from_pb(h.capabilities),
+        capabilities: caps_from_pb(h.capabilities)?,
         instance: Instance(h.instance),
-    }
+        generation: h.generation,
+    })
 }
 
 /// The wire keeps HCCL's `use_backup` flag per rank; the directive speaks of sides.
@@ -311,13 +346,20 @@ const LEGACY_LIBRARIES: [(pb::LegacyLibrary, &str); 4] = [
     (pb::LegacyLibrary::Mock, "mock"),
 ];
 
-/// What a peer of the previous version reads: the enum value of one of its four libraries,
-/// else unspecified (which it refuses, as it refuses any library it does not know).
-fn legacy_library_to_pb(l: &LibraryName) -> pb::LegacyLibrary {
-    LEGACY_LIBRARIES
+/// What a peer of the previous version reads: the enum value of one of its four libraries;
+/// HCCL's for an error without a code of any other library (no numbering to misread: the
+/// previous version's framework HAL sent its errors so); else unspecified (which it refuses,
+/// as it refuses any library it does not know).
+fn legacy_library_to_pb(v: &VendorCode) -> pb::LegacyLibrary {
+    let known = LEGACY_LIBRARIES
         .iter()
-        .find(|(_, n)| *n == l.as_str())
-        .map_or(pb::LegacyLibrary::Unspecified, |(v, _)| *v)
+        .find(|(_, n)| *n == v.library.as_str())
+        .map(|(l, _)| *l);
+    match (known, v.code) {
+        (Some(l), _) => l,
+        (None, None) => pb::LegacyLibrary::Hccl,
+        (None, Some(_)) => pb::LegacyLibrary::Unspecified,
+    }
 }
 
 /// The library a frame names: `library` when set; the legacy enum of a previous-version
@@ -347,7 +389,7 @@ fn hal_error_to_pb(h: HalError) -> pb::HalError {
         code: h.vendor.code,
         detail: h.detail,
         kind: kind_to_pb(h.kind) as i32,
-        legacy_library: legacy_library_to_pb(&h.vendor.library) as i32,
+        legacy_library: legacy_library_to_pb(&h.vendor) as i32,
         library: h.vendor.library.to_string(),
         name: h.vendor.name.map(String::from),
     }
@@ -533,18 +575,49 @@ pub(crate) fn node_reply_to_pb(n: NodeReply) -> pb::NodeReply {
         op: n.op.to_string(),
         phase: phase_to_pb(n.phase) as i32,
         replies: n.replies.into_iter().map(rank_reply_to_pb).collect(),
-        health: n
-            .health
-            .into_iter()
-            .map(|h| pb::LinkHealth {
-                device: h.device.0,
-                primary_up: h.primary_up,
-                backup_up: h.backup_up,
-                primary_unknown: h.primary_unknown.unwrap_or_default(),
-                backup_unknown: h.backup_unknown.unwrap_or_default(),
-            })
-            .collect(),
+        health: n.health.into_iter().map(link_health_to_pb).collect(),
     }
+}
+
+/// Both sides as they are, and the previous version's fields beside them.
+fn link_health_to_pb(h: LinkHealth) -> pb::LinkHealth {
+    /// The previous version's reading of an unknown side: a reason, never empty.
+    fn unknown_why(s: &SideState) -> String {
+        match s {
+            SideState::Unknown(why) if why.is_empty() => "not known".into(),
+            SideState::Unknown(why) => why.clone(),
+            _ => String::new(),
+        }
+    }
+    pb::LinkHealth {
+        device: h.device.0,
+        primary_up: h.primary.is_up(),
+        backup_up: h.backup.is_up(),
+        primary_unknown: unknown_why(&h.primary),
+        backup_unknown: unknown_why(&h.backup),
+        primary_side: Some(side_to_pb(h.primary)),
+        backup_side: Some(side_to_pb(h.backup)),
+    }
+}
+
+/// Each side from its `SideState`; from the previous version's fields when it has none.
+fn link_health_from_pb(h: pb::LinkHealth) -> Result<LinkHealth, WireError> {
+    const W: &str = "link health";
+    let previous = |up: bool, unknown: String| match (up, unknown.is_empty()) {
+        (_, false) => SideState::Unknown(unknown),
+        (up, true) => SideState::up_or_down(up),
+    };
+    Ok(LinkHealth {
+        device: DeviceId(h.device),
+        primary: match h.primary_side {
+            Some(s) => side_from_pb(W, "the primary side's state", s)?,
+            None => previous(h.primary_up, h.primary_unknown),
+        },
+        backup: match h.backup_side {
+            Some(s) => side_from_pb(W, "the backup side's state", s)?,
+            None => previous(h.backup_up, h.backup_unknown),
+        },
+    })
 }
 
 pub(crate) fn node_reply_from_pb(n: pb::NodeReply) -> Result<NodeReply, WireError> {
@@ -561,18 +634,8 @@ pub(crate) fn node_reply_from_pb(n: pb::NodeReply) -> Result<NodeReply, WireErro
         health: n
             .health
             .into_iter()
-            .map(|h| LinkHealth {
-                device: DeviceId(h.device),
-                primary_up: h.primary_up,
-                backup_up: h.backup_up,
-                primary_unknown: Some(h.primary_unknown).filter(|r| !r.is_empty()),
-                backup_unknown: Some(h.backup_unknown).filter(|r| !r.is_empty()),
-                // A switch's link check asks whether the target is up; degradation travels
-                // in link reports (`LinkState::Degraded`).
-                primary_degraded: None,
-                backup_degraded: None,
-            })
-            .collect(),
+            .map(link_health_from_pb)
+            .collect::<Result<_, _>>()?,
     })
 }
 
@@ -583,6 +646,7 @@ pub fn worker_msg_to_pb(m: WorkerToProxy) -> pb::WorkerMessage {
         kind: Some(match m {
             WorkerToProxy::Hello(h) => Kind::Hello(hello_to_pb(h)),
             WorkerToProxy::Reply(r) => Kind::Reply(rank_reply_to_pb(r)),
+            WorkerToProxy::Stall(n) => Kind::Stall(stall_to_pb(n)),
         }),
     }
 }
@@ -593,50 +657,99 @@ pub(crate) fn worker_msg_from_pb(m: pb::WorkerMessage) -> Result<WorkerToProxy, 
         .kind
         .ok_or_else(|| missing("worker message", "its kind"))?
     {
-        Kind::Hello(h) => Ok(WorkerToProxy::Hello(hello_from_pb(h))),
+        Kind::Hello(h) => Ok(WorkerToProxy::Hello(hello_from_pb(h)?)),
         Kind::Reply(r) => Ok(WorkerToProxy::Reply(rank_reply_from_pb(r)?)),
+        Kind::Stall(n) => Ok(WorkerToProxy::Stall(stall_from_pb(n))),
     }
 }
 
-fn link_state_to_pb(s: LinkState) -> pb::LinkState {
+fn stall_to_pb(n: StallNotice) -> pb::StallNotice {
+    pb::StallNotice {
+        rank: n.rank.0,
+        instance: n.instance.0,
+        last_step: n.last_step,
+        stalled_for_ms: n
+            .stalled_for
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+    }
+}
+
+fn stall_from_pb(n: pb::StallNotice) -> StallNotice {
+    StallNotice {
+        rank: GlobalRank(n.rank),
+        instance: Instance(n.instance),
+        last_step: n.last_step,
+        stalled_for: n.stalled_for_ms.map(Duration::from_millis),
+    }
+}
+
+fn link_state_to_pb(s: &SideState) -> pb::LinkState {
     match s {
-        LinkState::Up => pb::LinkState::Up,
-        LinkState::Down => pb::LinkState::Down,
-        LinkState::Unknown => pb::LinkState::Unknown,
-        LinkState::Degraded => pb::LinkState::Degraded,
+        SideState::Up => pb::LinkState::Up,
+        SideState::Down(_) => pb::LinkState::Down,
+        SideState::Unknown(_) => pb::LinkState::Unknown,
+        SideState::Degraded(_) => pb::LinkState::Degraded,
     }
 }
 
-/// A newer peer's state is read as unknown (not up); a missing one is refused.
-fn link_state_from_pb(side: &str, raw: i32) -> Result<LinkState, WireError> {
+/// The state `raw` names, with `why`: a newer peer's state is read as unknown (not up); a
+/// missing one is refused.
+fn link_state_from_pb(
+    what: &'static str,
+    side: &str,
+    raw: i32,
+    why: String,
+) -> Result<SideState, WireError> {
     match pb::LinkState::try_from(raw) {
-        Ok(pb::LinkState::Up) => Ok(LinkState::Up),
-        Ok(pb::LinkState::Down) => Ok(LinkState::Down),
-        Ok(pb::LinkState::Degraded) => Ok(LinkState::Degraded),
-        Ok(pb::LinkState::Unspecified) => Err(missing("link report", side)),
-        Ok(pb::LinkState::Unknown) | Err(_) => Ok(LinkState::Unknown),
+        Ok(pb::LinkState::Up) => Ok(SideState::Up),
+        Ok(pb::LinkState::Down) => Ok(SideState::Down(why)),
+        Ok(pb::LinkState::Degraded) => Ok(SideState::Degraded(why)),
+        Ok(pb::LinkState::Unspecified) => Err(missing(what, side)),
+        Ok(pb::LinkState::Unknown) | Err(_) => Ok(SideState::Unknown(why)),
     }
 }
 
-/// A proxy's link report for the wire.
+fn side_to_pb(s: SideState) -> pb::SideState {
+    let state = link_state_to_pb(&s) as i32;
+    let why = match s {
+        SideState::Up => String::new(),
+        SideState::Degraded(why) | SideState::Down(why) | SideState::Unknown(why) => why,
+    };
+    pb::SideState { state, why }
+}
+
+fn side_from_pb(what: &'static str, side: &str, s: pb::SideState) -> Result<SideState, WireError> {
+    link_state_from_pb(what, side, s.state, s.why)
+}
+
+/// A proxy's link report for the wire: each side's state and reason, and the previous
+/// version's state alone beside it.
 pub(crate) fn link_report_to_pb(r: LinkReport) -> pb::LinkReport {
     pb::LinkReport {
         node: r.node.0,
         device: r.device.0,
-        primary: link_state_to_pb(r.links.primary) as i32,
-        backup: link_state_to_pb(r.links.backup) as i32,
+        primary: link_state_to_pb(&r.links.primary) as i32,
+        backup: link_state_to_pb(&r.links.backup) as i32,
+        primary_side: Some(side_to_pb(r.links.primary)),
+        backup_side: Some(side_to_pb(r.links.backup)),
         from_kernel: r.from_kernel,
     }
 }
 
-/// A proxy's link report from the wire; a missing state is refused, a newer one is unknown.
+/// A proxy's link report from the wire: each side from its `SideState`, or from the previous
+/// version's state alone when it has none; a missing state is refused, a newer one is unknown.
 pub(crate) fn link_report_from_pb(r: pb::LinkReport) -> Result<LinkReport, WireError> {
+    const W: &str = "link report";
+    let side = |name: &str, s: Option<pb::SideState>, previous: i32| match s {
+        Some(s) => side_from_pb(W, name, s),
+        None => link_state_from_pb(W, name, previous, String::new()),
+    };
     Ok(LinkReport {
         node: NodeName(r.node),
         device: DeviceId(r.device),
         links: Links {
-            primary: link_state_from_pb("the primary link's state", r.primary)?,
-            backup: link_state_from_pb("the backup link's state", r.backup)?,
+            primary: side("the primary link's state", r.primary_side, r.primary)?,
+            backup: side("the backup link's state", r.backup_side, r.backup)?,
         },
         from_kernel: r.from_kernel,
     })
@@ -668,6 +781,7 @@ pub fn proxy_msg_to_pb(m: ProxyToManager) -> pb::ProxyMessage {
             }),
             ProxyToManager::Reply(n) => Kind::Reply(node_reply_to_pb(n)),
             ProxyToManager::Links(r) => Kind::Links(link_report_to_pb(r)),
+            ProxyToManager::Stall(n) => Kind::Stall(stall_to_pb(n)),
         }),
     }
 }
@@ -675,7 +789,7 @@ pub fn proxy_msg_to_pb(m: ProxyToManager) -> pb::ProxyMessage {
 pub(crate) fn proxy_msg_from_pb(m: pb::ProxyMessage) -> Result<ProxyToManager, WireError> {
     use pb::proxy_message::Kind;
     match m.kind.ok_or_else(|| missing("proxy message", "its kind"))? {
-        Kind::WorkerUp(h) => Ok(ProxyToManager::WorkerUp(hello_from_pb(h))),
+        Kind::WorkerUp(h) => Ok(ProxyToManager::WorkerUp(hello_from_pb(h)?)),
         Kind::WorkerLost(l) => Ok(ProxyToManager::WorkerLost {
             rank: GlobalRank(l.rank),
             how: match l.how() {
@@ -689,6 +803,7 @@ pub(crate) fn proxy_msg_from_pb(m: pb::ProxyMessage) -> Result<ProxyToManager, W
         }),
         Kind::Reply(n) => Ok(ProxyToManager::Reply(node_reply_from_pb(n)?)),
         Kind::Links(r) => Ok(ProxyToManager::Links(link_report_from_pb(r)?)),
+        Kind::Stall(n) => Ok(ProxyToManager::Stall(stall_from_pb(n))),
     }
 }
 
@@ -845,6 +960,21 @@ mod tests {
             );
         }
         assert_eq!(sent("a_new_backend").library, 0);
+        // An error without a code has no numbering to misread: the previous version reads it
+        // as HCCL's (as its framework HAL sent them) rather than refuse the frame.
+        let uncoded = HalError::uncoded(
+            "_comm_switch_nic",
+            LibraryName::FRAMEWORK,
+            HalErrorKind::Other,
+            "returned False",
+        );
+        let p = PreviousHalError::decode(&hal_error_to_pb(uncoded.clone()).encode_to_vec()[..])
+            .unwrap();
+        assert_eq!((p.library, p.code), (1, None));
+        assert_eq!(
+            hal_error_from_pb(hal_error_to_pb(uncoded.clone())).unwrap(),
+            uncoded
+        );
     }
 
     #[test]
@@ -975,7 +1105,10 @@ mod tests {
                 health: vec![
                     LinkHealth::new(DeviceId(1), false, true),
                     LinkHealth::new(DeviceId(2), true, true)
-                        .with_unknown(taskd_core::NicSide::Backup, "probe timed out"),
+                        .with_unknown(NicSide::Backup, "probe timed out"),
+                    LinkHealth::new(DeviceId(3), true, true)
+                        .with_degraded(NicSide::Primary, "loss 50% > 25%")
+                        .with(NicSide::Backup, SideState::Down("operstate down".into())),
                 ],
             };
             let w = WorkerToProxy::Reply(r);
@@ -983,23 +1116,35 @@ mod tests {
             let p = ProxyToManager::Reply(n);
             assert_eq!(proxy_msg_from_pb(proxy_msg_to_pb(p.clone())).unwrap(), p);
         }
+        for stalled_for in [Some(Duration::from_millis(1_836_000)), None] {
+            let n = StallNotice {
+                rank: GlobalRank(5),
+                instance: Instance(0xfeed),
+                last_step: 41,
+                stalled_for,
+            };
+            let w = WorkerToProxy::Stall(n.clone());
+            assert_eq!(worker_msg_from_pb(worker_msg_to_pb(w.clone())).unwrap(), w);
+            let p = ProxyToManager::Stall(n);
+            assert_eq!(proxy_msg_from_pb(proxy_msg_to_pb(p.clone())).unwrap(), p);
+        }
         let hello = WorkerHello {
             job: JobId("j".into()),
             node: NodeName("n".into()),
             rank: GlobalRank(3),
-            capabilities: SwitchCapabilities {
-                tsp: true,
-                l2_retry: false,
-                rdma: true,
-            },
+            capabilities: SwitchCapabilities::lacking([
+                HcclSetup::L2_RETRY_OFF,
+                Missing::new(LibraryName::new("acme"), "ACME_MULTIRAIL=0"),
+            ]),
             instance: Instance(0x1234_5678_9abc_def1),
+            generation: 2,
         };
-        let links = |primary, backup| {
+        let links = |primary: SideState, backup| {
             ProxyToManager::Links(LinkReport {
                 node: NodeName("node-1".into()),
                 device: DeviceId(5),
+                from_kernel: matches!(primary, SideState::Down(_)),
                 links: Links { primary, backup },
-                from_kernel: primary == LinkState::Down,
             })
         };
         for m in [
@@ -1025,9 +1170,12 @@ mod tests {
                 instance: Instance(1),
                 generation: 1,
             },
-            links(LinkState::Down, LinkState::Up),
-            links(LinkState::Up, LinkState::Unknown),
-            links(LinkState::Degraded, LinkState::Up),
+            links(SideState::Down(String::new()), SideState::Up),
+            links(SideState::Up, SideState::Unknown("probe timed out".into())),
+            links(
+                SideState::Degraded("rtt 40 ms > 10 ms".into()),
+                SideState::Up,
+            ),
         ] {
             assert_eq!(proxy_msg_from_pb(proxy_msg_to_pb(m.clone())).unwrap(), m);
         }
@@ -1042,18 +1190,186 @@ mod tests {
             device: 2,
             primary,
             backup,
-            from_kernel: false,
+            ..Default::default()
         };
         let r = link_report_from_pb(report(pb::LinkState::Up as i32, 42)).unwrap();
         assert_eq!(
             (r.links.primary, r.links.backup),
-            (LinkState::Up, LinkState::Unknown)
+            (SideState::Up, SideState::Unknown(String::new()))
         );
         let e = link_report_from_pb(report(0, pb::LinkState::Up as i32)).unwrap_err();
         assert!(
             e.to_string().contains("primary link's state is missing"),
             "{e}"
         );
+        // Likewise in a side of this version.
+        let with_side = |state| pb::LinkReport {
+            backup_side: Some(pb::SideState {
+                state,
+                why: "w".into(),
+            }),
+            ..report(1, 1)
+        };
+        let r = link_report_from_pb(with_side(42)).unwrap();
+        assert_eq!(r.links.backup, SideState::Unknown("w".into()));
+        let e = link_report_from_pb(with_side(0)).unwrap_err();
+        assert!(
+            e.to_string().contains("backup link's state is missing"),
+            "{e}"
+        );
+        let health = pb::LinkHealth {
+            primary_side: Some(pb::SideState::default()),
+            ..Default::default()
+        };
+        let e = link_health_from_pb(health).unwrap_err();
+        assert!(
+            e.to_string().contains("primary side's state is missing"),
+            "{e}"
+        );
+    }
+
+    /// `LinkHealth` and `LinkReport` as the previous version of `net.proto` had them: no
+    /// `SideState`, no degraded state in a node's health, no reason for a link that is down.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct PreviousLinkHealth {
+        #[prost(uint32, tag = "1")]
+        device: u32,
+        #[prost(bool, tag = "2")]
+        primary_up: bool,
+        #[prost(bool, tag = "3")]
+        backup_up: bool,
+        #[prost(string, tag = "4")]
+        primary_unknown: String,
+        #[prost(string, tag = "5")]
+        backup_unknown: String,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct PreviousLinkReport {
+        #[prost(string, tag = "1")]
+        node: String,
+        #[prost(uint32, tag = "2")]
+        device: u32,
+        #[prost(int32, tag = "3")]
+        primary: i32,
+        #[prost(int32, tag = "4")]
+        backup: i32,
+    }
+
+    #[test]
+    fn a_peer_of_the_previous_version_and_this_one_read_each_others_link_states() {
+        use prost::Message as _;
+        // What a previous-version proxy sends: booleans and an unknown side's reason.
+        let old = PreviousLinkHealth {
+            device: 4,
+            primary_up: true,
+            backup_up: false,
+            primary_unknown: String::new(),
+            backup_unknown: "partner die not visible".into(),
+        };
+        let read = pb::LinkHealth::decode(&old.encode_to_vec()[..]).unwrap();
+        assert_eq!(
+            link_health_from_pb(read).unwrap(),
+            LinkHealth::new(DeviceId(4), true, false)
+                .with_unknown(NicSide::Backup, "partner die not visible")
+        );
+        // What a previous-version manager reads from this version: a degraded side is up, an
+        // unknown one says why (a reason even when the HAL gave none), a down one is down.
+        let sent = |h: LinkHealth| {
+            PreviousLinkHealth::decode(&link_health_to_pb(h).encode_to_vec()[..]).unwrap()
+        };
+        let p = sent(
+            LinkHealth::new(DeviceId(1), true, true)
+                .with_degraded(NicSide::Primary, "loss 50% > 25%")
+                .with(NicSide::Backup, SideState::Unknown(String::new())),
+        );
+        assert_eq!(
+            (p.primary_up, p.primary_unknown.as_str()),
+            (true, ""),
+            "degraded reads as up"
+        );
+        assert_eq!(
+            (p.backup_up, p.backup_unknown.as_str()),
+            (false, "not known")
+        );
+        let p = sent(
+            LinkHealth::new(DeviceId(1), false, true)
+                .with(NicSide::Primary, SideState::Down("operstate down".into())),
+        );
+        assert_eq!((p.primary_up, p.primary_unknown.as_str()), (false, ""));
+        // Link reports: the previous version's states alone, either way.
+        let old = PreviousLinkReport {
+            node: "node-0".into(),
+            device: 1,
+            primary: pb::LinkState::Degraded as i32,
+            backup: pb::LinkState::Down as i32,
+        };
+        let r =
+            link_report_from_pb(pb::LinkReport::decode(&old.encode_to_vec()[..]).unwrap()).unwrap();
+        assert_eq!(
+            (r.links.primary, r.links.backup),
+            (
+                SideState::Degraded(String::new()),
+                SideState::Down(String::new())
+            )
+        );
+        let report = LinkReport {
+            node: NodeName("node-0".into()),
+            device: DeviceId(1),
+            links: Links {
+                primary: SideState::Degraded("loss 50% > 25%".into()),
+                backup: SideState::Up,
+            },
+            from_kernel: false,
+        };
+        let p = PreviousLinkReport::decode(&link_report_to_pb(report).encode_to_vec()[..]).unwrap();
+        assert_eq!(
+            (p.primary, p.backup),
+            (pb::LinkState::Degraded as i32, pb::LinkState::Up as i32)
+        );
+    }
+
+    #[test]
+    fn capabilities_cross_the_wire_named_and_a_previous_peer_reads_its_booleans() {
+        let acme = Missing::new(LibraryName::new("acme"), "ACME_MULTIRAIL=0");
+        let cases = [
+            SwitchCapabilities::ALL,
+            SwitchCapabilities::ALL.with_tsp(false),
+            HcclSetup {
+                l2_retry: false,
+                rdma: false,
+            }
+            .capabilities(),
+            SwitchCapabilities::lacking([acme.clone()]),
+        ];
+        for c in &cases {
+            assert_eq!(&caps_from_pb(Some(caps_to_pb(c))).unwrap(), c);
+        }
+        // A previous-version peer reads the booleans: another backend's gap refuses there too.
+        let b = |p: pb::Capabilities| (p.tsp, p.l2_retry, p.rdma);
+        assert_eq!(b(caps_to_pb(&cases[0])), (true, true, true));
+        assert_eq!(b(caps_to_pb(&cases[1])), (false, true, true));
+        assert_eq!(b(caps_to_pb(&cases[2])), (true, false, false));
+        assert_eq!(b(caps_to_pb(&cases[3])), (true, false, true));
+        // A previous-version frame: its booleans, in this version's words.
+        let old = |tsp, l2_retry, rdma| {
+            caps_from_pb(Some(pb::Capabilities {
+                tsp,
+                l2_retry,
+                rdma,
+                missing: Vec::new(),
+            }))
+            .unwrap()
+        };
+        assert_eq!(old(true, true, true), SwitchCapabilities::ALL);
+        assert_eq!(old(false, true, true), cases[1]);
+        assert_eq!(old(true, false, false), cases[2]);
+        assert_eq!(caps_from_pb(None).unwrap().missing().count(), 3);
+        // A thing named by something that is no library name is refused.
+        let mut bad = caps_to_pb(&SwitchCapabilities::lacking([acme]));
+        bad.missing[0].by = "Acme NICs".into();
+        let e = caps_from_pb(Some(bad)).unwrap_err();
+        assert!(e.to_string().contains("\"Acme NICs\""), "{e}");
     }
 
     #[test]

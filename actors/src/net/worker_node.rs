@@ -54,6 +54,10 @@ pub struct RemoteWorkerConfig {
     pub node: Option<NodeName>,
     /// `MS_ENABLE_TFT` of this process enables `TSP:1`.
     pub tsp: bool,
+    /// The job restart its launcher started this process for (`TASKD_RESTART_COUNT`).
+    pub generation: u32,
+    /// The hang watch's timeout ([`crate::worker::WorkerConfig::hang_timeout`]).
+    pub hang_timeout: Option<Duration>,
     /// Mutual TLS towards the proxy; `None`: plain HTTP/2 (the proxy listens on loopback by
     /// default).
     pub tls: Option<TlsPem>,
@@ -62,15 +66,22 @@ pub struct RemoteWorkerConfig {
 }
 
 impl RemoteWorkerConfig {
-    /// Defaults: `tsp` from this process's `MS_ENABLE_TFT`, no TLS, default transport knobs.
+    /// Defaults: `tsp` from this process's `MS_ENABLE_TFT`, the generation from its
+    /// `TASKD_RESTART_COUNT` (0 when unset or not a count), the hang watch from
+    /// [`taskd_core::env::hang_timeout`] (none when its variables are malformed: the roles'
+    /// configuration refuses them with the variable's name), no TLS, default transport knobs.
     pub fn new(job: JobId, rank: GlobalRank, proxy: impl Into<String>) -> Self {
-        let tft = std::env::var(taskd_core::env::MS_ENABLE_TFT).ok();
+        use taskd_core::env;
+        let tft = std::env::var(env::MS_ENABLE_TFT).ok();
+        let tsp = env::tsp_enabled(tft.as_deref());
         RemoteWorkerConfig {
             job,
             rank,
             proxy: proxy.into(),
             node: None,
-            tsp: taskd_core::env::tsp_enabled(tft.as_deref()),
+            tsp,
+            generation: env::restart_count(&env::process_env),
+            hang_timeout: env::hang_timeout(&env::process_env, tsp).ok().flatten(),
             tls: None,
             net: NetConfig::default(),
         }
@@ -129,7 +140,7 @@ impl ClientHost for Upstream {
                 .map(|n| n.0.clone())
                 .unwrap_or_default(),
             ranks: vec![self.cfg.rank.0],
-            capabilities: Some(wire::caps_to_pb(self.capabilities)),
+            capabilities: Some(wire::caps_to_pb(&self.capabilities)),
             ..Default::default()
         }
     }
@@ -150,6 +161,8 @@ impl ClientHost for Upstream {
                         node: reg.node.clone(),
                         rank: self.cfg.rank,
                         tsp: self.cfg.tsp,
+                        generation: self.cfg.generation,
+                        hang_timeout: self.cfg.hang_timeout,
                     },
                     hal,
                     self.gate.clone(),

@@ -1,11 +1,13 @@
 //! Vendor status codes: [`CodeTable`], the shape in which a backend writes down its library's
 //! codes (their names, as the vendor's headers spell them, and the [`HalErrorKind`] each maps
-//! to), and [`HcclCode`], the status of the contract's own call.
+//! to), and [`HcclCode`], HCCL's `HcclResult`.
 //!
-//! HCCL's `HcclResult` is the one numbering the contract knows: `RankHal::set_working_nic` is
-//! `HcclCommWorkingDevNicSet`, every backend that switches NICs answers in HCCL's codes (the
-//! real one, the simulated one, a framework's), and the control API reports `hccl_code`. Every
-//! other library's table is its backend's (`taskd-hal-ascend` has ACL's and DCMI's).
+//! The contract knows no vendor's numbering: an error carries its library beside its code, and
+//! the control API reports both (`library`, `code`; `hccl_code` is kept for HCCL's codes). HCCL's
+//! `HcclResult` is written here, not in `taskd-hal-ascend`, because two backends answer in it,
+//! the real HCCL and the simulated one (`taskd-hal-mock`, which must not depend on the real
+//! one's crate). Every other library's table is its backend's (`taskd-hal-ascend` has ACL's and
+//! DCMI's), and a new backend keeps its own in its crate.
 //!
 //! A code missing from a table is still kept, with its number, wherever it travels; it only has
 //! no name in this build and maps to [`HalErrorKind::Other`]. The tables are also what keeps the

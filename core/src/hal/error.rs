@@ -110,6 +110,11 @@ impl LibraryName {
     /// The longest name, in bytes.
     pub const MAX_LEN: usize = 16;
 
+    /// A training framework's own switch function and settings (`taskd-capi`'s framework HAL,
+    /// the framework's TSP): no vendor library answers there, so an error under this name has
+    /// no code, only the framework's words.
+    pub const FRAMEWORK: LibraryName = LibraryName::new("framework");
+
     /// A backend's name for its library. Panics on a name that is not a short lowercase
     /// identifier, which in a `const` is a compile error:
     ///

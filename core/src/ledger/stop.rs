@@ -343,6 +343,7 @@ impl JobLedger {
             self.restarts.cause = Some(cause);
         }
         self.owed_restart = None;
+        self.stalled.clear();
         // Not operating: at most a verification round runs, dropped (it changes nothing).
         self.activity = super::Activity::Idle;
         // The processes this stop ends: every registered one, and the last one seen of each

@@ -58,6 +58,7 @@ impl World {
                 rank: r,
                 capabilities: SwitchCapabilities::ALL,
                 instance: taskd_core::Instance::UNKNOWN,
+                generation: 0,
             };
             ledger.register(hello).expect("a valid registration");
         }

@@ -32,10 +32,10 @@ class Rig:
             [pkg] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
     def proxy_hal(self, k: int) -> dict:
-        """The proxy's node HAL: the kernel's view of the node's interfaces (``linux``), or
-        every link up (``sim``)."""
+        """The proxy's node HAL, by its ``node_hal`` value: the kernel's view of the node's
+        interfaces (``linux``, with the file naming them), or every link up (``sim``)."""
         if self.hal == "sim":
-            return {"sim": True}
+            return {"node_hal": "sim"}
         path = os.path.join(self.workdir, "links-node-%d.json" % k)
         peers = {side: [net.addr(side, j) for j in range(self.nodes) if j != k] for side in net.DATA}
         with open(path, "w") as f:
@@ -45,7 +45,7 @@ class Rig:
                           "count": PROBE_COUNT, "size": PROBE_SIZE, "timeout_ms": 150,
                           "max_loss": 0.25, "max_rtt_ms": 60},
             }, f, indent=1)
-        return {"linux_links": path}
+        return {"node_hal": "linux", "linux_links": path}
 
     def job(self, name: str, **kw) -> Job:
         return Job(self, os.path.join(self.workdir, name), **kw)

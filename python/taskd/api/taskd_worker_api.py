@@ -78,13 +78,11 @@ def _start_wait_ms():
     return ms
 
 
-def _worker_config(rank, node_rank, hccl=True):
-    """The native worker's configuration; ``hccl=False`` for a switch function that moves no
-    HCCL communicator (taskd's Gloo switch: HCCL's L2 retry and RDMA are not its concern)."""
-    config = {"rank": rank, "node_rank": node_rank}
-    if not hccl:
-        config["hccl"] = False
-    return config
+def _worker_config(rank, node_rank, backend="hccl"):
+    """The native worker's configuration; ``backend``: the communication library the switch
+    function moves (its registry entry's ``backend``: ``"gloo"`` for taskd's Gloo switch, whose
+    rank needs nothing of HCCL's L2 retry and RDMA)."""
+    return {"rank": rank, "node_rank": node_rank, "backend": backend}
 
 
 @returns_bool
@@ -214,7 +212,7 @@ def start_taskd_worker() -> bool:
         rank = config.rank
         chosen = switch.resolve(config.framework)
         worker = cython_api.Worker(
-            _worker_config(rank, config.node_rank, hccl=chosen.moves_hccl),
+            _worker_config(rank, config.node_rank, backend=chosen.backend),
             switch.callback(chosen.name, chosen.function, log, chosen.sync),
         )
         in_flight = switch.in_flight_of(chosen)

@@ -10,8 +10,8 @@ Then the process writes ``$TRAIN_OUT/rank-R.json``: the steps it trained, every 
 framework's ``_comm_switch_nic`` (at which step, on which thread, with what) and its
 parameters. ``$TRAIN_FAIL_SWITCH_RANK=R``: rank R's framework function fails every call in the first
 incarnation (``$TASKD_RESTART_COUNT`` 0), with the framework's own error when it cannot switch.
-``$TRAIN_SLOW_RESTART_RANK=R``: rank R's restarted processes start 8 s late, as a peer slow to
-come back (loading a checkpoint) does.
+``$TRAIN_SLOW_RESTART_RANK=R``: rank R's restarted processes start ``SLOW_RESTART_S`` late, as a
+peer slow to come back (loading a checkpoint) does.
 """
 
 import json
@@ -85,10 +85,21 @@ def dataset(rank):
     return ds.GeneratorDataset(samples, ["x", "y"], shuffle=False).batch(4)
 
 
+#: How late ``$TRAIN_SLOW_RESTART_RANK``'s restarted process starts (before MindSpore's
+#: ``init()``). MindSpore's CPU collectives connect to a peer once, at the first collective, and
+#: fail after their send timeout (``Ring ReduceScatter wait sending 1 failed``, 30 s) when nobody
+#: listens there yet; msrun's scheduler lets the punctual rank past ``init()`` at once after a
+#: restart. The delay must outlast the punctual rank's way from ``init()`` to its first collective,
+#: so that without taskd's wait for the whole job that collective always fails: with 3 s it did not
+#: always, with 4 s it always did (docs/python.md, "Why a restart waits for the whole job"); 8 s
+#: leaves room on a loaded machine.
+SLOW_RESTART_S = 8
+
+
 def main():
     restarted = os.environ.get("TASKD_RESTART_COUNT", "0") != "0"
     if restarted and os.environ.get("RANK_ID") == os.environ.get("TRAIN_SLOW_RESTART_RANK"):
-        time.sleep(8)  # a slow start, before MindSpore's init()
+        time.sleep(SLOW_RESTART_S)  # a slow start, before MindSpore's init()
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(1)
     init()

@@ -20,11 +20,22 @@ impl Driver<'_> {
         if let Some(rank) = self.killed {
             return self.end_without(rank);
         }
-        self.restore()?;
-        if self.schedule.seed % 2 == 1 {
-            self.outlast_the_hold()?;
-        } else {
+        if self.book.is_some() {
+            // A recovery schedule: the proxy away back, every restart owed done; a job whose
+            // budget was spent has ended. The operator recovers what a failed switch left.
+            self.end_recovery()?;
+            if self.job_ended() {
+                return Ok(());
+            }
+            self.restore()?;
             self.bring_back()?;
+        } else {
+            self.restore()?;
+            if self.schedule.seed % 2 == 1 {
+                self.outlast_the_hold()?;
+            } else {
+                self.bring_back()?;
+            }
         }
         self.train(3)?;
         self.final_switch()?;
@@ -67,7 +78,7 @@ impl Driver<'_> {
     /// `recover` while the job does not run, as a patient operator would: once no rank is
     /// inside a NIC-set call (a recovery cannot get through HCCL calls still hung from an
     /// earlier operation), with the schedule's side first, then primary.
-    fn bring_back(&mut self) -> Checked {
+    pub(super) fn bring_back(&mut self) -> Checked {
         for attempt in 0..RECOVER_ATTEMPTS {
             let st = self.status()?;
             if st.state == JobState::Running {

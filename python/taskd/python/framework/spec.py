@@ -24,20 +24,39 @@ def always() -> bool:
     return True
 
 
+#: the communication libraries a switch function can move, as the native worker's ``backend``
+#: key names them (``SwitchBackend`` in ``capi/src/worker.rs``): what the rank's switch needs of
+#: its process follows from it (HCCL: L2 retry and RDMA links; Gloo: nothing to check)
+BACKENDS = ("hccl", "gloo")
+
+
 @dataclasses.dataclass(frozen=True)
 class SwitchFunction:
     """A function that moves a framework's communicators to other NICs, as the worker calls it:
     ``function(ranks, use_backup)`` (or with a third argument, the deadline in ms).
 
-    ``sync``: the stream synchronisation to run before it, or ``None``. ``moves_hccl``: whether
-    it moves HCCL communicators (the rank then needs HCCL's L2 retry and RDMA links).
-    ``usable()``: whether it is the one for this process (the first usable entry of a
-    framework's ``switches`` is used)."""
+    ``sync``: the stream synchronisation to run before it, or ``None``. ``backend``: the
+    communication library whose communicators it moves, one of :data:`BACKENDS` (``"hccl"``:
+    the rank then needs HCCL's L2 retry and RDMA links). ``usable()``: whether it is the one for
+    this process (the first usable entry of a framework's ``switches`` is used).
+    ``moves_hccl``: deprecated, ``False`` for ``backend="gloo"``."""
 
     function: Location
     sync: Optional[Location] = None
-    moves_hccl: bool = True
+    backend: str = "hccl"
     usable: Callable[[], bool] = always
+    moves_hccl: Optional[bool] = None
+
+    def __post_init__(self):
+        if self.moves_hccl is not None:
+            if self.backend != "hccl" and self.moves_hccl:
+                raise ValueError("%s: moves_hccl=True contradicts backend=%r" % (
+                    self.function, self.backend))
+            if not self.moves_hccl:
+                object.__setattr__(self, "backend", "gloo")
+        if self.backend not in BACKENDS:
+            raise ValueError("%s: backend %r is none of %s" % (
+                self.function, self.backend, ", ".join(BACKENDS)))
 
     @property
     def name(self) -> str:

@@ -32,13 +32,18 @@ class FrameworkError(Exception):
 @dataclasses.dataclass(frozen=True)
 class Resolved:
     """A switch function found in this process: its name (as logs and reasons say it), the
-    function, the synchronisation to call first (or ``None``), and whether it moves HCCL
-    communicators."""
+    function, the synchronisation to call first (or ``None``), and the communication library it
+    moves (``"hccl"``, ``"gloo"``: the native worker's ``backend``)."""
 
     name: str
     function: Callable[..., Any]
     sync: Optional[Callable[[], Any]]
-    moves_hccl: bool
+    backend: str
+
+    @property
+    def moves_hccl(self) -> bool:
+        """Deprecated: whether :attr:`backend` is ``"hccl"``."""
+        return self.backend == "hccl"
 
 
 def _find(location: Location) -> Tuple[str, Any]:
@@ -63,7 +68,7 @@ def resolve(framework: Framework) -> Resolved:
         if entry.usable():
             name, function = _find(entry.function)
             sync = _find(entry.sync)[1] if entry.sync is not None else None
-            return Resolved(name, function, sync, entry.moves_hccl)
+            return Resolved(name, function, sync, entry.backend)
     raise FrameworkError("%s has no switch function usable in this process (%s)" % (
         framework.name, ", ".join(e.name for e in framework.switches)))
 

@@ -13,6 +13,7 @@ from taskd.python.framework.agent.core import (  # noqa: F401
     KILL_WAIT_S,
     LOST,
     RESTART_COUNT,
+    STOPPED_GRACE_S,
     AgentError,
     Decision,
     FailurePolicy,

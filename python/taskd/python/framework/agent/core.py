@@ -14,7 +14,10 @@ The agent decides the rest, the same way under every launcher:
 - SIGINT or SIGTERM (main thread only): every worker is stopped, ``Outcome`` 128 + the signal;
 - :meth:`NodeAgent.restart` (any thread, or the loop itself): every worker is stopped and
   started again at the loop's next turn, whatever the budget (whoever asked owns that policy),
-  as the incarnation it names (the job's restart number, when the manager decided);
+  as the incarnation it names (the job's restart number, when the manager decided); when
+  the manager decided, it stopped the job's training first, so the workers get
+  :data:`STOPPED_GRACE_S` to end on their own (their ``TrainingStopped`` handlers and last log
+  lines run) before they are stopped;
   :meth:`NodeAgent.end`: every worker is stopped and the job ends here (``Outcome`` 1);
 - after every stop, the agent waits until the stopped workers' processes have ended (pidfds,
   at most :data:`KILL_WAIT_S`): the launchers only send the signal, and a new worker must
@@ -45,6 +48,10 @@ CHILD_GRACE_S = 30.0
 TERM_GRACE_S = 5.0
 #: how long workers stopped for a restart have to end before the new ones start anyway
 KILL_WAIT_S = 30.0
+#: how long the workers have to end on their own when the job's manager orders a restart: it
+#: stopped their training first, and a worker told so raises ``TrainingStopped`` and ends in
+#: milliseconds; one stuck in a collective with a dead peer is stopped after this
+STOPPED_GRACE_S = 1.0
 
 
 class AgentError(Exception):
@@ -222,8 +229,10 @@ class NodeAgent:
 
     def __init__(self, launcher: Launcher, log: logging.Logger, max_restarts: int = 0,
                  monitor_interval_s: float = 1.0, policy: Optional[FailurePolicy] = None,
-                 no_restart: str = "no restart is allowed", observer: Optional[Observer] = None):
+                 no_restart: str = "no restart is allowed", observer: Optional[Observer] = None,
+                 stopped_grace_s: float = STOPPED_GRACE_S):
         self.launcher = launcher
+        self.stopped_grace_s = stopped_grace_s
         self.log = log
         self.max_restarts = max_restarts
         self.interval = monitor_interval_s
@@ -332,7 +341,7 @@ class NodeAgent:
                 reason, logged, number = asked
                 if not logged:
                     self.log.warning("taskd agent: %s: restarting every worker of this node", reason)
-                self._stop_all()
+                self._stop_all(self.stopped_grace_s if number is not None else 0.0)
                 self.incarnation = self.incarnation + 1 if number is None else number
                 waiting = False
                 self._start_all()
@@ -391,14 +400,21 @@ class NodeAgent:
         self._ask_restart("lost %s" % names, logged=True)
         return None
 
-    def _stop_all(self) -> None:
-        """``stop_all``, then waits until the workers' processes have ended, at most
-        ``KILL_WAIT_S`` in all. Once per start."""
+    def _stop_all(self, grace_s: float = 0.0) -> None:
+        """After up to ``grace_s`` for the workers to end on their own, ``stop_all``, then
+        waits until the workers' processes have ended, at most ``KILL_WAIT_S`` in all. Once
+        per start."""
         if not self._running:
             return
         self._running = False
-        self.launcher.stop_all()
         pids = [s.pid for s in self.current if isinstance(s.pid, int)]
+        if grace_s > 0:
+            until = time.monotonic() + grace_s
+            on_their_own = all(ended(p, max(0.0, until - time.monotonic())) for p in pids)
+            self.log.info("taskd agent: the workers %s", "ended on their own" if on_their_own
+                          else "did not end within %.1f s of the restart order: stopping them"
+                          % grace_s)
+        self.launcher.stop_all()
         deadline = time.monotonic() + KILL_WAIT_S
         left = [p for p in pids if not ended(p, max(0.0, deadline - time.monotonic()))]
         if left:

@@ -80,7 +80,7 @@ FRAMEWORK = Framework(
     install_hooks=install_hooks,
     switches=(
         SwitchFunction(Location("torch_npu", "npu._comm_switch_nic"), usable=_has_torch_npu),
-        SwitchFunction(Location("taskd.python.framework.gloo", "switch_nic"), moves_hccl=False),
+        SwitchFunction(Location("taskd.python.framework.gloo", "switch_nic"), backend="gloo"),
     ),
     launcher="taskd.python.framework.agent.torchrun",
 )

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 static LIVE: Mutex<(BTreeSet<u32>, bool)> = Mutex::new((BTreeSet::new(), false));
 
 /// Kills the process group of every live role and lets no new one start, then thaws and
-/// unmounts every state directory's file system ([`super::procdisk`]): for a campaign stopped
+/// unmounts every state directory's file system ([`super::disk`]): for a campaign stopped
 /// by a signal, which runs no `Drop`.
 pub fn kill_all() {
     let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
@@ -23,7 +23,7 @@ pub fn kill_all() {
         kill_group(*pid, Sig::Kill);
     }
     drop(live);
-    super::procdisk::release_all();
+    super::disk::release_all();
 }
 
 /// Whether [`kill_all`] ran: the campaign is being stopped, and what its runs saw since (roles

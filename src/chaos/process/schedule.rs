@@ -9,9 +9,10 @@
 //! starts. Those are drawn from a stream of their own, so the steps of a seed are the ones
 //! it had before disk faults existed.
 
-use super::procjob::{NODES, PPN};
-use super::rng::SplitMix64;
+use super::job::{NODES, PPN};
+use crate::chaos::rng::SplitMix64;
 use std::fmt;
+use taskd_core::protocol::Phase;
 
 /// A fault injected into the job of processes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,8 +108,37 @@ impl fmt::Display for Fault {
     }
 }
 
-/// One target: node, device, to backup.
-pub type Target = (u32, u32, bool);
+/// One target of a switch.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// The node's index.
+    pub node: u32,
+    /// The device on it.
+    pub device: u32,
+    /// To its backup NIC (or back to the primary).
+    pub backup: bool,
+}
+
+/// Where in a switch its fault lands.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum LandAt {
+    /// Before the switch is submitted (its admission's write meets it).
+    Before,
+    /// As soon as the manager accepted it.
+    Accepted,
+    /// When this phase of it starts.
+    Phase(Phase),
+}
+
+impl fmt::Display for LandAt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LandAt::Before => f.write_str("before"),
+            LandAt::Accepted => f.write_str("accepted"),
+            LandAt::Phase(p) => f.write_str(p.as_str()),
+        }
+    }
+}
 
 /// One step of a process schedule.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -121,7 +151,7 @@ pub enum Step {
         /// What to switch.
         targets: Vec<Target>,
         /// When the fault lands.
-        at: &'static str,
+        at: LandAt,
         /// The fault, if any.
         fault: Option<Fault>,
     },
@@ -144,8 +174,9 @@ impl fmt::Display for Step {
             } => {
                 let t: Vec<String> = targets
                     .iter()
-                    .map(|(n, d, b)| {
-                        format!("node-{n}/{d}->{}", if *b { "backup" } else { "primary" })
+                    .map(|t| {
+                        let side = if t.backup { "backup" } else { "primary" };
+                        format!("node-{}/{}->{side}", t.node, t.device)
                     })
                     .collect();
                 write!(f, "switch {}", t.join(" "))?;
@@ -161,12 +192,25 @@ impl fmt::Display for Step {
     }
 }
 
-/// The phases a fault may land at.
-pub const PHASES: [&str; 5] = ["accepted", "sample", "pause", "switch", "resume"];
+/// The points of a switch a fault may land at.
+pub const PHASES: [LandAt; 5] = [
+    LandAt::Accepted,
+    LandAt::Phase(Phase::Sample),
+    LandAt::Phase(Phase::Pause),
+    LandAt::Phase(Phase::Switch),
+    LandAt::Phase(Phase::Resume),
+];
 
 /// Where a fault of the state directory may land: before the switch is submitted (its
-/// admission's write meets it), or when a phase starts (its result's write does).
-pub const DISK_PHASES: [&str; 6] = ["before", "accepted", "sample", "pause", "switch", "resume"];
+/// admission's write meets it), or as one of [`PHASES`] (its result's write does).
+pub const DISK_PHASES: [LandAt; 6] = [
+    LandAt::Before,
+    LandAt::Accepted,
+    LandAt::Phase(Phase::Sample),
+    LandAt::Phase(Phase::Pause),
+    LandAt::Phase(Phase::Switch),
+    LandAt::Phase(Phase::Resume),
+];
 
 /// What the stream of the disk faults is seeded with, besides the seed.
 const DISK_STREAM: u64 = 0xd15c_fa17_0000_0000;
@@ -219,15 +263,18 @@ impl ProcSchedule {
 
 fn switch(rng: &mut SplitMix64) -> Step {
     let backup = rng.chance(60);
-    let mut targets = vec![(
-        rng.below(NODES.into()) as u32,
-        rng.below(PPN.into()) as u32,
+    let mut targets = vec![Target {
+        node: rng.below(NODES.into()) as u32,
+        device: rng.below(PPN.into()) as u32,
         backup,
-    )];
+    }];
     if rng.chance(40) {
         // A second target on the other node: the switch crosses nodes.
-        let (n, _, _) = targets[0];
-        targets.push(((n + 1) % NODES, rng.below(PPN.into()) as u32, backup));
+        targets.push(Target {
+            node: (targets[0].node + 1) % NODES,
+            device: rng.below(PPN.into()) as u32,
+            backup,
+        });
     }
     let id = rng.next_u128();
     let at = *rng.pick(&PHASES);

@@ -6,12 +6,12 @@
 //! incarnation got, so the others find it again.
 //!
 //! As root, the manager's state directory is a file system of its own (an ext4 image on a
-//! loop device, [`super::procdisk`]), which the disk faults fill up or freeze; elsewhere it is
+//! loop device, [`super::disk`]), which the disk faults fill up or freeze; elsewhere it is
 //! a plain directory and those faults are skipped, saying why.
 
-use super::procdisk::StateDisk;
-use super::procs::{Proc, ProcError, Sig};
-use super::relay::{FaultRelay, LinkMode};
+use super::children::{Proc, ProcError, Sig};
+use super::disk::StateDisk;
+use crate::chaos::relay::{FaultRelay, LinkMode};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -26,14 +26,14 @@
 //!   its groups is its fellow members' view, the manager's NIC table is what the ranks hold,
 //!   and no rank saw one of HCCL's rules broken.
 
-use super::answers::Answers;
-use super::driver::{RunResult, Stop, Violation};
-use super::procjob::{
+use super::job::{
     JobError, ProcEnv, ProcJob, HOLD_BOUND, JOURNAL_TIMEOUT, LOSS_BOUND, NODES, PATIENCE,
     PHASE_DEADLINE, PPN,
 };
-use super::procsched::{Fault, ProcSchedule, Step, Target};
-use super::relay::LinkMode;
+use super::schedule::{Fault, LandAt, ProcSchedule, Step, Target};
+use crate::chaos::answers::Answers;
+use crate::chaos::driver::{RunResult, Stop, Violation};
+use crate::chaos::relay::LinkMode;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 use taskd_actors::control::proto::{recover_reply::Outcome, JobStatus, RefusalKind};
@@ -149,10 +149,10 @@ impl Driver<'_> {
             id: Some(OperationId(uuid::Uuid::from_u128(id))),
             targets: targets
                 .iter()
-                .map(|(n, d, b)| CmdTarget {
-                    node: NodeName::uniform(*n),
-                    device: DeviceId(*d),
-                    use_backup: *b,
+                .map(|t| CmdTarget {
+                    node: NodeName::uniform(t.node),
+                    device: DeviceId(t.device),
+                    use_backup: t.backup,
                 })
                 .collect(),
         }
@@ -169,20 +169,20 @@ impl Driver<'_> {
                     at,
                     fault,
                 } => {
-                    self.tally(match targets.iter().all(|t| t.2) {
+                    self.tally(match targets.iter().all(|t| t.backup) {
                         true => "switch",
                         false => "switchback",
                     });
                     self.until_ready()?;
                     let cmd = self.command(*id, targets);
-                    self.switch(cmd, at, fault.as_ref())?;
+                    self.switch(cmd, *at, fault.as_ref())?;
                 }
                 Step::Fault(f) => self.fault(f)?,
                 Step::Repeat { of } => {
                     self.tally("repeated_uuid");
                     if let Step::Switch { id, targets, .. } = &self.schedule.steps[*of] {
                         let cmd = self.command(*id, targets);
-                        self.switch(cmd, "accepted", None)?;
+                        self.switch(cmd, LandAt::Accepted, None)?;
                     }
                 }
                 Step::Recover => self.recover()?,
@@ -291,8 +291,8 @@ impl Driver<'_> {
     }
 
     /// Submits `cmd`; lands `fault` when phase `at` starts; checks the result.
-    fn switch(&mut self, cmd: SwitchCommand, at: &str, fault: Option<&Fault>) -> Checked {
-        if at == "before" {
+    fn switch(&mut self, cmd: SwitchCommand, at: LandAt, fault: Option<&Fault>) -> Checked {
+        if at == LandAt::Before {
             if let Some(f) = fault {
                 return self.switch_during(cmd, f);
             }
@@ -325,10 +325,7 @@ impl Driver<'_> {
             self.admitted.push((uuid.clone(), keep));
         }
         let (reached_tx, reached) = tokio::sync::oneshot::channel();
-        let task = self
-            .job
-            .runtime()
-            .spawn(follow(op, at.to_owned(), reached_tx));
+        let task = self.job.runtime().spawn(follow(op, at, reached_tx));
         let _ = self.job.bounded("the phase", reached);
         let mut killed_manager = false;
         if let Some(f) = fault {
@@ -517,17 +514,19 @@ fn op_bound(fault: Option<&Fault>) -> Duration {
 /// when the operation ends first); its result.
 async fn follow(
     mut op: Switching,
-    at: String,
+    at: LandAt,
     reached: tokio::sync::oneshot::Sender<()>,
 ) -> Result<OperationSummary, ClientError> {
     let mut reached = Some(reached);
-    if at == "accepted" {
+    // Accepted: the operation is under way already.
+    if !matches!(at, LandAt::Phase(_)) {
         reached.take().map(|r| r.send(()));
     }
     loop {
         match op.next().await {
             Ok(Progress::Phase(p)) => {
-                if p.phase == at && p.kind == "started" {
+                if matches!(at, LandAt::Phase(ph) if p.phase == ph.as_str()) && p.kind == "started"
+                {
                     reached.take().map(|r| r.send(()));
                 }
             }
@@ -718,9 +717,16 @@ impl Driver<'_> {
         let st = self.job.status(0).map_err(|e| self.harness(e))?;
         let back = !st.ranks_on_backup.contains(&PPN);
         let id = uuid::Uuid::from_u64_pair(self.schedule.seed, 0xf1).as_u128();
-        let cmd = self.command(id, &[(1, 0, back)]);
+        let cmd = self.command(
+            id,
+            &[Target {
+                node: 1,
+                device: 0,
+                backup: back,
+            }],
+        );
         let before = self.out.operations;
-        self.switch(cmd.clone(), "accepted", None)?;
+        self.switch(cmd.clone(), LandAt::Accepted, None)?;
         let uuid = cmd.id.map(|i| i.to_string()).unwrap_or_default();
         match self.answers.first(&uuid) {
             Some(a) if a.result == "succeeded" && self.out.operations > before => {}
@@ -732,7 +738,7 @@ impl Driver<'_> {
         self.at = "the end: every uuid asked again".into();
         self.log(self.at.clone());
         for (_, cmd) in self.admitted.clone() {
-            self.switch(cmd, "accepted", None)?;
+            self.switch(cmd, LandAt::Accepted, None)?;
         }
         self.at = "the end: the ranks' views".into();
         self.log(self.at.clone());

@@ -5,7 +5,7 @@
 //! cannot be had is an error naming why, for the caller to skip its disk faults and say so.
 //!
 //! Every file system made here is registered until it is released, so a campaign stopped by
-//! a signal ([`super::procs::kill_all`]) thaws and unmounts them all: a frozen file system
+//! a signal ([`super::children::kill_all`]) thaws and unmounts them all: a frozen file system
 //! left behind would hold every process that touches it.
 
 use std::collections::BTreeSet;

@@ -253,6 +253,7 @@ impl SimRank {
                 st.gate = Some(d.op);
                 ReplyBody::Sampled {
                     in_step: st.last + 1,
+                    in_flight: false,
                 }
             }
             DirectiveKind::PauseAt { step } => {
@@ -271,6 +272,11 @@ impl SimRank {
             }
             DirectiveKind::Verify => ReplyBody::Verified(self.report(&st)),
             DirectiveKind::StopTraining { .. } => ReplyBody::Stopped { at_step: None },
+            DirectiveKind::AbortInFlight { .. } => ReplyBody::Aborted {
+                in_step: st.last + 1,
+                collectives: Vec::new(),
+            },
+            DirectiveKind::SwitchInFlight { targets, .. } => self.apply(&mut st, &[targets]),
         }
     }
 

@@ -396,3 +396,40 @@ fn recover_says_when_there_is_nothing_to_recover_and_checks_its_side() {
     assert!(err.contains("sideways"), "{err}");
     rig.stop();
 }
+
+/// `taskd switch --abort-in-flight` asks for an in-flight move; the simulator's training
+/// processes have no in-flight side, so the move fails after its sample (exit 1), saying so,
+/// and nothing moved.
+#[test]
+fn switch_abort_in_flight_says_when_the_ranks_cannot_move_in_flight() {
+    let rig = LiveRig::start(&[]);
+    let a = rig.addr.clone();
+    let (code, out, err) = taskd(&[
+        "switch",
+        "--addr",
+        &a,
+        "--job",
+        "rig",
+        "--node",
+        "node-0",
+        "--dev",
+        "1",
+        "--to",
+        "backup",
+        "--abort-in-flight",
+        "--wait",
+    ]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("have no in-flight side"), "{out}");
+    let (code, out, err) = taskd(&["status", "--addr", &a, "--job", "rig", "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let s: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(s["ranks_on_backup"], serde_json::json!([]), "{out}");
+    let (code, help, _) = taskd(&["switch", "--help"]);
+    assert_eq!(code, 0);
+    assert!(
+        help.contains("--abort-in-flight") && help.contains("stuck"),
+        "{help}"
+    );
+    drop(rig);
+}

@@ -6,10 +6,11 @@
 
 mod common;
 
-use common::{cmd, small};
+use common::{cmd, small, WAIT};
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 use taskd::actors::clusterd::proto::recover_client::RecoverClient;
 use taskd::actors::clusterd::proto::{ClientInfo, DeviceList, SwitchNicRequest, SwitchNics};
@@ -24,6 +25,7 @@ use taskd::actors::control::{
 };
 use taskd::actors::net::{PemIdentity, TlsPem};
 use taskd::core::{GlobalRank, HcclCode, OperationId};
+use taskd::hal_mock::inflight::{InFlightFabric, LinkFault};
 use taskd::hal_mock::NicSetFault;
 use taskd::sim::{SimConfig, Simulation};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
@@ -131,6 +133,16 @@ impl Rig {
 
     /// Control's events for a switch with `wait`.
     fn switch_wait(&self, targets: &[(&str, u32, bool)], uuid: &str) -> Vec<Event> {
+        self.switch_events(targets, uuid, false)
+    }
+
+    /// Control's events for a switch with `wait`, an in-flight move with `abort_in_flight`.
+    fn switch_events(
+        &self,
+        targets: &[(&str, u32, bool)],
+        uuid: &str,
+        abort_in_flight: bool,
+    ) -> Vec<Event> {
         let req = proto::SwitchRequest {
             job_id: "sim".into(),
             uuid: uuid.into(),
@@ -144,6 +156,7 @@ impl Rig {
                 })
                 .collect(),
             wait: true,
+            abort_in_flight,
         };
         let mut c = self.control();
         self.block(async {
@@ -447,6 +460,7 @@ fn a_uuid_repeated_while_its_operation_runs_is_answered_as_in_flight() {
             rank: 0,
         }],
         wait,
+        abort_in_flight: false,
     };
     let mut c = rig.control();
     let first = rig.block(async { c.switch(req(false)).await.unwrap().message().await });
@@ -749,4 +763,104 @@ fn mutual_tls_admits_only_clients_with_a_certificate_from_the_ca() {
     });
     assert!(refused, "a client without a certificate got through");
     rig.sim.finish();
+}
+
+/// The phases of a switch's events, as `(phase, kind)`, the waits left out.
+fn phases_of(events: &[Event]) -> Vec<(String, String)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Phase(p) if p.kind != "waiting" => Some((p.phase.clone(), p.kind.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `abort_in_flight` on the switch request runs the operator's move in flight: sample, abort,
+/// switch (the HAL's NIC set, then the redo through each rank's in-flight side), resume; no
+/// pause step. The groups agree at the end.
+#[test]
+fn a_switch_with_abort_in_flight_aborts_instead_of_pausing() {
+    let rig = Rig::plain(small());
+    let world = 8;
+    let group = InFlightFabric::new(world);
+    for r in 0..world {
+        let side = Arc::new(group.rank(GlobalRank(r)));
+        assert!(rig.sim.job().gate(GlobalRank(r)).set_in_flight(side));
+    }
+    // Two collectives issued everywhere, the second completed on rank 0 only: the link died.
+    for _ in 0..2 {
+        for r in 0..world {
+            group.issue(GlobalRank(r));
+        }
+    }
+    for r in 0..world {
+        group.complete(GlobalRank(r), 0);
+    }
+    group.complete(GlobalRank(0), 1);
+    group.set_link(LinkFault::Dead);
+    // The simulator's own HCCL training is not behind an in-flight side (tests/in_flight.rs).
+    let training = rig.sim.training();
+    training.stop_after(training.max_steps() + 1);
+    assert!(training.wait_ended(WAIT));
+
+    let events = rig.switch_events(&[("node-0", 2, true)], "", true);
+    let Some(Event::Result(r)) = events.last() else {
+        panic!("no result in {events:?}");
+    };
+    assert_eq!(r.result, "succeeded", "{r:?}");
+    assert!(r.applied && !r.rolled_back);
+    assert_eq!(r.pause_step, None, "no step boundary was waited for");
+    let want: Vec<(String, String)> = ["sample", "abort", "switch", "resume"]
+        .iter()
+        .flat_map(|p| {
+            [
+                (p.to_string(), "started".into()),
+                (p.to_string(), "finished".into()),
+            ]
+        })
+        .collect();
+    assert_eq!(phases_of(&events), want);
+    // Collective 1 again on the rebuilt group (rank 0's second result dropped).
+    while let Some((rank, q)) = group.completable().first().copied() {
+        group.complete(rank, q);
+    }
+    assert_eq!(group.check(2), Ok(()));
+    assert_eq!(group.dropped(), 1);
+    assert_eq!(rig.status(1).ranks_on_backup, vec![2]);
+    common::assert_consistent_end(&rig.sim.finish());
+}
+
+/// An in-flight move on a job whose training processes registered no in-flight side fails
+/// after its sample, naming the ranks, before anything is aborted or switched; training goes on.
+#[test]
+fn a_switch_with_abort_in_flight_fails_without_in_flight_sides_and_touches_nothing() {
+    let rig = Rig::plain(small());
+    let calls = rig.sim.fabric().nic_set_log().len();
+    let events = rig.switch_events(&[("node-0", 2, true)], "", true);
+    assert!(matches!(&events[0], Event::Accepted(_)), "{events:?}");
+    let Some(Event::Result(r)) = events.last() else {
+        panic!("no result in {events:?}");
+    };
+    assert_eq!(r.result, "failed", "{r:?}");
+    assert!(!r.applied && !r.rolled_back);
+    assert!(
+        r.error
+            .contains("ranks 0, 1, 2, 3, 4, 5, 6, 7 have no in-flight side"),
+        "{}",
+        r.error
+    );
+    let phases: Vec<String> = phases_of(&events).into_iter().map(|(p, _)| p).collect();
+    assert!(
+        !phases.iter().any(|p| p == "abort" || p == "switch"),
+        "{phases:?}"
+    );
+    assert_eq!(
+        rig.sim.fabric().nic_set_log().len(),
+        calls,
+        "no NIC-set call"
+    );
+    assert_eq!(rig.status(1).state, "running");
+    rig.sim.train(2).unwrap();
+    common::assert_consistent_end(&rig.sim.finish());
 }

@@ -52,8 +52,9 @@
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+use taskd_core::inflight::InFlightFramework;
 use taskd_core::protocol::GateReport;
 use taskd_core::{OperationId, StepBoundary, StepOutcome};
 
@@ -195,6 +196,9 @@ pub struct StepGate {
     /// Signalled when the job is whole (see [`StepGate::wait_job_whole`]).
     whole_cv: Condvar,
     notify: OnceLock<Notify>,
+    /// The training process's framework side of an in-flight move, once it registered one
+    /// ([`StepGate::set_in_flight`]).
+    in_flight: OnceLock<Arc<dyn InFlightFramework>>,
 }
 
 impl Default for StepGate {
@@ -226,7 +230,20 @@ impl StepGate {
             armed_task: tokio::sync::Notify::new(),
             whole_cv: Condvar::new(),
             notify: OnceLock::new(),
+            in_flight: OnceLock::new(),
         }
+    }
+
+    /// Registers how this training process aborts its collectives in flight and finishes
+    /// the step on rebuilt groups (an in-flight move, `taskd_core::inflight`): the worker
+    /// finds it here. Only the first call takes effect; `false` when one was registered.
+    pub fn set_in_flight(&self, f: Arc<dyn InFlightFramework>) -> bool {
+        self.in_flight.set(f).is_ok()
+    }
+
+    /// The framework's side of an in-flight move, if the process registered one.
+    pub fn in_flight(&self) -> Option<Arc<dyn InFlightFramework>> {
+        self.in_flight.get().cloned()
     }
 
     /// Sets where gate events go (the worker). Only the first call takes effect.

@@ -711,7 +711,30 @@ impl Handler<Submit> for Manager {
     fn handle(&mut self, Submit(cmd): Submit, ctx: &mut Self::Context) -> Self::Result {
         let (tx, rx) = oneshot::channel();
         self.when_journal_ready(ctx, move |act, ready, ctx| {
-            act.submit(cmd, ready, tx, ctx);
+            act.submit(cmd, ready, false, tx, ctx);
+        });
+        Box::pin(async move { rx.await.unwrap_or_else(|_| Err(stopped())) })
+    }
+}
+
+/// An operator's command to be run as an in-flight move (`taskd_core::inflight`): the
+/// collectives in flight are aborted and the step is finished on the rebuilt groups, instead
+/// of a pause at the next step boundary. Answered as [`Submit`].
+#[derive(Message)]
+#[rtype(result = "Result<Submission, SubmitError>")]
+pub struct SubmitInFlight(pub SwitchCommand);
+
+impl Handler<SubmitInFlight> for Manager {
+    type Result = ResponseFuture<Result<Submission, SubmitError>>;
+
+    fn handle(
+        &mut self,
+        SubmitInFlight(cmd): SubmitInFlight,
+        ctx: &mut Self::Context,
+    ) -> Self::Result {
+        let (tx, rx) = oneshot::channel();
+        self.when_journal_ready(ctx, move |act, ready, ctx| {
+            act.submit(cmd, ready, true, tx, ctx);
         });
         Box::pin(async move { rx.await.unwrap_or_else(|_| Err(stopped())) })
     }
@@ -725,13 +748,21 @@ impl Manager {
         &mut self,
         cmd: SwitchCommand,
         ready: Result<(), SubmitError>,
+        in_flight: bool,
         tx: oneshot::Sender<Result<Submission, SubmitError>>,
         ctx: &mut Context<Self>,
     ) {
         let id = cmd.id.unwrap_or_else(|| OperationId(uuid::Uuid::new_v4()));
         let now = self.now();
         let span = observer::submit_span(id, &cmd, Trigger::Operator);
-        let res = ready.and_then(|()| span.in_scope(|| self.ledger.submit(&cmd, id, now)));
+        let res = ready.and_then(|()| {
+            span.in_scope(|| match in_flight {
+                true => self
+                    .ledger
+                    .submit_in_flight(Trigger::Operator, &cmd, id, now),
+                false => self.ledger.submit(&cmd, id, now),
+            })
+        });
         let answer = match res {
             Ok(Submitted::Started { id, actions }) => {
                 // Answered once the admission is durable (the journal's write is awaited).

@@ -112,6 +112,9 @@ pub struct ManagerProcessConfig {
     /// Automatic failover, when on: the manager runs the policy and tells its proxies to
     /// probe their links every `link_probe`.
     pub auto: Option<AutoConfig>,
+    /// With `auto`: its moves off a failed link abort the collectives in flight and finish
+    /// the step on the backup (`--abort-in-flight`, [`Manager::with_auto_in_flight`]).
+    pub abort_in_flight: bool,
     /// Where the manager keeps what must survive its restart (`--state-dir`): the journal of
     /// finished operations ([`crate::journal::FileJournal`]), so a repeated uuid returns the
     /// earlier result. `None`: results live in memory only and a restarted manager runs a
@@ -159,7 +162,9 @@ impl ManagerProcess {
         }
         if let Some(auto) = cfg.auto {
             node_cfg.net.link_probe = Some(auto.link_probe);
-            manager = manager.with_auto(auto);
+            manager = manager
+                .with_auto(auto)
+                .with_auto_in_flight(cfg.abort_in_flight);
         }
         let node = ManagerNode::spawn_with(node_cfg, manager.start()).await?;
         let control = match cfg.control {

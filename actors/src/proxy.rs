@@ -18,7 +18,8 @@ use taskd_core::protocol::{
     RankReply, ReplyBody, WorkerHello, WorkerToProxy,
 };
 use taskd_core::{
-    DeviceId, GlobalRank, HalErrorKind, Instance, JobId, LinkHealth, NodeHal, NodeName, OperationId,
+    DeviceId, GlobalRank, HalErrorKind, Instance, JobId, LinkHealth, NodeHal, NodeName,
+    OperationId, SideState,
 };
 use tracing::Span;
 
@@ -105,6 +106,11 @@ struct LinkProbe {
     reported: BTreeMap<DeviceId, Links>,
     /// A round is running: a slow HAL never gets a second one on top.
     busy: bool,
+    /// The node HAL said a link changed ([`NodeHal::watch`]) while a round ran: another
+    /// round follows it.
+    again: bool,
+    /// The next round reads the links because the node HAL said they changed.
+    kernel: bool,
 }
 
 impl Proxy {
@@ -192,6 +198,8 @@ impl Proxy {
             devices,
             reported: BTreeMap::new(),
             busy: false,
+            again: false,
+            kernel: false,
         });
         self
     }
@@ -202,6 +210,7 @@ impl Proxy {
             return;
         };
         p.busy = true;
+        let kernel = std::mem::take(&mut p.kernel);
         let devices = p.devices.clone();
         let hal = self.node_hal.clone();
         let node = self.node.clone();
@@ -212,12 +221,18 @@ impl Proxy {
                 .map(|dev| (dev, probe_device(&mut **hal, &node, dev)))
                 .collect::<Vec<_>>()
         });
-        ctx.spawn(actix::fut::wrap_future::<_, Self>(read).map(|res, act, _| {
-            if let Some(p) = act.probe.as_mut() {
-                p.busy = false;
-            }
-            act.report_links(res.unwrap_or_default());
-        }));
+        ctx.spawn(
+            actix::fut::wrap_future::<_, Self>(read).map(move |res, act, ctx| {
+                let again = act.probe.as_mut().is_some_and(|p| {
+                    p.busy = false;
+                    std::mem::take(&mut p.again)
+                });
+                act.report_links(res.unwrap_or_default(), kernel);
+                if again {
+                    act.probe_round(ctx);
+                }
+            }),
+        );
     }
 
     /// Arms the next round at the next multiple of the interval since the origin (re-aligned
@@ -237,16 +252,20 @@ impl Proxy {
 
     /// Sends the manager the devices of `probed` whose links changed state since the last
     /// report, with their reasons now (a reason that changes alone, a degraded link's loss, is
-    /// not sent again).
-    fn report_links(&mut self, probed: Vec<(DeviceId, Links)>) {
+    /// not sent again); after the node HAL said a link changed (`kernel`), also those with a
+    /// side down (the system's word now, where a probe round may have seen it first).
+    fn report_links(&mut self, probed: Vec<(DeviceId, Links)>, kernel: bool) {
         let Some(p) = self.probe.as_mut() else {
             return;
         };
         let mut changed = Vec::new();
         for (device, links) in probed {
+            let down = matches!(links.primary, SideState::Down(_))
+                || matches!(links.backup, SideState::Down(_));
             if p.reported
                 .get(&device)
                 .is_some_and(|l| l.same_states(&links))
+                && !(kernel && down)
             {
                 continue;
             }
@@ -255,6 +274,7 @@ impl Proxy {
                 node: self.node.clone(),
                 device,
                 links,
+                from_kernel: kernel,
             });
         }
         for report in changed {
@@ -431,8 +451,35 @@ impl Actor for Proxy {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         if self.probe.is_some() {
+            let addr = ctx.address();
+            let watching = self
+                .node_hal
+                .lock()
+                .watch(Box::new(move || addr.do_send(LinksChanged)));
+            tracing::info!(node = %self.node, kernel_events = watching, "probing links");
             self.probe_round(ctx);
             self.next_probe_round(ctx);
+        }
+    }
+}
+
+/// The node HAL says a link of the node changed: read the links now.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct LinksChanged;
+
+impl Handler<LinksChanged> for Proxy {
+    type Result = ();
+
+    fn handle(&mut self, _: LinksChanged, ctx: &mut Self::Context) {
+        let Some(p) = self.probe.as_mut() else {
+            return;
+        };
+        p.kernel = true;
+        if p.busy {
+            p.again = true;
+        } else {
+            self.probe_round(ctx);
         }
     }
 }

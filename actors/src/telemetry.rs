@@ -118,6 +118,9 @@ pub const TRAINING_STOPS_OVERDUE: &str = "taskd_training_stops_overdue_total";
 /// Gauge: ranks the manager cannot reach now (their node's proxy lost its connection); with no
 /// operation in flight the job is `degraded`, not held.
 pub const RANKS_UNREACHABLE: &str = "taskd_ranks_unreachable";
+/// Histogram: how long a rank's framework took to end its collectives in flight and say where
+/// its groups stand (the abort of an in-flight move).
+pub const IN_FLIGHT_ABORT_SECONDS: &str = "taskd_in_flight_abort_seconds";
 /// Gauge: ranks whose worker's hang watch says their training loop finished no step for its
 /// timeout (a hung collective, with HCCL's watchdog off under `TSP:1`).
 pub const RANKS_HUNG: &str = "taskd_ranks_hung";
@@ -149,6 +152,7 @@ pub const ALL: &[&str] = &[
     JOB_RESTARTS,
     TRAINING_STOPS_OVERDUE,
     RANKS_UNREACHABLE,
+    IN_FLIGHT_ABORT_SECONDS,
     RANKS_HUNG,
     CONNECTIONS_OPEN,
     CONNECTIONS_CLOSED_TOTAL,
@@ -243,6 +247,11 @@ fn describe() {
         HAL_CALLS_TOTAL,
         Unit::Count,
         "Device HAL calls by operation and result"
+    );
+    describe_histogram!(
+        IN_FLIGHT_ABORT_SECONDS,
+        Unit::Seconds,
+        "Time a rank's framework took to end its collectives in flight (an in-flight move)"
     );
     describe_histogram!(
         HAL_CALL_DURATION,

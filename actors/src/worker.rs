@@ -92,6 +92,9 @@ pub struct Worker {
     /// Which process of the rank this is (drawn when the worker is made): a stop sent again to
     /// old processes names theirs.
     instance: Instance,
+    /// The in-flight operation whose collectives this rank aborted and has not finished on
+    /// rebuilt groups yet: its resume gives the waiting collectives up.
+    aborted: Option<OperationId>,
 }
 
 impl Worker {
@@ -117,6 +120,7 @@ impl Worker {
             phase_span: Span::none(),
             held: false,
             instance: new_instance(),
+            aborted: None,
         }
     }
 
@@ -152,6 +156,125 @@ impl Worker {
         self.on_hal(ctx, (op, phase), job, rx, false, |calls, _| {
             ReplyBody::Applied { calls }
         });
+    }
+
+    /// Ends the collectives in flight through the framework's in-flight side (off the actor's
+    /// thread) and answers with where each group stands.
+    fn abort_in_flight(
+        &mut self,
+        ctx: &mut Context<Self>,
+        op: OperationId,
+        targets: Vec<(GlobalRank, NicSide)>,
+    ) {
+        let Some(f) = self.gate.in_flight() else {
+            self.fail(
+                op,
+                Phase::Abort,
+                "this training process cannot abort its collectives in flight: its framework \
+                 registered no in-flight side (taskd's Gloo switch has one)"
+                    .into(),
+            );
+            return;
+        };
+        self.aborted = Some(op);
+        let in_step = self.gate.last_step().map_or(0, |s| s + 1);
+        let started = Instant::now();
+        let call = actix_rt::task::spawn_blocking(move || f.abort(&targets));
+        ctx.spawn(
+            actix::fut::wrap_future::<_, Self>(call).map(move |res, act, _| {
+                metrics::histogram!(telemetry::IN_FLIGHT_ABORT_SECONDS)
+                    .record(started.elapsed().as_secs_f64());
+                let body = match res {
+                    Ok(Ok(collectives)) => ReplyBody::Aborted {
+                        in_step,
+                        collectives,
+                    },
+                    Ok(Err(e)) => ReplyBody::Failed(RankError::worker(format!(
+                        "aborting the collectives in flight: {e}"
+                    ))),
+                    Err(e) => ReplyBody::Failed(RankError::worker(format!(
+                        "aborting the collectives in flight: the call ended: {e}"
+                    ))),
+                };
+                act.reply(op, Phase::Abort, body);
+            }),
+        );
+    }
+
+    /// The switch of an in-flight operation: the framework's switch call (through the HAL,
+    /// as any switch) rebuilds off the training thread and re-issues from `redo`.
+    fn switch_in_flight(
+        &mut self,
+        ctx: &mut Context<Self>,
+        op: OperationId,
+        (targets, call_timeout): (Vec<(GlobalRank, NicSide)>, Duration),
+        redo: Vec<taskd_core::inflight::RedoPoint>,
+        span: Span,
+    ) {
+        let Some(f) = self.gate.in_flight() else {
+            self.fail(
+                op,
+                Phase::Switch,
+                "this training process has no in-flight side to finish the step with".into(),
+            );
+            return;
+        };
+        f.arm_switch(redo);
+        let (tx, rx) = oneshot::channel();
+        let job = HalJob::Apply {
+            rounds: vec![targets.clone()],
+            call_timeout,
+            reply: tx,
+            span,
+        };
+        if self.hal.send(job).is_err() {
+            self.fail(op, Phase::Switch, "the worker's HAL task is gone".into());
+            return;
+        }
+        // `Err(None)`: the HAL's task ended without an answer (the actor says why).
+        let answered = async move {
+            let calls = match rx.await {
+                Ok(Ok(calls)) => calls,
+                Ok(Err(e)) => return Err(Some(e)),
+                Err(_) => return Err(None),
+            };
+            // A framework HAL made the in-flight call itself (it took the redo points). A HAL
+            // that only moves the communicators (HCCL's NIC set) leaves the rebuild and the
+            // redo to the framework's in-flight side, called here, off the actor's thread.
+            if let Some(redo) = f.take_switch() {
+                let ranks: Vec<u32> = targets.iter().map(|(r, _)| r.0).collect();
+                let flags: Vec<bool> = targets.iter().map(|(_, s)| s.use_backup()).collect();
+                let done = actix_rt::task::spawn_blocking(move || {
+                    f.switch(&ranks, &flags, &redo, call_timeout)
+                })
+                .await;
+                let failed = match done {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(format!("the framework's in-flight switch: {e}")),
+                    Err(e) => Some(format!("the framework's in-flight switch ended: {e}")),
+                };
+                if let Some(why) = failed {
+                    return Err(Some(RankError::worker(why)));
+                }
+            }
+            Ok(calls)
+        };
+        ctx.spawn(
+            actix::fut::wrap_future::<_, Self>(answered).map(move |res, act, _| {
+                let body = match res {
+                    Ok(calls) => {
+                        if act.aborted == Some(op) {
+                            // The step goes on on the rebuilt groups.
+                            act.aborted = None;
+                        }
+                        ReplyBody::Applied { calls }
+                    }
+                    Err(Some(e)) => ReplyBody::Failed(e),
+                    Err(None) => ReplyBody::Failed(RankError::worker(act.hal_gone())),
+                };
+                act.reply(op, Phase::Switch, body);
+            }),
+        );
     }
 
     /// Opens the spans of `op` (a new operation gets a new span) and its `phase`.
@@ -364,7 +487,10 @@ impl Handler<Deliver<Directive>> for Worker {
         tracing::debug!("directive received");
         match d.kind {
             DirectiveKind::Sample { .. } => match self.gate.sample(op) {
-                Ok(Some(in_step)) => self.reply(op, phase, ReplyBody::Sampled { in_step }),
+                Ok(Some(in_step)) => {
+                    let in_flight = self.gate.in_flight().is_some();
+                    self.reply(op, phase, ReplyBody::Sampled { in_step, in_flight })
+                }
                 // No step completed yet: the gate answers at the first boundary.
                 Ok(None) => {}
                 Err(e) => self.fail(op, phase, e.to_string()),
@@ -392,6 +518,12 @@ impl Handler<Deliver<Directive>> for Worker {
                 self.set_nics(ctx, (op, phase), (rounds, call_timeout), span.clone())
             }
             DirectiveKind::StopTraining { reason, .. } => self.stop_training(op, &reason),
+            DirectiveKind::AbortInFlight { targets } => self.abort_in_flight(ctx, op, targets),
+            DirectiveKind::SwitchInFlight {
+                targets,
+                call_timeout,
+                redo,
+            } => self.switch_in_flight(ctx, op, (targets, call_timeout), redo, span.clone()),
             DirectiveKind::Verify => {
                 // A round starts only once every rank is registered.
                 self.gate.job_whole();
@@ -411,6 +543,13 @@ impl Handler<Deliver<Directive>> for Worker {
                 );
             }
             DirectiveKind::Resume => {
+                if let (Some(aborted), Some(f)) = (self.aborted.take(), self.gate.in_flight()) {
+                    // The move did not finish the step here: the waiting collectives fail
+                    // their callers (the recovery path of a failed collective).
+                    let reason = format!("the in-flight move {aborted} did not finish");
+                    tracing::warn!(%reason, "giving the collectives in flight up");
+                    drop(actix_rt::task::spawn_blocking(move || f.give_up(&reason)));
+                }
                 let stalled = self.gate.resume(op);
                 // Opened (it serves no operation now), or left to a later operation's hold.
                 if self.gate.report().op.is_none() {
@@ -479,7 +618,8 @@ impl Handler<GateNotice> for Worker {
     fn handle(&mut self, GateNotice(ev): GateNotice, _ctx: &mut Self::Context) {
         match ev {
             GateEvent::Sampled { op, in_step } => {
-                self.reply(op, Phase::Sample, ReplyBody::Sampled { in_step })
+                let in_flight = self.gate.in_flight().is_some();
+                self.reply(op, Phase::Sample, ReplyBody::Sampled { in_step, in_flight })
             }
             GateEvent::Held { op, step } => {
                 self.set_held(true);

@@ -98,6 +98,7 @@ fn rank_reply_body() -> impl Strategy<Value = Option<pb::rank_reply::Body>> {
         0.9,
         prop_oneof![
             any::<u64>().prop_map(Body::SampledInStep),
+            any::<u64>().prop_map(Body::SampledInFlight),
             any::<u64>().prop_map(Body::PausedStep),
             prop::collection::vec(call, 0..4)
                 .prop_map(|calls| Body::Applied(pb::AppliedCalls { calls })),
@@ -180,9 +181,17 @@ fn up() -> BoxedStrategy<pb::Up> {
             ),
             node_reply().prop_map(P::Reply),
             // Link states past the known ones (a newer peer's) and the missing 0 included.
-            (text(), any::<u32>(), -1i32..6, -1i32..6, side(), side())
+            (
+                text(),
+                any::<u32>(),
+                -1i32..6,
+                -1i32..6,
+                side(),
+                side(),
+                any::<bool>()
+            )
                 .prop_map(
-                    |(node, device, primary, backup, primary_side, backup_side)| {
+                    |(node, device, primary, backup, primary_side, backup_side, from_kernel)| {
                         P::Links(pb::LinkReport {
                             node,
                             device,
@@ -190,6 +199,7 @@ fn up() -> BoxedStrategy<pb::Up> {
                             backup,
                             primary_side,
                             backup_side,
+                            from_kernel,
                         })
                     }
                 )

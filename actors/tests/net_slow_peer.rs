@@ -130,6 +130,7 @@ fn messages_nobody_answers_are_acknowledged_before_the_next_heartbeat() {
                 node: NodeName("node-0".into()),
                 device: DeviceId(0),
                 links: Links::known(seq % 2 == 0, true),
+                from_kernel: false,
             });
             tx.send(up(seq, pb::up::Body::Proxy(wire::proxy_msg_to_pb(report))))
                 .await

@@ -147,7 +147,10 @@ impl Harness {
         self.send(op, DirectiveKind::Sample { targets: vec![] });
         assert_eq!(
             self.reply(op, Phase::Sample).await,
-            ReplyBody::Sampled { in_step: 2 }
+            ReplyBody::Sampled {
+                in_step: 2,
+                in_flight: false
+            }
         );
         self.send(op, DirectiveKind::PauseAt { step: 2 });
         let gate = self.gate.clone();

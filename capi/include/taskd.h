@@ -167,6 +167,26 @@ void taskd_proxy_free(taskd_proxy *p);
 int32_t taskd_worker_start(const char *config_json, taskd_switch_fn switch_fn, void *user,
                            taskd_worker **out);
 
+/*
+ * A training process's in-flight side: how it aborts its collectives in flight and finishes
+ * the step on rebuilt groups when the manager moves the job inside a step (taskd's Gloo
+ * switch has one). request is a NUL-terminated JSON object:
+ *   {"op": "abort", "ranks": [..], "use_backup": [..]}
+ *       -> {"collectives": [{"group": "0", "size": 4, "completed": 41, "issued": 42}, ...]}
+ *   {"op": "switch", "ranks": [..], "use_backup": [..], "timeout_ms": N,
+ *    "redo": [{"group": "0", "from": 41}, ...]}  -> {}
+ *   {"op": "give_up", "reason": "..."}  -> {}
+ * Returns true with the answer, or false with the reason, NUL-terminated in reply (at most
+ * reply_len bytes). Called from a thread of taskd's, NOT the training thread (which waits
+ * mid-step), one call at a time, with the user given to taskd_worker_set_in_flight.
+ */
+typedef bool (*taskd_in_flight_fn)(const char *request, char *reply, size_t reply_len,
+                                   void *user);
+
+/* Registers the in-flight side of the worker's process (once; until taskd_worker_free).
+ * TASKD_ERR_ARGUMENT for a null handle or function, or a second registration. */
+int32_t taskd_worker_set_in_flight(const taskd_worker *w, taskd_in_flight_fn f, void *user);
+
 /* The step gate: call after every training step (step 1 is the first). Returns TASKD_OK at
  * once unless an operation holds the rank at this step (the switch function then runs on
  * this thread, inside this call); a stopped worker passes. TASKD_STOP_TRAINING once the

@@ -558,6 +558,92 @@ impl FrameworkSwitch for CSwitch {
     }
 }
 
+/// The framework's in-flight side: one JSON request in, its JSON answer (or the reason it
+/// failed) written NUL-terminated into `reply` (at most `reply_len` bytes); see
+/// `taskd_worker_set_in_flight`.
+pub type TaskdInFlightFn = unsafe extern "C" fn(
+    request: *const c_char,
+    reply: *mut c_char,
+    reply_len: usize,
+    user: *mut c_void,
+) -> bool;
+
+/// Bytes an in-flight answer may have.
+const IN_FLIGHT_REPLY_LEN: usize = 1 << 16;
+
+struct CInFlight {
+    f: TaskdInFlightFn,
+    user: *mut c_void,
+}
+
+// SAFETY: the header tells the caller of `taskd_worker_set_in_flight` that its function is
+// called with `user` from a thread of taskd's (one call at a time), until the worker is freed;
+// the pointer is only passed back to that function.
+unsafe impl Send for CInFlight {}
+// SAFETY: as above: calls are made one at a time by the worker, never concurrently.
+unsafe impl Sync for CInFlight {}
+
+impl CInFlight {
+    fn call(&self, request: &str) -> Result<String, String> {
+        let req = std::ffi::CString::new(request).map_err(|e| e.to_string())?;
+        let mut reply = vec![0u8; IN_FLIGHT_REPLY_LEN];
+        // SAFETY: `req` is NUL-terminated and `reply` writable for its length for the call;
+        // `f` and `user` come from the caller of `taskd_worker_set_in_flight`.
+        let ok = unsafe {
+            (self.f)(
+                req.as_ptr(),
+                reply.as_mut_ptr().cast::<c_char>(),
+                reply.len(),
+                self.user,
+            )
+        };
+        let end = reply.iter().position(|b| *b == 0).unwrap_or(reply.len());
+        let text = String::from_utf8_lossy(&reply[..end]).trim().to_owned();
+        if ok {
+            Ok(text)
+        } else if text.is_empty() {
+            Err("the framework's in-flight function returned false".to_owned())
+        } else {
+            Err(text)
+        }
+    }
+}
+
+/// Registers the training process's in-flight side (taskd's Gloo switch has one): how it
+/// aborts its collectives in flight and finishes the step on rebuilt groups when the manager
+/// moves the job inside a step. Requests are JSON objects (`{"op": "abort" | "switch" |
+/// "give_up", ...}`, see the header); `f` is called with `user` from a thread of taskd's,
+/// never the training thread, one call at a time, until `taskd_worker_free`. Returns
+/// `TASKD_OK`, or `TASKD_ERR_ARGUMENT` for a null handle or function, or when one was
+/// registered already.
+///
+/// # Safety
+/// `w` is null or a live handle; `f` may be called with `user` as said, until the worker is
+/// freed.
+#[no_mangle]
+pub unsafe extern "C" fn taskd_worker_set_in_flight(
+    w: *const TaskdWorker,
+    f: Option<TaskdInFlightFn>,
+    user: *mut c_void,
+) -> i32 {
+    guard(|| {
+        // SAFETY: null or a live handle by the caller's contract.
+        let w = unsafe { w.as_ref() }
+            .ok_or_else(|| CapiError::Argument("the worker is a null pointer".into()))?;
+        let f = f.ok_or_else(|| {
+            CapiError::Argument("the in-flight function is a null pointer".into())
+        })?;
+        let c = CInFlight { f, user };
+        if w.0.set_in_flight(Box::new(move |req| c.call(req))) {
+            Ok(())
+        } else {
+            Err(CapiError::Argument(
+                "this worker has an in-flight side already".into(),
+            ))
+        }
+    })
+}
+
 /// Starts a worker that switches through `switch_fn` (with `user`); returns at once.
 ///
 /// # Safety

@@ -25,6 +25,7 @@ use parking_lot::Mutex;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use taskd_actors::StepGate;
+use taskd_core::inflight::InFlightFramework;
 use taskd_core::{
     GlobalRank, GroupInfo, GroupRank, HalError, HalErrorKind, LibraryName, RankHal,
     SwitchCapabilities,
@@ -91,6 +92,9 @@ pub type WorldSize = Box<dyn FnMut() -> Option<u32> + Send>;
 
 /// A rank HAL whose switch is one call of the framework's function.
 pub struct FrameworkHal {
+    /// The process's in-flight side, when it has one: an in-flight move's switch goes there
+    /// (off the training thread) instead of to the switch function.
+    in_flight: Option<InFlightSource>,
     switch: Arc<Mutex<Box<dyn FrameworkSwitch>>>,
     run: RunCall,
     call_timeout: Duration,
@@ -109,12 +113,27 @@ impl FrameworkHal {
         capabilities: SwitchCapabilities,
     ) -> Self {
         FrameworkHal {
+            in_flight: None,
             switch: Arc::new(Mutex::new(switch)),
             run,
             call_timeout: DEFAULT_CALL_TIMEOUT,
             world,
             capabilities,
         }
+    }
+}
+
+/// Where a framework HAL finds the process's in-flight side (registered after the worker
+/// started, so asked at each call).
+pub type InFlightSource = Box<dyn Fn() -> Option<Arc<dyn InFlightFramework>> + Send>;
+
+impl FrameworkHal {
+    /// Makes an in-flight move's switch (armed by the worker, see
+    /// [`InFlightFramework::arm_switch`]) go to the in-flight side `source` finds, on the
+    /// HAL's thread: the training thread waits mid-step and cannot take the call.
+    pub fn with_in_flight(mut self, source: InFlightSource) -> Self {
+        self.in_flight = Some(source);
+        self
     }
 }
 
@@ -151,6 +170,26 @@ impl RankHal for FrameworkHal {
         // Group rank = global rank in the framework group.
         let global: Vec<u32> = ranks.iter().map(|r| r.0).collect();
         let flags = use_backup.to_vec();
+        let armed = self
+            .in_flight
+            .as_ref()
+            .and_then(|source| source())
+            .and_then(|f| {
+                let redo = f.take_switch()?;
+                Some((f, redo))
+            });
+        if let Some((f, redo)) = armed {
+            return f
+                .switch(&global, &flags, &redo, self.call_timeout)
+                .map_err(|reason| {
+                    HalError::uncoded(
+                        "switch_in_flight",
+                        LibraryName::FRAMEWORK,
+                        HalErrorKind::Other,
+                        reason,
+                    )
+                });
+        }
         let (switch, timeout) = (self.switch.clone(), self.call_timeout);
         let call: SwitchCall = Box::new(move || switch.lock().switch_nic(&global, &flags, timeout));
         // The function is told `timeout`; one that does not keep to it is reported late.

@@ -22,6 +22,7 @@ pub mod error;
 #[allow(unsafe_code)]
 pub mod ffi;
 pub mod framework;
+pub mod in_flight;
 pub mod manager;
 pub mod proxy;
 pub mod role;

@@ -175,7 +175,11 @@ impl EmbeddedWorker {
         // exists once the worker has started.
         let gate_slot = Arc::new(OnceLock::new());
         let run = framework::on_training_thread(gate_slot.clone());
-        let hal = FrameworkHal::new(switch, run, world, caps);
+        let slot = gate_slot.clone();
+        let hal = FrameworkHal::new(switch, run, world, caps).with_in_flight(Box::new(move || {
+            slot.get()
+                .and_then(|g: &Arc<taskd_actors::StepGate>| g.in_flight())
+        }));
         let worker = RemoteWorker::start(cfg, Box::new(hal)).map_err(|e| CapiError::Start {
             role: "worker",
             message: e.to_string(),
@@ -206,6 +210,13 @@ impl EmbeddedWorker {
     #[inline]
     pub fn step_completed(&self, step: u64) -> StepOutcome {
         self.gate.step_completed(step)
+    }
+
+    /// Registers the process's in-flight side (see [`crate::in_flight`]); `false` when one
+    /// was registered already.
+    pub fn set_in_flight(&self, call: crate::in_flight::InFlightCall) -> bool {
+        let f = crate::in_flight::CallbackInFlight::new(call);
+        self.gate.set_in_flight(Arc::new(f))
     }
 
     /// Waits until the proxy admitted this rank, refused it for good, the worker stopped, or

@@ -48,6 +48,7 @@ fn c_type(rust: &str) -> String {
         "TaskdWorker" => "taskd_worker",
         "Option<TaskdSwitchFn>" | "TaskdSwitchFn" => "taskd_switch_fn",
         "Option<TaskdLastWordsFn>" | "TaskdLastWordsFn" => "taskd_last_words_fn",
+        "Option<TaskdInFlightFn>" | "TaskdInFlightFn" => "taskd_in_flight_fn",
         other => panic!("no C type for the Rust type {other}"),
     };
     named.to_owned()
@@ -170,25 +171,30 @@ fn the_header_declares_what_the_library_exports() {
     for (name, sig) in &rust {
         assert_eq!(Some(sig), c.get(name), "the signature of {name}");
     }
-    // The switch function's type.
-    let fn_type = src
-        .split("pub type TaskdSwitchFn = unsafe extern \"C\" fn(")
-        .nth(1)
-        .unwrap();
-    let (params, rest) = fn_type.split_once(')').unwrap();
-    assert!(rest.trim_start().starts_with("-> bool;"));
-    let typedef = header
-        .split("typedef bool (*taskd_switch_fn)(")
-        .nth(1)
-        .unwrap();
-    let c_params: Vec<String> = typedef
-        .split_once(')')
-        .unwrap()
-        .0
-        .split(',')
-        .map(c_param)
-        .collect();
-    assert_eq!(rust_params(params), c_params);
+    // The types of the functions the library calls: the switch and the in-flight side.
+    for (rust_name, c_name) in [
+        ("TaskdSwitchFn", "taskd_switch_fn"),
+        ("TaskdInFlightFn", "taskd_in_flight_fn"),
+    ] {
+        let fn_type = src
+            .split(&format!("pub type {rust_name} = unsafe extern \"C\" fn("))
+            .nth(1)
+            .unwrap_or_else(|| panic!("no {rust_name}"));
+        let (params, rest) = fn_type.split_once(')').unwrap();
+        assert!(rest.trim_start().starts_with("-> bool;"), "{rust_name}");
+        let typedef = header
+            .split(&format!("typedef bool (*{c_name})("))
+            .nth(1)
+            .unwrap_or_else(|| panic!("no {c_name}"));
+        let c_params: Vec<String> = typedef
+            .split_once(')')
+            .unwrap()
+            .0
+            .split(',')
+            .map(c_param)
+            .collect();
+        assert_eq!(rust_params(params), c_params, "{rust_name}");
+    }
     // Opaque handles.
     for (rust_name, c_name) in [
         ("TaskdManager", "taskd_manager"),

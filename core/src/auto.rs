@@ -63,13 +63,13 @@ pub struct AutoConfig {
 
 impl Default for AutoConfig {
     /// The defaults docs/auto-failover.md explains: probe every 2 s, act
-    /// after 3 failed probes, gather 1 s, switch back after 5 min up, damp more than 4 changes
+    /// after 3 failed probes (a kernel's carrier loss at once), gather 200 ms, switch back after 5 min up, damp more than 4 changes
     /// a minute, at most one automatic operation per 30 s.
     fn default() -> Self {
         AutoConfig {
             link_probe: Duration::from_millis(2_000),
             down_after: 3,
-            coalesce: Duration::from_millis(1_000),
+            coalesce: Duration::from_millis(200),
             switchback_after: Duration::from_millis(300_000),
             max_flaps: 4,
             flap_window: Duration::from_millis(60_000),
@@ -470,9 +470,25 @@ struct Track {
     moved_by_policy: bool,
     /// The reason of the last hold reported, so it is not repeated.
     held: Option<AutoReason>,
+    /// Per side (primary, backup): its node's system said it is down (a kernel carrier event,
+    /// [`AutoPolicy::link_changed_by_kernel`]): no confirming probes are waited for.
+    kernel_down: [bool; 2],
 }
 
 impl Track {
+    /// How long a side that is not up waits for confirming probes before it counts.
+    fn confirm(&self, side: NicSide, cfg: &AutoConfig) -> Duration {
+        let kernel = match side {
+            NicSide::Primary => self.kernel_down[0],
+            NicSide::Backup => self.kernel_down[1],
+        };
+        if kernel {
+            Duration::ZERO
+        } else {
+            cfg.confirm_delay()
+        }
+    }
+
     fn since(&self, side: NicSide) -> Duration {
         match side {
             NicSide::Primary => self.primary_since,
@@ -521,7 +537,7 @@ fn rule(t: &Track, side: NicSide, cfg: &AutoConfig, now: Duration) -> Rule {
         NicSide::Backup => NicSide::Primary,
     };
     if !t.links.side(side).is_healthy() {
-        let due = t.since(side) + cfg.confirm_delay();
+        let due = t.since(side) + t.confirm(side, cfg);
         if now < due {
             return Rule::Later(due);
         }
@@ -624,6 +640,7 @@ impl AutoPolicy {
                     failed: false,
                     moved_by_policy: false,
                     held: None,
+                    kernel_down: [false; 2],
                 },
             );
             return false;
@@ -632,17 +649,35 @@ impl AutoPolicy {
         if t.links.primary.is_healthy() != links.primary.is_healthy() {
             t.primary_since = now;
             t.changes.push_back(now);
+            t.kernel_down[0] = false;
             changed = true;
         }
         if t.links.backup.is_healthy() != links.backup.is_healthy() {
             t.backup_since = now;
             t.changes.push_back(now);
+            t.kernel_down[1] = false;
             changed = true;
         }
         t.links = links;
         t.prune(now, window);
         if changed {
             t.failed = false;
+        }
+        changed
+    }
+
+    /// [`AutoPolicy::link_changed`] for a report its node's system made
+    /// (`LinkReport::from_kernel`: the kernel said a carrier went): a side it says is down
+    /// counts at once, without the `down_after` probes that guard against a lost ping. The
+    /// coalescing window, the flap rule and the minimum interval apply as to any change.
+    pub fn link_changed_by_kernel(&mut self, key: DeviceKey, links: Links, now: Duration) -> bool {
+        let kernel_down = [
+            matches!(links.primary, SideState::Down(_)),
+            matches!(links.backup, SideState::Down(_)),
+        ];
+        let changed = self.link_changed(key.clone(), links, now);
+        if let Some(t) = self.devices.get_mut(&key) {
+            t.kernel_down = kernel_down;
         }
         changed
     }
@@ -951,6 +986,38 @@ mod tests {
         job.apply(&e);
         // On backup with its primary down: nothing more.
         assert_eq!(job.eval(2000 * MS), Evaluation::default());
+    }
+
+    #[test]
+    fn a_carrier_loss_the_kernel_reported_needs_no_confirming_probes_only_the_gathering() {
+        let mut job = Job::new(cfg());
+        assert!(job
+            .policy
+            .link_changed_by_kernel(key(1, 0), links(false, true), 100 * MS));
+        // No down_after probes (20 ms): only the coalescing window (5 ms).
+        let e = job.eval(100 * MS);
+        assert!(e.decisions.is_empty());
+        assert_eq!(e.wake_at, Some(105 * MS));
+        let e = job.eval(105 * MS);
+        assert_eq!(summary(&e), ["node-1:0 to_backup primary_down"]);
+        // A probe's report of the same failure keeps the confirming probes.
+        let mut job = Job::new(cfg());
+        job.policy
+            .link_changed(key(1, 0), links(false, true), 100 * MS);
+        assert_eq!(job.eval(100 * MS).wake_at, Some(120 * MS));
+        // ... until the kernel's word about it arrives.
+        job.policy
+            .link_changed_by_kernel(key(1, 0), links(false, true), 103 * MS);
+        assert_eq!(job.eval(103 * MS).wake_at, Some(105 * MS));
+        // A degraded side is the probe's word whoever triggered the round.
+        let mut job = Job::new(cfg());
+        let degraded = Links {
+            primary: SideState::Degraded("loss 20 % > 5 %".into()),
+            backup: SideState::Up,
+        };
+        job.policy
+            .link_changed_by_kernel(key(1, 2), degraded, 100 * MS);
+        assert_eq!(job.eval(100 * MS).wake_at, Some(120 * MS));
     }
 
     #[test]

@@ -439,7 +439,19 @@ pub trait NodeHal: Send {
     /// with the HAL's reason). A call must return within a bounded time: a side whose probe
     /// does not answer is reported [`SideState::Unknown`], never waited for without end.
     fn link_health(&mut self, device: DeviceId) -> Result<LinkHealth, HalError>;
+
+    /// Registers `wake`, called (from any thread) as soon as the HAL learns from its system
+    /// that a link of the node changed (the kernel's carrier event), so that the proxy reads
+    /// the links at once instead of at its next probe round; a link state read because of such
+    /// a wake-up is the system's own word, not a probe's. `false`: the HAL has no such events
+    /// (the default) and only its probe rounds see changes.
+    fn watch(&mut self, _wake: LinkWake) -> bool {
+        false
+    }
 }
+
+/// What a [`NodeHal`] calls when its system says a link changed ([`NodeHal::watch`]).
+pub type LinkWake = Box<dyn Fn() + Send + Sync>;
 
 /// What a training loop does after a step boundary: go on, or stop training.
 #[must_use = "a rank told to stop must end its training loop"]

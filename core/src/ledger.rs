@@ -754,6 +754,30 @@ impl JobLedger {
         Ok(Submitted::Started { id, actions })
     }
 
+    /// [`JobLedger::submit_by`] for a move inside the step: the same rules, and the operation
+    /// aborts the collectives in flight instead of pausing at a boundary
+    /// ([`Operation::set_in_flight`]). A request already known answers as before.
+    pub fn submit_in_flight(
+        &mut self,
+        trigger: Trigger,
+        cmd: &SwitchCommand,
+        id: OperationId,
+        now: Duration,
+    ) -> Result<Submitted, SubmitError> {
+        let known = self.seen(cmd, id).is_some();
+        let submitted = self.submit_by(trigger, cmd, id, now)?;
+        if !known {
+            if let (Submitted::Started { id: started, .. }, Activity::Operating(op)) =
+                (&submitted, &mut self.activity)
+            {
+                if op.id() == *started {
+                    op.set_in_flight();
+                }
+            }
+        }
+        Ok(submitted)
+    }
+
     /// Every rank makes the NIC-set call in a switch (not only targets), so every rank must be
     /// able to.
     fn check_capabilities(&self) -> Result<(), SubmitError> {

@@ -44,6 +44,8 @@
 //! - [`clusterd`]: ClusterD as the driver of a job's switches: its signals, the reports it is
 //!   owed, and the sequencer that ties them to one externally sequenced operation.
 //! - [`auto`]: the automatic failover policy (when to move a device without an operator).
+//! - [`inflight`]: where an aborted group's collectives stood and the point every member
+//!   redoes them from (an operation that moves the job inside a step).
 
 #![forbid(unsafe_code)]
 
@@ -55,6 +57,7 @@ pub mod display;
 pub mod env;
 pub mod hal;
 pub mod ids;
+pub mod inflight;
 pub mod job_state;
 pub mod ledger;
 pub mod operation;

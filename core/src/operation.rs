@@ -29,6 +29,7 @@ use crate::command::{Direction, RankTarget, SwitchPlan};
 use crate::display::short_list;
 use crate::hal::NicSide;
 use crate::ids::{GlobalRank, NodeName, OperationId};
+use crate::inflight::{CollectivePosition, RedoError};
 pub use crate::job_state::JobState;
 use crate::protocol::{
     AppliedCall, Directive, DirectiveKind, NodeReply, Phase, RankError, ReplyBody,
@@ -78,7 +79,7 @@ impl PhaseDeadlines {
 
     fn for_phase(&self, p: Phase) -> Duration {
         match p {
-            Phase::Sample | Phase::Pause => self.pause,
+            Phase::Sample | Phase::Pause | Phase::Abort => self.pause,
             Phase::Switch => self.switch,
             Phase::Rollback => self.rollback,
             Phase::Resume | Phase::Verify | Phase::Stop => self.resume,
@@ -285,6 +286,14 @@ pub enum OperationError {
         /// What disagrees, with the digests and ranks.
         detail: String,
     },
+    /// An in-flight operation's sample found ranks whose training process has no in-flight
+    /// side: they could not abort their collectives in flight. Nothing was aborted or
+    /// switched; the gates opened again.
+    #[error("{}: an in-flight move needs every training process to abort its collectives in flight (taskd's Gloo switch can); nothing was aborted. Run the move without aborting in flight, or restart the job", crate::display::ranks_with(ranks, "has no in-flight side", "have no in-flight side"))]
+    NoInFlightSide {
+        /// The ranks without one, as a short list.
+        ranks: String,
+    },
     /// A rank held after another step than the pause step.
     #[error("rank {rank} paused after step {got}, expected {expected}")]
     WrongPauseStep {
@@ -450,15 +459,27 @@ pub struct Operation {
     stage: Stage,
     /// A [`OperationKind::Sequenced`] operation's commands and hold deadline.
     seq: Option<sequenced::Commands>,
+    /// The operation moves the job inside the step: after the sample, every rank aborts its
+    /// collectives in flight instead of pausing at a boundary ([`Operation::set_in_flight`]).
+    in_flight: bool,
 }
 
 /// Where an operation stands, with the data only that stage needs.
 #[derive(Clone, Debug)]
 enum Stage {
-    /// Every rank reports the step it is in: `(lowest, highest)` reported so far.
-    Sampling { steps: Option<(u64, u64)> },
+    /// Every rank reports the step it is in: `(lowest, highest)` reported so far, and the
+    /// ranks that said they have no in-flight side (which an in-flight operation needs).
+    Sampling {
+        steps: Option<(u64, u64)>,
+        without_side: Vec<GlobalRank>,
+    },
     /// Every rank finishes `step` and holds after it.
     Pausing { step: u64 },
+    /// Every rank ends its collectives in flight and reports where each group stands (an
+    /// in-flight operation, instead of the pause).
+    Aborting {
+        positions: BTreeMap<GlobalRank, Vec<CollectivePosition>>,
+    },
     /// Every rank applies the switch and reports its calls.
     Applying(Tally),
     /// Every rank re-applies [`Operation::previous`] and reports its calls. `error` is the
@@ -481,6 +502,7 @@ impl Stage {
         match self {
             Stage::Sampling { .. } => Phase::Sample,
             Stage::Pausing { .. } => Phase::Pause,
+            Stage::Aborting { .. } => Phase::Abort,
             Stage::Applying(_) => Phase::Switch,
             Stage::RollingBack { .. } => Phase::Rollback,
             Stage::Resuming(_) => Phase::Resume,
@@ -495,7 +517,10 @@ impl Stage {
     fn is_forward(&self) -> bool {
         matches!(
             self,
-            Stage::Sampling { .. } | Stage::Pausing { .. } | Stage::Applying(_)
+            Stage::Sampling { .. }
+                | Stage::Pausing { .. }
+                | Stage::Aborting { .. }
+                | Stage::Applying(_)
         )
     }
 }
@@ -704,12 +729,35 @@ impl Operation {
             error: None,
             rank_errors: RankErrors::default(),
             pause: PauseRecord::default(),
-            stage: Stage::Sampling { steps: None },
+            stage: Stage::Sampling {
+                steps: None,
+                without_side: Vec::new(),
+            },
             seq: None,
+            in_flight: false,
         };
-        let sampling = Stage::Sampling { steps: None };
+        let sampling = Stage::Sampling {
+            steps: None,
+            without_side: Vec::new(),
+        };
         let actions = op.enter(sampling, DirectiveKind::Sample { targets }, now);
         (op, actions)
+    }
+
+    /// Makes the operation move the job inside the step (before any reply was handled: the
+    /// sample is the same either way): after the sample, every rank aborts its collectives in
+    /// flight ([`DirectiveKind::AbortInFlight`]), the switch rebuilds the groups and redoes
+    /// them from the point the ranks agree on ([`DirectiveKind::SwitchInFlight`]), and the
+    /// gates open. No pause step is asked for, and a failure is not rolled back (the old
+    /// plane's connections are gone): the gates open and the workers give their framework's
+    /// waiting collectives up, the recovery path of a failed collective.
+    pub fn set_in_flight(&mut self) {
+        self.in_flight = true;
+    }
+
+    /// Whether the operation moves the job inside the step ([`Operation::set_in_flight`]).
+    pub fn is_in_flight(&self) -> bool {
+        self.in_flight
     }
 
     /// The operation's id.
@@ -863,10 +911,23 @@ impl Operation {
     fn on_answer(&mut self, rank: GlobalRank, body: ReplyBody) {
         let phase = self.phase();
         let failure = match (&mut self.stage, body) {
-            (Stage::Sampling { steps }, ReplyBody::Sampled { in_step }) => {
+            (
+                Stage::Sampling {
+                    steps,
+                    without_side,
+                },
+                ReplyBody::Sampled { in_step, in_flight },
+            ) => {
+                if !in_flight {
+                    without_side.push(rank);
+                }
                 *steps = Some(steps.map_or((in_step, in_step), |(lo, hi)| {
                     (lo.min(in_step), hi.max(in_step))
                 }));
+                None
+            }
+            (Stage::Aborting { positions }, ReplyBody::Aborted { collectives, .. }) => {
+                positions.insert(rank, collectives);
                 None
             }
             (Stage::Pausing { step }, ReplyBody::Paused { step: got }) => {
@@ -971,7 +1032,56 @@ impl Operation {
         }
         let took = now - self.round.started;
         match &self.stage {
-            Stage::Sampling { steps } => {
+            Stage::Sampling {
+                steps,
+                without_side,
+            } if self.in_flight => {
+                self.pause.sampled = *steps;
+                if !without_side.is_empty() {
+                    // Checked before anything is aborted: a rank that cannot abort would fail
+                    // the abort after its peers aborted, and send them all to a restart.
+                    let mut ranks = without_side.clone();
+                    ranks.sort();
+                    self.fail(OperationError::NoInFlightSide {
+                        ranks: short_list(&ranks),
+                    });
+                    return self.after_failure(now);
+                }
+                let aborting = Stage::Aborting {
+                    positions: BTreeMap::new(),
+                };
+                let targets = self.plan.rank_sides();
+                self.enter(aborting, DirectiveKind::AbortInFlight { targets }, now)
+            }
+            Stage::Aborting { positions } => {
+                self.durations.pause = Some(now - self.started);
+                match crate::inflight::agree(positions) {
+                    Ok(redo) => {
+                        let applying = Stage::Applying(Tally::default());
+                        let switch = DirectiveKind::SwitchInFlight {
+                            targets: self.plan.rank_sides(),
+                            call_timeout: self.deadlines.call_timeout(Phase::Switch),
+                            redo,
+                        };
+                        self.enter(applying, switch, now)
+                    }
+                    Err(e) => {
+                        let group = match &e {
+                            RedoError::Incomplete { group, .. }
+                            | RedoError::SizeDisagrees { group, .. }
+                            | RedoError::Impossible { group, .. }
+                            | RedoError::AheadOfIssue { group, .. } => group.clone(),
+                        };
+                        self.fail(OperationError::GroupDisagrees {
+                            group,
+                            phase: Phase::Abort,
+                            detail: e.to_string(),
+                        });
+                        self.after_failure(now)
+                    }
+                }
+            }
+            Stage::Sampling { steps, .. } => {
                 self.pause.sampled = *steps;
                 // The pause step is the highest any rank is in: every rank can reach it.
                 let step = steps.map_or(0, |(_, highest)| highest);
@@ -1043,6 +1153,17 @@ impl Operation {
             Stage::Sampling { .. } => self.resume(NicChange::Unchanged, now),
             Stage::Pausing { .. } => {
                 self.durations.pause = Some(now - self.started);
+                self.resume(NicChange::Unchanged, now)
+            }
+            // The collectives in flight may be aborted: open the gates; each worker that
+            // aborted gives its framework's waiting collectives up (the recovery path).
+            Stage::Aborting { .. } => {
+                self.durations.pause = Some(now - self.started);
+                self.resume(NicChange::Unchanged, now)
+            }
+            // Nothing to roll back onto: the old plane's connections are gone.
+            Stage::Applying(_) if self.in_flight => {
+                self.durations.switch = Some(took);
                 self.resume(NicChange::Unchanged, now)
             }
             Stage::Applying(_) => {
@@ -1240,6 +1361,7 @@ fn body_answers(phase: Phase, body: &ReplyBody) -> bool {
         (_, ReplyBody::Failed(_))
             | (Phase::Sample, ReplyBody::Sampled { .. })
             | (Phase::Pause, ReplyBody::Paused { .. })
+            | (Phase::Abort, ReplyBody::Aborted { .. })
             | (Phase::Switch | Phase::Rollback, ReplyBody::Applied { .. })
             | (Phase::Resume, ReplyBody::Resumed { .. })
     )

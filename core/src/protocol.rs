@@ -31,6 +31,10 @@ pub enum Phase {
     /// Every rank stops training: its training loop ends, and its launcher restarts the
     /// process as a new incarnation (no operation runs, no NIC is touched).
     Stop,
+    /// An operation that moves the job inside a step: every rank ends its collectives in
+    /// flight on the old plane and reports where each group's sequence stands
+    /// ([`crate::inflight`]). Comes after the sample, instead of the pause.
+    Abort,
 }
 
 impl Phase {
@@ -44,6 +48,7 @@ impl Phase {
             Phase::Resume => "resume",
             Phase::Verify => "verify",
             Phase::Stop => "stop",
+            Phase::Abort => "abort",
         }
     }
 }
@@ -75,6 +80,8 @@ impl Directive {
             DirectiveKind::Resume => Phase::Resume,
             DirectiveKind::Verify => Phase::Verify,
             DirectiveKind::StopTraining { .. } => Phase::Stop,
+            DirectiveKind::AbortInFlight { .. } => Phase::Abort,
+            DirectiveKind::SwitchInFlight { .. } => Phase::Switch,
         }
     }
 }
@@ -138,6 +145,25 @@ pub enum DirectiveKind {
         /// it. Empty: every process of the job.
         #[serde(default)]
         only: Vec<Instance>,
+    },
+    /// End every collective in flight on the groups the targets' move rebuilds (the
+    /// framework's, on the plane being left) and report where each group's sequence stands:
+    /// answered with [`ReplyBody::Aborted`]. The training thread waits mid-step for the redo.
+    AbortInFlight {
+        /// The targets and the side each moves to, as the switch will have them.
+        targets: Vec<(GlobalRank, NicSide)>,
+    },
+    /// The switch of an operation that aborted its collectives in flight: rebuild the groups
+    /// with `targets` applied (off the training thread, which waits mid-step or at its gate),
+    /// then issue every group's collectives again from its redo point. Answered with
+    /// [`ReplyBody::Applied`], checked as a switch's.
+    SwitchInFlight {
+        /// The targets and the side each moves to.
+        targets: Vec<(GlobalRank, NicSide)>,
+        /// The time a rank's calls have, as for `Switch`.
+        call_timeout: Duration,
+        /// Per group, the first collective that did not complete on every member.
+        redo: Vec<crate::inflight::RedoPoint>,
     },
 }
 
@@ -229,6 +255,11 @@ pub enum ReplyBody {
     Sampled {
         /// The step the training loop is running (or about to run) on this rank.
         in_step: u64,
+        /// The training process registered an in-flight side (`crate::inflight`): it can
+        /// abort its collectives in flight for an in-flight move. False from a sender that
+        /// predates it.
+        #[serde(default)]
+        in_flight: bool,
     },
     /// Phase B: held after finishing `step`.
     Paused {
@@ -258,6 +289,13 @@ pub enum ReplyBody {
     },
     /// The directive failed on this rank.
     Failed(RankError),
+    /// The answer to [`DirectiveKind::AbortInFlight`]: the collectives in flight are ended.
+    Aborted {
+        /// The step the training loop is in (as a sample's answer).
+        in_step: u64,
+        /// Where each of the rank's groups stands, sorted by group name.
+        collectives: Vec<crate::inflight::CollectivePosition>,
+    },
 }
 
 /// What one rank has applied, per group, and where its step gate stands: the truth a manager
@@ -400,6 +438,11 @@ pub struct LinkReport {
     pub device: DeviceId,
     /// Its primary and backup link now.
     pub links: Links,
+    /// Read because the node's system said a link changed (the kernel's carrier event,
+    /// [`crate::hal::NodeHal::watch`]): a side it says is down is the system's word, not a
+    /// probe that may have lost a ping, and needs no confirming probes.
+    #[serde(default)]
+    pub from_kernel: bool,
 }
 
 /// How a rank's process left the manager's sight.

@@ -202,7 +202,10 @@ fn drive(
                 Answer::Silent => continue,
                 Answer::Body(b) => b,
                 Answer::Correct => match &d.kind {
-                    DirectiveKind::Sample { .. } => ReplyBody::Sampled { in_step: 10 },
+                    DirectiveKind::Sample { .. } => ReplyBody::Sampled {
+                        in_step: 10,
+                        in_flight: false,
+                    },
                     DirectiveKind::PauseAt { step } => ReplyBody::Paused { step: *step },
                     DirectiveKind::Switch { targets, .. } => ReplyBody::Applied {
                         calls: layout.calls(GlobalRank(r), targets),
@@ -215,6 +218,13 @@ fn drive(
                     DirectiveKind::Resume => ReplyBody::Resumed { stalled: secs(1) },
                     DirectiveKind::Verify => panic!("an operation never verifies"),
                     DirectiveKind::StopTraining { .. } => ReplyBody::Stopped { at_step: Some(9) },
+                    DirectiveKind::AbortInFlight { .. } => ReplyBody::Aborted {
+                        in_step: 10,
+                        collectives: Vec::new(),
+                    },
+                    DirectiveKind::SwitchInFlight { targets, .. } => ReplyBody::Applied {
+                        calls: layout.calls(GlobalRank(r), targets),
+                    },
                 },
             };
             by_node
@@ -1511,7 +1521,10 @@ fn events_without_an_operation_are_ignored() {
             op_id(1),
             0,
             Phase::Sample,
-            ReplyBody::Sampled { in_step: 1 },
+            ReplyBody::Sampled {
+                in_step: 1,
+                in_flight: false,
+            },
         )],
         health: vec![],
     };

@@ -546,7 +546,17 @@ fn sample_with_health(
 ) -> Vec<Action> {
     let replies = ranks
         .iter()
-        .map(|r| rank_reply(h.id, *r, Phase::Sample, ReplyBody::Sampled { in_step: 3 }))
+        .map(|r| {
+            rank_reply(
+                h.id,
+                *r,
+                Phase::Sample,
+                ReplyBody::Sampled {
+                    in_step: 3,
+                    in_flight: false,
+                },
+            )
+        })
         .collect();
     let nr = NodeReply {
         node: h.layout.node_name(node),
@@ -970,7 +980,15 @@ fn replies_for_other_operations_or_other_phases_are_ignored() {
         op: h.id,
         phase: Phase::Sample,
         replies: vec![
-            rank_reply(other, 1, Phase::Sample, ReplyBody::Sampled { in_step: 1 }),
+            rank_reply(
+                other,
+                1,
+                Phase::Sample,
+                ReplyBody::Sampled {
+                    in_step: 1,
+                    in_flight: false,
+                },
+            ),
             rank_reply(
                 other,
                 2,
@@ -991,7 +1009,10 @@ fn replies_for_other_operations_or_other_phases_are_ignored() {
             secs(101),
             0,
             Phase::Sample,
-            ReplyBody::Sampled { in_step: 2 }
+            ReplyBody::Sampled {
+                in_step: 2,
+                in_flight: false
+            }
         ),
         vec![]
     );
@@ -1004,7 +1025,10 @@ fn replies_for_other_operations_or_other_phases_are_ignored() {
             h.id,
             8,
             Phase::Sample,
-            ReplyBody::Sampled { in_step: 900 },
+            ReplyBody::Sampled {
+                in_step: 900,
+                in_flight: false,
+            },
         )],
         health: vec![],
     };
@@ -1089,7 +1113,10 @@ fn a_reply_whose_body_does_not_answer_its_phase_is_not_an_answer() {
         secs(102),
         3,
         Phase::Pause,
-        ReplyBody::Sampled { in_step: 6 },
+        ReplyBody::Sampled {
+            in_step: 6,
+            in_flight: false,
+        },
     );
     assert_eq!(a, vec![], "no switch on a non-answer");
     assert_eq!(h.pending(), vec![3]);

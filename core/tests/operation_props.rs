@@ -226,7 +226,9 @@ impl World {
             Phase::Switch => 2,
             Phase::Rollback => 3,
             Phase::Resume => 4,
-            Phase::Verify | Phase::Stop => unreachable!("an operation never verifies or stops"),
+            Phase::Verify | Phase::Stop | Phase::Abort => {
+                unreachable!("an operation never verifies or stops, and none here aborts")
+            }
         };
         if self.wild & (1 << bit) != 0 {
             self.chaos
@@ -292,10 +294,13 @@ impl World {
             Some(Phase::Pause) => matches!(phase, Phase::Switch | Phase::Resume),
             Some(Phase::Switch) => matches!(phase, Phase::Rollback | Phase::Resume),
             Some(Phase::Rollback) => phase == Phase::Resume,
-            Some(Phase::Resume | Phase::Verify | Phase::Stop) => false,
+            Some(Phase::Resume | Phase::Verify | Phase::Stop | Phase::Abort) => false,
         };
         assert!(allowed, "{prev:?} -> {phase}");
         match &d.kind {
+            DirectiveKind::AbortInFlight { .. } | DirectiveKind::SwitchInFlight { .. } => {
+                unreachable!("no operation here moves the job inside a step")
+            }
             DirectiveKind::Sample { targets } => assert_eq!(targets, &self.plan_targets),
             DirectiveKind::PauseAt { step } => {
                 // Every rank sampled, nothing went wrong, and T is the largest step.
@@ -303,7 +308,10 @@ impl World {
                 let mut t = 0;
                 for r in self.layout.ranks() {
                     match w.first.get(&r) {
-                        Some(ReplyBody::Sampled { in_step }) => t = t.max(*in_step),
+                        Some(ReplyBody::Sampled {
+                            in_step,
+                            in_flight: false,
+                        }) => t = t.max(*in_step),
                         other => {
                             panic!("pause sent but rank {r} answered the sample with {other:?}")
                         }
@@ -385,8 +393,12 @@ impl World {
 
     fn correct(&self, d: &Directive, r: GlobalRank) -> ReplyBody {
         match &d.kind {
+            DirectiveKind::AbortInFlight { .. } | DirectiveKind::SwitchInFlight { .. } => {
+                unreachable!("no operation here moves the job inside a step")
+            }
             DirectiveKind::Sample { .. } => ReplyBody::Sampled {
                 in_step: self.steps[&r],
+                in_flight: false,
             },
             DirectiveKind::PauseAt { step } => ReplyBody::Paused { step: *step },
             DirectiveKind::Switch { targets, .. } => ReplyBody::Applied {
@@ -408,8 +420,9 @@ impl World {
 
     fn garbled(&mut self, d: &Directive, r: GlobalRank) -> ReplyBody {
         match self.correct(d, r) {
-            ReplyBody::Sampled { in_step } => ReplyBody::Sampled {
+            ReplyBody::Sampled { in_step, in_flight } => ReplyBody::Sampled {
                 in_step: in_step + 3,
+                in_flight,
             },
             ReplyBody::Paused { step } => ReplyBody::Paused { step: step + 1 },
             ReplyBody::Applied { mut calls } => {
@@ -436,10 +449,13 @@ impl World {
             },
             Phase::Pause => ReplyBody::Sampled {
                 in_step: self.steps[&r],
+                in_flight: false,
             },
             Phase::Switch | Phase::Rollback => ReplyBody::Resumed { stalled: secs(1) },
             Phase::Resume => ReplyBody::Applied { calls: vec![] },
-            Phase::Verify | Phase::Stop => unreachable!("an operation never verifies or stops"),
+            Phase::Verify | Phase::Stop | Phase::Abort => {
+                unreachable!("an operation never verifies or stops, and none here aborts")
+            }
         }
     }
 

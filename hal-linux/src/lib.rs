@@ -19,13 +19,16 @@
 //! for `cache_ms`.
 
 pub mod config;
+pub mod netlink;
 pub mod probe;
 pub mod sysfs;
 
 pub use config::{ConfigError, DeviceLinks, LinkConfig, ProbeConfig};
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use taskd_core::hal::LinkWake;
 use taskd_core::{DeviceId, HalError, LinkHealth, NicSide, NodeHal};
 
 /// What one interface was found to be: the control plane's own link state. Up: carrier, and
@@ -41,6 +44,9 @@ pub struct LinuxNodeHal {
     cache: HashMap<(String, NicSide), (Instant, SideState)>,
     /// The probe cannot run in this process (no raw socket): said once, then not tried again.
     no_probe: bool,
+    /// Interfaces the kernel said changed since they were last read: read afresh, whatever
+    /// the cache holds ([`NodeHal::watch`]).
+    changed: Arc<Mutex<BTreeSet<String>>>,
 }
 
 impl LinuxNodeHal {
@@ -56,14 +62,29 @@ impl LinuxNodeHal {
             sys,
             cache: HashMap::new(),
             no_probe: false,
+            changed: Arc::default(),
         }
+    }
+
+    /// Every interface the configuration names.
+    pub fn interfaces(&self) -> BTreeSet<String> {
+        self.cfg
+            .devices
+            .values()
+            .flat_map(|d| [d.primary.clone(), d.backup.clone()])
+            .collect()
     }
 
     /// The state of `iface`, the interface of `side`: the kernel's, then the probe's.
     pub fn side_state(&mut self, iface: &str, side: NicSide) -> SideState {
         let key = (iface.to_owned(), side);
         let ttl = Duration::from_millis(self.cfg.cache_ms);
-        if let Some((at, s)) = self.cache.get(&key) {
+        let fresh = self
+            .changed
+            .lock()
+            .map(|mut c| c.remove(iface))
+            .unwrap_or(false);
+        if let Some((at, s)) = self.cache.get(&key).filter(|_| !fresh) {
             if at.elapsed() < ttl {
                 return s.clone();
             }
@@ -124,6 +145,26 @@ impl NodeHal for LinuxNodeHal {
             primary,
             backup,
         })
+    }
+
+    /// The kernel's link messages ([`netlink`]): a change of a configured interface marks it to
+    /// be read afresh and wakes the proxy.
+    fn watch(&mut self, wake: LinkWake) -> bool {
+        let changed = self.changed.clone();
+        let on_event = Box::new(move |e: &netlink::LinkEvent| {
+            if let Ok(mut c) = changed.lock() {
+                c.insert(e.ifname.clone());
+            }
+            tracing::debug!(ifname = %e.ifname, carrier = e.has_carrier(), "the kernel says a link changed");
+            wake();
+        });
+        match netlink::watch(self.interfaces(), on_event) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "no kernel link events: link changes are seen at the probe rounds");
+                false
+            }
+        }
     }
 }
 
@@ -188,6 +229,39 @@ mod tests {
         let h = hal.link_health(DeviceId(7)).unwrap();
         assert!(h.unknown(NicSide::Primary).unwrap().contains("device 7"));
         assert!(!h.is_up(NicSide::Backup));
+    }
+
+    #[test]
+    fn an_interface_the_kernel_said_changed_is_read_past_the_cache_and_down_says_why() {
+        let dir = sysfs::tests::FakeSys::new();
+        dir.set("pri", "up", Some("1"));
+        dir.set("bak", "up", Some("1"));
+        let mut hal = LinuxNodeHal::with_sysfs(
+            LinkConfig {
+                cache_ms: 3_600_000,
+                ..cfg()
+            },
+            dir.sys(),
+        );
+        assert!(hal
+            .link_health(DeviceId(0))
+            .unwrap()
+            .is_up(NicSide::Primary));
+        // The carrier goes: the cache still says up until the kernel's event marks `pri`
+        // (what the watch's callback does) ...
+        dir.set("pri", "down", Some("0"));
+        assert!(hal
+            .link_health(DeviceId(0))
+            .unwrap()
+            .is_up(NicSide::Primary));
+        hal.changed.lock().unwrap().insert("pri".into());
+        // ... then it is down, in the kernel's words.
+        let h = hal.link_health(DeviceId(0)).unwrap();
+        match &h.primary {
+            SideState::Down(why) => assert!(why.contains("no carrier"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(h.backup, SideState::Up);
     }
 
     #[test]

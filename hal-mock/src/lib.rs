@@ -66,6 +66,7 @@ mod call;
 pub mod fabric;
 pub mod fault;
 pub mod hccl;
+pub mod inflight;
 pub mod node_hal;
 pub mod operator;
 pub mod rank_hal;

@@ -197,5 +197,100 @@ class RealGloo(unittest.TestCase):
             self.assertEqual(r["replaced"], [False, False, False])
 
 
+def run_in_flight(case, world):
+    """Runs tests/gloo/in_flight_job.py as ``world`` ranks; their JSON lines, by rank."""
+    port = str(_free_port())
+    procs = []
+    for r in range(world):
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env.update(PYTHONPATH=PACKAGE, RANK=str(r), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE="1",
+                   LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                   GLOO_SOCKET_IFNAME="lo", TASKD_GLOO_PRIMARY_IFNAME="lo",
+                   TASKD_GLOO_BACKUP_IFNAME="lo")
+        procs.append(subprocess.Popen(
+            [TORCH_PYTHON, os.path.join(HERE, "gloo", "in_flight_job.py"), case],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=180)
+        if p.returncode != 0:
+            raise AssertionError("a rank exited %d:\n%s" % (p.returncode, stderr.decode()))
+        out.append(json.loads(stdout.decode().strip().splitlines()[-1]))
+    return out
+
+
+@unittest.skipUnless(_real_torch(), "needs a real torch with Gloo: set TASKD_TORCH_PYTHON to its python")
+class RealGlooInFlight(unittest.TestCase):
+    def test_a_collective_stuck_mid_step_is_aborted_redone_and_the_step_finished_exactly(self):
+        for world in (2, 3):
+            ranks = run_in_flight("move", world)
+            redo = {json.dumps(r["redo"]) for r in ranks}
+            self.assertEqual(len(redo), 1, ranks)
+            for r in ranks:
+                self.assertIsNone(r["error"], r)
+                self.assertTrue(r["ranks_agree"], r)
+                self.assertLessEqual(r["replay_max_diff"], 1e-6, r)
+                self.assertEqual(r["sides"], [True] * world)
+                self.assertEqual(len(r["moves"]), 1)
+            # The ranks blocked in the all-reduce issued it again; the late one, not yet.
+            self.assertEqual(sorted(r["moves"][0]["redone"] for r in ranks), [0] + [1] * (world - 1))
+            late = ranks[-1]
+            self.assertLess(late["backward_ms"], 500, late)
+
+    def test_a_move_given_up_raises_the_collectives_error_in_the_training_thread(self):
+        for r in run_in_flight("give_up", 2):
+            self.assertIn("Connection closed", r["error"] or "", r)
+
+    def test_the_steady_state_goes_through_the_hook_unchanged(self):
+        for r in run_in_flight("none", 2):
+            self.assertIsNone(r["error"], r)
+            self.assertLessEqual(r["replay_max_diff"], 1e-6, r)
+            self.assertEqual(r["moves"], [])
+
+
+class InFlightPieces(unittest.TestCase):
+    def test_addresses_are_written_as_proc_net_tcp_writes_them(self):
+        import socket as s
+
+        self.assertEqual(gloo._proc_addr_hex(s.AF_INET, s.inet_aton("127.0.0.1")), "0100007F")
+        self.assertEqual(gloo._proc_addr_hex(s.AF_INET, s.inet_aton("10.251.1.3")), "0301FB0A")
+        v6 = s.inet_pton(s.AF_INET6, "::1")
+        self.assertEqual(gloo._proc_addr_hex(s.AF_INET6, v6), "0" * 24 + "01000000")
+
+    def test_loopback_has_its_address_and_a_missing_interface_none(self):
+        self.assertIn("0100007F", gloo.interface_addresses("lo"))
+        self.assertEqual(gloo.interface_addresses("taskdnosuch0"), set())
+        self.assertEqual(gloo.shut_down_sockets("taskdnosuch0"), 0)
+
+    def test_the_switch_off_and_an_unknown_request(self):
+        self.assertTrue(gloo.in_flight_enabled({}))
+        self.assertFalse(gloo.in_flight_enabled({gloo.ENV_IN_FLIGHT: "off"}))
+        with self.assertRaises(gloo.InFlightError):
+            gloo.in_flight_request({"op": "rewind"})
+
+    def test_a_connected_socket_on_the_interface_is_shut_down_and_the_stores_is_kept(self):
+        import socket as s
+
+        srv = s.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(4)
+        kept = s.create_connection(srv.getsockname())
+        store_port = srv.getsockname()[1]
+        other = s.socket()
+        other.bind(("127.0.0.1", 0))
+        other.listen(1)
+        gone = s.create_connection(other.getsockname())
+        try:
+            n = gloo.shut_down_sockets("lo", keep_port=store_port)
+            self.assertGreaterEqual(n, 1)
+            self.assertEqual(gone.recv(1), b"")  # shut down: EOF at once
+            kept.settimeout(0.05)
+            with self.assertRaises(s.timeout):
+                kept.recv(1)  # the store's connection still waits for data
+        finally:
+            for x in (srv, kept, other, gone):
+                x.close()
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -20,7 +20,7 @@ pub struct AutoArgs {
     #[arg(long, value_name = "N", default_value_t = 3, requires = "auto_failover", value_parser = flags::probes())]
     pub down_after: u32,
     /// Devices failing within this long of each other move in one operation.
-    #[arg(long, value_name = "MS", default_value_t = 1_000, requires = "auto_failover", value_parser = flags::span_ms())]
+    #[arg(long, value_name = "MS", default_value_t = 200, requires = "auto_failover", value_parser = flags::span_ms())]
     pub coalesce_ms: u64,
     /// How long a device's primary link must stay up before it moves back from its backup.
     #[arg(long, value_name = "MS", default_value_t = 300_000, requires = "auto_failover", value_parser = flags::span_ms())]
@@ -34,6 +34,12 @@ pub struct AutoArgs {
     /// The shortest time between two automatic operations.
     #[arg(long, value_name = "MS", default_value_t = 30_000, requires = "auto_failover", value_parser = flags::span_ms())]
     pub min_interval_ms: u64,
+    /// Move devices off a link that is down or degraded inside the step: abort the
+    /// collectives stuck on it and finish the step on the backup, instead of pausing at the
+    /// next step boundary (every training process needs an in-flight side: taskd's Gloo
+    /// switch has one). Off by default.
+    #[arg(long, requires = "auto_failover")]
+    pub abort_in_flight: bool,
 }
 
 impl AutoArgs {

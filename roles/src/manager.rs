@@ -211,6 +211,7 @@ impl ManagerArgs {
             control,
             clusterd,
             auto: self.auto.config(),
+            abort_in_flight: self.auto.abort_in_flight,
             state_dir: self.state_dir.clone(),
             journal_timeout: Duration::from_millis(self.journal_timeout_ms),
             hold: match self.hold_policy {

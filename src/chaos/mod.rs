@@ -16,6 +16,7 @@
 
 pub mod answers;
 pub mod driver;
+pub mod inflight;
 pub mod process;
 pub mod relay;
 pub mod rng;

@@ -44,6 +44,61 @@ pub struct ChaosArgs {
     /// operations, faults_injected, by_fault, ...}.
     #[arg(long)]
     json: bool,
+    /// Run the schedules of one fault instead: `link_dies_mid_step`, a link that dies or
+    /// starves while collectives are in flight, answered by an in-flight move (abort, the
+    /// agreed redo point, the switch); invariant: no step lost or applied twice, the groups
+    /// agree.
+    #[arg(long, value_name = "FAULT", value_parser = ["link_dies_mid_step"], conflicts_with = "processes")]
+    fault: Option<String>,
+}
+
+/// `--fault link_dies_mid_step`: its schedules, one line (or one JSON object), exit 1 on a
+/// violation.
+fn run_in_flight(a: &ChaosArgs) -> Result<ExitCode, CliError> {
+    let started = std::time::Instant::now();
+    let rep = crate::chaos::inflight::campaign(a.first_seed, a.seeds, a.explain);
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        let text = serde_json::to_string(&rep).map_err(|e| CliError::usage(e.to_string()))?;
+        let _ = writeln!(out, "{text}");
+    } else {
+        let _ = writeln!(
+            out,
+            "chaos link_dies_mid_step: {} schedules (seeds {}..={}) in {:.1} s: the link died in {}, starved in {}; moves succeeded {}, failed {} (a rank that cannot abort); {} results a redo brought again were dropped",
+            rep.schedules,
+            a.first_seed,
+            a.first_seed + (a.seeds - 1),
+            started.elapsed().as_secs_f64(),
+            rep.dead,
+            rep.starved,
+            rep.moves_succeeded,
+            rep.moves_failed,
+            rep.dropped
+        );
+        for v in &rep.violations {
+            let _ = writeln!(
+                out,
+                "  seed {}: {}\n  reproduce: taskd chaos --fault link_dies_mid_step --first-seed {} --seeds 1 --explain",
+                v.seed,
+                v.violation.as_deref().unwrap_or(""),
+                v.seed
+            );
+            for line in &v.trace {
+                let _ = writeln!(out, "    {line}");
+            }
+        }
+        let _ = writeln!(
+            out,
+            "{} passed, {} failed",
+            rep.schedules - rep.violations.len() as u64,
+            rep.violations.len()
+        );
+    }
+    Ok(if rep.violations.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// Runs the campaign; exit 1 when an invariant broke.
@@ -55,6 +110,9 @@ pub fn run(a: ChaosArgs) -> Result<ExitCode, CliError> {
             a.seeds,
             u64::MAX
         )));
+    }
+    if a.fault.is_some() {
+        return run_in_flight(&a);
     }
     let cfg = CampaignConfig {
         first_seed: a.first_seed,

@@ -43,6 +43,13 @@ pub struct SwitchArgs {
     /// Print the events as JSON lines.
     #[arg(long)]
     json: bool,
+    /// Move in flight: abort the collectives in flight and finish the step on the rebuilt
+    /// groups, instead of pausing at the next step boundary. Use it when a link is down or
+    /// starved and the step in flight is stuck on it (the boundary never comes before the
+    /// group's timeout). Needs an in-flight side in every training process (taskd's Gloo
+    /// switch); the operation fails, aborting nothing, on a job without one.
+    #[arg(long)]
+    abort_in_flight: bool,
 }
 
 /// The targets from the repeated `--node/--dev/--to` groups.
@@ -93,6 +100,7 @@ async fn switch(a: &SwitchArgs, targets: Vec<proto::Target>) -> Result<u8, CliEr
         uuid: a.uuid.clone().unwrap_or_default(),
         targets,
         wait: a.wait,
+        abort_in_flight: a.abort_in_flight,
     };
     let stream = client.switch(req).await.map_err(call_error)?;
     follow(a, stream).await

@@ -424,6 +424,7 @@ mod tests {
             node: NodeName("node-1".into()),
             device: DeviceId(0),
             links: links.clone(),
+            from_kernel: false,
         };
         let decision = AutoDecision {
             node: NodeName("node-1".into()),

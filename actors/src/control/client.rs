@@ -187,6 +187,7 @@ impl ControlClient {
 /// The control API's request for `cmd`.
 pub fn request_of(cmd: &SwitchCommand, wait: bool) -> proto::SwitchRequest {
     proto::SwitchRequest {
+        abort_in_flight: false,
         job_id: cmd.job.0.clone(),
         uuid: cmd.id.map(|i| i.to_string()).unwrap_or_default(),
         targets: cmd

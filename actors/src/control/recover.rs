@@ -64,8 +64,8 @@ pub fn not_registered(job: &str) -> String {
 /// ClusterD's failure string for a failed or rejected operation: by the phase it failed in.
 fn failure_string(r: &OperationReport) -> &'static str {
     let by_phase = |phase: Phase, timeout: bool| match (phase, timeout) {
-        (Phase::Sample | Phase::Pause, false) => PAUSE_FAILED,
-        (Phase::Sample | Phase::Pause, true) => PAUSE_TIMEOUT,
+        (Phase::Sample | Phase::Pause | Phase::Abort, false) => PAUSE_FAILED,
+        (Phase::Sample | Phase::Pause | Phase::Abort, true) => PAUSE_TIMEOUT,
         (Phase::Switch | Phase::Rollback, false) => SWITCH_FAILED,
         (Phase::Switch | Phase::Rollback, true) => SWITCH_TIMEOUT,
         (Phase::Resume | Phase::Verify | Phase::Stop, false) => CONTINUE_FAILED,
@@ -77,7 +77,10 @@ fn failure_string(r: &OperationReport) -> &'static str {
         | Some(OperationError::WorkerLost { phase, .. })
         | Some(OperationError::GroupDisagrees { phase, .. })
         | Some(OperationError::Aborted { phase, .. }) => by_phase(*phase, false),
-        Some(OperationError::WrongPauseStep { .. }) => PAUSE_FAILED,
+        // An in-flight move's training could not be stopped inside the step: its pause.
+        Some(OperationError::WrongPauseStep { .. } | OperationError::NoInFlightSide { .. }) => {
+            PAUSE_FAILED
+        }
         // Operations ClusterD drives (the manager as its client) end these ways.
         Some(OperationError::HoldExpired { .. }) => PAUSE_TIMEOUT,
         Some(OperationError::Stopped { phase, .. }) => by_phase(*phase, false),

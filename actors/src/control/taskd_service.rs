@@ -6,7 +6,7 @@ use super::convert;
 use super::proto::{self, switch_event, RefusalKind};
 use crate::manager::{
     AwaitRegistered, AwaitResult, AwaitVerification, GetStatus, Manager, Recover, Recovery,
-    StopTraining, Submission, Submit, SubscribeProgress,
+    StopTraining, Submission, Submit, SubmitInFlight, SubscribeProgress,
 };
 use crate::progress::{ProgressEvent, ProgressKind};
 use actix::Addr;
@@ -114,16 +114,25 @@ fn command(r: proto::SwitchRequest) -> Result<SwitchCommand, String> {
     })
 }
 
-/// Submits `cmd` and streams what happens to `tx`: accepted or refused; with `wait`, each
-/// phase and the result.
-async fn drive(manager: Addr<Manager>, cmd: SwitchCommand, wait: bool, tx: Events) {
+/// Submits `cmd` (as an in-flight move with `in_flight`, [`SubmitInFlight`]) and streams what
+/// happens to `tx`: accepted or refused; with `wait`, each phase and the result.
+async fn drive(
+    manager: Addr<Manager>,
+    cmd: SwitchCommand,
+    (wait, in_flight): (bool, bool),
+    tx: Events,
+) {
     // Subscribe before submitting so no phase of this operation is missed.
     let mut progress = if wait {
         manager.send(SubscribeProgress).await.ok()
     } else {
         None
     };
-    let id = match manager.send(Submit(cmd)).await {
+    let submitted = match in_flight {
+        true => manager.send(SubmitInFlight(cmd)).await,
+        false => manager.send(Submit(cmd)).await,
+    };
+    let id = match submitted {
         Err(_) => {
             let _ = tx.send(Ok(gone())).await;
             return;
@@ -248,11 +257,11 @@ impl proto::control_server::Control for ControlSvc {
         req: Request<proto::SwitchRequest>,
     ) -> Result<Response<Self::SwitchStream>, Status> {
         let r = req.into_inner();
-        let wait = r.wait;
+        let how = (r.wait, r.abort_in_flight);
         let (tx, rx) = mpsc::channel(16);
         match command(r) {
             Ok(cmd) => {
-                tokio::spawn(drive(self.manager.clone(), cmd, wait, tx));
+                tokio::spawn(drive(self.manager.clone(), cmd, how, tx));
             }
             Err(reason) => {
                 let refusal = refused(codes::CLIENT_ERROR, RefusalKind::Malformed, reason);

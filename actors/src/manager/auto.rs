@@ -28,6 +28,10 @@ pub(super) struct Auto {
     op: Option<OperationId>,
     /// Waiters for [`AwaitAutoSettled`].
     settled: Vec<SettleWaiter>,
+    /// Moves off a link that is down or degraded abort the collectives in flight and finish
+    /// the step on the backup instead of pausing at the next boundary
+    /// ([`Manager::with_auto_in_flight`]).
+    in_flight: bool,
 }
 
 /// The links an [`AwaitAutoSettled`] waits for, and where to answer.
@@ -57,7 +61,24 @@ impl Manager {
             timer: None,
             op: None,
             settled: Vec::new(),
+            in_flight: false,
         });
+        self
+    }
+
+    /// Makes the automatic failover's moves to the backup NIC in-flight moves
+    /// (`taskd_core::inflight`): the collectives stuck on the failed link are aborted and the
+    /// step finishes on the backup, instead of a pause that waits for the step in flight.
+    /// Every training process must have an in-flight side (taskd's Gloo switch has one): an
+    /// abort a rank cannot make fails the move. Needs [`Manager::with_auto`] first.
+    pub fn with_auto_in_flight(mut self, on: bool) -> Self {
+        if let Some(a) = self.auto.as_mut() {
+            a.in_flight = on;
+            tracing::info!(
+                on,
+                "automatic moves off a failed link abort the collectives in flight"
+            );
+        }
         self
     }
 
@@ -82,7 +103,13 @@ impl Manager {
             node: r.node.clone(),
             device: r.device,
         };
-        if auto.policy.link_changed(key, r.links.clone(), now) {
+        let changed = if r.from_kernel {
+            auto.policy
+                .link_changed_by_kernel(key, r.links.clone(), now)
+        } else {
+            auto.policy.link_changed(key, r.links.clone(), now)
+        };
+        if changed {
             tracing::info!(node = %r.node, device = r.device.0, primary = %r.links.primary, backup = %r.links.backup, "links changed");
         }
         let progress = ProgressKind::Links { report: r, at: now };
@@ -188,7 +215,17 @@ impl Manager {
         let id = OperationId(uuid::Uuid::new_v4());
         let span = crate::observer::submit_span(id, &cmd, Trigger::Auto);
         let res = match self.journal_ready() {
-            Ok(()) => span.in_scope(|| self.ledger.submit_by(Trigger::Auto, &cmd, id, now)),
+            Ok(()) => span.in_scope(|| {
+                // A move off a link that failed (every target to its backup NIC) cannot wait
+                // for the step in flight: that step is stuck on the link.
+                let off_failed =
+                    !cmd.targets.is_empty() && cmd.targets.iter().all(|t| t.use_backup);
+                if self.auto.as_ref().is_some_and(|a| a.in_flight) && off_failed {
+                    self.ledger.submit_in_flight(Trigger::Auto, &cmd, id, now)
+                } else {
+                    self.ledger.submit_by(Trigger::Auto, &cmd, id, now)
+                }
+            }),
             Err(e) => Err(e),
         };
         match res {

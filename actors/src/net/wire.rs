@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use std::time::Duration;
 use taskd_core::auto::Links;
 use taskd_core::command::RankTarget;
+use taskd_core::inflight::{CollectivePosition, RedoPoint};
 use taskd_core::protocol::{
     AfterStop, AppliedCall, Directive, DirectiveKind, GateReport, Gone, GroupView, LinkReport,
     NodeReply, Phase, ProxyToManager, RankError, RankReply, ReplyBody, StallNotice, WorkerHello,
@@ -56,6 +57,7 @@ pub(crate) fn phase_to_pb(p: Phase) -> pb::Phase {
         Phase::Resume => pb::Phase::Resume,
         Phase::Verify => pb::Phase::Verify,
         Phase::Stop => pb::Phase::Stop,
+        Phase::Abort => pb::Phase::Abort,
     }
 }
 
@@ -68,6 +70,7 @@ pub(crate) fn phase_from_pb(what: &'static str, raw: i32) -> Result<Phase, WireE
         Ok(pb::Phase::Resume) => Ok(Phase::Resume),
         Ok(pb::Phase::Verify) => Ok(Phase::Verify),
         Ok(pb::Phase::Stop) => Ok(Phase::Stop),
+        Ok(pb::Phase::Abort) => Ok(Phase::Abort),
         _ => Err(WireError {
             what,
             detail: format!("unknown phase {raw}"),
@@ -212,6 +215,29 @@ pub fn directive_to_pb(d: Directive) -> pb::Directive {
                 only: only.into_iter().map(|i| i.0).collect(),
             })
         }
+        DirectiveKind::AbortInFlight { targets } => Kind::AbortInFlight(pb::NicTargets {
+            targets: flags_to_pb(targets),
+            restate: Vec::new(),
+            call_timeout_ms: 0,
+        }),
+        DirectiveKind::SwitchInFlight {
+            targets,
+            call_timeout,
+            redo,
+        } => Kind::SwitchInFlight(pb::SwitchInFlight {
+            nics: Some(pb::NicTargets {
+                targets: flags_to_pb(targets),
+                restate: Vec::new(),
+                call_timeout_ms: millis(call_timeout),
+            }),
+            redo: redo
+                .into_iter()
+                .map(|r| pb::RedoPoint {
+                    group: r.group,
+                    from: r.from,
+                })
+                .collect(),
+        }),
     };
     pb::Directive {
         op: d.op.to_string(),
@@ -259,6 +285,24 @@ pub fn directive_from_pb(d: pb::Directive) -> Result<Directive, WireError> {
             reason: t.reason,
             only: t.only.into_iter().map(Instance).collect(),
         },
+        Kind::AbortInFlight(t) => DirectiveKind::AbortInFlight {
+            targets: flags_from_pb(t.targets),
+        },
+        Kind::SwitchInFlight(s) => {
+            let nics = s.nics.ok_or_else(|| missing(W, "its targets"))?;
+            DirectiveKind::SwitchInFlight {
+                targets: flags_from_pb(nics.targets),
+                call_timeout: Duration::from_millis(nics.call_timeout_ms),
+                redo: s
+                    .redo
+                    .into_iter()
+                    .map(|r| RedoPoint {
+                        group: r.group,
+                        from: r.from,
+                    })
+                    .collect(),
+            }
+        }
     };
     Ok(Directive { op, kind })
 }
@@ -424,7 +468,14 @@ fn worker_report_from_pb(w: pb::WorkerReport) -> Result<WorkerReport, WireError>
 pub(crate) fn rank_reply_to_pb(r: RankReply) -> pb::RankReply {
     use pb::rank_reply::Body;
     let body = match r.body {
-        ReplyBody::Sampled { in_step } => Body::SampledInStep(in_step),
+        ReplyBody::Sampled {
+            in_step,
+            in_flight: false,
+        } => Body::SampledInStep(in_step),
+        ReplyBody::Sampled {
+            in_step,
+            in_flight: true,
+        } => Body::SampledInFlight(in_step),
         ReplyBody::Paused { step } => Body::PausedStep(step),
         ReplyBody::Applied { calls } => Body::Applied(pb::AppliedCalls {
             calls: calls
@@ -442,6 +493,21 @@ pub(crate) fn rank_reply_to_pb(r: RankReply) -> pb::RankReply {
         ReplyBody::Failed(e) => Body::Failed(rank_error_to_pb(e)),
         ReplyBody::Verified(w) => Body::Verified(worker_report_to_pb(w)),
         ReplyBody::Stopped { at_step } => Body::Stopped(pb::StoppedTraining { at_step }),
+        ReplyBody::Aborted {
+            in_step,
+            collectives,
+        } => Body::Aborted(pb::AbortedInFlight {
+            in_step,
+            collectives: collectives
+                .into_iter()
+                .map(|c| pb::CollectivePosition {
+                    group: c.group,
+                    size: c.size,
+                    completed: c.completed,
+                    issued: c.issued,
+                })
+                .collect(),
+        }),
     };
     pb::RankReply {
         rank: r.rank.0,
@@ -455,7 +521,14 @@ pub(crate) fn rank_reply_from_pb(r: pb::RankReply) -> Result<RankReply, WireErro
     use pb::rank_reply::Body;
     const W: &str = "rank reply";
     let body = match r.body.ok_or_else(|| missing(W, "its body"))? {
-        Body::SampledInStep(in_step) => ReplyBody::Sampled { in_step },
+        Body::SampledInStep(in_step) => ReplyBody::Sampled {
+            in_step,
+            in_flight: false,
+        },
+        Body::SampledInFlight(in_step) => ReplyBody::Sampled {
+            in_step,
+            in_flight: true,
+        },
         Body::PausedStep(step) => ReplyBody::Paused { step },
         Body::Applied(a) => ReplyBody::Applied {
             calls: a
@@ -474,6 +547,19 @@ pub(crate) fn rank_reply_from_pb(r: pb::RankReply) -> Result<RankReply, WireErro
         Body::Failed(e) => ReplyBody::Failed(rank_error_from_pb(e)?),
         Body::Verified(w) => ReplyBody::Verified(worker_report_from_pb(w)?),
         Body::Stopped(s) => ReplyBody::Stopped { at_step: s.at_step },
+        Body::Aborted(a) => ReplyBody::Aborted {
+            in_step: a.in_step,
+            collectives: a
+                .collectives
+                .into_iter()
+                .map(|c| CollectivePosition {
+                    group: c.group,
+                    size: c.size,
+                    completed: c.completed,
+                    issued: c.issued,
+                })
+                .collect(),
+        },
     };
     Ok(RankReply {
         rank: GlobalRank(r.rank),
@@ -646,6 +732,7 @@ pub(crate) fn link_report_to_pb(r: LinkReport) -> pb::LinkReport {
         backup: link_state_to_pb(&r.links.backup) as i32,
         primary_side: Some(side_to_pb(r.links.primary)),
         backup_side: Some(side_to_pb(r.links.backup)),
+        from_kernel: r.from_kernel,
     }
 }
 
@@ -664,6 +751,7 @@ pub(crate) fn link_report_from_pb(r: pb::LinkReport) -> Result<LinkReport, WireE
             primary: side("the primary link's state", r.primary_side, r.primary)?,
             backup: side("the backup link's state", r.backup_side, r.backup)?,
         },
+        from_kernel: r.from_kernel,
     })
 }
 
@@ -929,6 +1017,17 @@ mod tests {
                 then: AfterStop::End,
                 only: Vec::new(),
             },
+            DirectiveKind::AbortInFlight {
+                targets: vec![(GlobalRank(5), NicSide::Backup)],
+            },
+            DirectiveKind::SwitchInFlight {
+                targets: vec![(GlobalRank(5), NicSide::Backup)],
+                call_timeout: Duration::from_millis(9_000),
+                redo: vec![RedoPoint {
+                    group: "0".into(),
+                    from: 41,
+                }],
+            },
         ];
         for kind in kinds {
             let d = Directive { op: op(), kind };
@@ -939,7 +1038,10 @@ mod tests {
     #[test]
     fn every_reply_round_trips() {
         let bodies = vec![
-            ReplyBody::Sampled { in_step: 7 },
+            ReplyBody::Sampled {
+                in_step: 7,
+                in_flight: false,
+            },
             ReplyBody::Paused { step: 8 },
             ReplyBody::Applied {
                 calls: vec![AppliedCall {
@@ -953,6 +1055,15 @@ mod tests {
             },
             ReplyBody::Stopped { at_step: None },
             ReplyBody::Stopped { at_step: Some(271) },
+            ReplyBody::Aborted {
+                in_step: 12,
+                collectives: vec![CollectivePosition {
+                    group: "0".into(),
+                    size: 6,
+                    completed: 40,
+                    issued: 42,
+                }],
+            },
             ReplyBody::Verified(WorkerReport {
                 groups: vec![GroupView {
                     group: "world".into(),
@@ -1028,10 +1139,11 @@ mod tests {
             instance: Instance(0x1234_5678_9abc_def1),
             generation: 2,
         };
-        let links = |primary, backup| {
+        let links = |primary: SideState, backup| {
             ProxyToManager::Links(LinkReport {
                 node: NodeName("node-1".into()),
                 device: DeviceId(5),
+                from_kernel: matches!(primary, SideState::Down(_)),
                 links: Links { primary, backup },
             })
         };
@@ -1208,6 +1320,7 @@ mod tests {
                 primary: SideState::Degraded("loss 50% > 25%".into()),
                 backup: SideState::Up,
             },
+            from_kernel: false,
         };
         let p = PreviousLinkReport::decode(&link_report_to_pb(report).encode_to_vec()[..]).unwrap();
         assert_eq!(

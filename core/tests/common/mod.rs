@@ -461,6 +461,7 @@ impl Harness {
     ) -> Vec<Action> {
         self.each(now, Phase::Sample, ranks, |r| ReplyBody::Sampled {
             in_step: step(r.0),
+            in_flight: false,
         })
     }
 

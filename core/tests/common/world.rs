@@ -274,7 +274,10 @@ impl World {
 
     fn correct(&self, r: GlobalRank, kind: &DirectiveKind) -> ReplyBody {
         match kind {
-            DirectiveKind::Sample { .. } => ReplyBody::Sampled { in_step: 10 },
+            DirectiveKind::Sample { .. } => ReplyBody::Sampled {
+                in_step: 10,
+                in_flight: true,
+            },
             DirectiveKind::PauseAt { step } => ReplyBody::Paused { step: *step },
             DirectiveKind::Switch { targets, .. } => ReplyBody::Applied {
                 calls: self.layout.calls(r, targets),
@@ -287,6 +290,13 @@ impl World {
             DirectiveKind::Resume => ReplyBody::Resumed { stalled: secs(1) },
             DirectiveKind::Verify => panic!("a driven operation never verifies"),
             DirectiveKind::StopTraining { .. } => ReplyBody::Stopped { at_step: None },
+            DirectiveKind::AbortInFlight { .. } => ReplyBody::Aborted {
+                in_step: 10,
+                collectives: Vec::new(),
+            },
+            DirectiveKind::SwitchInFlight { targets, .. } => ReplyBody::Applied {
+                calls: self.layout.calls(r, targets),
+            },
         }
     }
 

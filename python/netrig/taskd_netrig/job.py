@@ -153,7 +153,7 @@ class Job:
                 "MASTER_ADDR": net.addr("mg", 0), "MASTER_PORT": str(MASTER_PORT),
                 "GLOO_SOCKET_IFNAME": start, "TASKD_PROXY": "127.0.0.1:%d" % PROXY_PORT,
                 "TASKD_GLOO_PRIMARY_IFNAME": "pri", "TASKD_GLOO_BACKUP_IFNAME": "bak",
-                "TASKD_GLOO_ROUTE_CMD": "%s -m taskd_netrig.route --src %s" % (
+                "TASKD_GLOO_ROUTE_CMD": "%s -S -m taskd_netrig.route --src %s" % (
                     self.rig.python, net.addr("bak", k)),
             })
         argv = [self.rig.python, "-m", "taskd_netrig.train", "--run", self.run_dir,

@@ -12,8 +12,9 @@ from taskd_netrig.rig import Rig
 
 def summary_line(s: dict) -> str:
     b = s.get("bytes_while_switched") or {}
-    return "%-12s %s  steps %-5s replay %-5s while switched: primary %s B, backup %s B%s" % (
+    return "%-12s %s  steps %-5s replay %-5s restarts %s lost %s fault->backup %s ms  while switched: primary %s B, backup %s B%s" % (
         s["name"], "PASS" if s["passed"] else "FAIL", s.get("steps"), s.get("params_match_replay"),
+        s.get("restarts"), s.get("steps_lost"), s.get("fault_to_backup_ms", "-"),
         b.get("primary", "-"), b.get("backup", "-"),
         ("  error: %s" % s["error"]) if s.get("error") else "")
 

@@ -1,6 +1,8 @@
 """A training process of the rig's job: torch.distributed on Gloo over the node's primary
 interface, the worker lines (``init_taskd_worker(rank, 5000, "pt")``, ``start_taskd_worker()``),
-a DDP model registered with taskd's Gloo switch, and taskd's optimizer hook as the step gate.
+a DDP model registered with taskd's Gloo switch (its comm hook lets an in-flight move finish
+the step on the backup), and taskd's optimizer hook as the step gate. The stop flag's
+all-reduce goes through ``gloo.all_reduce`` for the same reason.
 
 It trains until every rank saw the stop file (the ranks agree on the step through a one-int
 all-reduce), logs each step's end time (rank 0), checkpoints every ``--checkpoint-every`` steps
@@ -53,6 +55,8 @@ def main():
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=a.collective_timeout_s))
     rank = dist.get_rank()
+    with open(os.path.join(a.run, "starts.jsonl"), "a") as f:
+        f.write(json.dumps({"rank": rank, "t": time.time(), "resume": a.resume}) + "\n")
     init_taskd_worker(rank, 5000, "pt")
     start_taskd_worker()
     ddp = torch.nn.parallel.DistributedDataParallel(problem.make_model())
@@ -64,7 +68,7 @@ def main():
     flag = torch.zeros(1)
     while True:
         flag[0] = 1.0 if os.path.exists(stop_file) else 0.0
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        gloo.all_reduce(flag, op=dist.ReduceOp.MAX)
         if flag[0] > 0:
             break
         step += 1
@@ -82,7 +86,7 @@ def main():
                os.path.join(a.run, "params%d.pt" % rank))
     with open(os.path.join(a.run, "rank%d.json" % rank), "w") as f:
         json.dump({"rank": rank, "steps": step, "sides": gloo.sides(),
-                   "switches": gloo.history()}, f)
+                   "switches": gloo.history(), "in_flight": gloo.moves()}, f)
     dist.destroy_process_group()
 
 

@@ -215,6 +215,9 @@ def start_taskd_worker() -> bool:
             _worker_config(rank, config.node_rank, backend=chosen.backend),
             switch.callback(chosen.name, chosen.function, log, chosen.sync),
         )
+        in_flight = switch.in_flight_of(chosen)
+        if in_flight is not None:
+            worker.set_in_flight(switch.in_flight_callback(in_flight, log))
         try:
             _state.undo = _install_hooks(config.framework, log)
         except Exception:

@@ -53,6 +53,17 @@ LAST_WORDS_FN = ctypes.CFUNCTYPE(
     ctypes.c_size_t,
 )
 
+#: ``bool (*)(const char *request, char *reply, size_t reply_len, void *user)``: the training
+#: process's in-flight side (``taskd_worker_set_in_flight``), one JSON request in, its JSON
+#: answer out; called on a thread of the library's, not the training thread.
+IN_FLIGHT_FN = ctypes.CFUNCTYPE(
+    ctypes.c_bool,
+    ctypes.c_char_p,
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_void_p,
+)
+
 _P = ctypes.c_void_p
 _S = ctypes.c_char_p
 _I = ctypes.c_int32
@@ -78,6 +89,7 @@ _PROTOTYPES = {
     "taskd_proxy_free": (None, [_P]),
     "taskd_worker_start": (_I, [_S, SWITCH_FN, _P, _PP]),
     "taskd_worker_step_completed": (_I, [_P, ctypes.c_uint64]),
+    "taskd_worker_set_in_flight": (_I, [_P, IN_FLIGHT_FN, _P]),
     "taskd_worker_wait_registered": (_I, [_P, ctypes.c_uint64, _S, ctypes.c_size_t]),
     "taskd_worker_wait_job_whole": (_I, [_P, ctypes.c_uint64]),
     "taskd_worker_stop": (_I, [_P]),
@@ -251,6 +263,11 @@ class Worker:
         self._switch_fn = switch_fn  # kept alive while the library may call it
         self._h = ctypes.c_void_p()
         _check(lib().taskd_worker_start(_json(config), switch_fn, None, ctypes.byref(self._h)))
+
+    def set_in_flight(self, fn):
+        """Registers the process's in-flight side, an ``IN_FLIGHT_FN`` (kept alive here)."""
+        self._in_flight_fn = fn
+        _check(lib().taskd_worker_set_in_flight(self._h, fn, None))
 
     def gate(self):
         """The step gate, ``(fn, handle)``: ``fn(handle, step)`` is the library's

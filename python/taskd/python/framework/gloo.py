@@ -307,6 +307,7 @@ def register_ddp(module) -> None:
         raise TypeError("register_ddp takes a DistributedDataParallel, got %s" % type(module).__name__)
     with _reg.lock:
         _reg.ddp.append(module)
+    _install_ddp_hooks(module)
 
 
 def new_group(ranks: Optional[Sequence[int]] = None) -> Group:
@@ -364,10 +365,15 @@ def switch_nic(ranks: Sequence[int], use_backup: Sequence[bool], timeout_ms: Opt
 class _Switch:
     """One call: vote, build, vote, swap."""
 
-    def __init__(self, dist, gen: int, deadline: Deadline):
+    def __init__(self, dist, gen: int, deadline: Deadline, in_flight: Optional[Dict[str, int]] = None):
         self.dist = dist
         self.gen = gen
         self.deadline = deadline
+        # An in-flight move's redo points: the groups are rebuilt even where nothing moves
+        # (their connections on the old plane are shut down), DDP's swap waits for its next
+        # forward, and the sequences are issued again from these points.
+        self.in_flight = in_flight
+        self.figures: Dict[str, float] = {}
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.store = dist.distributed_c10d._get_default_store()
@@ -389,7 +395,7 @@ class _Switch:
             self._vote("plan", Vote(VoteKind.FAIL, str(e)))
             raise
         votes = self._vote("plan", mine)
-        if all(v.kind is VoteKind.NOOP for v in votes.values()):
+        if self.in_flight is None and all(v.kind is VoteKind.NOOP for v in votes.values()):
             self._record(rebuild_ms=0.0, total_ms=(time.perf_counter() - t0) * 1000)
             return True
         t1 = time.perf_counter()
@@ -405,11 +411,53 @@ class _Switch:
             _reg.reaper.put(list(built.values()))
             raise
         t2 = time.perf_counter()
-        self._swap(built)
+        if self.in_flight is None:
+            self._swap(built)
+        else:
+            self.figures["redone"] = self._swap_in_flight(built)
         _reg.sides = p.sides
         self._record(rebuild_ms=(t2 - t1) * 1000, swap_ms=(time.perf_counter() - t2) * 1000,
                      total_ms=(time.perf_counter() - t0) * 1000)
+        self.figures.update(rebuild_ms=(t2 - t1) * 1000, swap_ms=(time.perf_counter() - t2) * 1000,
+                            switch_ms=(time.perf_counter() - t0) * 1000)
+        if self.in_flight is not None and _seq.moves:
+            m = _seq.moves[-1]
+            m.update(self.figures)
+            m["t_switched"] = time.time()
+            if _seq._parked_at is not None:
+                m["waited_ms"] = (time.perf_counter() - _seq._parked_at) * 1000
         return True
+
+    def _swap_in_flight(self, built: Dict[int, object]) -> int:
+        """:meth:`_swap` while the training thread waits mid-step: torch's tables and taskd's
+        groups now, DDP's own swap at its next forward (its reducer resets), the sequences on
+        the new groups and issued again from the redo points, all under the sequencer's lock
+        (no collective is issued between)."""
+        c10d = self.dist.distributed_c10d
+        default = c10d._get_default_group()
+        old = []
+        with _seq.lock:
+            names = {}
+            for key, new in built.items():
+                pg = _find(key, default, _reg.ddp, _reg.groups)
+                names[c10d._get_process_group_name(pg)] = new
+                _adopt(c10d, pg, new, is_default=pg is default)
+                old.append(pg)
+            for m in _reg.ddp:
+                new = built.get(id(m.process_group))
+                if new is not None:
+                    _seq.deferred_ddp[id(m)] = new
+            for g in _reg.groups:
+                new = built.get(id(g.current()))
+                if new is not None:
+                    g._pg = new
+            n = _seq.redo(self.in_flight or {}, names)
+            if _seq.deferred_ddp:
+                _seq.deferred_reap.extend(old)
+                old = []
+        if old:
+            _reg.reaper.put(old)
+        return n
 
     def _record(self, **ms: float) -> None:
         ms["generation"] = self.gen
@@ -513,6 +561,7 @@ class _Switch:
             new = built.get(id(g.current()))
             if new is not None:
                 g._pg = new
+        _seq.moved({c10d._get_process_group_name(new): new for new in built.values()})
         _reg.reaper.put(old)
 
 
@@ -570,3 +619,488 @@ def history() -> List[Dict[str, float]]:
 def sides() -> Optional[List[bool]]:
     """Which ranks this process believes on their backup interface (``None``: never switched)."""
     return None if _reg.sides is None else list(_reg.sides)
+
+
+# ---- an in-flight move: abort the collectives in flight, finish the step on the backup -----
+#
+# Every collective that an in-flight move can finish goes through the sequencer: DDP's
+# gradient buckets (the comm hook :func:`register_ddp` installs) and :func:`all_reduce`. Each
+# gets the next number of its group's sequence and keeps a copy of its input; when the manager
+# aborts the collectives in flight (``in_flight_request({"op": "abort"})``, on a thread of
+# taskd's), the process's sockets on the plane being left are shut down, the blocked calls fail
+# at once, and their callers wait (the training thread mid-step) until the switch rebuilt the
+# groups and issued them again from the point every rank agreed on (``taskd_core::inflight``).
+
+ENV_IN_FLIGHT = "TASKD_GLOO_IN_FLIGHT"
+ENV_ABORT_TIMEOUT = "TASKD_GLOO_ABORT_TIMEOUT_MS"
+ENV_KEEP = "TASKD_GLOO_KEEP_COLLECTIVES"
+DEFAULT_ABORT_TIMEOUT_MS = 60000
+DEFAULT_KEEP = 16
+
+
+class _Entry:
+    """One collective of a sequence: the caller's tensor (the result goes there), the input
+    kept for a redo, the future its caller waits on."""
+
+    __slots__ = ("seq", "tensor", "kept", "op", "fut", "settled", "gen", "error", "launched",
+                 "old_running", "pending")
+
+    def __init__(self, seq: int, tensor, op, fut):
+        self.seq, self.tensor, self.op, self.fut = seq, tensor, op, fut
+        self.kept = tensor.detach().clone()
+        self.settled = False  # its caller has its result (or its error)
+        self.gen = -1  # the group generation it was last launched on
+        self.error = None  # the failure that parked it
+        self.launched = False
+        self.old_running = False  # a launch on a replaced group has not ended yet
+        self.pending = None  # a redo's result waiting for that launch to end
+
+
+class _Sequence:
+    """One group's collectives through taskd, numbered in issue order (the same on every
+    member)."""
+
+    def __init__(self, name: str, pg, size: int):
+        self.name, self.pg, self.size = name, pg, size
+        self.issued = 0
+        self.completed = 0  # the completed prefix
+        self.done: set = set()  # completed past the prefix
+        self.entries: Dict[int, _Entry] = {}
+        self.generation = 0
+
+    def mark(self, seq: int, keep: int) -> None:
+        self.done.add(seq)
+        while self.completed in self.done:
+            self.done.remove(self.completed)
+            self.completed += 1
+        for old in [s for s in self.entries if s < self.completed - keep]:
+            del self.entries[old]
+
+    def position(self) -> Dict[str, object]:
+        return {"group": self.name, "size": self.size, "completed": self.completed,
+                "issued": self.issued}
+
+
+class InFlightError(GlooSwitchError):
+    """An in-flight move cannot finish here; the text says why."""
+
+
+class _Sequencer:
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.groups: Dict[str, _Sequence] = {}
+        self.aborting = False
+        self.abort_gen = 0
+        self.keep = DEFAULT_KEEP
+        self.deferred_ddp: Dict[int, object] = {}  # id(ddp) -> its new group, for its next forward
+        self.deferred_reap: list = []
+        self.moves: List[Dict[str, float]] = []  # every in-flight move's figures
+        self._t_abort = 0.0
+        self._parked_at: Optional[float] = None
+
+    # -- issuing -----------------------------------------------------------------------------
+
+    def sequence(self, pg) -> _Sequence:
+        """The sequence of ``pg`` (a group registered in torch's tables now; ``None``: the
+        default group), by its name, which a switch keeps."""
+        import torch.distributed as dist
+
+        c10d = dist.distributed_c10d
+        pg = pg if pg is not None else c10d._get_default_group()
+        return self.named(c10d._get_process_group_name(pg), pg)
+
+    def named(self, name: str, pg) -> _Sequence:
+        with self.lock:
+            s = self.groups.get(name)
+            if s is None:
+                s = self.groups[name] = _Sequence(name, pg, pg.size())
+            return s
+
+    def moved(self, names: Dict[str, object]) -> None:
+        """A switch at a step boundary rebuilt these groups: their sequences go on there."""
+        with self.lock:
+            for name, new in names.items():
+                s = self.groups.get(name)
+                if s is not None:
+                    s.pg, s.generation = new, s.generation + 1
+
+    def all_reduce(self, s: _Sequence, tensor, op=None):
+        """Issues an all-reduce of ``tensor`` (in place) as ``s``'s next collective; the
+        future is its result (``tensor``)."""
+        import torch
+
+        fut = torch.futures.Future()
+        with self.lock:
+            e = _Entry(s.issued, tensor, op, fut)
+            s.issued += 1
+            s.entries[e.seq] = e
+            if not self.aborting:
+                self._launch(s, e, redo=False)
+            elif self._parked_at is None:
+                self._parked_at = time.perf_counter()
+        return fut
+
+    def _launch(self, s: _Sequence, e: _Entry, redo: bool) -> None:
+        import torch.distributed as dist
+
+        if e.launched and e.gen != s.generation and not e.settled and e.error is None:
+            e.old_running = True
+        e.gen, e.launched, e.error = s.generation, True, None
+        t = e.kept.clone() if redo else e.tensor
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = e.op if e.op is not None else dist.ReduceOp.SUM
+        work = s.pg.allreduce([t], opts)
+        gen = s.generation
+        work.get_future().add_done_callback(lambda f: self._done(s, e, gen, t, f))
+
+    def _done(self, s: _Sequence, e: _Entry, gen: int, t, f) -> None:
+        try:
+            f.value()
+            err = None
+        except Exception as ex:  # noqa: B902 - Gloo's errors are RuntimeErrors and friends
+            err = ex
+        settle = None
+        with self.lock:
+            if gen != e.gen:
+                # A launch on a replaced group ended: a redo's result may wait for it.
+                e.old_running = False
+                if e.pending is not None and not e.settled:
+                    settle = self._settle(s, e, e.pending)
+            elif e.settled:
+                return  # a redo of a collective completed here: its result is dropped
+            elif err is None:
+                if e.old_running:
+                    e.pending = t  # the replaced launch may still write into e.tensor
+                    return
+                settle = self._settle(s, e, t)
+            elif self.aborting:
+                e.error = err  # waits for the redo on the rebuilt group, or the give-up
+                if self._parked_at is None:
+                    self._parked_at = time.perf_counter()
+                return
+            else:
+                e.settled = True
+                settle = (e.fut, None, err)
+        if settle is not None:
+            fut, value, error = settle
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(value)
+
+    def _settle(self, s: _Sequence, e: _Entry, t):
+        if t is not e.tensor:
+            e.tensor.copy_(t)
+        e.settled = True
+        s.mark(e.seq, self.keep)
+        return (e.fut, e.tensor, None)
+
+    # -- the move ------------------------------------------------------------------------------
+
+    def abort(self) -> List[Dict[str, object]]:
+        with self.lock:
+            self.aborting = True
+            self.abort_gen += 1
+            self._t_abort = time.perf_counter()
+            self._parked_at = None
+            return [s.position() for s in sorted(self.groups.values(), key=lambda s: s.name)]
+
+    def redo(self, points: Dict[str, int], swapped: Dict[str, object]) -> int:
+        """Under the lock: every sequence on its new group, every collective from its redo
+        point issued again; callers go on. Returns how many were issued again."""
+        n = 0
+        for name, s in sorted(self.groups.items()):
+            new = swapped.get(name)
+            if new is None:
+                raise InFlightError("group %s was not rebuilt" % name)
+            s.pg, s.generation = new, s.generation + 1
+            start = points.get(name, s.completed)
+            missing = [q for q in range(start, s.issued) if q not in s.entries]
+            if missing:
+                raise InFlightError(
+                    "group %s: collectives %s are needed again but their inputs are no longer "
+                    "kept ($%s=%d)" % (name, missing[:4], ENV_KEEP, self.keep))
+        self.aborting = False
+        for name, s in sorted(self.groups.items()):
+            for q in range(points.get(name, s.completed), s.issued):
+                self._launch(s, s.entries[q], redo=True)
+                n += 1
+        return n
+
+    def give_up(self, reason: str) -> int:
+        """The move failed: every waiting collective fails its caller."""
+        out = []
+        with self.lock:
+            if not self.aborting:
+                return 0
+            self.aborting = False
+            for s in self.groups.values():
+                for e in s.entries.values():
+                    if not e.settled and (e.error is not None or not e.launched):
+                        e.settled = True
+                        out.append((e.fut, e.error or InFlightError(reason)))
+        for fut, err in out:
+            fut.set_exception(err)
+        return len(out)
+
+
+_seq = _Sequencer()
+
+
+def in_flight_enabled(environ: Optional[Dict[str, str]] = None) -> bool:
+    """Whether :func:`register_ddp` installs the comm hook (``$TASKD_GLOO_IN_FLIGHT`` not off)."""
+    env = os.environ if environ is None else environ
+    return env.get(ENV_IN_FLIGHT, "").strip().lower() not in ("0", "off", "false", "no")
+
+
+def all_reduce(tensor, op=None, group=None) -> None:
+    """``torch.distributed.all_reduce(tensor, op, group)`` through taskd's sequencer: an
+    in-flight move finishes it on the rebuilt group instead of failing it. Blocks like the
+    synchronous call; raises what the collective raised otherwise."""
+    g = group.current() if isinstance(group, Group) else group
+    _seq.all_reduce(_seq.sequence(g), tensor, op).wait()
+
+
+class _HookState:
+    """The DDP module's group, by the name a switch keeps."""
+
+    def __init__(self, module):
+        import torch.distributed as dist
+
+        c10d = dist.distributed_c10d
+        self.name = c10d._get_process_group_name(module.process_group)
+        self.pg = module.process_group
+
+
+def _ddp_comm_hook(state: _HookState, bucket):
+    """DDP's default all-reduce hook (divide by the group's size, all-reduce), through the
+    sequencer."""
+    s = _seq.named(state.name, state.pg)
+    t = bucket.buffer()
+    t.div_(s.size)
+    return _seq.all_reduce(s, t)
+
+
+def _ddp_pre_forward(module, _args):
+    """DDP's group is swapped between iterations (its reducer resets): at the forward after an
+    in-flight move."""
+    with _seq.lock:
+        new = _seq.deferred_ddp.pop(id(module), None)
+        reap = _seq.deferred_reap if not _seq.deferred_ddp else []
+        if reap:
+            _seq.deferred_reap = []
+    if new is not None:
+        module._update_process_group(new)
+    if reap:
+        _reg.reaper.put(reap)
+
+
+def _install_ddp_hooks(module) -> None:
+    if not in_flight_enabled():
+        return
+    try:
+        module.register_comm_hook(_HookState(module), _ddp_comm_hook)
+    except (RuntimeError, AssertionError) as e:
+        get_logger().warning(
+            "taskd's Gloo switch: this DDP module has a comm hook already (%s); its buckets "
+            "cannot be finished by an in-flight move", e)
+        return
+    module.register_forward_pre_hook(_ddp_pre_forward)
+
+
+# ---- the sockets of the plane being left -----------------------------------------------------
+
+_LISTEN = "0A"
+
+
+def _proc_addr_hex(family: int, packed: bytes) -> str:
+    """An address as /proc/net/tcp{,6} prints it (32-bit words in host order, as hex)."""
+    import struct
+
+    words = struct.unpack("<%dI" % (len(packed) // 4), packed)
+    return "".join("%08X" % w for w in words)
+
+
+def interface_addresses(ifname: str) -> set:
+    """The addresses of ``ifname`` as /proc/net/tcp{,6} print them."""
+    import fcntl
+    import socket
+    import struct
+
+    out = set()
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            req = struct.pack("256s", ifname.encode()[:15])
+            raw = fcntl.ioctl(s.fileno(), 0x8915, req)  # SIOCGIFADDR
+            out.add(_proc_addr_hex(socket.AF_INET, raw[20:24]))
+    except OSError:
+        pass
+    try:
+        with open("/proc/net/if_inet6") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 6 and parts[5] == ifname:
+                    out.add(_proc_addr_hex(socket.AF_INET6, bytes.fromhex(parts[0])))
+    except OSError:
+        pass
+    return out
+
+
+def _tcp_table() -> Dict[str, Tuple[str, str, str]]:
+    """inode -> (local, remote, state) of every TCP socket of this network namespace."""
+    out = {}
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path) as f:
+                next(f, None)
+                for line in f:
+                    p = line.split()
+                    if len(p) > 9:
+                        out[p[9]] = (p[1], p[2], p[3])
+        except OSError:
+            pass
+    return out
+
+
+def shut_down_sockets(ifname: str, keep_port: Optional[int] = None) -> int:
+    """Shuts down (``SHUT_RDWR``) every connected TCP socket of this process whose local
+    address is one of ``ifname``'s: a Gloo call blocked on one of them fails at once. A socket
+    to or from ``keep_port`` (the store's) is kept. Returns how many were shut down."""
+    import socket
+
+    addrs = interface_addresses(ifname)
+    if not addrs:
+        return 0
+    table = _tcp_table()
+    keep = None if keep_port is None else "%04X" % keep_port
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink("/proc/self/fd/" + fd)
+        except OSError:
+            continue
+        if not link.startswith("socket:["):
+            continue
+        inode = link[len("socket:["):-1]
+        entry = table.get(inode)
+        if entry is None or entry[2] == _LISTEN:
+            continue
+        local, remote, _state = entry
+        addr, _, port = local.partition(":")
+        if addr not in addrs or keep in (port, remote.partition(":")[2]):
+            continue
+        try:
+            dup = os.dup(int(fd))
+        except OSError:
+            continue
+        try:
+            if str(os.fstat(dup).st_ino) != inode:
+                os.close(dup)
+                continue
+            s = socket.socket(fileno=dup)
+        except OSError:
+            os.close(dup)
+            continue
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+            n += 1
+        except OSError:
+            pass
+        finally:
+            s.close()
+    return n
+
+
+# ---- the worker's requests -------------------------------------------------------------------
+
+
+def _store_port() -> Optional[int]:
+    raw = os.environ.get("MASTER_PORT", "").strip()
+    return int(raw) if raw.isdigit() else None
+
+
+def _current_interface() -> str:
+    import torch.distributed as dist
+
+    names = interfaces()
+    sides = _reg.sides
+    return names[bool(sides[dist.get_rank()])] if sides else names[False]
+
+
+def abort_in_flight(ranks: Sequence[int], use_backup: Sequence[bool]) -> List[Dict[str, object]]:
+    """Ends the collectives in flight on the plane this rank uses now and says where each of
+    its sequences stands; from now on a failed collective waits for :func:`switch_in_flight`.
+    A process that gets no switch within ``$TASKD_GLOO_ABORT_TIMEOUT_MS`` gives its waiting
+    collectives up by itself."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise InFlightError("torch.distributed is not initialised in this process")
+    t0 = time.perf_counter()
+    _seq.keep = max(1, _env_int(ENV_KEEP, DEFAULT_KEEP))
+    positions = _seq.abort()
+    ifname = _current_interface()
+    shut = shut_down_sockets(ifname, _store_port())
+    gen = _seq.abort_gen
+    timeout = _env_int(ENV_ABORT_TIMEOUT, DEFAULT_ABORT_TIMEOUT_MS) / 1000.0
+    timer = threading.Timer(timeout, _abort_expired, args=(gen, timeout))
+    timer.daemon = True
+    timer.start()
+    _seq.moves.append({"abort_ms": (time.perf_counter() - t0) * 1000, "sockets_shut": shut,
+                       "t_abort": time.time()})
+    get_logger().warning("taskd's Gloo switch: aborted the collectives in flight on %s (%d "
+                         "sockets shut down); positions %s", ifname, shut, positions)
+    return positions
+
+
+def _abort_expired(gen: int, timeout: float) -> None:
+    if _seq.abort_gen == gen and _seq.aborting:
+        n = _seq.give_up("no in-flight switch came within %.0f s of the abort ($%s)" % (
+            timeout, ENV_ABORT_TIMEOUT))
+        get_logger().error("taskd's Gloo switch: no switch came after the abort; %d collectives "
+                           "given up", n)
+
+
+def switch_in_flight(ranks: Sequence[int], use_backup: Sequence[bool], timeout_ms: int,
+                     redo: Dict[str, int]) -> Dict[str, float]:
+    """Rebuilds every group with the move applied (off the training thread, which waits
+    mid-step), then issues each sequence's collectives again from ``redo[group]``."""
+    missing = MISSING_AT_IMPORT if MISSING_AT_IMPORT is not None else missing_internals()
+    if missing:
+        raise GlooSwitchError("this torch lacks what taskd's Gloo switch uses: %s" % ", ".join(missing))
+    import torch.distributed as dist
+
+    deadline = Deadline(timeout_ms)
+    with _reg.lock:
+        _reg.generation += 1
+        sw = _Switch(dist, _reg.generation, deadline, in_flight=redo)
+        sw.run(list(ranks), [bool(b) for b in use_backup])
+    return sw.figures
+
+
+def give_up_in_flight(reason: str) -> int:
+    n = _seq.give_up(reason)
+    if n:
+        get_logger().error("taskd's Gloo switch: the in-flight move failed (%s); %d waiting "
+                           "collectives fail their callers", reason, n)
+    return n
+
+
+def in_flight_request(request: Dict[str, object]) -> Dict[str, object]:
+    """The worker's requests (``taskd_worker_set_in_flight``): ``abort``, ``switch``,
+    ``give_up``; the answer as a dict."""
+    op = request.get("op")
+    if op == "abort":
+        return {"collectives": abort_in_flight(request["ranks"], request["use_backup"])}
+    if op == "switch":
+        redo = {str(p["group"]): int(p["from"]) for p in request.get("redo", [])}
+        return switch_in_flight(request["ranks"], request["use_backup"],
+                                int(request.get("timeout_ms") or timeout_from_env()), redo)
+    if op == "give_up":
+        return {"given_up": give_up_in_flight(str(request.get("reason", "")))}
+    raise InFlightError("unknown in-flight request %r" % (op,))
+
+
+def moves() -> List[Dict[str, float]]:
+    """Every in-flight move of this process: its abort, rebuild and redo figures."""
+    return [dict(m) for m in _seq.moves]

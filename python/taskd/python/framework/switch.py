@@ -18,9 +18,10 @@ import ctypes
 import dataclasses
 import importlib
 import inspect
+import json
 from typing import Any, Callable, Optional, Tuple
 
-from taskd.python.cython_api.cython_api import SWITCH_FN
+from taskd.python.cython_api.cython_api import IN_FLIGHT_FN, SWITCH_FN
 from taskd.python.framework.spec import Framework, Location
 
 
@@ -70,6 +71,34 @@ def resolve(framework: Framework) -> Resolved:
             return Resolved(name, function, sync, entry.backend)
     raise FrameworkError("%s has no switch function usable in this process (%s)" % (
         framework.name, ", ".join(e.name for e in framework.switches)))
+
+
+def in_flight_of(resolved: Resolved) -> Optional[Callable[[dict], dict]]:
+    """The in-flight side of the switch function's module (``in_flight_request``, which
+    taskd's Gloo switch has), or ``None``."""
+    module = importlib.import_module(getattr(resolved.function, "__module__", "") or "builtins")
+    fn = getattr(module, "in_flight_request", None)
+    return fn if callable(fn) else None
+
+
+def in_flight_callback(function, logger):
+    """The ctypes callback of an in-flight side: the JSON request to ``function(dict)``, its
+    dict back as JSON; an exception is the call's failure, its text the reason."""
+
+    def call(request, reply, reply_len, _user):
+        req = {}
+        try:
+            req = json.loads(request.decode("utf-8"))
+            answer = function(req)
+            _write_reason(reply, reply_len, json.dumps(answer if answer is not None else {}))
+            return True
+        except BaseException as e:  # noqa: B902 - nothing may escape into the library
+            reason = "%s: %s" % (type(e).__name__, e)
+            logger.error("in-flight %s failed: %s", req.get("op", "request"), reason)
+            _write_reason(reply, reply_len, reason)
+            return False
+
+    return IN_FLIGHT_FN(call)
 
 
 def takes_deadline(function):

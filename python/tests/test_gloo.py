@@ -181,6 +181,21 @@ class RealGloo(unittest.TestCase):
                              stderr=subprocess.DEVNULL, check=True, timeout=120)
         self.assertEqual(out.stdout.decode().strip().splitlines()[-1], "[]")
 
+    def test_a_moved_ddp_keeps_its_buckets_so_no_broadcast_outside_the_sequencer_follows(self):
+        # DDP's own _update_process_group resets the reducer, whose rebuild then broadcasts the
+        # bucket order at the second forward after: an in-flight move coming then cut it and
+        # the rank's forward raised (the rig's link-dies at 2 x 2: a second move 1.4 s later).
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env.update(PYTHONPATH=PACKAGE, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+                   GLOO_SOCKET_IFNAME="lo")
+        out = subprocess.run([TORCH_PYTHON, os.path.join(HERE, "gloo", "ddp_move.py")], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=180)
+        self.assertEqual(out.returncode, 0, out.stderr.decode())
+        r = json.loads(out.stdout.decode().strip().splitlines()[-1])
+        self.assertEqual(r, {"rebuilt_before": True, "rebuilt_after_taskds_move": True,
+                             "rebuilds_after_taskds_move": False,
+                             "rebuilds_after_ddps_own_update": True})
+
     def test_one_rank_failing_fails_every_rank_at_once_and_nothing_moves(self):
         ranks = run_job("one-fails", 2, backup=lambda r: "lo" if r == 0 else "taskdnosuch0")
         for r in ranks:

@@ -38,7 +38,7 @@ was tried): ``distributed_c10d._world`` (its ``pg_group_ranks``, ``pg_backend_co
 ``_register_process_group``, ``_unregister_process_group`` and ``_update_default_pg``;
 ``ProcessGroup._set_group_name``, ``_set_default_backend``, ``_register_backend`` and
 ``BackendType.GLOO``; ``ProcessGroupGloo._Options`` (``_timeout``, ``_devices``) and
-``create_device``; ``DistributedDataParallel._update_process_group``. :data:`TORCH_INTERNALS`
+``create_device``; ``DistributedDataParallel``'s ``reducer._update_process_group``. :data:`TORCH_INTERNALS`
 lists them; at import (where torch is importable) :func:`missing_internals` checks which this
 torch has, logs the ones it lacks, and :func:`switch_nic` refuses with their names instead of
 failing halfway through a swap.
@@ -84,7 +84,7 @@ TORCH_INTERNALS: Tuple[Tuple[str, str], ...] = tuple(
     "ProcessGroup._set_group_name", "ProcessGroup._set_default_backend",
     "ProcessGroup._register_backend", "ProcessGroup.BackendType.GLOO",
     "ProcessGroupGloo._Options", "ProcessGroupGloo.create_device",
-)) + (("torch.nn.parallel", "DistributedDataParallel._update_process_group"),)
+)) + (("torch.distributed", "Reducer._update_process_group"),)
 
 
 def missing_internals() -> Optional[List[str]]:
@@ -556,13 +556,23 @@ class _Switch:
         for m in _reg.ddp:
             new = built.get(id(m.process_group))
             if new is not None:
-                m._update_process_group(new)
+                _move_ddp(m, new)
         for g in _reg.groups:
             new = built.get(id(g.current()))
             if new is not None:
                 g._pg = new
         _seq.moved({c10d._get_process_group_name(new): new for new in built.values()})
         _reg.reaper.put(old)
+
+
+def _move_ddp(module, new) -> None:
+    """DDP ``module`` onto ``new``, the same ranks on other NICs, between iterations. Its
+    reducer keeps its buckets: DDP's own ``_update_process_group`` resets them, and the rebuild
+    that follows broadcasts the bucket order at the second forward after, a collective outside
+    taskd's sequencer that an in-flight move coming then would cut (the rank's forward raised,
+    and the job restarted). The ranks and their order are the same, so the buckets stay right."""
+    module.process_group = new
+    module.reducer._update_process_group(new)
 
 
 def _find(key: int, default, ddps, groups):
@@ -890,7 +900,7 @@ def _ddp_pre_forward(module, _args):
         if reap:
             _seq.deferred_reap = []
     if new is not None:
-        module._update_process_group(new)
+        _move_ddp(module, new)
     if reap:
         _reg.reaper.put(reap)
 

@@ -139,8 +139,8 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def run_job(case, world, backup=lambda r: "lo"):
-    """Runs tests/gloo/job.py as ``world`` ranks; their JSON lines, by rank."""
+def run_job(case, world, backup=lambda r: "lo", script="job.py"):
+    """Runs tests/gloo/``script`` (``job.py``) as ``world`` ranks; their JSON lines, by rank."""
     port = str(_free_port())
     procs = []
     for r in range(world):
@@ -149,7 +149,7 @@ def run_job(case, world, backup=lambda r: "lo"):
                    LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
                    GLOO_SOCKET_IFNAME="lo", TASKD_GLOO_PRIMARY_IFNAME="lo",
                    TASKD_GLOO_BACKUP_IFNAME=backup(r))
-        procs.append(subprocess.Popen([TORCH_PYTHON, os.path.join(HERE, "gloo", "job.py"), case],
+        procs.append(subprocess.Popen([TORCH_PYTHON, os.path.join(HERE, "gloo", script), case],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     out = []
     for p in procs:
@@ -214,24 +214,7 @@ class RealGloo(unittest.TestCase):
 
 def run_in_flight(case, world):
     """Runs tests/gloo/in_flight_job.py as ``world`` ranks; their JSON lines, by rank."""
-    port = str(_free_port())
-    procs = []
-    for r in range(world):
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        env.update(PYTHONPATH=PACKAGE, RANK=str(r), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE="1",
-                   LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                   GLOO_SOCKET_IFNAME="lo", TASKD_GLOO_PRIMARY_IFNAME="lo",
-                   TASKD_GLOO_BACKUP_IFNAME="lo")
-        procs.append(subprocess.Popen(
-            [TORCH_PYTHON, os.path.join(HERE, "gloo", "in_flight_job.py"), case],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    out = []
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=180)
-        if p.returncode != 0:
-            raise AssertionError("a rank exited %d:\n%s" % (p.returncode, stderr.decode()))
-        out.append(json.loads(stdout.decode().strip().splitlines()[-1]))
-    return out
+    return run_job(case, world, script="in_flight_job.py")
 
 
 @unittest.skipUnless(_real_torch(), "needs a real torch with Gloo: set TASKD_TORCH_PYTHON to its python")

@@ -606,7 +606,12 @@ impl JobLedger {
                 got: hello.node,
             });
         }
-        if self.is_retired(hello.rank, hello.instance) {
+        // A process a stop ended, or one started for an earlier job restart than the one
+        // under way (a node whose processes first register during the restart): an old
+        // process, sent the stop again, never counted as back.
+        if self.is_retired(hello.rank, hello.instance)
+            || (self.stop.is_some() && hello.generation < self.restarts.done)
+        {
             return Ok(Registered::Retired(
                 self.stop_old_back(hello.rank, hello.instance),
             ));

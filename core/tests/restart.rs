@@ -51,14 +51,17 @@ impl Job {
         j
     }
 
-    /// A new process of rank `r` registers.
+    /// A new process of rank `r` registers, started (as taskd's agent starts them) for the
+    /// job's latest restart.
     fn start(&mut self, r: u32) -> Registered {
         let i = Instance(self.next);
         self.next += 1;
         self.alive[r as usize] = Some(i);
+        self.generation = self.generation.max(self.l.restarts().done);
         self.register(r, i)
     }
 
+    /// Rank `r`'s process `instance`, of the generation the last [`Job::start`] used.
     fn register(&mut self, r: u32, instance: Instance) -> Registered {
         let hello = WorkerHello {
             job: job(),
@@ -249,6 +252,53 @@ fn a_lost_process_restarts_the_whole_job_once_within_the_budget() {
         .unwrap()
         .reason
         .contains("no restart left (2 done)"));
+}
+
+#[test]
+fn a_process_of_an_earlier_start_that_first_registers_during_the_restart_is_stopped_again() {
+    // Node 0's processes start slowly and have not registered when a process of node 1 dies:
+    // the job's restart 1 goes out without them. When they register, for the job's first
+    // start (generation 0), they are old processes: stopped again, alone, never counted.
+    let layout = Layout::new(2, 2);
+    let mut j = Job {
+        l: JobLedger::new(job(), layout.table.clone(), DEADLINES),
+        layout,
+        alive: vec![None; WORLD as usize],
+        next: 1,
+        now: secs(0),
+        generation: 0,
+    };
+    j.l.set_process_recovery(Some(ProcessRecovery { max_restarts: 3 }));
+    for r in [2, 3] {
+        j.start(r);
+    }
+    j.lose(2, died("exited with status 3"));
+    let a = j.l.restart_job(op_id(1), j.now).unwrap();
+    assert_eq!(
+        stop_directive(&a),
+        (AfterStop::Restart { number: 1 }, vec![])
+    );
+    j.stopped(&[3], 4);
+    j.lose(3, died("exited with status 1"));
+    let late: Vec<Instance> = (10..12).map(Instance).collect();
+    for (r, old) in [0u32, 1].into_iter().zip(&late) {
+        let Registered::Retired(a) = j.register(r, *old) else {
+            panic!("a process of the job's first start counted as back during restart 1");
+        };
+        assert_eq!(
+            stop_directive(&a),
+            (AfterStop::Restart { number: 1 }, vec![*old])
+        );
+    }
+    assert_eq!(j.l.registered(), 0);
+    assert!(!j.l.verify_due());
+    // Every node's processes of restart 1 register: the stop is done, the round makes it run.
+    for r in 0..WORLD {
+        assert_eq!(j.start(r), Registered::Counted);
+    }
+    assert_eq!(j.l.training_stop().unwrap().phase(), StopPhase::Restarted);
+    j.verify();
+    assert_eq!(j.l.state(), JobState::Running);
 }
 
 #[test]

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{cmd, WAIT};
+use common::{cmd, status_until, WAIT};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
@@ -180,21 +180,6 @@ fn a_hung_collective_restarts_the_job_once_and_the_new_processes_train_and_switc
 }
 
 /// Polls the manager's status until `until` holds (bounded by [`WAIT`]).
-fn status_until(
-    job: &LocalJob,
-    until: impl Fn(&taskd::actors::manager::ManagerStatus) -> bool,
-) -> taskd::actors::manager::ManagerStatus {
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let s = job.status(0).unwrap();
-        if until(&s) {
-            return s;
-        }
-        assert!(std::time::Instant::now() < deadline, "never: {s:?}");
-        std::thread::park_timeout(Duration::from_millis(2));
-    }
-}
-
 #[test]
 fn without_process_recovery_hung_ranks_are_shown_until_they_step_again() {
     let fabric = Fabric::new(FabricConfig::new(1, 2));

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{assert_consistent_end, cmd, small, WAIT};
+use common::{assert_consistent_end, cmd, small, status_until, WAIT};
 use std::collections::BTreeSet;
 use std::time::Duration;
 use taskd::actors::manager::HoldPolicy;
@@ -112,7 +112,12 @@ fn a_stop_while_a_node_is_cut_off_restarts_the_job_only_once_its_old_processes_w
     // to stop again; their launcher gets the same order.
     sim.job().restart_proxy(1);
     assert!(launchers.wait(WAIT, |o| o.ordered(1, 1)));
-    let s = sim.job().status(0).unwrap();
+    // The order goes out at the first old process's registration; the others follow it.
+    let s = status_until(sim.job(), |s| {
+        s.training_stop
+            .as_ref()
+            .is_some_and(|t| t.old_back == ranks_of_node_1())
+    });
     let stop = s.training_stop.expect("still under way");
     assert_eq!(stop.not_back.len(), 8, "{stop}");
     assert_eq!(stop.old_back, ranks_of_node_1(), "{stop}");

@@ -313,3 +313,20 @@ pub(crate) fn restart_after_stop(sim: &mut Simulation, by: StopBy) {
     assert!(exits.contains(&RankExit::TrainingStopped), "{exits:?}");
     assert_running_again(sim, by);
 }
+
+/// `job`'s status once `until` holds (the manager handles what it was sent in order; a status
+/// asked for after it answers after it), at most [`WAIT`].
+pub(crate) fn status_until(
+    job: &LocalJob,
+    until: impl Fn(&taskd::actors::manager::ManagerStatus) -> bool,
+) -> taskd::actors::manager::ManagerStatus {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let s = job.status(0).unwrap();
+        if until(&s) {
+            return s;
+        }
+        assert!(std::time::Instant::now() < deadline, "never: {s:?}");
+        std::thread::park_timeout(Duration::from_millis(2));
+    }
+}

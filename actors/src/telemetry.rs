@@ -271,8 +271,17 @@ fn describe() {
     describe_job();
 }
 
-/// The job's gauges and the automatic failover's counter.
+/// The job's gauges and counters, by what they watch.
 fn describe_job() {
+    describe_job_state();
+    describe_clusterd();
+    describe_recovery();
+    describe_connections();
+    metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+}
+
+/// The job's state, its operation and its held ranks.
+fn describe_job_state() {
     use metrics::{describe_counter, describe_gauge};
     describe_gauge!(
         JOB_STATE,
@@ -294,6 +303,11 @@ fn describe_job() {
         Unit::Count,
         "Training stopped for good (a rank's gate, or the manager's stop by who decided)"
     );
+}
+
+/// The manager's ClusterD client.
+fn describe_clusterd() {
+    use metrics::{describe_counter, describe_gauge};
     describe_gauge!(
         CLUSTERD_CONNECTED,
         Unit::Count,
@@ -309,6 +323,11 @@ fn describe_job() {
         Unit::Count,
         "Reports sent to ClusterD by kind and result"
     );
+}
+
+/// The build, the automatic failover, the journal and the job's recovery.
+fn describe_recovery() {
+    use metrics::{describe_counter, describe_gauge};
     describe_gauge!(
         BUILD_INFO,
         Unit::Count,
@@ -349,6 +368,11 @@ fn describe_job() {
         Unit::Count,
         "Ranks whose training loop finished no step for the hang watch's timeout"
     );
+}
+
+/// The limits of the control and transport ports.
+fn describe_connections() {
+    use metrics::{describe_counter, describe_gauge};
     describe_gauge!(
         CONNECTIONS_OPEN,
         Unit::Count,
@@ -364,7 +388,6 @@ fn describe_job() {
         Unit::Count,
         "Accepts refused by the system for want of descriptors or memory, by port"
     );
-    metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
 }
 
 /// Why metrics could not be served.
